@@ -1,0 +1,33 @@
+"""mlx-precise: extended-precision Metal kernels for MLX.
+
+Apple GPUs have no float64. mlx-precise computes in double-word ("float-float",
+about 48 significand bits, about 14 decimal digits) arithmetic inside Metal kernels
+and rounds once at the end. Every kernel also runs on the CPU through the Metal
+emulator (:mod:`mlx_precise.emulator`), and a native float64 ``cpu`` backend serves
+machines without Metal.
+"""
+
+from .backends import (
+    BACKENDS,
+    BackendUnavailableError,
+    backend,
+    default_backend,
+    metal_available,
+    set_backend,
+    use_backend,
+)
+from .kernels import DeviceCheckError, Kernel
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS",
+    "BackendUnavailableError",
+    "DeviceCheckError",
+    "Kernel",
+    "backend",
+    "default_backend",
+    "metal_available",
+    "set_backend",
+    "use_backend",
+]

@@ -1,0 +1,19 @@
+"""The Metal emulator: run MLX custom Metal kernels on a CPU.
+
+:func:`metal_kernel` takes the same arguments as ``mx.fast.metal_kernel`` and runs
+the same kernel source, compiled as C++ with clang through a shim of the Metal
+language, with Apple-GPU numerics (float32 subnormals flushed to zero, no
+contraction, no fast math) and Metal's grid semantics (threadgroups, barriers,
+simdgroups of 32, atomics).
+"""
+
+from .compiler import CompilerNotFoundError, KernelCompileError, find_compiler
+from .kernel import MetalKernel, metal_kernel
+
+__all__ = [
+    "CompilerNotFoundError",
+    "KernelCompileError",
+    "MetalKernel",
+    "find_compiler",
+    "metal_kernel",
+]

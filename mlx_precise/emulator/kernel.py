@@ -1,0 +1,267 @@
+"""``metal_kernel``: a drop-in for ``mx.fast.metal_kernel`` that runs on the CPU.
+
+The call generates the source MLX would generate (:mod:`.signature`), compiles it as
+C++ against the shim headers (:mod:`.compiler`), and runs the grid with the
+launcher of ``shim/runtime.h``. Results come back as ``mx.array``\\ s. Unlike MLX the
+emulator computes eagerly, when the kernel is called.
+
+Differences from a real Apple GPU that a kernel author should know:
+
+* Outputs without ``init_value`` start as all-ones bytes (NaN for floats, -1 for
+  integers) so that an output element the kernel never writes is visible.
+* Inputs are always passed row-contiguous (with matching ``_strides``), whatever
+  ``ensure_row_contiguous`` says; a kernel that honours its strides computes the same.
+* Float ``simd_sum``/``simd_product`` combine lanes in a fixed tree order; the
+  hardware's order is not documented, so last-bit agreement of float reductions is
+  not guaranteed (integer and exact reductions agree).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from . import compiler, signature
+
+SHIM_DIR = Path(__file__).resolve().parent / "shim"
+MAX_THREADS_PER_THREADGROUP = 1024
+
+# Threadgroup-memory declarations (`threadgroup float buf[64];`) become storage
+# shared by the fibers of one group; `threadgroup` in pointer types is dropped.
+_TG_DECL_RE = re.compile(
+    r"\bthreadgroup\b(?=\s+(?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?\s+[A-Za-z_]\w*\s*(?:\[|;))"
+)
+_NEEDS_FIBERS_RE = re.compile(r"\b(?:threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*\(")
+
+_NP_DTYPES = {
+    mx.float32: np.float32,
+    mx.float16: np.float16,
+    mx.bfloat16: np.uint16,  # raw bits; numpy has no bfloat16
+    mx.complex64: np.complex64,
+    mx.bool_: np.bool_,
+    mx.int8: np.int8,
+    mx.int16: np.int16,
+    mx.int32: np.int32,
+    mx.int64: np.int64,
+    mx.uint8: np.uint8,
+    mx.uint16: np.uint16,
+    mx.uint32: np.uint32,
+    mx.uint64: np.uint64,
+}
+
+_libs: dict[str, ctypes.CDLL] = {}
+_libs_lock = threading.Lock()
+
+
+def _to_numpy(x: mx.array) -> np.ndarray:
+    if x.dtype not in _NP_DTYPES:
+        raise TypeError(
+            f"dtype {x.dtype} cannot be passed to a Metal kernel (Metal has no float64: "
+            "pass float64 data as raw bits with x.view(mx.uint32))"
+        )
+    if x.dtype == mx.bfloat16:
+        x = x.view(mx.uint16)
+    return np.ascontiguousarray(np.array(x, copy=True))
+
+
+def _from_numpy(a: np.ndarray, dtype: mx.Dtype) -> mx.array:
+    out = mx.array(a)
+    return out.view(mx.bfloat16) if dtype == mx.bfloat16 else out
+
+
+def _dims(value, what: str) -> tuple[int, int, int]:
+    try:
+        dims = tuple(int(v) for v in value)
+    except TypeError:
+        raise TypeError(f"{what} must be a tuple of 3 ints, got {value!r}") from None
+    if len(dims) != 3 or any(d < 1 for d in dims):
+        raise ValueError(f"{what} must be 3 positive ints, got {value!r}")
+    return dims
+
+
+def _cpp_source(kname: str, text: str, template, params) -> str:
+    """The C++ translation unit: shim, MLX's text, and the per-thread trampoline."""
+    text = _TG_DECL_RE.sub("MPEMU_THREADGROUP", text)
+    args = []
+    for p in params:
+        if p.kind == "input":
+            args.append(f"*(const {p.ctype}*)b[{p.index}]" if p.ref else f"(const {p.ctype}*)b[{p.index}]")
+        elif p.kind == "shape":
+            args.append(f"(const int*)b[{p.index}]")
+        elif p.kind == "strides":
+            args.append(f"(const int64_t*)b[{p.index}]")
+        elif p.kind == "ndim":
+            args.append(f"*(const int*)b[{p.index}]")
+        elif p.kind == "output":
+            args.append(f"({p.ctype}*)b[{p.index}]")
+        else:
+            args.append(f"a.{p.name}")
+    targs = signature.template_def(template) if template else ""
+    call = ",\n      ".join(args)
+    return (
+        '#include "runtime.h"\n'
+        "#define threadgroup\n"
+        "#define MPEMU_THREADGROUP static thread_local\n"
+        f"{text}\n"
+        "static void mpemu_thread(void** b) {\n"
+        "  const mpemu::Attrs& a = mpemu::attrs();\n"
+        "  (void)a;\n"
+        f"  {kname}{targs}(\n      {call});\n"
+        "}\n"
+        'extern "C" int mpemu_launch(void** b, const uint32_t* dims, int fibers, char* err, int n) {\n'
+        "  return mpemu::launch(mpemu_thread, b, dims, fibers, err, n);\n"
+        "}\n"
+    )
+
+
+def _load(source: str, kname: str) -> ctypes.CDLL:
+    with _libs_lock:
+        lib = _libs.get(source)
+        if lib is None:
+            path = compiler.build(source, kname, [SHIM_DIR])
+            lib = ctypes.CDLL(str(path))
+            lib.mpemu_launch.restype = ctypes.c_int
+            lib.mpemu_launch.argtypes = [
+                ctypes.POINTER(ctypes.c_void_p),
+                ctypes.POINTER(ctypes.c_uint32),
+                ctypes.c_int,
+                ctypes.c_char_p,
+                ctypes.c_int,
+            ]
+            _libs[source] = lib
+    return lib
+
+
+class MetalKernel:
+    """A custom Metal kernel run by the emulator; see :func:`metal_kernel`."""
+
+    def __init__(self, name, input_names, output_names, source, header="",
+                 ensure_row_contiguous=True, atomic_outputs=False, compile_options=None):
+        if not output_names:
+            raise ValueError("[metal_kernel] Must specify at least one output.")
+        if compile_options is not None:
+            mode = dict(compile_options).get("math_mode", "safe")
+            if mode != "safe":
+                # Only IEEE ("safe") semantics are emulated; relaxed/fast math
+                # results depend on Apple's compiler.
+                raise ValueError(
+                    f"the Metal emulator only emulates math_mode='safe', got {mode!r}"
+                )
+        self.name = name
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+        self.source = source
+        self.header = header
+        self.ensure_row_contiguous = ensure_row_contiguous
+        self.atomic_outputs = atomic_outputs
+        self._shape_infos = signature.shape_infos(source, self.input_names)
+        self._fibers = bool(_NEEDS_FIBERS_RE.search(header + "\n" + source))
+
+    def generate(self, inputs, output_dtypes, template=None):
+        """Return ``(kernel_name, params, text)`` for these inputs: ``text`` is what
+        MLX prints with ``verbose=True``."""
+        infos = [
+            signature.InputInfo(n, x.dtype, x.ndim, x.size, *si)
+            for n, x, si in zip(self.input_names, inputs, self._shape_infos)
+        ]
+        return signature.generate(
+            self.name, self.header, self.source, infos, self.output_names,
+            list(output_dtypes), list(template or []), self.atomic_outputs,
+        )
+
+    def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup,
+                 template=None, init_value=None, verbose=False, stream=None):
+        for got, want, what in (
+            (len(inputs), len(self.input_names), "inputs"),
+            (len(output_shapes), len(self.output_names), "output_shapes"),
+            (len(output_dtypes), len(self.output_names), "output_dtypes"),
+        ):
+            if got != want:
+                raise ValueError(
+                    f"[metal_kernel] Expected `{what}` to have size {want} but got size {got}."
+                )
+        inputs = [x if isinstance(x, mx.array) else mx.array(x) for x in inputs]
+        grid = _dims(grid, "grid")
+        threadgroup = _dims(threadgroup, "threadgroup")
+        tg_size = threadgroup[0] * threadgroup[1] * threadgroup[2]
+        if tg_size > MAX_THREADS_PER_THREADGROUP:
+            raise ValueError(
+                f"Thread group size ({tg_size}) is greater than  the maximum allowed "
+                f"threads per threadgroup ({MAX_THREADS_PER_THREADGROUP})."
+            )
+        template = list(template or [])
+        kname, params, text = self.generate(inputs, output_dtypes, template)
+        if verbose:
+            print(f"Generated source code for `{self.name}`:\n```\n{text}\n```")
+        compile_text = signature.write_signature(kname, self.header, self.source, template, params)
+        lib = _load(_cpp_source(kname, compile_text, template, params), kname)
+
+        keep = []  # owners of the memory behind the pointers
+        ptrs = []
+        for p in params:
+            if p.kind == "attribute":
+                continue
+            if p.kind == "input":
+                arr = _to_numpy(inputs[p.owner])
+            elif p.kind == "shape":
+                arr = np.array(inputs[p.owner].shape, dtype=np.int32)
+            elif p.kind == "strides":
+                arr = np.array(_row_strides(inputs[p.owner].shape), dtype=np.int64)
+            elif p.kind == "ndim":
+                arr = np.array([inputs[p.owner].ndim], dtype=np.int32)
+            else:
+                arr = self._new_output(output_shapes[p.owner], output_dtypes[p.owner], init_value)
+            keep.append(arr)
+            ptrs.append(arr.ctypes.data if arr.size else 0)
+        buffers = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
+        # MLX clamps the threadgroup to the grid in each dimension.
+        dims = (ctypes.c_uint32 * 6)(*grid, *(min(t, g) for t, g in zip(threadgroup, grid)))
+        err = ctypes.create_string_buffer(512)
+        if lib.mpemu_launch(buffers, dims, int(self._fibers), err, len(err)):
+            raise RuntimeError(f"kernel {self.name!r}: {err.value.decode()}")
+        outs = [a for p, a in zip((p for p in params if p.kind != "attribute"), keep)
+                if p.kind == "output"]
+        return [
+            _from_numpy(a.reshape(tuple(s)), d)
+            for a, s, d in zip(outs, output_shapes, output_dtypes)
+        ]
+
+    @staticmethod
+    def _new_output(shape, dtype, init_value):
+        if dtype not in _NP_DTYPES:
+            raise TypeError(f"unsupported output dtype for a Metal kernel: {dtype}")
+        size = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+        if init_value is not None:
+            return _to_numpy(mx.full((size,), init_value, dtype=dtype))
+        npd = _NP_DTYPES[dtype]
+        return np.full(size * np.dtype(npd).itemsize, 0xFF, dtype=np.uint8).view(npd)
+
+
+def _row_strides(shape) -> list[int]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= s
+    return strides[::-1]
+
+
+def metal_kernel(name, input_names, output_names, source, header="",
+                 ensure_row_contiguous=True, atomic_outputs=False, compile_options=None):
+    """Drop-in for ``mx.fast.metal_kernel`` that runs the kernel on the CPU.
+
+    Same constructor and call arguments as MLX's; see the module docstring for the
+    few differences. Example::
+
+        k = metal_kernel(name="myexp", input_names=["inp"], output_names=["out"],
+                         source="uint i = thread_position_in_grid.x;"
+                                "out[i] = metal::exp(inp[i]);")
+        (y,) = k(inputs=[x], grid=(x.size, 1, 1), threadgroup=(256, 1, 1),
+                 output_shapes=[x.shape], output_dtypes=[x.dtype])
+    """
+    return MetalKernel(name, input_names, output_names, source, header,
+                       ensure_row_contiguous, atomic_outputs, compile_options)

@@ -1,0 +1,255 @@
+"""The kernel registry: every Metal kernel is declared once and run by an executor.
+
+A :class:`Kernel` names its body file (``metal/kernels/*.metal``), the headers it
+needs (``metal/include/*.h``, inlined into MLX's ``header`` string because
+``mx.fast.metal_kernel`` has no include path), its input and output names, its
+template parameters and optionally its grid rule. Calling it runs the kernel on the
+``metal`` executor (``mx.fast.metal_kernel``) or the ``emulate`` executor
+(:func:`mlx_precise.emulator.metal_kernel`, same arguments), built lazily and cached.
+
+Kernels that compute in double-word arithmetic (``extended=True``) first run the
+device self-test once per executor: if TwoSum or the fma residual is not exact there,
+they raise :class:`DeviceCheckError` instead of returning wrong numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import mlx.core as mx
+
+from . import backends
+
+
+class DeviceCheckError(RuntimeError):
+    """The device (or its compiler) does not compute error-free transforms exactly."""
+
+
+class KernelInputError(ValueError):
+    """Inputs of a kernel launch do not match its declaration."""
+
+
+def _find_metal_dir() -> Path:
+    """``metal/`` ships inside the wheel as ``mlx_precise/metal``; in a source
+    checkout (or an editable install) it is the top-level ``metal/`` beside it."""
+    env = os.environ.get("MLX_PRECISE_METAL_DIR")
+    here = Path(__file__).resolve().parent
+    candidates = ([Path(env)] if env else []) + [here / "metal", here.parent / "metal"]
+    for c in candidates:
+        if (c / "kernels").is_dir() and (c / "include").is_dir():
+            return c
+    raise FileNotFoundError(
+        "mlx_precise cannot find its Metal sources (looked in "
+        + ", ".join(str(c) for c in candidates)
+        + "); reinstall the package or set MLX_PRECISE_METAL_DIR"
+    )
+
+
+METAL_DIR = _find_metal_dir()
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+_PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\s*$", re.M)
+
+
+@functools.lru_cache(maxsize=None)
+def _read(path: Path) -> str:
+    return path.read_text()
+
+
+def resolve_headers(names: Sequence[str]) -> str:
+    """Concatenate headers from ``metal/include``, inlining quoted ``#include``\\ s
+    of other headers there once each (``#pragma once`` semantics)."""
+    seen: set[str] = set()
+
+    def expand(name: str) -> str:
+        if name in seen:
+            return ""
+        seen.add(name)
+        path = METAL_DIR / "include" / name
+        if not path.is_file():
+            raise FileNotFoundError(f"Metal header {name!r} not found in {path.parent}")
+        text = _PRAGMA_ONCE_RE.sub("", _read(path))
+        return _INCLUDE_RE.sub(lambda m: expand(m.group(1)), text)
+
+    return "".join(expand(n) for n in names)
+
+
+def elementwise_grid(n: int, threads: int = 256):
+    """Grid rule for one thread per element: ``((n, 1, 1), (threads, 1, 1))``."""
+    n = max(int(n), 1)
+    return (n, 1, 1), (min(threads, n), 1, 1)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """Declaration of one Metal kernel.
+
+    Args:
+        name: unique kernel name (MLX's ``name``).
+        body: file under ``metal/kernels`` holding the kernel body.
+        inputs, outputs: parameter names, in buffer order.
+        headers: files under ``metal/include`` inlined before the kernel.
+        template: names of the template parameters; values are given per call.
+        input_dtypes: optional ``{input name: allowed dtypes}`` checked per call.
+        grid: optional rule ``grid(inputs, template) -> (grid, threadgroup)`` used
+            when a call gives no grid.
+        extended: computes in double-word; requires the device self-test.
+        atomic_outputs, ensure_row_contiguous: as in ``mx.fast.metal_kernel``.
+    """
+
+    name: str
+    body: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    headers: tuple[str, ...] = ()
+    template: tuple[str, ...] = ()
+    input_dtypes: Mapping[str, tuple] = field(default_factory=dict)
+    grid: Callable | None = None
+    extended: bool = True
+    atomic_outputs: bool = False
+    ensure_row_contiguous: bool = True
+
+    def source(self) -> str:
+        path = METAL_DIR / "kernels" / self.body
+        if not path.is_file():
+            raise FileNotFoundError(f"kernel body {self.body!r} not found in {path.parent}")
+        return _read(path)
+
+    def header(self) -> str:
+        return resolve_headers(self.headers)
+
+    def _template_args(self, template) -> list:
+        template = dict(template or {})
+        missing = [t for t in self.template if t not in template]
+        extra = [t for t in template if t not in self.template]
+        if missing or extra:
+            raise KernelInputError(
+                f"kernel {self.name!r} takes template parameters {list(self.template)}; "
+                f"missing {missing}, unexpected {extra}"
+            )
+        return [(t, template[t]) for t in self.template]
+
+    def _check_inputs(self, inputs) -> list:
+        if len(inputs) != len(self.inputs):
+            raise KernelInputError(
+                f"kernel {self.name!r} takes {len(self.inputs)} inputs "
+                f"{list(self.inputs)}, got {len(inputs)}"
+            )
+        arrays = [x if isinstance(x, mx.array) else mx.array(x) for x in inputs]
+        for name, x in zip(self.inputs, arrays):
+            allowed = self.input_dtypes.get(name)
+            if allowed and x.dtype not in allowed:
+                raise KernelInputError(
+                    f"kernel {self.name!r}: input {name!r} has dtype {x.dtype}, "
+                    f"expected one of {', '.join(map(str, allowed))}"
+                )
+        return arrays
+
+    def __call__(
+        self,
+        *,
+        inputs: Sequence,
+        output_shapes: Sequence[Sequence[int]],
+        output_dtypes: Sequence[mx.Dtype],
+        template: Mapping | None = None,
+        grid: tuple[int, int, int] | None = None,
+        threadgroup: tuple[int, int, int] | None = None,
+        init_value: float | None = None,
+        backend: str | None = None,
+        stream=None,
+    ) -> list[mx.array]:
+        """Launch the kernel; arguments as ``mx.fast.metal_kernel``'s call.
+
+        ``backend`` is ``"metal"``, ``"emulate"`` or None (the active backend,
+        which must then not be ``"cpu"``)."""
+        name = backends.resolve(backend)
+        if name == "cpu":
+            raise backends.BackendUnavailableError(
+                f"kernel {self.name!r} is a Metal kernel: run it with backend "
+                "'metal' or 'emulate' (the cpu backend has native float64 code instead)"
+            )
+        arrays = self._check_inputs(inputs)
+        targs = self._template_args(template)
+        if grid is None:
+            if self.grid is None:
+                raise KernelInputError(f"kernel {self.name!r} has no grid rule: pass grid=")
+            grid, rule_tg = self.grid(arrays, dict(targs))
+            threadgroup = threadgroup or rule_tg
+        if threadgroup is None:
+            raise KernelInputError(f"kernel {self.name!r}: pass threadgroup=")
+        if self.extended:
+            _device_check(name)
+        kwargs = dict(
+            inputs=arrays,
+            template=targs or None,
+            grid=tuple(grid),
+            threadgroup=tuple(threadgroup),
+            output_shapes=[tuple(s) for s in output_shapes],
+            output_dtypes=list(output_dtypes),
+            init_value=init_value,
+        )
+        if stream is not None:
+            kwargs["stream"] = stream
+        return _build(self, name)(**kwargs)
+
+
+_lock = threading.Lock()
+_built: dict[tuple[str, str], Callable] = {}
+_checked: dict[str, BaseException | None] = {}
+
+
+def _factory(backend: str) -> Callable:
+    if backend == "metal":
+        return _metal_kernel_safe
+    from .emulator import metal_kernel
+
+    return metal_kernel
+
+
+def _metal_kernel_safe(**kwargs):
+    """``mx.fast.metal_kernel`` in safe math mode where the installed MLX has
+    ``compile_options`` (relaxed math would break TwoSum: REFERENCES section 1)."""
+    try:
+        return mx.fast.metal_kernel(**kwargs, compile_options={"math_mode": "safe"})
+    except TypeError:
+        return mx.fast.metal_kernel(**kwargs)
+
+
+def _build(kernel: Kernel, backend: str) -> Callable:
+    key = (kernel.name, backend)
+    with _lock:
+        fn = _built.get(key)
+        if fn is None:
+            fn = _factory(backend)(
+                name=kernel.name,
+                input_names=list(kernel.inputs),
+                output_names=list(kernel.outputs),
+                source=kernel.source(),
+                header=kernel.header(),
+                ensure_row_contiguous=kernel.ensure_row_contiguous,
+                atomic_outputs=kernel.atomic_outputs,
+            )
+            _built[key] = fn
+    return fn
+
+
+def _device_check(backend: str) -> None:
+    """Run the EFT self-test once per executor; re-raise its failure every time."""
+    if backend not in _checked:
+        from .doubleword import eft_selftest
+
+        try:
+            eft_selftest(backend)
+            _checked[backend] = None
+        except DeviceCheckError as e:
+            _checked[backend] = e
+    err = _checked[backend]
+    if err is not None:
+        raise DeviceCheckError(
+            f"extended-precision kernels are disabled on backend {backend!r}: {err}"
+        )
