@@ -117,7 +117,8 @@ def template_def(template) -> str:
 
 
 def _template_hash(tdef: str) -> str:
-    out = tdef.replace("<", "_").replace(">", "_").replace(", ", "_")
+    # MLX 0.32.4 also maps the sign of negative ints to "_" (keeps a valid identifier).
+    out = tdef.replace("<", "_").replace(">", "_").replace(", ", "_").replace("-", "_")
     return out[:-1]
 
 

@@ -1,0 +1,214 @@
+// Double-word ("float-float") arithmetic: a value is the unevaluated sum hi + lo of
+// two float32 with hi = RN(hi + lo) ("normalised"), about 48 significand bits,
+// i.e. ~14 decimal digits (relative precision ~2^-48, not 30 digits).
+//
+// Sources (shared/REFERENCES.md section 1): JMP = Joldes, Muller, Popescu, "Tight and
+// rigorous error bounds for basic building blocks of double-word arithmetic", ACM
+// TOMS 44(2), 2017; MR = Muller, Rideau, "Formalization of double-word arithmetic...",
+// ACM TOMS 48(1), 2022 (Coq-checked). u = 2^-24 (float32 unit roundoff). Bounds are on
+// the relative error |computed - exact| / |exact| of the exact value hi + lo of the
+// result, for normalised operands, and hold as long as nothing underflows or
+// overflows (see "Range" below). Every float operation below is one IEEE float32
+// operation rounded to nearest even: compile without fast math and without
+// contraction (MLX: math_mode "safe"); products that must be exact use an explicit
+// metal::fma, never a*b+c left to the compiler.
+//
+// Range (Apple GPUs, and the emulator, flush float32 subnormals to zero in every
+// arithmetic input and result; loads and stores keep them):
+//  * Additions (dw_two_sum, dw_fast_two_sum, dw_add_fp, dw_add) are exact replicas
+//    of unbounded-exponent arithmetic when every nonzero input word has magnitude
+//    >= 2^-103: such words are integer multiples of 2^-126, so every intermediate is
+//    a multiple of 2^-126 too, hence 0 or normal, and flushing never triggers.
+//    Below that an error term that would be subnormal is flushed: e.g.
+//    TwoSum(1.5*2^-110, 2^-100) returns (RN(sum), 0) instead of the 2^-127 residual,
+//    and TwoSum(a, -a + 2^-130-sized difference) returns (0, 0). Subnormal inputs
+//    read as zero (DAZ).
+//  * dw_two_prod(a, b) is exact when exponent(a) + exponent(b) >= -80 (its residual
+//    is a multiple of 2^(ea+eb-46)), in particular whenever |a*b| >= 2^-78; the
+//    residual can be flushed for smaller products and is always lost (when nonzero)
+//    once |a*b| < 2^-102.
+//  * Hence the relative bounds of the products and the quotient hold for results
+//    (and operands) of magnitude >= ~2^-77: below that the low word, ~u^2 * |x|,
+//    falls under 2^-126. Results above ~2^127 overflow: hi becomes +-inf and lo NaN
+//    (no special handling of Inf/NaN anywhere in this header).
+#pragma once
+
+struct dw {
+  float hi;
+  float lo;
+};
+
+// A complex double-word number re + i*im.
+struct cdw {
+  dw re;
+  dw im;
+};
+
+METAL_FUNC dw dw_make(float hi, float lo) {
+  dw r;
+  r.hi = hi;
+  r.lo = lo;
+  return r;
+}
+
+// ---- error-free transforms --------------------------------------------------
+
+// TwoSum (Knuth / Moller; JMP alg 2): s + t = a + b exactly and s = RN(a + b), for
+// any ordering of |a|, |b| (6 ops). Exact as long as nothing over- or underflows
+// (see Range). (s, t) is a normalised double-word.
+METAL_FUNC dw dw_two_sum(float a, float b) {
+  float s = a + b;
+  float ap = s - b;
+  float bp = s - ap;
+  float da = a - ap;
+  float db = b - bp;
+  return dw_make(s, da + db);
+}
+
+// Fast2Sum (Dekker; JMP alg 1): s + t = a + b exactly when exponent(a) >=
+// exponent(b) (e.g. |a| >= |b|, or a == 0 and b == 0). Otherwise the result can be
+// inexact: Fast2Sum(2^-30, 1) = (1, 0) loses the 2^-30. Used only where JMP's
+// proofs establish the condition.
+METAL_FUNC dw dw_fast_two_sum(float a, float b) {
+  float s = a + b;
+  float z = s - a;
+  return dw_make(s, b - z);
+}
+
+// TwoProdFMA (JMP alg 3): p + e = a * b exactly, p = RN(a * b), e = fma residual.
+// Exact when exponent(a) + exponent(b) >= -80 and a*b does not overflow (see Range).
+METAL_FUNC dw dw_two_prod(float a, float b) {
+  float p = a * b;
+  float e = metal::fma(a, b, -p);
+  return dw_make(p, e);
+}
+
+// ---- conversions ------------------------------------------------------------
+
+// float -> double-word (exact).
+METAL_FUNC dw dw_from_float(float a) { return dw_make(a, 0.0f); }
+
+// (hi, lo) pair -> normalised double-word via Fast2Sum: exact, provided
+// exponent(hi) >= exponent(lo) (e.g. |hi| >= |lo|), which a pair split on the host
+// (hi = RN(x), lo = RN(x - hi)) satisfies.
+METAL_FUNC dw dw_from_pair(float hi, float lo) { return dw_fast_two_sum(hi, lo); }
+
+// double-word -> float: RN(hi + lo), one rounding of the exact value hi + lo (equal
+// to hi for a normalised pair). Note: the double-word value already carries its own
+// error, so this is RN(exact result) except in rare near-midpoint cases.
+METAL_FUNC float dw_to_float(dw x) { return x.hi + x.lo; }
+
+// Negation: exact, and keeps the pair normalised.
+METAL_FUNC dw dw_neg(dw x) { return dw_make(-x.hi, -x.lo); }
+
+// ---- addition ---------------------------------------------------------------
+
+// DW + FP (JMP alg 4, DWPlusFP): relative error <= 2u^2 (JMP Thm 3.1 as corrected
+// and formally checked in MR; asymptotically optimal). 10 ops.
+METAL_FUNC dw dw_add_fp(dw x, float y) {
+  dw s = dw_two_sum(x.hi, y);
+  float v = x.lo + s.lo;
+  return dw_fast_two_sum(s.hi, v);
+}
+
+// Accurate DW + DW (JMP alg 6, AccurateDWPlusDW): relative error
+// <= 3u^2/(1 - 4u) < 3u^2 + 13u^3 (JMP Thm 3.3), even under cancellation.
+// 20 ops. Never the "sloppy" JMP alg 5: no bound when the signs differ.
+METAL_FUNC dw dw_add(dw x, dw y) {
+  dw s = dw_two_sum(x.hi, y.hi);
+  dw t = dw_two_sum(x.lo, y.lo);
+  float c = s.lo + t.hi;
+  dw v = dw_fast_two_sum(s.hi, c);
+  float w = t.lo + v.lo;
+  return dw_fast_two_sum(v.hi, w);
+}
+
+// x - y = x + (-y): negation is exact, so the alg 6 bound applies unchanged.
+METAL_FUNC dw dw_sub(dw x, dw y) { return dw_add(x, dw_neg(y)); }
+
+// ---- multiplication ---------------------------------------------------------
+
+// DW * FP with FMA (JMP alg 9, DWTimesFP3): relative error <= 2u^2 (JMP Thm 4.3).
+// 6 ops.
+METAL_FUNC dw dw_mul_fp(dw x, float y) {
+  dw c = dw_two_prod(x.hi, y);
+  float cl3 = metal::fma(x.lo, y, c.lo);
+  return dw_fast_two_sum(c.hi, cl3);
+}
+
+// DW * DW with FMA (JMP alg 12, DWTimesDW3): relative error <= 4u^2 (MR's corrected,
+// Coq-checked bound; JMP claimed 5u^2 with a flawed proof). 9 ops.
+METAL_FUNC dw dw_mul(dw x, dw y) {
+  dw c = dw_two_prod(x.hi, y.hi);
+  float tl0 = x.lo * y.lo;
+  float tl1 = metal::fma(x.hi, y.lo, tl0);
+  float cl2 = metal::fma(x.lo, y.hi, tl1);
+  float cl3 = c.lo + cl2;
+  return dw_fast_two_sum(c.hi, cl3);
+}
+
+// ---- division ---------------------------------------------------------------
+
+// DW / DW (JMP alg 18, DWDivDW3) from a starting reciprocal t0 ~ 1/y.hi that need
+// only be FAITHFUL (|t0 - 1/y.hi| < ulp): no reliance on a correctly rounded
+// division (DESIGN: kernel-writing rules).
+//
+// Step 0 (ours, before alg 18): one float32 Newton step t = RN(t0 + t0*e0),
+// e0 = 1 - y.hi*t0. For faithful t0, e0 = -eps (t0 = (1 + eps)/y.hi, |eps| < 2u) is
+// exact (a multiple of ulp(y.hi)*ulp(t0) below 2^24 of those units), so t is the
+// single rounding of (1 - eps^2)/y.hi. Checked exhaustively (tests/test_doubleword.py,
+// all 2^23 significands, both faithful neighbours of 1/y.hi): t == RN(1/y.hi) every
+// time, i.e. JMP's hypothesis "th = RN(1/yh)" holds and their bound applies as is.
+// Even where it did not, |t*y.hi - 1| <= u + 4u^2 changes alg 18's bound only by
+// O(u^3), absorbed by the 1u^2 that MR's 4u^2 (instead of JMP's 5u^2) for the final
+// DWTimesDW3 frees.
+//
+// Alg 18 then: rh = 1 - y.hi*t (exact, fma), rl = -y.lo*t, (eh, el) =
+// Fast2Sum(rh, rl), delta = e*t (DWTimesFP3), m = delta + t (DWPlusFP) ~ 1/y (one
+// Newton step in double-word), z = x*m (DWTimesDW3). Relative error <= 9.8u^2
+// (JMP Thm 7.?; "DW/DW with FMA, alg 18, 9.8u^2" in their Table 1).
+// Domain: 2^-126 <= |y.hi| < 2^126 (so 1/y.hi is normal) and a result of magnitude
+// >= ~2^-77 (see Range); y == 0 gives inf/NaN.
+METAL_FUNC dw dw_div_from_recip(dw x, dw y, float t0) {
+  float e0 = metal::fma(-y.hi, t0, 1.0f);
+  float th = metal::fma(t0, e0, t0);
+  float rh = metal::fma(-y.hi, th, 1.0f);
+  float rl = -(y.lo * th);
+  dw e = dw_fast_two_sum(rh, rl);
+  dw d = dw_mul_fp(e, th);
+  dw m = dw_add_fp(d, th);
+  return dw_mul(x, m);
+}
+
+// DW / DW: relative error <= 9.8u^2 (see dw_div_from_recip). The one float32 division
+// in the extended path: `/` is correctly rounded under safe math (measured on an M2,
+// REFERENCES section 1) and in the emulator, but the bound only needs it faithful.
+METAL_FUNC dw dw_div(dw x, dw y) { return dw_div_from_recip(x, y, 1.0f / y.hi); }
+
+// ---- complex ----------------------------------------------------------------
+
+// Complex add: componentwise accurate DW + DW, so each component (and the
+// normwise error) is within 3u^2 + 13u^3.
+METAL_FUNC cdw cdw_add(cdw x, cdw y) {
+  cdw r;
+  r.re = dw_add(x.re, y.re);
+  r.im = dw_add(x.im, y.im);
+  return r;
+}
+
+// Complex multiply (a + ib)(c + id) = (ac - bd) + i(ad + bc): each real product
+// by DWTimesDW3 (exact hi*hi via TwoProdFMA; relative error <= 4u^2, MR), each sum
+// by accurate DW + DW (<= 3u^2 + 13u^3).
+// Normwise bound (derived here, not published): with A = |ac| + |bd|,
+// B = |ad| + |bc|, the error of the real part is <= 4u^2 A + (3u^2 + 13u^3)
+// (|ac - bd| + 4u^2 A), likewise for the imaginary part with B, and
+// A^2 + B^2 = |x|^2|y|^2 + 4|abcd| <= 2|x|^2|y|^2. So
+// ||error||_2 <= (4*sqrt(2) + 3)u^2 |xy| + O(u^3) < 8.66u^2 |xy|.
+// A single component can lose relative accuracy only under cancellation
+// (|ac - bd| << A).
+METAL_FUNC cdw cdw_mul(cdw x, cdw y) {
+  cdw r;
+  r.re = dw_sub(dw_mul(x.re, y.re), dw_mul(x.im, y.im));
+  r.im = dw_add(dw_mul(x.re, y.im), dw_mul(x.im, y.re));
+  return r;
+}
