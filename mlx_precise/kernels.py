@@ -91,7 +91,8 @@ class Kernel:
 
     Args:
         name: unique kernel name (MLX's ``name``).
-        body: file under ``metal/kernels`` holding the kernel body.
+        body: file under ``metal/kernels`` holding the kernel body (or an
+            absolute path, for kernels kept elsewhere, e.g. tests).
         inputs, outputs: parameter names, in buffer order.
         headers: files under ``metal/include`` inlined before the kernel.
         template: names of the template parameters; values are given per call.
@@ -115,7 +116,9 @@ class Kernel:
     ensure_row_contiguous: bool = True
 
     def source(self) -> str:
-        path = METAL_DIR / "kernels" / self.body
+        path = Path(self.body)
+        if not path.is_absolute():  # absolute paths serve kernels kept outside metal/
+            path = METAL_DIR / "kernels" / self.body
         if not path.is_file():
             raise FileNotFoundError(f"kernel body {self.body!r} not found in {path.parent}")
         return _read(path)

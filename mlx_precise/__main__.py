@@ -1,0 +1,65 @@
+"""Command line: ``python -m mlx_precise {demo,selftest,info}``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import mlx.core as mx
+
+from . import __version__, backends
+
+
+def info() -> int:
+    print(f"mlx-precise {__version__}, MLX {mx.__version__}")
+    print(f"active backend: {backends.backend()}")
+    for name in backends.BACKENDS:
+        why = backends._why_unavailable(name)
+        print(f"  {name:<8} {'available' if why is None else 'unavailable: ' + why}")
+    return 0
+
+
+def demo(backend: str | None) -> int:
+    """Show the backends, then prove the double-word core where kernels can run."""
+    from . import selftest
+
+    info()
+    name = backends.resolve(backend)
+    runs = [name]
+    if name == "cpu" and backends._why_unavailable("emulate") is None:
+        # The cpu backend has no kernels; show the Metal kernels through the emulator.
+        runs.append("emulate")
+    rc = 0
+    for b in runs:
+        print()
+        rc |= selftest.main(b)
+    return rc
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mlx_precise", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    for cmd, help_ in (
+        ("demo", "the main job on the default backend"),
+        ("selftest", "every kernel against exact oracles; non-zero exit on failure"),
+        ("info", "version and backends"),
+    ):
+        sp = sub.add_parser(cmd, help=help_)
+        if cmd != "info":
+            sp.add_argument("--backend", choices=backends.BACKENDS, default=None)
+    args = p.parse_args(argv)
+    try:
+        if args.command == "info":
+            return info()
+        if args.command == "demo":
+            return demo(args.backend)
+        from . import selftest
+
+        return selftest.main(args.backend)
+    except (backends.BackendUnavailableError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""``python -m mlx_precise selftest``: every kernel at small sizes against exact oracles.
+
+Each check prints one line, ``PASS``/``FAIL``, its name and the measured figure. The
+oracle is exact rational arithmetic (:mod:`fractions`), independent of the kernels.
+This is what a Mac user runs to prove the Metal path on real hardware::
+
+    python -m mlx_precise selftest --backend metal
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+
+import mlx.core as mx
+import numpy as np
+
+from . import backends
+
+U = Fraction(1, 2**24)  # unit roundoff of float32
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    figure: str
+
+    def line(self) -> str:
+        return f"{'PASS' if self.passed else 'FAIL'}  {self.name:<34} {self.figure}"
+
+
+def _operands(n: int, seed: int, ordered: bool):
+    """Normalised double-word operands with exponents in [-40, 40]."""
+    rng = np.random.default_rng(seed)
+
+    def dw():
+        hi = (rng.uniform(1, 2, n) * 2.0 ** rng.integers(-40, 41, n)).astype(np.float32)
+        hi *= rng.choice(np.float32([-1, 1]), n)
+        lo = (hi.astype(np.float64) * rng.uniform(-2**-24, 2**-24, n)).astype(np.float32)
+        s = (hi + lo).astype(np.float32)  # Fast2Sum renormalisation
+        return s, (hi.astype(np.float64) - s + lo).astype(np.float32)
+
+    (xh, xl), (yh, yl) = dw(), dw()
+    if ordered:  # Fast2Sum needs |x| >= |y|
+        swap = np.abs(xh) < np.abs(yh)
+        xh[swap], yh[swap] = yh[swap], xh[swap].copy()
+    return xh, xl, yh, yl
+
+
+def _exact(op: int, x: Fraction, y_hi: Fraction, y: Fraction) -> Fraction:
+    if op in (0, 1):
+        return x + y_hi
+    if op == 2:
+        return x * y_hi
+    if op == 3:
+        return x + y_hi
+    if op == 4:
+        return x + y
+    if op == 5:
+        return x * y_hi
+    if op == 6:
+        return x * y
+    return x / y
+
+
+# (OP code of the dw_ops kernel, name, bound in units of u^2; 0 = exact)
+_DW_CHECKS = (
+    (0, "TwoSum", 0),
+    (1, "Fast2Sum", 0),
+    (2, "TwoProdFMA", 0),
+    (3, "DW+FP (JMP alg 4)", 2),
+    (4, "DW+DW (JMP alg 6)", 3 + 13 * U),
+    (5, "DW*FP (JMP alg 9)", 2),
+    (6, "DW*DW (JMP alg 12)", 4),
+    (7, "DW/DW (JMP alg 18)", Fraction(98, 10)),
+)
+
+
+def check_doubleword_ops(backend: str, n: int = 2000) -> list[Check]:
+    from .doubleword import DW_OPS
+
+    out = []
+    for op, name, bound in _DW_CHECKS:
+        xh, xl, yh, yl = _operands(n, seed=op, ordered=op == 1)
+        if op in (0, 1, 2):  # error-free transforms take plain floats
+            xl = np.zeros_like(xl)
+        zh, zl = DW_OPS(
+            inputs=[mx.array(a) for a in (xh, xl, yh, yl)], template={"OP": op},
+            grid=(n, 1, 1), threadgroup=(256, 1, 1), output_shapes=[(n,), (n,)],
+            output_dtypes=[mx.float32, mx.float32], backend=backend)
+        zh, zl = np.array(zh), np.array(zl)
+        worst = Fraction(0)
+        for i in range(n):
+            x = Fraction(float(xh[i])) + Fraction(float(xl[i]))
+            y = Fraction(float(yh[i])) + Fraction(float(yl[i]))
+            exact = _exact(op, x, Fraction(float(yh[i])), y)
+            got = Fraction(float(zh[i])) + Fraction(float(zl[i]))
+            if exact != 0:
+                worst = max(worst, abs(got - exact) / abs(exact))
+            elif got != 0:
+                worst = Fraction(10**9)
+        in_u2 = worst / U**2
+        ok = worst == 0 if bound == 0 else in_u2 <= bound
+        what = "exact" if bound == 0 else f"<= {float(bound):.4g} u^2"
+        out.append(Check(f"{name} [{n} pairs]", ok,
+                         f"max rel err {float(in_u2):.3g} u^2 (need {what})"))
+    return out
+
+
+def check_eft(backend: str) -> Check:
+    from .doubleword import eft_selftest
+    from .kernels import DeviceCheckError
+
+    try:
+        eft_selftest(backend)
+        return Check("device EFT self-test", True, "TwoSum and fma residual exact")
+    except DeviceCheckError as e:
+        return Check("device EFT self-test", False, str(e))
+
+
+def check_split_join(n: int = 2000) -> Check:
+    from .doubleword import join, split
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(n) * 2.0 ** rng.integers(-60, 60, n)
+    hi, lo = split(x)
+    back = join(hi, lo)
+    err = max(abs(Fraction(float(b)) - Fraction(float(a))) / abs(Fraction(float(a)))
+              for a, b in zip(x, back))
+    # hi + lo carries 48 bits at least: relative error <= 2^-48 (u^2).
+    return Check("split/join float64 [host]", err <= U**2, f"max rel err {float(err / U**2):.3g} u^2")
+
+
+def run(backend: str | None = None, verbose: bool = True) -> list[Check]:
+    """Run every check on ``backend`` (default: the active one); returns the checks."""
+    name = backends.resolve(backend)
+    checks = [check_split_join()]
+    if name in ("metal", "emulate"):
+        checks.append(check_eft(name))
+        if checks[-1].passed:
+            checks += check_doubleword_ops(name)
+    if verbose:
+        for c in checks:
+            print(c.line(), flush=True)
+    return checks
+
+
+def main(backend: str | None = None) -> int:
+    name = backends.resolve(backend)
+    print(f"mlx-precise selftest on backend '{name}' (MLX {mx.__version__})", flush=True)
+    t0 = time.perf_counter()
+    checks = run(name)
+    failed = sum(not c.passed for c in checks)
+    print(f"{len(checks) - failed} passed, {failed} failed ({time.perf_counter() - t0:.1f} s)")
+    return 1 if failed else 0
