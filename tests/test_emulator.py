@@ -175,7 +175,7 @@ def test_flush_to_zero_and_no_contraction():
     stores keep bits; a*b+c is two roundings, fma one."""
     k = metal_kernel(name="numerics", input_names=["x"], output_names=["o"], source="""
         uint i = thread_position_in_grid.x;
-        o[0] = x[0] * 1.0f;          // subnormal input -> 0
+        o[0] = x[0] * 2.0f;          // subnormal input -> 0
         o[1] = x[1] * x[2];          // normal * normal -> subnormal result -> 0
         o[2] = x[0];                 // plain copy keeps the subnormal bits
         o[3] = x[3] * x[4] + x[5];   // no contraction
@@ -250,7 +250,7 @@ def test_compile_error_shows_numbered_source_and_message():
     with pytest.raises(KernelCompileError) as e:
         run(k, [mx.zeros((4,))], [(4,)], [mx.float32], (4, 1, 1), (4, 1, 1))
     msg = str(e.value)
-    assert "kernel 'broken' failed to compile" in msg
+    assert "kernel 'broken (custom_kernel_broken_floatc_float)' failed to compile" in msg
     assert "undefined_thing" in msg and "error" in msg
     assert " | o[i] = x[i] + undefined_thing;" in msg  # numbered source line
 

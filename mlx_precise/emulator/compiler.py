@@ -106,8 +106,11 @@ def numbered(source: str) -> str:
     return "\n".join(f"{i:5d} | {line}" for i, line in enumerate(source.splitlines(), 1))
 
 
-def build(source: str, name: str, include_dirs: list[Path]) -> Path:
-    """Compile ``source`` into a shared library (cached) and return its path."""
+def build(source: str, name: str, include_dirs: list[Path], label: str | None = None) -> Path:
+    """Compile ``source`` into a shared library (cached) and return its path.
+
+    ``name`` names the library file; ``label`` (default ``name``) names the kernel
+    in error messages."""
     cmd = find_compiler()
     fl = flags() + [f"-I{d}" for d in include_dirs]
     key = hashlib.sha256(
@@ -120,16 +123,10 @@ def build(source: str, name: str, include_dirs: list[Path]) -> Path:
         src = Path(tmp) / "kernel.cpp"
         src.write_text(source)
         out = Path(tmp) / "kernel.so"
-        env = dict(os.environ)
-        # zig keeps its own cache; give it a writable one next to ours.
-        env.setdefault("ZIG_GLOBAL_CACHE_DIR", str(cache_dir() / "zig"))
-        env.setdefault("ZIG_LOCAL_CACHE_DIR", str(cache_dir() / "zig"))
-        proc = subprocess.run(
-            [*cmd, *fl, str(src), "-o", str(out)], capture_output=True, text=True, env=env
-        )
+        proc = subprocess.run([*cmd, *fl, str(src), "-o", str(out)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise KernelCompileError(
-                f"kernel {name!r} failed to compile.\n\nGenerated source:\n{numbered(source)}"
+                f"kernel {label or name!r} failed to compile.\n\nGenerated source:\n{numbered(source)}"
                 f"\n\nCompiler ({' '.join(cmd)}) said:\n{proc.stderr.strip()}"
             )
         os.replace(out, lib)  # atomic: concurrent builders each install a whole file

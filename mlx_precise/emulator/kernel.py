@@ -119,11 +119,11 @@ def _cpp_source(kname: str, text: str, template, params) -> str:
     )
 
 
-def _load(source: str, kname: str) -> ctypes.CDLL:
+def _load(source: str, kname: str, label: str) -> ctypes.CDLL:
     with _libs_lock:
         lib = _libs.get(source)
         if lib is None:
-            path = compiler.build(source, kname, [SHIM_DIR])
+            path = compiler.build(source, kname, [SHIM_DIR], label)
             lib = ctypes.CDLL(str(path))
             lib.mpemu_launch.restype = ctypes.c_int
             lib.mpemu_launch.argtypes = [
@@ -199,7 +199,8 @@ class MetalKernel:
         if verbose:
             print(f"Generated source code for `{self.name}`:\n```\n{text}\n```")
         compile_text = signature.write_signature(kname, self.header, self.source, template, params)
-        lib = _load(_cpp_source(kname, compile_text, template, params), kname)
+        lib = _load(_cpp_source(kname, compile_text, template, params), kname,
+                    f"{self.name} ({kname})")
 
         keep = []  # owners of the memory behind the pointers
         ptrs = []

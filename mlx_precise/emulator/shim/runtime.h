@@ -5,8 +5,8 @@
 // and results, as Apple GPUs do); loads and stores keep their bits.
 #pragma once
 
-#include "metal_types.h"
-
+// Standard headers first: the shim defines `thread`, `device` and `constant`
+// as (empty) address-space macros.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +17,8 @@
 #if defined(__x86_64__)
 #include <xmmintrin.h>
 #endif
+
+#include "metal_types.h"
 
 namespace mpemu {
 
