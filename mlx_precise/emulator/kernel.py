@@ -106,7 +106,7 @@ def _cpp_source(kname: str, text: str, template, params) -> str:
     return (
         '#include "runtime.h"\n'
         "#define threadgroup\n"
-        "#define MPEMU_THREADGROUP static thread_local\n"
+        "#define MPEMU_THREADGROUP static\n"
         f"{text}\n"
         "static void mpemu_thread(void** b) {\n"
         "  const mpemu::Attrs& a = mpemu::attrs();\n"

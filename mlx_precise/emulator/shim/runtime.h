@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ucontext.h>
+#include <mutex>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -19,6 +19,84 @@
 #endif
 
 #include "metal_types.h"
+
+namespace mpemu {
+
+// ---- fiber context switch ---------------------------------------------------
+// A fiber switch saves the callee-saved registers on the old stack and restores
+// them from the new one (System V x86-64 / AAPCS64). ucontext's swapcontext
+// would do the same plus two signal-mask system calls per switch; elsewhere it
+// is the fallback. The FP control register is not switched: every fiber runs in
+// the launcher's flush-to-zero environment.
+#if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
+#define MPEMU_ASM_SWITCH 1
+extern "C" void mpemu_switch(void** save_sp, void* load_sp);
+#if defined(__x86_64__)
+__asm__(
+    ".text\n.globl mpemu_switch\n.hidden mpemu_switch\n.type mpemu_switch,@function\n"
+    "mpemu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n.size mpemu_switch, .-mpemu_switch\n");
+constexpr int kSavedWords = 6;  // then the return address
+#else
+__asm__(
+    ".text\n.globl mpemu_switch\n.hidden mpemu_switch\n.type mpemu_switch,%function\n"
+    "mpemu_switch:\n"
+    "  sub sp, sp, #176\n"
+    "  stp x19, x20, [sp, #0]\n  stp x21, x22, [sp, #16]\n  stp x23, x24, [sp, #32]\n"
+    "  stp x25, x26, [sp, #48]\n  stp x27, x28, [sp, #64]\n  stp x29, x30, [sp, #80]\n"
+    "  stp d8, d9, [sp, #96]\n  stp d10, d11, [sp, #112]\n  stp d12, d13, [sp, #128]\n"
+    "  stp d14, d15, [sp, #144]\n"
+    "  mov x9, sp\n  str x9, [x0]\n  mov sp, x1\n"
+    "  ldp x19, x20, [sp, #0]\n  ldp x21, x22, [sp, #16]\n  ldp x23, x24, [sp, #32]\n"
+    "  ldp x25, x26, [sp, #48]\n  ldp x27, x28, [sp, #64]\n  ldp x29, x30, [sp, #80]\n"
+    "  ldp d8, d9, [sp, #96]\n  ldp d10, d11, [sp, #112]\n  ldp d12, d13, [sp, #128]\n"
+    "  ldp d14, d15, [sp, #144]\n"
+    "  add sp, sp, #176\n  ret\n.size mpemu_switch, .-mpemu_switch\n");
+#endif
+
+struct Context {
+  void* sp = nullptr;
+};
+
+inline void ctx_init(Context& c, char* stack, size_t size, void (*entry)()) {
+  uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + size) & ~uintptr_t(15);
+  void** sp = reinterpret_cast<void**>(top);
+#if defined(__x86_64__)
+  // After `ret` pops `entry`, rsp must be 8 mod 16, as right after a call.
+  *--sp = nullptr;  // fake return address of entry (it never returns)
+  *--sp = reinterpret_cast<void*>(entry);
+  for (int i = 0; i < kSavedWords; ++i) *--sp = nullptr;
+#else
+  sp -= 176 / sizeof(void*);
+  std::memset(sp, 0, 176);
+  sp[11] = reinterpret_cast<void*>(entry);  // x30 (lr) slot at offset 88
+#endif
+  c.sp = sp;
+}
+
+inline void ctx_switch(Context& from, Context& to) { mpemu_switch(&from.sp, to.sp); }
+
+#else
+}  // namespace mpemu
+#include <ucontext.h>
+namespace mpemu {
+struct Context {
+  ucontext_t uc;
+};
+inline void ctx_init(Context& c, char* stack, size_t size, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = size;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+inline void ctx_switch(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
+}  // namespace mpemu
 
 namespace mpemu {
 
@@ -41,7 +119,7 @@ struct Attrs {
 enum class State { Runnable, Barrier, Simd, Done };
 
 struct Fiber {
-  ucontext_t ctx;
+  Context ctx;
   Attrs attrs;
   State state = State::Runnable;
   unsigned simd_seq = 0;  // collectives done so far (parity selects a slot)
@@ -59,7 +137,7 @@ struct Runtime {
   bool fibers = false;  // false: threads run to completion one after another
   Attrs* attrs = nullptr;  // the running thread's attributes
   Fiber* fiber = nullptr;  // the running fiber (fiber mode)
-  ucontext_t scheduler;
+  Context scheduler;
   std::vector<Fiber> pool;
   std::vector<SimdSlot> slots;
   char* stacks = nullptr;
@@ -67,10 +145,10 @@ struct Runtime {
   char error[512] = {0};
 };
 
-inline Runtime& rt() {
-  static thread_local Runtime r;
-  return r;
-}
+// One runtime per kernel library; launch() holds its mutex, so a plain global
+// (no thread_local, whose access costs a call in a shared library) is safe.
+inline Runtime g_runtime;
+inline Runtime& rt() { return g_runtime; }
 
 inline void fail(const char* msg) {
   Runtime& r = rt();
@@ -91,7 +169,7 @@ inline bool suspend(State s, const char* what) {
     return false;
   }
   r.fiber->state = s;
-  swapcontext(&r.fiber->ctx, &r.scheduler);
+  ctx_switch(r.fiber->ctx, r.scheduler);
   return true;
 }
 
@@ -294,16 +372,14 @@ struct Dispatch {
   ThreadFn fn;
   void** buffers;
 };
-inline Dispatch& dispatch() {
-  static thread_local Dispatch d;
-  return d;
-}
+inline Dispatch g_dispatch;
+inline Dispatch& dispatch() { return g_dispatch; }
 
 inline void fiber_entry() {
   Runtime& r = rt();
   dispatch().fn(dispatch().buffers);
   r.fiber->state = State::Done;
-  swapcontext(&r.fiber->ctx, &r.scheduler);
+  ctx_switch(r.fiber->ctx, r.scheduler);
 }
 
 inline uint ceil_div(uint a, uint b) { return (a + b - 1) / b; }
@@ -349,11 +425,9 @@ inline void run_group_fibers(Runtime& r, uint n) {
     Fiber& f = r.pool[i];
     f.state = State::Runnable;
     f.simd_seq = 0;
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = r.stacks + stack * i;
-    f.ctx.uc_stack.ss_size = stack;
-    f.ctx.uc_link = nullptr;
-    makecontext(&f.ctx, fiber_entry, 0);
+    // Stagger the stack tops so the fibers' hot frames do not all map to the
+    // same cache sets.
+    ctx_init(f.ctx, r.stacks + stack * i, stack - (i % 64) * 64, fiber_entry);
   }
   while (true) {
     for (uint i = 0; i < n; ++i) {
@@ -361,7 +435,7 @@ inline void run_group_fibers(Runtime& r, uint n) {
       if (f.state != State::Runnable) continue;
       r.fiber = &f;
       r.attrs = &f.attrs;
-      swapcontext(&r.scheduler, &f.ctx);
+      ctx_switch(r.scheduler, f.ctx);
     }
     if (r.error[0]) return;
     // Every fiber is now done or waiting. Simdgroup collectives complete first:
@@ -403,6 +477,8 @@ inline void run_group_fibers(Runtime& r, uint n) {
 // dims: grid xyz, threadgroup xyz (already clamped to the grid, as MLX does).
 inline int launch(ThreadFn fn, void** buffers, const uint32_t* dims, int use_fibers,
                   char* err, int errlen) {
+  static std::mutex serial;  // concurrent launches of one library take turns
+  std::lock_guard<std::mutex> hold(serial);
   Runtime& r = rt();
   r.error[0] = 0;
   r.fibers = use_fibers != 0;
