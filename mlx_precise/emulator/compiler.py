@@ -40,8 +40,13 @@ _BASE_FLAGS = [
     "-ffp-contract=off",
     "-fno-fast-math",
     "-fno-strict-aliasing",
-    "-fwrapv",
+    "-fwrapv",  # signed overflow wraps, as on the GPU
+    "-g0",
     "-w",
+    # half arithmetic rounds after every operation, as on the GPU (clang's default
+    # keeps half expressions in float until the end of the expression).
+    "-Xclang",
+    "-ffloat16-excess-precision=none",
 ]
 
 
@@ -86,8 +91,9 @@ def compiler_identity() -> str:
         return " ".join(cmd)
 
 
-def flags() -> list[str]:
-    f = list(_BASE_FLAGS)
+def flags(shared: bool = True) -> list[str]:
+    """Compiler flags (``shared=False`` for a standalone program)."""
+    f = [x for x in _BASE_FLAGS if shared or x not in ("-shared", "-fPIC")]
     # Hardware fma keeps metal::fma a single rounding and subject to the
     # flush-to-zero mode; libm's software fma ignores MXCSR.
     if _has_cpu_fma():

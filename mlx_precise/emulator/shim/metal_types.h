@@ -8,12 +8,13 @@
 // inside headers included later.
 //
 // Deliberately not included: <cmath>, <math.h>, <cstdlib>, <algorithm>.  With
-// libc++ (zig's clang) <cmath> puts non-template `float sqrt(float)` etc. in the
-// global namespace, and after `using namespace metal;` a call `sqrt(x)` would
-// then be ambiguous.  Math here uses compiler builtins (__builtin_sqrtf...),
-// and the scalar math functions are constrained templates, so if some other
-// header does bring those globals in, the global non-template (same float
-// semantics) wins the tie instead of causing an ambiguity.
+// libc++ (zig's clang) <cmath> puts non-template `float sqrt(float)` etc. in
+// the global namespace, where `using namespace metal;` would make a plain
+// `sqrt(x)` ambiguous.  Math here uses compiler builtins (__builtin_sqrtf...),
+// and the scalar math functions are constrained templates, so if another
+// header does bring those globals in, same-type calls still resolve (to the
+// global non-template, same float semantics); mixed calls such as pow(x, 2)
+// then clash with libc++'s templates, so keep <cmath> out of kernel TUs.
 //
 // half is _Float16.  clang keeps half expressions in float until the end of a
 // full expression unless given `-Xclang -ffloat16-excess-precision=none`; use
@@ -151,29 +152,29 @@ struct bf_op {};
 template <class A, class B>
 struct bf_op<A, B, true> {
   using other = std::conditional_t<is_bf<A>, B, A>;
-  using type = std::conditional_t<is_bf<other> || std::is_integral<other>::value,
-                                  bfloat16_t, float>;
+  using type = std::conditional_t<
+      is_bf<other> || std::is_integral<other>::value, bfloat16_t, float>;
 };
 }  // namespace detail
 
-#define MTL_BF_ARITH(op)                                                    \
-  template <class A, class B, class R = typename detail::bf_op<A, B>::type> \
-  constexpr R operator op(A a, B b) {                                       \
-    return R(float(a) op float(b));                                         \
-  }                                                                         \
-  template <class B, std::enable_if_t<detail::is_num<B>, int> = 0>          \
-  constexpr bfloat16_t& operator op##=(bfloat16_t& a, B b) {                \
-    return a = bfloat16_t(float(a) op float(b));                            \
+#define MTL_BF_ARITH(op)                                                      \
+  template <class A, class B, class R = typename detail::bf_op<A, B>::type>   \
+  constexpr R operator op(A a, B b) {                                         \
+    return R(float(a) op float(b));                                           \
+  }                                                                           \
+  template <class B, std::enable_if_t<detail::is_num<B>, int> = 0>            \
+  constexpr bfloat16_t& operator op##=(bfloat16_t& a, B b) {                  \
+    return a = bfloat16_t(float(a) op float(b));                              \
   }
 MTL_BF_ARITH(+)
 MTL_BF_ARITH(-)
 MTL_BF_ARITH(*)
 MTL_BF_ARITH(/)
 #undef MTL_BF_ARITH
-#define MTL_BF_CMP(op)                                                   \
-  template <class A, class B, class = typename detail::bf_op<A, B>::type> \
-  constexpr bool operator op(A a, B b) {                                 \
-    return float(a) op float(b);                                         \
+#define MTL_BF_CMP(op)                                                        \
+  template <class A, class B, class = typename detail::bf_op<A, B>::type>     \
+  constexpr bool operator op(A a, B b) {                                      \
+    return float(a) op float(b);                                              \
   }
 MTL_BF_CMP(==)
 MTL_BF_CMP(!=)
@@ -222,7 +223,8 @@ constexpr bool is_signed_v = is_signed<T>::value;
 template <class T>
 struct numeric_limits : std::numeric_limits<T> {};
 
-template <class T, int Digits, int MaxExp>
+namespace detail {
+template <int Digits, int MaxExp>
 struct fp_limits_base {
   static constexpr bool is_specialized = true;
   static constexpr bool is_signed = true;
@@ -236,8 +238,9 @@ struct fp_limits_base {
   static constexpr int max_exponent = MaxExp;
   static constexpr int min_exponent = 3 - MaxExp;
 };
+}  // namespace detail
 template <>
-struct numeric_limits<half> : fp_limits_base<half, 11, 16> {
+struct numeric_limits<half> : detail::fp_limits_base<11, 16> {
   static constexpr half min() { return half(0x1p-14f); }
   static constexpr half max() { return half(65504.0f); }
   static constexpr half lowest() { return half(-65504.0f); }
@@ -247,14 +250,15 @@ struct numeric_limits<half> : fp_limits_base<half, 11, 16> {
   static constexpr half quiet_NaN() { return half(__builtin_nanf("")); }
 };
 template <>
-struct numeric_limits<bfloat16_t> : fp_limits_base<bfloat16_t, 8, 128> {
-  static constexpr bfloat16_t min() { return bfloat16_t::from_bits(0x0080); }
-  static constexpr bfloat16_t max() { return bfloat16_t::from_bits(0x7F7F); }
-  static constexpr bfloat16_t lowest() { return bfloat16_t::from_bits(0xFF7F); }
-  static constexpr bfloat16_t epsilon() { return bfloat16_t::from_bits(0x3C00); }
-  static constexpr bfloat16_t denorm_min() { return bfloat16_t::from_bits(1); }
-  static constexpr bfloat16_t infinity() { return bfloat16_t::from_bits(0x7F80); }
-  static constexpr bfloat16_t quiet_NaN() { return bfloat16_t::from_bits(0x7FC0); }
+struct numeric_limits<bfloat16_t> : detail::fp_limits_base<8, 128> {
+  using T = bfloat16_t;
+  static constexpr T min() { return T::from_bits(0x0080); }
+  static constexpr T max() { return T::from_bits(0x7F7F); }
+  static constexpr T lowest() { return T::from_bits(0xFF7F); }
+  static constexpr T epsilon() { return T::from_bits(0x3C00); }
+  static constexpr T denorm_min() { return T::from_bits(0x0001); }
+  static constexpr T infinity() { return T::from_bits(0x7F80); }
+  static constexpr T quiet_NaN() { return T::from_bits(0x7FC0); }
 };
 
 // ---------------------------------------------------------------------------
@@ -352,13 +356,13 @@ struct vec_base;
 #define MTL_EC_4(M, ...) MTL_EC_3(M, __VA_ARGS__) M(__VA_ARGS__, w)
 #define MTL_ED_4(M, ...) MTL_ED_3(M, __VA_ARGS__) M(__VA_ARGS__, w)
 #define MTL_SWZ1(n, a) MTL_EB_##n(MTL_SWZ2, n, a)
-#define MTL_SWZ2(n, a, b)                      \
-  swz<T, n, MTL_I_##a, MTL_I_##b> a##b;        \
+#define MTL_SWZ2(n, a, b)                                                     \
+  swz<T, n, MTL_I_##a, MTL_I_##b> a##b;                                       \
   MTL_EC_##n(MTL_SWZ3, n, a, b)
-#define MTL_SWZ3(n, a, b, c)                          \
-  swz<T, n, MTL_I_##a, MTL_I_##b, MTL_I_##c> a##b##c; \
+#define MTL_SWZ3(n, a, b, c)                                                  \
+  swz<T, n, MTL_I_##a, MTL_I_##b, MTL_I_##c> a##b##c;                         \
   MTL_ED_##n(MTL_SWZ4, n, a, b, c)
-#define MTL_SWZ4(n, a, b, c, d) \
+#define MTL_SWZ4(n, a, b, c, d)                                               \
   swz<T, n, MTL_I_##a, MTL_I_##b, MTL_I_##c, MTL_I_##d> a##b##c##d;
 #define MTL_SWIZZLES(n) MTL_EA_##n(MTL_SWZ1, n)
 
@@ -390,6 +394,27 @@ struct alignas(valign<T, 4>) vec_base<T, 4> {
   };
 };
 }  // namespace detail
+#undef MTL_I_x
+#undef MTL_I_y
+#undef MTL_I_z
+#undef MTL_I_w
+#undef MTL_EA_2
+#undef MTL_EB_2
+#undef MTL_EC_2
+#undef MTL_ED_2
+#undef MTL_EA_3
+#undef MTL_EB_3
+#undef MTL_EC_3
+#undef MTL_ED_3
+#undef MTL_EA_4
+#undef MTL_EB_4
+#undef MTL_EC_4
+#undef MTL_ED_4
+#undef MTL_SWZ1
+#undef MTL_SWZ2
+#undef MTL_SWZ3
+#undef MTL_SWZ4
+#undef MTL_SWIZZLES
 
 template <class T, int N, int... I>
 struct swz {
@@ -453,7 +478,8 @@ struct vec : detail::vec_base<T, N> {
   template <class U, int M, int... I,
             std::enable_if_t<sizeof...(I) == std::size_t(N), int> = 0>
   constexpr explicit vec(const swz<U, M, I...>& s) : base{} {
-    for (int i = 0; i < N; ++i) this->d[i] = static_cast<T>(detail::comp(s, i));
+    for (int i = 0; i < N; ++i)
+      this->d[i] = static_cast<T>(detail::comp(s, i));
   }
 
   constexpr T& operator[](int i) { return this->d[i]; }
@@ -471,9 +497,9 @@ struct vec : detail::vec_base<T, N> {
   }
 };
 
-#define MTL_VEC_TYPEDEFS(T, name) \
-  typedef vec<T, 2> name##2;      \
-  typedef vec<T, 3> name##3;      \
+#define MTL_VEC_TYPEDEFS(T, name)                                             \
+  typedef vec<T, 2> name##2;                                                  \
+  typedef vec<T, 3> name##3;                                                  \
   typedef vec<T, 4> name##4;
 MTL_VEC_TYPEDEFS(float, float)
 MTL_VEC_TYPEDEFS(half, half)
@@ -520,43 +546,52 @@ struct vbin<A, B, std::enable_if_t<is_num<A> && is_vecish<B>>> {
   using E = elem_t<B>;
   static constexpr int n = n_of<B>;
 };
+// The GPU wraps signed integer + - * << and -x; doing them in the unsigned
+// type gives that result without C++ undefined behaviour.
+template <class E>
+using wrap_t = typename std::conditional_t<
+    std::is_integral<E>::value && std::is_signed<E>::value,
+    std::make_unsigned<std::conditional_t<(sizeof(E) < sizeof(int)), int, E>>,
+    std::enable_if<true, E>>::type;
 }  // namespace detail
 
-#define MTL_VEC_BINOP(op)                                                   \
-  template <class A, class B, class P = detail::vbin<A, B>,                  \
-            class E = typename P::E>                                         \
-  constexpr vec<E, P::n> operator op(const A& a, const B& b) {               \
-    vec<E, P::n> r{};                                                        \
-    for (int i = 0; i < P::n; ++i)                                           \
-      r.d[i] = static_cast<E>(static_cast<E>(detail::comp(a, i))             \
-                                  op static_cast<E>(detail::comp(b, i)));    \
-    return r;                                                                \
-  }                                                                          \
+#define MTL_VEC_BINOP(op, C)                                                  \
+  template <class A, class B, class P = detail::vbin<A, B>,                   \
+            class E = typename P::E>                                          \
+  constexpr vec<E, P::n> operator op(const A& a, const B& b) {                \
+    vec<E, P::n> r{};                                                         \
+    for (int i = 0; i < P::n; ++i)                                            \
+      r.d[i] = static_cast<E>(C(static_cast<E>(detail::comp(a, i)))           \
+                                  op C(static_cast<E>(detail::comp(b, i))));  \
+    return r;                                                                 \
+  }                                                                           \
   template <class A, class B, std::enable_if_t<detail::is_vecish<A>, int> = 0> \
-  constexpr A& operator op##=(A& a, const B& b) {                            \
-    a = a op b;                                                              \
-    return a;                                                                \
+  constexpr A& operator op##=(A& a, const B& b) {                             \
+    a = a op b;                                                               \
+    return a;                                                                 \
   }
-MTL_VEC_BINOP(+)
-MTL_VEC_BINOP(-)
-MTL_VEC_BINOP(*)
-MTL_VEC_BINOP(/)
-MTL_VEC_BINOP(%)
-MTL_VEC_BINOP(&)
-MTL_VEC_BINOP(|)
-MTL_VEC_BINOP(^)
-MTL_VEC_BINOP(<<)
-MTL_VEC_BINOP(>>)
+#define MTL_W detail::wrap_t<E>
+MTL_VEC_BINOP(+, MTL_W)
+MTL_VEC_BINOP(-, MTL_W)
+MTL_VEC_BINOP(*, MTL_W)
+MTL_VEC_BINOP(/, E)
+MTL_VEC_BINOP(%, E)
+MTL_VEC_BINOP(&, E)
+MTL_VEC_BINOP(|, E)
+MTL_VEC_BINOP(^, E)
+MTL_VEC_BINOP(<<, MTL_W)
+MTL_VEC_BINOP(>>, E)
 #undef MTL_VEC_BINOP
+#undef MTL_W
 
-#define MTL_VEC_BOOLOP(op, conv)                                \
-  template <class A, class B, class P = detail::vbin<A, B>,     \
-            class E = typename P::E>                            \
-  constexpr vec<bool, P::n> operator op(const A& a, const B& b) { \
-    vec<bool, P::n> r{};                                        \
-    for (int i = 0; i < P::n; ++i)                              \
-      r.d[i] = conv(detail::comp(a, i)) op conv(detail::comp(b, i)); \
-    return r;                                                   \
+#define MTL_VEC_BOOLOP(op, conv)                                              \
+  template <class A, class B, class P = detail::vbin<A, B>,                   \
+            class E = typename P::E>                                          \
+  constexpr vec<bool, P::n> operator op(const A& a, const B& b) {             \
+    vec<bool, P::n> r{};                                                      \
+    for (int i = 0; i < P::n; ++i)                                            \
+      r.d[i] = conv(detail::comp(a, i)) op conv(detail::comp(b, i));          \
+    return r;                                                                 \
   }
 MTL_VEC_BOOLOP(==, static_cast<E>)
 MTL_VEC_BOOLOP(!=, static_cast<E>)
@@ -568,19 +603,19 @@ MTL_VEC_BOOLOP(&&, static_cast<bool>)
 MTL_VEC_BOOLOP(||, static_cast<bool>)
 #undef MTL_VEC_BOOLOP
 
-#define MTL_VEC_UNOP(op, R)                                                 \
-  template <class A, std::enable_if_t<detail::is_vecish<A>, int> = 0,       \
-            class E = detail::elem_t<A>>                                    \
-  constexpr vec<R, detail::n_of<A>> operator op(const A& a) {               \
-    vec<R, detail::n_of<A>> r{};                                            \
-    for (int i = 0; i < detail::n_of<A>; ++i)                               \
-      r.d[i] = static_cast<R>(op detail::comp(a, i));                       \
-    return r;                                                               \
+#define MTL_VEC_UNOP(op, R, C)                                                \
+  template <class A, std::enable_if_t<detail::is_vecish<A>, int> = 0,         \
+            class E = detail::elem_t<A>>                                      \
+  constexpr vec<R, detail::n_of<A>> operator op(const A& a) {                 \
+    vec<R, detail::n_of<A>> r{};                                              \
+    for (int i = 0; i < detail::n_of<A>; ++i)                                 \
+      r.d[i] = static_cast<R>(op static_cast<C>(detail::comp(a, i)));         \
+    return r;                                                                 \
   }
-MTL_VEC_UNOP(-, E)
-MTL_VEC_UNOP(+, E)
-MTL_VEC_UNOP(~, E)
-MTL_VEC_UNOP(!, bool)
+MTL_VEC_UNOP(-, E, detail::wrap_t<E>)
+MTL_VEC_UNOP(+, E, E)
+MTL_VEC_UNOP(~, E, E)
+MTL_VEC_UNOP(!, bool, E)
 #undef MTL_VEC_UNOP
 
 template <class A, std::enable_if_t<detail::is_vecish<A>, int> = 0>
@@ -638,9 +673,8 @@ inline To as_type(const swz<T, N, I...>& s) {
 // ---------------------------------------------------------------------------
 // Math.  Scalar functions are templates over float / half / bfloat (and
 // double, computed in float since Metal has none): they evaluate in float
-// with the float libm routine and round to the argument type.  Being
-// templates, they lose ties against libm's non-template globals of identical
-// meaning instead of being ambiguous.  Vector and swizzle arguments are
+// with the float libm routine and round to the argument type (see the top of
+// the file for why they are templates).  Vector and swizzle arguments are
 // mapped component-wise; scalars next to vectors are broadcast.
 // ---------------------------------------------------------------------------
 namespace detail {
@@ -724,37 +758,37 @@ inline double fma_to_odd(double x, double y, double z) {
 }
 }  // namespace detail
 
-#define MTL_VEC_OVERLOAD1(name)                                     \
-  template <class V, std::enable_if_t<detail::is_vecish<V>, int> = 0> \
-  inline auto name(const V& v) {                                    \
-    return detail::vmap([](auto e) { return name(e); }, v);         \
+#define MTL_VEC_OVERLOAD1(name)                                               \
+  template <class V, std::enable_if_t<detail::is_vecish<V>, int> = 0>         \
+  inline auto name(const V& v) {                                              \
+    return detail::vmap([](auto e) { return name(e); }, v);                   \
   }
-#define MTL_FP1(name, expr)                                         \
-  template <class T, std::enable_if_t<detail::is_fp<T>, int> = 0>   \
-  inline T name(T x_) {                                             \
-    const float x = float(x_);                                      \
-    return T(expr);                                                 \
-  }                                                                 \
+#define MTL_FP1(name, expr)                                                   \
+  template <class T, std::enable_if_t<detail::is_fp<T>, int> = 0>             \
+  inline T name(T x_) {                                                       \
+    const float x = float(x_);                                                \
+    return T(expr);                                                           \
+  }                                                                           \
   MTL_VEC_OVERLOAD1(name)
-#define MTL_FPPRED(name, expr)                                      \
-  template <class T, std::enable_if_t<detail::is_fp<T>, int> = 0>   \
-  inline bool name(T x_) {                                          \
-    const float x = float(x_);                                      \
-    return (expr);                                                  \
-  }                                                                 \
+#define MTL_FPPRED(name, expr)                                                \
+  template <class T, std::enable_if_t<detail::is_fp<T>, int> = 0>             \
+  inline bool name(T x_) {                                                    \
+    const float x = float(x_);                                                \
+    return (expr);                                                            \
+  }                                                                           \
   MTL_VEC_OVERLOAD1(name)
-#define MTL_VEC_OVERLOAD2(name)                                             \
-  template <class A, class B,                                               \
-            std::enable_if_t<detail::any_vec<A, B>, int> = 0>               \
-  inline auto name(const A& a, const B& b) {                                \
-    return detail::vmap([](auto p, auto q) { return name(p, q); }, a, b);   \
+#define MTL_VEC_OVERLOAD2(name)                                               \
+  template <class A, class B,                                                 \
+            std::enable_if_t<detail::any_vec<A, B>, int> = 0>                 \
+  inline auto name(const A& a, const B& b) {                                  \
+    return detail::vmap([](auto p, auto q) { return name(p, q); }, a, b);     \
   }
-#define MTL_FP2(name, expr)                                                 \
-  template <class A, class B, class R = detail::fcommon_t<A, B>>            \
-  inline R name(A x_, B y_) {                                               \
-    const float x = float(x_), y = float(y_);                               \
-    return R(expr);                                                         \
-  }                                                                         \
+#define MTL_FP2(name, expr)                                                   \
+  template <class A, class B, class R = detail::fcommon_t<A, B>>              \
+  inline R name(A x_, B y_) {                                                 \
+    const float x = float(x_), y = float(y_);                                 \
+    return R(expr);                                                           \
+  }                                                                           \
   MTL_VEC_OVERLOAD2(name)
 #define MTL_VEC_OVERLOAD3(name)                                               \
   template <class A, class B, class C,                                        \
@@ -790,7 +824,6 @@ MTL_FP1(trunc, __builtin_truncf(x))
 MTL_FP1(rint, __builtin_rintf(x))    // ties to even (default rounding mode)
 MTL_FP1(round, __builtin_roundf(x))  // ties away from zero
 MTL_FP1(fabs, __builtin_fabsf(x))
-MTL_FP1(fract, __builtin_fminf(x - __builtin_floorf(x), 0x1.fffffep-1f))
 MTL_FP1(saturate, __builtin_fminf(__builtin_fmaxf(x, 0.0f), 1.0f))
 // MSL: 1 for x > 0, -1 for x < 0, x itself for +-0, and 0 for NaN.
 MTL_FP1(sign, x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : (x == x ? x : 0.0f)))
@@ -813,6 +846,17 @@ MTL_FP2(step, y < x ? 0.0f : 1.0f)  // step(edge, x): 0 if x < edge, else 1
 #undef MTL_FP1
 #undef MTL_FPPRED
 #undef MTL_FP2
+
+// fract(x) = x - floor(x), kept below 1 in the value type.
+template <class T, std::enable_if_t<detail::is_fp<T>, int> = 0>
+inline T fract(T x_) {
+  const float x = float(x_);
+  T r = T(x - __builtin_floorf(x));
+  return float(r) == 1.0f
+             ? T(1.0f - float(metal::numeric_limits<T>::epsilon()) * 0.5f)
+             : r;
+}
+MTL_VEC_OVERLOAD1(fract)
 
 // abs and min/max/clamp accept integers too.
 template <class T, std::enable_if_t<detail::is_num<T>, int> = 0>
@@ -970,7 +1014,8 @@ constexpr vec<E, detail::first_vec<A, B, C>::n> select(const A& a, const B& b,
 
 // Geometric functions.
 template <class A, class B,
-          std::enable_if_t<detail::is_vecish<A> && detail::is_vecish<B>, int> = 0,
+          std::enable_if_t<detail::is_vecish<A> && detail::is_vecish<B>,
+                           int> = 0,
           class P = detail::vbin<A, B>, class E = typename P::E>
 constexpr E dot(const A& a, const B& b) {
   E s = E(detail::comp(a, 0) * detail::comp(b, 0));
@@ -1049,7 +1094,7 @@ MTL_VEC_OVERLOAD2(mulhi)
 // precise:: and fast:: carry the same names.  Here both are the float libm
 // routines (the GPU's fast variants are approximations that can't be
 // reproduced bit for bit anyway).
-#define MTL_MATH_NAMES                                                       \
+#define MTL_MATH_NAMES                                                        \
   using metal::sqrt; using metal::rsqrt; using metal::exp; using metal::exp2; \
   using metal::exp10; using metal::log; using metal::log2; using metal::log10; \
   using metal::sin; using metal::cos; using metal::tan; using metal::asin;    \
@@ -1123,16 +1168,16 @@ inline T atomic_exchange_explicit(volatile atomic<T>* o, detail::nd<T> v,
   o->value = v;
   return old;
 }
-#define MTL_ATOMIC_RMW(name, expr)                                      \
-  template <class T>                                                    \
-  inline T atomic_fetch_##name##_explicit(volatile atomic<T>* o,        \
-                                          detail::nd<T> v, memory_order) { \
-    T old = o->value;                                                   \
-    o->value = (expr);                                                  \
-    return old;                                                         \
+#define MTL_ATOMIC_RMW(name, expr)                                            \
+  template <class T>                                                          \
+  inline T atomic_fetch_##name##_explicit(volatile atomic<T>* o,              \
+                                          detail::nd<T> v, memory_order) {    \
+    T old = o->value;                                                         \
+    o->value = (expr);                                                        \
+    return old;                                                               \
   }
-MTL_ATOMIC_RMW(add, T(old + v))
-MTL_ATOMIC_RMW(sub, T(old - v))
+MTL_ATOMIC_RMW(add, T(detail::wrap_t<T>(old) + detail::wrap_t<T>(v)))
+MTL_ATOMIC_RMW(sub, T(detail::wrap_t<T>(old) - detail::wrap_t<T>(v)))
 MTL_ATOMIC_RMW(and, T(old & v))
 MTL_ATOMIC_RMW(or, T(old | v))
 MTL_ATOMIC_RMW(xor, T(old ^ v))
@@ -1142,7 +1187,7 @@ MTL_ATOMIC_RMW(max, old < v ? v : old)
 // Compares bit patterns, like the hardware (and C++ std::atomic).
 template <class T>
 inline bool atomic_compare_exchange_weak_explicit(volatile atomic<T>* o,
-                                                  T* expected,
+                                                  detail::nd<T>* expected,
                                                   detail::nd<T> desired,
                                                   memory_order, memory_order) {
   T cur = o->value;
@@ -1261,10 +1306,10 @@ constexpr complex_t<T> operator/(U s, complex_t<T> b) {
   T den = b.real * b.real + b.imag * b.imag;
   return {(t * b.real) / den, (-t * b.imag) / den};
 }
-#define MTL_CPLX_CASSIGN(op)                                     \
-  template <class T, class B>                                    \
-  constexpr complex_t<T>& operator op##=(complex_t<T>& a, B b) { \
-    return a = a op b;                                           \
+#define MTL_CPLX_CASSIGN(op)                                                  \
+  template <class T, class B>                                                 \
+  constexpr complex_t<T>& operator op##=(complex_t<T>& a, B b) {              \
+    return a = a op b;                                                        \
   }
 MTL_CPLX_CASSIGN(+)
 MTL_CPLX_CASSIGN(-)
@@ -1313,13 +1358,13 @@ struct Limits {
   static constexpr U finite_max = metal::numeric_limits<U>::max();
   static constexpr U finite_min = metal::numeric_limits<U>::min();
 };
-#define MTL_FLOAT_LIMITS(T)                                              \
-  template <>                                                            \
-  struct Limits<T> {                                                     \
-    static constexpr T max = metal::numeric_limits<T>::infinity();       \
-    static constexpr T min = -metal::numeric_limits<T>::infinity();      \
-    static constexpr T finite_max = metal::numeric_limits<T>::max();     \
-    static constexpr T finite_min = -metal::numeric_limits<T>::max();    \
+#define MTL_FLOAT_LIMITS(T)                                                   \
+  template <>                                                                 \
+  struct Limits<T> {                                                          \
+    static constexpr T max = metal::numeric_limits<T>::infinity();            \
+    static constexpr T min = -metal::numeric_limits<T>::infinity();           \
+    static constexpr T finite_max = metal::numeric_limits<T>::max();          \
+    static constexpr T finite_min = -metal::numeric_limits<T>::max();         \
   };
 MTL_FLOAT_LIMITS(float)
 MTL_FLOAT_LIMITS(half)
@@ -1332,11 +1377,9 @@ struct Limits<bool> {
 };
 template <class T>
 struct Limits<complex_t<T>> {
-  static constexpr complex_t<T> max = complex_t<T>(
-      metal::numeric_limits<T>::infinity(), metal::numeric_limits<T>::infinity());
-  static constexpr complex_t<T> min =
-      complex_t<T>(-metal::numeric_limits<T>::infinity(),
-                   -metal::numeric_limits<T>::infinity());
+  static constexpr T inf = metal::numeric_limits<T>::infinity();
+  static constexpr complex_t<T> max = complex_t<T>(inf, inf);
+  static constexpr complex_t<T> min = complex_t<T>(-inf, -inf);
 };
 
 // ceil(N / M) for positive integers.

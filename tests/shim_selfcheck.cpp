@@ -1,6 +1,5 @@
-// Self-check for metal_types.h.  Build and run (one line):
-//   python -m ziglang c++ -std=c++17 -O2 -ffp-contract=off -fno-fast-math
-//     -Wno-unknown-attributes -mfma selfcheck.cpp -o selfcheck && ./selfcheck
+// Self-check of the emulator's metal_types.h, built and run by
+// tests/test_emulator_shim.py with the emulator's own compiler and flags.
 // Every CHECK can fail; the program prints each failure and exits non-zero.
 #include <cmath>  // before metal_types.h; also checks coexistence with libm
 #include <cstdio>
@@ -185,6 +184,10 @@ static void test_vectors() {
   CHECK(all((i4 << 1) == int4(14, -14, 16, 18)));
   CHECK(all((uint4(16) >> uint4(1, 2, 3, 4)) == uint4(8, 4, 2, 1)));
   CHECK(all(~int2(0, -1) == int2(-1, 0)));
+  // signed vector arithmetic wraps like the GPU (and is not C++ UB here)
+  CHECK(all(int2(2147483647) + 1 == int2(-2147483647 - 1)));
+  CHECK(all(-int2(-2147483647 - 1) == int2(-2147483647 - 1)));
+  CHECK(all(char2(char(100)) * char(3) == char2(char(44))));
   CHECK(all(-a == float4(-1, -2, -3, -4)));
   uchar4 uc(250, 10, 0, 1);
   uc += uchar4(10);
@@ -261,6 +264,9 @@ static void test_rounding_math() {
   CHECK(metal::trunc(-1.7f) == -1.0f);
   CHECK(metal::fract(-0.25f) == 0.75f);
   CHECK(metal::fract(-1e-9f) == 0x1.fffffep-1f);  // clamped below 1
+  CHECK(float(metal::fract(half(-0x1p-20f))) == 0x1.ffcp-1f);
+  CHECK(float(metal::fract(bfloat16_t(-0x1p-20f))) == 0x1.fep-1f);
+  CHECK(metal::isnan(metal::fract(NAN)) && metal::fract(2.75f) == 0.75f);
 
   // fma is fused: (1+2^-23)(1-2^-23) - 1 = -2^-46 exactly
   float p = 1.0f + 0x1p-23f, m = 1.0f - 0x1p-23f;
