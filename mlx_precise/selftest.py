@@ -9,6 +9,7 @@ This is what a Mac user runs to prove the Metal path on real hardware::
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from fractions import Fraction
@@ -109,6 +110,41 @@ def check_doubleword_ops(backend: str, n: int = 2000) -> list[Check]:
     return out
 
 
+def check_complex_ops(backend: str, n: int = 1000) -> list[Check]:
+    """Complex double-word add (per component, DW+DW bound) and multiply (normwise,
+    (4 sqrt(2) + 3) u^2 < 8.66 u^2, derived in metal/include/doubleword.h)."""
+    from .doubleword import CDW_OPS
+
+    parts = _operands(n, seed=11, ordered=False) + _operands(n, seed=12, ordered=False)
+    xrh, xrl, yrh, yrl, xih, xil, yih, yil = parts
+    ins = [xrh, xrl, xih, xil, yrh, yrl, yih, yil]
+    out = []
+    for op, name, bound in ((0, "complex DW add", 3 + 13 * U), (1, "complex DW mul", Fraction(866, 100))):
+        z = CDW_OPS(inputs=[mx.array(a) for a in ins], template={"OP": op},
+                    grid=(n, 1, 1), threadgroup=(256, 1, 1), output_shapes=[(n,)] * 4,
+                    output_dtypes=[mx.float32] * 4, backend=backend)
+        zrh, zrl, zih, zil = (np.array(a) for a in z)
+
+        def f(h, lo, i):
+            return Fraction(float(h[i])) + Fraction(float(lo[i]))
+
+        worst = Fraction(0)
+        for i in range(n):
+            xr, xi, yr, yi = f(xrh, xrl, i), f(xih, xil, i), f(yrh, yrl, i), f(yih, yil, i)
+            er, ei = (xr + yr, xi + yi) if op == 0 else (xr * yr - xi * yi, xr * yi + xi * yr)
+            gr, gi = f(zrh, zrl, i), f(zih, zil, i)
+            if op == 0:  # per component
+                for g, e in ((gr, er), (gi, ei)):
+                    if e:
+                        worst = max(worst, (abs(g - e) / abs(e)) ** 2)
+            elif er or ei:  # normwise, squared to stay rational
+                worst = max(worst, ((gr - er) ** 2 + (gi - ei) ** 2) / (er**2 + ei**2))
+        in_u2 = math.sqrt(worst) / float(U**2)
+        out.append(Check(f"{name} [{n} pairs]", worst <= (bound * U**2) ** 2,
+                         f"max rel err {in_u2:.3g} u^2 (need <= {float(bound):.4g} u^2)"))
+    return out
+
+
 def check_eft(backend: str) -> Check:
     from .doubleword import eft_selftest
     from .kernels import DeviceCheckError
@@ -141,6 +177,7 @@ def run(backend: str | None = None, verbose: bool = True) -> list[Check]:
         checks.append(check_eft(name))
         if checks[-1].passed:
             checks += check_doubleword_ops(name)
+            checks += check_complex_ops(name)
     if verbose:
         for c in checks:
             print(c.line(), flush=True)

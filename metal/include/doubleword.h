@@ -19,18 +19,23 @@
 //    of unbounded-exponent arithmetic when every nonzero input word has magnitude
 //    >= 2^-103: such words are integer multiples of 2^-126, so every intermediate is
 //    a multiple of 2^-126 too, hence 0 or normal, and flushing never triggers.
-//    Below that an error term that would be subnormal is flushed: e.g.
-//    TwoSum(1.5*2^-110, 2^-100) returns (RN(sum), 0) instead of the 2^-127 residual,
-//    and TwoSum(a, -a + 2^-130-sized difference) returns (0, 0). Subnormal inputs
-//    read as zero (DAZ).
+//    Below that, a result or error term that would be subnormal is flushed:
+//    TwoSum(2^-100, 2^-104 + 2^-127) returns (2^-100 + 2^-104, 0), losing the 2^-127
+//    residual, and TwoSum(1.25*2^-126, -2^-126) returns (0, 0), losing the whole
+//    (subnormal) sum 2^-128. Subnormal inputs read as zero (DAZ).
+//    (tests/test_doubleword.py asserts these outputs.)
 //  * dw_two_prod(a, b) is exact when exponent(a) + exponent(b) >= -80 (its residual
 //    is a multiple of 2^(ea+eb-46)), in particular whenever |a*b| >= 2^-78; the
 //    residual can be flushed for smaller products and is always lost (when nonzero)
-//    once |a*b| < 2^-102.
-//  * Hence the relative bounds of the products and the quotient hold for results
-//    (and operands) of magnitude >= ~2^-77: below that the low word, ~u^2 * |x|,
-//    falls under 2^-126. Results above ~2^127 overflow: hi becomes +-inf and lo NaN
-//    (no special handling of Inf/NaN anywhere in this header).
+//    once |a*b| < 2^-103.
+//  * Products and quotients: every flushed intermediate moves the result r by at
+//    most ~2^-126, i.e. 2^-126/|r| relative, so their bounds hold (to that extra
+//    term) for |r| well above 2^-78; tests/test_doubleword.py checks them for
+//    |r| >= 2^-51 with low words >= 2^-35 |high word|. Below ~2^-78 the error
+//    terms (~u^2 |r|) fall under 2^-126 and accuracy decays, down to float32's
+//    around 2^-102, where the low word itself (~u |r|) is flushed. A result that
+//    overflows float32 gives Inf/NaN words (there is no special handling of
+//    Inf/NaN anywhere in this header).
 #pragma once
 
 struct dw {
@@ -66,9 +71,9 @@ METAL_FUNC dw dw_two_sum(float a, float b) {
 }
 
 // Fast2Sum (Dekker; JMP alg 1): s + t = a + b exactly when exponent(a) >=
-// exponent(b) (e.g. |a| >= |b|, or a == 0 and b == 0). Otherwise the result can be
+// exponent(b) (e.g. |a| >= |b|). Otherwise the result can be
 // inexact: Fast2Sum(2^-30, 1) = (1, 0) loses the 2^-30. Used only where JMP's
-// proofs establish the condition.
+// proofs establish the condition (a == 0 is also fine: the result is (b, 0)).
 METAL_FUNC dw dw_fast_two_sum(float a, float b) {
   float s = a + b;
   float z = s - a;
@@ -103,8 +108,8 @@ METAL_FUNC dw dw_neg(dw x) { return dw_make(-x.hi, -x.lo); }
 
 // ---- addition ---------------------------------------------------------------
 
-// DW + FP (JMP alg 4, DWPlusFP): relative error <= 2u^2 (JMP Thm 3.1 as corrected
-// and formally checked in MR; asymptotically optimal). 10 ops.
+// DW + FP (JMP alg 4, DWPlusFP): relative error <= 2u^2 (JMP, Table 1; the proof
+// was corrected and Coq-checked in MR). 10 ops.
 METAL_FUNC dw dw_add_fp(dw x, float y) {
   dw s = dw_two_sum(x.hi, y);
   float v = x.lo + s.lo;
@@ -112,7 +117,7 @@ METAL_FUNC dw dw_add_fp(dw x, float y) {
 }
 
 // Accurate DW + DW (JMP alg 6, AccurateDWPlusDW): relative error
-// <= 3u^2/(1 - 4u) < 3u^2 + 13u^3 (JMP Thm 3.3), even under cancellation.
+// <= 3u^2 + 13u^3 (JMP, Table 1), even under cancellation.
 // 20 ops. Never the "sloppy" JMP alg 5: no bound when the signs differ.
 METAL_FUNC dw dw_add(dw x, dw y) {
   dw s = dw_two_sum(x.hi, y.hi);
@@ -128,7 +133,7 @@ METAL_FUNC dw dw_sub(dw x, dw y) { return dw_add(x, dw_neg(y)); }
 
 // ---- multiplication ---------------------------------------------------------
 
-// DW * FP with FMA (JMP alg 9, DWTimesFP3): relative error <= 2u^2 (JMP Thm 4.3).
+// DW * FP with FMA (JMP alg 9, DWTimesFP3): relative error <= 2u^2 (JMP, Table 1).
 // 6 ops.
 METAL_FUNC dw dw_mul_fp(dw x, float y) {
   dw c = dw_two_prod(x.hi, y);
@@ -136,8 +141,8 @@ METAL_FUNC dw dw_mul_fp(dw x, float y) {
   return dw_fast_two_sum(c.hi, cl3);
 }
 
-// DW * DW with FMA (JMP alg 12, DWTimesDW3): relative error <= 4u^2 (MR's corrected,
-// Coq-checked bound; JMP claimed 5u^2 with a flawed proof). 9 ops.
+// DW * DW with FMA (JMP alg 12, DWTimesDW3): relative error <= 4u^2 (MR's Coq-checked
+// bound; JMP's Table 1 gives 5u^2, with a proof MR found flawed and repaired). 9 ops.
 METAL_FUNC dw dw_mul(dw x, dw y) {
   dw c = dw_two_prod(x.hi, y.hi);
   float tl0 = x.lo * y.lo;
@@ -156,22 +161,34 @@ METAL_FUNC dw dw_mul(dw x, dw y) {
 // Step 0 (ours, before alg 18): one float32 Newton step t = RN(t0 + t0*e0),
 // e0 = 1 - y.hi*t0. For faithful t0, e0 = -eps (t0 = (1 + eps)/y.hi, |eps| < 2u) is
 // exact (a multiple of ulp(y.hi)*ulp(t0) below 2^24 of those units), so t is the
-// single rounding of (1 - eps^2)/y.hi. Checked exhaustively (tests/test_doubleword.py,
-// all 2^23 significands, both faithful neighbours of 1/y.hi): t == RN(1/y.hi) every
-// time, i.e. JMP's hypothesis "th = RN(1/yh)" holds and their bound applies as is.
-// Even where it did not, |t*y.hi - 1| <= u + 4u^2 changes alg 18's bound only by
-// O(u^3), absorbed by the 1u^2 that MR's 4u^2 (instead of JMP's 5u^2) for the final
-// DWTimesDW3 frees.
+// single rounding of (1 - eps^2)/y.hi, |eps^2| < 4u^2. From t0 = RN(1/y.hi), t == t0.
+// From the other faithful neighbour, t == RN(1/y.hi) too, for all 2^23 significands
+// of y.hi but one (checked exhaustively in tests/test_doubleword.py; scaling y.hi by
+// 2^k and its sign change nothing while 1/y.hi is normal): y.hi =
+// +-(2 - 2^-23)*2^k, t0 = +-2^(-k-1), where (1 - eps^2)/y.hi is the midpoint
+// 2^(-k-1)(1 + 2^-24) and rounds to even, t = t0, |t*y.hi - 1| = u instead of
+// u - u^2. So JMP's hypothesis th = RN(1/yh) holds, up to that one O(u^2) change in
+// |1 - yh*th| <= u, which moves alg 18's bound by O(u^3); MR's 4u^2 (instead of
+// JMP's 5u^2) for the final DWTimesDW3 leaves about 1u^2 to absorb it. Without this
+// step a faithful t0 does NOT suffice: |1 - y*t0| can reach ~3u, leaving ~9u^2 from
+// the Newton step alone (measured up to 9.46u^2 on adversarial operands, against
+// ~3.7u^2 with the step; test_dw_div_faithful_start_adversarial).
 //
+// dw_recip_refine is step 0; dw_div_from_recip is step 0 + alg 18.
 // Alg 18 then: rh = 1 - y.hi*t (exact, fma), rl = -y.lo*t, (eh, el) =
 // Fast2Sum(rh, rl), delta = e*t (DWTimesFP3), m = delta + t (DWPlusFP) ~ 1/y (one
 // Newton step in double-word), z = x*m (DWTimesDW3). Relative error <= 9.8u^2
-// (JMP Thm 7.?; "DW/DW with FMA, alg 18, 9.8u^2" in their Table 1).
-// Domain: 2^-126 <= |y.hi| < 2^126 (so 1/y.hi is normal) and a result of magnitude
-// >= ~2^-77 (see Range); y == 0 gives inf/NaN.
+// (JMP, Table 1: "DW/DW with FMA, alg 18").
+// Domain: 2^-126 <= |y.hi| <= 2^126 (so 1/y.hi is normal; for larger |y.hi| the
+// flushed reciprocal makes the result 0) and a result well above 2^-78 in
+// magnitude (see Range); y == 0 gives Inf/NaN.
+METAL_FUNC float dw_recip_refine(float yh, float t0) {
+  float e0 = metal::fma(-yh, t0, 1.0f);
+  return metal::fma(t0, e0, t0);
+}
+
 METAL_FUNC dw dw_div_from_recip(dw x, dw y, float t0) {
-  float e0 = metal::fma(-y.hi, t0, 1.0f);
-  float th = metal::fma(t0, e0, t0);
+  float th = dw_recip_refine(y.hi, t0);
   float rh = metal::fma(-y.hi, th, 1.0f);
   float rl = -(y.lo * th);
   dw e = dw_fast_two_sum(rh, rl);

@@ -1,0 +1,203 @@
+"""Double-word ("float-float") numbers on the host, and the double-word core kernels.
+
+A double-word number is an unevaluated pair ``(hi, lo)`` of float32 with
+``hi = RN(hi + lo)``: about 48 significand bits, i.e. ~14 decimal digits, over
+float32's exponent range. The device arithmetic lives in
+``metal/include/doubleword.h`` (JMP / MR algorithms, bounds in its comments); this
+module splits float64 data into pairs, joins pairs back into float64, declares the
+kernels that exercise the header, and runs the device self-test that guards every
+extended-precision kernel (:func:`eft_selftest`).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from .kernels import DeviceCheckError, Kernel, elementwise_grid
+
+_F32 = (mx.float32,)
+
+
+def _elementwise(inputs, template):
+    """One thread per element of the first input."""
+    return elementwise_grid(inputs[0].size)
+
+
+DW_OPS = Kernel(
+    name="dw_ops",
+    body="dw_ops.metal",
+    headers=("doubleword.h",),
+    inputs=("xh", "xl", "yh", "yl"),
+    outputs=("zh", "zl"),
+    template=("OP",),
+    input_dtypes={k: _F32 for k in ("xh", "xl", "yh", "yl")},
+    grid=_elementwise,
+    extended=True,
+)
+"""Elementwise double-word operation ``OP`` (see ``metal/kernels/dw_ops.metal``):
+0 TwoSum, 1 Fast2Sum, 2 TwoProdFMA, 3 DW+FP, 4 DW+DW, 5 DW*FP, 6 DW*DW, 7 DW/DW,
+8 DW/DW from a faithful, not correctly rounded, reciprocal, 9 the reciprocal
+refinement step alone. Inputs ``xh, xl, yh, yl`` and outputs ``zh, zl``: float32,
+shape ``(n,)``; the grid is one thread per element."""
+
+CDW_OPS = Kernel(
+    name="cdw_ops",
+    body="cdw_ops.metal",
+    headers=("doubleword.h",),
+    inputs=("xrh", "xrl", "xih", "xil", "yrh", "yrl", "yih", "yil"),
+    outputs=("zrh", "zrl", "zih", "zil"),
+    template=("OP",),
+    input_dtypes={k: _F32 for k in ("xrh", "xrl", "xih", "xil", "yrh", "yrl", "yih", "yil")},
+    grid=_elementwise,
+    extended=True,
+)
+"""Elementwise complex double-word operation ``OP``: 0 add, 1 multiply. Inputs and
+outputs: float32, shape ``(n,)`` (real hi, real lo, imaginary hi, imaginary lo)."""
+
+EFT_SELFTEST = Kernel(
+    name="eft_selftest",
+    body="eft_selftest.metal",
+    headers=("doubleword.h",),
+    inputs=("a",),
+    outputs=("r",),
+    input_dtypes={"a": _F32},
+    extended=False,  # it is the check itself
+)
+"""The device self-test: input ``a`` float32 ``(4,)``, output ``r`` float32 ``(8,)``."""
+
+# The self-test's inputs come from the host so that the compiler cannot fold them.
+_SELFTEST_INPUT = np.array([1.0, 2.0**-30, 1 + 2.0**-23, 1 - 2.0**-23], dtype=np.float32)
+
+
+def _selftest_expectations():
+    """(slice of r, what it is, allowed exact results, property named on failure)."""
+    a1, a3 = 2.0**-30, 1 - 2.0**-23
+    return (
+        # 1 + 2^-30 is not a float32: s = 1 and the error term carries 2^-30 exactly.
+        (slice(0, 2), "TwoSum(1, 2^-30)", [(1.0, a1)], "TwoSum not exact"),
+        # (1 + 2^-23)(1 - 2^-23) = 1 - 2^-46: p = 1, residual -2^-46 only with a true fma.
+        (slice(2, 4), "TwoProdFMA(1 + 2^-23, 1 - 2^-23)", [(1.0, -(2.0**-46))],
+         "fma residual wrong"),
+        # |a| < |b|: TwoSum needs no ordering; 2^-30 - (1 - 2^-23) = -(1 - 2^-23) + 2^-30.
+        (slice(4, 6), "TwoSum(2^-30, -(1 - 2^-23))", [(-a3, a1)], "TwoSum not exact"),
+        # 2^-130 is subnormal: flushed to zero on Apple GPUs and in the emulator; exact
+        # gradual underflow is accepted too (it only helps); anything else is broken.
+        (slice(6, 7), "(2^-30)^4 * 2^-10 (subnormal)", [(0.0,), (2.0**-130,)],
+         "FTZ behaviour"),
+        # 2^-125 is normal and must never be flushed.
+        (slice(7, 8), "(2^-30)^4 * 2^-5 (normal)", [(2.0**-125,)], "FTZ behaviour"),
+    )
+
+
+def eft_selftest(backend: str | None = None) -> None:
+    """Check on ``backend`` (``"metal"``, ``"emulate"``, None = active) that the
+    device computes error-free transforms exactly: TwoSum in both operand orders,
+    the fma residual of TwoProdFMA, and flush-to-zero that only touches subnormals.
+
+    Relaxed/fast math, reassociation or a fused-multiply-add emulated by a*b+c all
+    break at least one of these. The registry runs this once per backend before the
+    first extended-precision kernel.
+
+    Raises:
+        DeviceCheckError: naming the failed property and the values seen.
+    """
+    (r,) = EFT_SELFTEST(
+        inputs=[mx.array(_SELFTEST_INPUT)], grid=(1, 1, 1), threadgroup=(1, 1, 1),
+        output_shapes=[(8,)], output_dtypes=[mx.float32], backend=backend,
+    )
+    r = np.array(r, dtype=np.float32).astype(np.float64)
+    for where, what, allowed, prop in _selftest_expectations():
+        got = tuple(float(v) for v in r[where])
+        if got not in [tuple(a) for a in allowed]:
+            raise DeviceCheckError(
+                f"{prop}: {what} gave {[v.hex() for v in got]}, expected "
+                + " or ".join(str([float(v).hex() for v in a]) for a in allowed)
+            )
+
+
+def _as_float64(x, name: str) -> np.ndarray:
+    if isinstance(x, mx.array):
+        if x.dtype != mx.float64:
+            raise ValueError(f"{name} must have dtype float64, got mlx {x.dtype}")
+        return np.array(x, dtype=np.float64)
+    if isinstance(x, float):
+        return np.array(x, dtype=np.float64)
+    if isinstance(x, (np.ndarray, np.floating)):
+        x = np.asarray(x)
+        if x.dtype != np.float64:
+            raise ValueError(f"{name} must have dtype float64, got numpy {x.dtype}")
+        return x
+    raise ValueError(
+        f"{name} must be a float64 numpy array or mx.array, got {type(x).__name__}"
+    )
+
+
+def split(x) -> tuple[mx.array, mx.array]:
+    """Split float64 values into double-word pairs.
+
+    Args:
+        x: float64 values, any shape: a numpy array (or ``np.float64`` / Python float)
+            or an ``mx.array`` of dtype float64 (CPU).
+
+    Returns:
+        ``(hi, lo)``: two float32 ``mx.array``\\ s of ``x``'s shape with
+        ``hi = RN32(x)`` and ``lo = RN32(x - hi)`` (``x - hi`` is exact in float64).
+        ``hi + lo`` equals ``x`` exactly when ``x - hi`` fits in 24 bits (e.g. ``x``
+        has at most 48 significant bits) and ``lo`` is a normal float32; otherwise it
+        is within ``2^-48 |x|`` (relative) for ``|x| >= 2^-78``. Words below 2^-126
+        are kept as float32 subnormals here, but kernels read them as zero (Apple
+        GPUs flush subnormals), so full precision on the device needs
+        ``|x| >= ~2^-78``.
+
+    Raises:
+        ValueError: wrong dtype or type, or a value that is not finite or rounds to
+            +-inf in float32 (``|x| >= 2^128 - 2^103``).
+    """
+    a = _as_float64(x, "x")
+    with np.errstate(over="ignore"):
+        hi = a.astype(np.float32)
+    bad = ~np.isfinite(hi)
+    if np.any(bad):
+        first = a[bad].flat[0]
+        raise ValueError(
+            f"x has {int(np.count_nonzero(bad))} value(s) outside the float32 range "
+            f"(non-finite, or |x| rounds to inf in float32), e.g. {first!r}"
+        )
+    lo = (a - hi.astype(np.float64)).astype(np.float32)
+    return mx.array(hi), mx.array(lo)
+
+
+def _as_float32(x, name: str) -> np.ndarray:
+    if isinstance(x, mx.array):
+        if x.dtype != mx.float32:
+            raise ValueError(f"{name} must have dtype float32, got mlx {x.dtype}")
+        return np.array(x, dtype=np.float32)
+    if isinstance(x, (np.ndarray, np.floating)):
+        x = np.asarray(x)
+        if x.dtype != np.float32:
+            raise ValueError(f"{name} must have dtype float32, got numpy {x.dtype}")
+        return x
+    raise ValueError(f"{name} must be a float32 mx.array or numpy array, got {type(x).__name__}")
+
+
+def join(hi, lo) -> np.ndarray:
+    """Exact value ``hi + lo`` of double-word pairs, rounded once to float64.
+
+    Args:
+        hi, lo: float32 ``mx.array``\\ s (or numpy arrays) of the same shape.
+
+    Returns:
+        float64 numpy array of that shape: ``RN64(hi + lo)`` (float32 -> float64 is
+        exact, and one float64 addition rounds the exact sum once). It is exactly
+        ``hi + lo`` whenever that sum fits in 53 bits, which holds for the pairs
+        :func:`split` makes; a pair such as ``(1, 2^-60)`` is rounded to ``1``.
+
+    Raises:
+        ValueError: wrong dtype or type, or shapes that differ.
+    """
+    h = _as_float32(hi, "hi")
+    l_ = _as_float32(lo, "lo")
+    if h.shape != l_.shape:
+        raise ValueError(f"hi and lo must have the same shape, got {h.shape} and {l_.shape}")
+    return h.astype(np.float64) + l_.astype(np.float64)
