@@ -14,7 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from .kernels import DeviceCheckError, Kernel, elementwise_grid
+from .kernels import DeviceCheckError, Kernel, elementwise_grid, same_shape
 
 _F32 = (mx.float32,)
 
@@ -32,6 +32,7 @@ DW_OPS = Kernel(
     outputs=("zh", "zl"),
     template=("OP",),
     input_dtypes={k: _F32 for k in ("xh", "xl", "yh", "yl")},
+    input_shapes=same_shape(ndim=1),
     grid=_elementwise,
     extended=True,
 )
@@ -49,6 +50,7 @@ CDW_OPS = Kernel(
     outputs=("zrh", "zrl", "zih", "zil"),
     template=("OP",),
     input_dtypes={k: _F32 for k in ("xrh", "xrl", "xih", "xil", "yrh", "yrl", "yih", "yil")},
+    input_shapes=same_shape(ndim=1),
     grid=_elementwise,
     extended=True,
 )

@@ -85,6 +85,20 @@ def elementwise_grid(n: int, threads: int = 256):
     return (n, 1, 1), (min(threads, n), 1, 1)
 
 
+def same_shape(ndim: int | None = None) -> Callable:
+    """Shape rule: every input has the same shape (and ``ndim`` dimensions if given)."""
+
+    def check(arrays: Mapping[str, mx.array]) -> None:
+        shapes = {n: tuple(a.shape) for n, a in arrays.items()}
+        first = next(iter(shapes.values()), ())
+        if any(s != first for s in shapes.values()):
+            raise KernelInputError(f"inputs must all have one shape, got {shapes}")
+        if ndim is not None and len(first) != ndim:
+            raise KernelInputError(f"inputs must be {ndim}-D, got shape {first}")
+
+    return check
+
+
 @dataclass(frozen=True)
 class Kernel:
     """Declaration of one Metal kernel.
@@ -97,6 +111,9 @@ class Kernel:
         headers: files under ``metal/include`` inlined before the kernel.
         template: names of the template parameters; values are given per call.
         input_dtypes: optional ``{input name: allowed dtypes}`` checked per call.
+        input_shapes: optional rule ``input_shapes(arrays_by_name)`` that raises
+            :class:`KernelInputError` when the input shapes do not fit the kernel
+            (see :func:`same_shape`).
         grid: optional rule ``grid(inputs, template) -> (grid, threadgroup)`` used
             when a call gives no grid.
         extended: computes in double-word; requires the device self-test.
@@ -110,6 +127,7 @@ class Kernel:
     headers: tuple[str, ...] = ()
     template: tuple[str, ...] = ()
     input_dtypes: Mapping[str, tuple] = field(default_factory=dict)
+    input_shapes: Callable | None = None
     grid: Callable | None = None
     extended: bool = True
     atomic_outputs: bool = False
@@ -151,6 +169,11 @@ class Kernel:
                     f"kernel {self.name!r}: input {name!r} has dtype {x.dtype}, "
                     f"expected one of {', '.join(map(str, allowed))}"
                 )
+        if self.input_shapes is not None:
+            try:
+                self.input_shapes(dict(zip(self.inputs, arrays)))
+            except KernelInputError as e:
+                raise KernelInputError(f"kernel {self.name!r}: {e}") from None
         return arrays
 
     def __call__(

@@ -119,3 +119,25 @@ def test_cli_backend_errors_are_clear():
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert "backend 'metal' cannot run here" in out.stderr
+
+
+def test_kernel_shape_rule():
+    from mlx_precise.doubleword import DW_OPS
+
+    a, b = mx.zeros((8,)), mx.zeros((9,))
+    kw = dict(template={"OP": 4}, output_shapes=[(8,), (8,)],
+              output_dtypes=[mx.float32, mx.float32], backend="emulate")
+    with pytest.raises(KernelInputError, match="kernel 'dw_ops': inputs must all have one shape"):
+        DW_OPS(inputs=[a, a, b, a], **kw)
+    with pytest.raises(KernelInputError, match="inputs must be 1-D, got shape \\(2, 4\\)"):
+        DW_OPS(inputs=[a.reshape(2, 4)] * 4, **kw)
+
+
+def test_no_compiler_is_a_clear_error(monkeypatch):
+    from mlx_precise.emulator import compiler
+
+    monkeypatch.delenv("MLX_PRECISE_CXX", raising=False)
+    monkeypatch.setattr(compiler.shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "ziglang", None)  # import raises ImportError
+    with pytest.raises(compiler.CompilerNotFoundError, match="pip install ziglang"):
+        compiler.find_compiler.__wrapped__()
