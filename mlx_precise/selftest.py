@@ -169,8 +169,15 @@ def check_split_join(n: int = 2000) -> Check:
     return Check("split/join float64 [host]", err <= U**2, f"max rel err {float(err / U**2):.3g} u^2")
 
 
+# Modules of the package that contribute checks: each has
+# ``selftest_checks(backend: str) -> list[Check]`` (small sizes, exact oracles).
+CHECK_MODULES: tuple[str, ...] = ()
+
+
 def run(backend: str | None = None, verbose: bool = True) -> list[Check]:
     """Run every check on ``backend`` (default: the active one); returns the checks."""
+    import importlib
+
     name = backends.resolve(backend)
     checks = [check_split_join()]
     if name in ("metal", "emulate"):
@@ -178,6 +185,8 @@ def run(backend: str | None = None, verbose: bool = True) -> list[Check]:
         if checks[-1].passed:
             checks += check_doubleword_ops(name)
             checks += check_complex_ops(name)
+    for mod in CHECK_MODULES:
+        checks += importlib.import_module(f"{__package__}.{mod}").selftest_checks(name)
     if verbose:
         for c in checks:
             print(c.line(), flush=True)
