@@ -16,6 +16,20 @@ from .backends import (
     set_backend,
     use_backend,
 )
+from .context import extended_precision, is_extended, precision_aware_functions
+from .conv import (
+    depthwise3,
+    depthwise3_extended,
+    depthwise_conv,
+    depthwise_conv_extended,
+)
+from .doubleword import DoubleWord
+from .elementwise import (
+    complex_multiply,
+    complex_multiply_extended,
+    fft_scale,
+    fft_scale_extended,
+)
 from .kernels import DeviceCheckError, Kernel
 
 __version__ = "0.1.0"
@@ -24,7 +38,19 @@ __all__ = [
     "BACKENDS",
     "BackendUnavailableError",
     "DeviceCheckError",
+    "DoubleWord",
     "Kernel",
+    "complex_multiply",
+    "complex_multiply_extended",
+    "depthwise3",
+    "depthwise3_extended",
+    "depthwise_conv",
+    "depthwise_conv_extended",
+    "extended_precision",
+    "fft_scale",
+    "fft_scale_extended",
+    "is_extended",
+    "precision_aware_functions",
     "backend",
     "default_backend",
     "metal_available",

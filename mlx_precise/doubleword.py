@@ -203,3 +203,130 @@ def join(hi, lo) -> np.ndarray:
     if h.shape != l_.shape:
         raise ValueError(f"hi and lo must have the same shape, got {h.shape} and {l_.shape}")
     return h.astype(np.float64) + l_.astype(np.float64)
+
+
+class DoubleWord:
+    """An array of double-word numbers: the unevaluated sum ``hi + lo`` of two
+    float32 (or two complex64) ``mx.array``\\ s of one shape, normalised
+    (``hi = RN(hi + lo)``). About 48 significand bits within float32's range.
+
+    Extended pipelines pass ``DoubleWord`` values between kernels so that nothing
+    is rounded in between; :meth:`round` rounds once to float32 / complex64.
+
+    Construct with :meth:`from_float32`, :meth:`from_complex64`,
+    :meth:`from_float64` (float64 / complex128 numpy data or float64 MLX CPU
+    arrays), or :meth:`from_array` (any of these, by dtype).
+    """
+
+    __slots__ = ("hi", "lo")
+
+    def __init__(self, hi: mx.array, lo: mx.array):
+        if not isinstance(hi, mx.array) or not isinstance(lo, mx.array):
+            raise TypeError("DoubleWord(hi, lo) takes two mx.arrays")
+        if hi.dtype not in (mx.float32, mx.complex64) or lo.dtype != hi.dtype:
+            raise TypeError(
+                f"DoubleWord words must both be float32 or both complex64, got {hi.dtype} "
+                f"and {lo.dtype}"
+            )
+        if hi.shape != lo.shape:
+            raise ValueError(f"DoubleWord words must have one shape, got {hi.shape} and {lo.shape}")
+        self.hi = hi
+        self.lo = lo
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.hi.shape)
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        """The dtype of the words (and of :meth:`round`): float32 or complex64."""
+        return self.hi.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.hi.ndim
+
+    @property
+    def size(self) -> int:
+        return self.hi.size
+
+    @property
+    def is_complex(self) -> bool:
+        return self.hi.dtype == mx.complex64
+
+    def __repr__(self) -> str:
+        return f"DoubleWord(shape={self.shape}, dtype={self.dtype})"
+
+    @classmethod
+    def from_float32(cls, x) -> "DoubleWord":
+        """Exact: ``hi = x``, ``lo = 0`` for float32 data."""
+        x = _mx(x)
+        if x.dtype != mx.float32:
+            raise TypeError(f"from_float32 expects float32 data, got {x.dtype}")
+        return cls(x, mx.zeros_like(x))
+
+    @classmethod
+    def from_complex64(cls, x) -> "DoubleWord":
+        """Exact: ``hi = x``, ``lo = 0`` for complex64 data."""
+        x = _mx(x)
+        if x.dtype != mx.complex64:
+            raise TypeError(f"from_complex64 expects complex64 data, got {x.dtype}")
+        return cls(x, mx.zeros_like(x))
+
+    @classmethod
+    def from_float64(cls, x) -> "DoubleWord":
+        """Split float64 (or complex128) data: see :func:`split` for the accuracy
+        and the errors raised."""
+        if isinstance(x, np.ndarray) and x.dtype == np.complex128:
+            rh, rl = split(np.ascontiguousarray(x.real))
+            ih, il = split(np.ascontiguousarray(x.imag))
+            return cls(rh + 1j * ih, rl + 1j * il)
+        return cls(*split(x))
+
+    @classmethod
+    def from_array(cls, x) -> "DoubleWord":
+        """A DoubleWord from float32, complex64, float64 or complex128 data (numpy
+        or MLX); a DoubleWord is returned as is."""
+        if isinstance(x, DoubleWord):
+            return x
+        if isinstance(x, np.ndarray) and x.dtype in (np.float64, np.complex128):
+            return cls.from_float64(x)
+        x = _mx(x)
+        if x.dtype == mx.float32:
+            return cls.from_float32(x)
+        if x.dtype == mx.complex64:
+            return cls.from_complex64(x)
+        if x.dtype == mx.float64:
+            return cls.from_float64(x)
+        raise TypeError(
+            f"cannot make a DoubleWord from dtype {x.dtype}: expected float32, complex64, "
+            "float64 or complex128 data"
+        )
+
+    def round(self) -> mx.array:
+        """One rounding of ``hi + lo`` to float32 / complex64 (lazy)."""
+        return self.hi + self.lo
+
+    def to_float64(self) -> np.ndarray:
+        """``hi + lo`` in float64 (complex128 for complex words), on the CPU."""
+        if not self.is_complex:
+            return join(self.hi, self.lo)
+        h, lo = np.array(self.hi), np.array(self.lo)
+        re = join(np.ascontiguousarray(h.real), np.ascontiguousarray(lo.real))
+        im = join(np.ascontiguousarray(h.imag), np.ascontiguousarray(lo.imag))
+        return re + 1j * im
+
+    def parts(self) -> tuple["DoubleWord", "DoubleWord"]:
+        """Real and imaginary parts of a complex DoubleWord (exact)."""
+        if not self.is_complex:
+            raise TypeError("parts() needs a complex DoubleWord")
+        return (DoubleWord(mx.real(self.hi), mx.real(self.lo)),
+                DoubleWord(mx.imag(self.hi), mx.imag(self.lo)))
+
+
+def _mx(x) -> mx.array:
+    if isinstance(x, mx.array):
+        return x
+    if isinstance(x, np.ndarray):
+        return mx.array(x)
+    raise TypeError(f"expected an mx.array or numpy array, got {type(x).__name__}")

@@ -267,3 +267,110 @@ def round_f32_fraction(fr: Fraction) -> np.float32:
     if abs(fr) >= fmax + Fraction(2) ** 103:
         return np.float32(math.copysign(math.inf, fr))
     return np.float32(best[1])
+
+
+def rounding_check(c, num: Exact, den: int = 1):
+    """``(exactly_rounded, faithful)``: elementwise verdicts, decided exactly, on
+    whether float32 ``c`` is RN(num/den) (ties to even) and whether it is one of the
+    two float32 neighbours of num/den (faithful rounding). ``den`` > 0 an integer."""
+    c = np.asarray(c, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        dn = np.nextafter(c, np.float32(-np.inf))
+        up = np.nextafter(c, np.float32(np.inf))
+    C, D, Up = Exact.f32(c), Exact.f32(dn), Exact.f32(up)
+
+    def sign(a: Exact) -> np.ndarray:
+        return np.sign(a.n).astype(np.int64)
+
+    x = Exact(num.n * 2, num.k)  # 2 num, compared with den * (2 c), den * (dn + c), ...
+    s_c = sign(x - Exact(C.n * (2 * den), C.k))
+    s_lo = sign(x - Exact((D + C).n * den, (D + C).k))
+    s_hi = sign(x - Exact((C + Up).n * den, (C + Up).k))
+    even = (c.view(np.uint32) & 1) == 0
+    exact = (s_c == 0) | (
+        ((s_lo > 0) | ((s_lo == 0) & even)) & ((s_hi < 0) | ((s_hi == 0) & even))
+    )
+    s_dn = sign(x - Exact(D.n * (2 * den), D.k))
+    s_up = sign(x - Exact(Up.n * (2 * den), Up.k))
+    faithful = (s_c == 0) | ((s_dn > 0) & (s_up < 0))
+    return exact, faithful
+
+
+# ---- fixed point (Q1.15 / Q1.31): vectorised exact references ---------------------
+#
+# Computed from float32 bit patterns in int64 arithmetic only (no float rounding),
+# so they are independent of the kernels (float clamp, multiply, rint) and of the
+# cpu backend (float64 MLX operations). Rounding modes: "half_even", "half_away"
+# (ties away from zero) and "truncate" (toward zero).
+
+
+def fixed_magnitudes(x, bits: int, threshold, rounding: str):
+    """``(neg, mag, nan)`` for float32 ``x`` (any shape, flattened): the sign bit,
+    the rounded magnitude ``round(min(|x|, t) * 2^bits)`` as int64 (``t`` = the
+    float32 nearest ``threshold``; Inf clamps to ``t``) and the NaN mask.
+
+    Positive float32 values are ordered like their bit patterns, so the clamp is an
+    integer ``min`` on the bits. ``|x| = sig * 2^(e - 150)`` with ``sig`` the
+    significand as an integer (implicit bit included for normals, ``e`` >= 1), so
+    ``|x| * 2^bits = sig * 2^s``, ``s = e - 150 + bits``; for ``s < 0`` the floor is
+    ``sig >> -s`` and the remainder decides the rounding. Magnitudes are rounded, so
+    the three modes are symmetric in the sign, as their definitions are."""
+    if rounding not in ("half_even", "half_away", "truncate"):
+        raise ValueError(f"unknown rounding {rounding!r}")
+    u = np.ascontiguousarray(x, dtype=np.float32).reshape(-1).view(np.uint32)
+    neg = (u >> 31).astype(bool)
+    m = (u & np.uint32(0x7FFFFFFF)).astype(np.int64)
+    nan = m > 0x7F800000
+    m = np.minimum(m, int(np.float32(threshold).view(np.uint32)))
+    exp = m >> 23
+    sig = m & 0x7FFFFF
+    sig = np.where(exp > 0, sig | 0x800000, sig)
+    s = np.maximum(exp, 1) - 150 + bits
+    d = np.minimum(np.maximum(-s, 1), 62)  # right shift; sig < 2^24 makes 62 enough
+    fl = sig >> d
+    rem = sig - (fl << d)
+    half = np.int64(1) << (d - 1)
+    if rounding == "half_even":
+        up = (rem > half) | ((rem == half) & ((fl & 1) == 1))
+    elif rounding == "half_away":
+        up = rem >= half
+    else:
+        up = np.zeros(fl.shape, bool)
+    mag = np.where(s >= 0, sig << np.maximum(s, 0), fl + up)
+    return neg, mag, nan
+
+
+def fixed_codes(x, bits: int, threshold, rounding: str) -> np.ndarray:
+    """Exact Q1.``bits`` codes (int64, flattened) of float32 ``x``: clamp to
+    +-threshold, round ``x * 2^bits``, saturate to [-2^bits, 2^bits - 1]; NaN -> 0."""
+    neg, mag, nan = fixed_magnitudes(x, bits, threshold, rounding)
+    q = np.clip(np.where(neg, -mag, mag), -(2**bits), 2**bits - 1)
+    q[nan] = 0
+    return q
+
+
+def fixed_values(q, bits: int) -> np.ndarray:
+    """float32 nearest ``q / 2^bits`` (ties to even) for integer codes ``q`` with
+    ``|q| < 2^53``: ``q`` is rounded to 24 significant bits in integers, after which
+    the scaling by 2^-bits and the float32 cast are exact. Zero codes give +0."""
+    q = np.asarray(q, dtype=np.int64).reshape(-1)
+    n = np.abs(q)
+    # Bit length of n: frexp of the exact float64 value (n < 2^53).
+    length = np.frexp(n.astype(np.float64))[1].astype(np.int64)
+    shift = np.maximum(length - 24, 0)
+    fl = n >> shift
+    rem = n - (fl << shift)
+    half = np.where(shift > 0, np.int64(1) << np.maximum(shift - 1, 0), 1)
+    up = (shift > 0) & ((rem > half) | ((rem == half) & ((fl & 1) == 1)))
+    r = (fl + up) << shift
+    return (np.where(q < 0, -r, r).astype(np.float64) * 2.0**-bits).astype(np.float32)
+
+
+def fixed_simulated(x, bits: int, threshold, rounding: str) -> np.ndarray:
+    """Reference of the fused simulation: ``fixed_values(fixed_codes(x))``, with NaN
+    for NaN inputs (float32, flattened)."""
+    neg, mag, nan = fixed_magnitudes(x, bits, threshold, rounding)
+    q = np.clip(np.where(neg, -mag, mag), -(2**bits), 2**bits - 1)
+    out = fixed_values(q, bits)
+    out[nan] = np.nan
+    return out

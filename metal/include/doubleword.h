@@ -229,3 +229,36 @@ METAL_FUNC cdw cdw_mul(cdw x, cdw y) {
   r.im = dw_add(dw_mul(x.re, y.im), dw_mul(x.im, y.re));
   return r;
 }
+
+// ---- compensated summation -------------------------------------------------
+
+// Accumulator for sums of many double-word terms t_k (e.g. exact products from
+// dw_two_prod) with error O(u^3 sum |t_k|) instead of the O(k u^2 sum |t_k|) of a
+// chain of dw_add: the high words go through an exact TwoSum chain (Ogita, Rump,
+// Oishi, "Accurate sum and dot product", SISC 2005, alg Sum2/Dot2) and every error
+// term, together with every low word (each below u |t_k| or u |partial sum|), is
+// added into a double-word correction c by DW+FP (JMP alg 4, 2u^2). The result
+// dw_acc_value = c + s by DW+FP again, so
+//   |result - sum t_k| <= 2u^2 |sum t_k| + (4n + O(1)) u^3 sum |t_k| + O(u^4)
+// for n terms: faithful (and almost always exactly rounded) after one rounding
+// whenever |sum t_k| >= 2^-20 sum |t_k| and n < 2^15.
+struct dw_acc {
+  float s;  // running float sum of the high words
+  dw c;     // error terms and low words
+};
+
+METAL_FUNC dw_acc dw_acc_make(dw t) {
+  dw_acc a;
+  a.s = t.hi;
+  a.c = dw_make(t.lo, 0.0f);
+  return a;
+}
+
+METAL_FUNC dw_acc dw_acc_add(dw_acc a, dw t) {
+  dw e = dw_two_sum(a.s, t.hi);
+  a.s = e.hi;
+  a.c = dw_add_fp(dw_add_fp(a.c, e.lo), t.lo);
+  return a;
+}
+
+METAL_FUNC dw dw_acc_value(dw_acc a) { return dw_add_fp(a.c, a.s); }
