@@ -169,6 +169,69 @@ def check_split_join(n: int = 2000) -> Check:
     return Check("split/join float64 [host]", err <= U**2, f"max rel err {float(err / U**2):.3g} u^2")
 
 
+def _rn32(x: Fraction) -> float:
+    """float32 nearest the rational x (ties to even), by exact comparison of the
+    candidates around float(x) (which may be double-rounded)."""
+    g = np.float32(float(x))
+    cands = [np.nextafter(g, np.float32(-np.inf)), g, np.nextafter(g, np.float32(np.inf))]
+    return float(min(cands, key=lambda v: (abs(Fraction(float(v)) - x),
+                                           int(np.array(v).view(np.uint32)) & 1)))
+
+
+def _rounded_fraction(got, exact) -> tuple[float, bool]:
+    """(fraction of float32 results equal to RN(exact), all within one ulp)."""
+    hits, faithful = 0, True
+    for g, e in zip(got, exact):
+        r = _rn32(e)
+        toward = np.float32(np.inf if e > Fraction(r) else -np.inf)
+        other = r if Fraction(r) == e else float(np.nextafter(np.float32(r), toward))
+        hits += float(g) == r
+        faithful &= float(g) in (r, other)  # one of the two floats around e
+    return hits / max(len(exact), 1), faithful
+
+
+def check_extended_ops(backend: str, n: int = 2000) -> list[Check]:
+    """complex_multiply_extended, fft_scale_extended and depthwise_conv_extended
+    (rounded outputs) against exact rationals."""
+    from .conv import depthwise_conv_extended
+    from .elementwise import complex_multiply_extended, fft_scale_extended
+
+    rng = np.random.default_rng(21)
+    F = lambda v: Fraction(float(v))  # noqa: E731
+    out = []
+    a = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(np.complex64)
+    b = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(np.complex64)
+    z = np.array(complex_multiply_extended(mx.array(a), mx.array(b), backend=backend))
+    exact = [F(x.real) * F(y.real) - F(x.imag) * F(y.imag) for x, y in zip(a, b)]
+    exact += [F(x.real) * F(y.imag) + F(x.imag) * F(y.real) for x, y in zip(a, b)]
+    frac, ok = _rounded_fraction(np.concatenate([z.real, z.imag]), exact)
+    out.append(Check(f"complex_multiply_extended [{n}]", ok and frac >= 0.999,
+                     f"{100 * frac:.3f}% exactly rounded, all faithful: {ok}"))
+    x = rng.standard_normal(n).astype(np.float32)
+    for m in (3, 1024):
+        y = np.array(fft_scale_extended(mx.array(x), m, backend=backend))
+        frac, ok = _rounded_fraction(y, [F(v) / m for v in x])
+        out.append(Check(f"fft_scale_extended n={m} [{n}]", ok and frac >= (1.0 if m == 1024 else 0.999),
+                         f"{100 * frac:.3f}% exactly rounded"))
+    xs = rng.standard_normal((1, 4, n // 4)).astype(np.float32)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    bias = rng.standard_normal(4).astype(np.float32)
+    y = np.array(depthwise_conv_extended(mx.array(xs), mx.array(w), mx.array(bias), backend=backend))
+    ex = []
+    for c in range(4):
+        for t in range(n // 4):
+            acc = F(bias[c])
+            for j in range(3):
+                s = t + j - 2
+                if s >= 0:
+                    acc += F(w[c, j]) * F(xs[0, c, s])
+            ex.append(acc)
+    frac, ok = _rounded_fraction(y.ravel(), ex)
+    out.append(Check(f"depthwise_conv_extended K=3 [{n}]", ok and frac >= 0.999,
+                     f"{100 * frac:.3f}% exactly rounded"))
+    return out
+
+
 # Modules of the package that contribute checks: each has
 # ``selftest_checks(backend: str) -> list[Check]`` (small sizes, exact oracles).
 CHECK_MODULES: tuple[str, ...] = ()
@@ -185,6 +248,8 @@ def run(backend: str | None = None, verbose: bool = True) -> list[Check]:
         if checks[-1].passed:
             checks += check_doubleword_ops(name)
             checks += check_complex_ops(name)
+    if name != "metal" or checks[-1].passed:
+        checks += check_extended_ops(name)
     for mod in CHECK_MODULES:
         checks += importlib.import_module(f"{__package__}.{mod}").selftest_checks(name)
     if verbose:
