@@ -66,6 +66,36 @@ def _depthwise_float64(x, w, bias) -> np.ndarray:
 def _depthwise(x, w, bias, taps: int, round_output: bool, backend, stream):
     _check_depthwise(x, w, bias)
     name = backends.resolve(backend)
+    if round_output:
+        args = (x, w) if bias is None else (x, w, bias)
+        return _differentiable(taps, bias is not None, name)(*args)
+    return _depthwise_raw(x, w, bias, taps, False, name, stream)
+
+
+_custom: dict = {}
+
+
+def _differentiable(taps: int, has_bias: bool, backend: str):
+    """The rounded extended depthwise convolution as an ``mx.custom_function``. Its
+    VJP is the float32 VJP of the same convolution (``mx.conv1d``): gradients are
+    plain float32, the forward value double-word."""
+    key = (taps, has_bias, backend)
+    if key not in _custom:
+
+        @mx.custom_function
+        def conv(x, w, *bias):
+            return _depthwise_raw(x, w, bias[0] if has_bias else None, taps, True, backend, None)
+
+        @conv.vjp
+        def conv_vjp(primals, cotangent, output):
+            _, grads = mx.vjp(_depthwise_float32, list(primals), [cotangent])
+            return tuple(grads)
+
+        _custom[key] = conv
+    return _custom[key]
+
+
+def _depthwise_raw(x, w, bias, taps: int, round_output: bool, name: str, stream):
     if name == "cpu":
         y = _depthwise_float64(x, w, bias)
         return mx.array(y.astype(np.float32)) if round_output else DoubleWord.from_float64(y)

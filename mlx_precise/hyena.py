@@ -1,0 +1,245 @@
+"""The Hyena FFT long convolution in double-word, rounded once, with gradients.
+
+Semantics of the safari ``fftconv_ref`` (REFERENCES section 3)::
+
+    y   = irfft(rfft(u, N) * rfft(k, N) / N, N, norm="forward")[..., :L]
+    out = y + u * D[:, None]
+
+i.e. ``out[t] = sum_s k[s] u[t - s] + D u[t]`` (a causal linear convolution) when
+``N >= L + Lk - 1``, and exactly what the FFT formula gives (wrapping around) for an
+explicit smaller ``fft_size``. On the ``metal``/``emulate`` backends every stage is
+double-word: both forward FFTs, the product, the inverse FFT with its 1/N, and the
+skip term; one rounding at the end. On ``cpu`` the same formula runs in float64.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from . import backends
+from .context import precision_aware
+from .doubleword import DoubleWord
+from .elementwise import complex_multiply_extended
+from .kernels import Kernel, elementwise_grid
+
+_F32 = (mx.float32,)
+
+SKIP = Kernel(
+    name="ext_skip",
+    body="ext_skip.metal",
+    headers=("doubleword.h",),
+    inputs=("y_hi", "y_lo", "u", "D"),
+    outputs=("out_hi", "out_lo"),
+    template=("HAS_D", "ROUND"),
+    input_dtypes={n: _F32 for n in ("y_hi", "y_lo", "u", "D")},
+    grid=lambda arrays, t: elementwise_grid(arrays[2].size),
+)
+
+SUM0 = Kernel(
+    name="ext_sum0",
+    body="ext_sum0.metal",
+    headers=("doubleword.h",),
+    inputs=("x_hi", "x_lo"),
+    outputs=("out_hi", "out_lo"),
+    template=("ROUND",),
+    input_dtypes={"x_hi": _F32, "x_lo": _F32},
+    grid=lambda arrays, t: elementwise_grid(arrays[0].shape[1]),
+)
+
+CHANNEL_DOT = Kernel(
+    name="ext_channel_dot",
+    body="ext_channel_dot.metal",
+    headers=("doubleword.h",),
+    inputs=("a", "v"),
+    outputs=("out",),
+    input_dtypes={"a": _F32, "v": _F32},
+    grid=lambda arrays, t: ((arrays[0].shape[1] * 256, 1, 1), (256, 1, 1)),
+)
+
+
+def default_fft_size(L: int, Lk: int) -> int:
+    """Smallest power of two >= L + Lk - 1: the FFT product is then the linear
+    convolution (safari uses 2L; with Lk <= L both give the same result)."""
+    return 1 << max(L + Lk - 2, 0).bit_length()
+
+
+def _check(u, k, D, fft_size):
+    for name, a in (("u", u), ("k", k), ("D", D)):
+        if a is None:
+            continue
+        if not isinstance(a, mx.array):
+            raise TypeError(f"{name} must be an mx.array, got {type(a).__name__}")
+        if a.dtype != mx.float32:
+            raise TypeError(f"{name} must be float32, got {a.dtype}")
+    if u.ndim != 3:
+        raise ValueError(f"u must be (batch, channels, L), got shape {u.shape}")
+    if k.ndim != 2:
+        raise ValueError(f"k must be (channels, Lk), got shape {k.shape}")
+    if k.shape[0] != u.shape[1]:
+        raise ValueError(f"k has {k.shape[0]} channels but u has {u.shape[1]}")
+    if D is not None and tuple(D.shape) != (u.shape[1],):
+        raise ValueError(f"D must have shape ({u.shape[1]},), got {D.shape}")
+    L, Lk = u.shape[2], k.shape[1]
+    if L < 1 or Lk < 1:
+        raise ValueError(f"u and k need at least one step, got L={L}, Lk={Lk}")
+    if fft_size is None:
+        return default_fft_size(L, Lk)
+    if isinstance(fft_size, bool) or not isinstance(fft_size, (int, np.integer)):
+        raise TypeError(f"fft_size must be an int, got {fft_size!r}")
+    if fft_size < L:
+        raise ValueError(f"fft_size={fft_size} must be >= L={L}")
+    if Lk > fft_size:
+        raise ValueError(f"k has Lk={Lk} steps, more than fft_size={fft_size}")
+    return int(fft_size)
+
+
+def _fft():
+    from . import fft  # the FFT module imports this package's context at import time
+
+    return fft
+
+
+def _skip(y: DoubleWord, u, D, round_output, backend):
+    """RN(y + D u) (or its double-word) on a kernel backend; y (B, C, L) DoubleWord."""
+    shape = tuple(u.shape)
+    hi, lo = SKIP(
+        inputs=[y.hi, y.lo, u, D if D is not None else mx.zeros((1,), mx.float32)],
+        template={"HAS_D": D is not None, "ROUND": round_output},
+        output_shapes=[shape, (1,) if round_output else shape],
+        output_dtypes=[mx.float32, mx.float32], backend=backend)
+    return hi if round_output else DoubleWord(hi, lo)
+
+
+def _correlate(a: DoubleWord, b: DoubleWord, N: int, length: int, backend) -> DoubleWord:
+    """irfft(A * conj(B), N)[..., :length] in double-word: the circular
+    cross-correlation sum_t a[t] b[(t - s) mod N]; A, B double-word spectra."""
+    f = _fft()
+    conj = DoubleWord(mx.conj(b.hi), mx.conj(b.lo))  # exact
+    p = complex_multiply_extended(a, conj, round_output=False, backend=backend)
+    y = f.irfft_extended(p, n=N, round_output=False, backend=backend)
+    return DoubleWord(y.hi[..., :length], y.lo[..., :length])
+
+
+def _forward(u, k, D, N, round_output, backend):
+    """The extended convolution on a resolved backend."""
+    L = u.shape[2]
+    if backend == "cpu":
+        u64, k64 = np.array(u, np.float64), np.array(k, np.float64)
+        y = np.fft.irfft(np.fft.rfft(u64, N) * np.fft.rfft(k64, N), N)[..., :L]
+        if D is not None:
+            y = y + np.array(D, np.float64)[None, :, None] * u64
+        return mx.array(y.astype(np.float32)) if round_output else DoubleWord.from_float64(y)
+    f = _fft()
+    U = f.rfft_extended(u, n=N, round_output=False, backend=backend)
+    K = f.rfft_extended(k, n=N, round_output=False, backend=backend)
+    P = complex_multiply_extended(U, DoubleWord(K.hi[None], K.lo[None]), round_output=False,
+                                  backend=backend)
+    y = f.irfft_extended(P, n=N, round_output=False, backend=backend)  # includes 1/N
+    y = DoubleWord(y.hi[..., :L], y.lo[..., :L])
+    return _skip(y, u, D, round_output, backend)
+
+
+def _backward(u, k, D, g, N, backend):
+    """(du, dk, dD) for the cotangent g of the rounded output, in double-word."""
+    L, Lk = u.shape[2], k.shape[1]
+    if backend == "cpu":
+        u64, k64, g64 = (np.array(a, np.float64) for a in (u, k, g))
+        G = np.fft.rfft(g64, N)
+        du = np.fft.irfft(G * np.conj(np.fft.rfft(k64, N)), N)[..., :L]
+        dk = np.fft.irfft(G * np.conj(np.fft.rfft(u64, N)), N)[..., :Lk].sum(axis=0)
+        if D is not None:
+            du = du + np.array(D, np.float64)[None, :, None] * g64
+        dD = (g64 * u64).sum(axis=(0, 2)) if D is not None else None
+        return (mx.array(du.astype(np.float32)), mx.array(dk.astype(np.float32)),
+                None if dD is None else mx.array(dD.astype(np.float32)))
+    f = _fft()
+    G = f.rfft_extended(g, n=N, round_output=False, backend=backend)
+    U = f.rfft_extended(u, n=N, round_output=False, backend=backend)
+    K = f.rfft_extended(k, n=N, round_output=False, backend=backend)
+    # du[s] = sum_t g[t] k[(t - s) mod N] + D g[s]
+    du = _skip(_correlate(G, DoubleWord(K.hi[None], K.lo[None]), N, L, backend), g, D, True, backend)
+    # dk[j] = sum_b sum_t g[b, t] u[b, (t - j) mod N]
+    c = _correlate(G, U, N, Lk, backend)
+    B, C = u.shape[0], u.shape[1]
+    dk_hi, _ = SUM0(inputs=[c.hi.reshape(B, C * Lk), c.lo.reshape(B, C * Lk)],
+                    template={"ROUND": True}, output_shapes=[(C * Lk,), (1,)],
+                    output_dtypes=[mx.float32, mx.float32], backend=backend)
+    dD = None
+    if D is not None:
+        (dD,) = CHANNEL_DOT(inputs=[g, u], output_shapes=[(C,)], output_dtypes=[mx.float32],
+                            backend=backend)
+    return du, dk_hi.reshape(C, Lk), dD
+
+
+_custom: dict = {}
+
+
+def _differentiable(has_D: bool, N: int, backend: str):
+    """The rounded extended convolution as an ``mx.custom_function`` whose VJP runs
+    the same double-word kernels (one per (has_D, N, backend))."""
+    key = (has_D, N, backend)
+    if key in _custom:
+        return _custom[key]
+
+    @mx.custom_function
+    def conv(u, k, *D):
+        return _forward(u, k, D[0] if has_D else None, N, True, backend)
+
+    @conv.vjp
+    def conv_vjp(primals, cotangent, output):
+        u, k, *D = primals
+        du, dk, dD = _backward(u, k, D[0] if has_D else None, cotangent, N, backend)
+        return (du, dk, dD) if has_D else (du, dk)
+
+    _custom[key] = conv
+    return conv
+
+
+def hyena_conv_extended(u, k, D=None, *, fft_size: int | None = None, round_output: bool = True,
+                        backend: str | None = None):
+    """Hyena long convolution in double-word, rounded once.
+
+    Args:
+        u: float32 (batch, channels, L).
+        k: float32 (channels, Lk), Lk <= fft_size.
+        D: float32 (channels,) skip weights, or None.
+        fft_size: FFT length N >= L (default: the smallest power of two >= L + Lk - 1,
+            which makes the result the exact linear convolution).
+        round_output: float32 result if True (differentiable: gradients with
+            respect to u, k and D use the same double-word kernels), else a
+            DoubleWord (not differentiable).
+        backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (active backend).
+
+    Returns:
+        float32 (batch, channels, L): ``out[t] = sum_s k[s] u[t-s] + D u[t]`` (with
+        wrap-around when fft_size < L + Lk - 1), or a DoubleWord.
+
+    Raises:
+        TypeError: non-float32 inputs or a non-int fft_size. ValueError: wrong ranks,
+        channel mismatch, fft_size < L, Lk > fft_size, unsupported FFT size.
+    """
+    N = _check(u, k, D, fft_size)
+    name = backends.resolve(backend)
+    if not round_output:
+        return _forward(u, k, D, N, False, name)
+    args = (u, k) if D is None else (u, k, D)
+    return _differentiable(D is not None, N, name)(*args)
+
+
+def _fftconv_float32(u, k, D=None, *, fft_size: int | None = None):
+    """Plain float32 MLX: the safari formula with ``mx.fft``."""
+    N = _check(u, k, D, fft_size)
+    L = u.shape[2]
+    k_f = mx.fft.rfft(k, n=N) / N
+    u_f = mx.fft.rfft(u, n=N)
+    y = mx.fft.irfft(u_f * k_f[None], n=N)[..., :L] * N  # numpy-style irfft divides by N
+    return y + u * D[None, :, None] if D is not None else y
+
+
+@precision_aware(hyena_conv_extended)
+def fftconv(u, k, D=None, **kwargs):
+    """Hyena FFT convolution: double-word inside
+    :func:`~mlx_precise.extended_precision` (:func:`hyena_conv_extended`), plain
+    float32 ``mx.fft`` outside (the safari formula)."""
+    return _fftconv_float32(u, k, D, fft_size=kwargs.get("fft_size"))
