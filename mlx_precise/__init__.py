@@ -30,7 +30,9 @@ from .elementwise import (
     fft_scale,
     fft_scale_extended,
 )
+from .hyena import fftconv, hyena_conv_extended
 from .kernels import DeviceCheckError, Kernel
+from . import nn  # noqa: E402  (mlx.nn layers: FFTConv, HyenaOperator)
 
 __version__ = "0.1.0"
 
@@ -49,6 +51,8 @@ __all__ = [
     "extended_precision",
     "fft_scale",
     "fft_scale_extended",
+    "fftconv",
+    "hyena_conv_extended",
     "is_extended",
     "precision_aware_functions",
     "backend",

@@ -19,21 +19,18 @@ def info() -> int:
     return 0
 
 
-def demo(backend: str | None) -> int:
-    """Show the backends, then prove the double-word core where kernels can run."""
-    from . import selftest
+def demo(backend: str | None, length: int) -> int:
+    """The Hyena long-convolution comparison on the chosen (default) backend."""
+    from . import demo as demo_mod
 
     info()
-    name = backends.resolve(backend)
-    runs = [name]
-    if name == "cpu" and backends._why_unavailable("emulate") is None:
-        # The cpu backend has no kernels; show the Metal kernels through the emulator.
-        runs.append("emulate")
-    rc = 0
-    for b in runs:
-        print()
-        rc |= selftest.main(b)
-    return rc
+    print()
+    rows = demo_mod.run(backend, L=length)
+    # The extended result must be (almost) exactly rounded; say so loudly if not.
+    ok = rows[1]["exactly_rounded"] >= 0.9999
+    if not ok:
+        print("the extended result is not exactly rounded: something is wrong")
+    return 0 if ok else 1
 
 
 def main(argv=None) -> int:
@@ -47,12 +44,14 @@ def main(argv=None) -> int:
         sp = sub.add_parser(cmd, help=help_)
         if cmd != "info":
             sp.add_argument("--backend", choices=backends.BACKENDS, default=None)
+        if cmd == "demo":
+            sp.add_argument("--length", type=int, default=16384, help="sequence length L")
     args = p.parse_args(argv)
     try:
         if args.command == "info":
             return info()
         if args.command == "demo":
-            return demo(args.backend)
+            return demo(args.backend, args.length)
         from . import selftest
 
         return selftest.main(args.backend)

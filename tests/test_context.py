@@ -12,7 +12,7 @@ from mlx_precise import extended_precision, is_extended
 
 # The documented list of precision-aware entry points (docs/api.md); later
 # capabilities add theirs here and there.
-DOCUMENTED = {"complex_multiply", "depthwise3", "depthwise_conv", "fft_scale"}
+DOCUMENTED = {"complex_multiply", "depthwise3", "depthwise_conv", "fft_scale", "fftconv"}
 
 
 def test_nesting_and_exceptions():
