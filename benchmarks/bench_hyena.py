@@ -1,0 +1,92 @@
+"""Hyena long convolution: extended vs plain float32 MLX, time, accuracy and memory.
+
+For batch 1, 64 channels and L in {1024, 16384} (--full adds 131072): time of
+hyena_conv_extended on the active backend (or --backend) against the float32 MLX
+FFT convolution (safari formula), the share of exactly rounded outputs of each
+(oracle: numpy longdouble FFT where longdouble has a 64-bit significand), peak
+memory of the extended call, and flops / bytes per point with the estimated
+extended / float32 time ratio on an Apple GPU.
+
+    python benchmarks/bench_hyena.py [--backend cpu|emulate|metal] [--full]
+
+Goals (issue text): <= 1.5x the float32 MLX time on the cpu backend; <= 4x MLX's
+float32 pipeline on an Apple GPU (only measurable on a Mac).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import resource
+import time
+
+import mlx.core as mx
+import numpy as np
+
+import mlx_precise as mp
+from mlx_precise.demo import _inputs, _oracle_dtype
+from mlx_precise.hyena import default_fft_size, fftconv
+
+
+def gpu_cost_per_point(N: int) -> tuple[float, float, float, float]:
+    """(ext flops, ext bytes, f32 flops, f32 bytes) per output point, for the whole
+    pipeline (2 forward real FFTs, product, inverse FFT, skip), counted from the
+    kernels: a radix-2 complex butterfly is 10 float32 flops plain and ~190 in
+    double-word (a cdw_mul, 2 cdw_add); each FFT stage pass moves the complex array
+    once (8 B per complex point plain, 16 B double-word) unless it stays in
+    threadgroup memory (2048 points per pass assumed for both)."""
+    stages = math.log2(N)
+    passes = math.ceil(stages / 11)
+    per_fft_f32 = (5 * stages, 2 * 8 * passes)  # per complex point of the transform
+    per_fft_dw = (95 * stages, 2 * 16 * passes)
+    ffts = 3 * 2  # u, k, inverse; size N per length-L output (N = 2L)
+    f32 = (ffts * per_fft_f32[0] + 6 + 2, ffts * per_fft_f32[1] + 16)
+    ext = (ffts * per_fft_dw[0] + 78 + 30, ffts * per_fft_dw[1] + 24)
+    return ext[0], ext[1], f32[0], f32[1]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--backend", choices=mp.BACKENDS, default=None)
+    p.add_argument("--full", action="store_true", help="also L = 131072")
+    p.add_argument("--channels", type=int, default=64)
+    args = p.parse_args()
+    backend = mp.backends.resolve(args.backend)
+    dtype, dname = _oracle_dtype()
+    lengths = [1024, 16384] + ([131072] if args.full else [])
+    print(f"backend: {backend}; oracle: {dname}; batch 1, channels {args.channels}")
+    print("| L | extended s | float32 s | ratio | exactly rounded ext / f32 | peak MB (ext) "
+          "| GPU flop/pt ext, f32 | GPU B/pt ext, f32 | est. GPU ratio (M2 Max) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for L in lengths:
+        u, k, D = _inputs(1, args.channels, L)
+        uu, kk, DD = mx.array(u), mx.array(k), mx.array(D)
+        N = default_fft_size(L, L)
+        ref = np.fft.irfft(np.fft.rfft(u.astype(dtype), N) * np.fft.rfft(k.astype(dtype), N), N)
+        ref = (ref[..., :L] + D.astype(dtype)[None, :, None] * u).astype(np.float32)
+        ext = lambda: mp.hyena_conv_extended(uu, kk, DD, backend=backend)  # noqa: E731
+        f32 = lambda: fftconv.plain(uu, kk, DD)  # noqa: E731
+        mx.eval(ext(), f32())
+        times, outs = {}, {}
+        mx.reset_peak_memory()
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for name, fn in (("ext", ext), ("f32", f32)):
+            best = float("inf")
+            for _ in range(3):
+                t = time.perf_counter()
+                y = fn()
+                mx.eval(y)
+                best = min(best, time.perf_counter() - t)
+            times[name], outs[name] = best, np.array(y)
+            if name == "ext":  # MLX allocator peak, or growth of the process (numpy work)
+                peak = max(mx.get_peak_memory(),
+                           1024 * (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0))
+        ef, eb, ff, fb = gpu_cost_per_point(N)
+        est = max(eb / 400e9, ef / 13.6e12) / max(fb / 400e9, ff / 13.6e12)
+        print(f"| {L} | {times['ext']:.3f} | {times['f32']:.3f} | {times['ext'] / times['f32']:.2f} | "
+              f"{100 * (outs['ext'] == ref).mean():.4f}% / {100 * (outs['f32'] == ref).mean():.1f}% | "
+              f"{peak / 2**20:.0f} | {ef:.0f}, {ff:.0f} | {eb:.0f}, {fb:.0f} | {est:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
