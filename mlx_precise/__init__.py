@@ -31,6 +31,8 @@ from .elementwise import (
     fft_scale_extended,
 )
 from .hyena import fftconv, hyena_conv_extended
+from .int8 import compute_azp_adj, quantize_int8, scaled_mm
+from .int8_gemm import int8_matmul
 from .kernels import DeviceCheckError, Kernel
 from . import nn  # noqa: E402  (mlx.nn layers: FFTConv, HyenaOperator)
 
@@ -53,6 +55,10 @@ __all__ = [
     "fft_scale_extended",
     "fftconv",
     "hyena_conv_extended",
+    "compute_azp_adj",
+    "int8_matmul",
+    "quantize_int8",
+    "scaled_mm",
     "is_extended",
     "precision_aware_functions",
     "backend",

@@ -1,6 +1,8 @@
 """``mlx.nn`` layers whose convolutions follow :func:`~mlx_precise.extended_precision`.
 
 * :class:`FFTConv`: a long convolution with an explicit filter and a skip weight.
+* :class:`Int8Linear` / :func:`convert_linear_to_int8`: W8A8 int8 linear layers
+  (defined in :mod:`mlx_precise.nn_int8`).
 * :class:`HyenaOperator`: the Hyena operator (Poli et al., "Hyena Hierarchy", 2023;
   the safari ``HyenaOperator``): input projection, short depthwise filter, an
   implicit long filter (positional features -> small MLP with sine activations ->
@@ -20,6 +22,7 @@ import mlx.nn as nn
 
 from .conv import depthwise3, depthwise_conv
 from .hyena import fftconv
+from .nn_int8 import Int8Linear, convert_linear_to_int8  # noqa: F401  (W8A8 layers)
 
 
 class FFTConv(nn.Module):
