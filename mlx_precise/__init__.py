@@ -30,6 +30,8 @@ from .elementwise import (
     fft_scale,
     fft_scale_extended,
 )
+from . import fft  # noqa: E402  (mlx_precise.fft.{fft, ifft, rfft, irfft}: precision-aware)
+from .fft import fft_extended, ifft_extended, irfft_extended, rfft_extended
 from .hyena import fftconv, hyena_conv_extended
 from .int8 import compute_azp_adj, quantize_int8, scaled_mm
 from .int8_gemm import int8_matmul
@@ -54,6 +56,11 @@ __all__ = [
     "fft_scale",
     "fft_scale_extended",
     "fftconv",
+    "fft",
+    "fft_extended",
+    "ifft_extended",
+    "irfft_extended",
+    "rfft_extended",
     "hyena_conv_extended",
     "compute_azp_adj",
     "int8_matmul",

@@ -72,6 +72,6 @@ def precision_aware(extended: Callable) -> Callable:
 
 def precision_aware_functions() -> dict[str, Callable]:
     """The precision-aware entry points of the package, by name."""
-    from . import conv, elementwise, hyena  # noqa: F401  (importing registers them)
+    from . import conv, elementwise, fft, hyena  # noqa: F401  (importing registers them)
 
     return dict(sorted(_REGISTRY.items()))

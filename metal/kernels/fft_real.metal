@@ -1,0 +1,60 @@
+// Real-data FFTs through a half-length complex FFT (n = 2N; the standard
+// packing, e.g. Press et al., Numerical Recipes 12.3), in double-word.
+//
+// DIR 0, rfft post-processing: z_m = x_2m + i x_(2m+1) went through a complex
+// FFT of length N giving Z; for k = 0..N (Z_N = Z_0):
+//     A = Z_k + conj(Z_(N-k)),  B = Z_k - conj(Z_(N-k)),
+//     X_k = (A - i w^k B) / 2,  w = exp(-2 pi i / n).
+// DIR 1, irfft pre-processing: from X_0..X_N (imaginary parts of X_0 and X_N
+// ignored, as numpy does), for k < N:
+//     E = X_k + conj(X_(N-k)),  O = (X_k - conj(X_(N-k))) conj(w^k),
+//     Z_k = E + i O,
+// after which an inverse complex FFT of length N scaled by 1/n gives
+// z_m = x_2m + i x_(2m+1).
+// Halving and multiplying by +-i are exact; the rest is accurate DW+DW and
+// DWTimesDW3 (doubleword.h). The result is multiplied by scale when scaled
+// (used when N = 1, where no complex FFT runs).
+//
+// Inputs:  x_hi, x_lo float32 interleaved words, rows x (N or N+1) points (x_lo
+//          unread unless LO_IN); tab float32 twiddle table of order n (fft.h);
+//          params int32 (16,), below.
+// Outputs: y_hi, y_lo float32, rows x (N+1 or N) points (y_lo unless LO_OUT).
+// Grid: one thread per output point.
+uint N = uint(params[0]);
+uint rows = uint(params[1]);
+bool pre = params[2] != 0;
+bool lo_in = params[3] != 0;
+bool lo_out = params[4] != 0;
+bool scaled = params[5] != 0;
+dw sc = dw_make(as_type<float>(params[6]), as_type<float>(params[7]));
+
+uint i = thread_position_in_grid.x;
+uint per_row = pre ? N : N + 1u;
+if (i >= rows * per_row) {
+  return;
+}
+uint row = i / per_row;
+uint k = i - row * per_row;
+cdw out;
+if (!pre) {
+  uint in0 = row * N;
+  cdw zk = fft_load(x_hi, x_lo, in0 + (k == N ? 0u : k), lo_in);
+  cdw zm = cdw_conj(fft_load(x_hi, x_lo, in0 + (k == 0u ? 0u : N - k), lo_in));
+  cdw a = cdw_add(zk, zm);
+  cdw t = cdw_mul(cdw_sub(zk, zm), fft_twiddle(tab, k, N, false));
+  cdw h = cdw_add(a, cdw_mul_neg_i(t));
+  out = cdw_make(dw_make(0.5f * h.re.hi, 0.5f * h.re.lo), dw_make(0.5f * h.im.hi, 0.5f * h.im.lo));
+} else {
+  uint in0 = row * (N + 1u);
+  cdw xk = fft_load(x_hi, x_lo, in0 + k, lo_in);
+  cdw xm = fft_load(x_hi, x_lo, in0 + N - k, lo_in);
+  if (k == 0u) {
+    xk.im = dw_make(0.0f, 0.0f);
+    xm.im = dw_make(0.0f, 0.0f);
+  }
+  xm = cdw_conj(xm);
+  cdw e = cdw_add(xk, xm);
+  cdw o = cdw_mul(cdw_sub(xk, xm), fft_twiddle(tab, k, N, true));
+  out = cdw_add(e, cdw_mul_i(o));
+}
+fft_store(y_hi, y_lo, i, scaled ? cdw_scale(out, sc) : out, lo_out);
