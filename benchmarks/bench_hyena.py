@@ -29,19 +29,22 @@ from mlx_precise.hyena import default_fft_size, fftconv
 
 
 def gpu_cost_per_point(N: int) -> tuple[float, float, float, float]:
-    """(ext flops, ext bytes, f32 flops, f32 bytes) per output point, for the whole
-    pipeline (2 forward real FFTs, product, inverse FFT, skip), counted from the
-    kernels: a radix-2 complex butterfly is 10 float32 flops plain and ~190 in
-    double-word (a cdw_mul, 2 cdw_add); each FFT stage pass moves the complex array
-    once (8 B per complex point plain, 16 B double-word) unless it stays in
-    threadgroup memory (2048 points per pass assumed for both)."""
-    stages = math.log2(N)
-    passes = math.ceil(stages / 11)
-    per_fft_f32 = (5 * stages, 2 * 8 * passes)  # per complex point of the transform
-    per_fft_dw = (95 * stages, 2 * 16 * passes)
-    ffts = 3 * 2  # u, k, inverse; size N per length-L output (N = 2L)
-    f32 = (ffts * per_fft_f32[0] + 6 + 2, ffts * per_fft_f32[1] + 16)
-    ext = (ffts * per_fft_dw[0] + 78 + 30, ffts * per_fft_dw[1] + 24)
+    """(ext flops, ext bytes, f32 flops, f32 bytes) per output point (L = N/2
+    outputs) of the whole pipeline: real FFTs of u and k, the spectral product, the
+    inverse real FFT, the skip term. Each real FFT is a complex FFT of N/2 points
+    plus a pre/post kernel (docs/fft.md): double-word radix-4 passes of up to 1024
+    points in threadgroup memory, 68.5 float32 ops per point and log2 level, 76 more
+    per point for each pass after the first, 32 B per point per pass, ~30 ops and
+    32 B per point for the real post-processing; the product (cdw_mul) 78 ops and
+    48 B per spectrum point, the skip 30 ops and 16 B. Plain float32: 5 ops per
+    point and log2 level, 16 B per point per pass (MLX's FFT, passes of 1024 too)."""
+    half = N // 2
+    levels = math.log2(half)
+    passes = math.ceil(levels / 10)
+    fft_dw = (68.5 * levels + 76 * (passes - 1) + 30, 32 * passes + 32)
+    fft_32 = (5 * levels + 4, 16 * passes + 16)
+    ext = (3 * fft_dw[0] + 78 + 30, 3 * fft_dw[1] + 48 + 16)
+    f32 = (3 * fft_32[0] + 6 + 2, 3 * fft_32[1] + 24 + 12)
     return ext[0], ext[1], f32[0], f32[1]
 
 
