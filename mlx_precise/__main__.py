@@ -33,12 +33,33 @@ def demo(backend: str | None, length: int) -> int:
     return 0 if ok else 1
 
 
+def bench(backend: str | None, full: bool) -> int:
+    """Run every benchmark script (``benchmarks/bench_*.py``, shipped in the wheel as
+    ``mlx_precise/benchmarks``) and print its table."""
+    import subprocess
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    folder = next((d for d in (here / "benchmarks", here.parent / "benchmarks") if d.is_dir()), None)
+    if folder is None:
+        print("error: the benchmark scripts are not installed", file=sys.stderr)
+        return 2
+    rc = 0
+    for script in sorted(folder.glob("bench_*.py")):
+        print(f"\n## {script.stem}\n", flush=True)
+        cmd = [sys.executable, str(script)] + (["--backend", backend] if backend else [])
+        rc |= subprocess.run(cmd + (["--full"] if full else [])).returncode
+    return rc
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mlx_precise", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     for cmd, help_ in (
         ("demo", "the main job on the default backend"),
         ("selftest", "every kernel against exact oracles; non-zero exit on failure"),
+        ("report", "regenerate docs/accuracy.md and its plots"),
+        ("bench", "print the performance tables (benchmarks/)"),
         ("info", "version and backends"),
     ):
         sp = sub.add_parser(cmd, help=help_)
@@ -46,12 +67,22 @@ def main(argv=None) -> int:
             sp.add_argument("--backend", choices=backends.BACKENDS, default=None)
         if cmd == "demo":
             sp.add_argument("--length", type=int, default=16384, help="sequence length L")
+        if cmd in ("report", "bench"):
+            sp.add_argument("--full", action="store_true", help="the issues' full sizes (slow)")
+        if cmd == "report":
+            sp.add_argument("--out", default="docs", help="output folder (default: docs)")
     args = p.parse_args(argv)
     try:
         if args.command == "info":
             return info()
         if args.command == "demo":
             return demo(args.backend, args.length)
+        if args.command == "report":
+            from . import report
+
+            return report.main(args.out, args.backend, quick=not args.full)
+        if args.command == "bench":
+            return bench(args.backend, args.full)
         from . import selftest
 
         return selftest.main(args.backend)
