@@ -32,7 +32,19 @@ from .elementwise import (
 )
 from . import fft  # noqa: E402  (mlx_precise.fft.{fft, ifft, rfft, irfft}: precision-aware)
 from .fft import fft_extended, ifft_extended, irfft_extended, rfft_extended
+from .fixedpoint import (
+    Q115_THRESHOLD,
+    Q131_THRESHOLD,
+    ROUNDING_MODES,
+    float_to_q115,
+    float_to_q131,
+    q115_to_float,
+    q131_to_float,
+    simulate_q115,
+    simulate_q131,
+)
 from .hyena import fftconv, hyena_conv_extended
+from .sf16 import SF16, sf16, sf16_boundary, sf16_matmul  # noqa: E402  (function shadows module)
 from .int8 import compute_azp_adj, quantize_int8, scaled_mm
 from .int8_gemm import int8_matmul
 from .kernels import DeviceCheckError, Kernel
@@ -63,6 +75,19 @@ __all__ = [
     "rfft_extended",
     "hyena_conv_extended",
     "compute_azp_adj",
+    "Q115_THRESHOLD",
+    "Q131_THRESHOLD",
+    "ROUNDING_MODES",
+    "SF16",
+    "float_to_q115",
+    "float_to_q131",
+    "q115_to_float",
+    "q131_to_float",
+    "sf16",
+    "sf16_boundary",
+    "sf16_matmul",
+    "simulate_q115",
+    "simulate_q131",
     "int8_matmul",
     "quantize_int8",
     "scaled_mm",
