@@ -44,6 +44,8 @@ from .fixedpoint import (
     simulate_q131,
 )
 from .hyena import fftconv, hyena_conv_extended
+from .norms import norm
+from .norms_distributed import Layout, block_cols, block_cyclic, block_rows
 from .sf16 import SF16, sf16, sf16_boundary, sf16_matmul  # noqa: E402  (function shadows module)
 from .int8 import compute_azp_adj, quantize_int8, scaled_mm
 from .int8_gemm import int8_matmul
@@ -75,6 +77,11 @@ __all__ = [
     "rfft_extended",
     "hyena_conv_extended",
     "compute_azp_adj",
+    "Layout",
+    "block_cols",
+    "block_cyclic",
+    "block_rows",
+    "norm",
     "Q115_THRESHOLD",
     "Q131_THRESHOLD",
     "ROUNDING_MODES",

@@ -399,19 +399,9 @@ def fixed_values(q, bits: int) -> np.ndarray:
 # ---- matrix norms (LAPACK xLANGE / xLANTR / xLANSY / xLANHE) -------------------
 
 
-def ulps_f32(a, b) -> np.ndarray:
-    """Distance in float32 ulps between finite or infinite float32 values (the
-    number of float32 values between them; +0 and -0 are 0 apart)."""
-
-    def ordered(x):
-        i = np.asarray(x, dtype=np.float32).view(np.int32).astype(np.int64)
-        return np.where(i < 0, -(i & 0x7FFFFFFF), i)
-
-    return np.abs(ordered(a) - ordered(b))
-
-
 def ulps_f64(a, b) -> np.ndarray:
-    """Distance in float64 ulps between float64 values (as :func:`ulps_f32`)."""
+    """Distance in float64 ulps between float64 values: the number of float64
+    values between them (+0 and -0 are 0 apart); :func:`ulp_distance` does float32."""
 
     def ordered(x):
         out = []
@@ -824,3 +814,73 @@ def fraction_exactly_rounded(y, ref) -> float:
         return float(np.mean(np.concatenate([(y.real == r.real).ravel(),
                                              (y.imag == r.imag).ravel()])))
     return float(np.mean(y == r))
+
+
+# ---- float64 matrix products (split-integer DGEMM) ----------------------------------
+
+
+def exact_matmul(a: Exact, b: Exact) -> Exact:
+    """Exact matrix product of :class:`Exact` matrices (object-array ``np.dot`` on
+    Python integers: O(MNK) big-integer operations, for small sizes)."""
+    return Exact(np.dot(a.n, b.n), a.k + b.k)
+
+
+def _rn64_int(n: int, k: int) -> float:
+    # CPython's int / int true division is correctly rounded (to nearest, ties to
+    # even, gradual underflow); it raises OverflowError beyond float64's range,
+    # where round to nearest gives +-inf.
+    try:
+        return n / (1 << k)
+    except OverflowError:
+        return math.copysign(math.inf, n)
+
+
+_rn64_vec = np.frompyfunc(_rn64_int, 2, 1)
+
+
+def round_f64(x: Exact) -> np.ndarray:
+    """Correctly rounded float64 (round to nearest even) of exact values."""
+    return _rn64_vec(x.n, x.k).astype(np.float64)
+
+
+def _veltkamp(a):
+    c = 134217729.0 * a  # 2^27 + 1
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def dd_matmul(A, B):
+    """Double-double reference of a float64 matrix product: ``(hi, lo)`` float64
+    arrays with ``hi + lo`` within about ``K 2^-104 sum_k |a_ik b_kj|`` of the exact
+    product (Ogita-Rump-Oishi Dot2 with the error terms kept unrounded: TwoProduct
+    by Veltkamp/Dekker splitting, exact in float64 for |entries| < 2^996 and
+    products above the underflow range; TwoSum accumulation). O(K) numpy passes
+    over (M, N) arrays."""
+    A = np.asarray(A, dtype=np.float64)
+    B = np.asarray(B, dtype=np.float64)
+    M, K = A.shape
+    N = B.shape[1]
+    ah, al = _veltkamp(A)
+    bh, bl = _veltkamp(B)
+    s = np.zeros((M, N))
+    t = np.zeros((M, N))
+    for k in range(K):
+        a, b = A[:, k, None], B[None, k, :]
+        p = a * b
+        e = ((ah[:, k, None] * bh[None, k, :] - p) + ah[:, k, None] * bl[None, k, :]
+             + al[:, k, None] * bh[None, k, :]) + al[:, k, None] * bl[None, k, :]
+        s2 = s + p
+        z = s2 - s
+        t += ((s - (s2 - z)) + (p - z)) + e
+        s = s2
+    hi = s + t
+    return hi, t - (hi - s)
+
+
+def rel_err_dd(C, hi, lo) -> np.ndarray:
+    """Elementwise |C - (hi + lo)| / |hi + lo| for float64 C and a double-double
+    reference (C - hi is exact when C is within a factor 2 of hi, the case that
+    matters; elsewhere the error is large anyway)."""
+    C = np.asarray(C, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.abs(((C - hi) - lo) / hi)

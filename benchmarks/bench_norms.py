@@ -1,0 +1,121 @@
+"""Throughput and accuracy of mlx_precise.norms.norm against MLX's own ops.
+
+For each float32 n x n matrix and each kind it prints the time, the throughput in
+GB/s (bytes of the matrix read once / time), and the error in ulps of the float32
+result against the float64 value of the same norm (numpy), for mlx_precise and for
+MLX: ``mx.linalg.norm`` (Frobenius) and composed MLX ops for the others
+(``max(abs(A))``, ``max(sum(abs(A), 0))``, ``max(sum(abs(A), 1))``).
+
+On an Apple GPU (backend ``metal``) it also prints the share of memory bandwidth
+reached: of the streaming rate of ``mx.sum(A)`` measured here (a read-once
+reduction), and of ``--peak-gbs`` if you give your chip's nominal figure. The goal
+is >= 80%.
+
+    python benchmarks/bench_norms.py                  # 1024^2, 2048^2 (< 1 min on a CPU)
+    python benchmarks/bench_norms.py --full           # 4096^2, 16384^2 (the issue's sizes)
+    python benchmarks/bench_norms.py --backend emulate --sizes 512 4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import mlx.core as mx
+import numpy as np
+
+import mlx_precise
+from mlx_precise.norms import norm
+
+KINDS = ("max", "one", "inf", "fro")
+MLX_OPS = {
+    "max": lambda a: mx.max(mx.abs(a)),
+    "one": lambda a: mx.max(mx.sum(mx.abs(a), axis=0)),
+    "inf": lambda a: mx.max(mx.sum(mx.abs(a), axis=1)),
+    "fro": lambda a: mx.linalg.norm(a),
+}
+
+
+def reference(a64: np.ndarray, kind: str) -> np.float32:
+    """The float64 norm rounded to float32 (float64 sums err by ~1e-16 relative,
+    far below a float32 ulp)."""
+    if kind == "max":
+        v = np.abs(a64).max()
+    elif kind == "one":
+        v = np.abs(a64).sum(axis=0).max()
+    elif kind == "inf":
+        v = np.abs(a64).sum(axis=1).max()
+    else:
+        v = np.sqrt(np.dot(a64.ravel(), a64.ravel()))
+    return np.float32(v)
+
+
+def ulps(x, y) -> int:
+    i, j = (np.array(np.float32(v)).view(np.int32).astype(np.int64) for v in (x, y))
+    return int(abs(i - j))
+
+
+def timed(fn, repeats: int) -> tuple[float, float]:
+    """(best seconds, value) of ``fn`` (evaluated: .item() waits for the device)."""
+    value = fn().item()  # warm-up: compile, caches
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        value = fn().item()
+        best = min(best, time.perf_counter() - t0)
+    return best, value
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--full", action="store_true", help="sizes 4096 and 16384")
+    p.add_argument("--sizes", type=int, nargs="+", help="matrix sizes n (n x n)")
+    p.add_argument("--backend", default=None, choices=mlx_precise.BACKENDS,
+                   help="default: the active backend")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--peak-gbs", type=float, default=None,
+                   help="nominal memory bandwidth of the device (GB/s), for the share")
+    args = p.parse_args(argv)
+    backend = args.backend or mlx_precise.backend()
+    sizes = args.sizes or ((4096, 16384) if args.full else (1024, 2048))
+    on_gpu = backend == "metal"
+    print(f"mlx-precise norms on backend '{backend}' (MLX {mx.__version__}, "
+          f"MLX default device {mx.default_device()})")
+    if not on_gpu:
+        print("note: not an Apple GPU: GB/s are those of the CPU path or the Metal "
+              "emulator, not of a GPU")
+    head = (f"{'n':>6} {'kind':>4} | {'ours ms':>9} {'GB/s':>7} {'ulp':>4} | "
+            f"{'MLX ms':>9} {'GB/s':>7} {'ulp':>4}")
+    if on_gpu:
+        head += f" | {'% stream':>8}" + (f" {'% peak':>6}" if args.peak_gbs else "")
+    print(head)
+    print("-" * len(head))
+    rng = np.random.default_rng(0)
+    for n in sizes:
+        a32 = rng.standard_normal((n, n), dtype=np.float32)
+        a = mx.array(a32)
+        mx.eval(a)
+        gbytes = a.nbytes / 1e9
+        a64 = a32.astype(np.float64)
+        stream = None
+        if on_gpu:
+            t, _ = timed(lambda: mx.sum(a), args.repeats)
+            stream = gbytes / t
+        for kind in KINDS:
+            want = reference(a64, kind)
+            t_ours, v_ours = timed(lambda: norm(a, kind, backend=backend), args.repeats)
+            t_mlx, v_mlx = timed(lambda: MLX_OPS[kind](a), args.repeats)
+            line = (f"{n:>6} {kind:>4} | {t_ours * 1e3:>9.2f} {gbytes / t_ours:>7.1f} "
+                    f"{ulps(v_ours, want):>4} | {t_mlx * 1e3:>9.2f} {gbytes / t_mlx:>7.1f} "
+                    f"{ulps(v_mlx, want):>4}")
+            if on_gpu:
+                line += f" | {100 * gbytes / t_ours / stream:>7.0f}%"
+                if args.peak_gbs:
+                    line += f" {100 * gbytes / t_ours / args.peak_gbs:>5.0f}%"
+            print(line, flush=True)
+    if on_gpu:
+        print("% stream: share of the rate of mx.sum(A) on the same matrix (read once)")
+
+
+if __name__ == "__main__":
+    main()
