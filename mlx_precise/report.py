@@ -144,7 +144,61 @@ def section_int8(backend: str, quick: bool):
     return md, None
 
 
-SECTIONS = [section_hyena, section_fft, section_elementwise, section_int8]
+def section_norms(backend: str, quick: bool):
+    """Frobenius norm of random float32 matrices: ulps from the correctly rounded value
+    (reference: exact float64 squares summed by math.fsum, sqrt, one rounding) for
+    the tile norm and for a float32 running sum of squares."""
+    import math
+
+    from .norms import norm
+
+    sizes = [64, 256, 1024] + ([] if quick else [4096])
+    rows, ours, naive = [], [], []
+    rng = np.random.default_rng(9)
+    for n in sizes:
+        a = rng.standard_normal((n, n)).astype(np.float32)
+        sq = a.astype(np.float64).ravel() ** 2  # exact
+        ref = np.float32(math.sqrt(math.fsum(sq)))
+        got = np.float32(norm(mx.array(a), "fro", backend=backend).item())
+        run = np.float32(np.sqrt(np.cumsum(a.ravel() ** 2, dtype=np.float32)[-1]))
+        ulp = float(np.spacing(ref))
+        ours.append(abs(float(got) - float(ref)) / ulp)
+        naive.append(abs(float(run) - float(ref)) / ulp)
+        rows.append([f"{n} x {n}", f"{ours[-1]:.0f}", f"{naive[-1]:.0f}",
+                     f"{abs(float(run) - float(ref)) / float(ref):.1e}"])
+    md = ("### Frobenius norm, float32 (error in ulps of the correctly rounded value)\n\n"
+          + _table(["matrix", f"norm(A, 'fro') ({backend})", "float32 running sum",
+                    "running sum relative error"], rows))
+    plt = _figure()
+    fig = None
+    if plt:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(sizes, [max(v, 0.1) for v in naive], "o-", label="float32 running sum")
+        ax.plot(sizes, [max(v, 0.1) for v in ours], "o-", label=f"tile norm ({backend})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("n (n x n matrix)")
+        ax.set_ylabel("error in ulps (0 drawn at 0.1)")
+        ax.set_title("Frobenius norm error vs n")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig = ("fro_error_vs_n.png", fig)
+    return md, fig
+
+
+def section_fixedpoint(backend: str, quick: bool):
+    """Q1.15 / Q1.31 conversions: bit-exact agreement with exact rounding (the
+    self-test's grid checks)."""
+    from .fixedpoint import selftest_checks
+
+    checks = selftest_checks(backend)
+    md = ("### Q1.15 / Q1.31 grid checks (exact rational reference)\n\n"
+          + _table(["check", "result"], [[c.name, c.figure] for c in checks]))
+    return md, None
+
+
+SECTIONS = [section_hyena, section_fft, section_elementwise, section_int8, section_norms,
+            section_fixedpoint]
 
 
 def main(out: str = "docs", backend: str | None = None, quick: bool = True) -> int:
