@@ -48,8 +48,9 @@ SCALE = Kernel(
 
 def _operand(x, name: str, kinds: tuple[str, ...]):
     """(DoubleWord or mx.array, is_doubleword) after checking the dtype."""
+    allowed = {"complex64": mx.complex64, "float32": mx.float32}
     if isinstance(x, DoubleWord):
-        if x.dtype == mx.complex64 and "complex64" in kinds or x.dtype == mx.float32 and "float32" in kinds:
+        if x.dtype in [allowed[k] for k in kinds]:
             return x
         raise TypeError(f"{name}: DoubleWord of {x.dtype} not accepted here (expected {', '.join(kinds)})")
     if not isinstance(x, mx.array):
@@ -57,7 +58,6 @@ def _operand(x, name: str, kinds: tuple[str, ...]):
             x = mx.array(x)
         else:
             raise TypeError(f"{name} must be an mx.array or DoubleWord, got {type(x).__name__}")
-    allowed = {"complex64": mx.complex64, "float32": mx.float32}
     if x.dtype not in [allowed[k] for k in kinds]:
         hint = " (float64 data: wrap it with DoubleWord.from_float64)" if x.dtype == mx.float64 else ""
         raise TypeError(f"{name} has dtype {x.dtype}, expected {' or '.join(kinds)} or a DoubleWord{hint}")
