@@ -588,7 +588,9 @@ constexpr float4 kVec = float4(1.0f, 2.0f, 3.0f, 4.0f);
 constexpr complex64_t kC = complex64_t(1.0f, 2.0f) * complex64_t(3.0f, -1.0f);
 static_assert(kC.real == 5.0f, "constexpr complex");
 
-int main() {
+// Built as a library by tests/test_emulator_shim.py (the emulator's own build).
+extern "C" int shim_selfcheck() {
+  failures = 0;
   msl_snippet();
   test_layout();
   test_vectors();

@@ -36,12 +36,17 @@ _BASE_FLAGS = [
     "-std=c++17",
     "-O2",
     "-fPIC",
-    "-shared",
     "-ffp-contract=off",
     "-fno-fast-math",
     "-fno-strict-aliasing",
     "-fwrapv",  # signed overflow wraps, as on the GPU
     "-g0",
+    # No C++ runtime in kernel libraries (no exceptions, RTTI or static guards), so
+    # they link with -nostdlib: zig's clang then never builds libc++ or glibc stubs
+    # (minutes on a fresh machine); libc/libm symbols resolve from the process.
+    "-fno-exceptions",
+    "-fno-rtti",
+    "-fno-threadsafe-statics",
     "-w",
     # half arithmetic rounds after every operation, as on the GPU (clang's default
     # keeps half expressions in float until the end of the expression).
@@ -50,14 +55,17 @@ _BASE_FLAGS = [
 ]
 
 
-def _has_cpu_fma() -> bool:
+@functools.lru_cache(maxsize=None)
+def _x86_features() -> frozenset:
+    """CPU feature flags of an x86-64 Linux host (empty elsewhere)."""
     if platform.machine() not in ("x86_64", "AMD64"):
-        return False
+        return frozenset()
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    return " fma" in flags
+        return frozenset()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return frozenset(line.split(":", 1)[-1].split())
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,13 +99,22 @@ def compiler_identity() -> str:
         return " ".join(cmd)
 
 
-def flags(shared: bool = True) -> list[str]:
-    """Compiler flags (``shared=False`` for a standalone program)."""
-    f = [x for x in _BASE_FLAGS if shared or x not in ("-shared", "-fPIC")]
+def link_flags() -> list[str]:
+    """Flags that link one object into a kernel library."""
+    if platform.system() == "Darwin":
+        return ["-shared", "-undefined", "dynamic_lookup", "-nostdlib"]
+    return ["-shared", "-nostdlib"]
+
+
+def flags() -> list[str]:
+    """Compile flags."""
+    f = list(_BASE_FLAGS)
     # Hardware fma keeps metal::fma a single rounding and subject to the
-    # flush-to-zero mode; libm's software fma ignores MXCSR.
-    if _has_cpu_fma():
-        f.append("-mfma")
+    # flush-to-zero mode (libm's software fma ignores MXCSR); F16C converts half
+    # in instructions (otherwise the compiler calls compiler-rt, which kernel
+    # libraries do not link).
+    cpu = _x86_features()
+    f += [flag for feature, flag in (("fma", "-mfma"), ("f16c", "-mf16c")) if feature in cpu]
     return f
 
 
@@ -120,7 +137,8 @@ def build(source: str, name: str, include_dirs: list[Path], label: str | None = 
     cmd = find_compiler()
     fl = flags() + [f"-I{d}" for d in include_dirs]
     key = hashlib.sha256(
-        "\0".join([source, " ".join(fl), compiler_identity(), platform.machine()]).encode()
+        "\0".join([source, " ".join(fl + link_flags()), compiler_identity(),
+                   platform.machine()]).encode()
     ).hexdigest()[:32]
     lib = cache_dir() / f"{name[:80]}-{key}.so"
     if lib.exists():
@@ -128,8 +146,11 @@ def build(source: str, name: str, include_dirs: list[Path], label: str | None = 
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         src = Path(tmp) / "kernel.cpp"
         src.write_text(source)
-        out = Path(tmp) / "kernel.so"
-        proc = subprocess.run([*cmd, *fl, str(src), "-o", str(out)], capture_output=True, text=True)
+        obj, out = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
+        proc = subprocess.run([*cmd, *fl, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
+        if proc.returncode == 0:
+            proc = subprocess.run([*cmd, *link_flags(), str(obj), "-o", str(out)],
+                                  capture_output=True, text=True)
         if proc.returncode != 0:
             raise KernelCompileError(
                 f"kernel {label or name!r} failed to compile.\n\nGenerated source:\n{numbered(source)}"

@@ -19,6 +19,8 @@ Differences from a real Apple GPU that a kernel author should know:
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
+import functools
 import re
 import threading
 from pathlib import Path
@@ -120,6 +122,7 @@ def _cpp_source(kname: str, text: str, template, params) -> str:
 
 
 def _load(source: str, kname: str, label: str) -> ctypes.CDLL:
+    _preload_libm()
     with _libs_lock:
         lib = _libs.get(source)
         if lib is None:
@@ -135,6 +138,15 @@ def _load(source: str, kname: str, label: str) -> ctypes.CDLL:
             ]
             _libs[source] = lib
     return lib
+
+
+@functools.lru_cache(maxsize=None)
+def _preload_libm() -> None:
+    """Kernel libraries link nothing (see compiler.link_flags); make sure libm's
+    symbols are global in this process (the python binary usually has it already)."""
+    name = ctypes.util.find_library("m")
+    if name:
+        ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
 
 
 class MetalKernel:

@@ -11,8 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <vector>
+#include <new>
+#include <pthread.h>
 
 #if defined(__x86_64__)
 #include <xmmintrin.h>
@@ -138,8 +138,12 @@ struct Runtime {
   Attrs* attrs = nullptr;  // the running thread's attributes
   Fiber* fiber = nullptr;  // the running fiber (fiber mode)
   Context scheduler;
-  std::vector<Fiber> pool;
-  std::vector<SimdSlot> slots;
+  // Plain allocations (no std::vector / std::mutex): kernel libraries link no C++
+  // runtime, which keeps the first build with zig's clang fast (no libc++ build).
+  Fiber* pool = nullptr;
+  size_t pool_size = 0;
+  SimdSlot* slots = nullptr;
+  size_t slot_count = 0;
   char* stacks = nullptr;
   size_t stack_size = 0, stack_count = 0;
   char error[512] = {0};
@@ -420,7 +424,13 @@ inline void run_group_fibers(Runtime& r, uint n) {
     r.stack_size = stack;
     r.stack_count = n;
   }
-  r.slots.assign(ceil_div(n, kSimdWidth), SimdSlot{});
+  const size_t nslots = ceil_div(n, kSimdWidth);
+  if (r.slot_count < nslots) {
+    std::free(r.slots);
+    r.slots = static_cast<SimdSlot*>(std::malloc(sizeof(SimdSlot) * nslots));
+    r.slot_count = nslots;
+  }
+  std::memset(r.slots, 0, sizeof(SimdSlot) * nslots);
   for (uint i = 0; i < n; ++i) {
     Fiber& f = r.pool[i];
     f.state = State::Runnable;
@@ -441,7 +451,7 @@ inline void run_group_fibers(Runtime& r, uint n) {
     // Every fiber is now done or waiting. Simdgroup collectives complete first:
     // their participants are the lanes waiting in one.
     bool released = false;
-    for (uint s = 0; s < r.slots.size(); ++s) {
+    for (uint s = 0; s < nslots; ++s) {
       uint32_t mask = 0;
       int parity = -1;
       for (uint l = 0; l < kSimdWidth && s * kSimdWidth + l < n; ++l) {
@@ -477,8 +487,12 @@ inline void run_group_fibers(Runtime& r, uint n) {
 // dims: grid xyz, threadgroup xyz (already clamped to the grid, as MLX does).
 inline int launch(ThreadFn fn, void** buffers, const uint32_t* dims, int use_fibers,
                   char* err, int errlen) {
-  static std::mutex serial;  // concurrent launches of one library take turns
-  std::lock_guard<std::mutex> hold(serial);
+  // Concurrent launches of one library take turns (pthread: no C++ runtime).
+  static pthread_mutex_t serial = PTHREAD_MUTEX_INITIALIZER;
+  struct Hold {
+    Hold() { pthread_mutex_lock(&serial); }
+    ~Hold() { pthread_mutex_unlock(&serial); }
+  } hold;
   Runtime& r = rt();
   r.error[0] = 0;
   r.fibers = use_fibers != 0;
@@ -487,7 +501,12 @@ inline int launch(ThreadFn fn, void** buffers, const uint32_t* dims, int use_fib
   const uint3 groups(ceil_div(grid.x, tg.x), ceil_div(grid.y, tg.y), ceil_div(grid.z, tg.z));
   FloatEnv fenv;
   Attrs single;
-  if (r.fibers) r.pool.resize(tg.x * tg.y * tg.z);
+  if (r.fibers && r.pool_size < tg.x * tg.y * tg.z) {
+    std::free(r.pool);
+    r.pool_size = tg.x * tg.y * tg.z;
+    r.pool = static_cast<Fiber*>(std::malloc(sizeof(Fiber) * r.pool_size));
+    for (size_t i = 0; i < r.pool_size; ++i) new (&r.pool[i]) Fiber();
+  }
   for (uint gz = 0; gz < groups.z && !r.error[0]; ++gz)
     for (uint gy = 0; gy < groups.y && !r.error[0]; ++gy)
       for (uint gx = 0; gx < groups.x && !r.error[0]; ++gx) {
