@@ -32,6 +32,7 @@ from .elementwise import (
 )
 from . import fft  # noqa: E402  (mlx_precise.fft.{fft, ifft, rfft, irfft}: precision-aware)
 from .fft import fft_extended, ifft_extended, irfft_extended, rfft_extended
+from .esc import esc, esc_estimate, slices_needed
 from .fixedpoint import (
     Q115_THRESHOLD,
     Q131_THRESHOLD,
@@ -45,6 +46,7 @@ from .fixedpoint import (
 )
 from .hyena import fftconv, hyena_conv_extended
 from .norms import norm
+from .ozaki import dgemm_emulated
 from .norms_distributed import Layout, block_cols, block_cyclic, block_rows
 from .sf16 import SF16, sf16, sf16_boundary, sf16_matmul  # noqa: E402  (function shadows module)
 from .int8 import compute_azp_adj, quantize_int8, scaled_mm
@@ -77,6 +79,10 @@ __all__ = [
     "rfft_extended",
     "hyena_conv_extended",
     "compute_azp_adj",
+    "dgemm_emulated",
+    "esc",
+    "esc_estimate",
+    "slices_needed",
     "Layout",
     "block_cols",
     "block_cyclic",

@@ -197,8 +197,15 @@ def section_fixedpoint(backend: str, quick: bool):
     return md, None
 
 
+def section_dgemm(backend: str, quick: bool):
+    """DGEMM emulation error vs phi and slices, ESC rule vs the tight rule."""
+    from .ozaki import report_section
+
+    return report_section(backend, quick)
+
+
 SECTIONS = [section_hyena, section_fft, section_elementwise, section_int8, section_norms,
-            section_fixedpoint]
+            section_fixedpoint, section_dgemm]
 
 
 def main(out: str = "docs", backend: str | None = None, quick: bool = True) -> int:

@@ -234,7 +234,7 @@ def check_extended_ops(backend: str, n: int = 2000) -> list[Check]:
 
 # Modules of the package that contribute checks: each has
 # ``selftest_checks(backend: str) -> list[Check]`` (small sizes, exact oracles).
-CHECK_MODULES: tuple[str, ...] = ("fft", "fixedpoint", "int8", "norms")
+CHECK_MODULES: tuple[str, ...] = ("fft", "fixedpoint", "int8", "norms", "ozaki")
 
 
 def run(backend: str | None = None, verbose: bool = True) -> list[Check]:

@@ -832,7 +832,7 @@ def _rn64_int(n: int, k: int) -> float:
     try:
         return n / (1 << k)
     except OverflowError:
-        return math.copysign(math.inf, n)
+        return math.inf if n > 0 else -math.inf
 
 
 _rn64_vec = np.frompyfunc(_rn64_int, 2, 1)

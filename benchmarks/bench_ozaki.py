@@ -1,0 +1,143 @@
+"""Split-integer DGEMM emulation: speed against native float64, and the slice rules.
+
+    python benchmarks/bench_ozaki.py                  # n = 128, 256 (< 1 minute here)
+    python benchmarks/bench_ozaki.py --full           # n = 256, 1024, 2048 (+ 4096 on Metal)
+    python benchmarks/bench_ozaki.py --backend emulate
+    python benchmarks/bench_ozaki.py --rules          # slices and errors per rule (docs/ozaki.md)
+
+Performance table: for square n x n products of the phi test matrices, the slices
+auto mode chose, the time of ``dgemm_emulated`` on the backend, and native float64
+matmul on this machine's CPU (numpy's BLAS and MLX CPU), each as FP64-equivalent
+GFLOP/s (2 n^3 / time). The ``emulate`` backend runs the Metal kernels on the CPU
+and only says whether they run; its times mean nothing for a GPU.
+
+Rules table (``--rules``): over phi in {-1, 0, 0.5, 1, 2, 4}, K in {64, 256, 1024},
+64 x K x 64 products and several seeds, per rule the mean slice count, the number
+of fallbacks and of cases whose max relative error (against a double-double
+reference) exceeds native float64 matmul's, and the fewest slices that would have
+kept native accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from oracle import dd_matmul, rel_err_dd  # noqa: E402  (the shared oracle module)
+
+from mlx_precise import backends  # noqa: E402
+from mlx_precise.ozaki import dgemm_emulated  # noqa: E402
+
+PHIS = (-1, 0, 0.5, 1, 2, 4)
+
+
+def phi_matrix(phi, shape, rng):
+    if phi == -1:
+        return rng.standard_normal(shape)
+    return (rng.uniform(size=shape) - 0.5) * np.exp(phi * rng.standard_normal(shape))
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up: kernel builds, BLAS threads
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def perf(backend: str, sizes, phis, repeats: int) -> None:
+    print(f"backend {backend}; FP64-equivalent GFLOP/s = 2 n^3 / time")
+    print(f"{'n':>5} {'phi':>4} {'slices':>6} {'pairs':>5} {'emulated s':>10} {'GFLOP/s':>8} "
+          f"{'numpy s':>8} {'GFLOP/s':>8} {'mlx cpu s':>9} {'GFLOP/s':>8} {'emu/native':>10}")
+    rng = np.random.default_rng(0)
+    for n in sizes:
+        for phi in phis:
+            a, b = phi_matrix(phi, (n, n), rng), phi_matrix(phi, (n, n), rng)
+            A, B = mx.array(a, dtype=mx.float64), mx.array(b, dtype=mx.float64)
+            _, info = dgemm_emulated(A, B, return_info=True, backend=backend)
+            t_emu = timed(lambda: mx.eval(dgemm_emulated(A, B, backend=backend)), repeats)
+            t_np = timed(lambda: a @ b, repeats)
+            t_mx = timed(lambda: mx.eval(mx.matmul(A, B, stream=mx.cpu)), repeats)
+            flop = 2.0 * n**3
+            s = info["slices"]
+            label = "fb" if info["fallback"] else str(s)
+            pairs = "-" if info["fallback"] else str(s * (s + 1) // 2)
+            best = min(t_np, t_mx)
+            print(f"{n:>5} {phi:>4} {label:>6} {pairs:>5} {t_emu:>10.3f} {flop / t_emu / 1e9:>8.2f} "
+                  f"{t_np:>8.3f} {flop / t_np / 1e9:>8.2f} {t_mx:>9.3f} {flop / t_mx / 1e9:>8.2f} "
+                  f"{t_emu / best:>9.1f}x", flush=True)
+
+
+def rules(seeds: int, size: int) -> None:
+    """Slices and accuracy per rule on the phi suite (cpu implementation)."""
+    methods = ("esc", "esc_estimate", "tight")
+    print(f"phi suite, {size} x K x {size}, {seeds} seeds, 7-bit and 8-bit slices; "
+          "native = MLX CPU float64 matmul; reference: double-double")
+    print(f"{'b':>2} {'phi':>4} {'K':>5} | " + " | ".join(
+        f"{m:>12}: mean s, fb, worse" for m in methods) + " | fewest s (mean) | est-ESC")
+    for b in (7, 8):
+        for phi in PHIS:
+            for K in (64, 256, 1024):
+                stats = {m: [[], 0, 0] for m in methods}
+                fewest, gap = [], []
+                for seed in range(seeds):
+                    rng = np.random.default_rng(1000 * seed + 7)
+                    A, B = phi_matrix(phi, (size, K), rng), phi_matrix(phi, (K, size), rng)
+                    hi, lo = dd_matmul(A, B)
+                    Am, Bm = mx.array(A, dtype=mx.float64), mx.array(B, dtype=mx.float64)
+                    nat = rel_err_dd(np.array(mx.matmul(Am, Bm, stream=mx.cpu)), hi, lo).max()
+                    for m in methods:
+                        C, info = dgemm_emulated(Am, Bm, slices=m, slice_bits=b,
+                                                 return_info=True, backend="cpu")
+                        st = stats[m]
+                        if info["fallback"]:
+                            st[1] += 1
+                        else:
+                            st[0].append(info["slices"])
+                            st[2] += rel_err_dd(np.array(C), hi, lo).max() > nat
+                        if m == "esc_estimate":
+                            est = info["esc"]
+                    from mlx_precise.esc import esc
+                    gap.append(est - int(np.array(esc(A, B, backend="cpu")).max()))
+                    for S in range(4, 14):
+                        C = dgemm_emulated(Am, Bm, slices=S, slice_bits=b, backend="cpu")
+                        if rel_err_dd(np.array(C), hi, lo).max() <= nat:
+                            fewest.append(S)
+                            break
+                cells = []
+                for m in methods:
+                    ss, fb, worse = stats[m]
+                    mean = f"{np.mean(ss):5.2f}" if ss else "    -"
+                    cells.append(f"{'':>12}  {mean}, {fb:>2}, {worse:>5}")
+                print(f"{b:>2} {phi:>4} {K:>5} | " + " | ".join(cells)
+                      + f" | {np.mean(fewest):15.2f} | {np.mean(gap):7.1f}", flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", choices=backends.BACKENDS, default=None)
+    p.add_argument("--full", action="store_true", help="the issue's sizes: n = 256, 1024, 2048")
+    p.add_argument("--rules", action="store_true", help="slice rules on the phi suite")
+    p.add_argument("--seeds", type=int, default=10)
+    args = p.parse_args(argv)
+    if args.rules:
+        rules(args.seeds, 64)
+        return 0
+    name = backends.resolve(args.backend)
+    sizes = (256, 1024, 2048) if args.full else (128, 256)
+    if args.full and name == "metal":
+        sizes += (4096,)
+    perf(name, sizes, (0, 1) if args.full else (0,), repeats=1 if args.full else 2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
