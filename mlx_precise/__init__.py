@@ -32,7 +32,7 @@ from .elementwise import (
 )
 from . import fft  # noqa: E402  (mlx_precise.fft.{fft, ifft, rfft, irfft}: precision-aware)
 from .fft import fft_extended, ifft_extended, irfft_extended, rfft_extended
-from .esc import esc, esc_estimate, slices_needed
+from . import esc  # noqa: E402  (ESC analysis: mlx_precise.esc.esc, esc_estimate, slices_needed)
 from .fixedpoint import (
     Q115_THRESHOLD,
     Q131_THRESHOLD,
@@ -81,8 +81,6 @@ __all__ = [
     "compute_azp_adj",
     "dgemm_emulated",
     "esc",
-    "esc_estimate",
-    "slices_needed",
     "Layout",
     "block_cols",
     "block_cyclic",
