@@ -30,8 +30,12 @@ DEPTHWISE = Kernel(
 )
 
 
-def _check_depthwise(x, w, bias):
-    for name, a in (("x", x), ("w", w), ("bias", bias)):
+def check_conv_operands(x, w, bias, names=("x", "w", "bias"), taps: str = "K"):
+    """Validate a per-channel convolution's operands: signal float32 (batch,
+    channels, L), filter float32 (channels, taps), per-channel vector float32
+    (channels,) or None. Raises TypeError / ValueError naming the argument."""
+    nx, nw, nb = names
+    for name, a in ((nx, x), (nw, w), (nb, bias)):
         if a is None:
             continue
         if not isinstance(a, mx.array):
@@ -39,15 +43,19 @@ def _check_depthwise(x, w, bias):
         if a.dtype != mx.float32:
             raise TypeError(f"{name} must be float32, got {a.dtype}")
     if x.ndim != 3:
-        raise ValueError(f"x must be (batch, channels, L), got shape {x.shape}")
+        raise ValueError(f"{nx} must be (batch, channels, L), got shape {x.shape}")
     if w.ndim != 2:
-        raise ValueError(f"w must be (channels, K), got shape {w.shape}")
+        raise ValueError(f"{nw} must be (channels, {taps}), got shape {w.shape}")
     if w.shape[0] != x.shape[1]:
-        raise ValueError(f"w has {w.shape[0]} channels but x has {x.shape[1]}")
+        raise ValueError(f"{nw} has {w.shape[0]} channels but {nx} has {x.shape[1]}")
+    if bias is not None and tuple(bias.shape) != (x.shape[1],):
+        raise ValueError(f"{nb} must have shape ({x.shape[1]},), got {bias.shape}")
+
+
+def _check_depthwise(x, w, bias):
+    check_conv_operands(x, w, bias)
     if w.shape[1] < 1:
         raise ValueError("w must have K >= 1 taps")
-    if bias is not None and tuple(bias.shape) != (x.shape[1],):
-        raise ValueError(f"bias must have shape ({x.shape[1]},), got {bias.shape}")
 
 
 def _depthwise_float64(x, w, bias) -> np.ndarray:

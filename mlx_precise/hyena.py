@@ -19,6 +19,7 @@ import numpy as np
 
 from . import backends
 from .context import precision_aware
+from .conv import check_conv_operands
 from .doubleword import DoubleWord
 from .elementwise import complex_multiply_extended
 from .kernels import Kernel, elementwise_grid
@@ -65,21 +66,7 @@ def default_fft_size(L: int, Lk: int) -> int:
 
 
 def _check(u, k, D, fft_size):
-    for name, a in (("u", u), ("k", k), ("D", D)):
-        if a is None:
-            continue
-        if not isinstance(a, mx.array):
-            raise TypeError(f"{name} must be an mx.array, got {type(a).__name__}")
-        if a.dtype != mx.float32:
-            raise TypeError(f"{name} must be float32, got {a.dtype}")
-    if u.ndim != 3:
-        raise ValueError(f"u must be (batch, channels, L), got shape {u.shape}")
-    if k.ndim != 2:
-        raise ValueError(f"k must be (channels, Lk), got shape {k.shape}")
-    if k.shape[0] != u.shape[1]:
-        raise ValueError(f"k has {k.shape[0]} channels but u has {u.shape[1]}")
-    if D is not None and tuple(D.shape) != (u.shape[1],):
-        raise ValueError(f"D must have shape ({u.shape[1]},), got {D.shape}")
+    check_conv_operands(u, k, D, names=("u", "k", "D"), taps="Lk")
     L, Lk = u.shape[2], k.shape[1]
     if L < 1 or Lk < 1:
         raise ValueError(f"u and k need at least one step, got L={L}, Lk={Lk}")

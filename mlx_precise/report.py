@@ -37,7 +37,9 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def _figure():
+def _loglog(fname: str, title: str, xlabel: str, ylabel: str, xs, series: dict):
+    """``(fname, figure)`` of log-log lines (x in powers of two), or None without
+    matplotlib."""
     try:
         import matplotlib
 
@@ -45,7 +47,17 @@ def _figure():
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    return plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, ys in series.items():
+        ax.plot(xs, ys, "o-", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return fname, fig
 
 
 def section_hyena(backend: str, quick: bool):
@@ -80,20 +92,8 @@ def section_hyena(backend: str, quick: bool):
           "rounded oracle.\n\n"
           + _table(["L", "float32 normwise", "float32 exactly rounded",
                     f"extended ({backend}) normwise (DoubleWord)", "extended exactly rounded"], rows))
-    plt = _figure()
-    fig = None
-    if plt:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name, ys in series.items():
-            ax.plot(lengths, ys, "o-", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("L")
-        ax.set_ylabel("normwise relative error")
-        ax.set_title("Hyena FFT convolution: error vs L")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-        fig = ("hyena_error_vs_L.png", fig)
+    fig = _loglog("hyena_error_vs_L.png", "Hyena FFT convolution: error vs L", "L",
+                  "normwise relative error", lengths, series)
     return md, fig
 
 
@@ -169,20 +169,10 @@ def section_norms(backend: str, quick: bool):
     md = ("### Frobenius norm, float32 (error in ulps of the correctly rounded value)\n\n"
           + _table(["matrix", f"norm(A, 'fro') ({backend})", "float32 running sum",
                     "running sum relative error"], rows))
-    plt = _figure()
-    fig = None
-    if plt:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(sizes, [max(v, 0.1) for v in naive], "o-", label="float32 running sum")
-        ax.plot(sizes, [max(v, 0.1) for v in ours], "o-", label=f"tile norm ({backend})")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("n (n x n matrix)")
-        ax.set_ylabel("error in ulps (0 drawn at 0.1)")
-        ax.set_title("Frobenius norm error vs n")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-        fig = ("fro_error_vs_n.png", fig)
+    fig = _loglog("fro_error_vs_n.png", "Frobenius norm error vs n", "n (n x n matrix)",
+                  "error in ulps (0 drawn at 0.1)", sizes,
+                  {"float32 running sum": [max(v, 0.1) for v in naive],
+                   f"tile norm ({backend})": [max(v, 0.1) for v in ours]})
     return md, fig
 
 
