@@ -232,6 +232,41 @@ def check_extended_ops(backend: str, n: int = 2000) -> list[Check]:
     return out
 
 
+def check_hyena(backend: str) -> list[Check]:
+    """hyena_conv_extended (forward, rounded) against the exact direct convolution
+    in rationals, and its gradients (du, dk, dD: the VJP kernels) against direct
+    float64 sums."""
+    from .hyena import hyena_conv_extended
+
+    rng = np.random.default_rng(31)
+    B, C, L, Lk = 2, 2, 40, 24
+    u = rng.standard_normal((B, C, L)).astype(np.float32)
+    k = rng.standard_normal((C, Lk)).astype(np.float32)
+    D = rng.standard_normal(C).astype(np.float32)
+    y = np.array(hyena_conv_extended(mx.array(u), mx.array(k), mx.array(D), backend=backend))
+    F = lambda v: Fraction(float(v))  # noqa: E731
+    exact = [sum((F(k[c, s]) * F(u[b, c, t - s]) for s in range(min(t + 1, Lk))), F(D[c]) * F(u[b, c, t]))
+             for b in range(B) for c in range(C) for t in range(L)]
+    frac, ok = _rounded_fraction(y.ravel(), exact)
+    out = [Check(f"hyena_conv_extended [{B}x{C}x{L}, Lk={Lk}]", ok and frac >= 0.99,
+                 f"{100 * frac:.2f}% exactly rounded, all faithful: {ok}")]
+    g = rng.standard_normal(u.shape).astype(np.float32)
+    grads = mx.grad(lambda a, b, d: (hyena_conv_extended(a, b, d, backend=backend) * mx.array(g)).sum(),
+                    argnums=(0, 1, 2))(mx.array(u), mx.array(k), mx.array(D))
+    u64, k64, g64 = u.astype(np.float64), k.astype(np.float64), g.astype(np.float64)
+    du = D[None, :, None] * g64
+    dk = np.zeros((C, Lk))
+    for j in range(Lk):
+        du[..., :L - j] += k64[None, :, j, None] * g64[..., j:]
+        dk[:, j] = (g64[..., j:] * u64[..., :L - j]).sum(axis=(0, 2))
+    ref = (du, dk, (g64 * u64).sum(axis=(0, 2)))
+    worst = max(float(np.max(np.abs(np.array(a, np.float64) - r) / np.spacing(np.abs(r).astype(np.float32))))
+                for a, r in zip(grads, ref))
+    out.append(Check("hyena gradients du, dk, dD", worst <= 1.0,
+                     f"max error {worst:.2f} ulp vs float64 sums (need <= 1)"))
+    return out
+
+
 # Modules of the package that contribute checks: each has
 # ``selftest_checks(backend: str) -> list[Check]`` (small sizes, exact oracles).
 CHECK_MODULES: tuple[str, ...] = ("fft", "fixedpoint", "int8", "norms", "ozaki")
@@ -250,6 +285,7 @@ def run(backend: str | None = None, verbose: bool = True) -> list[Check]:
             checks += check_complex_ops(name)
     if name != "metal" or checks[-1].passed:
         checks += check_extended_ops(name)
+        checks += check_hyena(name)
     for mod in CHECK_MODULES:
         checks += importlib.import_module(f"{__package__}.{mod}").selftest_checks(name)
     if verbose:
