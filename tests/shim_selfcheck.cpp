@@ -19,7 +19,7 @@ static int failures = 0;
 static uint32_t fbits(float f) { return as_type<uint32_t>(f); }
 static bool same_bits(float a, float b) { return fbits(a) == fbits(b); }
 
-// The MSL snippet from the brief, unchanged.
+// A typical MSL kernel snippet, compiled unchanged.
 static float msl_snippet() {
   uint3 g = uint3(1, 2, 3); uint i = g.x + g.y * 4;
   float4 v = float4(1.0f, 2.0f, 3.0f, 4.0f); float2 p = v.xy + v.zw * 2.0f; v.xy = p.yx;
