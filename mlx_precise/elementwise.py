@@ -128,11 +128,11 @@ def reciprocal_words(n: int) -> tuple[float, float]:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
     exact = Fraction(1, int(n))
-    hi = _rn32(exact)
-    return float(hi), float(_rn32(exact - Fraction(float(hi))))
+    hi = rn32_rational(exact)
+    return float(hi), float(rn32_rational(exact - Fraction(float(hi))))
 
 
-def _rn32(x: Fraction) -> np.float32:
+def rn32_rational(x: Fraction) -> np.float32:
     """float32 nearest the rational ``x`` (ties to even). ``float(x)`` rounds once
     to float64; rounding that again to float32 can be off (double rounding), so
     its neighbours are compared exactly."""

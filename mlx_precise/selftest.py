@@ -169,20 +169,13 @@ def check_split_join(n: int = 2000) -> Check:
     return Check("split/join float64 [host]", err <= U**2, f"max rel err {float(err / U**2):.3g} u^2")
 
 
-def _rn32(x: Fraction) -> float:
-    """float32 nearest the rational x (ties to even), by exact comparison of the
-    candidates around float(x) (which may be double-rounded)."""
-    g = np.float32(float(x))
-    cands = [np.nextafter(g, np.float32(-np.inf)), g, np.nextafter(g, np.float32(np.inf))]
-    return float(min(cands, key=lambda v: (abs(Fraction(float(v)) - x),
-                                           int(np.array(v).view(np.uint32)) & 1)))
-
-
 def _rounded_fraction(got, exact) -> tuple[float, bool]:
     """(fraction of float32 results equal to RN(exact), all within one ulp)."""
+    from .elementwise import rn32_rational
+
     hits, faithful = 0, True
     for g, e in zip(got, exact):
-        r = _rn32(e)
+        r = float(rn32_rational(e))
         toward = np.float32(np.inf if e > Fraction(r) else -np.inf)
         other = r if Fraction(r) == e else float(np.nextafter(np.float32(r), toward))
         hits += float(g) == r

@@ -213,35 +213,10 @@ def is_normalised(hi, lo) -> np.ndarray:
     return s == hi
 
 
-def _rn32_int(n: int, k: int) -> float:
-    """float32 value nearest ``n * 2^-k`` (ties to even significand), with gradual
-    underflow and overflow to +-inf, computed in integers."""
-    if n == 0:
-        return 0.0
-    sign = -1.0 if n < 0 else 1.0
-    n = abs(n)
-    e = n.bit_length() - 1 - k  # 2^e <= value < 2^(e+1)
-    q = max(e - 23, -149)  # exponent of the target ulp
-    d = k + q  # value / 2^q = n / 2^d
-    if d <= 0:
-        m = n << -d
-    else:
-        m = n >> d
-        rem = n - (m << d)
-        half = 1 << (d - 1)
-        if rem > half or (rem == half and m & 1):
-            m += 1
-    if m * 2.0**q >= 2.0**128:  # exact in float64: m <= 2^24
-        return sign * math.inf
-    return sign * math.ldexp(m, q)
-
-
-_rn32_vec = np.frompyfunc(_rn32_int, 2, 1)
-
-
 def round_f32(x: Exact) -> np.ndarray:
-    """Correctly rounded float32 (round to nearest even) of exact values."""
-    return _rn32_vec(x.n, x.k).astype(np.float32)
+    """Correctly rounded float32 (round to nearest even, gradual underflow,
+    overflow to +-inf) of exact values (:func:`round_to` for float32)."""
+    return round_to(x, "float32").astype(np.float32)
 
 
 def round_f32_fraction(fr: Fraction) -> np.float32:
