@@ -258,20 +258,21 @@ class DoubleWord:
         return f"DoubleWord(shape={self.shape}, dtype={self.dtype})"
 
     @classmethod
+    def _exact(cls, x, dtype, what: str) -> "DoubleWord":
+        x = _mx(x)
+        if x.dtype != dtype:
+            raise TypeError(f"{what} expects {str(dtype).split('.')[-1]} data, got {x.dtype}")
+        return cls(x, mx.zeros_like(x))
+
+    @classmethod
     def from_float32(cls, x) -> "DoubleWord":
         """Exact: ``hi = x``, ``lo = 0`` for float32 data."""
-        x = _mx(x)
-        if x.dtype != mx.float32:
-            raise TypeError(f"from_float32 expects float32 data, got {x.dtype}")
-        return cls(x, mx.zeros_like(x))
+        return cls._exact(x, mx.float32, "from_float32")
 
     @classmethod
     def from_complex64(cls, x) -> "DoubleWord":
         """Exact: ``hi = x``, ``lo = 0`` for complex64 data."""
-        x = _mx(x)
-        if x.dtype != mx.complex64:
-            raise TypeError(f"from_complex64 expects complex64 data, got {x.dtype}")
-        return cls(x, mx.zeros_like(x))
+        return cls._exact(x, mx.complex64, "from_complex64")
 
     @classmethod
     def from_float64(cls, x) -> "DoubleWord":

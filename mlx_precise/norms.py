@@ -158,6 +158,15 @@ def out_dtype(A):
     return mx.float32 if A.dtype in (mx.float32, mx.complex64) else mx.float64
 
 
+def check_global_shape(spec: Spec, m: int, n: int, what: str):
+    """Raise for a non-square symmetric/Hermitian matrix (``what`` describes the
+    shape in the message); return the norm of an empty matrix (0) or None."""
+    if spec.symmetric and m != n:
+        raise ValueError(f"structure={_STRUCTURES[spec.structure]!r} needs a square matrix, "
+                         f"got {what}")
+    return mx.array(0.0) if m == 0 or n == 0 else None
+
+
 # ---- index maps ---------------------------------------------------------------
 
 
@@ -488,12 +497,10 @@ def norm(A, kind: str = "fro", *, structure: str = "general", uplo: str = "lower
 
         return distributed_norm(A, spec, nb, name, kernel_ok, group, layout)
     m, n = A.shape
-    if spec.symmetric and m != n:
-        raise ValueError(f"structure={_STRUCTURES[spec.structure]!r} needs a square matrix, "
-                         f"got A of shape ({m}, {n})")
     dtype = out_dtype(A)
-    if m == 0 or n == 0:
-        return mx.array(0.0, dtype=dtype)
+    empty = check_global_shape(spec, m, n, f"A of shape ({m}, {n})")
+    if empty is not None:
+        return empty.astype(dtype)
     if kernel_ok and name != "cpu":
         return kernel_partial(A, spec, nb, name).result
     part = cpu_partial(A, spec)

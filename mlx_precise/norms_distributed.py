@@ -29,9 +29,9 @@ import mlx.core as mx
 import numpy as np
 
 from .norms import (
-    _STRUCTURES,
     AxisMap,
     Spec,
+    check_global_shape,
     cpu_partial,
     finish_cpu,
     kernel_partial,
@@ -195,12 +195,10 @@ def distributed_norm(A, spec: Spec, tile: int, backend: str, kernel_ok: bool,
         raise ValueError(f"A on rank {rank} must be its local block of shape {expect} "
                          f"under {layout}, got {tuple(A.shape)}")
     gm, gn = layout.shape
-    if spec.symmetric and gm != gn:
-        raise ValueError(f"structure={_STRUCTURES[spec.structure]!r} needs a square "
-                         f"matrix, got a global shape ({gm}, {gn})")
     dtype = out_dtype(A)
-    if gm == 0 or gn == 0:
-        return mx.array(0.0, dtype=dtype)
+    empty = check_global_shape(spec, gm, gn, f"a global shape ({gm}, {gn})")
+    if empty is not None:
+        return empty.astype(dtype)
     rows, cols = layout.row_map(rank), layout.col_map(rank)
     kernel = kernel_ok and backend != "cpu"
     if kernel:

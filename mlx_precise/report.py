@@ -15,7 +15,6 @@ checks. Each section is a function ``(backend, quick) -> (markdown, figure or No
 from __future__ import annotations
 
 import time
-from fractions import Fraction
 from pathlib import Path
 
 import mlx.core as mx

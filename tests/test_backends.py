@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 
 import mlx_precise
-from mlx_precise import BackendUnavailableError, Kernel, backends
+from mlx_precise import BackendUnavailableError, Kernel
 from mlx_precise.kernels import KernelInputError, resolve_headers
 
 

@@ -3,8 +3,6 @@
 import sys
 from pathlib import Path
 
-import mlx.core as mx
-
 import mlx_precise
 from mlx_precise import kernels
 
