@@ -27,6 +27,7 @@ DEPTHWISE = Kernel(
     template=("TAPS", "HAS_BIAS", "ROUND"),
     input_dtypes={"x": _F32, "w": _F32, "bias": _F32},
     grid=lambda arrays, t: elementwise_grid(arrays[0].size),
+    variants={"TAPS": (0, 3), "HAS_BIAS": (False, True), "ROUND": (False, True), "out_hi": _F32, "out_lo": _F32},
 )
 
 

@@ -35,6 +35,7 @@ DW_OPS = Kernel(
     input_shapes=same_shape(ndim=1),
     grid=_elementwise,
     extended=True,
+    variants={"OP": tuple(range(10)), "zh": _F32, "zl": _F32},
 )
 """Elementwise double-word operation ``OP`` (see ``metal/kernels/dw_ops.metal``):
 0 TwoSum, 1 Fast2Sum, 2 TwoProdFMA, 3 DW+FP, 4 DW+DW, 5 DW*FP, 6 DW*DW, 7 DW/DW,
@@ -53,6 +54,7 @@ CDW_OPS = Kernel(
     input_shapes=same_shape(ndim=1),
     grid=_elementwise,
     extended=True,
+    variants={"OP": (0, 1), **{k: _F32 for k in ("zrh", "zrl", "zih", "zil")}},
 )
 """Elementwise complex double-word operation ``OP``: 0 add, 1 multiply. Inputs and
 outputs: float32, shape ``(n,)`` (real hi, real lo, imaginary hi, imaginary lo)."""
@@ -65,6 +67,7 @@ EFT_SELFTEST = Kernel(
     outputs=("r",),
     input_dtypes={"a": _F32},
     extended=False,  # it is the check itself
+    variants={"r": _F32},
 )
 """The device self-test: input ``a`` float32 ``(4,)``, output ``r`` float32 ``(8,)``."""
 

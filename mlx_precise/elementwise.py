@@ -29,9 +29,12 @@ CMUL = Kernel(
     inputs=("a_hi", "a_lo", "b_hi", "b_lo", "size"),
     outputs=("out_hi", "out_lo"),
     template=("ROUND",),
-    input_dtypes={"a_hi": _C64, "a_lo": _C64, "b_hi": _C64, "b_lo": _C64},
+    input_dtypes={"a_hi": _C64, "a_lo": _C64, "b_hi": _C64, "b_lo": _C64,
+                  "size": (mx.int32,)},
+    input_forms={"size": ("scalar",)},  # always a 0-d int32
     grid=lambda arrays, t: elementwise_grid(arrays[4].item()),
     ensure_row_contiguous=False,  # broadcast operands are read through their strides
+    variants={"ROUND": (False, True), "out_hi": _C64, "out_lo": _C64},
 )
 
 SCALE = Kernel(
@@ -43,6 +46,7 @@ SCALE = Kernel(
     template=("ROUND", "DW_IN"),
     input_dtypes={"x_hi": _F32, "x_lo": _F32, "s": _F32},
     grid=lambda arrays, t: elementwise_grid(arrays[0].size),
+    variants={"ROUND": (False, True), "DW_IN": (False, True), "out_hi": _F32, "out_lo": _F32},
 )
 
 

@@ -51,6 +51,7 @@ OZAKI_SCAN = Kernel(
     outputs=("info",),
     input_dtypes={"x": _U32, "params": _I32},
     extended=False,
+    variants={"info": _I32},
 )
 """Per row and k-block of a float64 matrix (raw bits): max/min exponent, nonzero
 count, Inf/NaN count, lowest set bit. Output int32 ``[R, NB, 5]``."""
@@ -63,6 +64,7 @@ OZAKI_ESC_ESTIMATE = Kernel(
     outputs=("esc",),
     input_dtypes={"infoA": _I32, "infoB": _I32, "params": _I32},
     extended=False,
+    variants={"esc": _I32},
 )
 """Conservative ESC per output from two scans. Output int32 ``[M, N]``."""
 
@@ -74,6 +76,7 @@ OZAKI_ESC = Kernel(
     outputs=("esc",),
     input_dtypes={"a": _U32, "bt": _U32, "params": _I32},
     extended=False,
+    variants={"esc": _I32},
 )
 """Exact ESC per output from the raw bits of A and B^T. Output int32 ``[M, N]``."""
 

@@ -57,6 +57,9 @@ FFT_PASS = Kernel(
     inputs=("x_hi", "x_lo", "tab", "params"),
     outputs=("y_hi", "y_lo"),
     input_dtypes={"x_hi": _F32, "x_lo": _F32, "tab": _F32, "params": _I32},
+    variants={"y_hi": _F32, "y_lo": _F32},
+    # _flat, _dummy, twiddle_table and _params give every input >= 8 elements
+    input_forms=dict.fromkeys(("x_hi", "x_lo", "tab", "params"), ("device",)),
 )
 """One Stockham pass (see the kernel's header comment): inputs ``x_hi``, ``x_lo``
 float32 interleaved words, ``tab`` twiddle table, ``params`` int32 (16,); outputs
@@ -70,6 +73,8 @@ FFT_REAL = Kernel(
     inputs=("x_hi", "x_lo", "tab", "params"),
     outputs=("y_hi", "y_lo"),
     input_dtypes={"x_hi": _F32, "x_lo": _F32, "tab": _F32, "params": _I32},
+    variants={"y_hi": _F32, "y_lo": _F32},
+    input_forms=dict.fromkeys(("x_hi", "x_lo", "tab", "params"), ("device",)),
 )
 """Real-FFT post-processing (rfft) or pre-processing (irfft) of a half-length
 complex FFT; one thread per output point."""

@@ -67,6 +67,7 @@ FX_QUANTIZE = Kernel(
     input_dtypes={"x": _FLOAT_IN, "params": (mx.uint32,)},
     grid=_elementwise,
     extended=False,
+    variants={"q": (mx.int16, mx.int32)},
 )
 """float -> Q1.b codes. Inputs ``x`` (float32/float16/bfloat16, ``(n,)``) and
 ``params`` (uint32 ``(4,)``: threshold bits, rounding code, b, 0); output ``q``
@@ -82,6 +83,7 @@ FX_DEQUANTIZE = Kernel(
     input_dtypes={"q": (mx.int16, mx.int32)},
     grid=_elementwise,
     extended=False,
+    variants={"BITS": (15, 31), "y": (mx.float32,)},
 )
 """Q1.b codes -> float32. Input ``q`` (int16 with ``BITS=15``, int32 with
 ``BITS=31``), ``(n,)``; output ``y`` float32 ``(n,)``."""
@@ -92,12 +94,14 @@ FX_SIMULATE = Kernel(
     headers=("fixedpoint.h",),
     inputs=("x", "params"),
     outputs=("y",),
+    template=("T",),
     input_dtypes={"x": _FLOAT_IN, "params": (mx.uint32,)},
     grid=_elementwise,
     extended=False,
+    variants={"T": _FLOAT_IN, "y": "T"},
 )
-"""Fused float -> Q1.b -> float. Inputs as :data:`FX_QUANTIZE`; output ``y``
-(float32, bfloat16 or float16), ``(n,)``."""
+"""Fused float -> Q1.b -> float. Inputs as :data:`FX_QUANTIZE`; output ``y`` of
+dtype ``T`` (float32, bfloat16 or float16), ``(n,)``."""
 
 
 # ---- argument checks ---------------------------------------------------------
@@ -243,7 +247,8 @@ def _simulate(x, threshold, rounding, storage_dtype, bits, backend, fn):
         return mx.zeros(x.shape, storage)
     if name == "cpu":
         return _cpu_simulate(x, t, r, bits, storage)
-    return _launch(FX_SIMULATE, x, storage, name, params=_params(t, r, bits))
+    return _launch(FX_SIMULATE, x, storage, name, params=_params(t, r, bits),
+                   template={"T": storage})
 
 
 # ---- public API --------------------------------------------------------------

@@ -35,6 +35,7 @@ SKIP = Kernel(
     template=("HAS_D", "ROUND"),
     input_dtypes={n: _F32 for n in ("y_hi", "y_lo", "u", "D")},
     grid=lambda arrays, t: elementwise_grid(arrays[2].size),
+    variants={"HAS_D": (False, True), "ROUND": (False, True), "out_hi": _F32, "out_lo": _F32},
 )
 
 SUM0 = Kernel(
@@ -46,6 +47,7 @@ SUM0 = Kernel(
     template=("ROUND",),
     input_dtypes={"x_hi": _F32, "x_lo": _F32},
     grid=lambda arrays, t: elementwise_grid(arrays[0].shape[1]),
+    variants={"ROUND": (False, True), "out_hi": _F32, "out_lo": _F32},
 )
 
 CHANNEL_DOT = Kernel(
@@ -56,6 +58,7 @@ CHANNEL_DOT = Kernel(
     outputs=("out",),
     input_dtypes={"a": _F32, "v": _F32},
     grid=lambda arrays, t: ((arrays[0].shape[1] * 256, 1, 1), (256, 1, 1)),
+    variants={"out": _F32},
 )
 
 

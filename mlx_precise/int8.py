@@ -49,6 +49,9 @@ INT8_SCALED_MM = Kernel(
         "azp": (mx.int32,), "p": (mx.int32,),
     },
     extended=True,  # double-word epilogue: needs exact TwoSum / fma on the device
+    variants={"T": (mx.float32, mx.float16, mx.bfloat16), "d": "T"},
+    # device_buffer and gemm_params give every input >= 8 elements
+    input_forms=dict.fromkeys(("a", "b", "scale_a", "scale_b", "bias", "azp_adj", "azp", "p"), ("device",)),
 )
 """The int8 GEMM with a fused scaled epilogue (``metal/kernels/int8_scaled_mm.metal``):
 inputs are flat buffers (:func:`mlx_precise.int8_gemm.device_buffer`), ``p`` int32

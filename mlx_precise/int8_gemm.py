@@ -38,6 +38,8 @@ INT8_GEMM_I32 = Kernel(
     outputs=("c",),
     input_dtypes={"a": (mx.int8,), "b": (mx.int8,), "p": (mx.int32,)},
     extended=False,  # integer arithmetic only
+    variants={"c": (mx.int32,)},
+    input_forms=dict.fromkeys(("a", "b", "p"), ("device",)),  # device_buffer, gemm_params
 )
 """``C_z = A_z B_z`` in int32 (see ``metal/kernels/int8_gemm_i32.metal``): inputs
 ``a``, ``b`` int8 flat buffers (:func:`device_buffer`), ``p`` int32 ``(8,)``

@@ -25,6 +25,7 @@ from typing import Callable, Mapping, Sequence
 import mlx.core as mx
 
 from . import backends
+from .emulator.signature import input_form
 
 
 class DeviceCheckError(RuntimeError):
@@ -52,6 +53,8 @@ def _find_metal_dir() -> Path:
 
 
 METAL_DIR = _find_metal_dir()
+REGISTRY: dict[str, "Kernel"] = {}
+"""Every declared :class:`Kernel`, by name (filled as modules declare them)."""
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 _PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\s*$", re.M)
 
@@ -61,9 +64,12 @@ def _read(path: Path) -> str:
     return path.read_text()
 
 
-def resolve_headers(names: Sequence[str]) -> str:
+def resolve_headers(names: Sequence[str], markers: bool = False) -> str:
     """Concatenate headers from ``metal/include``, inlining quoted ``#include``\\ s
-    of other headers there once each (``#pragma once`` semantics)."""
+    of other headers there once each (``#pragma once`` semantics).
+
+    With ``markers``, ``#line`` directives keep each line attributed to its file
+    (``metal/include/<name>``), for diagnostics of the strict check."""
     seen: set[str] = set()
 
     def expand(name: str) -> str:
@@ -74,7 +80,17 @@ def resolve_headers(names: Sequence[str]) -> str:
         if not path.is_file():
             raise FileNotFoundError(f"Metal header {name!r} not found in {path.parent}")
         text = _PRAGMA_ONCE_RE.sub("", _read(path))
-        return _INCLUDE_RE.sub(lambda m: expand(m.group(1)), text)
+        if not markers:
+            return _INCLUDE_RE.sub(lambda m: expand(m.group(1)), text)
+        label = f"metal/include/{name}"
+        out = [f'#line 1 "{label}"\n']
+        for no, line in enumerate(text.splitlines(keepends=True), 1):
+            m = _INCLUDE_RE.match(line)
+            if m:
+                out.append(expand(m.group(1)) + f'\n#line {no + 1} "{label}"\n')
+            else:
+                out.append(line)
+        return "".join(out)
 
     return "".join(expand(n) for n in names)
 
@@ -118,6 +134,13 @@ class Kernel:
             when a call gives no grid.
         extended: computes in double-word; requires the device self-test.
         atomic_outputs, ensure_row_contiguous: as in ``mx.fast.metal_kernel``.
+        variants: the values the wrappers can give each template parameter and
+            the dtypes of each output (a template parameter's name: that dtype),
+            ``{name: (value, ...)}``. With ``input_dtypes`` they span the
+            instantiations that ``python -m mlx_precise check-kernels`` checks.
+        input_forms: per input, how MLX may pass it (``"device"``: 8 or more
+            elements, ``"constant"``: fewer, ``"scalar"``: 0-d); default device and
+            constant. Narrow it only where the wrapper guarantees the size (pads).
     """
 
     name: str
@@ -132,17 +155,41 @@ class Kernel:
     extended: bool = True
     atomic_outputs: bool = False
     ensure_row_contiguous: bool = True
+    variants: Mapping[str, tuple] = field(default_factory=dict)
+    input_forms: Mapping[str, tuple] = field(default_factory=dict)
 
-    def source(self) -> str:
+    def __post_init__(self):
+        REGISTRY[self.name] = self
+
+    def source_path(self) -> Path:
         path = Path(self.body)
         if not path.is_absolute():  # absolute paths serve kernels kept outside metal/
             path = METAL_DIR / "kernels" / self.body
+        return path
+
+    def source(self) -> str:
+        path = self.source_path()
         if not path.is_file():
             raise FileNotFoundError(f"kernel body {self.body!r} not found in {path.parent}")
         return _read(path)
 
-    def header(self) -> str:
-        return resolve_headers(self.headers)
+    def header(self, markers: bool = False) -> str:
+        return resolve_headers(self.headers, markers)
+
+    def coverage_gaps(self) -> list[str]:
+        """What the strict Metal check lacks to enumerate this kernel's
+        instantiations (empty when every template parameter and output has a
+        domain in ``variants`` and every input a dtype in ``input_dtypes``)."""
+        gaps = [f"template parameter {t!r} has no values in variants"
+                for t in self.template if not self.variants.get(t)]
+        gaps += [f"output {o!r} has no dtypes in variants"
+                 for o in self.outputs if not self.variants.get(o)]
+        gaps += [f"input {i!r} has no dtypes in input_dtypes"
+                 for i in self.inputs if not self.input_dtypes.get(i)]
+        gaps += [f"input_forms of {i!r} must be a subset of device, constant, scalar"
+                 for i, f in self.input_forms.items()
+                 if i not in self.inputs or not f or set(f) - {"device", "constant", "scalar"}]
+        return gaps
 
     def _template_args(self, template) -> list:
         template = dict(template or {})
@@ -168,6 +215,15 @@ class Kernel:
                 raise KernelInputError(
                     f"kernel {self.name!r}: input {name!r} has dtype {x.dtype}, "
                     f"expected one of {', '.join(map(str, allowed))}"
+                )
+            # The strict Metal check covers the declared forms only: hold the
+            # wrappers to them (a padded input must really be padded).
+            forms = self.input_forms.get(name)
+            form = input_form(x.shape)
+            if forms and form not in forms:
+                raise KernelInputError(
+                    f"kernel {self.name!r}: input {name!r} ({x.size} elements, "
+                    f"{x.ndim}-D) would be a {form} input; declared forms: {', '.join(forms)}"
                 )
         if self.input_shapes is not None:
             try:

@@ -48,6 +48,7 @@ NORM_TILE = Kernel(
     outputs=("part",),
     input_dtypes={"a": (mx.float32,), "p": (mx.int32,)},
     extended=True,
+    variants={"part": (mx.float32,)},
 )
 """Tile partials: ``a`` float32 (flat local block, complex as (re, im) pairs, at
 least 8 values), ``p`` int32 (16 parameters); output ``part`` float32 (flat, zero
@@ -61,6 +62,8 @@ NORM_REDUCE = Kernel(
     outputs=("sums", "result"),
     input_dtypes={"part": (mx.float32,), "p": (mx.int32,)},
     extended=True,
+    variants={"sums": (mx.float32,), "result": (mx.float32,)},
+    input_forms={"part": ("device",)},  # _pad8
 )
 """Reduction of ``part`` float32 (NR x L records: 4 floats, the two double-word
 classes of a line sum, or 2 floats, one pair, for Frobenius) with ``p`` int32

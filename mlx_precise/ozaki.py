@@ -54,6 +54,7 @@ OZAKI_SLICE = Kernel(
     outputs=("out",),
     input_dtypes={"x": (mx.uint32,), "t": _I32, "params": _I32},
     extended=False,
+    variants={"out": (mx.int8,)},
 )
 """Rows of a float64 matrix (raw bits) -> int8 slices ``[S, R, C]``."""
 
@@ -65,6 +66,7 @@ OZAKI_ACCUMULATE = Kernel(
     outputs=("out",),
     input_dtypes={"prod": _I32, "tA": _I32, "tB": _I32, "params": _I32},
     extended=False,
+    variants={"out": (mx.uint32,)},
 )
 """int32 slice products ``[S, NKB, M, N]`` -> float64 bits (uint32 ``[M, N, 2]``)."""
 
@@ -76,6 +78,8 @@ OZAKI_PRODUCTS = Kernel(
     outputs=("c",),
     input_dtypes={"a": (mx.int8,), "b": (mx.int8,), "p": _I32},
     extended=False,
+    variants={"c": (mx.int32,)},
+    input_forms=dict.fromkeys(("a", "b", "p"), ("device",)),  # device_buffer, gemm_params
 )
 """All kept slice products in one launch of the shared int8 GEMM engine: int8
 slices ``[S, M, K]`` and ``[S, K, N]`` -> int32 anti-diagonal sums ``[S, NKB, M, N]``."""

@@ -136,9 +136,9 @@ inline ulong oz_round_to_f64(oz_i128 acc, int E) {
     mant = acc.lo << uint(-r);  // exact: |acc| < 2^53 here and -r <= 53 - n
   } else {
     mant = oz_shr(acc, r).lo;  // < 2^53
-    bool half = (oz_shr(acc, r - 1).lo & 1ul) != 0ul;
+    bool round_bit = (oz_shr(acc, r - 1).lo & 1ul) != 0ul;
     bool sticky = oz_low_bits_nonzero(acc, r - 1);
-    if (half && (sticky || (mant & 1ul) != 0ul)) mant += 1ul;
+    if (round_bit && (sticky || (mant & 1ul) != 0ul)) mant += 1ul;
   }
   ulong sign = neg ? (1ul << 63) : 0ul;
   if (mant == (1ul << 53)) {  // rounding carried into a new binade

@@ -16,13 +16,15 @@ if (i >= uint(x_shape[0] * C * L)) {
 const int K = TAPS > 0 ? TAPS : w_shape[1];
 const int t = int(i % uint(L));
 const int c = int((i / uint(L)) % uint(C));
-const device float* row = x + (i - uint(t));
-const device float* wc = w + c * K;
+// Offsets, not pointer locals: MLX passes an input of fewer than 8 elements as a
+// `constant` pointer, which cannot initialise a `device` one.
+const uint row = i - uint(t);
+const int wc = c * K;
 dw_acc acc = dw_acc_make(dw_make(HAS_BIAS ? bias[c] : 0.0f, 0.0f));
 for (int j = 0; j < K; ++j) {
   const int s = t + j - (K - 1);
   if (s >= 0) {
-    acc = dw_acc_add(acc, dw_two_prod(wc[j], row[s]));
+    acc = dw_acc_add(acc, dw_two_prod(w[wc + j], x[row + uint(s)]));
   }
 }
 dw y = dw_acc_value(acc);

@@ -22,16 +22,16 @@ int sgn = (bits >> 63) != 0ul ? -1 : 1;
 int shift = oz_ulp_exponent(bits) + B * S - t[r];
 ulong plane = ulong(R) * ulong(C);
 int carry = 0;
-int half = 1 << (B - 1);
+int radix_half = 1 << (B - 1);  // balanced digits lie in [-radix_half, radix_half)
 for (int p = S - 1; p >= 0; --p) {
   int d = sgn * int(oz_digit(m, B * (S - 1 - p) - shift, B)) + carry;
   carry = 0;
   if (BAL != 0) {
-    if (d >= half) {
-      d -= 2 * half;
+    if (d >= radix_half) {
+      d -= 2 * radix_half;
       carry = 1;
-    } else if (d < -half) {
-      d += 2 * half;
+    } else if (d < -radix_half) {
+      d += 2 * radix_half;
       carry = -1;
     }
   }

@@ -67,6 +67,18 @@ def type_string(dtype: mx.Dtype) -> str:
         raise TypeError(f"unsupported dtype for a Metal kernel: {dtype}") from None
 
 
+def input_form(shape) -> str:
+    """How MLX passes an input of this shape: ``"scalar"`` (0-d: ``const constant
+    T&``), ``"constant"`` (fewer than 8 elements: ``const constant T*``) or
+    ``"device"`` (``const device T*``)."""
+    size = 1
+    for s in shape:
+        size *= int(s)
+    if len(shape) == 0:
+        return "scalar"
+    return "constant" if size < MAX_CONSTANT_ARRAY_SIZE else "device"
+
+
 @dataclass(frozen=True)
 class InputInfo:
     """What the signature needs to know about one input array."""

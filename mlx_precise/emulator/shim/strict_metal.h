@@ -1,0 +1,395 @@
+// Metal on clang's C++ for OpenCL front end: the prelude of the strict check
+// (mlx_precise/emulator/strict.py). It is parsed, never run: declarations suffice
+// where nothing is evaluated at compile time.
+//
+// What makes the check strict is what OpenCL shares with Metal and plain C++ lacks:
+// real address spaces (device -> __global, constant -> __constant, threadgroup ->
+// __local, thread -> __private), `half` as a built-in type (so it cannot name a
+// variable), no `double` (the fp64 extension is switched off), no function pointers,
+// no static locals, no variable-length arrays and no __int128 on the SPIR target.
+// On top of that this header gives `bfloat` Metal's one-way conversions (bfloat ->
+// float implicit, float -> bfloat explicit) and declares Metal's standard library
+// with per-type overloads, so that a call Metal finds ambiguous is ambiguous here.
+#pragma OPENCL EXTENSION cl_khr_fp16 : enable
+
+#define device __global
+#define constant __constant
+#define threadgroup __local
+#define thread __private
+#define METAL_FUNC inline
+#define MLX_MTL_PRAGMA_UNROLL
+#define __METAL_VERSION__ 310
+#define __HAVE_BFLOAT__ 1
+
+typedef unsigned char uchar;
+typedef unsigned short ushort;
+typedef unsigned int uint;
+typedef unsigned long ulong;
+typedef signed char int8_t;
+typedef short int16_t;
+typedef int int32_t;
+typedef long int64_t;
+typedef uchar uint8_t;
+typedef ushort uint16_t;
+typedef uint uint32_t;
+typedef ulong uint64_t;
+typedef __SIZE_TYPE__ size_t;
+typedef __PTRDIFF_TYPE__ ptrdiff_t;
+
+// Vector types: clang's extended vectors (swizzles, element-wise operators).
+#define MPS_VEC(T)                                          \
+  typedef T T##2 __attribute__((ext_vector_type(2)));       \
+  typedef T T##3 __attribute__((ext_vector_type(3)));       \
+  typedef T T##4 __attribute__((ext_vector_type(4)));
+MPS_VEC(char)
+MPS_VEC(uchar)
+MPS_VEC(short)
+MPS_VEC(ushort)
+MPS_VEC(int)
+MPS_VEC(uint)
+MPS_VEC(long)
+MPS_VEC(ulong)
+MPS_VEC(float)
+MPS_VEC(half)
+// clang has no bool vectors; comparisons of float vectors give int vectors.
+typedef int bool2 __attribute__((ext_vector_type(2)));
+typedef int bool3 __attribute__((ext_vector_type(3)));
+typedef int bool4 __attribute__((ext_vector_type(4)));
+#undef MPS_VEC
+
+namespace metal {
+
+// ---- type traits (definitions: they are evaluated in constant expressions) ----
+template <class T, T v>
+struct integral_constant {
+  static constexpr constant T value = v;
+  constexpr operator T() const { return v; }
+};
+typedef integral_constant<bool, true> true_type;
+typedef integral_constant<bool, false> false_type;
+template <class A, class B> struct is_same : false_type {};
+template <class A> struct is_same<A, A> : true_type {};
+template <class A, class B> constexpr constant bool is_same_v = is_same<A, B>::value;
+template <bool B, class T = void> struct enable_if {};
+template <class T> struct enable_if<true, T> { typedef T type; };
+template <bool B, class T = void> using enable_if_t = typename enable_if<B, T>::type;
+template <bool B, class A, class C> struct conditional { typedef A type; };
+template <class A, class C> struct conditional<false, A, C> { typedef C type; };
+template <bool B, class A, class C> using conditional_t = typename conditional<B, A, C>::type;
+template <class T> struct remove_cv { typedef T type; };
+template <class T> struct remove_cv<const T> { typedef T type; };
+template <class T> struct remove_cv<volatile T> { typedef T type; };
+template <class T> struct remove_cv<const volatile T> { typedef T type; };
+template <class T> using remove_cv_t = typename remove_cv<T>::type;
+template <class T> struct remove_const { typedef T type; };
+template <class T> struct remove_const<const T> { typedef T type; };
+template <class T> using remove_const_t = typename remove_const<T>::type;
+template <class T> struct remove_reference { typedef T type; };
+template <class T> struct remove_reference<T&> { typedef T type; };
+template <class T> using remove_reference_t = typename remove_reference<T>::type;
+template <class T> struct decay { typedef remove_cv_t<remove_reference_t<T>> type; };
+template <class T> using decay_t = typename decay<T>::type;
+template <class T> T&& declval();
+template <class...> using void_t = void;
+template <class T> struct is_pointer : false_type {};
+template <class T> struct is_pointer<T*> : true_type {};
+template <class T> constexpr constant bool is_pointer_v = is_pointer<T>::value;
+template <class T> struct mps_integral : false_type {};
+#define MPS_INTEGRAL(T) template <> struct mps_integral<T> : true_type {};
+MPS_INTEGRAL(bool) MPS_INTEGRAL(char) MPS_INTEGRAL(signed char) MPS_INTEGRAL(uchar)
+MPS_INTEGRAL(short) MPS_INTEGRAL(ushort) MPS_INTEGRAL(int) MPS_INTEGRAL(uint)
+MPS_INTEGRAL(long) MPS_INTEGRAL(ulong)
+#undef MPS_INTEGRAL
+template <class T> struct is_integral : mps_integral<remove_cv_t<T>> {};
+template <class T> constexpr constant bool is_integral_v = is_integral<T>::value;
+template <class T> struct is_unsigned : integral_constant<bool, is_integral<T>::value && T(0) < T(-1)> {};
+template <class T> constexpr constant bool is_unsigned_v = is_unsigned<T>::value;
+template <class T> struct is_signed : integral_constant<bool, !is_unsigned<T>::value> {};
+template <class T> constexpr constant bool is_signed_v = is_signed<T>::value;
+template <class From, class To>
+struct is_convertible {
+ private:
+  template <class U> static void sink(U);
+  template <class F, class U, class = decltype(sink<U>(declval<F>()))>
+  static true_type test(int);
+  template <class F, class U> static false_type test(long);
+ public:
+  static constexpr constant bool value = decltype(test<From, To>(0))::value;
+};
+template <class F, class T> constexpr constant bool is_convertible_v = is_convertible<F, T>::value;
+
+// ---- bfloat: bfloat -> float implicit, float -> bfloat explicit ----------------
+// Address-space-qualified overloads make a bfloat readable from every space (C++ for
+// OpenCL's member functions are `__generic`, which excludes `__constant`).
+struct bfloat {
+  ushort bits;
+  bfloat() = default;
+  template <class T, enable_if_t<is_integral_v<T>, int> = 0>
+  bfloat(T);  // integers convert implicitly, so `c ? b : 0` is a bfloat, as in Metal
+  explicit bfloat(float);
+  explicit bfloat(half);
+  bfloat(const bfloat&) = default;
+  bfloat(const __constant bfloat&);
+  bfloat& operator=(const bfloat&) = default;
+  template <class T, enable_if_t<is_same_v<T, float>, int> = 0>
+  operator T() const;
+  template <class T, enable_if_t<is_same_v<T, float>, int> = 0>
+  operator T() const __constant;
+  bfloat& operator+=(bfloat);
+  bfloat& operator-=(bfloat);
+  bfloat& operator*=(bfloat);
+  bfloat& operator/=(bfloat);
+};
+bfloat operator-(bfloat);
+#define MPS_BF_OP(op)                                                  \
+  bfloat operator op(bfloat, bfloat);                                  \
+  template <class I, enable_if_t<is_integral_v<I>, int> = 0>           \
+  bfloat operator op(bfloat, I);                                       \
+  template <class I, enable_if_t<is_integral_v<I>, int> = 0>           \
+  bfloat operator op(I, bfloat);
+MPS_BF_OP(+) MPS_BF_OP(-) MPS_BF_OP(*) MPS_BF_OP(/)
+#undef MPS_BF_OP
+
+template <class T> struct is_floating_point
+    : integral_constant<bool, is_same_v<remove_cv_t<T>, float> || is_same_v<remove_cv_t<T>, half> ||
+                                  is_same_v<remove_cv_t<T>, bfloat>> {};
+template <class T> constexpr constant bool is_floating_point_v = is_floating_point<T>::value;
+template <class T> struct is_arithmetic
+    : integral_constant<bool, is_integral_v<T> || is_floating_point_v<T>> {};
+template <class T> constexpr constant bool is_arithmetic_v = is_arithmetic<T>::value;
+
+// ---- numeric limits (constexpr: kernels use them in constant expressions) -----
+template <class T> struct numeric_limits;
+#define MPS_LIMITS(T, LO, HI, LOWEST, EPS, INF, QNAN, DIG)                        \
+  template <> struct numeric_limits<T> {                                          \
+    static constexpr constant bool is_specialized = true;                                  \
+    static constexpr constant int digits = DIG;                                            \
+    static constexpr T min() { return LO; }                                       \
+    static constexpr T max() { return HI; }                                       \
+    static constexpr T lowest() { return LOWEST; }                                \
+    static constexpr T epsilon() { return EPS; }                                  \
+    static constexpr T infinity() { return INF; }                                 \
+    static constexpr T quiet_NaN() { return QNAN; }                               \
+  };
+MPS_LIMITS(float, 0x1p-126f, 0x1.fffffep127f, -0x1.fffffep127f, 0x1p-23f,
+           __builtin_inff(), __builtin_nanf(""), 24)
+MPS_LIMITS(half, (half)0x1p-14f, (half)65504.0f, (half)-65504.0f, (half)0x1p-10f,
+           (half)__builtin_inff(), (half)__builtin_nanf(""), 11)
+#define MPS_ILIMITS(T, LO, HI, DIG) MPS_LIMITS(T, LO, HI, LO, T(0), T(0), T(0), DIG)
+MPS_ILIMITS(bool, false, true, 1)
+MPS_ILIMITS(char, -128, 127, 7)
+MPS_ILIMITS(uchar, 0, 255, 8)
+MPS_ILIMITS(short, -32768, 32767, 15)
+MPS_ILIMITS(ushort, 0, 65535, 16)
+MPS_ILIMITS(int, -2147483647 - 1, 2147483647, 31)
+MPS_ILIMITS(uint, 0u, 4294967295u, 32)
+MPS_ILIMITS(long, -9223372036854775807l - 1, 9223372036854775807l, 63)
+MPS_ILIMITS(ulong, 0ul, 18446744073709551615ul, 64)
+#undef MPS_ILIMITS
+#undef MPS_LIMITS
+template <> struct numeric_limits<bfloat> {
+  static constexpr constant bool is_specialized = true;
+  static constexpr constant int digits = 8;
+  static bfloat min();
+  static bfloat max();
+  static bfloat lowest();
+  static bfloat epsilon();
+  static bfloat infinity();
+  static bfloat quiet_NaN();
+};
+
+// ---- reinterpretation ---------------------------------------------------------
+template <class To, class From>
+To as_type(From x) {
+  static_assert(sizeof(To) == sizeof(From), "as_type: the types differ in size");
+  return __builtin_bit_cast(To, x);
+}
+
+// ---- math: one overload per type, as Metal declares them ----------------------
+#define MPS_F1(name)                                                        \
+  float name(float); half name(half);                                       \
+  float2 name(float2); float3 name(float3); float4 name(float4);            \
+  half2 name(half2); half3 name(half3); half4 name(half4);
+#define MPS_F2(name)                                                        \
+  float name(float, float); half name(half, half);                          \
+  float2 name(float2, float2); float3 name(float3, float3);                 \
+  float4 name(float4, float4); half2 name(half2, half2);                    \
+  half3 name(half3, half3); half4 name(half4, half4);
+#define MPS_F3(name)                                                        \
+  float name(float, float, float); half name(half, half, half);             \
+  float2 name(float2, float2, float2); float3 name(float3, float3, float3);  \
+  float4 name(float4, float4, float4); half2 name(half2, half2, half2);     \
+  half3 name(half3, half3, half3); half4 name(half4, half4, half4);
+#define MPS_I1(name)                                                        \
+  char name(char); uchar name(uchar); short name(short); ushort name(ushort); \
+  int name(int); uint name(uint); long name(long); ulong name(ulong);       \
+  int2 name(int2); int3 name(int3); int4 name(int4);                        \
+  uint2 name(uint2); uint3 name(uint3); uint4 name(uint4);
+#define MPS_I2(name)                                                        \
+  char name(char, char); uchar name(uchar, uchar); short name(short, short); \
+  ushort name(ushort, ushort); int name(int, int); uint name(uint, uint);   \
+  long name(long, long); ulong name(ulong, ulong);                          \
+  int2 name(int2, int2); int3 name(int3, int3); int4 name(int4, int4);      \
+  uint2 name(uint2, uint2); uint3 name(uint3, uint3); uint4 name(uint4, uint4);
+#define MPS_I3(name)                                                        \
+  char name(char, char, char); uchar name(uchar, uchar, uchar);             \
+  short name(short, short, short); ushort name(ushort, ushort, ushort);     \
+  int name(int, int, int); uint name(uint, uint, uint);                     \
+  long name(long, long, long); ulong name(ulong, ulong, ulong);
+
+#define MPS_MATH1(X)                                                        \
+  X(acos) X(acosh) X(asin) X(asinh) X(atan) X(atanh) X(ceil) X(cos) X(cosh) \
+  X(cospi) X(exp) X(exp2) X(exp10) X(fabs) X(floor) X(fract) X(log) X(log2) \
+  X(log10) X(rint) X(round) X(rsqrt) X(sin) X(sinh) X(sinpi) X(sqrt) X(tan)  \
+  X(tanh) X(tanpi) X(trunc) X(saturate) X(sign) X(erf) X(erfc)
+#define MPS_MATH2(X)                                                        \
+  X(atan2) X(copysign) X(fdim) X(fmax) X(fmin) X(fmod) X(pow) X(powr)       \
+  X(step) X(nextafter)
+#define MPS_MATH3(X) X(fma) X(mix) X(smoothstep)
+
+MPS_MATH1(MPS_F1)
+MPS_MATH2(MPS_F2)
+MPS_MATH3(MPS_F3)
+MPS_F1(abs) MPS_I1(abs)
+MPS_F2(min) MPS_I2(min)
+MPS_F2(max) MPS_I2(max)
+MPS_F3(clamp) MPS_I3(clamp)
+MPS_I1(popcount) MPS_I1(clz) MPS_I1(ctz) MPS_I1(reverse_bits)
+MPS_I2(mulhi) MPS_I2(rotate) MPS_I2(absdiff) MPS_I2(addsat) MPS_I2(subsat)
+MPS_I2(hadd) MPS_I2(rhadd)
+MPS_I3(madhi) MPS_I3(madsat)
+float ldexp(float, int); half ldexp(half, int);
+float frexp(float, __private int&); half frexp(half, __private int&);
+float modf(float, __private float&);
+bool isnan(float); bool isnan(half); bool isinf(float); bool isinf(half);
+bool isfinite(float); bool isfinite(half); bool isnormal(float); bool isnormal(half);
+bool signbit(float); bool signbit(half);
+bool2 isnan(float2); bool3 isnan(float3); bool4 isnan(float4);
+bool2 isinf(float2); bool3 isinf(float3); bool4 isinf(float4);
+bool all(bool); bool all(bool2); bool all(bool3); bool all(bool4);
+bool any(bool); bool any(bool2); bool any(bool3); bool any(bool4);
+template <class T> T select(T, T, bool);
+template <class T, class B> T select(T, T, B);
+float dot(float2, float2); float dot(float3, float3); float dot(float4, float4);
+half dot(half2, half2); half dot(half3, half3); half dot(half4, half4);
+float length(float2); float length(float3); float length(float4);
+float3 cross(float3, float3);
+template <class T> T normalize(T);
+template <class T> T distance(T, T);
+
+namespace precise {
+MPS_MATH1(MPS_F1)
+MPS_MATH2(MPS_F2)
+MPS_MATH3(MPS_F3)
+float divide(float, float);
+}  // namespace precise
+namespace fast {
+MPS_MATH1(MPS_F1)
+MPS_MATH2(MPS_F2)
+MPS_MATH3(MPS_F3)
+float divide(float, float);
+}  // namespace fast
+#undef MPS_MATH1
+#undef MPS_MATH2
+#undef MPS_MATH3
+#undef MPS_F1
+#undef MPS_F2
+#undef MPS_F3
+#undef MPS_I1
+#undef MPS_I2
+#undef MPS_I3
+
+// ---- synchronisation, simdgroup and quadgroup functions -----------------------
+enum class mem_flags : uint { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
+constexpr mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags(uint(a) | uint(b)); }
+void threadgroup_barrier(mem_flags);
+void simdgroup_barrier(mem_flags);
+#define MPS_SIMD1(name) template <class T> T name(T);
+#define MPS_SIMD2(name) template <class T> T name(T, ushort);
+MPS_SIMD1(simd_sum) MPS_SIMD1(simd_product) MPS_SIMD1(simd_max) MPS_SIMD1(simd_min)
+MPS_SIMD1(simd_and) MPS_SIMD1(simd_or) MPS_SIMD1(simd_xor)
+MPS_SIMD1(simd_prefix_exclusive_sum) MPS_SIMD1(simd_prefix_inclusive_sum)
+MPS_SIMD1(simd_prefix_exclusive_product) MPS_SIMD1(simd_prefix_inclusive_product)
+MPS_SIMD1(simd_broadcast_first)
+MPS_SIMD2(simd_shuffle) MPS_SIMD2(simd_shuffle_down) MPS_SIMD2(simd_shuffle_up)
+MPS_SIMD2(simd_shuffle_xor) MPS_SIMD2(simd_broadcast)
+MPS_SIMD2(simd_shuffle_rotate_down) MPS_SIMD2(simd_shuffle_rotate_up)
+MPS_SIMD1(quad_sum) MPS_SIMD1(quad_product) MPS_SIMD1(quad_max) MPS_SIMD1(quad_min)
+MPS_SIMD1(quad_prefix_exclusive_sum) MPS_SIMD1(quad_prefix_inclusive_sum)
+MPS_SIMD2(quad_shuffle) MPS_SIMD2(quad_shuffle_down) MPS_SIMD2(quad_shuffle_up)
+MPS_SIMD2(quad_shuffle_xor) MPS_SIMD2(quad_broadcast)
+#undef MPS_SIMD1
+#undef MPS_SIMD2
+struct simd_vote { explicit simd_vote(ulong); bool all() const; bool any() const; };
+simd_vote simd_ballot(bool);
+bool simd_all(bool);
+bool simd_any(bool);
+bool simd_is_first();
+
+// ---- atomics: device or threadgroup objects, never constant -------------------
+enum memory_order { memory_order_relaxed, memory_order_seq_cst };
+template <class T> struct atomic { T value; };
+typedef atomic<int> atomic_int;
+typedef atomic<uint> atomic_uint;
+typedef atomic<float> atomic_float;
+#define MPS_ATOMIC(name)                                                       \
+  template <class T, class U> T name(__global atomic<T>*, U, memory_order);    \
+  template <class T, class U> T name(__local atomic<T>*, U, memory_order);     \
+  template <class T, class U> T name(volatile __global atomic<T>*, U, memory_order); \
+  template <class T, class U> T name(volatile __local atomic<T>*, U, memory_order);
+MPS_ATOMIC(atomic_fetch_add_explicit) MPS_ATOMIC(atomic_fetch_sub_explicit)
+MPS_ATOMIC(atomic_fetch_min_explicit) MPS_ATOMIC(atomic_fetch_max_explicit)
+MPS_ATOMIC(atomic_fetch_and_explicit) MPS_ATOMIC(atomic_fetch_or_explicit)
+MPS_ATOMIC(atomic_fetch_xor_explicit) MPS_ATOMIC(atomic_exchange_explicit)
+#undef MPS_ATOMIC
+template <class T, class U> void atomic_store_explicit(__global atomic<T>*, U, memory_order);
+template <class T, class U> void atomic_store_explicit(__local atomic<T>*, U, memory_order);
+template <class T> T atomic_load_explicit(const __global atomic<T>*, memory_order);
+template <class T> T atomic_load_explicit(const __local atomic<T>*, memory_order);
+template <class T, class U>
+bool atomic_compare_exchange_weak_explicit(__global atomic<T>*, __private T*, U, memory_order, memory_order);
+template <class T, class U>
+bool atomic_compare_exchange_weak_explicit(__local atomic<T>*, __private T*, U, memory_order, memory_order);
+
+}  // namespace metal
+
+using namespace metal;
+
+// ---- MLX's preamble (bf16.h, complex.h, utils.h) ------------------------------
+typedef half float16_t;
+typedef bfloat bfloat16_t;
+struct complex64_t {
+  float real;
+  float imag;
+  constexpr complex64_t(float r, float i) : real(r), imag(i) {}
+  constexpr complex64_t(float r) : real(r), imag(0) {}
+  complex64_t() = default;
+  complex64_t(const complex64_t&) = default;
+  complex64_t(const __constant complex64_t&);
+  complex64_t& operator=(const complex64_t&) = default;
+};
+complex64_t operator+(complex64_t, complex64_t);
+complex64_t operator-(complex64_t, complex64_t);
+complex64_t operator*(complex64_t, complex64_t);
+complex64_t operator/(complex64_t, complex64_t);
+complex64_t operator-(complex64_t);
+bool operator==(complex64_t, complex64_t);
+bool operator!=(complex64_t, complex64_t);
+template <class T> struct Limits {
+  static constexpr constant T max = T();
+  static constexpr constant T min = T();
+  static constexpr constant T finite_max = T();
+  static constexpr constant T finite_min = T();
+};
+template <class IdxT = int64_t>
+IdxT elem_to_loc(IdxT elem, const __constant int* shape, const __constant int64_t* strides, int ndim);
+template <class IdxT = int64_t>
+IdxT elem_to_loc(uint3 elem, const __constant int* shape, const __constant int64_t* strides, int ndim);
+int64_t elem_to_loc_1(uint elem, int64_t stride);
+int64_t elem_to_loc_2(uint2 elem, const __constant int64_t strides[2]);
+int64_t elem_to_loc_3(uint3 elem, const __constant int64_t strides[3]);
+template <class T> T ceildiv(T, T);
+
+// ---- threadgroup storage: see strict.py (threadgroup variables are declared in a
+// non-kernel function here, so they bind to storage of the __local space) --------
+template <class T> __local T* mps_threadgroup_storage();

@@ -1,0 +1,298 @@
+"""A strict Metal front-end check that runs on Linux.
+
+The emulator compiles Metal as permissive C++ (address spaces are empty macros,
+``half`` is a typedef), so a kernel can pass every emulated test and still fail to
+compile on a Mac. This module closes most of that gap without Apple's compiler: it
+takes the exact text MLX would hand to Metal (:mod:`.signature`: header, template
+line, signature with ``device``/``constant`` inputs, body, explicit instantiation),
+rewrites the few Metal-only spellings, and parses it with clang's *C++ for OpenCL*
+front end, whose address spaces, ``half`` type and restrictions (no ``double``, no
+function pointers, no static locals outside ``constant``, no variable-length arrays,
+no ``__int128``) are real, through the prelude ``shim/strict_metal.h``.
+
+The rewriting is minimal and keeps ``#line`` markers, so errors point at the lines
+of the kernel's own files:
+
+* attributes (``[[kernel]]``, ``[[buffer(0)]]``, ``[[thread_position_in_grid]]``,
+  ``[[host_name(...)]]``) are dropped: the kernel is parsed as an ordinary function
+  template and its explicit instantiation forces the body through semantic analysis;
+* vector constructors ``float4(a, b)`` become OpenCL vector literals
+  ``(float4)(a, b)``;
+* kernel-scope ``threadgroup`` arrays become references to ``__local`` storage (OpenCL
+  allows ``__local`` variables only in ``__kernel`` functions, which cannot be
+  templates), followed by a ``static_assert`` that the kernel's threadgroup memory
+  stays within Metal's 32 KiB.
+
+It is a front-end approximation, not Apple's compiler: see docs/emulator.md for what
+it catches and what it cannot.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+
+from . import signature
+
+SHIM_DIR = Path(__file__).resolve().parent / "shim"
+PRELUDE = "strict_metal.h"
+THREADGROUP_MEMORY_LIMIT = 32768  # bytes per threadgroup on Apple GPUs
+
+# fp64 off (Metal has no double), fp16 on, generic pointers for the atomics'
+# declarations, and no program-scope variables outside `constant` (as in Metal).
+_FRONTEND_FLAGS = [
+    "-cc1", "-x", "clcpp", "-cl-std=clc++2021", "-triple", "spir64-unknown-unknown",
+    "-fsyntax-only", "-ferror-limit", "50",
+    "-cl-ext=-cl_khr_fp64,-__opencl_c_fp64,+cl_khr_fp16,+__opencl_c_generic_address_space,"
+    "-__opencl_c_program_scope_global_variables,-__opencl_c_device_enqueue,-__opencl_c_pipes",
+    # `0.5` without a suffix is a float in Metal's eyes; OpenCL warns and does the same.
+    "-Wno-double-promotion", "-Wno-unused-value",
+]
+
+
+class MetalCheckError(ValueError):
+    """Kernel source that Metal's front end would reject (per the strict check)."""
+
+
+class CheckerNotFoundError(RuntimeError):
+    """No clang with the C++ for OpenCL front end was found."""
+
+
+@functools.lru_cache(maxsize=None)
+def frontend() -> tuple[str, ...]:
+    """The clang command of the check: ``$MLX_PRECISE_CLANG``, else the ``ziglang``
+    package's clang (a known version, so results do not depend on the machine),
+    else ``clang`` on PATH."""
+    env = os.environ.get("MLX_PRECISE_CLANG")
+    if env:
+        return tuple(env.split())
+    try:
+        import ziglang  # noqa: F401
+
+        return (sys.executable, "-m", "ziglang", "clang")
+    except ImportError:
+        pass
+    clang = shutil.which("clang")
+    if clang:
+        return (clang,)
+    raise CheckerNotFoundError(
+        "the strict Metal check needs clang (>= 14): `pip install ziglang` "
+        "(included in mlx-precise[test]), or clang on PATH, or set MLX_PRECISE_CLANG"
+    )
+
+
+# ---- MSL -> C++ for OpenCL -----------------------------------------------------------
+
+_ATTRIBUTE_RE = re.compile(r"\[\[\s*[A-Za-z_][\w:]*\s*(?:\([^\]]*\))?\s*\]\]")
+_SYSTEM_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<metal_\w+>[ \t]*$", re.M)
+_VECTOR_CTOR_RE = re.compile(
+    r"(?<![\w.:>])((?:metal::)?(?:u?char|u?short|u?int|u?long|float|half|bool)[234])\s*\("
+)
+# `threadgroup T name[N]...;` or `threadgroup T name;` (T may be qualified/templated)
+_TG_DECL_RE = re.compile(
+    r"\bthreadgroup\s+((?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?)\s+"
+    r"([A-Za-z_]\w*)\s*((?:\[[^\];]*\]\s*)*);"
+)
+
+
+_COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def _blank_comments(text: str) -> str:
+    """Comments become spaces (newlines kept, so line numbers hold): the rewrites
+    below must not act on code quoted in comments."""
+    return _COMMENT_RE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+
+
+def translate(text: str) -> str:
+    """Rewrite MLX's kernel text (Metal) into C++ for OpenCL for the front end."""
+    text = _SYSTEM_INCLUDE_RE.sub("", _blank_comments(text))
+    text = _ATTRIBUTE_RE.sub("", text)
+    text = _VECTOR_CTOR_RE.sub(lambda m: f"({m.group(1)})(", text)
+    names: list[str] = []
+
+    def threadgroup_decl(m: re.Match) -> str:
+        ctype, name, dims = m.group(1), m.group(2), re.sub(r"\s+", "", m.group(3))
+        names.append(name)
+        total = " + ".join(f"sizeof({n})" for n in names)
+        return (
+            f"__local {ctype} (&{name}){dims} = *mps_threadgroup_storage<{ctype}{dims}>(); "
+            f"static_assert({total} <= {THREADGROUP_MEMORY_LIMIT}, "
+            f'"threadgroup memory exceeds Metal\'s 32 KiB per threadgroup");'
+        )
+
+    return _TG_DECL_RE.sub(threadgroup_decl, text)
+
+
+# ---- what to check -------------------------------------------------------------------
+
+FORMS = ("device", "constant", "scalar")
+"""How MLX passes an input: ``const device T*`` (8 or more elements), ``const constant
+T*`` (fewer than 8) or ``const constant T&`` (0-d)."""
+
+_FORM_SHAPES = {"device": (8,), "constant": (1,), "scalar": ()}
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One instantiation of a kernel: template values, and per input its dtype and
+    form (see :data:`FORMS`), and the output dtypes."""
+
+    template: tuple  # ((name, value), ...)
+    inputs: tuple  # ((name, dtype, form), ...)
+    output_dtypes: tuple
+
+    def label(self) -> str:
+        t = ", ".join(f"{n}={signature.template_value(v)}" for n, v in self.template)
+        i = ", ".join(f"{n}: {signature.type_string(d)} {f}" for n, d, f in self.inputs)
+        o = ", ".join(signature.type_string(d) for d in self.output_dtypes)
+        return (f"<{t}> " if t else "") + f"({i}) -> ({o})"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A kernel as ``mx.fast.metal_kernel`` takes it. ``source_file`` and
+    ``header_file`` name the code in diagnostics (``#line``); a header assembled from
+    several files may carry its own ``#line`` markers."""
+
+    name: str
+    input_names: tuple
+    output_names: tuple
+    source: str
+    header: str = ""
+    atomic_outputs: bool = False
+    source_file: str = "<source>"
+    header_file: str = "<header>"
+
+    def mlx_text(self, inst: Instance) -> str:
+        """The text MLX generates for this instance, with ``#line`` markers."""
+        infos = []
+        for (name, dtype, form), si in zip(inst.inputs, signature.shape_infos(self.source, self.input_names)):
+            shape = _FORM_SHAPES[form]
+            infos.append(signature.InputInfo(name, dtype, len(shape), 1 if not shape else shape[0], *si))
+        header = (f'#line 1 "{self.header_file}"\n' if self.header and not self.header.lstrip().startswith("#line") else "") + self.header
+        header += '\n#line 1 "<mlx signature>"\n'
+        source = f'#line 1 "{self.source_file}"\n{self.source}\n#line 1 "<mlx instantiation>"'
+        _, _, text = signature.generate(
+            self.name, header, source, infos, list(self.output_names),
+            list(inst.output_dtypes), list(inst.template), self.atomic_outputs,
+        )
+        return text
+
+
+def _run(units: list[str]) -> tuple[bool, str]:
+    """Parse one translation unit made of ``units`` (each in its own namespace);
+    return (ok, diagnostics)."""
+    body = "".join(
+        f"namespace mps_instance_{k} {{\n{u}\n}}\n" for k, u in enumerate(units)
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.clcpp"
+        path.write_text(f'#include "{PRELUDE}"\n{body}')
+        proc = subprocess.run(
+            [*frontend(), *_FRONTEND_FLAGS, f"-I{SHIM_DIR}", str(path)],
+            capture_output=True, text=True,
+        )
+    diag = _drop_known_false_errors(proc.stderr.replace(str(path), "<kernel>"))
+    return "error:" not in diag, diag.strip()
+
+
+# A diagnostic starts a block: `file:line:col: error|warning|note: ...`.
+_DIAG_RE = re.compile(r"^\S[^\n]*?:\d+:\d+: (?:error|warning|note|fatal error): ", re.M)
+# clang's C++ for OpenCL types a local's lvalue `__private S` but a prvalue plain `S`,
+# and rejects `c ? f(s) : s` for a class S; Metal (and C++) accept it.
+_FALSE_ERROR_RE = re.compile(
+    r": error: incompatible operand types \('(?:__private )?([^']+)' and '(?:__private )?\1'\)"
+)
+
+
+def _drop_known_false_errors(diag: str) -> str:
+    """Remove the front end's errors that Metal does not have (with their notes)."""
+    starts = [m.start() for m in _DIAG_RE.finditer(diag)]
+    if not starts:
+        return diag
+    blocks = [diag[a:b] for a, b in zip(starts, starts[1:] + [len(diag)])]
+    kept, dropping = [diag[: starts[0]]], False
+    for b in blocks:
+        first = b.split("\n", 1)[0]
+        if ": note: " in first and dropping:
+            continue
+        dropping = bool(_FALSE_ERROR_RE.search(first))
+        if not dropping:
+            kept.append(b)
+    out = "".join(kept)
+    # clang's summary line counts the dropped errors too; it carries no information
+    return re.sub(r"^\d+ errors? generated\.\n?", "", out, flags=re.M)
+
+
+@dataclass
+class Failure:
+    kernel: str
+    instance: str
+    diagnostics: str
+
+    def __str__(self) -> str:
+        return f"{self.kernel} {self.instance}:\n{self.diagnostics}"
+
+
+def check_instances(src: Source, instances: list[Instance]) -> list[Failure]:
+    """Check every instance of one kernel: one clang run for all of them, and one per
+    instance only to attribute errors when the batch fails."""
+    if not instances:
+        return []
+    units = [translate(src.mlx_text(i)) for i in instances]
+    ok, _ = _run(units)
+    if ok:
+        return []
+    failures = []
+    for inst, unit in zip(instances, units):
+        ok, diag = _run([unit])
+        if not ok:
+            failures.append(Failure(src.name, inst.label(), diag))
+    return failures
+
+
+# ---- public entry points -------------------------------------------------------------
+
+
+def _input_spec(x) -> tuple:
+    """(dtype, form) of an input given as an array or as ``(dtype, shape)``."""
+    dtype, shape = (x.dtype, x.shape) if isinstance(x, mx.array) else (x[0], x[1])
+    return dtype, signature.input_form(tuple(shape))
+
+
+def check_source(name: str, input_names, output_names, source: str, *, inputs,
+                 output_dtypes, header: str = "", template=None,
+                 atomic_outputs: bool = False) -> None:
+    """Check one kernel instantiation with the strict Metal front end.
+
+    Arguments are those of ``mx.fast.metal_kernel`` and its call: ``inputs`` are
+    ``mx.array``\\ s or ``(dtype, shape)`` pairs (only dtype and size matter: inputs
+    of fewer than 8 elements are ``constant``), ``template`` a list of ``(name,
+    value)`` or a dict. Raises :class:`MetalCheckError` with clang's diagnostics
+    (lines of ``<source>`` / ``<header>``) if Metal would reject the source.
+    """
+    if len(inputs) != len(input_names):
+        raise ValueError(f"inputs: expected {len(input_names)} entries, got {len(inputs)}")
+    template = list(template.items()) if isinstance(template, dict) else list(template or [])
+    inst = Instance(
+        tuple(template),
+        tuple((n, *_input_spec(x)) for n, x in zip(input_names, inputs)),
+        tuple(output_dtypes),
+    )
+    src = Source(name, tuple(input_names), tuple(output_names), source, header, atomic_outputs)
+    failures = check_instances(src, [inst])
+    if failures:
+        raise MetalCheckError(
+            f"kernel {name!r} would not compile on Metal (strict front-end check):\n"
+            + "\n".join(str(f) for f in failures)
+        )

@@ -1,0 +1,110 @@
+"""The strict Metal gate over this package's kernel registry.
+
+Every :class:`~mlx_precise.kernels.Kernel` declares the values its wrappers can give
+its template parameters and output dtypes (``variants``), its input dtypes and, where
+a wrapper guarantees the size, how its inputs are passed (``input_forms``). This
+module enumerates every instantiation MLX could generate from that and runs each
+through :mod:`mlx_precise.emulator.strict`, the Metal front-end check. It backs
+``python -m mlx_precise check-kernels`` and the test that keeps the gate complete.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from .emulator import strict
+from .kernels import METAL_DIR, REGISTRY, Kernel
+
+# The modules that declare kernels (importing them fills REGISTRY).
+KERNEL_MODULES = (
+    "conv", "doubleword", "elementwise", "esc", "fft", "fixedpoint", "hyena", "int8",
+    "int8_gemm", "norms", "ozaki",
+)
+
+
+def registry() -> dict[str, Kernel]:
+    """All kernels this package declares, by name."""
+    import importlib
+
+    for m in KERNEL_MODULES:
+        importlib.import_module(f"mlx_precise.{m}")
+    return dict(REGISTRY)
+
+
+def instances(kernel: Kernel) -> list[strict.Instance]:
+    """Every instantiation of ``kernel`` its wrappers can generate: the product of its
+    template values, input dtypes and output dtypes, each with the inputs in their
+    possible forms: all in their first form, all in their last, and each input alone
+    in each of its other forms (an address-space error involves the input it reads,
+    so single deviations find them without the 2^n combinations)."""
+    gaps = kernel.coverage_gaps()
+    if gaps:
+        raise ValueError(f"kernel {kernel.name!r} cannot be checked: {'; '.join(gaps)}")
+    names = list(kernel.inputs)
+    forms = [tuple(kernel.input_forms.get(n, ("device", "constant"))) for n in names]
+    patterns = {tuple(f[0] for f in forms), tuple(f[-1] for f in forms)}
+    for k, fk in enumerate(forms):
+        for form in fk[1:]:
+            patterns.add(tuple(form if j == k else f[0] for j, f in enumerate(forms)))
+    tnames = list(kernel.template)
+    in_domains = [tuple(kernel.input_dtypes[n]) for n in names]
+    out = []
+    for tv in itertools.product(*(kernel.variants[t] for t in tnames)):
+        template = tuple(zip(tnames, tv))
+        # an output domain given as a template parameter's name follows that parameter
+        out_domains = [
+            (dict(template)[d],) if isinstance(d, str) else tuple(d)
+            for d in (kernel.variants[o] for o in kernel.outputs)
+        ]
+        for dt_in, dt_out, pattern in itertools.product(
+            itertools.product(*in_domains), itertools.product(*out_domains), sorted(patterns)
+        ):
+            out.append(strict.Instance(template, tuple(zip(names, dt_in, pattern)), dt_out))
+    return out
+
+
+def source_of(kernel: Kernel) -> strict.Source:
+    """The kernel as MLX receives it, with ``#line`` markers naming our files."""
+    path = kernel.source_path()
+    try:
+        label = str(path.relative_to(METAL_DIR.parent))
+    except ValueError:
+        label = str(path)
+    return strict.Source(
+        kernel.name, tuple(kernel.inputs), tuple(kernel.outputs), kernel.source(),
+        kernel.header(markers=True), kernel.atomic_outputs, source_file=label,
+    )
+
+
+@dataclass
+class Report:
+    kernel: str
+    count: int
+    seconds: float
+    failures: list = field(default_factory=list)
+
+
+def check(kernel: Kernel) -> Report:
+    """Run the strict check on every instantiation of one kernel."""
+    t0 = time.perf_counter()
+    insts = instances(kernel)
+    failures = strict.check_instances(source_of(kernel), insts)
+    return Report(kernel.name, len(insts), time.perf_counter() - t0, failures)
+
+
+def check_all(names=None, progress=None) -> list[Report]:
+    """Check every registered kernel (or those in ``names``); ``progress(report)``
+    is called after each."""
+    reg = registry()
+    unknown = sorted(set(names or ()) - set(reg))
+    if unknown:
+        raise ValueError(f"unknown kernels {unknown}; registered: {sorted(reg)}")
+    reports = []
+    for name in sorted(names or reg):
+        r = check(reg[name])
+        reports.append(r)
+        if progress:
+            progress(r)
+    return reports
