@@ -1,4 +1,5 @@
-"""Command line: ``python -m mlx_precise {demo,selftest,info}``."""
+"""Command line: ``python -m mlx_precise {demo,selftest,report,bench,check-kernels,info}``
+(also installed as ``mlx-precise``)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,35 @@ def bench(backend: str | None, full: bool, out: str | None = None) -> int:
     return rc
 
 
+def check_kernels(names) -> int:
+    """The strict Metal front-end check of every instantiation of every kernel."""
+    import time
+
+    from . import kernel_check
+    from .emulator.strict import CheckerNotFoundError, frontend
+
+    try:
+        frontend()
+    except CheckerNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"strict Metal front-end check ({' '.join(frontend())}, C++ for OpenCL)")
+    t0 = time.perf_counter()
+
+    def show(r):
+        status = "ok" if not r.failures else f"FAILED {len(r.failures)}"
+        print(f"  {r.kernel:<24} {r.count:4d} instantiations {r.seconds:6.2f} s  {status}", flush=True)
+
+    reports = kernel_check.check_all(names or None, progress=show)
+    failures = [f for r in reports for f in r.failures]
+    for f in failures:
+        print(f"\n{f}")
+    total = sum(r.count for r in reports)
+    print(f"\n{len(reports)} kernels, {total} instantiations, {len(failures)} failed, "
+          f"{time.perf_counter() - t0:.1f} s")
+    return 1 if failures else 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mlx_precise", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -76,10 +106,13 @@ def main(argv=None) -> int:
         ("selftest", "every kernel against exact oracles; non-zero exit on failure"),
         ("report", "regenerate docs/accuracy.md and its plots"),
         ("bench", "print the performance tables (benchmarks/)"),
+        ("check-kernels", "strict Metal front-end check of every kernel instantiation"),
         ("info", "version and backends"),
     ):
         sp = sub.add_parser(cmd, help=help_)
-        if cmd != "info":
+        if cmd == "check-kernels":
+            sp.add_argument("kernels", nargs="*", help="kernel names (default: all)")
+        elif cmd != "info":
             sp.add_argument("--backend", choices=backends.BACKENDS, default=None)
         if cmd == "demo":
             sp.add_argument("--length", type=int, default=16384, help="sequence length L")
@@ -101,6 +134,8 @@ def main(argv=None) -> int:
             return report.main(args.out, args.backend, quick=not args.full)
         if args.command == "bench":
             return bench(args.backend, args.full, args.out)
+        if args.command == "check-kernels":
+            return check_kernels(args.kernels)
         from . import selftest
 
         return selftest.main(args.backend)

@@ -15,22 +15,25 @@ import time
 from dataclasses import dataclass, field
 
 from .emulator import strict
-from .kernels import METAL_DIR, REGISTRY, Kernel
-
-# The modules that declare kernels (importing them fills REGISTRY).
-KERNEL_MODULES = (
-    "conv", "doubleword", "elementwise", "esc", "fft", "fixedpoint", "hyena", "int8",
-    "int8_gemm", "norms", "ozaki",
-)
-
+from .kernels import METAL_DIR, Kernel
 
 def registry() -> dict[str, Kernel]:
-    """All kernels this package declares, by name."""
+    """Every kernel this package declares (module-level :class:`Kernel` objects in
+    any of its modules), by name."""
     import importlib
+    import pkgutil
 
-    for m in KERNEL_MODULES:
-        importlib.import_module(f"mlx_precise.{m}")
-    return dict(REGISTRY)
+    import mlx_precise
+
+    found: dict[str, Kernel] = {}
+    for info in pkgutil.iter_modules(mlx_precise.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"mlx_precise.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, Kernel):
+                found[value.name] = value
+    return found
 
 
 def instances(kernel: Kernel) -> list[strict.Instance]:

@@ -53,8 +53,7 @@ def _find_metal_dir() -> Path:
 
 
 METAL_DIR = _find_metal_dir()
-REGISTRY: dict[str, "Kernel"] = {}
-"""Every declared :class:`Kernel`, by name (filled as modules declare them)."""
+
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 _PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\s*$", re.M)
 
@@ -157,9 +156,6 @@ class Kernel:
     ensure_row_contiguous: bool = True
     variants: Mapping[str, tuple] = field(default_factory=dict)
     input_forms: Mapping[str, tuple] = field(default_factory=dict)
-
-    def __post_init__(self):
-        REGISTRY[self.name] = self
 
     def source_path(self) -> Path:
         path = Path(self.body)

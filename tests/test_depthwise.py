@@ -65,6 +65,26 @@ def test_depthwise_accuracy(backend, K, cancel):
         assert exact.mean() >= 0.9999
 
 
+@pytest.mark.parametrize("B,C,L,K", [(1, 1, 4, 3), (1, 2, 3, 3), (2, 1, 3, 2), (1, 3, 2, 2)])
+def test_small_inputs(B, C, L, K):
+    """Inputs of fewer than 8 elements (B*C*L, C*K and C here) reach Metal as
+    `constant` pointers: a distinct instantiation of the kernel, run here through
+    the emulator against the exact oracle, with and without bias, TAPS = 0 and 3."""
+    x, w, bias = data(B + C + L + K, B, C, L, K)
+    for b in (bias, None):
+        fns = [depthwise_conv_extended] + ([depthwise3_extended] if K == 3 else [])
+        for fn in fns:
+            y = fn(mx.array(x), mx.array(w), None if b is None else mx.array(b), backend="emulate")
+            ye, _ = exact_depthwise(x, w, b)
+            exact, _ = rounding_check(np.array(y).ravel(), ye)
+            assert exact.all(), (fn.__name__, b is None)
+        d = depthwise_conv_extended(mx.array(x), mx.array(w), None if b is None else mx.array(b),
+                                    round_output=False, backend="emulate")
+        ye, mag = exact_depthwise(x, w, b)
+        a, m, _ = (Exact.dw(np.array(d.hi).ravel(), np.array(d.lo).ravel()) - ye)._align(mag)
+        assert all(abs(int(e)) * 2**48 <= 3 * int(s) for e, s in zip(a, m))  # as below
+
+
 def test_depthwise_doubleword_output_and_no_bias():
     x, w, _ = data(3, 1, 4, 300, 5)
     d = depthwise_conv_extended(mx.array(x), mx.array(w), round_output=False, backend="emulate")

@@ -5,13 +5,21 @@ the same kernel source, compiled as C++ with clang through a shim of the Metal
 language, with Apple-GPU numerics (float32 subnormals flushed to zero, no
 contraction, no fast math) and Metal's grid semantics (threadgroups, barriers,
 simdgroups of 32, atomics).
+
+:func:`check_source` (and ``metal_kernel(..., strict=True)``) parses a kernel the
+way Metal's front end would, with real address spaces, through clang's C++ for
+OpenCL: a Linux-side gate for code that only Apple's compiler would reject.
 """
 
 from .compiler import CompilerNotFoundError, KernelCompileError, find_compiler
 from .kernel import MetalKernel, metal_kernel
+from .strict import CheckerNotFoundError, MetalCheckError, check_source
 
 __all__ = [
+    "CheckerNotFoundError",
     "CompilerNotFoundError",
+    "MetalCheckError",
+    "check_source",
     "KernelCompileError",
     "MetalKernel",
     "find_compiler",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import re
 import threading
 from pathlib import Path
@@ -153,7 +154,8 @@ class MetalKernel:
     """A custom Metal kernel run by the emulator; see :func:`metal_kernel`."""
 
     def __init__(self, name, input_names, output_names, source, header="",
-                 ensure_row_contiguous=True, atomic_outputs=False, compile_options=None):
+                 ensure_row_contiguous=True, atomic_outputs=False, compile_options=None,
+                 strict=None):
         if not output_names:
             raise ValueError("[metal_kernel] Must specify at least one output.")
         if compile_options is not None:
@@ -173,6 +175,10 @@ class MetalKernel:
         self.atomic_outputs = atomic_outputs
         self._shape_infos = signature.shape_infos(source, self.input_names)
         self._fibers = bool(_NEEDS_FIBERS_RE.search(header + "\n" + source))
+        # The strict Metal front-end check (strict.py) of each new instantiation.
+        self.strict = (os.environ.get("MLX_PRECISE_STRICT", "0") not in ("", "0")
+                       if strict is None else bool(strict))
+        self._strict_passed: set[str] = set()
 
     def generate(self, inputs, output_dtypes, template=None):
         """Return ``(kernel_name, params, text)`` for these inputs: ``text`` is what
@@ -210,6 +216,14 @@ class MetalKernel:
         kname, params, text = self.generate(inputs, output_dtypes, template)
         if verbose:
             print(f"Generated source code for `{self.name}`:\n```\n{text}\n```")
+        if self.strict and kname not in self._strict_passed:
+            from . import strict
+
+            strict.check_source(
+                self.name, self.input_names, self.output_names, self.source,
+                inputs=inputs, output_dtypes=output_dtypes, header=self.header,
+                template=template, atomic_outputs=self.atomic_outputs)
+            self._strict_passed.add(kname)
         compile_text = signature.write_signature(kname, self.header, self.source, template, params)
         lib = _load(_cpp_source(kname, compile_text, template, params), kname,
                     f"{self.name} ({kname})")
@@ -264,11 +278,16 @@ def _row_strides(shape) -> list[int]:
 
 
 def metal_kernel(name, input_names, output_names, source, header="",
-                 ensure_row_contiguous=True, atomic_outputs=False, compile_options=None):
+                 ensure_row_contiguous=True, atomic_outputs=False, compile_options=None,
+                 strict=None):
     """Drop-in for ``mx.fast.metal_kernel`` that runs the kernel on the CPU.
 
     Same constructor and call arguments as MLX's; see the module docstring for the
-    few differences. Example::
+    few differences. ``strict=True`` (default: the ``MLX_PRECISE_STRICT``
+    environment variable) first runs each new instantiation through the strict Metal
+    front-end check (:func:`mlx_precise.emulator.strict.check_source`) and raises
+    :class:`~mlx_precise.emulator.strict.MetalCheckError` where Metal would reject
+    the source. Example::
 
         k = metal_kernel(name="myexp", input_names=["inp"], output_names=["out"],
                          source="uint i = thread_position_in_grid.x;"
@@ -277,4 +296,4 @@ def metal_kernel(name, input_names, output_names, source, header="",
                  output_shapes=[x.shape], output_dtypes=[x.dtype])
     """
     return MetalKernel(name, input_names, output_names, source, header,
-                       ensure_row_contiguous, atomic_outputs, compile_options)
+                       ensure_row_contiguous, atomic_outputs, compile_options, strict)

@@ -203,7 +203,17 @@ def _run(units: list[str]) -> tuple[bool, str]:
             capture_output=True, text=True,
         )
     diag = _drop_known_false_errors(proc.stderr.replace(str(path), "<kernel>"))
-    return "error:" not in diag, diag.strip()
+    return "error:" not in diag, _metal_spelling(diag).strip()
+
+
+_SPACES = {"__global": "device", "__constant": "constant", "__local": "threadgroup",
+           "__private": "thread"}
+_SPACE_RE = re.compile(r"\b(" + "|".join(_SPACES) + r")\b")
+
+
+def _metal_spelling(diag: str) -> str:
+    """Messages name OpenCL's address spaces; say them as Metal does."""
+    return _SPACE_RE.sub(lambda m: _SPACES[m.group(1)], diag)
 
 
 # A diagnostic starts a block: `file:line:col: error|warning|note: ...`.
