@@ -13,7 +13,7 @@ import numpy as np
 
 from . import backends
 from .context import precision_aware
-from .doubleword import DoubleWord
+from .doubleword import DoubleWord, from_float64_result
 from .kernels import Kernel, elementwise_grid
 
 _F32 = (mx.float32,)
@@ -60,8 +60,12 @@ def _check_depthwise(x, w, bias):
 
 
 def _depthwise_float64(x, w, bias) -> np.ndarray:
-    """Native float64 reference semantics (cpu backend)."""
-    xs, ws = np.array(x, dtype=np.float64), np.array(w, dtype=np.float64)
+    """Native float64 reference semantics (cpu backend); Inf/NaN as IEEE gives them."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _depthwise_sum(np.array(x, dtype=np.float64), np.array(w, dtype=np.float64), bias)
+
+
+def _depthwise_sum(xs: np.ndarray, ws: np.ndarray, bias) -> np.ndarray:
     L, K = xs.shape[2], ws.shape[1]
     xp = np.concatenate([np.zeros(xs.shape[:2] + (K - 1,)), xs], axis=2)
     y = np.zeros(xs.shape)
@@ -107,7 +111,7 @@ def _differentiable(taps: int, has_bias: bool, backend: str):
 def _depthwise_raw(x, w, bias, taps: int, round_output: bool, name: str, stream):
     if name == "cpu":
         y = _depthwise_float64(x, w, bias)
-        return mx.array(y.astype(np.float32)) if round_output else DoubleWord.from_float64(y)
+        return from_float64_result(y, round_output)
     shape = tuple(x.shape)
     hi, lo = DEPTHWISE(
         inputs=[x, w, bias if bias is not None else mx.zeros((1,), mx.float32)],

@@ -334,3 +334,13 @@ def _mx(x) -> mx.array:
     if isinstance(x, np.ndarray):
         return mx.array(x)
     raise TypeError(f"expected an mx.array or numpy array, got {type(x).__name__}")
+
+
+def from_float64_result(y: np.ndarray, round_output: bool):
+    """A cpu-backend result computed in float64: rounded once to float32 / complex64
+    (overflow to Inf, as on the GPU, without numpy's warning), or split into a
+    :class:`DoubleWord` when ``round_output`` is False."""
+    if round_output:
+        with np.errstate(over="ignore"):
+            return mx.array(y.astype(np.complex64 if np.iscomplexobj(y) else np.float32))
+    return DoubleWord.from_float64(y)

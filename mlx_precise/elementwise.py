@@ -16,7 +16,7 @@ import numpy as np
 
 from . import backends
 from .context import precision_aware
-from .doubleword import DoubleWord
+from .doubleword import DoubleWord, from_float64_result
 from .kernels import Kernel, elementwise_grid
 
 _C64 = (mx.complex64,)
@@ -79,13 +79,6 @@ def _finish(hi: mx.array, lo: mx.array | None, round_output: bool):
     return hi if round_output else DoubleWord(hi, lo)
 
 
-def _from_float64(y: np.ndarray, round_output: bool):
-    """cpu backend: one rounding of float64 results, or their split."""
-    if round_output:
-        return mx.array(y.astype(np.complex64 if np.iscomplexobj(y) else np.float32))
-    return DoubleWord.from_float64(y)
-
-
 def complex_multiply_extended(a, b, *, round_output: bool = True, backend: str | None = None,
                               stream=None):
     """Complex product ``a * b`` in double-word arithmetic, rounded once.
@@ -115,7 +108,8 @@ def complex_multiply_extended(a, b, *, round_output: bool = True, backend: str |
     if name == "cpu":
         fa = a.to_float64() if isinstance(a, DoubleWord) else np.array(a).astype(np.complex128)
         fb = b.to_float64() if isinstance(b, DoubleWord) else np.array(b).astype(np.complex128)
-        return _from_float64(fa * fb, round_output)
+        with np.errstate(invalid="ignore", over="ignore"):  # Inf/NaN as IEEE gives them
+            return from_float64_result(fa * fb, round_output)
     kshape = shape or (1,)  # kernels index 1-D at least
     words = [mx.broadcast_to(w, kshape) for x in (a, b) for w in _words(x)]
     n = int(np.prod(kshape))
@@ -169,7 +163,7 @@ def fft_scale_extended(x, n: int, *, round_output: bool = True, backend: str | N
     name = backends.resolve(backend)
     if name == "cpu":
         fx = x.to_float64() if dw_in else np.array(x).astype(np.float64 if dtype == mx.float32 else np.complex128)
-        return _from_float64(fx / n, round_output)
+        return from_float64_result(fx / n, round_output)
     hi, lo = _words(x) if dw_in else (x, None)
     flat_hi = _as_f32_flat(hi)
     flat_lo = _as_f32_flat(lo) if dw_in else mx.zeros((1,), mx.float32)

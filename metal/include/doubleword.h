@@ -33,9 +33,17 @@
 //    term) for |r| well above 2^-78; tests/test_doubleword.py checks them for
 //    |r| >= 2^-51 with low words >= 2^-35 |high word|. Below ~2^-78 the error
 //    terms (~u^2 |r|) fall under 2^-126 and accuracy decays, down to float32's
-//    around 2^-102, where the low word itself (~u |r|) is flushed. A result that
-//    overflows float32 gives Inf/NaN words (there is no special handling of
-//    Inf/NaN anywhere in this header).
+//    around 2^-102, where the low word itself (~u |r|) is flushed.
+//
+// Special values (IEEE policy, one mechanism: dw_special): when the float32
+// operation on the high words is not finite -- an Inf or NaN operand, or overflow of
+// the rounded result -- the result is that float32 value with a zero low word, so
+// Inf stays Inf and the value (hi + lo) is what the float32 operation gives. Without
+// it the residual of an infinite TwoSum or TwoProd (Inf - Inf, fma(a, b, -Inf)) is
+// NaN and turns every Inf into NaN. The error-free transforms apply the rule to
+// their own result, and every compound operation to its first high-word operation,
+// so that e.g. Inf * y stays Inf even where a low-word term (Inf * 0) is NaN.
+// Overflow of the exact result gives the correctly signed Inf (as RN does).
 #pragma once
 
 struct dw {
@@ -56,6 +64,11 @@ METAL_FUNC dw dw_make(float hi, float lo) {
   return r;
 }
 
+// The special-value rule (see "Special values" above): a non-finite float32 result
+// h of the high-word operation is the result, with a zero low word.
+METAL_FUNC bool dw_is_special(float h) { return !metal::isfinite(h); }
+METAL_FUNC dw dw_special(float h) { return dw_make(h, 0.0f); }
+
 // ---- error-free transforms --------------------------------------------------
 
 // TwoSum (Knuth / Moller; JMP alg 2): s + t = a + b exactly and s = RN(a + b), for
@@ -63,6 +76,7 @@ METAL_FUNC dw dw_make(float hi, float lo) {
 // (see Range). (s, t) is a normalised double-word.
 METAL_FUNC dw dw_two_sum(float a, float b) {
   float s = a + b;
+  if (dw_is_special(s)) return dw_special(s);
   float ap = s - b;
   float bp = s - ap;
   float da = a - ap;
@@ -76,6 +90,7 @@ METAL_FUNC dw dw_two_sum(float a, float b) {
 // proofs establish the condition (a == 0 is also fine: the result is (b, 0)).
 METAL_FUNC dw dw_fast_two_sum(float a, float b) {
   float s = a + b;
+  if (dw_is_special(s)) return dw_special(s);
   float z = s - a;
   return dw_make(s, b - z);
 }
@@ -84,6 +99,7 @@ METAL_FUNC dw dw_fast_two_sum(float a, float b) {
 // Exact when exponent(a) + exponent(b) >= -80 and a*b does not overflow (see Range).
 METAL_FUNC dw dw_two_prod(float a, float b) {
   float p = a * b;
+  if (dw_is_special(p)) return dw_special(p);
   float e = metal::fma(a, b, -p);
   return dw_make(p, e);
 }
@@ -112,6 +128,7 @@ METAL_FUNC dw dw_neg(dw x) { return dw_make(-x.hi, -x.lo); }
 // was corrected and Coq-checked in MR). 10 ops.
 METAL_FUNC dw dw_add_fp(dw x, float y) {
   dw s = dw_two_sum(x.hi, y);
+  if (dw_is_special(s.hi)) return s;
   float v = x.lo + s.lo;
   return dw_fast_two_sum(s.hi, v);
 }
@@ -121,6 +138,7 @@ METAL_FUNC dw dw_add_fp(dw x, float y) {
 // 20 ops. Never the "sloppy" JMP alg 5: no bound when the signs differ.
 METAL_FUNC dw dw_add(dw x, dw y) {
   dw s = dw_two_sum(x.hi, y.hi);
+  if (dw_is_special(s.hi)) return s;
   dw t = dw_two_sum(x.lo, y.lo);
   float c = s.lo + t.hi;
   dw v = dw_fast_two_sum(s.hi, c);
@@ -137,6 +155,7 @@ METAL_FUNC dw dw_sub(dw x, dw y) { return dw_add(x, dw_neg(y)); }
 // 6 ops.
 METAL_FUNC dw dw_mul_fp(dw x, float y) {
   dw c = dw_two_prod(x.hi, y);
+  if (dw_is_special(c.hi)) return c;
   float cl3 = metal::fma(x.lo, y, c.lo);
   return dw_fast_two_sum(c.hi, cl3);
 }
@@ -145,6 +164,7 @@ METAL_FUNC dw dw_mul_fp(dw x, float y) {
 // bound; JMP's Table 1 gives 5u^2, with a proof MR found flawed and repaired). 9 ops.
 METAL_FUNC dw dw_mul(dw x, dw y) {
   dw c = dw_two_prod(x.hi, y.hi);
+  if (dw_is_special(c.hi)) return c;
   float tl0 = x.lo * y.lo;
   float tl1 = metal::fma(x.hi, y.lo, tl0);
   float cl2 = metal::fma(x.lo, y.hi, tl1);
@@ -188,6 +208,10 @@ METAL_FUNC float dw_recip_refine(float yh, float t0) {
 }
 
 METAL_FUNC dw dw_div_from_recip(dw x, dw y, float t0) {
+  // Special values: x.hi / y.hi as float32 gives them (y = 0, Inf or NaN operands,
+  // overflow); a finite quotient by an infinite y is that signed zero.
+  float q = x.hi / y.hi;
+  if (dw_is_special(q) || dw_is_special(y.hi)) return dw_special(q);
   float th = dw_recip_refine(y.hi, t0);
   float rh = metal::fma(-y.hi, th, 1.0f);
   float rl = -(y.lo * th);

@@ -1,0 +1,148 @@
+"""Special values (Inf, NaN, overflow) on every backend: a double-word operation
+gives what the float32 operation on the high words gives whenever that is not
+finite (metal/include/doubleword.h, "Special values"), and the elementwise ops give
+what plain float32 MLX gives. The oracle is numpy / MLX float32 arithmetic."""
+
+import warnings
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from test_doubleword import run_cdw, run_dw
+
+from mlx_precise import (
+    complex_multiply_extended,
+    depthwise3_extended,
+    depthwise_conv_extended,
+    fft_scale_extended,
+)
+
+BACKENDS = ("emulate", "cpu")
+INF, NAN, BIG = np.float32(np.inf), np.float32(np.nan), np.float32(3e38)
+MAXF = np.finfo(np.float32).max
+SPECIALS = np.array([INF, -INF, NAN, BIG, -BIG, MAXF, 2.0**127, 1.0, -2.5, 0.0, -0.0,
+                     1e-30, 2.0**-126], np.float32)
+
+
+def same(got, want) -> bool:
+    """Equal as IEEE values, NaN matching NaN (any payload/sign)."""
+    got, want = np.asarray(got), np.asarray(want)
+    return bool(np.all((got == want) | (np.isnan(got) & np.isnan(want))))
+
+
+def pairs():
+    x, y = np.meshgrid(SPECIALS, SPECIALS)
+    return x.ravel().astype(np.float32), y.ravel().astype(np.float32)
+
+
+# float32 reference of each dw_ops operation on the high words
+F32_OPS = {0: np.add, 1: np.add, 2: np.multiply, 3: np.add, 4: np.add, 5: np.multiply,
+           6: np.multiply, 7: np.divide}
+
+
+@pytest.mark.parametrize("op", sorted(F32_OPS))
+def test_doubleword_ops_follow_float32_on_special_values(op):
+    """Every pair of special/huge operands: where the float32 result is not finite,
+    the double-word result is exactly it, with a zero low word (so rounding gives
+    it back); where it is finite, so is the double-word one."""
+    x, y = pairs()
+    if op == 1:  # Fast2Sum needs |x| >= |y|
+        x, y = np.where(np.abs(x) >= np.abs(y), x, y), np.where(np.abs(x) >= np.abs(y), y, x)
+    z = np.zeros_like(x)
+    zh, zl = run_dw(op, x, z, y, z)
+    with np.errstate(all="ignore"):
+        want = F32_OPS[op](x, y).astype(np.float32)
+    special = ~np.isfinite(want)
+    assert special.sum() >= 40
+    assert same(zh[special], want[special]), [
+        (a, b, g, w) for a, b, g, w in zip(x[special], y[special], zh[special], want[special])
+        if not same(g, w)][:5]
+    assert np.all(zl[special] == 0)
+    # finite float32 results stay finite (no spurious NaN from a residual)
+    assert np.isfinite(zh[~special]).all() and np.isfinite(zl[~special]).all()
+
+
+def test_doubleword_overflow_of_low_terms_gives_signed_inf():
+    """A double-word sum whose exact value rounds past the float32 range gives the
+    correctly signed Inf, although its high words alone do not overflow."""
+    h, q = np.float32(MAXF), np.float32(2.0**102)  # ulp(MAXF) = 2^104
+    # (MAXF, 2^102) + (2^102, 0) = MAXF + 2^103: a tie, rounded to even, i.e. to 2^128
+    zh, zl = run_dw(4, np.array([h, -h], np.float32), np.array([q, -q], np.float32),
+                    np.array([q, -q], np.float32), np.zeros(2, np.float32))
+    assert zh.tolist() == [np.inf, -np.inf] and zl.tolist() == [0.0, 0.0]
+
+
+def test_complex_ops_follow_float32_formula():
+    """cdw_ops multiply: each component as the float32 formula (ac - bd, ad + bc)."""
+    rng = np.random.default_rng(1)
+    vals = SPECIALS
+    a, b, c, d = (rng.choice(vals, 4000).astype(np.float32) for _ in range(4))
+    z = np.zeros_like(a)
+    rh, rl, ih, il = run_cdw(1, (a, z, b, z), (c, z, d, z))
+    with np.errstate(all="ignore"):
+        re = (a * c - b * d).astype(np.float32)
+        im = (a * d + b * c).astype(np.float32)
+    for got, low, want in ((rh, rl, re), (ih, il, im)):
+        special = ~np.isfinite(want)
+        assert special.sum() > 500
+        assert same(got[special], want[special]) and np.all(low[special] == 0)
+
+
+def complex_parts(re, im):
+    z = np.empty(re.shape, np.complex64)
+    z.real, z.imag = re, im
+    return z
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_complex_multiply_specials(backend):
+    """Each component as the formula (ac - bd, ad + bc) gives it: in float32 on the
+    kernel path (what MLX's Metal complex64 multiply computes), in float64 rounded
+    once on the cpu backend (where no intermediate overflows)."""
+    x, y = pairs()
+    rng = np.random.default_rng(2)
+    a_re, a_im, b_re, b_im = x, rng.permutation(x), y, rng.permutation(y)
+    a, b = complex_parts(a_re, a_im), complex_parts(b_re, b_im)
+    t = np.float32 if backend != "cpu" else np.float64
+    with np.errstate(all="ignore"):
+        ar, ai, br, bi = (v.astype(t) for v in (a_re, a_im, b_re, b_im))
+        want = complex_parts((ar * br - ai * bi).astype(np.float32),
+                             (ar * bi + ai * br).astype(np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy RuntimeWarning leaks from the cpu path
+        got = np.array(complex_multiply_extended(mx.array(a), mx.array(b), backend=backend))
+    for g, w in ((got.real, want.real), (got.imag, want.imag)):
+        special = ~np.isfinite(w)
+        assert special.sum() > 20
+        assert same(g[special], w[special])
+        assert np.isfinite(g[~special]).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [1, 3, 4, 1000])
+def test_fft_scale_specials(backend, n):
+    x = SPECIALS.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = np.array(fft_scale_extended(mx.array(x), n, backend=backend))
+    want = (x.astype(np.float64) / n).astype(np.float32)
+    special = ~np.isfinite(want)
+    assert special.sum() == 3
+    assert same(got[special], want[special]) and np.isfinite(got[~special]).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_depthwise_overflow_and_inf(backend):
+    """Overflow of the exact sum gives the signed Inf (plain MLX gives Inf too);
+    an Inf input gives Inf, Inf - Inf NaN, as float32 convolution does."""
+    x = mx.full((1, 1, 4), 2e38)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = np.array(depthwise3_extended(x, mx.ones((1, 3)), backend=backend)).ravel()
+    assert y[0] == np.float32(2e38) and np.all(y[1:] == np.inf)
+    y = np.array(depthwise3_extended(-x, mx.ones((1, 3)), backend=backend)).ravel()
+    assert np.all(y[1:] == -np.inf)
+    xs = mx.array(np.array([[[1.0, np.inf, -np.inf, 2.0, 3.0, 4.0, 5.0, 6.0]]], np.float32))
+    w = mx.array(np.array([[1.0, 1.0]], np.float32))
+    y = np.array(depthwise_conv_extended(xs, w, backend=backend)).ravel()
+    assert same(y, [1.0, np.inf, np.nan, -np.inf, 5.0, 7.0, 9.0, 11.0])
