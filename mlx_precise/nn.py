@@ -25,6 +25,34 @@ from .hyena import fftconv
 from .nn_int8 import Int8Linear, convert_linear_to_int8  # noqa: F401  (W8A8 layers)
 
 
+_FLOAT_INPUTS = (mx.float32, mx.float16, mx.bfloat16)
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _layer_input(u, layer: str, layout: str, width_axis: int, width: int, max_len: int,
+                 length_axis: int) -> mx.array:
+    """Check a layer's 3-D input and widen it to float32 (exact from float16 and
+    bfloat16: the layers compute in float32 or double-word and return float32, as
+    an MLX layer with float32 weights does by type promotion)."""
+    if not isinstance(u, mx.array):
+        raise TypeError(f"{layer} input must be an mx.array {layout}, got {type(u).__name__}")
+    if u.ndim != 3:
+        raise ValueError(f"{layer} input must be 3-D {layout}, got shape {tuple(u.shape)}")
+    if u.dtype not in _FLOAT_INPUTS:
+        raise TypeError(f"{layer} input must be float32, float16 or bfloat16, got {u.dtype}")
+    if u.shape[width_axis] != width:
+        raise ValueError(f"{layer} input {layout} must have {width} on axis {width_axis}, "
+                         f"got shape {tuple(u.shape)}")
+    if u.shape[length_axis] > max_len:
+        raise ValueError(f"input length {u.shape[length_axis]} exceeds max_len={max_len}")
+    return u.astype(mx.float32)
+
+
 class FFTConv(nn.Module):
     """Long convolution with an explicit filter: ``y = fftconv(u, k[:, :L], D)``.
 
@@ -33,12 +61,14 @@ class FFTConv(nn.Module):
         max_len: longest input length (filter length).
         skip: learn a per-channel skip weight D (``y += D u``).
 
-    Input ``u``: float32 (batch, C, L) with L <= max_len. Output: same shape.
+    Input ``u``: float32, float16 or bfloat16 (batch, C, L) with L <= max_len
+    (widened exactly to float32). Output: float32, same shape.
     """
 
     def __init__(self, channels: int, max_len: int, skip: bool = True):
         super().__init__()
-        self.max_len = max_len
+        self.channels = _positive_int("channels", channels)
+        self.max_len = _positive_int("max_len", max_len)
         # Decaying random filter: a long convolution that starts close to local.
         decay = mx.exp(-mx.arange(max_len, dtype=mx.float32) / max(max_len / 8, 1.0))
         self.k = mx.random.normal((channels, max_len)) * decay / math.sqrt(max_len)
@@ -46,10 +76,8 @@ class FFTConv(nn.Module):
             self.D = mx.random.normal((channels,))
 
     def __call__(self, u: mx.array) -> mx.array:
-        L = u.shape[-1]
-        if L > self.max_len:
-            raise ValueError(f"input length {L} exceeds max_len={self.max_len}")
-        return fftconv(u, self.k[:, :L], self.get("D"))
+        u = _layer_input(u, "FFTConv", "(batch, channels, L)", 1, self.channels, self.max_len, 2)
+        return fftconv(u, self.k[:, : u.shape[2]], self.get("D"))
 
 
 class Sin(nn.Module):
@@ -120,8 +148,12 @@ class HyenaOperator(nn.Module):
     def __init__(self, d_model: int, max_len: int, order: int = 2, filter_order: int = 64,
                  short_filter_order: int = 3):
         super().__init__()
-        if order < 2:
-            raise ValueError(f"order must be >= 2, got {order}")
+        for name, value in (("d_model", d_model), ("max_len", max_len),
+                            ("filter_order", filter_order),
+                            ("short_filter_order", short_filter_order)):
+            _positive_int(name, value)
+        if isinstance(order, bool) or not isinstance(order, int) or order < 2:
+            raise ValueError(f"order must be an int >= 2, got {order!r}")
         self.d_model, self.order, self.max_len = d_model, order, max_len
         width = (order + 1) * d_model
         self.in_proj = nn.Linear(d_model, width)
@@ -132,9 +164,11 @@ class HyenaOperator(nn.Module):
         self.filter = HyenaFilter(d_model, order - 1, max_len, filter_order=filter_order)
 
     def __call__(self, u: mx.array) -> mx.array:
-        B, L, _ = u.shape
-        if L > self.max_len:
-            raise ValueError(f"input length {L} exceeds max_len={self.max_len}")
+        """``u``: float32, float16 or bfloat16 (batch, L, d_model), L <= max_len
+        (widened exactly to float32); returns float32 (batch, L, d_model)."""
+        u = _layer_input(u, "HyenaOperator", "(batch, L, d_model)", 2, self.d_model,
+                         self.max_len, 1)
+        L = u.shape[1]
         z = self.in_proj(u).transpose(0, 2, 1)  # (B, (order + 1) d, L)
         short = depthwise3 if self.short_w.shape[1] == 3 else depthwise_conv
         z = short(z, self.short_w, self.short_b)

@@ -172,5 +172,5 @@ def test_bad_input():
         hyena_conv_extended(u.astype(mx.float16), k, backend="cpu")
     with pytest.raises(ValueError, match="exceeds max_len"):
         FFTConv(2, 8)(u)
-    with pytest.raises(ValueError, match="order must be >= 2"):
+    with pytest.raises(ValueError, match="order must be an int >= 2"):
         HyenaOperator(4, 16, order=1)

@@ -1,0 +1,52 @@
+"""The layers validate their arguments and inputs with clear errors, and share one
+dtype policy: float32, float16 and bfloat16 inputs, widened exactly to float32."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_precise.nn import FFTConv, HyenaOperator
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: HyenaOperator(0, 8), "d_model must be a positive int"),
+    (lambda: HyenaOperator(4, 0), "max_len must be a positive int"),
+    (lambda: HyenaOperator(4, 8, order=1), "order must be an int >= 2"),
+    (lambda: HyenaOperator(4, 8, filter_order=0), "filter_order must be a positive int"),
+    (lambda: HyenaOperator(4, 8, short_filter_order=0), "short_filter_order must be"),
+    (lambda: HyenaOperator(4.0, 8), "d_model must be a positive int"),
+    (lambda: FFTConv(0, 8), "channels must be a positive int"),
+    (lambda: FFTConv(2, 0), "max_len must be a positive int"),
+])
+def test_bad_arguments(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_bad_inputs():
+    h, f = HyenaOperator(4, 16), FFTConv(4, 16)
+    cases = [
+        (h, mx.zeros((16, 4)), ValueError, r"must be 3-D \(batch, L, d_model\), got shape \(16, 4\)"),
+        (h, mx.zeros((1, 16, 3)), ValueError, "must have 4 on axis 2"),
+        (h, mx.zeros((1, 17, 4)), ValueError, "input length 17 exceeds max_len=16"),
+        (h, mx.zeros((1, 16, 4), mx.int32), TypeError, "float32, float16 or bfloat16"),
+        (h, np.zeros((1, 16, 4), np.float32), TypeError, "must be an mx.array"),
+        (f, mx.zeros((4, 16)), ValueError, r"must be 3-D \(batch, channels, L\)"),
+        (f, mx.zeros((1, 3, 16)), ValueError, "must have 4 on axis 1"),
+        (f, mx.zeros((1, 4, 17)), ValueError, "input length 17 exceeds max_len=16"),
+    ]
+    for layer, u, err, match in cases:
+        with pytest.raises(err, match=match):
+            layer(u)
+
+
+def test_half_precision_inputs_are_widened_exactly():
+    mx.random.seed(3)
+    h, f = HyenaOperator(4, 16), FFTConv(4, 16)
+    for layer, shape in ((h, (2, 16, 4)), (f, (2, 4, 16))):
+        u32 = mx.random.normal(shape)
+        for dt in (mx.float16, mx.bfloat16):
+            u = u32.astype(dt)
+            y = layer(u)
+            assert y.dtype == mx.float32 and y.shape == shape
+            np.testing.assert_array_equal(np.array(y), np.array(layer(u.astype(mx.float32))))
