@@ -99,7 +99,10 @@ def check_kernels(names) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mlx_precise", description=__doc__)
+    # the console script is `mlx-precise`; `python -m mlx_precise` runs this module
+    prog = "mlx-precise" if os.path.basename(sys.argv[0]) == "mlx-precise" else "python -m mlx_precise"
+    p = argparse.ArgumentParser(
+        prog=prog, description="mlx-precise: extended-precision Metal kernels for MLX.")
     sub = p.add_subparsers(dest="command", required=True)
     for cmd, help_ in (
         ("demo", "the main job on the default backend"),
