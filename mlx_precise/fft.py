@@ -35,9 +35,9 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from . import backends
+from . import backends, pow2scale
 from .context import precision_aware
-from .doubleword import DoubleWord
+from .doubleword import DoubleWord, from_float64_result
 from .elementwise import complex_multiply_extended, reciprocal_words
 from .kernels import Kernel
 from .twiddles import chirp_words, roots_dd, twiddle_table
@@ -216,6 +216,26 @@ def _empty(lead: tuple, m: int, dtype, ax: int, round_output: bool):
     """The (empty) result of a transform with no rows."""
     z = mx.zeros(lead + (m,), dtype)
     return _finish(z, z, lead, ax, round_output)
+
+
+def _growth_log2(n: int) -> int:
+    """log2 of a bound on |intermediate| / max|input| in the complex transform of
+    length n: n for the Stockham passes (partial sums of up to n terms, the 1/n of
+    an inverse applied last), M^3 for Bluestein's (chirp product, FFT of length M,
+    times a spectrum of at most 2n - 1 < M, inverse FFT of length M)."""
+    if n <= 1:
+        return 0
+    if n & (n - 1) == 0:
+        return n.bit_length()
+    return 3 * (_next_pow2(2 * n - 1).bit_length() - 1) + 1
+
+
+def _in_range(run, hi, lo, growth_log2: int):
+    """``run(hi, lo)`` on rows scaled by exact powers of two so that no intermediate
+    overflows (:mod:`mlx_precise.pow2scale`), and its result scaled back."""
+    e = pow2scale.row_exponents(hi, growth_log2)
+    y_hi, y_lo = run(pow2scale.scale(hi, e), pow2scale.scale(lo, e))
+    return pow2scale.unscale(y_hi, y_lo, e)
 
 
 # ---- power-of-two complex FFT -----------------------------------------------------
@@ -411,10 +431,7 @@ def _np_fft(kind: str, x: np.ndarray, n: int, axis: int) -> np.ndarray:
 
 def _cpu_result(y: np.ndarray, round_output: bool):
     """One rounding of the float64 / complex128 result, or its split."""
-    y = np.ascontiguousarray(y)
-    if round_output:
-        return mx.array(y.astype(np.complex64 if np.iscomplexobj(y) else np.float32))
-    return DoubleWord.from_float64(y)
+    return from_float64_result(np.ascontiguousarray(y), round_output)
 
 
 # ---- public API --------------------------------------------------------------------
@@ -435,13 +452,15 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
         return _empty(lead, n, mx.complex64, ax, round_output)
     hi, lo = _to_rows(hi, ax, n), _to_rows(lo, ax, n)
     if real_in and not inverse:  # half the work, and exact Hermitian symmetry
-        y_hi, y_lo = _rfft_rows(hi, lo, rows, n, lo_out=not round_output, backend=name,
-                                stream=stream)
+        y_hi, y_lo = _in_range(
+            lambda h, l: _rfft_rows(h, l, rows, n, lo_out=not round_output, backend=name,
+                                    stream=stream), hi, lo, _growth_log2(n) + 1)
         y_hi, y_lo = _hermitian_extend(y_hi, n), _hermitian_extend(y_lo, n)
     else:
-        y_hi, y_lo = _cfft_rows(hi, lo, rows, n, inverse=inverse,
-                                scale_den=n if inverse else 1, lo_out=not round_output,
-                                backend=name, stream=stream)
+        y_hi, y_lo = _in_range(
+            lambda h, l: _cfft_rows(h, l, rows, n, inverse=inverse,
+                                    scale_den=n if inverse else 1, lo_out=not round_output,
+                                    backend=name, stream=stream), hi, lo, _growth_log2(n))
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 
@@ -511,8 +530,10 @@ def rfft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream
     lead, rows = _batch(hi, ax, n, "x")
     if rows == 0:
         return _empty(lead, n // 2 + 1, mx.complex64, ax, round_output)
-    y_hi, y_lo = _rfft_rows(_to_rows(hi, ax, n), _to_rows(lo, ax, n), rows, n,
-                            lo_out=not round_output, backend=name, stream=stream)
+    y_hi, y_lo = _in_range(
+        lambda h, l: _rfft_rows(h, l, rows, n, lo_out=not round_output, backend=name,
+                                stream=stream),
+        _to_rows(hi, ax, n), _to_rows(lo, ax, n), _growth_log2(n) + 1)
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 
@@ -547,7 +568,16 @@ def irfft_extended(X, n=None, axis=-1, *, round_output=True, backend=None, strea
     if rows == 0:
         return _empty(lead, n, mx.float32, ax, round_output)
     m = n // 2 + 1
-    hi, lo = _to_rows(hi, ax, m), _to_rows(lo, ax, m)
+    growth = _growth_log2(n) if n % 2 else _growth_log2(n // 2) + 2  # + pre-processing
+    y_hi, y_lo = _in_range(
+        lambda h, l: _irfft_rows(h, l, rows, n, round_output, name, stream),
+        _to_rows(hi, ax, m), _to_rows(lo, ax, m), growth)
+    return _finish(y_hi, y_lo, lead, ax, round_output)
+
+
+def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream):
+    """irfft of complex64 (rows, n//2 + 1) words: float32 (rows, n) (hi, lo or None)."""
+    m = n // 2 + 1
     if n % 2:  # odd: Hermitian extension to n points, complex inverse, real part
         def extend(a):
             first = mx.real(a[:, :1]).astype(mx.complex64)  # Im X_0 ignored
@@ -570,7 +600,7 @@ def irfft_extended(X, n=None, axis=-1, *, round_output=True, backend=None, strea
                                     nt=n)
         y_hi = mx.contiguous(z_hi).view(mx.float32).reshape(rows, n)
         y_lo = None if z_lo is None else mx.contiguous(z_lo).view(mx.float32).reshape(rows, n)
-    return _finish(y_hi, y_lo, lead, ax, round_output)
+    return y_hi, y_lo
 
 
 # ---- precision-aware entry points ------------------------------------------------

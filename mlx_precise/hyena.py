@@ -17,7 +17,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from . import backends
+from . import backends, pow2scale
 from .context import precision_aware
 from .conv import check_conv_operands
 from .doubleword import DoubleWord
@@ -121,13 +121,31 @@ def _forward(u, k, D, N, round_output, backend):
             y = y + np.array(D, np.float64)[None, :, None] * u64
         return mx.array(y.astype(np.float32)) if round_output else DoubleWord.from_float64(y)
     f = _fft()
-    U = f.rfft_extended(u, n=N, round_output=False, backend=backend)
-    K = f.rfft_extended(k, n=N, round_output=False, backend=backend)
+    (u_s, a), (k_s, b) = _spectrum_range(u, N), _spectrum_range(k, N)
+    U = f.rfft_extended(u_s, n=N, round_output=False, backend=backend)
+    K = f.rfft_extended(k_s, n=N, round_output=False, backend=backend)
     P = complex_multiply_extended(U, DoubleWord(K.hi[None], K.lo[None]), round_output=False,
                                   backend=backend)
     y = f.irfft_extended(P, n=N, round_output=False, backend=backend)  # includes 1/N
-    y = DoubleWord(y.hi[..., :L], y.lo[..., :L])
+    y = _unscaled(DoubleWord(y.hi[..., :L], y.lo[..., :L]), a, b[None])
     return _skip(y, u, D, round_output, backend)
+
+
+def _spectrum_range(x, N: int):
+    """(x * 2^-e, e) per row of x (..., L), e >= 0 the least exponent with
+    N max|row| < 2^62: a product of two such spectra stays below 2^124, so it cannot
+    overflow where the convolution itself is in range (the FFTs scale their own
+    intermediates, :mod:`mlx_precise.pow2scale`)."""
+    e = pow2scale.row_exponents(x, N.bit_length() + pow2scale.HEADROOM - 62)
+    return pow2scale.scale(x, e), e
+
+
+def _unscaled(y: DoubleWord, *exps) -> DoubleWord:
+    """y * 2^(sum of exps), one exact power-of-two step per exponent."""
+    hi, lo = y.hi, y.lo
+    for e in exps:
+        hi, lo = pow2scale.unscale(hi, lo, e)
+    return DoubleWord(hi, lo)
 
 
 def _backward(u, k, D, g, N, backend):
@@ -144,13 +162,15 @@ def _backward(u, k, D, g, N, backend):
         return (mx.array(du.astype(np.float32)), mx.array(dk.astype(np.float32)),
                 None if dD is None else mx.array(dD.astype(np.float32)))
     f = _fft()
-    G = f.rfft_extended(g, n=N, round_output=False, backend=backend)
-    U = f.rfft_extended(u, n=N, round_output=False, backend=backend)
-    K = f.rfft_extended(k, n=N, round_output=False, backend=backend)
+    (g_s, c_e), (u_s, a), (k_s, b) = (_spectrum_range(x, N) for x in (g, u, k))
+    G = f.rfft_extended(g_s, n=N, round_output=False, backend=backend)
+    U = f.rfft_extended(u_s, n=N, round_output=False, backend=backend)
+    K = f.rfft_extended(k_s, n=N, round_output=False, backend=backend)
     # du[s] = sum_t g[t] k[(t - s) mod N] + D g[s]
-    du = _skip(_correlate(G, DoubleWord(K.hi[None], K.lo[None]), N, L, backend), g, D, True, backend)
-    # dk[j] = sum_b sum_t g[b, t] u[b, (t - j) mod N]
-    c = _correlate(G, U, N, Lk, backend)
+    du = _unscaled(_correlate(G, DoubleWord(K.hi[None], K.lo[None]), N, L, backend), c_e, b[None])
+    du = _skip(du, g, D, True, backend)
+    # dk[j] = sum_b sum_t g[b, t] u[b, (t - j) mod N] (rows unscaled before the batch sum)
+    c = _unscaled(_correlate(G, U, N, Lk, backend), c_e, a)
     B, C = u.shape[0], u.shape[1]
     dk_hi, _ = SUM0(inputs=[c.hi.reshape(B, C * Lk), c.lo.reshape(B, C * Lk)],
                     template={"ROUND": True}, output_shapes=[(C * Lk,), (1,)],
