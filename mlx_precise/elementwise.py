@@ -157,13 +157,43 @@ def fft_scale_extended(x, n: int, *, round_output: bool = True, backend: str | N
         ValueError: n is not an integer >= 1. TypeError: wrong dtype.
     """
     s_hi, s_lo = reciprocal_words(n)
+    return _scale(x, s_hi, s_lo, lambda fx: fx / n, round_output, backend, stream)
+
+
+def scale_extended(x, factor: Fraction, *, round_output: bool = True,
+                   backend: str | None = None, stream=None):
+    """``x * factor`` in double-word for a positive rational ``factor`` (given
+    exactly, or to far more than 48 bits, e.g. 1/sqrt(n) for FFT norms), rounded
+    once. The factor's words are split from the rational (:func:`rn32_rational`).
+
+    Args:
+        x: float32 or complex64 ``mx.array``, or a DoubleWord, any shape.
+        factor: ``fractions.Fraction`` (or int) > 0.
+        round_output, backend, stream: as :func:`fft_scale_extended`.
+
+    Returns:
+        x's dtype rounded once, or a DoubleWord; relative error before rounding
+        <= 3u^2 / 5u^2 as :func:`fft_scale_extended` (plus the factor's own).
+    """
+    factor = Fraction(factor)
+    if factor <= 0:
+        raise ValueError(f"factor must be > 0, got {factor}")
+    hi = rn32_rational(factor)
+    lo = rn32_rational(factor - Fraction(float(hi)))
+    return _scale(x, float(hi), float(lo), lambda fx: fx * float(factor), round_output,
+                  backend, stream)
+
+
+def _scale(x, s_hi: float, s_lo: float, cpu_op, round_output, backend, stream):
+    """x times the double-word constant (s_hi, s_lo): the SCALE kernel, or
+    ``cpu_op`` on the float64 value of x (cpu backend)."""
     x = _operand(x, "x", ("float32", "complex64"))
     dw_in = isinstance(x, DoubleWord)
     shape, dtype = tuple(x.shape), x.dtype
     name = backends.resolve(backend)
     if name == "cpu":
         fx = x.to_float64() if dw_in else np.array(x).astype(np.float64 if dtype == mx.float32 else np.complex128)
-        return from_float64_result(fx / n, round_output)
+        return from_float64_result(cpu_op(fx), round_output)
     hi, lo = _words(x) if dw_in else (x, None)
     flat_hi = _as_f32_flat(hi)
     flat_lo = _as_f32_flat(lo) if dw_in else mx.zeros((1,), mx.float32)

@@ -493,8 +493,13 @@ def fft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream=
             ``DoubleWord.from_float64``), or axis is not an int.
         ValueError: n < 1 or not an integer, axis out of range, 0-d x, or more
             than 2^30 points in one call.
+
+    Differentiable when ``x`` is an ``mx.array`` and ``round_output=True``: the
+    VJP runs the same double-word FFT (:mod:`mlx_precise.fftn`); with a
+    DoubleWord input or output ``mx.grad`` raises
+    :class:`~mlx_precise.autodiff.NotDifferentiableError`.
     """
-    return _complex_transform(x, n, axis, False, round_output, backend, stream)
+    return _layer().one_axis("fft", x, n, axis, round_output, backend, stream)
 
 
 def ifft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream=None):
@@ -502,7 +507,7 @@ def ifft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream
     rounded once; arguments, shapes, dtypes and errors as :func:`fft_extended`.
     The 1/n scaling is exact for powers of two and a double-word product
     otherwise."""
-    return _complex_transform(x, n, axis, True, round_output, backend, stream)
+    return _layer().one_axis("ifft", x, n, axis, round_output, backend, stream)
 
 
 def rfft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream=None):
@@ -519,7 +524,13 @@ def rfft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream
     Raises:
         TypeError: x is complex or not float32 / DoubleWord; axis not an int.
         ValueError: as :func:`fft_extended`.
+
+    Differentiable as :func:`fft_extended`.
     """
+    return _layer().one_axis("rfft", x, n, axis, round_output, backend, stream)
+
+
+def _rfft_words(x, n, axis, round_output, backend, stream):
     x = _as_input(x, "x", real_only=True)
     ax = _check_axis(x.ndim, axis, "x")
     n = _check_n(n, x.shape[ax])
@@ -556,7 +567,13 @@ def irfft_extended(X, n=None, axis=-1, *, round_output=True, backend=None, strea
     Raises:
         TypeError, ValueError: as :func:`fft_extended`; also when the default n
             would be < 1 (X of length 1 needs an explicit n).
+
+    Differentiable as :func:`fft_extended`.
     """
+    return _layer().one_axis("irfft", X, n, axis, round_output, backend, stream)
+
+
+def _irfft_words(X, n, axis, round_output, backend, stream):
     X = _as_input(X, "X")
     ax = _check_axis(X.ndim, axis, "X")
     n = _check_n(n, 2 * (X.shape[ax] - 1))
@@ -601,6 +618,21 @@ def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream
         y_hi = mx.contiguous(z_hi).view(mx.float32).reshape(rows, n)
         y_lo = None if z_lo is None else mx.contiguous(z_lo).view(mx.float32).reshape(rows, n)
     return y_hi, y_lo
+
+
+def transform_words(kind: str, x, n, axis, round_output: bool, backend, stream):
+    """One 1-D transform ``kind`` (fft, ifft, rfft, irfft) with no autodiff
+    wrapper: the building block of :mod:`mlx_precise.fftn`."""
+    if kind in ("fft", "ifft"):
+        return _complex_transform(x, n, axis, kind == "ifft", round_output, backend, stream)
+    return (_rfft_words if kind == "rfft" else _irfft_words)(x, n, axis, round_output, backend,
+                                                             stream)
+
+
+def _layer():
+    from . import fftn  # the autodiff / N-D layer builds on this module
+
+    return fftn
 
 
 # ---- precision-aware entry points ------------------------------------------------

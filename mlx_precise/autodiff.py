@@ -1,0 +1,41 @@
+"""Autodiff guards for extended kernels.
+
+The ``cpu`` and ``emulate`` backends compute on the host, and ``metal`` kernels have
+no autodiff of their own, so a gradient through an extended op exists only where an
+``mx.custom_function`` gives it one. Anything else would come back as zeros without
+a word (the graph is cut at the host round trip). :func:`guarded` closes that gap:
+it runs a function inside an ``mx.custom_function`` whose VJP raises
+:class:`NotDifferentiableError`, so ``mx.grad`` through it fails loudly.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+
+class NotDifferentiableError(RuntimeError):
+    """A gradient was asked of an extended op that has none (e.g. a DoubleWord
+    input or output)."""
+
+
+class TransformUnsupportedError(RuntimeError):
+    """An extended op was traced by ``mx.compile`` or ``mx.vmap`` on a backend
+    that computes eagerly on the host (``cpu``, ``emulate``)."""
+
+
+def guarded(fn, arrays, what: str):
+    """``fn(*arrays)`` (arrays: ``mx.array``\\ s; fn returns an array or a tuple
+    of arrays) with a VJP that raises :class:`NotDifferentiableError` naming
+    ``what``."""
+
+    @mx.custom_function
+    def f(*a):
+        return fn(*a)
+
+    @f.vjp
+    def f_vjp(primals, cotangents, outputs):
+        raise NotDifferentiableError(
+            f"{what} is not differentiable; use an mx.array input and round_output=True "
+            "for a gradient")
+
+    return f(*arrays)
