@@ -53,6 +53,10 @@ from .int8 import compute_azp_adj, quantize_int8, scaled_mm
 from .int8_gemm import int8_matmul
 from .kernels import DeviceCheckError, Kernel
 from . import nn  # noqa: E402  (mlx.nn layers: FFTConv, HyenaOperator)
+from . import intercept  # noqa: E402  (MLX's FFTs / depthwise conv1d inside extended_precision)
+from .autodiff import NotDifferentiableError, TransformUnsupportedError
+
+intercept.install_from_env()
 
 __version__ = "0.1.0"
 
@@ -60,6 +64,8 @@ __all__ = [
     "BACKENDS",
     "BackendUnavailableError",
     "DeviceCheckError",
+    "NotDifferentiableError",
+    "TransformUnsupportedError",
     "DoubleWord",
     "Kernel",
     "complex_multiply",

@@ -14,6 +14,7 @@ import numpy as np
 from . import backends
 from .context import precision_aware
 from .doubleword import DoubleWord, from_float64_result
+from .intercept import plain
 from .kernels import Kernel, elementwise_grid
 
 _F32 = (mx.float32,)
@@ -158,7 +159,9 @@ def _depthwise_float32(x, w, bias=None):
     """Plain float32 MLX: ``mx.conv1d`` with groups = channels."""
     _check_depthwise(x, w, bias)
     L, K = x.shape[2], w.shape[1]
-    y = mx.conv1d(x.transpose(0, 2, 1), w[:, :, None], padding=K - 1, groups=x.shape[1])
+    # MLX's own conv1d (never the extended_precision() dispatcher: this is the
+    # plain path and the VJP of the extended one).
+    y = plain.conv1d(x.transpose(0, 2, 1), w[:, :, None], padding=K - 1, groups=x.shape[1])
     y = y[:, :L, :].transpose(0, 2, 1)
     return y + bias[None, :, None] if bias is not None else y
 
