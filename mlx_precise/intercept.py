@@ -122,7 +122,7 @@ def _guard_transforms(fn, what: str):
             f"which computes on the host and cannot be compiled: {advice}")
     try:
         return fn(name)
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:  # MLX's "[eval] ... during function transformations"
         if "function transformations" not in str(e):
             raise
         raise TransformUnsupportedError(
