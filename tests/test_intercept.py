@@ -265,3 +265,14 @@ def test_compile_never_runs_plain_inside(backend):
             assert (bits(step(u, k, D)) == first).all()
     assert (bits(step(u, k, D)) == first).all()
     assert np.allclose(first.view(np.float32), plain.view(np.float32), atol=1e-5)
+
+
+def test_demo_row():
+    from mlx_precise import demo
+
+    rows = {r["name"]: r for r in demo.run("cpu", channels=4, L=2048)}
+    plain = rows["float32 MLX (mx.fft)"]
+    wrapped = rows["unmodified MLX code inside extended_precision()"]
+    assert wrapped["exactly_rounded"] >= 0.40 > 0.20 >= plain["exactly_rounded"]
+    assert plain["normwise"] / wrapped["normwise"] >= 3.0
+    assert rows["extended (cpu)"]["exactly_rounded"] >= 0.9999
