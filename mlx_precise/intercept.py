@@ -13,8 +13,8 @@ Importing :mod:`mlx_precise` installs, once per process, thin dispatchers in pla
   gradients (``mx.grad``) through ``mx.custom_function`` VJPs.
 
 ``mx.compile`` keeps one compiled graph per (extended?, backend) state, so a
-function compiled outside a block and called inside it is traced again, extended;
-on ``cpu`` and ``emulate`` (which compute on the host) tracing an extended op
+function compiled outside a block and called inside it is traced again, extended
+(on ``metal`` the kernels are graph nodes); on ``cpu`` and ``emulate`` (which compute on the host) tracing an extended op
 raises :class:`~mlx_precise.autodiff.TransformUnsupportedError` instead of
 running plain. ``mx.vmap`` over an intercepted op raises the same error there.
 

@@ -21,6 +21,7 @@ from mlx_precise import TransformUnsupportedError, extended_precision, intercept
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import port_guide  # noqa: E402
 from mlx_fftconv_block import LongConvBlock, fftconv_ref  # noqa: E402
+from test_lazy_glue import lazy_metal  # noqa: E402,F401  (fixture: a lazy stand-in for Metal)
 
 BACKENDS = ("cpu", "emulate")
 
@@ -281,6 +282,21 @@ def test_compile_never_runs_plain_inside(backend):
             assert (bits(step(u, k, D)) == first).all()
     assert (bits(step(u, k, D)) == first).all()
     assert np.allclose(first.view(np.float32), plain.view(np.float32), atol=1e-5)
+
+
+def test_compile_on_metal_traces_the_extended_kernels(lazy_metal):
+    """On metal the kernels are graph nodes: a function compiled outside the block
+    is traced again inside it, with the kernels (here a lazy stand-in whose
+    outputs are zeros, so the extended graph cannot pass for MLX's plain one)."""
+    u = mx.array(np.random.default_rng(9).standard_normal((2, 4, 64)).astype(np.float32))
+    k, D = u[1] * 0.25, mx.ones((4,))
+    step = mx.compile(fftconv_ref)
+    first = bits(step(u, k, D))
+    with mp.use_backend("metal"), extended_precision():
+        inside = bits(step(u, k, D))
+        skip_only = bits(u * D[:, None])  # the FFT part is the stand-in's zeros
+    assert (inside != first).any() and (inside == skip_only).all()
+    assert (bits(step(u, k, D)) == first).all()
 
 
 def test_demo_row():
