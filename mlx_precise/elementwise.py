@@ -16,6 +16,7 @@ import numpy as np
 
 from . import backends
 from .context import precision_aware
+from .autodiff import guarded
 from .doubleword import DoubleWord, from_float64_result
 from .kernels import Kernel, elementwise_grid
 
@@ -105,6 +106,55 @@ def complex_multiply_extended(a, b, *, round_output: bool = True, backend: str |
     except ValueError:
         raise ValueError(f"a and b do not broadcast: shapes {a.shape} and {b.shape}") from None
     name = backends.resolve(backend)
+    if round_output and isinstance(a, mx.array) and isinstance(b, mx.array):
+        return _cmul_differentiable(name, stream)(a, b)
+    dw = [isinstance(x, DoubleWord) for x in (a, b)]
+    arrays = [w for x in (a, b) for w in ((x.hi, x.lo) if isinstance(x, DoubleWord) else (x,))]
+
+    def run(*w):
+        it = iter(w)
+        xa, xb = (DoubleWord(next(it), next(it)) if d else next(it) for d in dw)
+        y = _cmul(xa, xb, shape, round_output, name, stream)
+        return y if round_output else (y.hi, y.lo)
+
+    out = guarded(run, arrays, "complex_multiply_extended of a DoubleWord or with round_output=False")
+    return out if round_output else DoubleWord(*out)
+
+
+def _cmul_differentiable(name: str, stream):
+    """The rounded product of two complex64 arrays with its VJP (MLX's convention:
+    da = g conj(b), db = g conj(a), summed over broadcast axes), each product by
+    the same double-word kernel."""
+
+    @mx.custom_function
+    def f(a, b):
+        return _cmul(a, b, _broadcast(a, b), True, name, stream)
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        a, b = primals
+        g = cotangent[0] if isinstance(cotangent, (list, tuple)) else cotangent
+        shape = tuple(g.shape)
+        return tuple(
+            sum_to(_cmul(g, mx.conj(other), shape, True, name, stream), tuple(x.shape))
+            for x, other in ((a, b), (b, a)))
+
+    return f
+
+
+def _broadcast(a, b) -> tuple:
+    return tuple(np.broadcast_shapes(tuple(a.shape), tuple(b.shape)))
+
+
+def sum_to(g: mx.array, shape: tuple) -> mx.array:
+    """Sum ``g`` over the axes broadcasting added to an operand of ``shape``."""
+    lead = g.ndim - len(shape)
+    axes = list(range(lead)) + [lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1]
+    return (mx.sum(g, axis=axes, keepdims=True) if axes else g).reshape(shape)
+
+
+def _cmul(a, b, shape: tuple, round_output: bool, name: str, stream):
+    """The product on a resolved backend (no autodiff)."""
     if name == "cpu":
         fa = a.to_float64() if isinstance(a, DoubleWord) else np.array(a).astype(np.complex128)
         fb = b.to_float64() if isinstance(b, DoubleWord) else np.array(b).astype(np.complex128)
@@ -186,11 +236,37 @@ def scale_extended(x, factor: Fraction, *, round_output: bool = True,
 
 def _scale(x, s_hi: float, s_lo: float, cpu_op, round_output, backend, stream):
     """x times the double-word constant (s_hi, s_lo): the SCALE kernel, or
-    ``cpu_op`` on the float64 value of x (cpu backend)."""
+    ``cpu_op`` on the float64 value of x (cpu backend). A rounded result of an
+    ``mx.array`` is differentiable (the VJP scales the cotangent the same way);
+    otherwise a gradient raises."""
     x = _operand(x, "x", ("float32", "complex64"))
+    name = backends.resolve(backend)
+    args = (s_hi, s_lo, cpu_op, name, stream)
+    if round_output and isinstance(x, mx.array):
+
+        @mx.custom_function
+        def f(a):
+            return _scale_raw(a, *args, True)
+
+        @f.vjp
+        def f_vjp(primals, cotangent, output):
+            g = cotangent[0] if isinstance(cotangent, (list, tuple)) else cotangent
+            return (_scale_raw(g, *args, True),)
+
+        return f(x)
+    words = [x.hi, x.lo] if isinstance(x, DoubleWord) else [x]
+
+    def run(*w):
+        y = _scale_raw(DoubleWord(*w) if len(w) == 2 else w[0], *args, round_output)
+        return y if round_output else (y.hi, y.lo)
+
+    out = guarded(run, words, "a double-word scaling of a DoubleWord or with round_output=False")
+    return out if round_output else DoubleWord(*out)
+
+
+def _scale_raw(x, s_hi, s_lo, cpu_op, name, stream, round_output):
     dw_in = isinstance(x, DoubleWord)
     shape, dtype = tuple(x.shape), x.dtype
-    name = backends.resolve(backend)
     if name == "cpu":
         fx = x.to_float64() if dw_in else np.array(x).astype(np.float64 if dtype == mx.float32 else np.complex128)
         return from_float64_result(cpu_op(fx), round_output)
