@@ -393,7 +393,7 @@ static void test_bfloat_half() {
   CHECK(bfloat16_t(257).bits_ == 0x4380);   // 257 -> 256 (tie to even)
   CHECK(bfloat16_t(259).bits_ == 0x4382);   // 259 -> 260
   // arithmetic rounds to bf16 each step
-  bfloat16_t a = 1.0f, b = bfloat16_t::from_bits(0x3B80);  // 2^-8
+  bfloat16_t a = bfloat16_t(1.0f), b = bfloat16_t::from_bits(0x3B80);  // 2^-8
   CHECK((a + b).bits_ == 0x3F80);  // 1 + 2^-8 ties to 1
   bfloat16_t c = a + b + b;        // per-op rounding: still 1
   CHECK(c.bits_ == 0x3F80);
@@ -405,7 +405,7 @@ static void test_bfloat_half() {
   static_assert(std::is_same<decltype(3 - a), bfloat16_t>::value, "");
   CHECK(float(a * 3) == 3.0f && float(6 / bfloat16_t(2.0f)) == 3.0f);
   CHECK(a < 2 && a == 1.0f && 2.0f > a && a != b && a >= a && b <= a);
-  bfloat16_t d = 2.0f;
+  bfloat16_t d = bfloat16_t(2.0f);
   d += 1;
   d *= 2.0f;
   d -= a;
@@ -413,11 +413,11 @@ static void test_bfloat_half() {
   CHECK(float(d) == 1.0f);
   d++;
   CHECK(float(d) == 2.0f && float(-d) == -2.0f);
-  int di = d;
+  int di = int(d);
   CHECK(di == 2 && static_cast<int>(bfloat16_t(-3.7f)) == -3);
-  half hh = bfloat16_t(1.5f);
+  half hh = half(bfloat16_t(1.5f));
   CHECK(float(hh) == 1.5f);
-  bfloat16_t fromh = half(0.25f);
+  bfloat16_t fromh = bfloat16_t(half(0.25f));
   CHECK(float(fromh) == 0.25f);
   CHECK(float(metal::numeric_limits<bfloat16_t>::max()) == 0x1.FEp127f);
   CHECK(float(metal::numeric_limits<bfloat16_t>::epsilon()) == 0x1p-7f);
@@ -460,7 +460,23 @@ static void test_as_type_limits_traits() {
   static_assert(metal::is_floating_point_v<float> && !metal::is_floating_point_v<int>, "");
   static_assert(metal::is_integral_v<short> && metal::is_signed_v<half>, "");
   static_assert(metal::is_unsigned_v<uint> && !metal::is_signed_v<uint>, "");
-  static_assert(metal::is_convertible_v<float, bfloat16_t>, "");
+  // Metal's bfloat: only bfloat -> float (and, here, integer -> bfloat) are
+  // implicit; a conditional with an integer or T(0) stays bfloat.
+  static_assert(!metal::is_convertible_v<float, bfloat16_t> && !metal::is_convertible_v<half, bfloat16_t>, "");
+  static_assert(metal::is_convertible_v<bfloat16_t, float> && metal::is_convertible_v<int, bfloat16_t>, "");
+  static_assert(!metal::is_convertible_v<bfloat16_t, int> && !metal::is_convertible_v<bfloat16_t, half>, "");
+  static_assert(metal::is_convertible_v<float, half> && metal::is_convertible_v<half, float>, "");
+  {
+    bfloat16_t q = bfloat16_t(2.5f);
+    auto c0 = q > 1 ? q : 0;
+    auto c1 = q > 1 ? q : bfloat16_t(0);
+    auto c2 = q > 1 ? q : 0.5f;
+    half hq = half(0.5f);
+    auto c3 = hq > 1 ? hq : 0;
+    static_assert(std::is_same<decltype(c0), bfloat16_t>::value && std::is_same<decltype(c1), bfloat16_t>::value, "");
+    static_assert(std::is_same<decltype(c2), float>::value && std::is_same<decltype(c3), half>::value, "");
+    CHECK(float(c0) == 2.5f && float(q < 1 ? q : 0) == 0.0f && c2 == 2.5f && float(c3) == 0.0f);
+  }
   static_assert(metal::is_same_v<metal::remove_cv_t<const int>, int>, "");
   static_assert(metal::is_same_v<metal::decay_t<const float&>, float>, "");
   static_assert(metal::is_same_v<metal::conditional_t<true, int, float>, int>, "");

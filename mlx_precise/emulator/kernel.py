@@ -9,8 +9,11 @@ Differences from a real Apple GPU that a kernel author should know:
 
 * Outputs without ``init_value`` start as all-ones bytes (NaN for floats, -1 for
   integers) so that an output element the kernel never writes is visible.
-* Inputs are always passed row-contiguous (with matching ``_strides``), whatever
-  ``ensure_row_contiguous`` says; a kernel that honours its strides computes the same.
+* Every input and output lives between inaccessible guard regions: an access out
+  of bounds becomes a Python exception naming the kernel, the buffer, the element
+  and the thread, never a crash. ``checked=True`` (the default under
+  ``MLX_PRECISE_EMULATOR_CHECKED=1``, as in the test suite) also reports barriers
+  that not every thread of a group reaches.
 * Float ``simd_sum``/``simd_product`` combine lanes in a fixed tree order; the
   hardware's order is not documented, so last-bit agreement of float reductions is
   not guaranteed (integer and exact reductions agree).
@@ -23,13 +26,15 @@ import ctypes.util
 import functools
 import os
 import re
+import signal
 import threading
+import warnings
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
-from . import compiler, signature
+from . import compiler, memory, signature
 
 SHIM_DIR = Path(__file__).resolve().parent / "shim"
 MAX_THREADS_PER_THREADGROUP = 1024
@@ -39,7 +44,11 @@ MAX_THREADS_PER_THREADGROUP = 1024
 _TG_DECL_RE = re.compile(
     r"\bthreadgroup\b(?=\s+(?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?\s+[A-Za-z_]\w*\s*(?:\[|;))"
 )
-_NEEDS_FIBERS_RE = re.compile(r"\b(?:threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*\(")
+_NEEDS_FIBERS_RE = re.compile(
+    r"\b(?:threadgroup_barrier|simdgroup_\w+|simd_\w+|quad_\w+)\s*\("
+)
+_MATH_MODES = ("safe", "relaxed", "fast")
+_TRACING = "function transformations"  # MLX's message when a tracer is evaluated
 
 _NP_DTYPES = {
     mx.float32: np.float32,
@@ -61,15 +70,47 @@ _libs: dict[str, ctypes.CDLL] = {}
 _libs_lock = threading.Lock()
 
 
-def _to_numpy(x: mx.array) -> np.ndarray:
-    if x.dtype not in _NP_DTYPES:
+def _check_dtype(dtype: mx.Dtype) -> None:
+    if dtype not in _NP_DTYPES:
         raise TypeError(
-            f"dtype {x.dtype} cannot be passed to a Metal kernel (Metal has no float64: "
+            f"dtype {dtype} cannot be passed to a Metal kernel (Metal has no float64: "
             "pass float64 data as raw bits with x.view(mx.uint32))"
         )
+
+
+def _to_numpy(x: mx.array) -> np.ndarray:
+    """A row-contiguous numpy copy (bfloat16 as its uint16 bits)."""
+    _check_dtype(x.dtype)
     if x.dtype == mx.bfloat16:
         x = x.view(mx.uint16)
     return np.ascontiguousarray(np.array(x, copy=True))
+
+
+def _layout(x: mx.array, contiguous: bool) -> tuple[np.ndarray, list[int], int]:
+    """``(view, element strides, first element)`` of an input as the kernel sees
+    it: row-contiguous, or (``contiguous=False``) the array's own strided view of
+    its memory, as MLX passes it. ``first`` is the lowest element offset the view
+    reaches (< 0 with negative strides)."""
+    if contiguous or x.ndim == 0:
+        a = _to_numpy(x)
+        return a, _row_strides(x.shape), 0
+    _check_dtype(x.dtype)
+    a = np.asarray(memoryview(x.view(mx.uint16) if x.dtype == mx.bfloat16 else x))
+    strides = [s // a.itemsize for s in a.strides]
+    first = sum(min(0, (n - 1) * s) for n, s in zip(a.shape, strides)) if a.size else 0
+    return a, strides, first
+
+
+def _stage_input(name: str, x: mx.array, contiguous: bool):
+    """Copy input ``x`` into a fenced buffer; returns ``(buffer, element strides)``."""
+    a, strides, first = _layout(x, contiguous)
+    last = sum(max(0, (n - 1) * s) for n, s in zip(a.shape, strides)) if a.size else -1
+    span = (last - first + 1) * a.itemsize
+    buf = memory.Guarded(name, "input", span, a.itemsize, first)
+    if span:
+        src = a.__array_interface__["data"][0] + first * a.itemsize
+        ctypes.memmove(buf.ptr, src, span)
+    return buf, strides
 
 
 def _from_numpy(a: np.ndarray, dtype: mx.Dtype) -> mx.array:
@@ -85,6 +126,11 @@ def _dims(value, what: str) -> tuple[int, int, int]:
     if len(dims) != 3 or any(d < 1 for d in dims):
         raise ValueError(f"{what} must be 3 positive ints, got {value!r}")
     return dims
+
+
+# What precedes MLX's text in the C++ unit (the runtime names source lines of
+# the unit; `_name_lines` subtracts this).
+_PRELUDE = '#include "runtime.h"\n#define threadgroup\n#define MPEMU_THREADGROUP static\n'
 
 
 def _cpp_source(kname: str, text: str, template, params) -> str:
@@ -107,17 +153,16 @@ def _cpp_source(kname: str, text: str, template, params) -> str:
     targs = signature.template_def(template) if template else ""
     call = ",\n      ".join(args)
     return (
-        '#include "runtime.h"\n'
-        "#define threadgroup\n"
-        "#define MPEMU_THREADGROUP static\n"
+        _PRELUDE +
         f"{text}\n"
         "static void mpemu_thread(void** b) {\n"
         "  const mpemu::Attrs& a = mpemu::attrs();\n"
         "  (void)a;\n"
         f"  {kname}{targs}(\n      {call});\n"
         "}\n"
-        'extern "C" int mpemu_launch(void** b, const uint32_t* dims, int fibers, char* err, int n) {\n'
-        "  return mpemu::launch(mpemu_thread, b, dims, fibers, err, n);\n"
+        'extern "C" int mpemu_launch(void** b, const uint32_t* dims, int fibers, int checked,\n'
+        "                            char* err, int n, uint64_t* fault) {\n"
+        "  return mpemu::launch(mpemu_thread, b, dims, fibers, checked, err, n, fault);\n"
         "}\n"
     )
 
@@ -134,8 +179,10 @@ def _load(source: str, kname: str, label: str) -> ctypes.CDLL:
                 ctypes.POINTER(ctypes.c_void_p),
                 ctypes.POINTER(ctypes.c_uint32),
                 ctypes.c_int,
+                ctypes.c_int,
                 ctypes.c_char_p,
                 ctypes.c_int,
+                ctypes.POINTER(ctypes.c_uint64),
             ]
             _libs[source] = lib
     return lib
@@ -155,17 +202,10 @@ class MetalKernel:
 
     def __init__(self, name, input_names, output_names, source, header="",
                  ensure_row_contiguous=True, atomic_outputs=False, compile_options=None,
-                 strict=None):
+                 strict=None, checked=None):
         if not output_names:
             raise ValueError("[metal_kernel] Must specify at least one output.")
-        if compile_options is not None:
-            mode = dict(compile_options).get("math_mode", "safe")
-            if mode != "safe":
-                # Only IEEE ("safe") semantics are emulated; relaxed/fast math
-                # results depend on Apple's compiler.
-                raise ValueError(
-                    f"the Metal emulator only emulates math_mode='safe', got {mode!r}"
-                )
+        _check_compile_options(compile_options)
         self.name = name
         self.input_names = list(input_names)
         self.output_names = list(output_names)
@@ -173,6 +213,8 @@ class MetalKernel:
         self.header = header
         self.ensure_row_contiguous = ensure_row_contiguous
         self.atomic_outputs = atomic_outputs
+        self.checked = (os.environ.get("MLX_PRECISE_EMULATOR_CHECKED", "0") not in ("", "0")
+                        if checked is None else bool(checked))
         self._shape_infos = signature.shape_infos(source, self.input_names)
         self._fibers = bool(_NEEDS_FIBERS_RE.search(header + "\n" + source))
         # The strict Metal front-end check (strict.py) of each new instantiation.
@@ -225,48 +267,156 @@ class MetalKernel:
                 template=template, atomic_outputs=self.atomic_outputs)
             self._strict_passed.add(kname)
         compile_text = signature.write_signature(kname, self.header, self.source, template, params)
-        lib = _load(_cpp_source(kname, compile_text, template, params), kname,
-                    f"{self.name} ({kname})")
+        cpp = _cpp_source(kname, compile_text, template, params)
+        lib = _load(cpp, kname, f"{self.name} ({kname})")
+        line0 = _PRELUDE.count("\n")
 
+        def launch(*arrays):
+            try:
+                return self._launch(lib, params, list(arrays), output_shapes, output_dtypes,
+                                    grid, threadgroup, init_value, line0)
+            except ValueError as e:
+                if _TRACING not in str(e):
+                    raise
+                raise ValueError(
+                    f"[metal_kernel] the emulated kernel {self.name!r} cannot be traced by "
+                    "mx.compile, mx.vmap or mx.export_function: the Metal emulator runs "
+                    "kernels eagerly on the CPU when they are called. Call it outside the "
+                    "transformation (or use mx.fast.metal_kernel on a Mac)."
+                ) from None
+
+        # Outputs depend on the inputs through a function whose derivatives raise
+        # as MLX's CustomKernel does (an mx.custom_function around the kernel
+        # supplies its own VJP and never reaches these).
+        fn = mx.custom_function(launch)
+        fn.vjp(_no_derivative("vjp"))
+        fn.jvp(_no_derivative("jvp"))
+        return fn(*inputs)
+
+    def _launch(self, lib, params, inputs, output_shapes, output_dtypes, grid, threadgroup,
+                init_value, line0):
         keep = []  # owners of the memory behind the pointers
+        fenced: list[memory.Guarded] = []
+        outs: list[memory.Guarded] = []
         ptrs = []
-        for p in params:
-            if p.kind == "attribute":
-                continue
-            if p.kind == "input":
-                arr = _to_numpy(inputs[p.owner])
-            elif p.kind == "shape":
-                arr = np.array(inputs[p.owner].shape, dtype=np.int32)
-            elif p.kind == "strides":
-                arr = np.array(_row_strides(inputs[p.owner].shape), dtype=np.int64)
-            elif p.kind == "ndim":
-                arr = np.array([inputs[p.owner].ndim], dtype=np.int32)
-            else:
-                arr = self._new_output(output_shapes[p.owner], output_dtypes[p.owner], init_value)
-            keep.append(arr)
-            ptrs.append(arr.ctypes.data if arr.size else 0)
-        buffers = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
-        # MLX clamps the threadgroup to the grid in each dimension.
-        dims = (ctypes.c_uint32 * 6)(*grid, *(min(t, g) for t, g in zip(threadgroup, grid)))
-        err = ctypes.create_string_buffer(512)
-        if lib.mpemu_launch(buffers, dims, int(self._fibers), err, len(err)):
-            raise RuntimeError(f"kernel {self.name!r}: {err.value.decode()}")
-        outs = [a for p, a in zip((p for p in params if p.kind != "attribute"), keep)
-                if p.kind == "output"]
-        return [
-            _from_numpy(a.reshape(tuple(s)), d)
-            for a, s, d in zip(outs, output_shapes, output_dtypes)
-        ]
+        strides = {}
+        try:
+            for p in params:
+                if p.kind == "attribute":
+                    continue
+                if p.kind == "input":
+                    buf, strides[p.owner] = _stage_input(p.name, inputs[p.owner],
+                                                         self.ensure_row_contiguous)
+                    fenced.append(buf)
+                    ptrs.append(buf.origin)
+                    continue
+                if p.kind == "output":
+                    buf = self._new_output(p.name, output_shapes[p.owner],
+                                           output_dtypes[p.owner], init_value)
+                    fenced.append(buf)
+                    outs.append(buf)
+                    ptrs.append(buf.origin)
+                    continue
+                if p.kind == "shape":
+                    arr = np.array(inputs[p.owner].shape, dtype=np.int32)
+                elif p.kind == "strides":
+                    arr = np.array(strides[p.owner], dtype=np.int64)
+                else:  # ndim
+                    arr = np.array([inputs[p.owner].ndim], dtype=np.int32)
+                keep.append(arr)
+                ptrs.append(arr.ctypes.data if arr.size else 0)
+            buffers = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
+            # MLX clamps the threadgroup to the grid in each dimension.
+            dims = (ctypes.c_uint32 * 6)(*grid, *(min(t, g) for t, g in zip(threadgroup, grid)))
+            err = ctypes.create_string_buffer(512)
+            fault = (ctypes.c_uint64 * 8)()
+            status = lib.mpemu_launch(buffers, dims, int(self._fibers), int(self.checked),
+                                      err, len(err), fault)
+            if status == 1:
+                raise RuntimeError(f"kernel {self.name!r}: {_name_lines(err.value.decode(), line0)}")
+            if status == 2:
+                raise RuntimeError(_fault_message(self.name, fenced, fault))
+            if self.checked:
+                for b in fenced:
+                    off = b.slack_write()
+                    if off is not None:
+                        raise RuntimeError(
+                            f"kernel {self.name!r}: out-of-bounds write of {b.kind} {b.name!r} "
+                            f"at byte {off} (element {b.first + off // b.itemsize}; valid: "
+                            f"{b.first}..{b.last}); the thread is unknown (the write missed "
+                            "the guard pages)")
+            return [
+                _from_numpy(b.array.view(_NP_DTYPES[d]).copy().reshape(tuple(s)), d)
+                for b, s, d in zip(outs, output_shapes, output_dtypes)
+            ]
+        finally:
+            for b in fenced:
+                b.free()
 
     @staticmethod
-    def _new_output(shape, dtype, init_value):
+    def _new_output(name, shape, dtype, init_value) -> memory.Guarded:
+        """A fenced output buffer: ``init_value`` everywhere, else all-ones bytes."""
         if dtype not in _NP_DTYPES:
             raise TypeError(f"unsupported output dtype for a Metal kernel: {dtype}")
         size = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+        itemsize = np.dtype(_NP_DTYPES[dtype]).itemsize
+        buf = memory.Guarded(name, "output", size * itemsize, itemsize)
         if init_value is not None:
-            return _to_numpy(mx.full((size,), init_value, dtype=dtype))
-        npd = _NP_DTYPES[dtype]
-        return np.full(size * np.dtype(npd).itemsize, 0xFF, dtype=np.uint8).view(npd)
+            buf.array[:] = _to_numpy(mx.full((size,), init_value, dtype=dtype)).view(np.uint8)
+        else:
+            buf.array[:] = 0xFF
+        return buf
+
+
+def _check_compile_options(options) -> None:
+    """MLX's validation of ``compile_options``; relaxed/fast math run as safe."""
+    if options is None:
+        return
+    for key, value in dict(options).items():
+        if key != "math_mode":
+            raise ValueError(f"[metal_kernel] Unknown compile option `{key}`.")
+        if value not in _MATH_MODES:
+            raise ValueError("[metal_kernel] Expected math_mode to be 'safe', 'relaxed', or 'fast'.")
+        if value != "safe":
+            _warn_math_mode(value)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_math_mode(mode: str) -> None:
+    warnings.warn(
+        f"the Metal emulator runs math_mode={mode!r} kernels with 'safe' (IEEE) semantics; "
+        "on a GPU the compiler may reassociate, contract and use approximate functions, "
+        "so results there can differ",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+def _no_derivative(kind: str):
+    def raise_(*args):
+        raise ValueError(f"[Primitive::{kind}] Not implemented for CustomKernel.")
+    return raise_
+
+
+def _name_lines(message: str, line0: int) -> str:
+    """Runtime messages name source lines of the C++ unit as ``@line N``; say them as
+    lines of the generated source that ``verbose=True`` prints."""
+    return re.sub(r"@line (\d+)", lambda m: f"line {int(m.group(1)) - line0} of the generated "
+                  "source (verbose=True prints it)", message)
+
+
+_SIGNALS = {int(signal.SIGSEGV): "access", int(signal.SIGBUS): "access"}
+
+
+def _fault_message(kernel: str, buffers, fault) -> str:
+    sig, addr, access = int(fault[0]), int(fault[1]), int(fault[2])
+    thread = (f"thread ({fault[3]},{fault[4]},{fault[5]}) of the grid "
+              f"(threadgroup ({fault[6]},{fault[7]},..))")
+    if sig not in _SIGNALS:
+        return (f"kernel {kernel!r}: integer division by zero (or INT_MIN / -1) trapped in "
+                f"{thread}; the GPU does not trap and returns an unspecified value")
+    return memory.describe(kernel, buffers, {1: "write", 2: "read"}.get(access, "access"),
+                           addr, thread)
 
 
 def _row_strides(shape) -> list[int]:
@@ -279,7 +429,7 @@ def _row_strides(shape) -> list[int]:
 
 def metal_kernel(name, input_names, output_names, source, header="",
                  ensure_row_contiguous=True, atomic_outputs=False, compile_options=None,
-                 strict=None):
+                 strict=None, checked=None):
     """Drop-in for ``mx.fast.metal_kernel`` that runs the kernel on the CPU.
 
     Same constructor and call arguments as MLX's; see the module docstring for the
@@ -287,7 +437,9 @@ def metal_kernel(name, input_names, output_names, source, header="",
     environment variable) first runs each new instantiation through the strict Metal
     front-end check (:func:`mlx_precise.emulator.strict.check_source`) and raises
     :class:`~mlx_precise.emulator.strict.MetalCheckError` where Metal would reject
-    the source. Example::
+    the source. ``checked=True`` (default: the ``MLX_PRECISE_EMULATOR_CHECKED``
+    environment variable) also reports writes into the alignment slack around
+    buffers and barriers that not every thread of a group reaches. Example::
 
         k = metal_kernel(name="myexp", input_names=["inp"], output_names=["out"],
                          source="uint i = thread_position_in_grid.x;"
@@ -296,4 +448,5 @@ def metal_kernel(name, input_names, output_names, source, header="",
                  output_shapes=[x.shape], output_dtypes=[x.dtype])
     """
     return MetalKernel(name, input_names, output_names, source, header,
-                       ensure_row_contiguous, atomic_outputs, compile_options, strict)
+                       ensure_row_contiguous, atomic_outputs, compile_options, strict,
+                       checked)

@@ -86,17 +86,35 @@ using std::void_t;
 // (RNE).  For +,-,*,/ and sqrt that is the correctly rounded bf16 result,
 // because float carries more than 2*8+2 significand bits.
 // ---------------------------------------------------------------------------
+//
+// Conversions follow Metal's native `bfloat`: bfloat -> float is implicit,
+// anything else (float, half, double -> bfloat; bfloat -> half, integers) needs
+// an explicit conversion, except integer -> bfloat, which stays implicit so that
+// `c ? b : 0` and `T x = 0` compile and mean bfloat, as in Metal (a class type
+// cannot convert both ways implicitly without making `?:` ambiguous).
 struct bfloat16_t {
   uint16_t bits_;
 
   bfloat16_t() = default;
+  template <class U, std::enable_if_t<std::is_integral<U>::value, int> = 0>
+  constexpr bfloat16_t(U x) : bits_(convert(x)) {}
   template <class U,
-            std::enable_if_t<std::is_arithmetic<U>::value ||
+            std::enable_if_t<std::is_floating_point<U>::value ||
                                  std::is_same<U, _Float16>::value,
                              int> = 0>
-  constexpr bfloat16_t(U x) : bits_(convert(x)) {}
-  constexpr operator float() const {
+  constexpr explicit bfloat16_t(U x) : bits_(convert(x)) {}
+  // Templates, so that no implicit bfloat -> float -> int chain exists.
+  template <class U, std::enable_if_t<std::is_same<U, float>::value, int> = 0>
+  constexpr operator U() const {
     return __builtin_bit_cast(float, uint32_t(bits_) << 16);
+  }
+  template <class U,
+            std::enable_if_t<!std::is_same<U, float>::value &&
+                                 (std::is_arithmetic<U>::value ||
+                                  std::is_same<U, _Float16>::value),
+                             int> = 0>
+  constexpr explicit operator U() const {
+    return U(__builtin_bit_cast(float, uint32_t(bits_) << 16));
   }
   static constexpr bfloat16_t from_bits(uint16_t b) { return {b, raw{}}; }
 

@@ -6,13 +6,21 @@
 #pragma once
 
 // Standard headers first: the shim defines `thread`, `device` and `constant`
-// as (empty) address-space macros.
+// as (empty) address-space macros. _GNU_SOURCE names the x86-64 fault context's
+// error register (REG_ERR: was the faulting access a write?).
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <csetjmp>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <pthread.h>
+#include <signal.h>
+#include <ucontext.h>
 
 #if defined(__x86_64__)
 #include <xmmintrin.h>
@@ -123,6 +131,7 @@ struct Fiber {
   Attrs attrs;
   State state = State::Runnable;
   unsigned simd_seq = 0;  // collectives done so far (parity selects a slot)
+  unsigned barrier_line = 0;  // source line of the barrier it waits at
 };
 
 // Values exchanged by one simdgroup's collective; double-buffered by the
@@ -147,6 +156,13 @@ struct Runtime {
   char* stacks = nullptr;
   size_t stack_size = 0, stack_count = 0;
   char error[512] = {0};
+  bool checked = false;  // report divergent barriers
+  // A memory fault or integer trap inside the kernel jumps back to launch().
+  sigjmp_buf jump;
+  volatile sig_atomic_t armed = 0;
+  pthread_t owner;
+  uint64_t fault[3] = {0, 0, 0};  // signal, address, 1 if a write
+  struct sigaction saved[3];
 };
 
 // One runtime per kernel library; launch() holds its mutex, so a plain global
@@ -186,7 +202,11 @@ inline constexpr mem_flags operator|(mem_flags a, mem_flags b) {
   return mem_flags(uint(a) | uint(b));
 }
 
-inline void threadgroup_barrier(mem_flags = mem_flags::mem_none) {
+// The call's source line tells barriers apart (divergence check).
+inline void threadgroup_barrier(mem_flags = mem_flags::mem_none,
+                                unsigned line = __builtin_LINE()) {
+  mpemu::Runtime& r = mpemu::rt();
+  if (r.fibers) r.fiber->barrier_line = line;
   mpemu::suspend(mpemu::State::Barrier, "threadgroup_barrier");
 }
 }  // namespace metal
@@ -257,75 +277,156 @@ struct Exchange {
 
 }  // namespace mpemu
 
-namespace metal {
-#define MPEMU_SIMD_REDUCE(NAME, EXPR)                                   \
-  template <typename T>                                                 \
-  inline T NAME(T x) {                                                  \
-    return mpemu::Exchange<T>(x, #NAME).reduce([](T a, T b) { return EXPR; }); \
-  }
-MPEMU_SIMD_REDUCE(simd_sum, a + b)
-MPEMU_SIMD_REDUCE(simd_product, a * b)
-MPEMU_SIMD_REDUCE(simd_max, metal::max(a, b))
-MPEMU_SIMD_REDUCE(simd_min, metal::min(a, b))
-MPEMU_SIMD_REDUCE(simd_and, a & b)
-MPEMU_SIMD_REDUCE(simd_or, a | b)
-MPEMU_SIMD_REDUCE(simd_xor, a ^ b)
-#undef MPEMU_SIMD_REDUCE
+namespace mpemu {
+// The value type of a collective's argument: a swizzle (v.xy) travels as the
+// vector it denotes.
+template <class T>
+struct val {
+  using type = T;
+};
+template <class T, int N, int... I>
+struct val<metal::swz<T, N, I...>> {
+  using type = metal::vec<T, int(sizeof...(I))>;
+};
+template <class T>
+using val_t = typename val<T>::type;
 
-template <typename T>
-inline T simd_prefix_exclusive_sum(T x) {
-  return mpemu::Exchange<T>(x, "simd_prefix_exclusive_sum").prefix([](T a, T b) { return a + b; }, T(0), false);
+// A reduction over the lanes l with (l & ~keep) == (self & ~keep) that are
+// active: keep = 31 is the whole simdgroup, keep = 3 the quad.
+template <class T, class F>
+T group_reduce(const Exchange<T>& e, uint keep, F f) {
+  const uint base = e.self & ~keep;
+  T acc[kSimdWidth];
+  bool has[kSimdWidth];
+  for (uint l = 0; l <= keep; ++l) {
+    has[l] = e.active(base + l);
+    if (has[l]) acc[l] = e.lane(base + l);
+  }
+  for (uint d = (keep + 1) / 2; d >= 1; d /= 2)
+    for (uint l = 0; l < d; ++l) {
+      if (!has[l + d]) continue;
+      acc[l] = has[l] ? f(acc[l], acc[l + d]) : acc[l + d];
+      has[l] = true;
+    }
+  return has[0] ? acc[0] : e.own;
 }
-template <typename T>
-inline T simd_prefix_inclusive_sum(T x) {
-  return mpemu::Exchange<T>(x, "simd_prefix_inclusive_sum").prefix([](T a, T b) { return a + b; }, T(0), true);
+template <class T, class F>
+T group_prefix(const Exchange<T>& e, uint keep, F f, T identity, bool inclusive) {
+  T acc = identity;
+  for (uint l = e.self & ~keep; l < e.self; ++l)
+    if (e.active(l)) acc = f(acc, e.lane(l));
+  return inclusive ? f(acc, e.own) : acc;
 }
-template <typename T>
-inline T simd_prefix_exclusive_product(T x) {
-  return mpemu::Exchange<T>(x, "simd_prefix_exclusive_product").prefix([](T a, T b) { return a * b; }, T(1), false);
+}  // namespace mpemu
+
+namespace metal {
+// simd_* act on the 32 lanes of a simdgroup, quad_* on groups of 4 lanes.
+#define MPEMU_REDUCE(NAME, KEEP, EXPR)                                         \
+  template <class X, class T = mpemu::val_t<X>>                                \
+  inline T NAME(X x) {                                                         \
+    return mpemu::group_reduce(mpemu::Exchange<T>(T(x), #NAME), KEEP,          \
+                               [](T a, T b) { return T(EXPR); });              \
+  }
+#define MPEMU_REDUCE_BOTH(NAME, EXPR) \
+  MPEMU_REDUCE(simd_##NAME, 31u, EXPR) MPEMU_REDUCE(quad_##NAME, 3u, EXPR)
+MPEMU_REDUCE_BOTH(sum, a + b)
+MPEMU_REDUCE_BOTH(product, a * b)
+MPEMU_REDUCE_BOTH(max, metal::max(a, b))
+MPEMU_REDUCE_BOTH(min, metal::min(a, b))
+MPEMU_REDUCE_BOTH(and, a & b)
+MPEMU_REDUCE_BOTH(or, a | b)
+MPEMU_REDUCE_BOTH(xor, a ^ b)
+#undef MPEMU_REDUCE_BOTH
+#undef MPEMU_REDUCE
+
+#define MPEMU_PREFIX(NAME, KEEP, EXPR, ID, INCL)                               \
+  template <class X, class T = mpemu::val_t<X>>                                \
+  inline T NAME(X x) {                                                         \
+    return mpemu::group_prefix(mpemu::Exchange<T>(T(x), #NAME), KEEP,          \
+                               [](T a, T b) { return T(EXPR); }, T(ID), INCL); \
+  }
+#define MPEMU_PREFIX_BOTH(KIND, EXPR, ID, INCL)                                \
+  MPEMU_PREFIX(simd_prefix_##KIND, 31u, EXPR, ID, INCL)                        \
+  MPEMU_PREFIX(quad_prefix_##KIND, 3u, EXPR, ID, INCL)
+MPEMU_PREFIX_BOTH(exclusive_sum, a + b, 0, false)
+MPEMU_PREFIX_BOTH(inclusive_sum, a + b, 0, true)
+MPEMU_PREFIX_BOTH(exclusive_product, a * b, 1, false)
+MPEMU_PREFIX_BOTH(inclusive_product, a * b, 1, true)
+#undef MPEMU_PREFIX_BOTH
+#undef MPEMU_PREFIX
+
+// Shuffles. `src(e, self)` names the source lane; a source that is outside
+// the group or inactive leaves the lane its own value. WIDTH is 32 (simd_)
+// or 4 (quad_); lane arguments index within the group.
+#define MPEMU_SHUFFLE(NAME, WIDTH, SRC)                                        \
+  template <class X, class T = mpemu::val_t<X>>                                \
+  inline T NAME(X x, ushort arg) {                                             \
+    mpemu::Exchange<T> e(T(x), #NAME);                                         \
+    const uint w = WIDTH, base = e.self & ~(w - 1), i = e.self & (w - 1);      \
+    (void)i;                                                                   \
+    const long src = long(SRC);                                                \
+    return (src < 0 || src >= long(w)) ? e.own : e.lane(base + uint(src));     \
+  }
+#define MPEMU_SHUFFLE_BOTH(NAME, SRC)                                          \
+  MPEMU_SHUFFLE(simd_##NAME, 32u, SRC) MPEMU_SHUFFLE(quad_##NAME, 4u, SRC)
+MPEMU_SHUFFLE_BOTH(shuffle, arg)
+MPEMU_SHUFFLE_BOTH(broadcast, arg)
+MPEMU_SHUFFLE_BOTH(shuffle_down, long(i) + arg)
+MPEMU_SHUFFLE_BOTH(shuffle_up, long(i) - arg)
+MPEMU_SHUFFLE_BOTH(shuffle_xor, i ^ arg)
+MPEMU_SHUFFLE_BOTH(shuffle_rotate_down, (i + arg) % w)
+MPEMU_SHUFFLE_BOTH(shuffle_rotate_up, (i + w - arg % w) % w)
+#undef MPEMU_SHUFFLE_BOTH
+#undef MPEMU_SHUFFLE
+
+// Lane i of each `modulo`-lane segment takes data from lane i + delta (down)
+// or i - delta (up) of its segment, and filling_data from the wrapped lane
+// where that falls outside the segment.
+#define MPEMU_FILL(NAME, WIDTH, DOWN)                                          \
+  template <class X, class Y, class T = mpemu::val_t<X>>                       \
+  inline T NAME(X data, Y fill, ushort delta, ushort modulo = WIDTH) {         \
+    mpemu::Exchange<T> d(T(data), #NAME);                                      \
+    mpemu::Exchange<T> f(T(fill), #NAME);                                      \
+    const uint m = modulo ? modulo : WIDTH;                                    \
+    const uint group = d.self & ~(WIDTH - 1u), i = d.self & (WIDTH - 1u);      \
+    const uint seg = group + i / m * m, j = i % m;                             \
+    if (DOWN)                                                                  \
+      return j + delta < m ? d.lane(seg + j + delta) : f.lane(seg + j + delta - m); \
+    return j >= delta ? d.lane(seg + j - delta) : f.lane(seg + j + m - delta); \
+  }
+MPEMU_FILL(simd_shuffle_and_fill_down, 32u, true)
+MPEMU_FILL(simd_shuffle_and_fill_up, 32u, false)
+MPEMU_FILL(quad_shuffle_and_fill_down, 4u, true)
+MPEMU_FILL(quad_shuffle_and_fill_up, 4u, false)
+#undef MPEMU_FILL
+
+template <class X, class T = mpemu::val_t<X>>
+inline T simd_broadcast_first(X x) {
+  mpemu::Exchange<T> e(T(x), "simd_broadcast_first");
+  return e.ok && e.mask ? e.lane(__builtin_ctz(e.mask)) : e.own;
 }
-template <typename T>
-inline T simd_prefix_inclusive_product(T x) {
-  return mpemu::Exchange<T>(x, "simd_prefix_inclusive_product").prefix([](T a, T b) { return a * b; }, T(1), true);
+
+// simd_ballot / simd_active_threads_mask: one bit per lane (bit l = lane l).
+struct simd_vote {
+  typedef uint64_t vote_t;
+  explicit constexpr simd_vote(vote_t v = 0, vote_t active = ~vote_t(0)) : v_(v), active_(active) {}
+  explicit constexpr operator vote_t() const { return v_; }
+  constexpr bool all() const { return (v_ & active_) == active_; }
+  constexpr bool any() const { return v_ != 0; }
+
+ private:
+  vote_t v_, active_;
+};
+inline simd_vote simd_ballot(bool x) {
+  mpemu::Exchange<int> e(int(x), "simd_ballot");
+  simd_vote::vote_t v = 0;
+  for (uint l = 0; l < mpemu::kSimdWidth; ++l)
+    if (e.active(l) && e.lane(l)) v |= simd_vote::vote_t(1) << l;
+  return simd_vote(v, e.mask);
 }
-template <typename T>
-inline T simd_shuffle(T x, ushort lane) {
-  return mpemu::Exchange<T>(x, "simd_shuffle").lane(lane);
-}
-template <typename T>
-inline T simd_broadcast(T x, ushort lane) {
-  return mpemu::Exchange<T>(x, "simd_broadcast").lane(lane);
-}
-// Lanes whose source falls outside the simdgroup keep their own value.
-template <typename T>
-inline T simd_shuffle_down(T x, ushort delta) {
-  mpemu::Exchange<T> e(x, "simd_shuffle_down");
-  return e.lane(e.self + delta);
-}
-template <typename T>
-inline T simd_shuffle_up(T x, ushort delta) {
-  mpemu::Exchange<T> e(x, "simd_shuffle_up");
-  return delta > e.self ? x : e.lane(e.self - delta);
-}
-template <typename T>
-inline T simd_shuffle_xor(T x, ushort mask) {
-  mpemu::Exchange<T> e(x, "simd_shuffle_xor");
-  return e.lane(e.self ^ mask);
-}
-template <typename T>
-inline T simd_shuffle_rotate_down(T x, ushort delta) {
-  mpemu::Exchange<T> e(x, "simd_shuffle_rotate_down");
-  return e.lane((e.self + delta) % mpemu::kSimdWidth);
-}
-template <typename T>
-inline T simd_shuffle_rotate_up(T x, ushort delta) {
-  mpemu::Exchange<T> e(x, "simd_shuffle_rotate_up");
-  return e.lane((e.self + mpemu::kSimdWidth - delta % mpemu::kSimdWidth) % mpemu::kSimdWidth);
-}
-template <typename T>
-inline T simd_broadcast_first(T x) {
-  mpemu::Exchange<T> e(x, "simd_broadcast_first");
-  return e.ok && e.mask ? e.lane(__builtin_ctz(e.mask)) : x;
+inline simd_vote simd_active_threads_mask() {
+  mpemu::Exchange<int> e(1, "simd_active_threads_mask");
+  return simd_vote(e.mask, e.mask);
 }
 inline bool simd_all(bool x) {
   mpemu::Exchange<int> e(int(x), "simd_all");
@@ -339,12 +440,132 @@ inline bool simd_any(bool x) {
     if (e.active(l) && e.lane(l)) return true;
   return false;
 }
+inline bool quad_all(bool x) {
+  mpemu::Exchange<int> e(int(x), "quad_all");
+  for (uint l = e.self & ~3u; l < (e.self & ~3u) + 4; ++l)
+    if (e.active(l) && !e.lane(l)) return false;
+  return true;
+}
+inline bool quad_any(bool x) {
+  mpemu::Exchange<int> e(int(x), "quad_any");
+  for (uint l = e.self & ~3u; l < (e.self & ~3u) + 4; ++l)
+    if (e.active(l) && e.lane(l)) return true;
+  return false;
+}
 inline bool simd_is_first() {
   mpemu::Exchange<int> e(1, "simd_is_first");
   return e.ok && e.mask && uint(__builtin_ctz(e.mask)) == e.self;
 }
 inline void simdgroup_barrier(mem_flags = mem_flags::mem_none) {
   mpemu::Exchange<int> e(0, "simdgroup_barrier");
+}
+
+// ---- simdgroup_matrix (8x8) ---------------------------------------------------
+// Every lane holds the whole matrix; lane l owns the two elements that Apple's
+// layout gives it (row fm, columns fn and fn + 1, as MLX's steel MMA fragments
+// use them), which thread_elements() exposes. The collective functions first
+// gather each lane's owned pair, so writes through thread_elements() take effect
+// as on the GPU.
+template <class T, int Cols, int Rows>
+struct alignas(16) simdgroup_matrix {
+  static_assert(Cols == 8 && Rows == 8, "the emulator has 8x8 simdgroup matrices only");
+  T e[8][8];  // [row][column]
+
+  simdgroup_matrix() = default;
+  // MSL: a diagonal matrix with `dval` on the diagonal.
+  explicit simdgroup_matrix(T dval) {
+    for (int r = 0; r < 8; ++r)
+      for (int c = 0; c < 8; ++c) e[r][c] = r == c ? dval : T(0);
+  }
+  static void owned(uint lane, int& row, int& col) {
+    const uint q = lane / 4;
+    row = int((q & 4) + (lane / 2) % 4);
+    col = int((q & 2) * 2 + (lane % 2) * 2);
+  }
+  vec<T, 2>& thread_elements() {
+    int r, c;
+    owned(mpemu::attrs().thread_index_in_simdgroup, r, c);
+    return *reinterpret_cast<vec<T, 2>*>(&e[r][c]);
+  }
+  const vec<T, 2>& thread_elements() const {
+    return const_cast<simdgroup_matrix*>(this)->thread_elements();
+  }
+  // Collective: every lane ends up with every lane's owned elements.
+  simdgroup_matrix gathered(const char* what) const {
+    mpemu::Exchange<vec<T, 2>> x(thread_elements(), what);
+    simdgroup_matrix m = *this;
+    for (uint l = 0; l < mpemu::kSimdWidth; ++l) {
+      if (!x.active(l)) continue;
+      int r, c;
+      owned(l, r, c);
+      vec<T, 2> p = x.lane(l);
+      m.e[r][c] = p.x;
+      m.e[r][c + 1] = p.y;
+    }
+    return m;
+  }
+};
+typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+typedef simdgroup_matrix<bfloat16_t, 8, 8> simdgroup_bfloat8x8;
+
+template <class T, int C, int R>
+inline simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T value) {
+  simdgroup_matrix<T, C, R> m;
+  for (int r = 0; r < 8; ++r)
+    for (int c = 0; c < 8; ++c) m.e[r][c] = value;
+  return m;
+}
+
+// Element (r, c) is src[(origin.y + r) * elements_per_row + origin.x + c]
+// (origin = (column, row)); transposed, the block at origin is read as its
+// transpose.
+template <class T, int C, int R, class U>
+inline void simdgroup_load(simdgroup_matrix<T, C, R>& d, const U* src,
+                           ulong elements_per_row = C, ulong2 origin = ulong2(0),
+                           bool transpose = false) {
+  static_assert(std::is_same<std::remove_cv_t<U>, T>::value, "simdgroup_load: element types differ");
+  for (int r = 0; r < 8; ++r)
+    for (int c = 0; c < 8; ++c) {
+      const ulong row = origin.y + ulong(transpose ? c : r), col = origin.x + ulong(transpose ? r : c);
+      d.e[r][c] = src[row * elements_per_row + col];
+    }
+}
+template <class T, int C, int R, class U>
+inline void simdgroup_store(const simdgroup_matrix<T, C, R>& a, U* dst,
+                            ulong elements_per_row = C, ulong2 origin = ulong2(0),
+                            bool transpose = false) {
+  static_assert(std::is_same<U, T>::value, "simdgroup_store: element types differ");
+  const simdgroup_matrix<T, C, R> m = a.gathered("simdgroup_store");
+  for (int r = 0; r < 8; ++r)
+    for (int c = 0; c < 8; ++c) {
+      const ulong row = origin.y + ulong(transpose ? c : r), col = origin.x + ulong(transpose ? r : c);
+      dst[row * elements_per_row + col] = m.e[r][c];
+    }
+}
+// d = a * b + c, each element a float32 fma chain over k = 0..7 started from c
+// and rounded once to d's type. (Apple does not document the hardware's order
+// or intermediate precision.)
+template <class TD, class TA, class TB, class TC>
+inline void simdgroup_multiply_accumulate(simdgroup_matrix<TD, 8, 8>& d,
+                                          const simdgroup_matrix<TA, 8, 8>& a,
+                                          const simdgroup_matrix<TB, 8, 8>& b,
+                                          const simdgroup_matrix<TC, 8, 8>& c) {
+  const auto A = a.gathered("simdgroup_multiply_accumulate");
+  const auto B = b.gathered("simdgroup_multiply_accumulate");
+  const auto C = c.gathered("simdgroup_multiply_accumulate");
+  for (int r = 0; r < 8; ++r)
+    for (int col = 0; col < 8; ++col) {
+      float acc = float(C.e[r][col]);
+      for (int k = 0; k < 8; ++k) acc = __builtin_fmaf(float(A.e[r][k]), float(B.e[k][col]), acc);
+      d.e[r][col] = TD(acc);
+    }
+}
+template <class TD, class TA, class TB>
+inline void simdgroup_multiply(simdgroup_matrix<TD, 8, 8>& d,
+                               const simdgroup_matrix<TA, 8, 8>& a,
+                               const simdgroup_matrix<TB, 8, 8>& b) {
+  simdgroup_multiply_accumulate(d, a, b, make_filled_simdgroup_matrix<TD, 8, 8>(TD(0)));
 }
 }  // namespace metal
 
@@ -474,9 +695,31 @@ inline void run_group_fibers(Runtime& r, uint n) {
       }
     }
     if (released) continue;
-    bool any_barrier = false;
-    for (uint i = 0; i < n; ++i) any_barrier |= r.pool[i].state == State::Barrier;
-    if (!any_barrier) return;  // all done
+    int waiting = -1;  // a fiber at a barrier
+    for (uint i = 0; i < n && waiting < 0; ++i)
+      if (r.pool[i].state == State::Barrier) waiting = int(i);
+    if (waiting < 0) return;  // all done
+    if (r.checked) {
+      // Metal requires every thread of the group to reach the same barrier.
+      const Fiber& w = r.pool[waiting];
+      for (uint i = 0; i < n; ++i) {
+        const Fiber& f = r.pool[i];
+        if (f.state == State::Barrier && f.barrier_line == w.barrier_line) continue;
+        char msg[300];
+        const uint3 a = w.attrs.thread_position_in_threadgroup, b = f.attrs.thread_position_in_threadgroup;
+        std::snprintf(msg, sizeof msg,
+                      "divergent threadgroup_barrier in threadgroup (%u,%u,%u): thread (%u,%u,%u) "
+                      "waits at the barrier on @line %u while thread (%u,%u,%u) %s",
+                      w.attrs.threadgroup_position_in_grid.x, w.attrs.threadgroup_position_in_grid.y,
+                      w.attrs.threadgroup_position_in_grid.z, a.x, a.y, a.z, w.barrier_line,
+                      b.x, b.y, b.z, f.state == State::Done ? "has returned without reaching it"
+                                                             : "waits at another barrier");
+        if (f.state == State::Barrier)
+          std::snprintf(msg + std::strlen(msg), sizeof msg - std::strlen(msg), " (@line %u)", f.barrier_line);
+        fail(msg);
+        return;
+      }
+    }
     // A barrier completes once every thread still running has reached it
     // (threads that returned early do not hold it up).
     for (uint i = 0; i < n; ++i)
@@ -484,9 +727,33 @@ inline void run_group_fibers(Runtime& r, uint n) {
   }
 }
 
+// A fault inside the kernel (a stray access hits a guard page around a
+// buffer, an integer division traps) returns to launch() instead of killing
+// the process; a fault on another thread goes to the handler saved before.
+constexpr int kSignals[3] = {SIGSEGV, SIGBUS, SIGFPE};
+inline void on_fault(int sig, siginfo_t* info, void* uctx) {
+  Runtime& r = rt();
+  if (!r.armed || !pthread_equal(pthread_self(), r.owner)) {
+    for (int i = 0; i < 3; ++i)
+      if (kSignals[i] == sig) sigaction(sig, &r.saved[i], nullptr);
+    return;  // the access repeats and meets the previous handler
+  }
+  r.fault[0] = uint64_t(sig);
+  r.fault[1] = uint64_t(reinterpret_cast<uintptr_t>(info->si_addr));
+  r.fault[2] = 0;
+#if defined(__x86_64__) && defined(REG_ERR)
+  r.fault[2] = (static_cast<ucontext_t*>(uctx)->uc_mcontext.gregs[REG_ERR] & 2) ? 1 : 2;
+#endif
+  r.armed = 0;
+  siglongjmp(r.jump, 1);
+}
+
 // dims: grid xyz, threadgroup xyz (already clamped to the grid, as MLX does).
+// Returns 0, 1 (error message in err) or 2 (fault: fault_out = signal,
+// address, access (0 unknown, 1 write, 2 read), thread position in grid xyz,
+// threadgroup xyz).
 inline int launch(ThreadFn fn, void** buffers, const uint32_t* dims, int use_fibers,
-                  char* err, int errlen) {
+                  int checked, char* err, int errlen, uint64_t* fault_out) {
   // Concurrent launches of one library take turns (pthread: no C++ runtime).
   static pthread_mutex_t serial = PTHREAD_MUTEX_INITIALIZER;
   struct Hold {
@@ -496,44 +763,73 @@ inline int launch(ThreadFn fn, void** buffers, const uint32_t* dims, int use_fib
   Runtime& r = rt();
   r.error[0] = 0;
   r.fibers = use_fibers != 0;
+  r.checked = checked != 0;
   dispatch() = Dispatch{fn, buffers};
   const uint3 grid(dims[0], dims[1], dims[2]), tg(dims[3], dims[4], dims[5]);
   const uint3 groups(ceil_div(grid.x, tg.x), ceil_div(grid.y, tg.y), ceil_div(grid.z, tg.z));
   FloatEnv fenv;
-  Attrs single;
+  static Attrs single;
   if (r.fibers && r.pool_size < tg.x * tg.y * tg.z) {
     std::free(r.pool);
     r.pool_size = tg.x * tg.y * tg.z;
     r.pool = static_cast<Fiber*>(std::malloc(sizeof(Fiber) * r.pool_size));
     for (size_t i = 0; i < r.pool_size; ++i) new (&r.pool[i]) Fiber();
   }
-  for (uint gz = 0; gz < groups.z && !r.error[0]; ++gz)
-    for (uint gy = 0; gy < groups.y && !r.error[0]; ++gy)
-      for (uint gx = 0; gx < groups.x && !r.error[0]; ++gx) {
-        const uint3 g(gx, gy, gz);
-        // dispatchThreads: edge groups are cut to the grid (non-uniform groups).
-        const uint3 actual(metal::min(tg.x, grid.x - gx * tg.x),
-                           metal::min(tg.y, grid.y - gy * tg.y),
-                           metal::min(tg.z, grid.z - gz * tg.z));
-        const uint n = actual.x * actual.y * actual.z;
-        if (r.fibers) {
-          for (uint i = 0; i < n; ++i) fill(r.pool[i].attrs, grid, tg, g, actual, i);
-          run_group_fibers(r, n);
-        } else {
-          r.attrs = &single;
-          for (uint i = 0; i < n && !r.error[0]; ++i) {
-            fill(single, grid, tg, g, actual, i);
-            fn(buffers);
+  // The handler runs on its own stack: a fiber's stack may be the thing that
+  // overflowed.
+  static char* altstack = static_cast<char*>(std::malloc(1 << 16));
+  stack_t ss{}, old_ss{};
+  ss.ss_sp = altstack;
+  ss.ss_size = 1 << 16;
+  sigaltstack(&ss, &old_ss);
+  struct sigaction sa{};
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+  sigemptyset(&sa.sa_mask);
+  for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &r.saved[i]);
+  r.owner = pthread_self();
+  int status = 0;
+  if (sigsetjmp(r.jump, 1)) {
+    const Attrs& a = r.attrs ? *r.attrs : single;
+    const uint64_t info[8] = {r.fault[0], r.fault[1], r.fault[2],
+                              a.thread_position_in_grid.x, a.thread_position_in_grid.y,
+                              a.thread_position_in_grid.z, a.threadgroup_position_in_grid.x,
+                              a.threadgroup_position_in_grid.y};
+    std::memcpy(fault_out, info, sizeof info);
+    status = 2;
+  } else {
+    r.armed = 1;
+    for (uint gz = 0; gz < groups.z && !r.error[0]; ++gz)
+      for (uint gy = 0; gy < groups.y && !r.error[0]; ++gy)
+        for (uint gx = 0; gx < groups.x && !r.error[0]; ++gx) {
+          const uint3 g(gx, gy, gz);
+          // dispatchThreads: edge groups are cut to the grid (non-uniform groups).
+          const uint3 actual(metal::min(tg.x, grid.x - gx * tg.x),
+                             metal::min(tg.y, grid.y - gy * tg.y),
+                             metal::min(tg.z, grid.z - gz * tg.z));
+          const uint n = actual.x * actual.y * actual.z;
+          if (r.fibers) {
+            for (uint i = 0; i < n; ++i) fill(r.pool[i].attrs, grid, tg, g, actual, i);
+            run_group_fibers(r, n);
+          } else {
+            r.attrs = &single;
+            for (uint i = 0; i < n && !r.error[0]; ++i) {
+              fill(single, grid, tg, g, actual, i);
+              fn(buffers);
+            }
           }
         }
-      }
+    r.armed = 0;
+  }
+  for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &r.saved[i], nullptr);
+  sigaltstack(&old_ss, nullptr);
   r.attrs = nullptr;
   r.fiber = nullptr;
-  if (r.error[0]) {
+  if (status == 0 && r.error[0]) {
     std::snprintf(err, errlen, "%s", r.error);
-    return 1;
+    status = 1;
   }
-  return 0;
+  return status;
 }
 
 }  // namespace mpemu

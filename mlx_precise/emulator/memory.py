@@ -1,0 +1,112 @@
+"""Kernel buffers fenced by inaccessible memory, so a stray access is an error.
+
+Each buffer the emulator hands to a kernel lives in its own anonymous mapping: the
+data pages are readable and writable (inputs too: the kernel's `const` is checked by
+the compiler), and wide PROT_NONE regions sit before and after them. The data ends
+at the start of the guard after it (rounded up to 16 bytes, so vector types stay
+aligned), hence one element past the end already faults. The runtime catches the
+fault (shim/runtime.h) and :func:`describe` turns its address into the buffer and
+element. Bytes between the data and the guards are filled with a canary so that a
+write there is found after the launch (:meth:`Guarded.slack_write`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import mmap
+
+import numpy as np
+
+_PROT_NONE, _PROT_RW = 0, mmap.PROT_READ | mmap.PROT_WRITE
+_MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+_PAGE = mmap.PAGESIZE
+_ALIGN = 16
+_CANARY = 0xA5
+# Guards are address space only (no memory): wide enough that an index tens of
+# times the buffer's size still lands in one rather than in another mapping.
+_MIN_GUARD = 64 << 20
+
+
+@functools.lru_cache(maxsize=None)
+def _libc():
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+class Guarded:
+    """One fenced buffer of ``nbytes`` bytes for kernel argument ``name``.
+
+    ``array`` is a writable uint8 numpy view of the data (length ``nbytes``);
+    ``ptr`` its address. The data holds elements ``first .. first + nbytes/itemsize
+    - 1`` of the kernel's pointer, whose element 0 is at ``origin`` (``first`` < 0
+    for a strided view with negative strides)."""
+
+    def __init__(self, name: str, kind: str, nbytes: int, itemsize: int, first: int = 0):
+        self.name, self.kind, self.itemsize = name, kind, itemsize
+        self.first, self.last = first, first + nbytes // itemsize - 1
+        self.nbytes = nbytes
+        padded = _round_up(max(nbytes, 1), _ALIGN)
+        data_pages = _round_up(padded, _PAGE)
+        self.guard = max(_MIN_GUARD, _round_up(16 * data_pages, _PAGE))
+        self.size = 2 * self.guard + data_pages
+        libc = _libc()
+        base = libc.mmap(None, self.size, _PROT_NONE, _MAP_FLAGS, -1, 0)
+        if base in (None, ctypes.c_void_p(-1).value):
+            raise MemoryError(f"cannot map {self.size} bytes for kernel buffer {name!r}")
+        self.base = base
+        page0 = base + self.guard
+        if libc.mprotect(page0, data_pages, _PROT_RW) != 0:
+            self.free()
+            raise MemoryError(f"cannot map kernel buffer {name!r}")
+        self.lo = page0
+        self.hi = page0 + data_pages  # first byte of the guard after the data
+        self.ptr = self.hi - padded
+        self.origin = self.ptr - first * itemsize
+        ctypes.memset(self.lo, _CANARY, data_pages)
+        self.array = np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(self.ptr))[:nbytes]
+
+    def slack_write(self) -> int | None:
+        """Byte offset from ``ptr`` of the first canary byte a kernel overwrote in the
+        unguarded slack around the data, or None."""
+        whole = np.ctypeslib.as_array((ctypes.c_uint8 * (self.hi - self.lo)).from_address(self.lo))
+        start, end = self.ptr - self.lo, self.ptr - self.lo + self.nbytes
+        for lo, hi in ((0, start), (end, len(whole))):
+            bad = np.flatnonzero(whole[lo:hi] != _CANARY)
+            if bad.size:
+                return int(lo + bad[0]) - start
+        return None
+
+    def free(self):
+        if self.base is not None:
+            _libc().munmap(self.base, self.size)
+            self.base = None
+
+    def element(self, address: int) -> int | None:
+        """Element index (relative to logical element 0) of an address inside this
+        buffer's mapping, guards included; None when the address is elsewhere."""
+        if self.base is None or not self.base <= address < self.base + self.size:
+            return None
+        return (address - self.origin) // self.itemsize
+
+
+def describe(kernel: str, buffers: list[Guarded], access: str, address: int, thread: str) -> str:
+    """The message for a faulting access at ``address``."""
+    for b in buffers:
+        idx = b.element(address)
+        if idx is not None:
+            return (f"kernel {kernel!r}: out-of-bounds {access} of {b.kind} {b.name!r} at "
+                    f"element {idx} (valid: {b.first}..{b.last}) by {thread}")
+    return (f"kernel {kernel!r}: invalid memory {access} at address {address:#x} "
+            f"(not inside any kernel buffer: a stray pointer or threadgroup/stack "
+            f"array overflow) by {thread}")
