@@ -92,7 +92,7 @@ def _simd_oracle(x, y, p, active):
     xa, pa = x[a], p[a]
     lane = np.arange(32)
     i32 = lambda v: np.asarray(v, dtype=np.int64).astype(np.int32)  # noqa: E731
-    quad = lambda f: np.array([f(x[(l & ~3):(l & ~3) + 4][a[(l & ~3):(l & ~3) + 4]])  # noqa: E731
+    quad = lambda f: np.array([f(x[(l & ~3):(l & ~3) + 4][a[(l & ~3):(l & ~3) + 4]]) if a[l] else 0  # noqa: E731
                                for l in lane])
     within = lambda src: np.where((src >= 0) & (src < 32), x[np.clip(src, 0, 31)], x)  # noqa: E731
     qwithin = lambda src: x[(lane & ~3) + src % 4]  # noqa: E731
@@ -129,7 +129,7 @@ def _simd_oracle(x, y, p, active):
         "fill_down_mod8": fill_down(3, 8), "fill_up_mod8": fill_up(2, 8),
         "quad_shuffle_xor": x[lane ^ 1], "quad_broadcast": qwithin(2),
         "quad_shuffle_down": np.where(lane % 4 + 1 < 4, x[np.clip(lane + 1, 0, 31)], x),
-        "float2_xor": x[lane ^ 16], "swizzle_xor": y[lane ^ 1],
+        "float2_xor": y[lane ^ 16], "swizzle_xor": y[lane ^ 1],
         "float4_sum": y.sum(), "half_sum": x.sum(), "bf_max": x.max(), "bf_sum": x.sum(),
     }
     return [np.broadcast_to(np.asarray(full[n]), (32,))[a] for n, _ in SIMD_INT]
@@ -319,7 +319,8 @@ def test_atomics_with_init_value_and_int_bool_templates():
 STRIDED = metal_kernel(name="strided_raw", input_names=["inp"], output_names=["out", "meta"],
                        ensure_row_contiguous=False, source="""
     uint elem = thread_position_in_grid.x;
-    out[elem] = inp[elem_to_loc(elem, inp_shape, inp_strides, inp_ndim)];
+    // int64_t: with a uint index, negative strides wrap (on the GPU too)
+    out[elem] = inp[elem_to_loc(int64_t(elem), inp_shape, inp_strides, inp_ndim)];
     if (elem < uint(inp_ndim)) meta[elem] = int(inp_strides[elem]);
 """)
 CONTIG = metal_kernel(name="strided_raw", input_names=["inp"], output_names=["out", "meta"],
@@ -404,7 +405,7 @@ def _double(x):
     return run(DOUBLE, [x], [x.shape], [x.dtype], (x.size, 1, 1), (32, 1, 1))[0]
 
 
-def test_derivatives_and_transformations():
+def test_derivatives_and_transformations(tmp_path):
     x = mx.array([1.0, -2.0, 3.5])
     with pytest.raises(ValueError, match=r"\[Primitive::vjp\] Not implemented for CustomKernel"):
         mx.grad(lambda t: _double(t).sum())(x)
@@ -421,7 +422,8 @@ def test_derivatives_and_transformations():
 
     g = mx.grad(lambda t: (doubled(t) * t).sum())(x)  # d/dt (2t * t) = 4t
     assert np.array(g).tolist() == [4.0, -8.0, 14.0]
-    for transform in (mx.compile(_double), mx.vmap(_double)):
+    export = lambda t: mx.export_function(str(tmp_path / "f.mlxfn"), _double, t)  # noqa: E731
+    for transform in (mx.compile(_double), mx.vmap(_double), export):
         with pytest.raises(ValueError, match="'double_it' cannot be traced by mx.compile, mx.vmap"):
             transform(x)
 

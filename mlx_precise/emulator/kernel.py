@@ -9,11 +9,12 @@ Differences from a real Apple GPU that a kernel author should know:
 
 * Outputs without ``init_value`` start as all-ones bytes (NaN for floats, -1 for
   integers) so that an output element the kernel never writes is visible.
-* Every input and output lives between inaccessible guard regions: an access out
-  of bounds becomes a Python exception naming the kernel, the buffer, the element
-  and the thread, never a crash. ``checked=True`` (the default under
-  ``MLX_PRECISE_EMULATOR_CHECKED=1``, as in the test suite) also reports barriers
-  that not every thread of a group reaches.
+* Every input and output lives between inaccessible guard regions (:mod:`.memory`):
+  an access past a buffer becomes a Python exception naming the kernel, the buffer,
+  the element and the thread instead of a crash. ``checked=True`` (the default
+  under ``MLX_PRECISE_EMULATOR_CHECKED=1``, as in the test suite) also reports
+  writes into the alignment slack and barriers that not every thread of a group
+  reaches.
 * Float ``simd_sum``/``simd_product`` combine lanes in a fixed tree order; the
   hardware's order is not documented, so last-bit agreement of float reductions is
   not guaranteed (integer and exact reductions agree).
@@ -246,6 +247,17 @@ class MetalKernel:
                     f"[metal_kernel] Expected `{what}` to have size {want} but got size {got}."
                 )
         inputs = [x if isinstance(x, mx.array) else mx.array(x) for x in inputs]
+        try:
+            mx.eval(*inputs)
+        except ValueError as e:
+            if _TRACING not in str(e):
+                raise
+            raise ValueError(
+                f"[metal_kernel] the emulated kernel {self.name!r} cannot be traced by "
+                "mx.compile, mx.vmap or mx.export_function: the Metal emulator runs "
+                "kernels eagerly on the CPU when they are called. Call it outside the "
+                "transformation (or use mx.fast.metal_kernel on a Mac)."
+            ) from None
         grid = _dims(grid, "grid")
         threadgroup = _dims(threadgroup, "threadgroup")
         tg_size = threadgroup[0] * threadgroup[1] * threadgroup[2]
@@ -272,18 +284,8 @@ class MetalKernel:
         line0 = _PRELUDE.count("\n")
 
         def launch(*arrays):
-            try:
-                return self._launch(lib, params, list(arrays), output_shapes, output_dtypes,
-                                    grid, threadgroup, init_value, line0)
-            except ValueError as e:
-                if _TRACING not in str(e):
-                    raise
-                raise ValueError(
-                    f"[metal_kernel] the emulated kernel {self.name!r} cannot be traced by "
-                    "mx.compile, mx.vmap or mx.export_function: the Metal emulator runs "
-                    "kernels eagerly on the CPU when they are called. Call it outside the "
-                    "transformation (or use mx.fast.metal_kernel on a Mac)."
-                ) from None
+            return self._launch(lib, params, list(arrays), output_shapes, output_dtypes,
+                                grid, threadgroup, init_value, line0)
 
         # Outputs depend on the inputs through a function whose derivatives raise
         # as MLX's CustomKernel does (an mx.custom_function around the kernel

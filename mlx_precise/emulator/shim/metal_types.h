@@ -40,6 +40,59 @@
 #define MLX_MTL_PRAGMA_UNROLL
 #endif
 
+// <metal_math>'s constants (float).
+#ifndef INFINITY
+#define INFINITY __builtin_inff()
+#endif
+#ifndef HUGE_VALF
+#define HUGE_VALF __builtin_huge_valf()
+#endif
+#ifndef NAN
+#define NAN __builtin_nanf("")
+#endif
+#ifndef MAXFLOAT
+#define MAXFLOAT 0x1.fffffep127f
+#endif
+#ifndef M_E_F
+#define M_E_F 2.71828182845904523536f
+#endif
+#ifndef M_LOG2E_F
+#define M_LOG2E_F 1.44269504088896340736f
+#endif
+#ifndef M_LOG10E_F
+#define M_LOG10E_F 0.434294481903251827651f
+#endif
+#ifndef M_LN2_F
+#define M_LN2_F 0.693147180559945309417f
+#endif
+#ifndef M_LN10_F
+#define M_LN10_F 2.30258509299404568402f
+#endif
+#ifndef M_PI_F
+#define M_PI_F 3.14159265358979323846f
+#endif
+#ifndef M_PI_2_F
+#define M_PI_2_F 1.57079632679489661923f
+#endif
+#ifndef M_PI_4_F
+#define M_PI_4_F 0.785398163397448309616f
+#endif
+#ifndef M_1_PI_F
+#define M_1_PI_F 0.318309886183790671538f
+#endif
+#ifndef M_2_PI_F
+#define M_2_PI_F 0.636619772367581343076f
+#endif
+#ifndef M_2_SQRTPI_F
+#define M_2_SQRTPI_F 1.12837916709551257390f
+#endif
+#ifndef M_SQRT2_F
+#define M_SQRT2_F 1.41421356237309504880f
+#endif
+#ifndef M_SQRT1_2_F
+#define M_SQRT1_2_F 0.707106781186547524401f
+#endif
+
 // MSL builtin scalar names live in the global namespace, as in MSL.  Plain
 // typedefs, so they coexist with glibc's identical <sys/types.h> ones.
 typedef unsigned int uint;
