@@ -175,7 +175,7 @@ def test_simd_and_quad_family_vs_numpy(simd_kernel, n):
 
 # ---- simdgroup_matrix ---------------------------------------------------------------
 
-MATMUL = metal_kernel(name="sg_matmul", input_names=["A", "B"], output_names=["C", "D"],
+MATMUL = metal_kernel(name="sg_matmul", input_names=["A", "B"], output_names=["C", "D", "E"],
                       header=HEADERS, source="""
     // C = alpha * A B and D = A^T B + C for (M x K) (K x N) tiles of 8, one simdgroup
     // per 8x8 output tile; A staged through threadgroup memory, B read from device.
@@ -205,6 +205,22 @@ MATMUL = metal_kernel(name="sg_matmul", input_names=["A", "B"], output_names=["C
         simdgroup_multiply_accumulate(d, a, b, d);
     }
     simdgroup_store(d, D, N, ulong2(tile.x * 8, tile.y * 8));
+    // E = A B with fragments filled and read through thread_elements at the lane's
+    // (row sm, columns sn, sn + 1), the way MLX's steel GEMM addresses them.
+    short qid = lane / 4;
+    short sm = (qid & 4) + (lane / 2) % 4, sn = (qid & 2) * 2 + (lane % 2) * 2;
+    simdgroup_matrix<T, 8, 8> fa, fb, fe = simdgroup_matrix<T, 8, 8>(0);
+    for (int k = 0; k < K; k += 8) {
+        simdgroup_barrier(mem_flags::mem_none);
+        fa.thread_elements()[0] = As[(tile.y * 8 + sm) * K + k + sn];
+        fa.thread_elements()[1] = As[(tile.y * 8 + sm) * K + k + sn + 1];
+        fb.thread_elements()[0] = B[(k + sm) * N + tile.x * 8 + sn];
+        fb.thread_elements()[1] = B[(k + sm) * N + tile.x * 8 + sn + 1];
+        simdgroup_multiply_accumulate(fe, fa, fb, fe);
+    }
+    thread const auto& out = fe.thread_elements();
+    E[(tile.y * 8 + sm) * N + tile.x * 8 + sn] = out[0];
+    E[(tile.y * 8 + sm) * N + tile.x * 8 + sn + 1] = out[1];
 """)
 
 
@@ -212,15 +228,17 @@ MATMUL = metal_kernel(name="sg_matmul", input_names=["A", "B"], output_names=["C
                                        (mx.bfloat16, 2.0**-7)])
 def test_simdgroup_matrix_matmul(dtype, ulp):
     """8x8 simdgroup_matrix load (plain and transposed) / multiply_accumulate /
-    thread_elements / store in float, half and bfloat vs numpy float64 products of
-    the same (rounded) inputs; the result of each tile step is rounded to T."""
+    thread_elements (written and read per lane, steel style) / store in float, half
+    and bfloat vs numpy float64 products of the same (rounded) inputs; the result
+    of each tile step is rounded to T."""
     rng = np.random.default_rng(2)
     A = mx.array(rng.integers(-8, 9, (16, 16)) / 8).astype(dtype)
     B = mx.array(rng.standard_normal((16, 16))).astype(dtype)
-    C, D = run(MATMUL, [A, B], [(16, 16), (16, 16)], [dtype, dtype], (32 * 2, 2, 1), (32, 1, 1),
-               template=[("T", dtype)])
+    C, D, E = run(MATMUL, [A, B], [(16, 16)] * 3, [dtype] * 3, (32 * 2, 2, 1), (32, 1, 1),
+                  template=[("T", dtype)])
     a, b = (np.array(t.astype(mx.float32)).astype(np.float64) for t in (A, B))
-    c, d = (np.array(t.astype(mx.float32)).astype(np.float64) for t in (C, D))
+    c, d, e = (np.array(t.astype(mx.float32)).astype(np.float64) for t in (C, D, E))
+    assert np.array_equal(2 * e, c)  # the same products, scaled exactly
     scale = np.abs(a) @ np.abs(b)
     # two rounded k-steps (then exact doubling) / three for D: a few units of T
     assert np.all(np.abs(c - 2 * (a @ b)) <= 4 * ulp * 2 * scale + 1e-30)
@@ -491,3 +509,22 @@ def test_divergent_barriers_raise_in_checked_mode():
                 run(early, [x], [(48,)], [mx.float32], (64, 1, 1), (64, 1, 1), template=[("SKIP", True)])
         (o,) = run(early, [x], [(48,)], [mx.float32], (64, 1, 1), (64, 1, 1), template=[("SKIP", False)])
         assert np.array(o).tolist() == list(range(63, 15, -1))
+
+
+def test_library_cache_key_covers_the_headers(tmp_path, monkeypatch):
+    """A library built against other shim headers (another version of the package)
+    is never reused: the cache key hashes the include directories' files."""
+    import ctypes
+
+    from mlx_precise.emulator import compiler
+
+    monkeypatch.setenv("MLX_PRECISE_CACHE", str(tmp_path / "cache"))
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    src = '#include "v.h"\nextern "C" int version() { return V; }\n'
+    got = []
+    for v in (1, 2):
+        (inc / "v.h").write_text(f"#define V {v}\n")
+        lib = compiler.build(src, "cache_key", [inc])
+        got.append((lib, ctypes.CDLL(str(lib)).version()))
+    assert got[0][0] != got[1][0] and [g[1] for g in got] == [1, 2]

@@ -129,6 +129,17 @@ def numbered(source: str) -> str:
     return "\n".join(f"{i:5d} | {line}" for i, line in enumerate(source.splitlines(), 1))
 
 
+def _headers_digest(include_dirs: tuple) -> str:
+    """Hash of every file in the include directories: a library built against other
+    shim headers (another version of this package) is never reused."""
+    h = hashlib.sha256()
+    for d in include_dirs:
+        for f in sorted(Path(d).rglob("*")):
+            if f.is_file():
+                h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
 def build(source: str, name: str, include_dirs: list[Path], label: str | None = None) -> Path:
     """Compile ``source`` into a shared library (cached) and return its path.
 
@@ -138,7 +149,7 @@ def build(source: str, name: str, include_dirs: list[Path], label: str | None = 
     fl = flags() + [f"-I{d}" for d in include_dirs]
     key = hashlib.sha256(
         "\0".join([source, " ".join(fl + link_flags()), compiler_identity(),
-                   platform.machine()]).encode()
+                   platform.machine(), _headers_digest(tuple(include_dirs))]).encode()
     ).hexdigest()[:32]
     lib = cache_dir() / f"{name[:80]}-{key}.so"
     if lib.exists():

@@ -248,31 +248,6 @@ struct Exchange {
     std::memcpy(&out, slot->value[parity][l], sizeof(T));
     return out;
   }
-  // A tree over the active lanes (strides 16, 8, 4, 2, 1): every lane gets the
-  // same result, combined in a fixed order so results are reproducible.
-  template <typename F>
-  T reduce(F f) const {
-    T acc[kSimdWidth];
-    bool has[kSimdWidth];
-    for (uint l = 0; l < kSimdWidth; ++l) {
-      has[l] = active(l);
-      if (has[l]) acc[l] = lane(l);
-    }
-    for (uint d = kSimdWidth / 2; d >= 1; d /= 2)
-      for (uint l = 0; l < d; ++l) {
-        if (!has[l + d]) continue;
-        acc[l] = has[l] ? f(acc[l], acc[l + d]) : acc[l + d];
-        has[l] = true;
-      }
-    return has[0] ? acc[0] : own;
-  }
-  template <typename F>
-  T prefix(F f, T identity, bool inclusive) const {
-    T acc = identity;
-    for (uint l = 0; l < self; ++l)
-      if (active(l)) acc = f(acc, lane(l));
-    return inclusive ? f(acc, own) : acc;
-  }
 };
 
 }  // namespace mpemu
@@ -292,7 +267,9 @@ template <class T>
 using val_t = typename val<T>::type;
 
 // A reduction over the lanes l with (l & ~keep) == (self & ~keep) that are
-// active: keep = 31 is the whole simdgroup, keep = 3 the quad.
+// active: keep = 31 is the whole simdgroup, keep = 3 the quad. A tree (strides
+// 16, 8, 4, 2, 1): every lane gets the same result, combined in a fixed order so
+// results are reproducible.
 template <class T, class F>
 T group_reduce(const Exchange<T>& e, uint keep, F f) {
   const uint base = e.self & ~keep;
