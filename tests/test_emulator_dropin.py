@@ -471,6 +471,14 @@ DIVERGE = """
     }
     o[l] = buf[63 - l];
 """
+BIG_LOCALS = metal_kernel(name="big_locals", input_names=["x"], output_names=["o"], checked=True,
+                          source="""
+    uint l = thread_position_in_threadgroup.x;
+    volatile float big[100000];  // 400 kB: more than a thread's stack here
+    for (int i = 0; i < 100000; i += 1000) big[i] = x[l];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    o[l] = big[l * 1000];
+""")
 DIVZERO = metal_kernel(name="int_div", input_names=["x"], output_names=["o"], checked=True,
                        source="uint i = thread_position_in_grid.x; o[i] = 100 / x[i];")
 
@@ -488,6 +496,10 @@ def test_out_of_bounds_writes_and_reads_raise():
         run(COPY, [x], [(3,)], [mx.float32], (4, 1, 1), (4, 1, 1))
     with pytest.raises(RuntimeError, match=r"'int_div': integer division by zero .*thread \(2,0,0\)"):
         run(DIVZERO, [mx.array([1, 5, 0, 4])], [(4,)], [mx.int32], (4, 1, 1), (4, 1, 1))
+    # a thread's local array larger than its (fiber) stack
+    with pytest.raises(RuntimeError, match=r"'big_locals': invalid memory write .*not inside any kernel "
+                                           r"buffer.*by thread \(0,0,0\)"):
+        run(BIG_LOCALS, [x], [(64,)], [mx.float32], (64, 1, 1), (64, 1, 1))
     # the process carries on: the same kernel still runs in bounds
     (o,) = run(COPY, [x], [(64,)], [mx.float32], (64, 1, 1), (64, 1, 1))
     assert np.array(o).tolist() == np.arange(64).tolist()

@@ -48,6 +48,10 @@ _BASE_FLAGS = [
     "-fno-rtti",
     "-fno-threadsafe-statics",
     "-w",
+    # Large stack frames touch their pages in order, so a thread whose local
+    # arrays outgrow its fiber stack hits the guard page below it (a reported
+    # fault) rather than another fiber's stack.
+    "-fstack-clash-protection",
     # half arithmetic rounds after every operation, as on the GPU (clang's default
     # keeps half expressions in float until the end of the expression).
     "-Xclang",

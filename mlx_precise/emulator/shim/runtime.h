@@ -20,6 +20,7 @@
 #include <new>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <ucontext.h>
 
 #if defined(__x86_64__)
@@ -161,7 +162,7 @@ struct Runtime {
   sigjmp_buf jump;
   volatile sig_atomic_t armed = 0;
   pthread_t owner;
-  uint64_t fault[3] = {0, 0, 0};  // signal, address, 1 if a write
+  uint64_t fault[3] = {0, 0, 0};  // signal, address, access (1 write, 2 read, 0 unknown)
   struct sigaction saved[3];
 };
 
@@ -616,9 +617,20 @@ inline void fill(Attrs& a, const uint3& grid, const uint3& tg, const uint3& g,
 // Run one threadgroup as fibers until every thread is done.
 inline void run_group_fibers(Runtime& r, uint n) {
   const size_t stack = 256 * 1024;
+  // Each stack sits above an inaccessible page, so a thread whose locals
+  // overflow its stack faults (and is reported) instead of overwriting the
+  // next fiber's stack.
+  const size_t page = 4096, slot = stack + page;
   if (r.stack_count < n || r.stack_size != stack) {
-    std::free(r.stacks);
-    r.stacks = static_cast<char*>(std::malloc(stack * n));
+    if (r.stacks) munmap(r.stacks, (r.stack_size + page) * r.stack_count);
+    void* m = mmap(nullptr, slot * n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    r.stacks = m == MAP_FAILED ? nullptr : static_cast<char*>(m);
+    if (!r.stacks) {
+      r.stack_count = 0;
+      fail("cannot map fiber stacks");
+      return;
+    }
+    for (uint i = 0; i < n; ++i) mprotect(r.stacks + slot * i, page, PROT_NONE);
     r.stack_size = stack;
     r.stack_count = n;
   }
@@ -635,7 +647,7 @@ inline void run_group_fibers(Runtime& r, uint n) {
     f.simd_seq = 0;
     // Stagger the stack tops so the fibers' hot frames do not all map to the
     // same cache sets.
-    ctx_init(f.ctx, r.stacks + stack * i, stack - (i % 64) * 64, fiber_entry);
+    ctx_init(f.ctx, r.stacks + slot * i + page, stack - (i % 64) * 64, fiber_entry);
   }
   while (true) {
     for (uint i = 0; i < n; ++i) {
