@@ -347,22 +347,23 @@ CONTIG = metal_kernel(name="strided_raw", input_names=["inp"], output_names=["ou
 
 def test_ensure_row_contiguous_false_passes_real_strides():
     """A kernel reading raw memory through its strides sees MLX's layout: transposed,
-    broadcast (stride 0), reversed (negative stride) and sliced views; with
-    ensure_row_contiguous=True the same arrays arrive row-contiguous."""
-    base = mx.arange(24, dtype=mx.float32).reshape(4, 6)
-    views = {
-        "transposed": (base.T, [1, 6]),
-        "broadcast": (mx.broadcast_to(mx.arange(6, dtype=mx.float32), (4, 6)), [0, 1]),
-        "reversed": (base[::-1, :], [-6, 1]),
-        "sliced": (base[1:, ::2], [6, 2]),
-    }
-    for name, (v, strides) in views.items():
-        want = np.array(v)
-        for k, expect in ((STRIDED, strides), (CONTIG, [want.shape[1], 1])):
-            out, meta = run(k, [v], [v.shape, (2,)], [mx.float32, mx.int32], (v.size, 1, 1),
-                            (32, 1, 1), init_value=0)
-            np.testing.assert_array_equal(np.array(out), want, err_msg=name)
-            assert np.array(meta).tolist() == expect, name
+    broadcast (stride 0), reversed (negative stride) and sliced views, float32 and
+    bfloat16; with ensure_row_contiguous=True the same arrays arrive row-contiguous."""
+    for dtype in (mx.float32, mx.bfloat16):
+        base = mx.arange(24, dtype=mx.float32).reshape(4, 6).astype(dtype)
+        views = {
+            "transposed": (base.T, [1, 6]),
+            "broadcast": (mx.broadcast_to(base[0], (4, 6)), [0, 1]),
+            "reversed": (base[::-1, :], [-6, 1]),
+            "sliced": (base[1:, ::2], [6, 2]),
+        }
+        for name, (v, strides) in views.items():
+            want = np.array(v.astype(mx.float32))
+            for k, expect in ((STRIDED, strides), (CONTIG, [want.shape[1], 1])):
+                out, meta = run(k, [v], [v.shape, (2,)], [dtype, mx.int32], (v.size, 1, 1),
+                                (32, 1, 1), init_value=0)
+                np.testing.assert_array_equal(np.array(out.astype(mx.float32)), want, err_msg=name)
+                assert np.array(meta).tolist() == expect, name
 
 
 TILED = metal_kernel(name="tiled_matmul", input_names=["a", "b"], output_names=["c"], source="""

@@ -26,7 +26,7 @@ _ALIGN = 16
 _CANARY = 0xA5
 # Guards are address space only (no memory): wide enough that an index tens of
 # times the buffer's size still lands in one rather than in another mapping.
-_MIN_GUARD = 64 << 20
+_MIN_GUARD, _MAX_GUARD = 64 << 20, 4 << 30
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,7 +58,7 @@ class Guarded:
         self.nbytes = nbytes
         padded = _round_up(max(nbytes, 1), _ALIGN)
         data_pages = _round_up(padded, _PAGE)
-        self.guard = max(_MIN_GUARD, _round_up(16 * data_pages, _PAGE))
+        self.guard = max(_MIN_GUARD, min(_MAX_GUARD, _round_up(16 * data_pages, _PAGE)))
         self.size = 2 * self.guard + data_pages
         libc = _libc()
         base = libc.mmap(None, self.size, _PROT_NONE, _MAP_FLAGS, -1, 0)
