@@ -92,11 +92,10 @@ def _layout(x: mx.array, contiguous: bool) -> tuple[np.ndarray, list[int], int]:
     it: row-contiguous, or (``contiguous=False``) the array's own strided view of
     its memory, as MLX passes it. ``first`` is the lowest element offset the view
     reaches (< 0 with negative strides)."""
-    if contiguous or x.ndim == 0:
-        a = _to_numpy(x)
-        return a, _row_strides(x.shape), 0
     _check_dtype(x.dtype)
     a = np.asarray(memoryview(x.view(mx.uint16) if x.dtype == mx.bfloat16 else x))
+    if contiguous:
+        return np.ascontiguousarray(a), _row_strides(x.shape), 0
     strides = [s // a.itemsize for s in a.strides]
     first = sum(min(0, (n - 1) * s) for n, s in zip(a.shape, strides)) if a.size else 0
     return a, strides, first

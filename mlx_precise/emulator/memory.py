@@ -73,7 +73,9 @@ class Guarded:
         self.hi = page0 + data_pages  # first byte of the guard after the data
         self.ptr = self.hi - padded
         self.origin = self.ptr - first * itemsize
-        ctypes.memset(self.lo, _CANARY, data_pages)
+        # Canary in the slack only: the caller fills the data itself.
+        ctypes.memset(self.lo, _CANARY, self.ptr - self.lo)
+        ctypes.memset(self.ptr + nbytes, _CANARY, self.hi - self.ptr - nbytes)
         self.array = np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(self.ptr))[:nbytes]
 
     def slack_write(self) -> int | None:
