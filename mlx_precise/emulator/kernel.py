@@ -69,6 +69,10 @@ _NP_DTYPES = {
 
 _libs: dict[str, ctypes.CDLL] = {}
 _libs_lock = threading.Lock()
+# One launch at a time in the process: each launch installs its library's fault
+# handler for SIGSEGV/SIGBUS/SIGFPE and restores the previous one afterwards, which
+# only nests correctly when launches do not overlap.
+_launch_lock = threading.Lock()
 
 
 def _check_dtype(dtype: mx.Dtype) -> None:
@@ -331,8 +335,9 @@ class MetalKernel:
             dims = (ctypes.c_uint32 * 6)(*grid, *(min(t, g) for t, g in zip(threadgroup, grid)))
             err = ctypes.create_string_buffer(512)
             fault = (ctypes.c_uint64 * 8)()
-            status = lib.mpemu_launch(buffers, dims, int(self._fibers), int(self.checked),
-                                      err, len(err), fault)
+            with _launch_lock:
+                status = lib.mpemu_launch(buffers, dims, int(self._fibers), int(self.checked),
+                                          err, len(err), fault)
             if status == 1:
                 raise RuntimeError(f"kernel {self.name!r}: {_name_lines(err.value.decode(), line0)}")
             if status == 2:
