@@ -472,6 +472,14 @@ DIVERGE = """
     }
     o[l] = buf[63 - l];
 """
+TG_OVERRUN = metal_kernel(name="tg_overrun", input_names=["x"], output_names=["o"], checked=True,
+                          source="""
+    threadgroup float buf[64];
+    uint l = thread_position_in_threadgroup.x;
+    buf[(l + 64) % 65] = x[l];  // thread 0 writes buf[64]
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    o[l] = buf[l];
+""")
 BIG_LOCALS = metal_kernel(name="big_locals", input_names=["x"], output_names=["o"], checked=True,
                           source="""
     uint l = thread_position_in_threadgroup.x;
@@ -501,6 +509,10 @@ def test_out_of_bounds_writes_and_reads_raise():
     with pytest.raises(RuntimeError, match=r"'big_locals': invalid memory write .*not inside any kernel "
                                            r"buffer.*by thread \(0,0,0\)"):
         run(BIG_LOCALS, [x], [(64,)], [mx.float32], (64, 1, 1), (64, 1, 1))
+    # past the end of a threadgroup array
+    with pytest.raises(RuntimeError, match=r"'tg_overrun': out-of-bounds write of threadgroup array "
+                                           r"'buf' at element 64 \(valid: 0\.\.63\) by thread \(0,0,0\)"):
+        run(TG_OVERRUN, [x], [(64,)], [mx.float32], (64, 1, 1), (64, 1, 1))
     # the process carries on: the same kernel still runs in bounds
     (o,) = run(COPY, [x], [(64,)], [mx.float32], (64, 1, 1), (64, 1, 1))
     assert np.array(o).tolist() == np.arange(64).tolist()

@@ -42,6 +42,13 @@ MAX_THREADS_PER_THREADGROUP = 1024
 
 # Threadgroup-memory declarations (`threadgroup float buf[64];`) become storage
 # shared by the fibers of one group; `threadgroup` in pointer types is dropped.
+# Threadgroup arrays (`threadgroup float buf[TS][TS];`) live in memory of their own
+# that ends at a guard page (shim/runtime.h, tg_alloc), so indexing past one faults
+# and is reported like a buffer overrun.
+_TG_ARRAY_RE = re.compile(
+    r"\bthreadgroup\s+((?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?)\s+([A-Za-z_]\w*)"
+    r"\s*((?:\[[^\[\];]+\]\s*)+);"
+)
 _TG_DECL_RE = re.compile(
     r"\bthreadgroup\b(?=\s+(?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?\s+[A-Za-z_]\w*\s*(?:\[|;))"
 )
@@ -137,8 +144,15 @@ def _dims(value, what: str) -> tuple[int, int, int]:
 _PRELUDE = '#include "runtime.h"\n#define threadgroup\n#define MPEMU_THREADGROUP static\n'
 
 
+def _tg_array(m: re.Match) -> str:
+    t, name, dims = m.group(1), m.group(2), m.group(3).strip()
+    return (f"static {t} (&{name}){dims} = *reinterpret_cast<{t} (*){dims}>("
+            f'mpemu::tg_alloc(sizeof({t}{dims}), sizeof({t}), "{name}"));')
+
+
 def _cpp_source(kname: str, text: str, template, params) -> str:
     """The C++ translation unit: shim, MLX's text, and the per-thread trampoline."""
+    text = _TG_ARRAY_RE.sub(_tg_array, text)
     text = _TG_DECL_RE.sub("MPEMU_THREADGROUP", text)
     args = []
     for p in params:
@@ -164,6 +178,9 @@ def _cpp_source(kname: str, text: str, template, params) -> str:
         "  (void)a;\n"
         f"  {kname}{targs}(\n      {call});\n"
         "}\n"
+        'extern "C" int mpemu_tg_describe(uint64_t addr, char* out, int n) {\n'
+        "  return mpemu::tg_describe(addr, out, n);\n"
+        "}\n"
         'extern "C" int mpemu_launch(void** b, const uint32_t* dims, int fibers, int checked,\n'
         "                            char* err, int n, uint64_t* fault) {\n"
         "  return mpemu::launch(mpemu_thread, b, dims, fibers, checked, err, n, fault);\n"
@@ -178,6 +195,8 @@ def _load(source: str, kname: str, label: str) -> ctypes.CDLL:
         if lib is None:
             path = compiler.build(source, kname, [SHIM_DIR], label)
             lib = ctypes.CDLL(str(path))
+            lib.mpemu_tg_describe.restype = ctypes.c_int
+            lib.mpemu_tg_describe.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_int]
             lib.mpemu_launch.restype = ctypes.c_int
             lib.mpemu_launch.argtypes = [
                 ctypes.POINTER(ctypes.c_void_p),
@@ -341,7 +360,7 @@ class MetalKernel:
             if status == 1:
                 raise RuntimeError(f"kernel {self.name!r}: {_name_lines(err.value.decode(), line0)}")
             if status == 2:
-                raise RuntimeError(_fault_message(self.name, fenced, fault))
+                raise RuntimeError(_fault_message(self.name, lib, fenced, fault))
             if self.checked:
                 for b in fenced:
                     off = b.slack_write()
@@ -414,15 +433,18 @@ def _name_lines(message: str, line0: int) -> str:
 _SIGNALS = {int(signal.SIGSEGV): "access", int(signal.SIGBUS): "access"}
 
 
-def _fault_message(kernel: str, buffers, fault) -> str:
+def _fault_message(kernel: str, lib, buffers, fault) -> str:
     sig, addr, access = int(fault[0]), int(fault[1]), int(fault[2])
     thread = (f"thread ({fault[3]},{fault[4]},{fault[5]}) of the grid "
               f"(threadgroup ({fault[6]},{fault[7]},..))")
     if sig not in _SIGNALS:
         return (f"kernel {kernel!r}: integer division by zero (or INT_MIN / -1) trapped in "
                 f"{thread}; the GPU does not trap and returns an unspecified value")
-    return memory.describe(kernel, buffers, {1: "write", 2: "read"}.get(access, "access"),
-                           addr, thread)
+    what = {1: "write", 2: "read"}.get(access, "access")
+    tg = ctypes.create_string_buffer(200)
+    if lib.mpemu_tg_describe(addr, tg, len(tg)):
+        return f"kernel {kernel!r}: out-of-bounds {what} of {tg.value.decode()} by {thread}"
+    return memory.describe(kernel, buffers, what, addr, thread)
 
 
 def _row_strides(shape) -> list[int]:

@@ -196,6 +196,48 @@ inline bool suspend(State s, const char* what) {
 
 }  // namespace mpemu
 
+// ---- threadgroup arrays --------------------------------------------------------
+namespace mpemu {
+// Storage of one `threadgroup T name[...]` declaration (made once per kernel
+// instantiation): its own mapping, the data ending at a guard page (rounded up to
+// 16 bytes), so running past the end faults. Recorded to name it in the report.
+struct TgArray {
+  const char* name;
+  uintptr_t lo, hi;  // data start, end of the guard page
+  size_t elem, count;  // element size, elements (all dimensions flattened)
+};
+constexpr int kMaxTgArrays = 256;
+inline TgArray g_tg[kMaxTgArrays];
+inline int g_tg_count = 0;
+
+inline void* tg_alloc(size_t bytes, size_t elem, const char* name) {
+  const size_t page = 4096, padded = (bytes + 15) & ~size_t(15);
+  const size_t data = (padded + page - 1) & ~(page - 1);
+  void* m = mmap(nullptr, data + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return std::calloc(1, padded);  // unguarded, still usable
+  char* base = static_cast<char*>(m);
+  mprotect(base + data, page, PROT_NONE);
+  char* p = base + data - padded;
+  if (g_tg_count < kMaxTgArrays)
+    g_tg[g_tg_count++] = TgArray{name, uintptr_t(p), uintptr_t(base + data + page), elem, bytes / elem};
+  return p;
+}
+
+// "threadgroup array 'buf' at element K (valid: 0..N-1)" (flat index) for an
+// address in or just after one; 0 when the address belongs to none.
+inline int tg_describe(uint64_t addr, char* out, int n) {
+  for (int i = 0; i < g_tg_count; ++i) {
+    const TgArray& t = g_tg[i];
+    if (addr < t.lo || addr >= t.hi) continue;
+    std::snprintf(out, n, "threadgroup array '%s' at element %llu (valid: 0..%llu)", t.name,
+                  (unsigned long long)((addr - t.lo) / t.elem),
+                  (unsigned long long)(t.count - 1));
+    return 1;
+  }
+  return 0;
+}
+}  // namespace mpemu
+
 // ---- barriers ---------------------------------------------------------------
 namespace metal {
 enum class mem_flags : uint { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4, mem_threadgroup_imageblock = 8, mem_object_data = 16 };
