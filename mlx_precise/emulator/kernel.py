@@ -274,11 +274,12 @@ class MetalKernel:
         except ValueError as e:
             if _TRACING not in str(e):
                 raise
+            # Keeps MLX's phrase "function transformations", which callers match.
             raise ValueError(
                 f"[metal_kernel] the emulated kernel {self.name!r} cannot be traced by "
-                "mx.compile, mx.vmap or mx.export_function: the Metal emulator runs "
-                "kernels eagerly on the CPU when they are called. Call it outside the "
-                "transformation (or use mx.fast.metal_kernel on a Mac)."
+                "function transformations (mx.compile, mx.vmap, mx.export_function): the "
+                "Metal emulator runs kernels eagerly on the CPU when they are called. Call "
+                "it outside the transformation (or use mx.fast.metal_kernel on a Mac)."
             ) from None
         grid = _dims(grid, "grid")
         threadgroup = _dims(threadgroup, "threadgroup")
