@@ -40,17 +40,13 @@ from . import compiler, memory, signature
 SHIM_DIR = Path(__file__).resolve().parent / "shim"
 MAX_THREADS_PER_THREADGROUP = 1024
 
-# Threadgroup-memory declarations (`threadgroup float buf[64];`) become storage
-# shared by the fibers of one group; `threadgroup` in pointer types is dropped.
-# Threadgroup arrays (`threadgroup float buf[TS][TS];`) live in memory of their own
-# that ends at a guard page (shim/runtime.h, tg_alloc), so indexing past one faults
-# and is reported like a buffer overrun.
-_TG_ARRAY_RE = re.compile(
-    r"\bthreadgroup\s+((?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?)\s+([A-Za-z_]\w*)"
-    r"\s*((?:\[[^\[\];]+\]\s*)+);"
-)
+# Threadgroup-memory declarations (`threadgroup T name;`, `threadgroup T name[..]..;`)
+# become storage shared by the fibers of one group (`threadgroup` in pointer types
+# is dropped). Arrays live in memory of their own that ends at a guard page
+# (shim/runtime.h, tg_alloc), so indexing past one faults and is reported.
 _TG_DECL_RE = re.compile(
-    r"\bthreadgroup\b(?=\s+(?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?\s+[A-Za-z_]\w*\s*(?:\[|;))"
+    r"\bthreadgroup\s+((?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?)\s+([A-Za-z_]\w*)"
+    r"\s*((?:\[[^\[\];]+\]\s*)*);"
 )
 _NEEDS_FIBERS_RE = re.compile(
     r"\b(?:threadgroup_barrier|simdgroup_\w+|simd_\w+|quad_\w+)\s*\("
@@ -141,19 +137,20 @@ def _dims(value, what: str) -> tuple[int, int, int]:
 
 # What precedes MLX's text in the C++ unit (the runtime names source lines of
 # the unit; `_name_lines` subtracts this).
-_PRELUDE = '#include "runtime.h"\n#define threadgroup\n#define MPEMU_THREADGROUP static\n'
+_PRELUDE = '#include "runtime.h"\n#define threadgroup\n'
 
 
-def _tg_array(m: re.Match) -> str:
+def _threadgroup_decl(m: re.Match) -> str:
     t, name, dims = m.group(1), m.group(2), m.group(3).strip()
+    if not dims:
+        return f"static {t} {name};"
     return (f"static {t} (&{name}){dims} = *reinterpret_cast<{t} (*){dims}>("
             f'mpemu::tg_alloc(sizeof({t}{dims}), sizeof({t}), "{name}"));')
 
 
 def _cpp_source(kname: str, text: str, template, params) -> str:
     """The C++ translation unit: shim, MLX's text, and the per-thread trampoline."""
-    text = _TG_ARRAY_RE.sub(_tg_array, text)
-    text = _TG_DECL_RE.sub("MPEMU_THREADGROUP", text)
+    text = _TG_DECL_RE.sub(_threadgroup_decl, text)
     args = []
     for p in params:
         if p.kind == "input":
