@@ -40,14 +40,10 @@ from . import compiler, memory, signature
 SHIM_DIR = Path(__file__).resolve().parent / "shim"
 MAX_THREADS_PER_THREADGROUP = 1024
 
-# Threadgroup-memory declarations (`threadgroup T name;`, `threadgroup T name[..]..;`)
-# become storage shared by the fibers of one group (`threadgroup` in pointer types
-# is dropped). Arrays live in memory of their own that ends at a guard page
-# (shim/runtime.h, tg_alloc), so indexing past one faults and is reported.
-_TG_DECL_RE = re.compile(
-    r"\bthreadgroup\s+((?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?)\s+([A-Za-z_]\w*)"
-    r"\s*((?:\[[^\[\];]+\]\s*)*);"
-)
+# Threadgroup-memory declarations (signature.THREADGROUP_DECL_RE) become storage
+# shared by the fibers of one group (`threadgroup` in pointer types is dropped).
+# Arrays live in memory of their own that ends at a guard page (shim/runtime.h,
+# tg_alloc), so indexing past one faults and is reported.
 _NEEDS_FIBERS_RE = re.compile(
     r"\b(?:threadgroup_barrier|simdgroup_\w+|simd_\w+|quad_\w+)\s*\("
 )
@@ -150,7 +146,7 @@ def _threadgroup_decl(m: re.Match) -> str:
 
 def _cpp_source(kname: str, text: str, template, params) -> str:
     """The C++ translation unit: shim, MLX's text, and the per-thread trampoline."""
-    text = _TG_DECL_RE.sub(_threadgroup_decl, text)
+    text = signature.THREADGROUP_DECL_RE.sub(_threadgroup_decl, text)
     args = []
     for p in params:
         if p.kind == "input":

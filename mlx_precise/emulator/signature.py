@@ -9,9 +9,18 @@ installed MLX.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import mlx.core as mx
+
+# A threadgroup-memory declaration: `threadgroup T name;` or `threadgroup T name[..]..;`
+# (groups: type, name, array dimensions). The emulator and the strict check both
+# rewrite these (threadgroup pointer types do not match: no name follows the type).
+THREADGROUP_DECL_RE = re.compile(
+    r"\bthreadgroup\s+((?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?)\s+([A-Za-z_]\w*)"
+    r"\s*((?:\[[^\[\];]+\]\s*)*);"
+)
 
 # Inputs with fewer elements than this are passed in the constant address space.
 MAX_CONSTANT_ARRAY_SIZE = 8

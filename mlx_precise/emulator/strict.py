@@ -97,13 +97,6 @@ _SYSTEM_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<metal_\w+>[ \t]*$"
 _VECTOR_CTOR_RE = re.compile(
     r"(?<![\w.:>])((?:metal::)?(?:u?char|u?short|u?int|u?long|float|half|bool)[234])\s*\("
 )
-# `threadgroup T name[N]...;` or `threadgroup T name;` (T may be qualified/templated)
-_TG_DECL_RE = re.compile(
-    r"\bthreadgroup\s+((?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?)\s+"
-    r"([A-Za-z_]\w*)\s*((?:\[[^\];]*\]\s*)*);"
-)
-
-
 _COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
@@ -130,7 +123,7 @@ def translate(text: str) -> str:
             f'"threadgroup memory exceeds Metal\'s 32 KiB per threadgroup");'
         )
 
-    return _TG_DECL_RE.sub(threadgroup_decl, text)
+    return signature.THREADGROUP_DECL_RE.sub(threadgroup_decl, text)
 
 
 # ---- what to check -------------------------------------------------------------------
