@@ -10,6 +10,8 @@ it runs a function inside an ``mx.custom_function`` whose VJP raises
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 
 
@@ -39,3 +41,32 @@ def guarded(fn, arrays, what: str):
             "for a gradient")
 
     return f(*arrays)
+
+
+_TRACED = "function transformations"  # in MLX's error when a traced array is evaluated
+
+
+def host_guard(fn):
+    """Decorator for public ops: when ``fn`` is traced by ``mx.compile``, ``mx.vmap``
+    or ``mx.export_function`` on a backend that computes on the host (``cpu``:
+    numpy; ``emulate``: the Metal emulator), raise
+    :class:`TransformUnsupportedError` naming the op, the limit and the way out,
+    instead of MLX's bare evaluation error."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (RuntimeError, ValueError) as e:
+            if isinstance(e, TransformUnsupportedError) or _TRACED not in str(e):
+                raise
+            from . import backends
+
+            name = backends.resolve(kwargs.get("backend"))
+            raise TransformUnsupportedError(
+                f"{fn.__name__} on backend {name!r} computes on the host, which mx.compile, "
+                "mx.vmap and mx.export_function cannot trace: call it outside the "
+                "transformation, or use the 'metal' backend (an Apple GPU), where the "
+                "kernels are MLX primitives and the op traces") from e
+
+    return wrapper

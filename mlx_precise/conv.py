@@ -12,6 +12,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .autodiff import host_guard
 from .context import precision_aware
 from .doubleword import DoubleWord, from_float64_result
 from .intercept import plain
@@ -122,6 +123,7 @@ def _depthwise_raw(x, w, bias, taps: int, round_output: bool, name: str, stream)
     return hi if round_output else DoubleWord(hi, lo)
 
 
+@host_guard
 def depthwise_conv_extended(x, w, bias=None, *, round_output: bool = True,
                             backend: str | None = None, stream=None):
     """Causal depthwise convolution accumulated in double-word, rounded once.
@@ -146,6 +148,7 @@ def depthwise_conv_extended(x, w, bias=None, *, round_output: bool = True,
     return _depthwise(x, w, bias, 0, round_output, backend, stream)
 
 
+@host_guard
 def depthwise3_extended(x, w, bias=None, *, round_output: bool = True,
                         backend: str | None = None, stream=None):
     """:func:`depthwise_conv_extended` specialised to K = 3 taps (Hyena's default

@@ -15,8 +15,8 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .autodiff import guarded, host_guard
 from .context import precision_aware
-from .autodiff import guarded
 from .doubleword import DoubleWord, from_float64_result
 from .kernels import Kernel, elementwise_grid
 
@@ -80,6 +80,7 @@ def _finish(hi: mx.array, lo: mx.array | None, round_output: bool):
     return hi if round_output else DoubleWord(hi, lo)
 
 
+@host_guard
 def complex_multiply_extended(a, b, *, round_output: bool = True, backend: str | None = None,
                               stream=None):
     """Complex product ``a * b`` in double-word arithmetic, rounded once.
@@ -189,6 +190,7 @@ def rn32_rational(x: Fraction) -> np.float32:
     return min(cands, key=lambda v: (abs(Fraction(float(v)) - x), int(np.array(v).view(np.uint32)) & 1))
 
 
+@host_guard
 def fft_scale_extended(x, n: int, *, round_output: bool = True, backend: str | None = None,
                        stream=None):
     """``x * (1/n)`` in double-word, 1/n computed on the host from the exact rational.
@@ -210,6 +212,7 @@ def fft_scale_extended(x, n: int, *, round_output: bool = True, backend: str | N
     return _scale(x, s_hi, s_lo, lambda fx: fx / n, round_output, backend, stream)
 
 
+@host_guard
 def scale_extended(x, factor: Fraction, *, round_output: bool = True,
                    backend: str | None = None, stream=None):
     """``x * factor`` in double-word for a positive rational ``factor`` (given

@@ -36,6 +36,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends, pow2scale
+from .autodiff import host_guard
 from .context import precision_aware
 from .doubleword import DoubleWord, from_float64_result
 from .elementwise import complex_multiply_extended, reciprocal_words
@@ -464,6 +465,7 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 
+@host_guard
 def fft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream=None):
     """Discrete Fourier transform along ``axis`` in double-word, rounded once.
 
@@ -502,6 +504,7 @@ def fft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream=
     return _layer().one_axis("fft", x, n, axis, round_output, backend, stream)
 
 
+@host_guard
 def ifft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream=None):
     """Inverse DFT ``x_j = (1/n) sum_k X_k exp(2 pi i jk / n)`` in double-word,
     rounded once; arguments, shapes, dtypes and errors as :func:`fft_extended`.
@@ -510,6 +513,7 @@ def ifft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream
     return _layer().one_axis("ifft", x, n, axis, round_output, backend, stream)
 
 
+@host_guard
 def rfft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream=None):
     """DFT of real data, the ``n//2 + 1`` non-negative frequencies, in double-word.
 
@@ -548,6 +552,7 @@ def _rfft_words(x, n, axis, round_output, backend, stream):
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 
+@host_guard
 def irfft_extended(X, n=None, axis=-1, *, round_output=True, backend=None, stream=None):
     """Inverse of :func:`rfft_extended`: real ``x`` of length n whose spectrum is
     the Hermitian extension of ``X``, in double-word, rounded once.

@@ -38,6 +38,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .autodiff import host_guard
 from .kernels import Kernel, elementwise_grid
 
 Q115_THRESHOLD = 0.999
@@ -254,6 +255,7 @@ def _simulate(x, threshold, rounding, storage_dtype, bits, backend, fn):
 # ---- public API --------------------------------------------------------------
 
 
+@host_guard
 def float_to_q115(x, threshold: float = Q115_THRESHOLD, rounding: str = "half_even", *,
                   backend: str | None = None) -> mx.array:
     """Q1.15 codes of ``x``: clamp to +-threshold, multiply by 2^15, round, saturate
@@ -277,6 +279,7 @@ def float_to_q115(x, threshold: float = Q115_THRESHOLD, rounding: str = "half_ev
     return _to_codes(x, threshold, rounding, 15, backend, "float_to_q115")
 
 
+@host_guard
 def float_to_q131(x, threshold: float = Q131_THRESHOLD, rounding: str = "half_even", *,
                   backend: str | None = None) -> mx.array:
     """Q1.31 codes of ``x``: clamp to +-threshold (default 1), multiply by 2^31,
@@ -290,6 +293,7 @@ def float_to_q131(x, threshold: float = Q131_THRESHOLD, rounding: str = "half_ev
     return _to_codes(x, threshold, rounding, 31, backend, "float_to_q131")
 
 
+@host_guard
 def q115_to_float(q, *, backend: str | None = None) -> mx.array:
     """Values ``q / 2^15`` of Q1.15 codes (exact in float32).
 
@@ -307,6 +311,7 @@ def q115_to_float(q, *, backend: str | None = None) -> mx.array:
     return _to_values(q, 15, backend, "q115_to_float")
 
 
+@host_guard
 def q131_to_float(q, *, backend: str | None = None) -> mx.array:
     """Values ``q / 2^31`` of Q1.31 codes, rounded to the nearest float32 (ties to
     even; exact for ``|q| < 2^24``). The code ``2^31 - 1`` reads as ``1.0``.
@@ -325,6 +330,7 @@ def q131_to_float(q, *, backend: str | None = None) -> mx.array:
     return _to_values(q, 31, backend, "q131_to_float")
 
 
+@host_guard
 def simulate_q115(x, threshold: float = Q115_THRESHOLD, rounding: str = "half_even",
                   storage_dtype=None, *, backend: str | None = None) -> mx.array:
     """Fused round trip ``q115_to_float(float_to_q115(x))`` in one pass (one read and
@@ -347,6 +353,7 @@ def simulate_q115(x, threshold: float = Q115_THRESHOLD, rounding: str = "half_ev
     return _simulate(x, threshold, rounding, storage_dtype, 15, backend, "simulate_q115")
 
 
+@host_guard
 def simulate_q131(x, threshold: float = Q131_THRESHOLD, rounding: str = "half_even",
                   storage_dtype=None, *, backend: str | None = None) -> mx.array:
     """Fused round trip ``q131_to_float(float_to_q131(x))`` in one pass, except that

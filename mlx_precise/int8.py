@@ -27,6 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .autodiff import host_guard
 from .int8_gemm import check_k, device_buffer, gemm_grid, gemm_params
 from .kernels import Kernel
 
@@ -260,6 +261,7 @@ def _round_once(y: np.ndarray, out_dtype) -> mx.array:
     return mx.array(bits.view(np.float32)).astype(out_dtype)
 
 
+@host_guard
 def scaled_mm(a: mx.array, b: mx.array, scale_a: mx.array, scale_b: mx.array, *,
               bias: mx.array | None = None, azp_adj: mx.array | None = None,
               azp: mx.array | None = None, out_dtype=mx.float32,

@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .autodiff import host_guard
 from .kernels import Kernel
 
 # Tile of one threadgroup and its thread count: INT8_GEMM_BM/BN and
@@ -93,6 +94,7 @@ def check_k(k: int) -> None:
         )
 
 
+@host_guard
 def int8_matmul(a: mx.array, b: mx.array, *, backend: str | None = None) -> mx.array:
     """Exact integer matrix product of int8 matrices.
 
