@@ -250,25 +250,155 @@ def round_i128_cpu(hi: np.ndarray, lo: np.ndarray, E: np.ndarray) -> np.ndarray:
     return bits.view(np.float64)
 
 
-def accumulate_cpu(D: np.ndarray, tA: np.ndarray, tB: np.ndarray, b: int) -> np.ndarray:
-    """numpy implementation of ozaki_accumulate: Horner in 128 bits, one rounding."""
-    S = D.shape[0]
-    hi = np.zeros(D.shape[1:], dtype=_U64)
-    lo = np.zeros(D.shape[1:], dtype=_U64)
+def accumulate_cpu(D, tA: np.ndarray, tB: np.ndarray, b: int) -> np.ndarray:
+    """numpy implementation of ozaki_accumulate: Horner in 128 bits, one rounding.
+
+    ``D``: the S weight classes, an int64 ``[S, M, N]`` array or a sequence of S
+    int64 ``(M, N)`` arrays or None (an all-zero class)."""
+    S = len(D)
+    shape = next(v.shape for v in D if v is not None)
+    hi = np.zeros(shape, dtype=_U64)
+    lo = np.zeros(shape, dtype=_U64)
     bb, rb = _U64(b), _U64(64 - b)
     for d in range(S):
         hi = (hi << bb) | (lo >> rb)
         lo = lo << bb
-        v = D[d].astype(np.int64)
-        add = v.view(_U64) if v.flags.c_contiguous else np.ascontiguousarray(v).view(_U64)
-        new = lo + add
+        if D[d] is None:
+            continue
+        v = np.ascontiguousarray(D[d], dtype=np.int64)
+        new = lo + v.view(_U64)
         hi = hi + (new < lo).astype(_U64) + np.where(v < 0, _U64(2**64 - 1), _U64(0))
         lo = new
     E = tA.astype(np.int64)[:, None] + tB.astype(np.int64)[None, :] - b * (S + 1)
     return round_i128_cpu(hi, lo, E)
 
 
-# ---- Metal implementation ---------------------------------------------------------
+# ---- cpu product: float64 GEMMs of digit groups -------------------------------------
+#
+# The kept terms are the digit pairs (p, q) with p + q <= S - 1. A float64 GEMM of
+# integers is exact while every partial sum stays below 2^53, so instead of one int8
+# GEMM per pair it multiplies *pieces*: the integer value of g consecutive digits,
+# sum_{p0 <= p < p1} d_p 2^(b (p1 - 1 - p)) (< 2^(b g)). A piece of A times a piece of
+# B carries exactly the pairs of a rectangle [p0, p1) x [q0, q1) of the triangle,
+# scaled to the weight class e = (p1 - 1) + (q1 - 1). Rectangles of 3 x 3 seven-bit
+# digits (42-bit products, 2^11 of them below 2^53) tile the triangle of S = 9 slices
+# with 12 GEMMs instead of 45: the splitting of Ozaki scheme I, with float64 GEMMs of
+# slice sums as in Ozaki, Ogita, Oishi, Rump (2012) and Mukunoki et al. (2020, the
+# exponent budget of a DGEMM-based split). The sums are the same integers as the int8
+# path's, so the result is bit for bit the same (one rounding of the kept terms).
+
+_BUDGET = 2**53  # float64 integers are exact below this
+_INT64 = 2**63
+
+
+def _piece_bound(g: int, b: int) -> int:
+    """Largest |value| of a piece of g digits."""
+    top = 2**b - 1 if b <= 7 else 2 ** (b - 1)
+    return top * ((1 << (b * g)) - 1) // ((1 << b) - 1)
+
+
+def plan_pieces(S: int, b: int) -> dict:
+    """Rectangles ``(p0, p1, q0, q1)`` of digit pairs, grouped by weight class e,
+    that cover the kept pairs p + q <= S - 1 exactly once: blocks of G x G digits
+    while fully kept, then one row ``p x [q, S - p)`` per digit p for the rest (at
+    most 2G - 2 digits long). G: the widest group whose products, 256 at a time,
+    stay exact in float64."""
+    G = max([g for g in range(1, S + 1) if 256 * _piece_bound(g, b) ** 2 < _BUDGET] or [1])
+    plan: dict = {}
+    for p0 in range(0, S, G):
+        p1 = min(S, p0 + G)
+        q = 0
+        while q + G <= S and (p1 - 1) + (q + G - 1) <= S - 1:
+            plan.setdefault(p1 + q + G - 2, []).append((p0, p1, q, q + G))
+            q += G
+        for p in range(p0, p1):
+            if S - p > q:
+                plan.setdefault(S - 1, []).append((p, p + 1, q, S - p))
+    return plan
+
+
+def _class_bound(rects, b: int) -> int:
+    """Largest |sum of one k term| over the rectangles of one weight class."""
+    return sum(_piece_bound(p1 - p0, b) * _piece_bound(q1 - q0, b) for p0, p1, q0, q1 in rects)
+
+
+def _prefixes(X: np.ndarray, t: np.ndarray, S: int, b: int) -> np.ndarray:
+    """Digit source of the rows of X (float64 (R, C), row scales t): for b <= 7 the
+    truncations ``P_k = trunc(X 2^(b k - t))``, k = 0..S, float64 (S + 1, R, C)
+    (at most 53 significant bits each: exact); for balanced 8-bit digits the int8
+    digits of :func:`slice_cpu` (S, R, C)."""
+    if b == 8:
+        return slice_cpu(X, t, S, b)
+    xs = np.ldexp(X, -t.astype(np.int64)[:, None])  # |xs| < 1; powers of two: exact
+    P = np.empty((S + 1,) + X.shape)
+    for k in range(S + 1):
+        np.trunc(np.multiply(xs, 2.0 ** (b * k), out=P[k]), out=P[k])
+    return P
+
+
+def _piece(src: np.ndarray, p0: int, p1: int, b: int, out: np.ndarray) -> None:
+    """Write the piece of digits [p0, p1) (see :func:`_prefixes`) into ``out``:
+    P_p1 - P_p0 2^(b (p1 - p0)) (an integer below 2^(b g): exact), or the Horner
+    sum of the int8 digits."""
+    if src.dtype == np.int8:
+        out[...] = src[p0]
+        for p in range(p0 + 1, p1):
+            out *= 2.0**b
+            out += src[p]
+        return
+    np.multiply(src[p0], 2.0 ** (b * (p1 - p0)), out=out)
+    np.subtract(src[p1], out, out=out)
+
+
+def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S: int,
+                b: int) -> np.ndarray:
+    """float64 ``(M, N)``: the kept slice-pair terms of ``a @ b_`` rounded once
+    (bit for bit :func:`accumulate_cpu` of :func:`products_cpu`), by float64 GEMMs
+    of digit pieces, blocked over N (column blocks) and K (chunks), so the
+    temporaries are bounded: about 8 (#classes + 12) M (N-block + K-chunk) bytes.
+
+    a: float64 (M, K); b_: float64 (K, N); tA (M,), tB (N,) int scale exponents."""
+    (M, K), N = a.shape, b_.shape[1]
+    plan = plan_pieces(S, b)
+    bounds = {e: _class_bound(r, b) for e, r in plan.items()}
+    if K * max(bounds.values()) >= _INT64:  # int64 class sums would overflow
+        slA = slice_cpu(a, tA, S, b)
+        slB = slice_cpu(np.ascontiguousarray(b_.T), tB, S, b)
+        return accumulate_cpu(products_cpu(slA, np.ascontiguousarray(slB.transpose(0, 2, 1)), b),
+                              tA, tB, b)
+    kc = min(K, max(64, 2**19 // M), min((_BUDGET - 1) // v for v in bounds.values()))
+    nb = min(N, max(256, 2**20 // M))
+    out = np.empty((M, N))
+    rows = max(1, 2**17 // nb)  # Horner's ~10 uint64 temporaries per row chunk
+    for j0 in range(0, N, nb):
+        j1 = min(N, j0 + nb)
+        sums = {}
+        for k0 in range(0, K, kc):
+            k1 = min(K, k0 + kc)
+            w = k1 - k0
+            srcA = _prefixes(a[:, k0:k1], tA, S, b)
+            srcB = _prefixes(np.ascontiguousarray(b_[k0:k1, j0:j1].T), tB[j0:j1], S, b)
+            for e, rects in plan.items():
+                # all rectangles of a class in one GEMM: pieces side by side along k
+                pa = np.empty((M, w * len(rects)))
+                pb = np.empty((j1 - j0, w * len(rects)))
+                for i, (p0, p1, q0, q1) in enumerate(rects):
+                    _piece(srcA, p0, p1, b, pa[:, i * w:(i + 1) * w])
+                    _piece(srcB, q0, q1, b, pb[:, i * w:(i + 1) * w])
+                part = (pa @ pb.T).astype(np.int64)
+                if e in sums:
+                    sums[e] += part
+                else:
+                    sums[e] = part
+            del srcA, srcB
+        for r0 in range(0, M, rows):
+            r1 = min(M, r0 + rows)
+            D = [sums[e][r0:r1] if e in sums else None for e in range(S)]
+            out[r0:r1, j0:j1] = accumulate_cpu(D, tA[r0:r1], tB[j0:j1], b)
+    return out
+
+
+# ---- Metal implementation# ---- Metal implementation ---------------------------------------------------------
 
 
 def _slice_metal(bits: mx.array, t: np.ndarray, R: int, C: int, S: int, b: int,
@@ -323,11 +453,8 @@ def _emulate(A, B, sa: Scan, sb: Scan, S: int, b: int, name: str) -> mx.array:
     tA = scale_exponents(sa.emax, b)
     tB = scale_exponents(sb.emax, b)
     if name == "cpu":
-        a, bm = np.array(A), np.array(B)
-        slA = slice_cpu(a, tA, S, b)
-        slB = slice_cpu(np.ascontiguousarray(bm.T), tB, S, b)
-        D = products_cpu(slA, np.ascontiguousarray(slB.transpose(0, 2, 1)), b)
-        return mx.array(accumulate_cpu(D, tA, tB, b), dtype=mx.float64)
+        return mx.array(product_cpu(np.asarray(A), np.asarray(B), tA, tB, S, b),
+                        dtype=mx.float64)
     slA = _slice_metal(_esc.row_bits(A), tA, M, K, S, b, name)
     slB = _slice_metal(_esc.col_bits(B), tB, N, K, S, b, name)
     P, nkb = _products_metal(slA, mx.transpose(slB, (0, 2, 1)), b, name)
