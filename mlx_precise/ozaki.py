@@ -514,13 +514,15 @@ def dgemm_emulated(A, B, *, slices="auto", slice_bits: int = 7, max_bits: int = 
     if M * N == 0 or K == 0:
         info["slices"] = 0
         return done(mx.zeros((M, N), mx.float64, stream=mx.cpu))
-    sa, sb, ia, ib = _esc.scan(A, B, DEFAULT_BLOCK, name)
+    sa, sb, ia, ib = _esc.scan(A, B, DEFAULT_BLOCK, name, lowest=method == "tight")
     if sa.nonfinite or sb.nonfinite:
         info.update(fallback=True, reason="Inf/NaN input")
         return done(_native(A, B))
     if method != "fixed" or return_info:
-        est = _esc._estimate(sa, sb, ia, ib, K, DEFAULT_BLOCK, name)
-        info["esc"] = int(est.max())
+        # the rules read only the largest estimate: on cpu, no (M, N) array for it
+        est = (_esc.esc_estimate_max_cpu(sa, sb) if name == "cpu"
+               else _esc._estimate(sa, sb, ia, ib, K, DEFAULT_BLOCK, name))
+        info["esc"] = int(np.max(est))
     if method == "fixed":
         S = int(slices)
     else:
