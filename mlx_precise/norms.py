@@ -530,17 +530,53 @@ def stream_norm_f32(a: np.ndarray, kind: int):
     return r_lo if r_lo == r_hi else None
 
 
+def _totals(values: np.ndarray) -> np.ndarray:
+    """Double-double sums over the ``P`` processes (axis 0) of line sums (L, 2) or
+    Blue's accumulators (3, 2)."""
+    pairs = values.reshape(values.shape[0], -1, 2)  # (P, L, 2)
+    return dd_sum(np.concatenate([pairs[..., 0], pairs[..., 1]], axis=0), axis=0)
+
+
 def finish_cpu(kind: int, values: np.ndarray) -> float:
     """The norm from the float64 partials of ``P`` processes stacked on axis 0."""
     values = np.asarray(values, dtype=np.float64)
     if kind == 0:
         return float(np.max(values)) if values.size else 0.0
-    pairs = values.reshape(values.shape[0], -1, 2)  # (P, L, 2)
-    total = dd_sum(np.concatenate([pairs[..., 0], pairs[..., 1]], axis=0), axis=0)
+    total = _totals(values)
     if kind == 3:
         return finish_ssq64(total)
     lines = _dd_value(total)
     return float(np.max(lines)) if lines.size else 0.0
+
+
+def finish_cpu_result(kind: int, values: np.ndarray, dtype) -> mx.array:
+    """:func:`finish_cpu` as a 0-d array of ``dtype``, rounded once: for float32 the
+    float64 value is only a guide (rounding it again could double-round at a
+    float32 midpoint); the side of each neighbouring midpoint m is read from the
+    double-double sums exactly: sign((hi - m) + lo), hi - m exact when they are
+    close (Sterbenz), and for Frobenius against m^2 (exact: m has 25 bits)."""
+    v = finish_cpu(kind, values)
+    if dtype != mx.float32 or kind == 0 or not (math.isfinite(v) and v > 0):
+        return to_result(v, dtype)
+    total = _totals(np.asarray(values, dtype=np.float64))
+    if kind == 3 and (total[0, 0] > 0 or total[2, 0] > 0):
+        return to_result(v, dtype)  # scaled classes: never for float32 data
+    with np.errstate(over="ignore"):
+        r = np.float32(v)
+    if not np.isfinite(r):
+        return mx.array(r)
+    for toward in (np.float32(np.inf), np.float32(0)):
+        nb = np.nextafter(r, toward)
+        m = (float(r) + float(nb)) / 2
+        if kind == 3:
+            side = np.sign((total[1, 0] - m * m) + total[1, 1])
+        else:
+            side = np.max(np.sign((total[:, 0] - m) + total[:, 1]))
+        if toward == 0:
+            side = -side
+        if side > 0 or (side == 0 and int(nb.view(np.int32)) % 2 == 0):
+            return mx.array(nb)  # beyond the midpoint, or a tie to the even neighbour
+    return mx.array(r)
 
 
 # ---- public API -------------------------------------------------------------------
@@ -608,7 +644,7 @@ def norm(A, kind: str = "fro", *, structure: str = "general", uplo: str = "lower
         if fast is not None:
             return mx.array(fast)
     part = cpu_partial(A, spec)
-    return to_result(finish_cpu(part.kind, np.array(part.values)[None]), dtype)
+    return finish_cpu_result(part.kind, np.array(part.values)[None], dtype)
 
 
 def to_result(value: float, dtype) -> mx.array:

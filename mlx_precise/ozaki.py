@@ -250,27 +250,62 @@ def round_i128_cpu(hi: np.ndarray, lo: np.ndarray, E: np.ndarray) -> np.ndarray:
     return bits.view(np.float64)
 
 
+def _round_i128_fast(hi: np.ndarray, lo: np.ndarray, E: np.ndarray) -> np.ndarray:
+    """:func:`round_i128_cpu` by round-to-odd: the magnitude cut to its top 64 bits
+    with the dropped bits ORed into the last one, converted to float64 (RN), then
+    scaled by 2^(shift + E). Rounding to odd on 64 >= 53 + 2 bits and then to
+    nearest rounds correctly once (Boldo and Melquiond, IEEE TC 2008); the scaling
+    is exact unless the result is subnormal, where :func:`round_i128_cpu` decides."""
+    neg = hi.view(np.int64) < 0
+    nlo = ~lo + _U64(1)
+    nhi = ~hi + (nlo == 0).astype(_U64)
+    mh, ml = np.where(neg, nhi, hi), np.where(neg, nlo, lo)
+    r = np.where(mh != 0, _esc._bit_length(mh), 0)  # bits to drop to fit 64
+    rr = r.astype(_U64)
+    kept = (mh << (_U64(64) - rr)) | (ml >> rr)  # r = 0: numpy's shift by 64 is 0
+    kept = np.where(r == 0, ml, np.where(r == 64, mh, kept))
+    sticky = (ml & ((_U64(1) << rr) - _U64(1))) != 0
+    sticky = np.where(r == 64, ml != 0, sticky)
+    f = (kept | sticky.astype(_U64)).astype(np.float64)
+    f = np.where(neg, -f, f)
+    k = (r + E).astype(np.int64)
+    with np.errstate(over="ignore"):
+        out = np.ldexp(f, k)
+    tiny = (np.abs(out) < 2.0**-1022) & (f != 0)
+    if tiny.any():
+        out[tiny] = round_i128_cpu(hi[tiny], lo[tiny], np.broadcast_to(E, hi.shape)[tiny])
+    return out
+
+
 def accumulate_cpu(D, tA: np.ndarray, tB: np.ndarray, b: int) -> np.ndarray:
     """numpy implementation of ozaki_accumulate: Horner in 128 bits, one rounding.
 
     ``D``: the S weight classes, an int64 ``[S, M, N]`` array or a sequence of S
-    int64 ``(M, N)`` arrays or None (an all-zero class)."""
+    int64 ``(M, N)`` arrays or None (an all-zero class: no work for it but the
+    shift)."""
     S = len(D)
-    shape = next(v.shape for v in D if v is not None)
-    hi = np.zeros(shape, dtype=_U64)
-    lo = np.zeros(shape, dtype=_U64)
-    bb, rb = _U64(b), _U64(64 - b)
+    hi = lo = None
+    pending = 0  # bits of shift owed to the accumulator since the last class added
     for d in range(S):
-        hi = (hi << bb) | (lo >> rb)
-        lo = lo << bb
+        pending += b if hi is not None else 0
         if D[d] is None:
             continue
         v = np.ascontiguousarray(D[d], dtype=np.int64)
+        if hi is None:
+            hi, lo = (v >> 63).view(_U64), v.copy().view(_U64)
+            continue
+        while pending:
+            sh = min(pending, 63)
+            hi = (hi << _U64(sh)) | (lo >> _U64(64 - sh))
+            lo = lo << _U64(sh)
+            pending -= sh
         new = lo + v.view(_U64)
-        hi = hi + (new < lo).astype(_U64) + np.where(v < 0, _U64(2**64 - 1), _U64(0))
+        hi = hi + (new < lo).astype(_U64) + (v >> 63).view(_U64)
         lo = new
-    E = tA.astype(np.int64)[:, None] + tB.astype(np.int64)[None, :] - b * (S + 1)
-    return round_i128_cpu(hi, lo, E)
+    E = tA.astype(np.int64)[:, None] + tB.astype(np.int64)[None, :] - b * (S + 1) + pending
+    if hi is None:
+        return np.zeros(E.shape)
+    return _round_i128_fast(hi, lo, E)
 
 
 # ---- cpu product: float64 GEMMs of digit groups -------------------------------------
@@ -289,6 +324,8 @@ def accumulate_cpu(D, tA: np.ndarray, tB: np.ndarray, b: int) -> np.ndarray:
 
 _BUDGET = 2**53  # float64 integers are exact below this
 _INT64 = 2**63
+_PIECE_VALUES = 2**18  # M x (K-chunk) values per piece of A: bounds the temporaries
+_OUT_VALUES = 2**20  # M x (N-block) outputs per class sum
 
 
 def _piece_bound(g: int, b: int) -> int:
@@ -350,6 +387,18 @@ def _piece(src: np.ndarray, p0: int, p1: int, b: int, out: np.ndarray) -> None:
     np.subtract(src[p1], out, out=out)
 
 
+def _fill_pieces(X: np.ndarray, t: np.ndarray, S: int, b: int, slots) -> None:
+    """Write pieces of the rows of X (float64 (R, w)) into ``slots``: a list of
+    ``((p0, p1), out)`` with out (R, w) views. Rows go in chunks of ~2^15 values so
+    that the S + 1 truncations of a chunk stay in cache."""
+    R, w = X.shape
+    step = max(1, 2**15 // max(w, 1))
+    for r0 in range(0, R, step):
+        src = _prefixes(X[r0:r0 + step], t[r0:r0 + step], S, b)
+        for (p0, p1), out in slots:
+            _piece(src, p0, p1, b, out[r0:r0 + step])
+
+
 def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S: int,
                 b: int) -> np.ndarray:
     """float64 ``(M, N)``: the kept slice-pair terms of ``a @ b_`` rounded once
@@ -366,8 +415,8 @@ def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S
         slB = slice_cpu(np.ascontiguousarray(b_.T), tB, S, b)
         return accumulate_cpu(products_cpu(slA, np.ascontiguousarray(slB.transpose(0, 2, 1)), b),
                               tA, tB, b)
-    kc = min(K, max(64, 2**19 // M), min((_BUDGET - 1) // v for v in bounds.values()))
-    nb = min(N, max(256, 2**20 // M))
+    kc = min(K, max(64, _PIECE_VALUES // M), min((_BUDGET - 1) // v for v in bounds.values()))
+    nb = min(N, max(256, _OUT_VALUES // M))
     out = np.empty((M, N))
     rows = max(1, 2**17 // nb)  # Horner's ~10 uint64 temporaries per row chunk
     for j0 in range(0, N, nb):
@@ -376,24 +425,32 @@ def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S
         for k0 in range(0, K, kc):
             k1 = min(K, k0 + kc)
             w = k1 - k0
-            srcA = _prefixes(a[:, k0:k1], tA, S, b)
-            srcB = _prefixes(np.ascontiguousarray(b_[k0:k1, j0:j1].T), tB[j0:j1], S, b)
-            for e, rects in plan.items():
-                # all rectangles of a class in one GEMM: pieces side by side along k
-                pa = np.empty((M, w * len(rects)))
-                pb = np.empty((j1 - j0, w * len(rects)))
-                for i, (p0, p1, q0, q1) in enumerate(rects):
-                    _piece(srcA, p0, p1, b, pa[:, i * w:(i + 1) * w])
-                    _piece(srcB, q0, q1, b, pb[:, i * w:(i + 1) * w])
-                part = (pa @ pb.T).astype(np.int64)
-                if e in sums:
-                    sums[e] += part
+            # all rectangles of a class in one GEMM: their pieces side by side along k
+            pa = {e: np.empty((M, w * len(r))) for e, r in plan.items()}
+            pb = {e: np.empty((j1 - j0, w * len(r))) for e, r in plan.items()}
+            cut = lambda arr, i: arr[:, i * w:(i + 1) * w]  # noqa: E731
+            _fill_pieces(a[:, k0:k1], tA, S, b, [((r[0], r[1]), cut(pa[e], i))
+                                                 for e, rs in plan.items() for i, r in enumerate(rs)])
+            _fill_pieces(np.ascontiguousarray(b_[k0:k1, j0:j1].T), tB[j0:j1], S, b,
+                         [((r[2], r[3]), cut(pb[e], i))
+                          for e, rs in plan.items() for i, r in enumerate(rs)])
+            for e in plan:
+                part = pa.pop(e) @ pb.pop(e).T
+                # float64 sums stay exact while the terms added bound them below 2^53;
+                # then they move into int64
+                f, n, i = sums.get(e, (None, 0, None))
+                if f is not None and (n + w) * bounds[e] < _BUDGET:
+                    f += part
                 else:
-                    sums[e] = part
-            del srcA, srcB
+                    if f is not None:
+                        i = f.astype(np.int64) if i is None else i + f.astype(np.int64)
+                    f, n = part, 0
+                sums[e] = (f, n + w, i)
+        total = {e: f.astype(np.int64) if i is None else i + f.astype(np.int64)
+                 for e, (f, n, i) in sums.items()}
         for r0 in range(0, M, rows):
             r1 = min(M, r0 + rows)
-            D = [sums[e][r0:r1] if e in sums else None for e in range(S)]
+            D = [total[e][r0:r1] if e in total else None for e in range(S)]
             out[r0:r1, j0:j1] = accumulate_cpu(D, tA[r0:r1], tB[j0:j1], b)
     return out
 
