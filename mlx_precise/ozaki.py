@@ -415,8 +415,9 @@ def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S
         slB = slice_cpu(np.ascontiguousarray(b_.T), tB, S, b)
         return accumulate_cpu(products_cpu(slA, np.ascontiguousarray(slB.transpose(0, 2, 1)), b),
                               tA, tB, b)
-    kc = min(K, max(64, _PIECE_VALUES // M), min((_BUDGET - 1) // v for v in bounds.values()))
     nb = min(N, max(256, _OUT_VALUES // M))
+    kc = min(K, max(64, _PIECE_VALUES // max(M, nb)),
+             min((_BUDGET - 1) // v for v in bounds.values()))
     out = np.empty((M, N))
     rows = max(1, 2**17 // nb)  # Horner's ~10 uint64 temporaries per row chunk
     for j0 in range(0, N, nb):
@@ -446,8 +447,15 @@ def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S
                         i = f.astype(np.int64) if i is None else i + f.astype(np.int64)
                     f, n = part, 0
                 sums[e] = (f, n + w, i)
-        total = {e: f.astype(np.int64) if i is None else i + f.astype(np.int64)
-                 for e, (f, n, i) in sums.items()}
+        total = {}
+        for e in list(sums):  # one class at a time: one int64 temporary
+            f, _, i = sums.pop(e)
+            if i is None:
+                total[e] = f.astype(np.int64)
+            else:
+                i += f.astype(np.int64)
+                total[e] = i
+            del f
         for r0 in range(0, M, rows):
             r1 = min(M, r0 + rows)
             D = [total[e][r0:r1] if e in total else None for e in range(S)]

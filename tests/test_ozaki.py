@@ -455,7 +455,8 @@ def test_cpu_pieces_blocked_match_the_int8_products(monkeypatch, b):
 
 def test_cpu_product_memory_is_bounded():
     """Extra numpy allocations of a 512^3 cpu product (tracemalloc): below the
-    4 MiB inputs' 8x, far below the ~300 bytes per output of per-pair slices."""
+    4 MiB inputs' 16x (pieces of 2^18 values, class sums of 2^20: bounded
+    constants), where per-pair int8 slices took ~300 bytes per output."""
     import tracemalloc
 
     rng = np.random.default_rng(50)
@@ -468,4 +469,4 @@ def test_cpu_product_memory_is_bounded():
     hi, lo = dd_matmul(A[:8], B)
     assert rel_err_dd(np.array(C)[:8], hi, lo).max() <= rel_err_dd(A[:8] @ B, hi, lo).max()
     print(f"extra peak {peak / 2**20:.1f} MiB")
-    assert peak <= 48 * 2**20
+    assert peak <= 64 * 2**20
