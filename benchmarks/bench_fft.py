@@ -90,6 +90,14 @@ def interleaved(fns, repeat: int) -> list:
     return [float(np.median(t)) for t in times]
 
 
+def print_table(title: str, header, rows) -> None:
+    """A markdown table under a blank line and its title."""
+    print(f"\n{title}")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    print("\n".join(rows))
+
+
 def reference(x: np.ndarray) -> tuple[np.ndarray, str]:
     if np.finfo(np.longdouble).nmant >= 63:
         return np.fft.fft(x.astype(np.clongdouble)), "long double"
@@ -142,11 +150,10 @@ def main() -> None:
               f"| {normwise(y_f32, ref):.2e} | {100 * frac[0]:.4f}% / {100 * frac[1]:.1f}% "
               f"| {fe:.0f}, {ff:.0f} | {be:.0f}, {bf:.0f} | {est:.2f} |")
     if rows_sp:
-        print(f"\nbackend {backend} against scipy.fft {scipy.__version__} (workers=-1), "
-              "medians of interleaved runs (goal on cpu: <= 1.1x float64)")
-        print("| n | extended s | scipy f64 s | scipy f32 s | ext / f64 | ext / f32 |")
-        print("|---|---|---|---|---|---|")
-        print("\n".join(rows_sp))
+        print_table(f"backend {backend} against scipy.fft {scipy.__version__} (workers=-1), "
+                    "medians of interleaved runs (goal on cpu: <= 1.1x float64)",
+                    ("n", "extended s", "scipy f64 s", "scipy f32 s", "ext / f64", "ext / f32"),
+                    rows_sp)
     print(f"(reference: {rname} FFT of the complex64 input; 'normwise ext' is the "
           "unrounded DoubleWord result)")
 

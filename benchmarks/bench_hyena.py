@@ -1,6 +1,6 @@
 """Hyena long convolution: extended vs plain float32 MLX, time, accuracy and memory.
 
-For batch 1, 64 channels and L in {1024, 16384} (--full adds 131072): time of
+For batch 1, 64 channels and L in {1024, 16384, 131072} (--full adds 524288): time of
 hyena_conv_extended on the active backend (or --backend) against the float32 MLX
 FFT convolution (safari formula), the share of exactly rounded outputs of each
 (oracle: numpy longdouble FFT where longdouble has a 64-bit significand), peak
@@ -30,7 +30,7 @@ from mlx_precise.demo import _inputs, _oracle_dtype
 from mlx_precise.hyena import default_fft_size, fftconv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_fft import interleaved, sfft  # noqa: E402
+from bench_fft import interleaved, print_table, sfft  # noqa: E402
 
 
 def gpu_cost_per_point(N: int) -> tuple[float, float, float, float]:
@@ -56,12 +56,12 @@ def gpu_cost_per_point(N: int) -> tuple[float, float, float, float]:
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=mp.BACKENDS, default=None)
-    p.add_argument("--full", action="store_true", help="also L = 131072")
+    p.add_argument("--full", action="store_true", help="also L = 524288")
     p.add_argument("--channels", type=int, default=64)
     args = p.parse_args()
     backend = mp.backends.resolve(args.backend)
     dtype, dname = _oracle_dtype()
-    lengths = [1024, 16384] + ([131072] if args.full else [])
+    lengths = [1024, 16384, 131072] + ([524288] if args.full else [])
     rows_sp = []
     print(f"backend: {backend}; oracle: {dname}; batch 1, channels {args.channels}")
     print("| L | extended s | float32 s | ratio | exactly rounded ext / f32 | peak MB (ext) "
@@ -106,11 +106,9 @@ def main():
               f"{100 * (outs['ext'] == ref).mean():.4f}% / {100 * (outs['f32'] == ref).mean():.1f}% | "
               f"{peak / 2**20:.0f} | {ef:.0f}, {ff:.0f} | {eb:.0f}, {fb:.0f} | {est:.1f} |", flush=True)
     if rows_sp:
-        print(f"\nbackend {backend} against the float64 formula with scipy.fft (workers=-1), "
-              "medians of interleaved runs (goal on cpu: <= 1.1x)")
-        print("| L | extended s | scipy f64 s | ratio | same bits |")
-        print("|---|---|---|---|---|")
-        print("\n".join(rows_sp))
+        print_table(f"backend {backend} against the float64 formula with scipy.fft "
+                    "(workers=-1), medians of interleaved runs (goal on cpu: <= 1.1x)",
+                    ("L", "extended s", "scipy f64 s", "ratio", "same bits"), rows_sp)
 
 
 if __name__ == "__main__":

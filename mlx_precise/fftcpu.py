@@ -29,11 +29,10 @@ def transform(kind: str, x: np.ndarray, n: int, axis: int, overwrite: bool = Fal
     conventions (norm "backward"), in x's float64 / complex128 precision.
     ``overwrite``: x is a temporary the transform may reuse. Non-finite inputs
     propagate quietly (as in the kernels)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        if _sfft is None:
+    if _sfft is None:
+        with np.errstate(invalid="ignore", over="ignore"):
             return getattr(np.fft, kind)(x, n=n, axis=axis)
-        return getattr(_sfft, kind)(x, n=n, axis=axis, overwrite_x=overwrite,
-                                    workers=WORKERS)
+    return getattr(_sfft, kind)(x, n=n, axis=axis, overwrite_x=overwrite, workers=WORKERS)
 
 
 def _chunk_rows(n_fft: int) -> int:
