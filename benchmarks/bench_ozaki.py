@@ -92,6 +92,23 @@ def memory(n: int) -> None:
     print(f"\nn = {n}: extra peak {peak / 2**20:.0f} MiB of numpy allocations "
           f"(goal <= 256 MiB; the float64 result itself is {8 * n * n / 2**20:.0f} MiB), "
           f"{time.perf_counter() - t0:.1f} s, C finite: {bool(np.isfinite(np.array(C)).all())}")
+    # The whole process (numpy and MLX buffers, BLAS): growth of the peak resident
+    # set in a fresh process, inputs N(0, 1) made without temporaries, after a warm-up.
+    code = (
+        "import resource, numpy as np\n"
+        "from mlx_precise.ozaki import dgemm_emulated\n"
+        "dgemm_emulated(np.ones((64, 64)), np.ones((64, 64)), backend='cpu')\n"
+        f"rng = np.random.default_rng(1); a = rng.standard_normal(({n}, {n})); "
+        f"b = rng.standard_normal(({n}, {n}))\n"
+        "r0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "dgemm_emulated(a, b, backend='cpu')\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - r0) / 1024)\n"
+    )
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    print(f"n = {n}: peak resident set grew by {out.stdout.strip() or out.stderr[-200:]} MiB "
+          "in a fresh process (phi = -1; everything: numpy, MLX's copy of the result, BLAS)")
 
 
 def rules(seeds: int, size: int) -> None:

@@ -486,7 +486,8 @@ def _parallel_blocks(a: np.ndarray, kind: int) -> list:
     """:func:`_block_reduce` over all row blocks, the blocks split into one
     contiguous run per core (numpy releases the GIL in its loops)."""
     spans = _spans(*a.shape)
-    workers = min(os.cpu_count() or 1, len(spans))
+    # threads pay off only once a thread has a few MiB to stream
+    workers = min(os.cpu_count() or 1, len(spans), max(1, a.size >> 20))
     width = a.shape[1] * (2 if a.dtype == np.complex64 else 1)
 
     def run(part):
