@@ -27,8 +27,9 @@ of the truncated inputs, less the slice pairs ``p + q >= s``. Inputs with Inf/Na
 and (in rule-based modes) products whose required width exceeds ``max_bits``, are
 computed by native float64 matmul on the CPU instead; ``return_info=True`` says so.
 
-The ``cpu`` backend runs the same algorithm in numpy (float64 BLAS products of the
-slices are exact: every partial sum is an integer below 2^53).
+The ``cpu`` backend computes the same sums in numpy with float64 BLAS products of
+digit *pieces* (several slices at once, exact below 2^53; :func:`product_cpu`),
+blocked over N and K, and rounds them the same way: bit for bit the same result.
 """
 
 from __future__ import annotations
