@@ -76,14 +76,17 @@ def best_time(fn, repeat: int) -> float:
     return best
 
 
-def interleaved(fns, repeat: int) -> list:
+def interleaved(fns, repeat: int, pause: float = 0.05) -> list:
     """Median seconds of each function, the functions run in turn ``repeat``
-    times (so that load from other processes hits all of them alike)."""
+    times (so that load from other processes hits all of them alike), each after a
+    ``pause``: BLAS worker threads spin for a while after a call, and would
+    otherwise slow whichever function runs next."""
     times = [[] for _ in fns]
     for f in fns:
         f()
     for _ in range(repeat):
         for t, f in zip(times, fns):
+            time.sleep(pause)
             t0 = time.perf_counter()
             f()
             t.append(time.perf_counter() - t0)

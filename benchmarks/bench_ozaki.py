@@ -94,15 +94,17 @@ def memory(n: int) -> None:
           f"{time.perf_counter() - t0:.1f} s, C finite: {bool(np.isfinite(np.array(C)).all())}")
     # The whole process (numpy and MLX buffers, BLAS): growth of the peak resident
     # set in a fresh process, inputs N(0, 1) made without temporaries, after a warm-up.
+    # (VmHWM of /proc/self/status: ru_maxrss would carry the parent's peak over fork.)
     code = (
-        "import resource, numpy as np\n"
+        "import re, numpy as np\n"
         "from mlx_precise.ozaki import dgemm_emulated\n"
+        "hwm = lambda: int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1])\n"
         "dgemm_emulated(np.ones((64, 64)), np.ones((64, 64)), backend='cpu')\n"
         f"rng = np.random.default_rng(1); a = rng.standard_normal(({n}, {n})); "
         f"b = rng.standard_normal(({n}, {n}))\n"
-        "r0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "r0 = hwm()\n"
         "dgemm_emulated(a, b, backend='cpu')\n"
-        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - r0) / 1024)\n"
+        "print(round((hwm() - r0) / 1024))\n"
     )
     import subprocess
 
