@@ -76,11 +76,11 @@ def best_time(fn, repeat: int) -> float:
     return best
 
 
-def interleaved(fns, repeat: int, pause: float = 0.05) -> list:
+def interleaved(fns, repeat: int, pause: float = 0.0) -> list:
     """Median seconds of each function, the functions run in turn ``repeat``
     times (so that load from other processes hits all of them alike), each after a
-    ``pause``: BLAS worker threads spin for a while after a call, and would
-    otherwise slow whichever function runs next."""
+    ``pause`` in seconds: where BLAS runs, its worker threads spin for a while
+    after a call and would otherwise slow whichever function runs next."""
     times = [[] for _ in fns]
     for f in fns:
         f()

@@ -131,7 +131,7 @@ def main(argv=None) -> None:
                 te, tn, tc = interleaved([lambda: norm(a, kind, backend=backend).item(),
                                           lambda: NUMPY_OPS[kind](a64),
                                           lambda: NUMPY_OPS[kind](a32.astype(np.float64))],
-                                         args.repeats + 4)
+                                         args.repeats + 4, pause=0.05)
                 rows_np.append(f"{n:>6} {kind:>4} | {te * 1e3:>9.2f} {tn * 1e3:>9.2f} "
                                f"{te / tn:>6.2f} | {tc * 1e3:>9.2f} {te / tc:>6.2f}")
     if rows_np:

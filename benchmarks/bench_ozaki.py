@@ -8,7 +8,7 @@
 Performance table: for square n x n products of the phi test matrices, the slices
 auto mode chose, the time of ``dgemm_emulated`` on the backend, and native float64
 matmul on this machine's CPU (numpy's BLAS and MLX CPU), each as FP64-equivalent
-GFLOP/s (2 n^3 / time). The ``emulate`` backend runs the Metal kernels on the CPU
+GFLOP/s (2 n^3 / time), medians of interleaved runs. The ``emulate`` backend runs the Metal kernels on the CPU
 and only says whether they run; its times mean nothing for a GPU.
 
 Rules table (``--rules``): over phi in {-1, 0, 0.5, 1, 2, 4}, K in {64, 256, 1024},
@@ -31,6 +31,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from oracle import dd_matmul, rel_err_dd  # noqa: E402  (the shared oracle module)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fft import interleaved  # noqa: E402
+
 from mlx_precise import backends  # noqa: E402
 from mlx_precise.ozaki import dgemm_emulated  # noqa: E402
 
@@ -43,18 +46,9 @@ def phi_matrix(phi, shape, rng):
     return (rng.uniform(size=shape) - 0.5) * np.exp(phi * rng.standard_normal(shape))
 
 
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up: kernel builds, BLAS threads
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def perf(backend: str, sizes, phis, repeats: int) -> None:
-    print(f"backend {backend}; FP64-equivalent GFLOP/s = 2 n^3 / time")
+    print(f"backend {backend}; FP64-equivalent GFLOP/s = 2 n^3 / time; medians of "
+          f"{repeats} interleaved runs (goal on cpu at n = 1024: <= 20x numpy)")
     print(f"{'n':>5} {'phi':>4} {'slices':>6} {'pairs':>5} {'emulated s':>10} {'GFLOP/s':>8} "
           f"{'numpy s':>8} {'GFLOP/s':>8} {'mlx cpu s':>9} {'GFLOP/s':>8} {'emu/native':>10}")
     rng = np.random.default_rng(0)
@@ -63,9 +57,9 @@ def perf(backend: str, sizes, phis, repeats: int) -> None:
             a, b = phi_matrix(phi, (n, n), rng), phi_matrix(phi, (n, n), rng)
             A, B = mx.array(a, dtype=mx.float64), mx.array(b, dtype=mx.float64)
             _, info = dgemm_emulated(A, B, return_info=True, backend=backend)
-            t_emu = timed(lambda: mx.eval(dgemm_emulated(A, B, backend=backend)), repeats)
-            t_np = timed(lambda: a @ b, repeats)
-            t_mx = timed(lambda: mx.eval(mx.matmul(A, B, stream=mx.cpu)), repeats)
+            t_emu, t_np, t_mx = interleaved(
+                [lambda: mx.eval(dgemm_emulated(A, B, backend=backend)), lambda: a @ b,
+                 lambda: mx.eval(mx.matmul(A, B, stream=mx.cpu))], repeats, pause=0.05)
             flop = 2.0 * n**3
             s = info["slices"]
             label = "fb" if info["fallback"] else str(s)
@@ -172,7 +166,7 @@ def main(argv=None) -> int:
     sizes = (256, 1024, 2048) if args.full else (256, 1024)
     if args.full and name == "metal":
         sizes += (4096,)
-    perf(name, sizes, (0, 1) if args.full else (0,), repeats=1 if args.full else 2)
+    perf(name, sizes, (0, 1) if args.full else (0,), repeats=3)
     if name == "cpu":
         memory(2048)
     return 0

@@ -186,12 +186,6 @@ def fields(X: np.ndarray):
     return sign, m, u, e
 
 
-def _low_exponent(m: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Exponent of the lowest set bit of m 2^u (m > 0): u + ctz(m)."""
-    low = (m & (~m + np.uint64(1))).astype(np.uint64)  # isolate the lowest set bit
-    return u + _bit_length(low) - 1
-
-
 # ---- the exponent scan -----------------------------------------------------------
 
 

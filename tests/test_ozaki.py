@@ -446,6 +446,9 @@ def test_cpu_pieces_blocked_match_the_int8_products(monkeypatch, b):
     ref = ozaki.accumulate_cpu(ozaki.products_cpu(slA, np.ascontiguousarray(
         slB.transpose(0, 2, 1)), b), tA, tB, b)
     assert same_bits(ozaki.product_cpu(A, B, tA, tB, S, b), ref)
+    monkeypatch.setattr(ozaki, "_INT64", 1)  # as if int64 class sums could overflow
+    assert same_bits(ozaki.product_cpu(A, B, tA, tB, S, b), ref)
+    monkeypatch.undo()
     # Integers of 20 bits: the tight rule's slices make the product exact.
     X = few_bit_matrix(rng, (6, 150))
     Y = few_bit_matrix(rng, (150, 300))
