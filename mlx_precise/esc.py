@@ -299,15 +299,18 @@ def _estimate_rows(sa: Scan, sb: Scan, r0: int, r1: int) -> np.ndarray:
     when A's part has a nonzero and B's part none (both separable per row / column,
     so each is a max-plus outer sum), min_A + max_B symmetrically, and min_A + min_B
     when both parts have zeros but more nonzeros than positions (rare: done on the
-    few rows and columns concerned); invalid candidates get -2^28, far below NEG."""
-    off = np.int32(-(1 << 28))
+    few rows and columns concerned). In int16 (twice the SIMD width of int32):
+    exponents lie in [-1074, 1023], so proven bounds lie in [-2148, 2046], a
+    candidate with an invalid side (-2^14) at most -15361 and two invalid sides
+    -2^15; "no bound yet" is -10000 between them."""
+    off, none = np.int16(-(1 << 14)), np.int16(-10000)
     n = sa.length[None, :]
     na, nb = sa.nnz[r0:r1], sb.nnz
-    a1 = np.where(na > 0, sa.maxe[r0:r1], off).astype(np.int32)
-    a2 = np.where(na == n, sa.mine[r0:r1], off).astype(np.int32)
-    b1 = np.where(nb == n, sb.mine, off).astype(np.int32)
-    b2 = np.where(nb > 0, sb.maxe, off).astype(np.int32)
-    lb = np.full((r1 - r0, nb.shape[0]), NEG, np.int32)
+    a1 = np.where(na > 0, sa.maxe[r0:r1], off).astype(np.int16)
+    a2 = np.where(na == n, sa.mine[r0:r1], off).astype(np.int16)
+    b1 = np.where(nb == n, sb.mine, off).astype(np.int16)
+    b2 = np.where(nb > 0, sb.maxe, off).astype(np.int16)
+    lb = np.full((r1 - r0, nb.shape[0]), none, np.int16)
     t = np.empty_like(lb)
     for q in range(n.shape[1]):
         np.maximum(lb, np.add(a1[:, q, None], b1[None, :, q], out=t), out=lb)
@@ -316,11 +319,12 @@ def _estimate_rows(sa: Scan, sb: Scan, r0: int, r1: int) -> np.ndarray:
         cols = np.flatnonzero((nb[:, q] > 0) & (nb[:, q] < n[0, q]))
         if rows.size and cols.size:
             both = na[rows, q, None] + nb[None, cols, q] > n[0, q]
-            c3 = np.where(both, sa.mine[r0 + rows, q, None] + sb.mine[None, cols, q], NEG)
+            c3 = np.where(both, sa.mine[r0 + rows, q, None] + sb.mine[None, cols, q], none)
             sub = np.ix_(rows, cols)
             lb[sub] = np.maximum(lb[sub], c3)
+    lb = lb.astype(np.int64)
     ea, eb = sa.emax[r0:r1, None], sb.emax[None, :]
-    out = np.where(lb == NEG, ESC_UNBOUNDED, ea + eb - lb)
+    out = np.where(lb == none, ESC_UNBOUNDED, ea + eb - lb)
     return np.where((ea == NEG) | (eb == NEG), 0, out).astype(np.int64)
 
 
