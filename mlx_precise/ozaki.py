@@ -263,7 +263,7 @@ def _round_i128_fast(hi: np.ndarray, lo: np.ndarray, E: np.ndarray) -> np.ndarra
     mh, ml = np.where(neg, nhi, hi), np.where(neg, nlo, lo)
     r = np.where(mh != 0, _esc._bit_length(mh), 0)  # bits to drop to fit 64
     rr = r.astype(_U64)
-    kept = (mh << (_U64(64) - rr)) | (ml >> rr)  # r = 0: numpy's shift by 64 is 0
+    kept = (mh << (_U64(64) - rr)) | (ml >> rr)  # r = 0 and r = 64: replaced below
     kept = np.where(r == 0, ml, np.where(r == 64, mh, kept))
     sticky = (ml & ((_U64(1) << rr) - _U64(1))) != 0
     sticky = np.where(r == 64, ml != 0, sticky)
@@ -272,7 +272,8 @@ def _round_i128_fast(hi: np.ndarray, lo: np.ndarray, E: np.ndarray) -> np.ndarra
     k = (r + E).astype(np.int64)
     with np.errstate(over="ignore"):
         out = np.ldexp(f, k)
-    tiny = (np.abs(out) < 2.0**-1022) & (f != 0)
+    # below 2^-1022 ldexp rounds again; exactly 2^-1022 may be such a rounding up
+    tiny = (np.abs(out) <= 2.0**-1022) & (f != 0)
     if tiny.any():
         out[tiny] = round_i128_cpu(hi[tiny], lo[tiny], np.broadcast_to(E, hi.shape)[tiny])
     return out
