@@ -21,6 +21,7 @@ Asserted:
 * bad input raises TypeError / ValueError naming the argument.
 """
 
+import math
 from fractions import Fraction
 
 import mlx.core as mx
@@ -473,3 +474,24 @@ def test_cpu_product_memory_is_bounded():
     assert rel_err_dd(np.array(C)[:8], hi, lo).max() <= rel_err_dd(A[:8] @ B, hi, lo).max()
     print(f"extra peak {peak / 2**20:.1f} MiB")
     assert peak <= 64 * 2**20
+
+
+def test_round_to_odd_conversion_matches_exact_rounding():
+    """accumulate_cpu's round-to-odd conversion of 128-bit integers against
+    float(Fraction) (correct rounding): random widths, ties and sticky bits,
+    results from overflow down through 2^-1022 and the subnormals to zero."""
+    rng = np.random.default_rng(60)
+    vals = [int(v) for v in rng.integers(-(2**62), 2**62, 300)]
+    vals += [(1 << 100) + (1 << 47), (1 << 100) + (1 << 47) + 1, -((1 << 90) + (3 << 37)),
+             (1 << 53) + 1, (1 << 127) - 1, -(1 << 127), 1, -1]
+    vals += [int(rng.integers(1, 2**62)) << int(rng.integers(0, 64)) for _ in range(100)]
+    n = len(vals)
+    u = [v % (1 << 128) for v in vals]
+    hi = np.array([x >> 64 for x in u], dtype=np.uint64)
+    lo = np.array([x & ((1 << 64) - 1) for x in u], dtype=np.uint64)
+    for E in (-1200, -1150, -1100, -1074 - 60, -1022 - 64, -1022 - 40, 0, 900, 960):
+        Ev = np.full(n, E)
+        got = ozaki._round_i128_fast(hi, lo, Ev)
+        want = [float(Fraction(v) * Fraction(2) ** E) if abs(Fraction(v) * Fraction(2) ** E)
+                < 2**1024 - 2**970 else math.copysign(math.inf, v) for v in vals]
+        assert same_bits(got, np.array(want)), E
