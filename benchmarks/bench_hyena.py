@@ -1,6 +1,6 @@
 """Hyena long convolution: extended vs plain float32 MLX, time, accuracy and memory.
 
-For batch 1, 64 channels and L in {1024, 16384} (--full adds 131072): time of
+For batch 1, 64 channels and L in {1024, 16384, 131072} (--full adds 524288): time of
 hyena_conv_extended on the active backend (or --backend) against the float32 MLX
 FFT convolution (safari formula), the share of exactly rounded outputs of each
 (oracle: numpy longdouble FFT where longdouble has a 64-bit significand), peak
@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import math
 import resource
+import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -26,6 +28,9 @@ import numpy as np
 import mlx_precise as mp
 from mlx_precise.demo import _inputs, _oracle_dtype
 from mlx_precise.hyena import default_fft_size, fftconv
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fft import interleaved, print_table, sfft  # noqa: E402
 
 
 def gpu_cost_per_point(N: int) -> tuple[float, float, float, float]:
@@ -51,12 +56,13 @@ def gpu_cost_per_point(N: int) -> tuple[float, float, float, float]:
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=mp.BACKENDS, default=None)
-    p.add_argument("--full", action="store_true", help="also L = 131072")
+    p.add_argument("--full", action="store_true", help="also L = 524288")
     p.add_argument("--channels", type=int, default=64)
     args = p.parse_args()
     backend = mp.backends.resolve(args.backend)
     dtype, dname = _oracle_dtype()
-    lengths = [1024, 16384] + ([131072] if args.full else [])
+    lengths = [1024, 16384, 131072] + ([524288] if args.full else [])
+    rows_sp = []
     print(f"backend: {backend}; oracle: {dname}; batch 1, channels {args.channels}")
     print("| L | extended s | float32 s | ratio | exactly rounded ext / f32 | peak MB (ext) "
           "| GPU flop/pt ext, f32 | GPU B/pt ext, f32 | est. GPU ratio (M2 Max) |")
@@ -84,11 +90,25 @@ def main():
             if name == "ext":  # MLX allocator peak, or growth of the process (numpy work)
                 peak = max(mx.get_peak_memory(),
                            1024 * (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0))
+        if sfft is not None:  # the same float64 formula with scipy.fft, interleaved
+            def sp64():
+                u64, k64 = u.astype(np.float64), k.astype(np.float64)
+                y = sfft.irfft(sfft.rfft(u64, N, workers=-1) * sfft.rfft(k64, N, workers=-1),
+                               N, workers=-1)[..., :L]
+                return (y + D.astype(np.float64)[None, :, None] * u64).astype(np.float32)
+
+            te, t64 = interleaved([lambda: np.asarray(ext()), sp64], 5)
+            rows_sp.append(f"| {L} | {te:.4f} | {t64:.4f} | {te / t64:.2f} "
+                           f"| {bool((sp64() == outs['ext']).all())} |")
         ef, eb, ff, fb = gpu_cost_per_point(N)
         est = max(eb / 400e9, ef / 13.6e12) / max(fb / 400e9, ff / 13.6e12)
         print(f"| {L} | {times['ext']:.3f} | {times['f32']:.3f} | {times['ext'] / times['f32']:.2f} | "
               f"{100 * (outs['ext'] == ref).mean():.4f}% / {100 * (outs['f32'] == ref).mean():.1f}% | "
               f"{peak / 2**20:.0f} | {ef:.0f}, {ff:.0f} | {eb:.0f}, {fb:.0f} | {est:.1f} |", flush=True)
+    if rows_sp:
+        print_table(f"backend {backend} against the float64 formula with scipy.fft "
+                    "(workers=-1), medians of interleaved runs (goal on cpu: <= 1.1x)",
+                    ("L", "extended s", "scipy f64 s", "ratio", "same bits"), rows_sp)
 
 
 if __name__ == "__main__":

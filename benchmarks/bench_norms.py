@@ -19,7 +19,9 @@ is >= 80%.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -27,12 +29,23 @@ import numpy as np
 import mlx_precise
 from mlx_precise.norms import norm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fft import interleaved  # noqa: E402
+
 KINDS = ("max", "one", "inf", "fro")
 MLX_OPS = {
     "max": lambda a: mx.max(mx.abs(a)),
     "one": lambda a: mx.max(mx.sum(mx.abs(a), axis=0)),
     "inf": lambda a: mx.max(mx.sum(mx.abs(a), axis=1)),
     "fro": lambda a: mx.linalg.norm(a),
+}
+
+
+NUMPY_OPS = {
+    "max": lambda a: np.abs(a).max(),
+    "one": lambda a: np.linalg.norm(a, 1),
+    "inf": lambda a: np.linalg.norm(a, np.inf),
+    "fro": lambda a: np.linalg.norm(a),
 }
 
 
@@ -77,7 +90,7 @@ def main(argv=None) -> None:
                    help="nominal memory bandwidth of the device (GB/s), for the share")
     args = p.parse_args(argv)
     backend = args.backend or mlx_precise.backend()
-    sizes = args.sizes or ((4096, 16384) if args.full else (1024, 2048))
+    sizes = args.sizes or ((4096, 16384) if args.full else (1024, 4096))
     on_gpu = backend == "metal"
     print(f"mlx-precise norms on backend '{backend}' (MLX {mx.__version__}, "
           f"MLX default device {mx.default_device()})")
@@ -90,6 +103,7 @@ def main(argv=None) -> None:
         head += f" | {'% stream':>8}" + (f" {'% peak':>6}" if args.peak_gbs else "")
     print(head)
     print("-" * len(head))
+    rows_np = []
     rng = np.random.default_rng(0)
     for n in sizes:
         a32 = rng.standard_normal((n, n), dtype=np.float32)
@@ -113,6 +127,20 @@ def main(argv=None) -> None:
                 if args.peak_gbs:
                     line += f" {100 * gbytes / t_ours / args.peak_gbs:>5.0f}%"
             print(line, flush=True)
+            if not on_gpu:  # numpy on the float64 cast (cast done beforehand), interleaved
+                te, tn, tc = interleaved([lambda: norm(a, kind, backend=backend).item(),
+                                          lambda: NUMPY_OPS[kind](a64),
+                                          lambda: NUMPY_OPS[kind](a32.astype(np.float64))],
+                                         args.repeats + 4, pause=0.05)
+                rows_np.append(f"{n:>6} {kind:>4} | {te * 1e3:>9.2f} {tn * 1e3:>9.2f} "
+                               f"{te / tn:>6.2f} | {tc * 1e3:>9.2f} {te / tc:>6.2f}")
+    if rows_np:
+        print("\nagainst numpy on the float64 cast (np.linalg.norm; max: np.abs().max()): "
+              "on a float64 copy made beforehand, and cast included; medians of "
+              "interleaved runs (goal: <= 1.5x)")
+        print(f"{'n':>6} {'kind':>4} | {'ours ms':>9} {'numpy ms':>9} {'ratio':>6} | "
+              f"{'+cast ms':>9} {'ratio':>6}")
+        print("\n".join(rows_np))
     if on_gpu:
         print("% stream: share of the rate of mx.sum(A) on the same matrix (read once)")
 

@@ -8,7 +8,7 @@
 Performance table: for square n x n products of the phi test matrices, the slices
 auto mode chose, the time of ``dgemm_emulated`` on the backend, and native float64
 matmul on this machine's CPU (numpy's BLAS and MLX CPU), each as FP64-equivalent
-GFLOP/s (2 n^3 / time). The ``emulate`` backend runs the Metal kernels on the CPU
+GFLOP/s (2 n^3 / time), medians of interleaved runs. The ``emulate`` backend runs the Metal kernels on the CPU
 and only says whether they run; its times mean nothing for a GPU.
 
 Rules table (``--rules``): over phi in {-1, 0, 0.5, 1, 2, 4}, K in {64, 256, 1024},
@@ -31,6 +31,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from oracle import dd_matmul, rel_err_dd  # noqa: E402  (the shared oracle module)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_fft import interleaved  # noqa: E402
+
 from mlx_precise import backends  # noqa: E402
 from mlx_precise.ozaki import dgemm_emulated  # noqa: E402
 
@@ -43,18 +46,9 @@ def phi_matrix(phi, shape, rng):
     return (rng.uniform(size=shape) - 0.5) * np.exp(phi * rng.standard_normal(shape))
 
 
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up: kernel builds, BLAS threads
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def perf(backend: str, sizes, phis, repeats: int) -> None:
-    print(f"backend {backend}; FP64-equivalent GFLOP/s = 2 n^3 / time")
+    print(f"backend {backend}; FP64-equivalent GFLOP/s = 2 n^3 / time; medians of "
+          f"{repeats} interleaved runs (goal on cpu at n = 1024: <= 20x numpy)")
     print(f"{'n':>5} {'phi':>4} {'slices':>6} {'pairs':>5} {'emulated s':>10} {'GFLOP/s':>8} "
           f"{'numpy s':>8} {'GFLOP/s':>8} {'mlx cpu s':>9} {'GFLOP/s':>8} {'emu/native':>10}")
     rng = np.random.default_rng(0)
@@ -63,9 +57,9 @@ def perf(backend: str, sizes, phis, repeats: int) -> None:
             a, b = phi_matrix(phi, (n, n), rng), phi_matrix(phi, (n, n), rng)
             A, B = mx.array(a, dtype=mx.float64), mx.array(b, dtype=mx.float64)
             _, info = dgemm_emulated(A, B, return_info=True, backend=backend)
-            t_emu = timed(lambda: mx.eval(dgemm_emulated(A, B, backend=backend)), repeats)
-            t_np = timed(lambda: a @ b, repeats)
-            t_mx = timed(lambda: mx.eval(mx.matmul(A, B, stream=mx.cpu)), repeats)
+            t_emu, t_np, t_mx = interleaved(
+                [lambda: mx.eval(dgemm_emulated(A, B, backend=backend)), lambda: a @ b,
+                 lambda: mx.eval(mx.matmul(A, B, stream=mx.cpu))], repeats, pause=0.05)
             flop = 2.0 * n**3
             s = info["slices"]
             label = "fb" if info["fallback"] else str(s)
@@ -74,6 +68,43 @@ def perf(backend: str, sizes, phis, repeats: int) -> None:
             print(f"{n:>5} {phi:>4} {label:>6} {pairs:>5} {t_emu:>10.3f} {flop / t_emu / 1e9:>8.2f} "
                   f"{t_np:>8.3f} {flop / t_np / 1e9:>8.2f} {t_mx:>9.3f} {flop / t_mx / 1e9:>8.2f} "
                   f"{t_emu / best:>9.1f}x", flush=True)
+
+
+def memory(n: int) -> None:
+    """Extra peak memory of one cpu product at n x n (phi = 0): numpy allocations
+    traced by tracemalloc (the inputs already exist; the result is counted)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(1)
+    a, b = phi_matrix(0, (n, n), rng), phi_matrix(0, (n, n), rng)
+    t0 = time.perf_counter()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    C = dgemm_emulated(a, b, backend="cpu")
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    print(f"\nn = {n}: extra peak {peak / 2**20:.0f} MiB of numpy allocations "
+          f"(goal <= 256 MiB; the float64 result itself is {8 * n * n / 2**20:.0f} MiB), "
+          f"{time.perf_counter() - t0:.1f} s, C finite: {bool(np.isfinite(np.array(C)).all())}")
+    # The whole process (numpy and MLX buffers, BLAS): growth of the peak resident
+    # set in a fresh process, inputs N(0, 1) made without temporaries, after a warm-up.
+    # (VmHWM of /proc/self/status: ru_maxrss would carry the parent's peak over fork.)
+    code = (
+        "import re, numpy as np\n"
+        "from mlx_precise.ozaki import dgemm_emulated\n"
+        "hwm = lambda: int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1])\n"
+        "dgemm_emulated(np.ones((64, 64)), np.ones((64, 64)), backend='cpu')\n"
+        f"rng = np.random.default_rng(1); a = rng.standard_normal(({n}, {n})); "
+        f"b = rng.standard_normal(({n}, {n}))\n"
+        "r0 = hwm()\n"
+        "dgemm_emulated(a, b, backend='cpu')\n"
+        "print(round((hwm() - r0) / 1024))\n"
+    )
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    print(f"n = {n}: peak resident set grew by {out.stdout.strip() or out.stderr[-200:]} MiB "
+          "in a fresh process (phi = -1; everything: numpy, MLX's copy of the result, BLAS)")
 
 
 def rules(seeds: int, size: int) -> None:
@@ -132,10 +163,12 @@ def main(argv=None) -> int:
         rules(args.seeds, 64)
         return 0
     name = backends.resolve(args.backend)
-    sizes = (256, 1024, 2048) if args.full else (128, 256)
+    sizes = (256, 1024, 2048) if args.full else (256, 1024)
     if args.full and name == "metal":
         sizes += (4096,)
-    perf(name, sizes, (0, 1) if args.full else (0,), repeats=1 if args.full else 2)
+    perf(name, sizes, (0, 1) if args.full else (0,), repeats=3)
+    if name == "cpu":
+        memory(2048)
     return 0
 
 

@@ -186,12 +186,6 @@ def fields(X: np.ndarray):
     return sign, m, u, e
 
 
-def _low_exponent(m: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Exponent of the lowest set bit of m 2^u (m > 0): u + ctz(m)."""
-    low = (m & (~m + np.uint64(1))).astype(np.uint64)  # isolate the lowest set bit
-    return u + _bit_length(low) - 1
-
-
 # ---- the exponent scan -----------------------------------------------------------
 
 
@@ -231,27 +225,47 @@ class Scan:
         return self.low.min(axis=1, initial=POS)
 
 
-def scan_rows_cpu(X: np.ndarray, block: int) -> Scan:
-    """numpy implementation of ozaki_scan on float64 rows."""
+def _exponent(v: np.ndarray) -> np.ndarray:
+    """floor(log2 v) of positive finite float64 values (subnormals included):
+    frexp's exponent less one."""
+    return np.frexp(v)[1].astype(np.int64) - 1
+
+
+def scan_rows_cpu(X: np.ndarray, block: int, lowest: bool = True) -> Scan:
+    """numpy implementation of ozaki_scan on float64 rows, streamed over chunks of
+    rows (temporaries of about 8 MiB): block maxima and minima of |x| first, then
+    exponents of those (e(max|x|) = max e(x): the exponent is monotone in |x|).
+    ``lowest=False`` skips the lowest-set-bit summary (``low`` is then None):
+    only the tight slice rule reads it."""
     R, C = X.shape
     nb = max(1, -(-C // block))
-    pad = nb * block - C
-    _, m, u, e = fields(np.pad(X, ((0, 0), (0, pad))))
-    nz = (e != NEG) & (e != NONFINITE)
-    low = np.where(nz, _low_exponent(m, u), POS)
-    sh = (R, nb, block)
-    e3, nz3 = e.reshape(sh), nz.reshape(sh)
-    info = np.stack(
-        [
-            np.where(nz3, e3, NEG).max(axis=2),
-            np.where(nz3, e3, POS).min(axis=2),
-            nz3.sum(axis=2),
-            (e3 == NONFINITE).sum(axis=2),
-            low.reshape(sh).min(axis=2),
-        ],
-        axis=-1,
-    )
-    return Scan.from_info(info, C, block)
+    info = np.empty((R, nb, 5), np.int64)
+    info[...] = (NEG, POS, 0, 0, POS)
+    starts = np.arange(nb) * block
+    step = max(1, (1 << 20) // max(C, 1))
+    for r0 in range(0, R if C else 0, step):
+        a = np.abs(X[r0:r0 + step])
+        out = info[r0:r0 + step]
+        fin = np.isfinite(a)
+        if not fin.all():  # Inf/NaN: counted, then left out of the exponents
+            out[..., 3] = np.add.reduceat(~fin, starts, axis=1)
+            a = np.where(fin, a, 0.0)
+        nz = a != 0
+        out[..., 2] = np.add.reduceat(nz, starts, axis=1)
+        big = np.maximum.reduceat(a, starts, axis=1)
+        small = np.minimum.reduceat(np.where(nz, a, np.inf), starts, axis=1)
+        live = big > 0
+        out[..., 0] = np.where(live, _exponent(np.where(live, big, 1.0)), NEG)
+        out[..., 1] = np.where(live, _exponent(np.where(live, small, 1.0)), POS)
+        if lowest:  # a = f 2^E, m = f 2^53 an integer: lowest bit 2^(E - 53 + ctz m)
+            f, E = np.frexp(a)
+            m = (f * 2.0**53).astype(np.int64)
+            low = E - 53 + _exponent((m & -m).astype(np.float64) + ~nz)
+            out[..., 4] = np.minimum.reduceat(np.where(nz, low, POS), starts, axis=1)
+    scan = Scan.from_info(info, C, block)
+    if not lowest:
+        scan.low = None
+    return scan
 
 
 def _scan_metal(bits: mx.array, R: int, C: int, block: int, backend: str) -> mx.array:
@@ -264,13 +278,14 @@ def _scan_metal(bits: mx.array, R: int, C: int, block: int, backend: str) -> mx.
     return info
 
 
-def scan(A: mx.array, B: mx.array, block: int, backend: str):
+def scan(A: mx.array, B: mx.array, block: int, backend: str, lowest: bool = True):
     """Scans of A's rows and B's columns on ``backend``. Returns ``(scanA, scanB,
-    infoA, infoB)``; the raw ``info`` arrays (mx, int32) are None on cpu."""
+    infoA, infoB)``; the raw ``info`` arrays (mx, int32) are None on cpu, where
+    ``lowest=False`` skips the lowest-set-bit summary."""
     (M, K), N = A.shape, B.shape[1]
     if backend == "cpu":
-        a, b = np.array(A), np.array(B)
-        return scan_rows_cpu(a, block), scan_rows_cpu(np.ascontiguousarray(b.T), block), None, None
+        a, b = np.asarray(A), np.asarray(B)
+        return scan_rows_cpu(a, block, lowest), scan_rows_cpu(b.T, block, lowest), None, None
     ia = _scan_metal(row_bits(A), M, K, block, backend)
     ib = _scan_metal(col_bits(B), N, K, block, backend)
     return Scan.from_info(np.array(ia), K, block), Scan.from_info(np.array(ib), K, block), ia, ib
@@ -279,20 +294,61 @@ def scan(A: mx.array, B: mx.array, block: int, backend: str):
 # ---- ESC: exact and estimated ---------------------------------------------------
 
 
-def esc_estimate_cpu(sa: Scan, sb: Scan) -> np.ndarray:
-    """numpy implementation of ozaki_esc_estimate (same bounds, same sentinels)."""
-    M, N = sa.maxe.shape[0], sb.maxe.shape[0]
-    lb = np.full((M, N), NEG, dtype=np.int64)
-    for q, n in enumerate(sa.length):
-        amax, amin, na = sa.maxe[:, q, None], sa.mine[:, q, None], sa.nnz[:, q, None]
-        bmax, bmin, nb = sb.maxe[None, :, q], sb.mine[None, :, q], sb.nnz[None, :, q]
-        both = (na > 0) & (nb > 0)
-        lb = np.where(both & (nb == n), np.maximum(lb, amax + bmin), lb)
-        lb = np.where(both & (na == n), np.maximum(lb, amin + bmax), lb)
-        lb = np.where(both & (na + nb > n), np.maximum(lb, amin + bmin), lb)
-    ea, eb = sa.emax[:, None], sb.emax[None, :]
-    out = np.where(lb == NEG, ESC_UNBOUNDED, ea + eb - lb)
+def _estimate_rows(sa: Scan, sb: Scan, r0: int, r1: int) -> np.ndarray:
+    """Rows r0:r1 of :func:`esc_estimate_cpu`. A block proves the bound max_A + min_B
+    when A's part has a nonzero and B's part none (both separable per row / column,
+    so each is a max-plus outer sum), min_A + max_B symmetrically, and min_A + min_B
+    when both parts have zeros but more nonzeros than positions (rare: done on the
+    few rows and columns concerned). In int16 (twice the SIMD width of int32):
+    exponents lie in [-1074, 1023], so proven bounds lie in [-2148, 2046], a
+    candidate with an invalid side (-2^14) at most -15361 and two invalid sides
+    -2^15; "no bound yet" is -10000 between them."""
+    off, none = np.int16(-(1 << 14)), np.int16(-10000)
+    n = sa.length[None, :]
+    na, nb = sa.nnz[r0:r1], sb.nnz
+    a1 = np.where(na > 0, sa.maxe[r0:r1], off).astype(np.int16)
+    a2 = np.where(na == n, sa.mine[r0:r1], off).astype(np.int16)
+    b1 = np.where(nb == n, sb.mine, off).astype(np.int16)
+    b2 = np.where(nb > 0, sb.maxe, off).astype(np.int16)
+    lb = np.full((r1 - r0, nb.shape[0]), none, np.int16)
+    t = np.empty_like(lb)
+    for q in range(n.shape[1]):
+        np.maximum(lb, np.add(a1[:, q, None], b1[None, :, q], out=t), out=lb)
+        np.maximum(lb, np.add(a2[:, q, None], b2[None, :, q], out=t), out=lb)
+        rows = np.flatnonzero((na[:, q] > 0) & (na[:, q] < n[0, q]))
+        cols = np.flatnonzero((nb[:, q] > 0) & (nb[:, q] < n[0, q]))
+        if rows.size and cols.size:
+            both = na[rows, q, None] + nb[None, cols, q] > n[0, q]
+            c3 = np.where(both, sa.mine[r0 + rows, q, None] + sb.mine[None, cols, q], none)
+            sub = np.ix_(rows, cols)
+            lb[sub] = np.maximum(lb[sub], c3)
+    lb = lb.astype(np.int64)
+    ea, eb = sa.emax[r0:r1, None], sb.emax[None, :]
+    out = np.where(lb == none, ESC_UNBOUNDED, ea + eb - lb)
     return np.where((ea == NEG) | (eb == NEG), 0, out).astype(np.int64)
+
+
+def _row_chunks(sa: Scan, sb: Scan):
+    """Row ranges of about 2^16 outputs (cache-sized int32 temporaries)."""
+    M, N = sa.maxe.shape[0], sb.maxe.shape[0]
+    step = max(1, (1 << 16) // max(N, 1))
+    return ((r0, min(M, r0 + step)) for r0 in range(0, M, step))
+
+
+def esc_estimate_cpu(sa: Scan, sb: Scan) -> np.ndarray:
+    """numpy implementation of ozaki_esc_estimate (same bounds, same sentinels):
+    int64 ``(M, N)``."""
+    M, N = sa.maxe.shape[0], sb.maxe.shape[0]
+    out = np.empty((M, N), np.int64)
+    for r0, r1 in _row_chunks(sa, sb):
+        out[r0:r1] = _estimate_rows(sa, sb, r0, r1)
+    return out
+
+
+def esc_estimate_max_cpu(sa: Scan, sb: Scan) -> int:
+    """``esc_estimate_cpu(sa, sb).max()`` without the (M, N) array."""
+    return max((int(_estimate_rows(sa, sb, r0, r1).max(initial=0))
+                for r0, r1 in _row_chunks(sa, sb)), default=0)
 
 
 def esc_exact_cpu(A: np.ndarray, B: np.ndarray) -> np.ndarray:

@@ -419,15 +419,16 @@ def _hermitian_extend(a, n: int):
 def _float64(x) -> np.ndarray:
     if isinstance(x, DoubleWord):
         return x.to_float64()
-    a = np.array(x)
+    a = np.asarray(x)  # a view of the MLX buffer: the float64 copy is the only one
     return a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
 
 
 def _np_fft(kind: str, x: np.ndarray, n: int, axis: int) -> np.ndarray:
-    """numpy.fft.<kind> in float64; non-finite inputs propagate quietly, as in
-    the kernels."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        return getattr(np.fft, kind)(x, n=n, axis=axis)
+    """The float64 <kind> transform (:func:`mlx_precise.fftcpu.transform`: scipy.fft
+    with threads); x is our own float64 copy, which the transform may reuse."""
+    from .fftcpu import transform
+
+    return transform(kind, x, n, axis, overwrite=True)
 
 
 def _cpu_result(y: np.ndarray, round_output: bool):

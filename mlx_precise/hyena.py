@@ -22,6 +22,7 @@ from .context import precision_aware
 from .conv import check_conv_operands
 from .doubleword import DoubleWord
 from .elementwise import complex_multiply_extended
+from .fftcpu import fftconv_rows
 from .kernels import Kernel, elementwise_grid
 
 _F32 = (mx.float32,)
@@ -115,11 +116,7 @@ def _forward(u, k, D, N, round_output, backend):
     """The extended convolution on a resolved backend."""
     L = u.shape[2]
     if backend == "cpu":
-        u64, k64 = np.array(u, np.float64), np.array(k, np.float64)
-        y = np.fft.irfft(np.fft.rfft(u64, N) * np.fft.rfft(k64, N), N)[..., :L]
-        if D is not None:
-            y = y + np.array(D, np.float64)[None, :, None] * u64
-        return mx.array(y.astype(np.float32)) if round_output else DoubleWord.from_float64(y)
+        return _forward_cpu(u, k, D, N, round_output)
     f = _fft()
     (u_s, a), (k_s, b) = _spectrum_range(u, N), _spectrum_range(k, N)
     U = f.rfft_extended(u_s, n=N, round_output=False, backend=backend)
@@ -152,15 +149,7 @@ def _backward(u, k, D, g, N, backend):
     """(du, dk, dD) for the cotangent g of the rounded output, in double-word."""
     L, Lk = u.shape[2], k.shape[1]
     if backend == "cpu":
-        u64, k64, g64 = (np.array(a, np.float64) for a in (u, k, g))
-        G = np.fft.rfft(g64, N)
-        du = np.fft.irfft(G * np.conj(np.fft.rfft(k64, N)), N)[..., :L]
-        dk = np.fft.irfft(G * np.conj(np.fft.rfft(u64, N)), N)[..., :Lk].sum(axis=0)
-        if D is not None:
-            du = du + np.array(D, np.float64)[None, :, None] * g64
-        dD = (g64 * u64).sum(axis=(0, 2)) if D is not None else None
-        return (mx.array(du.astype(np.float32)), mx.array(dk.astype(np.float32)),
-                None if dD is None else mx.array(dD.astype(np.float32)))
+        return _backward_cpu(u, k, D, g, N)
     f = _fft()
     (g_s, c_e), (u_s, a), (k_s, b) = (_spectrum_range(x, N) for x in (g, u, k))
     G = f.rfft_extended(g_s, n=N, round_output=False, backend=backend)
@@ -180,6 +169,45 @@ def _backward(u, k, D, g, N, backend):
         (dD,) = CHANNEL_DOT(inputs=[g, u], output_shapes=[(C,)], output_dtypes=[mx.float32],
                             backend=backend)
     return du, dk_hi.reshape(C, Lk), dD
+
+
+def _skip_cpu(y: np.ndarray, v: np.ndarray, D: np.ndarray | None) -> np.ndarray:
+    """y + D v in float64, in place (y float64 (c, L), v (c, L), D (c,) or None)."""
+    if D is not None:
+        y += D[:, None].astype(np.float64) * v
+    return y
+
+
+def _forward_cpu(u, k, D, N, round_output):
+    """The formula in float64 (scipy.fft, chunks of channels), rounded once to
+    float32 per chunk, or split into a DoubleWord."""
+    u_, k_ = np.asarray(u), np.asarray(k)
+    D_ = None if D is None else np.asarray(D)
+    L = u_.shape[2]
+    out = np.empty(u_.shape, np.float32 if round_output else np.float64)
+    for b, c0, c1, y in fftconv_rows(u_, k_, N, L):
+        out[b, c0:c1] = _skip_cpu(y, u_[b, c0:c1], None if D_ is None else D_[c0:c1])
+    return mx.array(out) if round_output else DoubleWord.from_float64(out)
+
+
+def _backward_cpu(u, k, D, g, N):
+    """(du, dk, dD) in float64 (correlations by the same chunked FFTs), rounded once."""
+    u_, k_, g_ = np.asarray(u), np.asarray(k), np.asarray(g)
+    D_ = None if D is None else np.asarray(D)
+    (B, C, L), Lk = u_.shape, k_.shape[1]
+    du = np.empty(u_.shape, np.float32)
+    # du[s] = sum_t g[t] k[(t - s) mod N] + D g[s]
+    for b, c0, c1, y in fftconv_rows(g_, k_, N, L, conj=True):
+        du[b, c0:c1] = _skip_cpu(y, g_[b, c0:c1], None if D_ is None else D_[c0:c1])
+    # dk[j] = sum_b sum_t g[b, t] u[b, (t - j) mod N]
+    dk = np.zeros((C, Lk))
+    for b, c0, c1, y in fftconv_rows(g_, u_, N, Lk, conj=True):
+        dk[c0:c1] += y
+    dD = None
+    if D_ is not None:
+        dD = np.einsum("bcl,bcl->c", g_.astype(np.float64), u_.astype(np.float64))
+    return (mx.array(du), mx.array(dk.astype(np.float32)),
+            None if dD is None else mx.array(dD.astype(np.float32)))
 
 
 _custom: dict = {}

@@ -25,6 +25,8 @@ A matrix sharded over an ``mx.distributed`` group is handled by
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -433,17 +435,154 @@ def cpu_partial(A, spec: Spec, gshape=None, rows: AxisMap = IDENTITY,
     return Partial(kind, mx.array(line, dtype=mx.float64))
 
 
+# ---- cpu streaming path for float32 / complex64 (general matrices) --------------
+#
+# One pass over blocks of whole rows (about 2^16 values, cast to float64 in cache):
+# float64 sums by BLAS (ddot for the squares, gemv for column sums), no full-size
+# temporaries. float32 data needs no scaling in float64 (squares of float32 lie in
+# [2^-298, 2^256]). Any order of summing n non-negative terms errs by at most
+# gamma_n = n u / (1 - n u) relative (Higham, Accuracy and Stability, 2nd ed.,
+# sec. 4.2), so the exact norm lies in a known interval around the float64 value;
+# when both ends round to the same float32 that is the correctly rounded norm, else
+# (near a rounding boundary: rare) the exact double-double path decides (Ziv's
+# strategy).
+
+_U64 = 2.0**-53
+_BLOCK_VALUES = 1 << 16
+_DOT = 1 << 13  # OpenBLAS runs ddot on the calling thread below about 10^4 values
+
+
+def _spans(m: int, n: int):
+    """Row spans of about 2^16 values (float64 blocks that stay in cache)."""
+    step = max(1, _BLOCK_VALUES // max(n, 1))
+    return [(r0, min(m, r0 + step)) for r0 in range(0, m, step)]
+
+
+def _moduli(blk: np.ndarray) -> np.ndarray:
+    """|a| of a float64 block: exact for real data, np.hypot (< 1 ulp) for complex
+    (re, im) pairs on the last axis."""
+    return np.hypot(blk[..., 0], blk[..., 1]) if blk.ndim == 3 else np.abs(blk, out=blk)
+
+
+def _block_reduce(a: np.ndarray, kind: int, r0: int, r1: int, buf: np.ndarray):
+    """One block of rows of float32 / complex64 ``a``, cast to float64 in ``buf``
+    (a reused buffer: no fresh pages per block): its sum of squares (fro), max
+    modulus (max), column sums (one) or max row sum (inf)."""
+    blk = a[r0:r1]
+    if a.dtype == np.complex64:
+        blk = blk.view(np.float32).reshape(r1 - r0, a.shape[1], 2)
+    b64 = buf[:blk.size].reshape(blk.shape)
+    np.copyto(b64, blk)
+    if kind == 3:
+        v = b64.reshape(-1)  # ddot on pieces small enough for BLAS to stay on this thread
+        return math.fsum(np.dot(v[i:i + _DOT], v[i:i + _DOT]) for i in range(0, v.size, _DOT))
+    mod = _moduli(b64)
+    if kind == 0:
+        return np.max(mod)
+    return mod.sum(axis=0) if kind == 1 else np.max(mod.sum(axis=1))
+
+
+def _parallel_blocks(a: np.ndarray, kind: int) -> list:
+    """:func:`_block_reduce` over all row blocks, the blocks split into one
+    contiguous run per core (numpy releases the GIL in its loops)."""
+    spans = _spans(*a.shape)
+    # threads pay off only once a thread has a few MiB to stream
+    workers = min(os.cpu_count() or 1, len(spans), max(1, a.size >> 20))
+    width = a.shape[1] * (2 if a.dtype == np.complex64 else 1)
+
+    def run(part):
+        buf = np.empty(max(r1 - r0 for r0, r1 in part) * width)
+        return [_block_reduce(a, kind, r0, r1, buf) for r0, r1 in part]
+
+    if workers <= 1:
+        return run(spans)
+    cut = [len(spans) * i // workers for i in range(workers + 1)]
+    with ThreadPoolExecutor(workers) as ex:
+        results = list(ex.map(run, [spans[cut[i]:cut[i + 1]] for i in range(workers)]))
+    return [r for part in results for r in part]
+
+
+def _stream_cpu(a: np.ndarray, kind: int):
+    """(float64 value, relative error bound) of a general norm (squared for
+    "fro") of float32 / complex64 ``a`` in one streaming pass."""
+    m, n = a.shape
+    cplx = a.dtype == np.complex64
+    with np.errstate(invalid="ignore", over="ignore"):
+        parts = _parallel_blocks(a, kind)
+        if kind == 3:
+            terms = (2 if cplx else 1) * max(_BLOCK_VALUES, n)
+            return math.fsum(parts), (terms + 2) * _U64
+        slack = 2 * _U64 if cplx else 0.0  # hypot's error
+        if kind == 0:
+            return float(np.max(parts)), slack + _U64  # np.max: NaN wins
+        if kind == 1:
+            return float(np.max(np.sum(parts, axis=0))), (m + 2) * _U64 + slack
+        return float(np.max(parts)), (n + 2) * _U64 + slack
+
+
+def stream_norm_f32(a: np.ndarray, kind: int):
+    """The correctly rounded float32 norm of a general float32 / complex64 matrix
+    (m, n >= 1) from :func:`_stream_cpu`, or None when the error interval straddles
+    a float32 rounding boundary (the caller then takes the exact path)."""
+    v, rel = _stream_cpu(a, kind)
+    if not math.isfinite(v):  # NaN, or an Inf entry (or column of Infs)
+        return np.float32(v)
+    rel *= 1.01  # gamma_n's 1 / (1 - n u), and the bound applied to the computed value
+    lo, hi = v * (1 - rel), v * (1 + rel)
+    if kind == 3:  # sqrt is correctly rounded: one more ulp each way
+        lo, hi = np.nextafter(math.sqrt(lo), 0), np.nextafter(math.sqrt(hi), math.inf)
+    with np.errstate(over="ignore"):
+        r_lo, r_hi = np.float32(lo), np.float32(hi)
+    return r_lo if r_lo == r_hi else None
+
+
+def _totals(values: np.ndarray) -> np.ndarray:
+    """Double-double sums over the ``P`` processes (axis 0) of line sums (L, 2) or
+    Blue's accumulators (3, 2)."""
+    pairs = values.reshape(values.shape[0], -1, 2)  # (P, L, 2)
+    return dd_sum(np.concatenate([pairs[..., 0], pairs[..., 1]], axis=0), axis=0)
+
+
 def finish_cpu(kind: int, values: np.ndarray) -> float:
     """The norm from the float64 partials of ``P`` processes stacked on axis 0."""
     values = np.asarray(values, dtype=np.float64)
     if kind == 0:
         return float(np.max(values)) if values.size else 0.0
-    pairs = values.reshape(values.shape[0], -1, 2)  # (P, L, 2)
-    total = dd_sum(np.concatenate([pairs[..., 0], pairs[..., 1]], axis=0), axis=0)
+    total = _totals(values)
     if kind == 3:
         return finish_ssq64(total)
     lines = _dd_value(total)
     return float(np.max(lines)) if lines.size else 0.0
+
+
+def finish_cpu_result(kind: int, values: np.ndarray, dtype) -> mx.array:
+    """:func:`finish_cpu` as a 0-d array of ``dtype``, rounded once: for float32 the
+    float64 value is only a guide (rounding it again could double-round at a
+    float32 midpoint); the side of each neighbouring midpoint m is read from the
+    double-double sums exactly: sign((hi - m) + lo), hi - m exact when they are
+    close (Sterbenz), and for Frobenius against m^2 (exact: m has 25 bits)."""
+    v = finish_cpu(kind, values)
+    if dtype != mx.float32 or kind == 0 or not (math.isfinite(v) and v > 0):
+        return to_result(v, dtype)
+    total = _totals(np.asarray(values, dtype=np.float64))
+    if kind == 3 and (total[0, 0] > 0 or total[2, 0] > 0):
+        return to_result(v, dtype)  # scaled classes: never for float32 data
+    with np.errstate(over="ignore"):
+        r = np.float32(v)
+    if not np.isfinite(r):
+        return mx.array(r)
+    for toward in (np.float32(np.inf), np.float32(0)):
+        nb = np.nextafter(r, toward)
+        m = (float(r) + float(nb)) / 2
+        if kind == 3:
+            side = np.sign((total[1, 0] - m * m) + total[1, 1])
+        else:
+            side = np.max(np.sign((total[:, 0] - m) + total[:, 1]))
+        if toward == 0:
+            side = -side
+        if side > 0 or (side == 0 and int(nb.view(np.int32)) % 2 == 0):
+            return mx.array(nb)  # beyond the midpoint, or a tie to the even neighbour
+    return mx.array(r)
 
 
 # ---- public API -------------------------------------------------------------------
@@ -506,8 +645,12 @@ def norm(A, kind: str = "fro", *, structure: str = "general", uplo: str = "lower
         return empty.astype(dtype)
     if kernel_ok and name != "cpu":
         return kernel_partial(A, spec, nb, name).result
+    if kernel_ok and spec.structure == 0:  # cpu, float32 / complex64: one streaming pass
+        fast = stream_norm_f32(np.asarray(A), spec.kind)
+        if fast is not None:
+            return mx.array(fast)
     part = cpu_partial(A, spec)
-    return to_result(finish_cpu(part.kind, np.array(part.values)[None]), dtype)
+    return finish_cpu_result(part.kind, np.array(part.values)[None], dtype)
 
 
 def to_result(value: float, dtype) -> mx.array:

@@ -33,11 +33,10 @@ from .norms import (
     Spec,
     check_global_shape,
     cpu_partial,
-    finish_cpu,
+    finish_cpu_result,
     kernel_partial,
     out_dtype,
     reduce_partials,
-    to_result,
 )
 
 __all__ = ["Layout", "block_rows", "block_cols", "block_cyclic", "numroc"]
@@ -170,7 +169,7 @@ def combine(values: mx.array, kind: int, nprocs: int, dtype, backend: str,
         length = flat.size // ((2 if kind == 3 else 4) * nprocs)
         return reduce_partials(flat, nprocs, length, kind == 3, backend)[1]
     stacked = np.array(values, dtype=np.float64).reshape(nprocs, -1)
-    return to_result(finish_cpu(kind, stacked), dtype)
+    return finish_cpu_result(kind, stacked, dtype)
 
 
 def distributed_norm(A, spec: Spec, tile: int, backend: str, kernel_ok: bool,

@@ -27,8 +27,9 @@ of the truncated inputs, less the slice pairs ``p + q >= s``. Inputs with Inf/Na
 and (in rule-based modes) products whose required width exceeds ``max_bits``, are
 computed by native float64 matmul on the CPU instead; ``return_info=True`` says so.
 
-The ``cpu`` backend runs the same algorithm in numpy (float64 BLAS products of the
-slices are exact: every partial sum is an integer below 2^53).
+The ``cpu`` backend computes the same sums in numpy with float64 BLAS products of
+digit *pieces* (several slices at once, exact below 2^53; :func:`product_cpu`),
+blocked over N and K, and rounds them the same way: bit for bit the same result.
 """
 
 from __future__ import annotations
@@ -250,25 +251,221 @@ def round_i128_cpu(hi: np.ndarray, lo: np.ndarray, E: np.ndarray) -> np.ndarray:
     return bits.view(np.float64)
 
 
-def accumulate_cpu(D: np.ndarray, tA: np.ndarray, tB: np.ndarray, b: int) -> np.ndarray:
-    """numpy implementation of ozaki_accumulate: Horner in 128 bits, one rounding."""
-    S = D.shape[0]
-    hi = np.zeros(D.shape[1:], dtype=_U64)
-    lo = np.zeros(D.shape[1:], dtype=_U64)
-    bb, rb = _U64(b), _U64(64 - b)
+def _round_i128_fast(hi: np.ndarray, lo: np.ndarray, E: np.ndarray) -> np.ndarray:
+    """:func:`round_i128_cpu` by round-to-odd: the magnitude cut to its top 64 bits
+    with the dropped bits ORed into the last one, converted to float64 (RN), then
+    scaled by 2^(shift + E). Rounding to odd on 64 >= 53 + 2 bits and then to
+    nearest rounds correctly once (Boldo and Melquiond, IEEE TC 2008); the scaling
+    is exact unless the result is subnormal, where :func:`round_i128_cpu` decides."""
+    neg = hi.view(np.int64) < 0
+    nlo = ~lo + _U64(1)
+    nhi = ~hi + (nlo == 0).astype(_U64)
+    mh, ml = np.where(neg, nhi, hi), np.where(neg, nlo, lo)
+    r = np.where(mh != 0, _esc._bit_length(mh), 0)  # bits to drop to fit 64
+    rr = r.astype(_U64)
+    kept = (mh << (_U64(64) - rr)) | (ml >> rr)  # r = 0 and r = 64: replaced below
+    kept = np.where(r == 0, ml, np.where(r == 64, mh, kept))
+    sticky = (ml & ((_U64(1) << rr) - _U64(1))) != 0
+    sticky = np.where(r == 64, ml != 0, sticky)
+    f = (kept | sticky.astype(_U64)).astype(np.float64)
+    f = np.where(neg, -f, f)
+    k = (r + E).astype(np.int64)
+    with np.errstate(over="ignore"):
+        out = np.ldexp(f, k)
+    # below 2^-1022 ldexp rounds again; exactly 2^-1022 may be such a rounding up
+    tiny = (np.abs(out) <= 2.0**-1022) & (f != 0)
+    if tiny.any():
+        out[tiny] = round_i128_cpu(hi[tiny], lo[tiny], np.broadcast_to(E, hi.shape)[tiny])
+    return out
+
+
+def accumulate_cpu(D, tA: np.ndarray, tB: np.ndarray, b: int) -> np.ndarray:
+    """numpy implementation of ozaki_accumulate: Horner in 128 bits, one rounding.
+
+    ``D``: the S weight classes, an int64 ``[S, M, N]`` array or a sequence of S
+    int64 ``(M, N)`` arrays or None (an all-zero class: no work for it but the
+    shift)."""
+    S = len(D)
+    hi = lo = None
+    pending = 0  # bits of shift owed to the accumulator since the last class added
     for d in range(S):
-        hi = (hi << bb) | (lo >> rb)
-        lo = lo << bb
-        v = D[d].astype(np.int64)
-        add = v.view(_U64) if v.flags.c_contiguous else np.ascontiguousarray(v).view(_U64)
-        new = lo + add
-        hi = hi + (new < lo).astype(_U64) + np.where(v < 0, _U64(2**64 - 1), _U64(0))
+        pending += b if hi is not None else 0
+        if D[d] is None:
+            continue
+        v = np.ascontiguousarray(D[d], dtype=np.int64)
+        if hi is None:
+            hi, lo = (v >> 63).view(_U64), v.copy().view(_U64)
+            continue
+        while pending:
+            sh = min(pending, 63)
+            hi = (hi << _U64(sh)) | (lo >> _U64(64 - sh))
+            lo = lo << _U64(sh)
+            pending -= sh
+        new = lo + v.view(_U64)
+        hi = hi + (new < lo).astype(_U64) + (v >> 63).view(_U64)
         lo = new
-    E = tA.astype(np.int64)[:, None] + tB.astype(np.int64)[None, :] - b * (S + 1)
-    return round_i128_cpu(hi, lo, E)
+    E = tA.astype(np.int64)[:, None] + tB.astype(np.int64)[None, :] - b * (S + 1) + pending
+    if hi is None:
+        return np.zeros(E.shape)
+    return _round_i128_fast(hi, lo, E)
 
 
-# ---- Metal implementation ---------------------------------------------------------
+# ---- cpu product: float64 GEMMs of digit groups -------------------------------------
+#
+# The kept terms are the digit pairs (p, q) with p + q <= S - 1. A float64 GEMM of
+# integers is exact while every partial sum stays below 2^53, so instead of one int8
+# GEMM per pair it multiplies *pieces*: the integer value of g consecutive digits,
+# sum_{p0 <= p < p1} d_p 2^(b (p1 - 1 - p)) (< 2^(b g)). A piece of A times a piece of
+# B carries exactly the pairs of a rectangle [p0, p1) x [q0, q1) of the triangle,
+# scaled to the weight class e = (p1 - 1) + (q1 - 1). Rectangles of 3 x 3 seven-bit
+# digits (42-bit products, 2^11 of them below 2^53) tile the triangle of S = 9 slices
+# with 12 GEMMs instead of 45: the splitting of Ozaki scheme I, with float64 GEMMs of
+# slice sums as in Ozaki, Ogita, Oishi, Rump (2012) and Mukunoki et al. (2020, the
+# exponent budget of a DGEMM-based split). The sums are the same integers as the int8
+# path's, so the result is bit for bit the same (one rounding of the kept terms).
+
+_BUDGET = 2**53  # float64 integers are exact below this
+_INT64 = 2**63
+_PIECE_VALUES = 2**18  # M x (K-chunk) values per piece of A: bounds the temporaries
+_OUT_VALUES = 2**20  # M x (N-block) outputs per class sum
+
+
+def _piece_bound(g: int, b: int) -> int:
+    """Largest |value| of a piece of g digits."""
+    top = 2**b - 1 if b <= 7 else 2 ** (b - 1)
+    return top * ((1 << (b * g)) - 1) // ((1 << b) - 1)
+
+
+def plan_pieces(S: int, b: int) -> dict:
+    """Rectangles ``(p0, p1, q0, q1)`` of digit pairs, grouped by weight class e,
+    that cover the kept pairs p + q <= S - 1 exactly once: blocks of G x G digits
+    while fully kept, then one row ``p x [q, S - p)`` per digit p for the rest (at
+    most 2G - 2 digits long). G: the widest group whose products, 256 at a time,
+    stay exact in float64."""
+    G = max([g for g in range(1, S + 1) if 256 * _piece_bound(g, b) ** 2 < _BUDGET] or [1])
+    plan: dict = {}
+    for p0 in range(0, S, G):
+        p1 = min(S, p0 + G)
+        q = 0
+        while q + G <= S and (p1 - 1) + (q + G - 1) <= S - 1:
+            plan.setdefault(p1 + q + G - 2, []).append((p0, p1, q, q + G))
+            q += G
+        for p in range(p0, p1):
+            if S - p > q:
+                plan.setdefault(S - 1, []).append((p, p + 1, q, S - p))
+    return plan
+
+
+def _class_bound(rects, b: int) -> int:
+    """Largest |sum of one k term| over the rectangles of one weight class."""
+    return sum(_piece_bound(p1 - p0, b) * _piece_bound(q1 - q0, b) for p0, p1, q0, q1 in rects)
+
+
+def _prefixes(X: np.ndarray, t: np.ndarray, S: int, b: int) -> np.ndarray:
+    """Digit source of the rows of X (float64 (R, C), row scales t): for b <= 7 the
+    truncations ``P_k = trunc(X 2^(b k - t))``, k = 0..S, float64 (S + 1, R, C)
+    (at most 53 significant bits each: exact); for balanced 8-bit digits the int8
+    digits of :func:`slice_cpu` (S, R, C)."""
+    if b == 8:
+        return slice_cpu(X, t, S, b)
+    xs = np.ldexp(X, -t.astype(np.int64)[:, None])  # |xs| < 1; powers of two: exact
+    P = np.empty((S + 1,) + X.shape)
+    for k in range(S + 1):
+        np.trunc(np.multiply(xs, 2.0 ** (b * k), out=P[k]), out=P[k])
+    return P
+
+
+def _piece(src: np.ndarray, p0: int, p1: int, b: int, out: np.ndarray) -> None:
+    """Write the piece of digits [p0, p1) (see :func:`_prefixes`) into ``out``:
+    P_p1 - P_p0 2^(b (p1 - p0)) (an integer below 2^(b g): exact), or the Horner
+    sum of the int8 digits."""
+    if src.dtype == np.int8:
+        out[...] = src[p0]
+        for p in range(p0 + 1, p1):
+            out *= 2.0**b
+            out += src[p]
+        return
+    np.multiply(src[p0], 2.0 ** (b * (p1 - p0)), out=out)
+    np.subtract(src[p1], out, out=out)
+
+
+def _fill_pieces(X: np.ndarray, t: np.ndarray, S: int, b: int, slots) -> None:
+    """Write pieces of the rows of X (float64 (R, w)) into ``slots``: a list of
+    ``((p0, p1), out)`` with out (R, w) views. Rows go in chunks of ~2^15 values so
+    that the S + 1 truncations of a chunk stay in cache."""
+    R, w = X.shape
+    step = max(1, 2**15 // max(w, 1))
+    for r0 in range(0, R, step):
+        src = _prefixes(X[r0:r0 + step], t[r0:r0 + step], S, b)
+        for (p0, p1), out in slots:
+            _piece(src, p0, p1, b, out[r0:r0 + step])
+
+
+def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S: int,
+                b: int) -> np.ndarray:
+    """float64 ``(M, N)``: the kept slice-pair terms of ``a @ b_`` rounded once
+    (bit for bit :func:`accumulate_cpu` of :func:`products_cpu`), by float64 GEMMs
+    of digit pieces, blocked over N (column blocks) and K (chunks), so the
+    temporaries are bounded: about 8 (#classes + 12) M (N-block + K-chunk) bytes.
+
+    a: float64 (M, K); b_: float64 (K, N); tA (M,), tB (N,) int scale exponents."""
+    (M, K), N = a.shape, b_.shape[1]
+    plan = plan_pieces(S, b)
+    bounds = {e: _class_bound(r, b) for e, r in plan.items()}
+    if K * max(bounds.values()) >= _INT64:  # int64 class sums would overflow
+        slA = slice_cpu(a, tA, S, b)
+        slB = slice_cpu(np.ascontiguousarray(b_.T), tB, S, b)
+        return accumulate_cpu(products_cpu(slA, np.ascontiguousarray(slB.transpose(0, 2, 1)), b),
+                              tA, tB, b)
+    nb = min(N, max(256, _OUT_VALUES // M))
+    kc = min(K, max(64, _PIECE_VALUES // max(M, nb)),
+             min((_BUDGET - 1) // v for v in bounds.values()))
+    out = np.empty((M, N))
+    rows = max(1, 2**17 // nb)  # Horner's ~10 uint64 temporaries per row chunk
+    for j0 in range(0, N, nb):
+        j1 = min(N, j0 + nb)
+        sums = {}
+        for k0 in range(0, K, kc):
+            k1 = min(K, k0 + kc)
+            w = k1 - k0
+            # all rectangles of a class in one GEMM: their pieces side by side along k
+            pa = {e: np.empty((M, w * len(r))) for e, r in plan.items()}
+            pb = {e: np.empty((j1 - j0, w * len(r))) for e, r in plan.items()}
+            cut = lambda arr, i: arr[:, i * w:(i + 1) * w]  # noqa: E731
+            _fill_pieces(a[:, k0:k1], tA, S, b, [((r[0], r[1]), cut(pa[e], i))
+                                                 for e, rs in plan.items() for i, r in enumerate(rs)])
+            _fill_pieces(np.ascontiguousarray(b_[k0:k1, j0:j1].T), tB[j0:j1], S, b,
+                         [((r[2], r[3]), cut(pb[e], i))
+                          for e, rs in plan.items() for i, r in enumerate(rs)])
+            for e in plan:
+                part = pa.pop(e) @ pb.pop(e).T
+                # float64 sums stay exact while the terms added bound them below 2^53;
+                # then they move into int64
+                f, n, i = sums.get(e, (None, 0, None))
+                if f is not None and (n + w) * bounds[e] < _BUDGET:
+                    f += part
+                else:
+                    if f is not None:
+                        i = f.astype(np.int64) if i is None else i + f.astype(np.int64)
+                    f, n = part, 0
+                sums[e] = (f, n + w, i)
+        total = {}
+        for e in list(sums):  # one class at a time: one int64 temporary
+            f, _, i = sums.pop(e)
+            if i is None:
+                total[e] = f.astype(np.int64)
+            else:
+                i += f.astype(np.int64)
+                total[e] = i
+            del f
+        for r0 in range(0, M, rows):
+            r1 = min(M, r0 + rows)
+            D = [total[e][r0:r1] if e in total else None for e in range(S)]
+            out[r0:r1, j0:j1] = accumulate_cpu(D, tA[r0:r1], tB[j0:j1], b)
+    return out
+
+
+# ---- Metal implementation# ---- Metal implementation ---------------------------------------------------------
 
 
 def _slice_metal(bits: mx.array, t: np.ndarray, R: int, C: int, S: int, b: int,
@@ -323,11 +520,8 @@ def _emulate(A, B, sa: Scan, sb: Scan, S: int, b: int, name: str) -> mx.array:
     tA = scale_exponents(sa.emax, b)
     tB = scale_exponents(sb.emax, b)
     if name == "cpu":
-        a, bm = np.array(A), np.array(B)
-        slA = slice_cpu(a, tA, S, b)
-        slB = slice_cpu(np.ascontiguousarray(bm.T), tB, S, b)
-        D = products_cpu(slA, np.ascontiguousarray(slB.transpose(0, 2, 1)), b)
-        return mx.array(accumulate_cpu(D, tA, tB, b), dtype=mx.float64)
+        return mx.array(product_cpu(np.asarray(A), np.asarray(B), tA, tB, S, b),
+                        dtype=mx.float64)
     slA = _slice_metal(_esc.row_bits(A), tA, M, K, S, b, name)
     slB = _slice_metal(_esc.col_bits(B), tB, N, K, S, b, name)
     P, nkb = _products_metal(slA, mx.transpose(slB, (0, 2, 1)), b, name)
@@ -387,13 +581,15 @@ def dgemm_emulated(A, B, *, slices="auto", slice_bits: int = 7, max_bits: int = 
     if M * N == 0 or K == 0:
         info["slices"] = 0
         return done(mx.zeros((M, N), mx.float64, stream=mx.cpu))
-    sa, sb, ia, ib = _esc.scan(A, B, DEFAULT_BLOCK, name)
+    sa, sb, ia, ib = _esc.scan(A, B, DEFAULT_BLOCK, name, lowest=method == "tight")
     if sa.nonfinite or sb.nonfinite:
         info.update(fallback=True, reason="Inf/NaN input")
         return done(_native(A, B))
     if method != "fixed" or return_info:
-        est = _esc._estimate(sa, sb, ia, ib, K, DEFAULT_BLOCK, name)
-        info["esc"] = int(est.max())
+        # the rules read only the largest estimate: on cpu, no (M, N) array for it
+        est = (_esc.esc_estimate_max_cpu(sa, sb) if name == "cpu"
+               else _esc._estimate(sa, sb, ia, ib, K, DEFAULT_BLOCK, name))
+        info["esc"] = int(np.max(est))
     if method == "fixed":
         S = int(slices)
     else:

@@ -576,3 +576,57 @@ def test_selftest_checks():
     for backend in (BACKEND, "cpu"):
         checks = norms.selftest_checks(backend)
         assert len(checks) == 10 and all(c.passed for c in checks), [c.line() for c in checks]
+
+
+# ---- cpu streaming path (float32 / complex64, general) ----------------------------
+
+
+@pytest.mark.parametrize("dtype,shape", [(np.float32, (60, 300)), (np.float32, (2, 1500)),
+                                         (np.complex64, (40, 100))])
+def test_cpu_streaming_blocks_correctly_rounded(monkeypatch, dtype, shape):
+    """The cpu streaming pass over many row blocks (blocks of 1024 values here, two
+    threads; a row longer than a block) gives the correctly rounded norm, 0 ulp."""
+    monkeypatch.setattr(norms, "_BLOCK_VALUES", 1024)
+    a = random_matrix(np.random.default_rng(77), shape, dtype, spread=20)
+    for kind in KINDS:
+        want = lapack_norm(a, kind).rn()
+        got = run_norm(a, kind, backend="cpu").item()
+        assert ulps(got, lapack_norm(a, kind)) == 0, (kind, got, want)
+
+
+def test_cpu_streaming_near_ties_take_the_exact_path(monkeypatch):
+    """1 + 2^-24 + 2^-60 as a column (one) or row (inf) sum: float64 holds 1 + 2^-24,
+    a float32 midpoint; the error interval straddles it, so the exact double-double
+    path decides: 1 + 2^-23, correctly rounded (the float64 value alone would round
+    to 1). Counted through the exact path's entry point."""
+    calls = []
+    exact = norms.cpu_partial
+    monkeypatch.setattr(norms, "cpu_partial", lambda *a, **k: calls.append(1) or exact(*a, **k))
+    near = np.array([[1.0], [2.0**-24], [2.0**-60]], np.float32)
+    for kind, a in (("one", near), ("inf", near.T.copy())):
+        assert run_norm(a, kind, backend="cpu").item() == np.float32(1 + 2**-23)
+    assert len(calls) == 2
+    far = np.array([[1.0], [2.0**-20]], np.float32)  # nowhere near a boundary: streamed
+    assert run_norm(far, "one", backend="cpu").item() == np.float32(1 + 2**-20)
+    assert len(calls) == 2
+
+
+def test_cpu_streaming_memory_is_bounded():
+    """A 2048 x 2048 float32 norm (16 MiB) on cpu allocates well under 8 MiB of numpy
+    temporaries (tracemalloc), every kind; NaN and Inf still propagate."""
+    import tracemalloc
+
+    a = np.random.default_rng(5).standard_normal((2048, 2048), dtype=np.float32)
+    A = mx.array(a)
+    for kind in KINDS:
+        tracemalloc.start()
+        norm(A, kind, backend="cpu")
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 8 * 2**20, (kind, peak)
+    a[5, 7], a[2000, 3] = np.inf, np.nan
+    got = [norm(mx.array(a), k, backend="cpu").item() for k in KINDS]
+    assert all(math.isnan(g) for g in got), got
+    a[2000, 3] = 1.0
+    got = [norm(mx.array(a), k, backend="cpu").item() for k in KINDS]
+    assert all(math.isinf(g) for g in got), got

@@ -21,6 +21,7 @@ Asserted:
 * bad input raises TypeError / ValueError naming the argument.
 """
 
+import math
 from fractions import Fraction
 
 import mlx.core as mx
@@ -423,3 +424,74 @@ def test_selftest_checks_pass():
     for backend in (EMU, "cpu"):
         checks = ozaki.selftest_checks(backend)
         assert checks and all(c.passed for c in checks), [c.line() for c in checks]
+
+
+@pytest.mark.parametrize("b", [7, 8, 5])
+def test_cpu_pieces_blocked_match_the_int8_products(monkeypatch, b):
+    """The cpu product (float64 GEMMs of digit pieces, several N-blocks and K-chunks
+    here) gives bit for bit the int8 slice-pair products accumulated once, and,
+    with enough slices for integer data, the correctly rounded exact product."""
+    monkeypatch.setattr(ozaki, "_PIECE_VALUES", 40 * 64)  # K-chunks of 64
+    monkeypatch.setattr(ozaki, "_OUT_VALUES", 40 * 8)  # N-blocks of 256
+    rng = np.random.default_rng(40 + b)
+    M, K, N = 40, 150, 600
+    A = rng.standard_normal((M, K)) * 2.0 ** rng.integers(-30, 30, (M, K))
+    B = rng.standard_normal((K, N)) * 2.0 ** rng.integers(-30, 30, (K, N))
+    A[3], B[:, 7] = 0.0, 0.0
+    sa = escm.scan_rows_cpu(A, 64)
+    sb = escm.scan_rows_cpu(np.ascontiguousarray(B.T), 64)
+    tA, tB = ozaki.scale_exponents(sa.emax, b), ozaki.scale_exponents(sb.emax, b)
+    S = 9
+    slA = ozaki.slice_cpu(A, tA, S, b)
+    slB = ozaki.slice_cpu(np.ascontiguousarray(B.T), tB, S, b)
+    ref = ozaki.accumulate_cpu(ozaki.products_cpu(slA, np.ascontiguousarray(
+        slB.transpose(0, 2, 1)), b), tA, tB, b)
+    assert same_bits(ozaki.product_cpu(A, B, tA, tB, S, b), ref)
+    monkeypatch.setattr(ozaki, "_INT64", 1)  # as if int64 class sums could overflow
+    assert same_bits(ozaki.product_cpu(A, B, tA, tB, S, b), ref)
+    monkeypatch.undo()
+    # Integers of 20 bits: the tight rule's slices make the product exact.
+    X = few_bit_matrix(rng, (6, 150))
+    Y = few_bit_matrix(rng, (150, 300))
+    C, info = run(X, Y, "cpu", slices="tight", slice_bits=b)
+    assert same_bits(C, exact_rn(X, Y))
+
+
+def test_cpu_product_memory_is_bounded():
+    """Extra numpy allocations of a 512^3 cpu product (tracemalloc): below the
+    4 MiB inputs' 16x (pieces of 2^18 values, class sums of 2^20: bounded
+    constants), where per-pair int8 slices took ~300 bytes per output."""
+    import tracemalloc
+
+    rng = np.random.default_rng(50)
+    A, B = phi_matrix(0, (512, 512), rng), phi_matrix(0, (512, 512), rng)
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    C = dgemm_emulated(A, B, backend="cpu")
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    hi, lo = dd_matmul(A[:8], B)
+    assert rel_err_dd(np.array(C)[:8], hi, lo).max() <= rel_err_dd(A[:8] @ B, hi, lo).max()
+    print(f"extra peak {peak / 2**20:.1f} MiB")
+    assert peak <= 64 * 2**20
+
+
+def test_round_to_odd_conversion_matches_exact_rounding():
+    """accumulate_cpu's round-to-odd conversion of 128-bit integers against
+    float(Fraction) (correct rounding): random widths, ties and sticky bits,
+    results from overflow down through 2^-1022 and the subnormals to zero."""
+    rng = np.random.default_rng(60)
+    vals = [int(v) for v in rng.integers(-(2**62), 2**62, 300)]
+    vals += [(1 << 100) + (1 << 47), (1 << 100) + (1 << 47) + 1, -((1 << 90) + (3 << 37)),
+             (1 << 53) + 1, (1 << 127) - 1, -(1 << 127), 1, -1]
+    vals += [int(rng.integers(1, 2**62)) << int(rng.integers(0, 64)) for _ in range(100)]
+    n = len(vals)
+    u = [v % (1 << 128) for v in vals]
+    hi = np.array([x >> 64 for x in u], dtype=np.uint64)
+    lo = np.array([x & ((1 << 64) - 1) for x in u], dtype=np.uint64)
+    for E in (-1200, -1150, -1100, -1074 - 60, -1022 - 64, -1022 - 40, 0, 900, 960):
+        Ev = np.full(n, E)
+        got = ozaki._round_i128_fast(hi, lo, Ev)
+        want = [float(Fraction(v) * Fraction(2) ** E) if abs(Fraction(v) * Fraction(2) ** E)
+                < 2**1024 - 2**970 else math.copysign(math.inf, v) for v in vals]
+        assert same_bits(got, np.array(want)), E
