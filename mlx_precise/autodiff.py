@@ -10,6 +10,7 @@ it runs a function inside an ``mx.custom_function`` whose VJP raises
 
 from __future__ import annotations
 
+import contextvars
 import functools
 
 import mlx.core as mx
@@ -25,10 +26,11 @@ class TransformUnsupportedError(RuntimeError):
     that computes eagerly on the host (``cpu``, ``emulate``)."""
 
 
-def guarded(fn, arrays, what: str):
+def guarded(fn, arrays, what: str,
+            hint: str = "use an mx.array input and round_output=True for a gradient"):
     """``fn(*arrays)`` (arrays: ``mx.array``\\ s; fn returns an array or a tuple
     of arrays) with a VJP that raises :class:`NotDifferentiableError` naming
-    ``what``."""
+    ``what`` (and ``hint``, the way to a gradient if there is one)."""
 
     @mx.custom_function
     def f(*a):
@@ -36,14 +38,13 @@ def guarded(fn, arrays, what: str):
 
     @f.vjp
     def f_vjp(primals, cotangents, outputs):
-        raise NotDifferentiableError(
-            f"{what} is not differentiable; use an mx.array input and round_output=True "
-            "for a gradient")
+        raise NotDifferentiableError(f"{what} is not differentiable; {hint}")
 
     return f(*arrays)
 
 
 _TRACED = "function transformations"  # in MLX's error when a traced array is evaluated
+_in_guard: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_guard", default=False)
 
 
 def host_guard(fn):
@@ -55,6 +56,9 @@ def host_guard(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if _in_guard.get():  # an inner public op: the outermost one names the error
+            return fn(*args, **kwargs)
+        token = _in_guard.set(True)
         try:
             return fn(*args, **kwargs)
         except (RuntimeError, ValueError) as e:
@@ -68,5 +72,7 @@ def host_guard(fn):
                 "mx.vmap and mx.export_function cannot trace: call it outside the "
                 "transformation, or use the 'metal' backend (an Apple GPU), where the "
                 "kernels are MLX primitives and the op traces") from e
+        finally:
+            _in_guard.reset(token)
 
     return wrapper

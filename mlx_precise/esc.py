@@ -26,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .autodiff import host_guard
 from .kernels import Kernel
 
 # Sentinels shared with metal/include/ozaki.h.
@@ -385,6 +386,7 @@ def _no_nonfinite(s: Scan, name: str) -> None:
         raise ValueError(f"{name} contains Inf or NaN: the ESC is defined for finite inputs")
 
 
+@host_guard
 def esc(A, B, *, backend: str | None = None) -> mx.array:
     """Exact ESC of every output of ``A @ B``.
 
@@ -418,6 +420,7 @@ def esc(A, B, *, backend: str | None = None) -> mx.array:
     return out
 
 
+@host_guard
 def esc_estimate(A, B, block: int = DEFAULT_BLOCK, *, backend: str | None = None) -> mx.array:
     """Conservative ESC of every output of ``A @ B`` from k-block exponent summaries.
 
@@ -524,6 +527,7 @@ def rule_slices(method: str, A, B, sa: Scan, sb: Scan, est, slice_bits: int, bac
     raise ValueError(f"unknown slice rule {method!r}: expected one of {METHODS}")
 
 
+@host_guard
 def slices_needed(A, B, method: str = "esc_estimate", slice_bits: int = 7,
                   block: int = DEFAULT_BLOCK, *, backend: str | None = None):
     """Slice count a rule asks for to emulate ``A @ B`` with ``slice_bits``-bit slices.

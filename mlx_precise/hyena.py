@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends, pow2scale
+from .autodiff import host_guard
 from .context import precision_aware
 from .conv import check_conv_operands
 from .doubleword import DoubleWord
@@ -234,6 +235,7 @@ def _differentiable(has_D: bool, N: int, backend: str):
     return conv
 
 
+@host_guard
 def hyena_conv_extended(u, k, D=None, *, fft_size: int | None = None, round_output: bool = True,
                         backend: str | None = None):
     """Hyena long convolution in double-word, rounded once.

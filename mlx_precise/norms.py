@@ -33,6 +33,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .autodiff import guarded, host_guard
 from .kernels import Kernel
 
 __all__ = ["norm", "NORM_TILE", "NORM_REDUCE", "DEFAULT_TILE"]
@@ -588,6 +589,7 @@ def finish_cpu_result(kind: int, values: np.ndarray, dtype) -> mx.array:
 # ---- public API -------------------------------------------------------------------
 
 
+@host_guard
 def norm(A, kind: str = "fro", *, structure: str = "general", uplo: str = "lower",
          diag: str = "nonunit", tile: int | None = None, group=None, layout=None,
          backend: str | None = None) -> mx.array:
@@ -629,6 +631,7 @@ def norm(A, kind: str = "fro", *, structure: str = "general", uplo: str = "lower
             inconsistent with ``A`` or ``group``; a block of 2^31 or more float32
             values for the kernels.
         BackendUnavailableError: the backend asked for cannot run here.
+        NotDifferentiableError: under ``mx.grad`` (norms have no VJP here).
     """
     A, kernel_ok = as_matrix(A)
     spec = make_spec(kind, structure, uplo, diag, is_complex(A))
@@ -638,6 +641,15 @@ def norm(A, kind: str = "fro", *, structure: str = "general", uplo: str = "lower
         from .norms_distributed import distributed_norm
 
         return distributed_norm(A, spec, nb, name, kernel_ok, group, layout)
+    if isinstance(A, mx.array):
+        # no VJP: mx.grad raises NotDifferentiableError instead of returning zeros
+        return guarded(lambda a: _local_norm(a, spec, nb, name, kernel_ok), [A], "norm",
+                       "its VJP is not implemented")
+    return _local_norm(A, spec, nb, name, kernel_ok)
+
+
+def _local_norm(A, spec: Spec, nb: int, name: str, kernel_ok: bool) -> mx.array:
+    """The norm of one process's matrix on a resolved backend."""
     m, n = A.shape
     dtype = out_dtype(A)
     empty = check_global_shape(spec, m, n, f"A of shape ({m}, {n})")

@@ -39,6 +39,7 @@ import numpy as np
 
 from . import backends
 from . import esc as _esc
+from .autodiff import guarded, host_guard
 from .esc import DEFAULT_BLOCK, METHODS, NEG, Scan, check_operands, pad8, params
 from .int8_gemm import device_buffer, gemm_grid, gemm_params
 from .kernels import Kernel
@@ -528,6 +529,7 @@ def _emulate(A, B, sa: Scan, sb: Scan, S: int, b: int, name: str) -> mx.array:
     return _accumulate_metal(P, nkb, tA, tB, M, N, S, b, name)
 
 
+@host_guard
 def dgemm_emulated(A, B, *, slices="auto", slice_bits: int = 7, max_bits: int = 79,
                    return_info: bool = False, backend: str | None = None):
     """float64 ``A @ B`` from exact int8 slice products (Ozaki scheme on integers).
@@ -571,6 +573,10 @@ def dgemm_emulated(A, B, *, slices="auto", slice_bits: int = 7, max_bits: int = 
                 fallback=False, reason=None, backend=name)
 
     def done(C):
+        if isinstance(A, mx.array) or isinstance(B, mx.array):
+            # no VJP: mx.grad raises NotDifferentiableError instead of returning zeros
+            C = guarded(lambda *_: C, [x for x in (A, B) if isinstance(x, mx.array)],
+                        "dgemm_emulated", "its VJP is not implemented")
         return (C, info) if return_info else C
 
     if isinstance(slices, (int, np.integer)) and slices > max_slices(K, b):
