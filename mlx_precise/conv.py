@@ -12,6 +12,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .arrays import as_array
 from .autodiff import host_guard
 from .context import precision_aware
 from .doubleword import DoubleWord, from_float64_result
@@ -36,14 +37,13 @@ DEPTHWISE = Kernel(
 def check_conv_operands(x, w, bias, names=("x", "w", "bias"), taps: str = "K"):
     """Validate a per-channel convolution's operands: signal float32 (batch,
     channels, L), filter float32 (channels, taps), per-channel vector float32
-    (channels,) or None. Raises TypeError / ValueError naming the argument."""
+    (channels,) or None; array-likes become ``mx.array``\\ s. Returns ``(x, w,
+    bias)``. Raises TypeError / ValueError naming the argument."""
     nx, nw, nb = names
+    x, w = as_array(x, nx), as_array(w, nw)
+    bias = None if bias is None else as_array(bias, nb)
     for name, a in ((nx, x), (nw, w), (nb, bias)):
-        if a is None:
-            continue
-        if not isinstance(a, mx.array):
-            raise TypeError(f"{name} must be an mx.array, got {type(a).__name__}")
-        if a.dtype != mx.float32:
+        if a is not None and a.dtype != mx.float32:
             raise TypeError(f"{name} must be float32, got {a.dtype}")
     if x.ndim != 3:
         raise ValueError(f"{nx} must be (batch, channels, L), got shape {x.shape}")
@@ -53,12 +53,14 @@ def check_conv_operands(x, w, bias, names=("x", "w", "bias"), taps: str = "K"):
         raise ValueError(f"{nw} has {w.shape[0]} channels but {nx} has {x.shape[1]}")
     if bias is not None and tuple(bias.shape) != (x.shape[1],):
         raise ValueError(f"{nb} must have shape ({x.shape[1]},), got {bias.shape}")
+    return x, w, bias
 
 
 def _check_depthwise(x, w, bias):
-    check_conv_operands(x, w, bias)
+    x, w, bias = check_conv_operands(x, w, bias)
     if w.shape[1] < 1:
         raise ValueError("w must have K >= 1 taps")
+    return x, w, bias
 
 
 def _depthwise_float64(x, w, bias) -> np.ndarray:
@@ -79,7 +81,7 @@ def _depthwise_sum(xs: np.ndarray, ws: np.ndarray, bias) -> np.ndarray:
 
 
 def _depthwise(x, w, bias, taps: int, round_output: bool, backend, stream):
-    _check_depthwise(x, w, bias)
+    x, w, bias = _check_depthwise(x, w, bias)
     name = backends.resolve(backend)
     if round_output:
         args = (x, w) if bias is None else (x, w, bias)
@@ -160,7 +162,7 @@ def depthwise3_extended(x, w, bias=None, *, round_output: bool = True,
 
 def _depthwise_float32(x, w, bias=None):
     """Plain float32 MLX: ``mx.conv1d`` with groups = channels."""
-    _check_depthwise(x, w, bias)
+    x, w, bias = _check_depthwise(x, w, bias)
     L, K = x.shape[2], w.shape[1]
     # MLX's own conv1d (never the extended_precision() dispatcher: this is the
     # plain path and the VJP of the extended one).

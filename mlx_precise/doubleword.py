@@ -14,6 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from .arrays import as_array
 from .kernels import DeviceCheckError, Kernel, elementwise_grid, same_shape
 
 _F32 = (mx.float32,)
@@ -262,7 +263,7 @@ class DoubleWord:
 
     @classmethod
     def _exact(cls, x, dtype, what: str) -> "DoubleWord":
-        x = _mx(x)
+        x = as_array(x, "x")
         if x.dtype != dtype:
             raise TypeError(f"{what} expects {str(dtype).split('.')[-1]} data, got {x.dtype}")
         return cls(x, mx.zeros_like(x))
@@ -295,7 +296,7 @@ class DoubleWord:
             return x
         if isinstance(x, np.ndarray) and x.dtype in (np.float64, np.complex128):
             return cls.from_float64(x)
-        x = _mx(x)
+        x = as_array(x, "x")
         if x.dtype == mx.float32:
             return cls.from_float32(x)
         if x.dtype == mx.complex64:
@@ -326,14 +327,6 @@ class DoubleWord:
             raise TypeError("parts() needs a complex DoubleWord")
         return (DoubleWord(mx.real(self.hi), mx.real(self.lo)),
                 DoubleWord(mx.imag(self.hi), mx.imag(self.lo)))
-
-
-def _mx(x) -> mx.array:
-    if isinstance(x, mx.array):
-        return x
-    if isinstance(x, np.ndarray):
-        return mx.array(x)
-    raise TypeError(f"expected an mx.array or numpy array, got {type(x).__name__}")
 
 
 def from_float64_result(y: np.ndarray, round_output: bool):

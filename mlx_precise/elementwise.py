@@ -15,6 +15,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .arrays import as_array
 from .autodiff import guarded, host_guard
 from .context import precision_aware
 from .doubleword import DoubleWord, from_float64_result
@@ -58,11 +59,7 @@ def _operand(x, name: str, kinds: tuple[str, ...]):
         if x.dtype in [allowed[k] for k in kinds]:
             return x
         raise TypeError(f"{name}: DoubleWord of {x.dtype} not accepted here (expected {', '.join(kinds)})")
-    if not isinstance(x, mx.array):
-        if isinstance(x, np.ndarray):
-            x = mx.array(x)
-        else:
-            raise TypeError(f"{name} must be an mx.array or DoubleWord, got {type(x).__name__}")
+    x = as_array(x, name)
     if x.dtype not in [allowed[k] for k in kinds]:
         hint = " (float64 data: wrap it with DoubleWord.from_float64)" if x.dtype == mx.float64 else ""
         raise TypeError(f"{name} has dtype {x.dtype}, expected {' or '.join(kinds)} or a DoubleWord{hint}")

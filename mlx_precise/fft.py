@@ -36,6 +36,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends, pow2scale
+from .arrays import as_array
 from .autodiff import host_guard
 from .context import precision_aware
 from .doubleword import DoubleWord, from_float64_result
@@ -91,10 +92,7 @@ def _as_input(x, name: str, real_only: bool = False):
             raise TypeError(f"{name} must be real (float32 or a float32 DoubleWord), "
                             "got a complex64 DoubleWord")
         return x
-    if isinstance(x, np.ndarray):
-        x = mx.array(x)
-    if not isinstance(x, mx.array):
-        raise TypeError(f"{name} must be an mx.array or a DoubleWord, got {type(x).__name__}")
+    x = as_array(x, name)
     allowed = (mx.float32,) if real_only else (mx.float32, mx.complex64)
     if x.dtype not in allowed:
         hint = (" (float64 data: wrap it with DoubleWord.from_float64)"

@@ -38,6 +38,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .arrays import as_array
 from .autodiff import host_guard
 from .kernels import Kernel, elementwise_grid
 
@@ -109,8 +110,7 @@ dtype ``T`` (float32, bfloat16 or float16), ``(n,)``."""
 
 
 def _check_float(x, fn: str) -> mx.array:
-    if not isinstance(x, mx.array):
-        raise TypeError(f"{fn}: x must be an mx.array, got {type(x).__name__}")
+    x = as_array(x, f"{fn}: x")
     if x.dtype not in _FLOAT_IN:
         raise TypeError(
             f"{fn}: x must have dtype float32, float16 or bfloat16, got {x.dtype}"
@@ -120,8 +120,7 @@ def _check_float(x, fn: str) -> mx.array:
 
 def _check_code(q, bits: int, fn: str) -> mx.array:
     want = _CODE_DTYPE[bits]
-    if not isinstance(q, mx.array):
-        raise TypeError(f"{fn}: q must be an mx.array, got {type(q).__name__}")
+    q = as_array(q, f"{fn}: q")
     if q.dtype != want:
         raise TypeError(f"{fn}: q must have dtype {want} (Q1.{bits} codes), got {q.dtype}")
     return q

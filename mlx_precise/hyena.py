@@ -71,7 +71,12 @@ def default_fft_size(L: int, Lk: int) -> int:
 
 
 def _check(u, k, D, fft_size):
-    check_conv_operands(u, k, D, names=("u", "k", "D"), taps="Lk")
+    """((u, k, D) as arrays, N) after checking the operands and the FFT size."""
+    u, k, D = check_conv_operands(u, k, D, names=("u", "k", "D"), taps="Lk")
+    return (u, k, D), _fft_size(u, k, fft_size)
+
+
+def _fft_size(u, k, fft_size) -> int:
     L, Lk = u.shape[2], k.shape[1]
     if L < 1 or Lk < 1:
         raise ValueError(f"u and k need at least one step, got L={L}, Lk={Lk}")
@@ -259,7 +264,7 @@ def hyena_conv_extended(u, k, D=None, *, fft_size: int | None = None, round_outp
         TypeError: non-float32 inputs or a non-int fft_size. ValueError: wrong ranks,
         channel mismatch, fft_size < L, Lk > fft_size, unsupported FFT size.
     """
-    N = _check(u, k, D, fft_size)
+    (u, k, D), N = _check(u, k, D, fft_size)
     name = backends.resolve(backend)
     if not round_output:
         return _forward(u, k, D, N, False, name)
@@ -269,7 +274,7 @@ def hyena_conv_extended(u, k, D=None, *, fft_size: int | None = None, round_outp
 
 def _fftconv_float32(u, k, D=None, *, fft_size: int | None = None):
     """Plain float32 MLX: the safari formula with ``mx.fft``."""
-    N = _check(u, k, D, fft_size)
+    (u, k, D), N = _check(u, k, D, fft_size)
     L = u.shape[2]
     k_f = mx.fft.rfft(k, n=N) / N
     u_f = mx.fft.rfft(u, n=N)

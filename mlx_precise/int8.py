@@ -27,6 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .arrays import as_array
 from .autodiff import host_guard
 from .int8_gemm import check_k, device_buffer, gemm_grid, gemm_params
 from .kernels import Kernel
@@ -66,8 +67,7 @@ _I32_LO, _I32_HI = -(2.0**31), 2.0**31
 
 
 def _float_input(x, name: str) -> mx.array:
-    if not isinstance(x, mx.array):
-        raise TypeError(f"{name} must be an mx.array, got {type(x).__name__}")
+    x = as_array(x, name)
     if x.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{name} must be float32, float16 or bfloat16, got {x.dtype}")
     return x.astype(mx.float32)  # exact
@@ -88,8 +88,7 @@ def _per_row(v, name: str, rows_shape: tuple, dtype, kind: str) -> mx.array:
     """A static scale / zero point: numel 1, or one per row (shape ``[..., 1]``)."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         v = mx.array(v, dtype=dtype)
-    if not isinstance(v, mx.array):
-        raise TypeError(f"{name} must be an mx.array or a Python number, got {type(v).__name__}")
+    v = as_array(v, name)
     if v.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype} ({kind}), got {v.dtype}")
     if v.size != 1 and tuple(v.shape) != rows_shape + (1,):
@@ -221,8 +220,7 @@ def compute_azp_adj(b: mx.array, azp=None) -> mx.array:
 
 def _scale(v, name: str, n: int, shape: tuple) -> tuple[mx.array, int]:
     """(flat float32 scale, index step): step 0 for one element, 1 for ``shape``."""
-    if not isinstance(v, mx.array):
-        raise TypeError(f"{name} must be a float32 mx.array, got {type(v).__name__}")
+    v = mx.array(v, dtype=mx.float32) if isinstance(v, float) else as_array(v, name)
     if v.dtype != mx.float32:
         raise TypeError(f"{name} must have dtype float32, got {v.dtype}")
     if v.size == 1:
@@ -235,8 +233,7 @@ def _scale(v, name: str, n: int, shape: tuple) -> tuple[mx.array, int]:
 
 
 def _vector(v, name: str, n: int, dtypes, what: str, shapes) -> mx.array:
-    if not isinstance(v, mx.array):
-        raise TypeError(f"{name} must be an mx.array, got {type(v).__name__}")
+    v = as_array(v, name)
     if v.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype {what}, got {v.dtype}")
     if tuple(v.shape) not in shapes:
@@ -299,9 +296,8 @@ def scaled_mm(a: mx.array, b: mx.array, scale_a: mx.array, scale_b: mx.array, *,
         ValueError: wrong ranks or shapes, K differs between ``a`` and ``b``,
             ``azp`` without ``azp_adj``, an unsupported ``out_dtype``, K > 131071.
     """
+    a, b = as_array(a, "a"), as_array(b, "b")
     for name, v in (("a", a), ("b", b)):
-        if not isinstance(v, mx.array):
-            raise TypeError(f"{name} must be an int8 mx.array, got {type(v).__name__}")
         if v.dtype != mx.int8:
             raise TypeError(f"{name} must have dtype int8, got {v.dtype}")
         if v.ndim != 2:

@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .arrays import as_array
 from .autodiff import host_guard
 from .kernels import Kernel
 
@@ -78,8 +79,7 @@ def gemm_params(*values: int, size: int = 8) -> mx.array:
 
 
 def _require_int8(x, name: str) -> mx.array:
-    if not isinstance(x, mx.array):
-        raise TypeError(f"{name} must be an mx.array of dtype int8, got {type(x).__name__}")
+    x = as_array(x, name)
     if x.dtype != mx.int8:
         raise TypeError(f"{name} must have dtype int8, got {x.dtype}")
     return x

@@ -20,6 +20,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
+from .arrays import as_array
 from .conv import depthwise3, depthwise_conv
 from .hyena import fftconv
 from .nn_int8 import Int8Linear, convert_linear_to_int8  # noqa: F401  (W8A8 layers)
@@ -36,11 +37,10 @@ def _positive_int(name: str, value) -> int:
 
 def _layer_input(u, layer: str, layout: str, width_axis: int, width: int, max_len: int,
                  length_axis: int) -> mx.array:
-    """Check a layer's 3-D input and widen it to float32 (exact from float16 and
+    """Check a layer's 3-D input (array-likes accepted) and widen it to float32 (exact from float16 and
     bfloat16: the layers compute in float32 or double-word and return float32, as
     an MLX layer with float32 weights does by type promotion)."""
-    if not isinstance(u, mx.array):
-        raise TypeError(f"{layer} input must be an mx.array {layout}, got {type(u).__name__}")
+    u = as_array(u, f"{layer} input {layout}")
     if u.ndim != 3:
         raise ValueError(f"{layer} input must be 3-D {layout}, got shape {tuple(u.shape)}")
     if u.dtype not in _FLOAT_INPUTS:

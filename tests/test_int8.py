@@ -285,8 +285,8 @@ def test_bad_input():
     ok = dict(scale_a=s1, scale_b=s1)
     with pytest.raises(TypeError, match="a must have dtype int8"):
         scaled_mm(a.astype(mx.float32), b, **ok)
-    with pytest.raises(TypeError, match="b must be an int8 mx.array"):
-        scaled_mm(a, np.zeros((8, 3), np.int8), **ok)
+    with pytest.raises(TypeError, match="b must be an mx.array or array-like"):
+        scaled_mm(a, "b", **ok)
     with pytest.raises(ValueError, match="K differs"):
         scaled_mm(a, mx.zeros((7, 3), mx.int8), **ok)
     with pytest.raises(ValueError, match="b must be 2-D"):
@@ -447,8 +447,8 @@ def test_quantize_bad_input():
     x = mx.zeros((2, 3))
     with pytest.raises(TypeError, match="x must be float32"):
         quantize_int8(mx.zeros((2, 3), mx.int32))
-    with pytest.raises(TypeError, match="x must be an mx.array"):
-        quantize_int8(np.zeros((2, 3), np.float32))
+    with pytest.raises(TypeError, match="x must be an mx.array or array-like"):
+        quantize_int8(object())
     with pytest.raises(ValueError, match="at least one dimension"):
         quantize_int8(mx.array(1.0))
     with pytest.raises(ValueError, match="empty rows"):

@@ -30,7 +30,7 @@ def test_bad_inputs():
         (h, mx.zeros((1, 16, 3)), ValueError, "must have 4 on axis 2"),
         (h, mx.zeros((1, 17, 4)), ValueError, "input length 17 exceeds max_len=16"),
         (h, mx.zeros((1, 16, 4), mx.int32), TypeError, "float32, float16 or bfloat16"),
-        (h, np.zeros((1, 16, 4), np.float32), TypeError, "must be an mx.array"),
+        (h, "not an array", TypeError, "must be an mx.array or array-like"),
         (f, mx.zeros((4, 16)), ValueError, r"must be 3-D \(batch, channels, L\)"),
         (f, mx.zeros((1, 3, 16)), ValueError, "must have 4 on axis 1"),
         (f, mx.zeros((1, 4, 17)), ValueError, "input length 17 exceeds max_len=16"),
@@ -38,6 +38,13 @@ def test_bad_inputs():
     for layer, u, err, match in cases:
         with pytest.raises(err, match=match):
             layer(u)
+
+
+def test_array_likes_are_accepted():
+    mx.random.seed(4)
+    f = FFTConv(2, 8)
+    u = np.random.default_rng(0).standard_normal((1, 2, 8)).astype(np.float32)
+    np.testing.assert_array_equal(np.array(f(u)), np.array(f(mx.array(u))))
 
 
 def test_half_precision_inputs_are_widened_exactly():
