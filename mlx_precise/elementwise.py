@@ -122,7 +122,7 @@ def complex_multiply_extended(a, b, *, round_output: bool = True, backend: str |
 def _cmul_differentiable(name: str, stream):
     """The rounded product of two complex64 arrays with its VJP (MLX's convention:
     da = g conj(b), db = g conj(a), summed over broadcast axes), each product by
-    the same double-word kernel."""
+    this same differentiable function, so derivatives of any order exist."""
 
     @mx.custom_function
     def f(a, b):
@@ -132,10 +132,7 @@ def _cmul_differentiable(name: str, stream):
     def f_vjp(primals, cotangent, output):
         a, b = primals
         g = cotangent[0] if isinstance(cotangent, (list, tuple)) else cotangent
-        shape = tuple(g.shape)
-        return tuple(
-            sum_to(_cmul(g, mx.conj(other), shape, True, name, stream), tuple(x.shape))
-            for x, other in ((a, b), (b, a)))
+        return tuple(sum_to(f(g, mx.conj(other)), tuple(x.shape)) for x, other in ((a, b), (b, a)))
 
     return f
 
@@ -249,9 +246,9 @@ def _scale(x, s_hi: float, s_lo: float, cpu_op, round_output, backend, stream):
             return _scale_raw(a, *args, True)
 
         @f.vjp
-        def f_vjp(primals, cotangent, output):
+        def f_vjp(primals, cotangent, output):  # linear: the same scaling, any order
             g = cotangent[0] if isinstance(cotangent, (list, tuple)) else cotangent
-            return (_scale_raw(g, *args, True),)
+            return (f(g),)
 
         return f(x)
     words = [x.hi, x.lo] if isinstance(x, DoubleWord) else [x]

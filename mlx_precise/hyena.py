@@ -18,7 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends, pow2scale
-from .autodiff import host_guard
+from .autodiff import guarded, host_guard
 from .context import precision_aware
 from .conv import check_conv_operands
 from .doubleword import DoubleWord
@@ -233,8 +233,15 @@ def _differentiable(has_D: bool, N: int, backend: str):
     @conv.vjp
     def conv_vjp(primals, cotangent, output):
         u, k, *D = primals
-        du, dk, dD = _backward(u, k, D[0] if has_D else None, cotangent, N, backend)
-        return (du, dk, dD) if has_D else (du, dk)
+
+        def grads(u, k, g, *D):
+            du, dk, dD = _backward(u, k, D[0] if has_D else None, g, N, backend)
+            return (du, dk, dD) if has_D else (du, dk)
+
+        # The VJP is not itself differentiable: a second derivative raises
+        # instead of coming back as zeros through the host computation.
+        return guarded(grads, [u, k, cotangent, *D], "the gradient of hyena_conv_extended",
+                       "second derivatives are not implemented")
 
     _custom[key] = conv
     return conv
