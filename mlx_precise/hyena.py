@@ -200,7 +200,7 @@ def _backward_cpu(u, k, D, g, N):
     """(du, dk, dD) in float64 (correlations by the same chunked FFTs), rounded once."""
     u_, k_, g_ = np.asarray(u), np.asarray(k), np.asarray(g)
     D_ = None if D is None else np.asarray(D)
-    (B, C, L), Lk = u_.shape, k_.shape[1]
+    (_, C, L), Lk = u_.shape, k_.shape[1]
     du = np.empty(u_.shape, np.float32)
     # du[s] = sum_t g[t] k[(t - s) mod N] + D g[s]
     for b, c0, c1, y in fftconv_rows(g_, k_, N, L, conj=True):

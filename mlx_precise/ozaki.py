@@ -466,7 +466,7 @@ def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S
     return out
 
 
-# ---- Metal implementation# ---- Metal implementation ---------------------------------------------------------
+# ---- Metal implementation ---------------------------------------------------------
 
 
 def _slice_metal(bits: mx.array, t: np.ndarray, R: int, C: int, S: int, b: int,
