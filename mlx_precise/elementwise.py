@@ -105,7 +105,7 @@ def complex_multiply_extended(a, b, *, round_output: bool = True, backend: str |
         raise ValueError(f"a and b do not broadcast: shapes {a.shape} and {b.shape}") from None
     name = backends.resolve(backend)
     if round_output and isinstance(a, mx.array) and isinstance(b, mx.array):
-        return _cmul_differentiable(name, stream)(a, b)
+        return _cmul_differentiable(shape, name, stream)(a, b)
     dw = [isinstance(x, DoubleWord) for x in (a, b)]
     arrays = [w for x in (a, b) for w in ((x.hi, x.lo) if isinstance(x, DoubleWord) else (x,))]
 
@@ -119,29 +119,26 @@ def complex_multiply_extended(a, b, *, round_output: bool = True, backend: str |
     return out if round_output else DoubleWord(*out)
 
 
-def _cmul_differentiable(name: str, stream):
-    """The rounded product of two complex64 arrays with its VJP (MLX's convention:
-    da = g conj(b), db = g conj(a), summed over broadcast axes), each product by
-    this same differentiable function, so derivatives of any order exist."""
+def _cmul_differentiable(shape: tuple, name: str, stream):
+    """The rounded product of two complex64 arrays of broadcast shape ``shape`` with
+    its VJP (MLX's convention: da = g conj(b), db = g conj(a), summed over broadcast
+    axes), each product by this same differentiable function (its operands then
+    broadcast to ``shape`` too), so derivatives of any order exist."""
 
     @mx.custom_function
     def f(a, b):
-        return _cmul(a, b, _broadcast(a, b), True, name, stream)
+        return _cmul(a, b, shape, True, name, stream)
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
         a, b = primals
         g = cotangent[0] if isinstance(cotangent, (list, tuple)) else cotangent
-        return tuple(sum_to(f(g, mx.conj(other)), tuple(x.shape)) for x, other in ((a, b), (b, a)))
+        return tuple(_sum_to(f(g, mx.conj(other)), tuple(x.shape)) for x, other in ((a, b), (b, a)))
 
     return f
 
 
-def _broadcast(a, b) -> tuple:
-    return tuple(np.broadcast_shapes(tuple(a.shape), tuple(b.shape)))
-
-
-def sum_to(g: mx.array, shape: tuple) -> mx.array:
+def _sum_to(g: mx.array, shape: tuple) -> mx.array:
     """Sum ``g`` over the axes broadcasting added to an operand of ``shape``."""
     lead = g.ndim - len(shape)
     axes = list(range(lead)) + [lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from .emulator import strict
 from .kernels import METAL_DIR, Kernel
 
+
 def registry() -> dict[str, Kernel]:
     """Every kernel this package declares (module-level :class:`Kernel` objects in
     any of its modules), by name."""

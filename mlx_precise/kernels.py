@@ -53,7 +53,6 @@ def _find_metal_dir() -> Path:
 
 
 METAL_DIR = _find_metal_dir()
-
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 _PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\s*$", re.M)
 

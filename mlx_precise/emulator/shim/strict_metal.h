@@ -206,36 +206,23 @@ To as_type(From x) {
 }
 
 // ---- math: one overload per type, as Metal declares them ----------------------
-#define MPS_F1(name)                                                        \
-  float name(float); half name(half);                                       \
-  float2 name(float2); float3 name(float3); float4 name(float4);            \
-  half2 name(half2); half3 name(half3); half4 name(half4);
-#define MPS_F2(name)                                                        \
-  float name(float, float); half name(half, half);                          \
-  float2 name(float2, float2); float3 name(float3, float3);                 \
-  float4 name(float4, float4); half2 name(half2, half2);                    \
-  half3 name(half3, half3); half4 name(half4, half4);
-#define MPS_F3(name)                                                        \
-  float name(float, float, float); half name(half, half, half);             \
-  float2 name(float2, float2, float2); float3 name(float3, float3, float3);  \
-  float4 name(float4, float4, float4); half2 name(half2, half2, half2);     \
-  half3 name(half3, half3, half3); half4 name(half4, half4, half4);
-#define MPS_I1(name)                                                        \
-  char name(char); uchar name(uchar); short name(short); ushort name(ushort); \
-  int name(int); uint name(uint); long name(long); ulong name(ulong);       \
-  int2 name(int2); int3 name(int3); int4 name(int4);                        \
-  uint2 name(uint2); uint3 name(uint3); uint4 name(uint4);
-#define MPS_I2(name)                                                        \
-  char name(char, char); uchar name(uchar, uchar); short name(short, short); \
-  ushort name(ushort, ushort); int name(int, int); uint name(uint, uint);   \
-  long name(long, long); ulong name(ulong, ulong);                          \
-  int2 name(int2, int2); int3 name(int3, int3); int4 name(int4, int4);      \
-  uint2 name(uint2, uint2); uint3 name(uint3, uint3); uint4 name(uint4, uint4);
-#define MPS_I3(name)                                                        \
-  char name(char, char, char); uchar name(uchar, uchar, uchar);             \
-  short name(short, short, short); ushort name(ushort, ushort, ushort);     \
-  int name(int, int, int); uint name(uint, uint, uint);                     \
-  long name(long, long, long); ulong name(ulong, ulong, ulong);
+// Each overload set spans a type list; the arity macro writes one declaration.
+#define MPS_FLOATS(M, name)                                                 \
+  M(name, float) M(name, half) M(name, float2) M(name, float3)              \
+  M(name, float4) M(name, half2) M(name, half3) M(name, half4)
+#define MPS_INTS(M, name)                                                   \
+  M(name, char) M(name, uchar) M(name, short) M(name, ushort) M(name, int)  \
+  M(name, uint) M(name, long) M(name, ulong) M(name, int2) M(name, int3)    \
+  M(name, int4) M(name, uint2) M(name, uint3) M(name, uint4)
+#define MPS_ARITY1(name, T) T name(T);
+#define MPS_ARITY2(name, T) T name(T, T);
+#define MPS_ARITY3(name, T) T name(T, T, T);
+#define MPS_F1(name) MPS_FLOATS(MPS_ARITY1, name)
+#define MPS_F2(name) MPS_FLOATS(MPS_ARITY2, name)
+#define MPS_F3(name) MPS_FLOATS(MPS_ARITY3, name)
+#define MPS_I1(name) MPS_INTS(MPS_ARITY1, name)
+#define MPS_I2(name) MPS_INTS(MPS_ARITY2, name)
+#define MPS_I3(name) MPS_INTS(MPS_ARITY3, name)
 
 #define MPS_MATH1(X)                                                        \
   X(acos) X(acosh) X(asin) X(asinh) X(atan) X(atanh) X(ceil) X(cos) X(cosh) \
@@ -298,6 +285,11 @@ float divide(float, float);
 #undef MPS_I1
 #undef MPS_I2
 #undef MPS_I3
+#undef MPS_FLOATS
+#undef MPS_INTS
+#undef MPS_ARITY1
+#undef MPS_ARITY2
+#undef MPS_ARITY3
 
 // ---- synchronisation, simdgroup and quadgroup functions -----------------------
 enum class mem_flags : uint { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
