@@ -35,6 +35,9 @@ def test_nesting_and_exceptions():
     with pytest.raises(TypeError, match="takes a bool"):
         with extended_precision("yes"):
             pass
+    with pytest.raises(TypeError, match=r"extended_precision\(intercept_mlx\) takes a bool"):
+        with extended_precision(intercept_mlx=1):
+            pass
 
 
 def test_per_thread_and_per_task():

@@ -109,3 +109,26 @@ def test_hyena_second_derivative_raises(backend):
     with pytest.raises(NotDifferentiableError, match="second derivatives are not implemented"):
         mx.grad(lambda v: mx.grad(
             lambda w: (mp.hyena_conv_extended(w, k, backend=backend) ** 2).sum())(v).sum())(u)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scale_extended(backend):
+    """x * factor for a rational factor: one rounding of the exact product (Fraction
+    oracle), the same VJP, and clear errors for a bad factor."""
+    from fractions import Fraction
+
+    from mlx_precise.elementwise import scale_extended
+
+    x = np.linspace(-3, 3, 13, dtype=np.float32)
+    f = Fraction(7, 3)
+    y = np.array(scale_extended(mx.array(x), f, backend=backend))
+    want = [np.float32(float(Fraction(float(v)) * f)) for v in x]  # |x f| well inside range
+    np.testing.assert_array_equal(y, np.array(want, np.float32))
+    _, (dx,) = mx.vjp(lambda v: scale_extended(v, f, backend=backend), [mx.array(x)],
+                      [mx.ones(x.shape)])
+    np.testing.assert_array_equal(np.array(dx), np.full(x.shape, np.float32(float(f))))
+    for bad in (0, -1, Fraction(-1, 2)):
+        with pytest.raises(ValueError, match="factor must be > 0"):
+            scale_extended(mx.array(x), bad, backend=backend)
+    with pytest.raises(TypeError, match="x has dtype"):
+        scale_extended(mx.arange(3), f, backend=backend)

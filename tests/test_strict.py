@@ -190,6 +190,16 @@ def test_diagnostics_use_metal_spelling():
 def test_check_source_bad_arguments():
     with pytest.raises(ValueError, match="inputs: expected 2"):
         check_source("k", ["x", "w"], ["y"], "", inputs=[(F32, BIG)], output_dtypes=[F32])
+    with pytest.raises(ValueError, match="output_dtypes: expected 1"):
+        check_source("k", ["x"], ["y"], "", inputs=[(F32, BIG)], output_dtypes=[F32, F32])
+    with pytest.raises(ValueError, match="at least one output"):
+        check_source("k", ["x"], [], "", inputs=[(F32, BIG)], output_dtypes=[])
+    for bad in ((F32, 8), ("float32", BIG), (F32, (-1,)), np.zeros(3)):
+        with pytest.raises(TypeError, match="input 'x' must be an mx.array or a \\(dtype, shape\\)"):
+            check_source("k", ["x"], ["y"], "", inputs=[bad], output_dtypes=[F32])
+    with pytest.raises(TypeError, match="template argument"):
+        check_source("k", ["x"], ["y"], "", inputs=[(F32, BIG)], output_dtypes=[F32],
+                     template=[("T", 1.5)])
 
 
 # ---- the gate over this package's kernels ------------------------------------------

@@ -267,10 +267,14 @@ def check_instances(src: Source, instances: list[Instance]) -> list[Failure]:
 # ---- public entry points -------------------------------------------------------------
 
 
-def _input_spec(x) -> tuple:
-    """(dtype, form) of an input given as an array or as ``(dtype, shape)``."""
-    dtype, shape = (x.dtype, x.shape) if isinstance(x, mx.array) else (x[0], x[1])
-    return dtype, signature.input_form(tuple(shape))
+def _input_spec(name: str, x) -> tuple:
+    """(dtype, form) of input ``name`` given as an array or as ``(dtype, shape)``."""
+    if isinstance(x, mx.array):
+        return x.dtype, signature.input_form(x.shape)
+    if (isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[0], mx.Dtype)
+            and isinstance(x[1], (tuple, list)) and all(isinstance(d, int) and d >= 0 for d in x[1])):
+        return x[0], signature.input_form(tuple(x[1]))
+    raise TypeError(f"input {name!r} must be an mx.array or a (dtype, shape) pair, got {x!r}")
 
 
 def check_source(name: str, input_names, output_names, source: str, *, inputs,
@@ -282,14 +286,20 @@ def check_source(name: str, input_names, output_names, source: str, *, inputs,
     ``mx.array``\\ s or ``(dtype, shape)`` pairs (only dtype and size matter: inputs
     of fewer than 8 elements are ``constant``), ``template`` a list of ``(name,
     value)`` or a dict. Raises :class:`MetalCheckError` with clang's diagnostics
-    (lines of ``<source>`` / ``<header>``) if Metal would reject the source.
+    (lines of ``<source>`` / ``<header>``) if Metal would reject the source;
+    ValueError / TypeError for arguments that do not describe an instantiation.
     """
     if len(inputs) != len(input_names):
         raise ValueError(f"inputs: expected {len(input_names)} entries, got {len(inputs)}")
+    if not output_names:
+        raise ValueError("output_names: a kernel needs at least one output")
+    if len(output_dtypes) != len(output_names):
+        raise ValueError(f"output_dtypes: expected {len(output_names)} entries (one per "
+                         f"output), got {len(output_dtypes)}")
     template = list(template.items()) if isinstance(template, dict) else list(template or [])
     inst = Instance(
         tuple(template),
-        tuple((n, *_input_spec(x)) for n, x in zip(input_names, inputs)),
+        tuple((n, *_input_spec(n, x)) for n, x in zip(input_names, inputs)),
         tuple(output_dtypes),
     )
     src = Source(name, tuple(input_names), tuple(output_names), source, header, atomic_outputs)
