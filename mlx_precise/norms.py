@@ -25,8 +25,6 @@ A matrix sharded over an ``mx.distributed`` group is handled by
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -34,6 +32,7 @@ import numpy as np
 
 from . import backends
 from .autodiff import guarded, host_guard
+from .cputhreads import map_runs, workers_for
 from .kernels import Kernel
 
 __all__ = ["norm", "NORM_TILE", "NORM_REDUCE", "DEFAULT_TILE"]
@@ -485,22 +484,15 @@ def _block_reduce(a: np.ndarray, kind: int, r0: int, r1: int, buf: np.ndarray):
 
 def _parallel_blocks(a: np.ndarray, kind: int) -> list:
     """:func:`_block_reduce` over all row blocks, the blocks split into one
-    contiguous run per core (numpy releases the GIL in its loops)."""
+    contiguous run per core."""
     spans = _spans(*a.shape)
-    # threads pay off only once a thread has a few MiB to stream
-    workers = min(os.cpu_count() or 1, len(spans), max(1, a.size >> 20))
     width = a.shape[1] * (2 if a.dtype == np.complex64 else 1)
 
     def run(part):
         buf = np.empty(max(r1 - r0 for r0, r1 in part) * width)
         return [_block_reduce(a, kind, r0, r1, buf) for r0, r1 in part]
 
-    if workers <= 1:
-        return run(spans)
-    cut = [len(spans) * i // workers for i in range(workers + 1)]
-    with ThreadPoolExecutor(workers) as ex:
-        results = list(ex.map(run, [spans[cut[i]:cut[i + 1]] for i in range(workers)]))
-    return [r for part in results for r in part]
+    return map_runs(run, spans, workers_for(a.size, len(spans)))
 
 
 def _stream_cpu(a: np.ndarray, kind: int):

@@ -34,12 +34,15 @@ blocked over N and K, and rounds them the same way: bit for bit the same result.
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 import numpy as np
 
 from . import backends
 from . import esc as _esc
 from .autodiff import guarded, host_guard
+from .cputhreads import map_runs, workers_for
 from .esc import DEFAULT_BLOCK, METHODS, NEG, Scan, check_operands, pad8, params
 from .int8_gemm import device_buffer, gemm_grid, gemm_params
 from .kernels import Kernel
@@ -318,17 +321,19 @@ def accumulate_cpu(D, tA: np.ndarray, tB: np.ndarray, b: int) -> np.ndarray:
 # GEMM per pair it multiplies *pieces*: the integer value of g consecutive digits,
 # sum_{p0 <= p < p1} d_p 2^(b (p1 - 1 - p)) (< 2^(b g)). A piece of A times a piece of
 # B carries exactly the pairs of a rectangle [p0, p1) x [q0, q1) of the triangle,
-# scaled to the weight class e = (p1 - 1) + (q1 - 1). Rectangles of 3 x 3 seven-bit
-# digits (42-bit products, 2^11 of them below 2^53) tile the triangle of S = 9 slices
-# with 12 GEMMs instead of 45: the splitting of Ozaki scheme I, with float64 GEMMs of
-# slice sums as in Ozaki, Ogita, Oishi, Rump (2012) and Mukunoki et al. (2020, the
-# exponent budget of a DGEMM-based split). The sums are the same integers as the int8
+# scaled to the weight class e = (p1 - 1) + (q1 - 1). Rectangles of a x c seven-bit
+# digits with a + c <= 6 (42-bit products, 2^11 of them below 2^53) tile the triangle
+# of S = 9 slices with 11 GEMMs instead of 45 (:func:`plan_pieces`): the splitting
+# of Ozaki scheme I, with float64 GEMMs of slice sums as in Ozaki, Ogita, Oishi, Rump
+# (2012) and Mukunoki et al. (2020, the exponent budget of a DGEMM-based split). The sums are the same integers as the int8
 # path's, so the result is bit for bit the same (one rounding of the kept terms).
 
 _BUDGET = 2**53  # float64 integers are exact below this
 _INT64 = 2**63
 _PIECE_VALUES = 2**18  # M x (K-chunk) values per piece of A: bounds the temporaries
 _OUT_VALUES = 2**20  # M x (N-block) outputs per class sum
+_FILL_VALUES = 2**15  # values per row chunk of the pieces: S + 1 truncations in cache
+_HORNER_VALUES = 2**17  # outputs per row chunk of Horner's ~10 uint64 temporaries
 
 
 def _piece_bound(g: int, b: int) -> int:
@@ -337,24 +342,46 @@ def _piece_bound(g: int, b: int) -> int:
     return top * ((1 << (b * g)) - 1) // ((1 << b) - 1)
 
 
+@functools.lru_cache(maxsize=None)
 def plan_pieces(S: int, b: int) -> dict:
     """Rectangles ``(p0, p1, q0, q1)`` of digit pairs, grouped by weight class e,
-    that cover the kept pairs p + q <= S - 1 exactly once: blocks of G x G digits
-    while fully kept, then one row ``p x [q, S - p)`` per digit p for the rest (at
-    most 2G - 2 digits long). G: the widest group whose products, 256 at a time,
-    stay exact in float64."""
-    G = max([g for g in range(1, S + 1) if 256 * _piece_bound(g, b) ** 2 < _BUDGET] or [1])
+    that cover the kept pairs p + q <= S - 1 exactly once, as few as a guillotine
+    search finds (each costs one GEMM of the full K): a rectangle fits when its
+    products, 256 at a time, stay exact in float64.
+
+    The search takes a rectangle at the top-left cell of the remaining staircase
+    and recurses on what is right of it and what is below it (both staircases
+    again, memoised). For S = 9 seven-bit slices (a + c <= 6 digits per a x c
+    rectangle) it finds 11, the least possible: the 9 cells p + q = 8 need one
+    rectangle each; (0, 0) lies in none of those, in some [0, a) x [0, c); and one
+    of its neighbours (0, c), (a, 0) also lies in none of them (reaching row 0 at
+    column c from the last diagonal takes c >= 4 digits, likewise a >= 4)."""
+    fits = lambda a, c: 256 * _piece_bound(a, b) * _piece_bound(c, b) < _BUDGET  # noqa: E731
+
+    @functools.lru_cache(maxsize=None)
+    def cover(rows: tuple) -> tuple:
+        # rows: the non-increasing lengths of a staircase anchored at (0, 0)
+        if not rows:
+            return ()
+        found = None
+        for a in range(1, len(rows) + 1):
+            for c in range(rows[a - 1], 0, -1):
+                if fits(a, c):
+                    right = tuple(n - c for n in rows[:a] if n > c)
+                    cand = ((0, a, 0, c),) + _shifted(cover(right), 0, c) \
+                        + _shifted(cover(rows[a:]), a, 0)
+                    if found is None or len(cand) < len(found):
+                        found = cand
+        return found
+
     plan: dict = {}
-    for p0 in range(0, S, G):
-        p1 = min(S, p0 + G)
-        q = 0
-        while q + G <= S and (p1 - 1) + (q + G - 1) <= S - 1:
-            plan.setdefault(p1 + q + G - 2, []).append((p0, p1, q, q + G))
-            q += G
-        for p in range(p0, p1):
-            if S - p > q:
-                plan.setdefault(S - 1, []).append((p, p + 1, q, S - p))
+    for p0, p1, q0, q1 in cover(tuple(range(S, 0, -1))):
+        plan.setdefault((p1 - 1) + (q1 - 1), []).append((p0, p1, q0, q1))
     return plan
+
+
+def _shifted(rects: tuple, dp: int, dq: int) -> tuple:
+    return tuple((p0 + dp, p1 + dp, q0 + dq, q1 + dq) for p0, p1, q0, q1 in rects)
 
 
 def _class_bound(rects, b: int) -> int:
@@ -393,13 +420,19 @@ def _piece(src: np.ndarray, p0: int, p1: int, b: int, out: np.ndarray) -> None:
 def _fill_pieces(X: np.ndarray, t: np.ndarray, S: int, b: int, slots) -> None:
     """Write pieces of the rows of X (float64 (R, w)) into ``slots``: a list of
     ``((p0, p1), out)`` with out (R, w) views. Rows go in chunks of ~2^15 values so
-    that the S + 1 truncations of a chunk stay in cache."""
+    that the S + 1 truncations of a chunk stay in cache, one run of chunks per core."""
     R, w = X.shape
-    step = max(1, 2**15 // max(w, 1))
-    for r0 in range(0, R, step):
-        src = _prefixes(X[r0:r0 + step], t[r0:r0 + step], S, b)
-        for (p0, p1), out in slots:
-            _piece(src, p0, p1, b, out[r0:r0 + step])
+    step = max(1, _FILL_VALUES // max(w, 1))
+    starts = list(range(0, R, step))
+
+    def run(part):
+        for r0 in part:
+            src = _prefixes(X[r0:r0 + step], t[r0:r0 + step], S, b)
+            for (p0, p1), out in slots:
+                _piece(src, p0, p1, b, out[r0:r0 + step])
+        return []
+
+    map_runs(run, starts, workers_for(R * w * len(slots), len(starts)))
 
 
 def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S: int,
@@ -422,7 +455,7 @@ def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S
     kc = min(K, max(64, _PIECE_VALUES // max(M, nb)),
              min((_BUDGET - 1) // v for v in bounds.values()))
     out = np.empty((M, N))
-    rows = max(1, 2**17 // nb)  # Horner's ~10 uint64 temporaries per row chunk
+    rows = max(1, _HORNER_VALUES // nb)
     for j0 in range(0, N, nb):
         j1 = min(N, j0 + nb)
         sums = {}
@@ -459,10 +492,15 @@ def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S
                 i += f.astype(np.int64)
                 total[e] = i
             del f
-        for r0 in range(0, M, rows):
-            r1 = min(M, r0 + rows)
-            D = [total[e][r0:r1] if e in total else None for e in range(S)]
-            out[r0:r1, j0:j1] = accumulate_cpu(D, tA[r0:r1], tB[j0:j1], b)
+        def horner(part):
+            for r0 in part:
+                r1 = min(M, r0 + rows)
+                D = [total[e][r0:r1] if e in total else None for e in range(S)]
+                out[r0:r1, j0:j1] = accumulate_cpu(D, tA[r0:r1], tB[j0:j1], b)
+            return []
+
+        starts = list(range(0, M, rows))
+        map_runs(horner, starts, workers_for(8 * M * (j1 - j0), len(starts)))
     return out
 
 

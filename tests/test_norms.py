@@ -23,6 +23,8 @@ sum of squares :func:`sum_squares_f32`. Asserted:
 """
 
 import math
+import os
+import threading
 from collections import defaultdict
 
 import mlx.core as mx
@@ -39,7 +41,7 @@ from oracle import (
     ulps_f64,
 )
 
-from mlx_precise import norms
+from mlx_precise import cputhreads, norms
 from mlx_precise import norms_distributed as nd
 from mlx_precise.norms import norm
 
@@ -587,11 +589,16 @@ def test_cpu_streaming_blocks_correctly_rounded(monkeypatch, dtype, shape):
     """The cpu streaming pass over many row blocks (blocks of 1024 values here, two
     threads; a row longer than a block) gives the correctly rounded norm, 0 ulp."""
     monkeypatch.setattr(norms, "_BLOCK_VALUES", 1024)
+    monkeypatch.setattr(cputhreads, "_MIN_VALUES", 1024)  # threads even for small data
+    threads, block_reduce = set(), norms._block_reduce
+    monkeypatch.setattr(norms, "_block_reduce",
+                        lambda *a: threads.add(threading.get_ident()) or block_reduce(*a))
     a = random_matrix(np.random.default_rng(77), shape, dtype, spread=20)
     for kind in KINDS:
         want = lapack_norm(a, kind).rn()
         got = run_norm(a, kind, backend="cpu").item()
         assert ulps(got, lapack_norm(a, kind)) == 0, (kind, got, want)
+    assert len(threads) >= min(2, os.cpu_count() or 1)  # fresh threads per call
 
 
 def test_cpu_streaming_near_ties_take_the_exact_path(monkeypatch):

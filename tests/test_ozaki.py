@@ -22,6 +22,8 @@ Asserted:
 """
 
 import math
+import os
+import threading
 from fractions import Fraction
 
 import mlx.core as mx
@@ -29,6 +31,7 @@ import numpy as np
 import pytest
 from oracle import dd_matmul, exact_f64, exact_matmul, rel_err_dd, round_f64
 
+from mlx_precise import cputhreads
 from mlx_precise import esc as escm
 from mlx_precise import ozaki
 from mlx_precise.ozaki import dgemm_emulated
@@ -433,6 +436,12 @@ def test_cpu_pieces_blocked_match_the_int8_products(monkeypatch, b):
     with enough slices for integer data, the correctly rounded exact product."""
     monkeypatch.setattr(ozaki, "_PIECE_VALUES", 40 * 64)  # K-chunks of 64
     monkeypatch.setattr(ozaki, "_OUT_VALUES", 40 * 8)  # N-blocks of 256
+    monkeypatch.setattr(cputhreads, "_MIN_VALUES", 64)  # pieces and Horner on 2 threads,
+    monkeypatch.setattr(ozaki, "_FILL_VALUES", 64 * 8)  # in row chunks of 8
+    monkeypatch.setattr(ozaki, "_HORNER_VALUES", 256 * 8)
+    threads, prefixes = set(), ozaki._prefixes
+    monkeypatch.setattr(ozaki, "_prefixes",
+                        lambda *a: threads.add(threading.get_ident()) or prefixes(*a))
     rng = np.random.default_rng(40 + b)
     M, K, N = 40, 150, 600
     A = rng.standard_normal((M, K)) * 2.0 ** rng.integers(-30, 30, (M, K))
@@ -447,6 +456,7 @@ def test_cpu_pieces_blocked_match_the_int8_products(monkeypatch, b):
     ref = ozaki.accumulate_cpu(ozaki.products_cpu(slA, np.ascontiguousarray(
         slB.transpose(0, 2, 1)), b), tA, tB, b)
     assert same_bits(ozaki.product_cpu(A, B, tA, tB, S, b), ref)
+    assert len(threads) >= min(2, os.cpu_count() or 1)
     monkeypatch.setattr(ozaki, "_INT64", 1)  # as if int64 class sums could overflow
     assert same_bits(ozaki.product_cpu(A, B, tA, tB, S, b), ref)
     monkeypatch.undo()
@@ -455,6 +465,26 @@ def test_cpu_pieces_blocked_match_the_int8_products(monkeypatch, b):
     Y = few_bit_matrix(rng, (150, 300))
     C, info = run(X, Y, "cpu", slices="tight", slice_bits=b)
     assert same_bits(C, exact_rn(X, Y))
+
+
+@pytest.mark.parametrize("b", range(2, 9))
+def test_cpu_plan_covers_the_kept_pairs_once(b):
+    """plan_pieces partitions the kept pairs p + q <= S - 1 into rectangles whose
+    products, 256 at a time, are exact in float64, each in the weight class of
+    its last cell; for S = 9 seven-bit slices with 11 GEMMs (the least possible,
+    see plan_pieces), eight-bit with 13, against 45 pairs."""
+    for S in list(range(1, 21)) + [ozaki.max_slices(1, b)]:
+        plan = ozaki.plan_pieces(S, b)
+        cells = []
+        for e, rects in plan.items():
+            for p0, p1, q0, q1 in rects:
+                assert (p1 - 1) + (q1 - 1) == e and p0 < p1 and q0 < q1
+                bound = ozaki._piece_bound(p1 - p0, b) * ozaki._piece_bound(q1 - q0, b)
+                assert 256 * bound < 2**53
+                cells += [(p, q) for p in range(p0, p1) for q in range(q0, q1)]
+        assert sorted(cells) == [(p, q) for p in range(S) for q in range(S - p)], (b, S)
+    count = {b_: sum(map(len, ozaki.plan_pieces(9, b_).values())) for b_ in (7, 8)}
+    assert count == {7: 11, 8: 13}
 
 
 def test_cpu_product_memory_is_bounded():
