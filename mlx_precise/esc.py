@@ -27,6 +27,7 @@ import numpy as np
 
 from . import backends
 from .autodiff import host_guard
+from .cputhreads import map_runs, workers_for
 from .kernels import Kernel
 
 # Sentinels shared with metal/include/ozaki.h.
@@ -232,9 +233,33 @@ def _exponent(v: np.ndarray) -> np.ndarray:
     return np.frexp(v)[1].astype(np.int64) - 1
 
 
+_SCAN_VALUES = 1 << 18  # values per row chunk of the scan
+_ESTIMATE_VALUES = 1 << 16  # outputs per row chunk of the estimate (int16 temporaries)
+
+
+def _scan_chunk(a: np.ndarray, out: np.ndarray, starts: np.ndarray, lowest: bool) -> None:
+    """One chunk of :func:`scan_rows_cpu`: |x| rows ``a`` into their ``info`` rows."""
+    fin = np.isfinite(a)
+    if not fin.all():  # Inf/NaN: counted, then left out of the exponents
+        out[..., 3] = np.add.reduceat(~fin, starts, axis=1)
+        a = np.where(fin, a, 0.0)
+    nz = a != 0
+    out[..., 2] = np.add.reduceat(nz, starts, axis=1)
+    big = np.maximum.reduceat(a, starts, axis=1)
+    small = np.minimum.reduceat(np.where(nz, a, np.inf), starts, axis=1)
+    live = big > 0
+    out[..., 0] = np.where(live, _exponent(np.where(live, big, 1.0)), NEG)
+    out[..., 1] = np.where(live, _exponent(np.where(live, small, 1.0)), POS)
+    if lowest:  # a = f 2^E, m = f 2^53 an integer: lowest bit 2^(E - 53 + ctz m)
+        f, E = np.frexp(a)
+        m = (f * 2.0**53).astype(np.int64)
+        low = E - 53 + _exponent((m & -m).astype(np.float64) + ~nz)
+        out[..., 4] = np.minimum.reduceat(np.where(nz, low, POS), starts, axis=1)
+
+
 def scan_rows_cpu(X: np.ndarray, block: int, lowest: bool = True) -> Scan:
     """numpy implementation of ozaki_scan on float64 rows, streamed over chunks of
-    rows (temporaries of about 8 MiB): block maxima and minima of |x| first, then
+    rows (temporaries of about 2 MiB, one run of chunks per core): block maxima and minima of |x| first, then
     exponents of those (e(max|x|) = max e(x): the exponent is monotone in |x|).
     ``lowest=False`` skips the lowest-set-bit summary (``low`` is then None):
     only the tight slice rule reads it."""
@@ -243,26 +268,15 @@ def scan_rows_cpu(X: np.ndarray, block: int, lowest: bool = True) -> Scan:
     info = np.empty((R, nb, 5), np.int64)
     info[...] = (NEG, POS, 0, 0, POS)
     starts = np.arange(nb) * block
-    step = max(1, (1 << 20) // max(C, 1))
-    for r0 in range(0, R if C else 0, step):
-        a = np.abs(X[r0:r0 + step])
-        out = info[r0:r0 + step]
-        fin = np.isfinite(a)
-        if not fin.all():  # Inf/NaN: counted, then left out of the exponents
-            out[..., 3] = np.add.reduceat(~fin, starts, axis=1)
-            a = np.where(fin, a, 0.0)
-        nz = a != 0
-        out[..., 2] = np.add.reduceat(nz, starts, axis=1)
-        big = np.maximum.reduceat(a, starts, axis=1)
-        small = np.minimum.reduceat(np.where(nz, a, np.inf), starts, axis=1)
-        live = big > 0
-        out[..., 0] = np.where(live, _exponent(np.where(live, big, 1.0)), NEG)
-        out[..., 1] = np.where(live, _exponent(np.where(live, small, 1.0)), POS)
-        if lowest:  # a = f 2^E, m = f 2^53 an integer: lowest bit 2^(E - 53 + ctz m)
-            f, E = np.frexp(a)
-            m = (f * 2.0**53).astype(np.int64)
-            low = E - 53 + _exponent((m & -m).astype(np.float64) + ~nz)
-            out[..., 4] = np.minimum.reduceat(np.where(nz, low, POS), starts, axis=1)
+    step = max(1, _SCAN_VALUES // max(C, 1))
+
+    def run(part):  # rows [r0, r0 + step) of info, for r0 in part
+        for r0 in part:
+            _scan_chunk(np.abs(X[r0:r0 + step]), info[r0:r0 + step], starts, lowest)
+        return []
+
+    chunks = list(range(0, R if C else 0, step))
+    map_runs(run, chunks, workers_for(R * C, len(chunks)))
     scan = Scan.from_info(info, C, block)
     if not lowest:
         scan.low = None
@@ -332,7 +346,7 @@ def _estimate_rows(sa: Scan, sb: Scan, r0: int, r1: int) -> np.ndarray:
 def _row_chunks(sa: Scan, sb: Scan):
     """Row ranges of about 2^16 outputs (cache-sized int32 temporaries)."""
     M, N = sa.maxe.shape[0], sb.maxe.shape[0]
-    step = max(1, (1 << 16) // max(N, 1))
+    step = max(1, _ESTIMATE_VALUES // max(N, 1))
     return ((r0, min(M, r0 + step)) for r0 in range(0, M, step))
 
 
@@ -348,8 +362,13 @@ def esc_estimate_cpu(sa: Scan, sb: Scan) -> np.ndarray:
 
 def esc_estimate_max_cpu(sa: Scan, sb: Scan) -> int:
     """``esc_estimate_cpu(sa, sb).max()`` without the (M, N) array."""
-    return max((int(_estimate_rows(sa, sb, r0, r1).max(initial=0))
-                for r0, r1 in _row_chunks(sa, sb)), default=0)
+    chunks = list(_row_chunks(sa, sb))
+
+    def run(part):
+        return [int(_estimate_rows(sa, sb, r0, r1).max(initial=0)) for r0, r1 in part]
+
+    work = sa.maxe.shape[0] * sb.maxe.shape[0] * sa.maxe.shape[1]
+    return max(map_runs(run, chunks, workers_for(work, len(chunks))), default=0)
 
 
 def esc_exact_cpu(A: np.ndarray, B: np.ndarray) -> np.ndarray:

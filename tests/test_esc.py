@@ -18,6 +18,7 @@ import pytest
 from oracle import dd_matmul, rel_err_dd
 from test_ozaki import PHIS, native, phi_matrix
 
+from mlx_precise import cputhreads
 from mlx_precise import esc as escm
 from mlx_precise.ozaki import dgemm_emulated
 
@@ -59,7 +60,9 @@ def wide_matrix(rng, shape, zeros=0.0):
 
 
 @pytest.mark.parametrize("backend", [EMU, "cpu"])
-def test_scan_matches_direct_evaluation(backend):
+def test_scan_matches_direct_evaluation(backend, monkeypatch):
+    monkeypatch.setattr(escm, "_SCAN_VALUES", 150)  # cpu: a row per chunk, on 2 threads
+    monkeypatch.setattr(cputhreads, "_MIN_VALUES", 150)
     rng = np.random.default_rng(10)
     X = wide_matrix(rng, (7, 150), zeros=0.2)
     X[2] = 0.0
@@ -107,6 +110,20 @@ def test_estimate_never_below_exact(zeros):
             if block == 1:  # each block pins one k: the bounds are exact
                 bounded = est != escm.ESC_UNBOUNDED
                 np.testing.assert_array_equal(est[bounded], exact[bounded])
+
+
+def test_estimate_max_on_threads(monkeypatch):
+    """esc_estimate_max_cpu (row chunks on two threads) equals the largest entry of
+    the full estimate, with and without zero blocks."""
+    monkeypatch.setattr(escm, "_ESTIMATE_VALUES", 7)  # a row of outputs per chunk
+    monkeypatch.setattr(cputhreads, "_MIN_VALUES", 1)
+    rng = np.random.default_rng(13)
+    for zeros in (0.0, 0.5):
+        A, B = wide_matrix(rng, (9, 130), zeros), wide_matrix(rng, (130, 7), zeros)
+        sa = escm.scan_rows_cpu(A, 16)
+        sb = escm.scan_rows_cpu(np.ascontiguousarray(B.T), 16)
+        full = escm.esc_estimate_cpu(sa, sb)
+        assert escm.esc_estimate_max_cpu(sa, sb) == max(int(full.max()), 0) > 0
 
 
 def test_unbounded_estimate():
