@@ -71,7 +71,7 @@ def _steps(kind: str, s, axes):
 def _chain(kind, x, s, axes, norm, round_output, backend, stream):
     """The N-D transform without autodiff: double-word between the steps, one
     rounding (or a DoubleWord) at the end."""
-    factor = _norm_factor(kind, int(np.prod(s, dtype=np.int64)), norm)
+    factor = _norm_factor(kind, math.prod(s), norm)  # exact ints; np.prod costs ~7 us
     steps = _steps(kind, s, axes)
     for i, (k, n, ax) in enumerate(steps):
         last = i == len(steps) - 1 and factor is None
