@@ -391,14 +391,14 @@ def _class_bound(rects, b: int) -> int:
 
 def _prefixes(X: np.ndarray, t: np.ndarray, S: int, b: int) -> np.ndarray:
     """Digit source of the rows of X (float64 (R, C), row scales t): for b <= 7 the
-    truncations ``P_k = trunc(X 2^(b k - t))``, k = 0..S, float64 (S + 1, R, C)
+    truncations ``P_k = trunc(X 2^(b k - t))``, k = 1..S, float64 (S + 1, R, C)
     (at most 53 significant bits each: exact); for balanced 8-bit digits the int8
     digits of :func:`slice_cpu` (S, R, C)."""
     if b == 8:
         return slice_cpu(X, t, S, b)
     xs = np.ldexp(X, -t.astype(np.int64)[:, None])  # |xs| < 1; powers of two: exact
     P = np.empty((S + 1,) + X.shape)
-    for k in range(S + 1):
+    for k in range(1, S + 1):  # P_0 = trunc(xs) = 0 is never read (see _piece)
         np.trunc(np.multiply(xs, 2.0 ** (b * k), out=P[k]), out=P[k])
     return P
 
@@ -412,6 +412,9 @@ def _piece(src: np.ndarray, p0: int, p1: int, b: int, out: np.ndarray) -> None:
         for p in range(p0 + 1, p1):
             out *= 2.0**b
             out += src[p]
+        return
+    if p0 == 0:  # P_0 = 0
+        np.copyto(out, src[p1])
         return
     np.multiply(src[p0], 2.0 ** (b * (p1 - p0)), out=out)
     np.subtract(src[p1], out, out=out)
