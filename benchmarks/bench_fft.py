@@ -76,20 +76,26 @@ def best_time(fn, repeat: int) -> float:
     return best
 
 
-def interleaved(fns, repeat: int, pause: float = 0.0) -> list:
-    """Median seconds of each function, the functions run in turn ``repeat``
-    times (so that load from other processes hits all of them alike), each after a
-    ``pause`` in seconds: where BLAS runs, its worker threads spin for a while
-    after a call and would otherwise slow whichever function runs next."""
+def interleaved(fns, repeat: int, pause: float = 0.0, burst: int = 2) -> list:
+    """Median seconds of each function, the functions taking turns ``repeat``
+    times (so that load from other processes hits all of them alike). A turn is a
+    burst of ``burst`` calls of which the last is timed: it measures a function
+    called again and again, as a user's loop does, not the page faults of regrowing
+    a heap that the previous function's frees trimmed (glibc returns freed memory
+    to the system). Each call comes after a ``pause`` in seconds: where BLAS runs,
+    its worker threads spin for a while after a call and would otherwise slow
+    whichever function runs next."""
     times = [[] for _ in fns]
     for f in fns:
         f()
     for _ in range(repeat):
         for t, f in zip(times, fns):
-            time.sleep(pause)
-            t0 = time.perf_counter()
-            f()
-            t.append(time.perf_counter() - t0)
+            for _ in range(burst):
+                time.sleep(pause)
+                t0 = time.perf_counter()
+                f()
+                dt = time.perf_counter() - t0
+            t.append(dt)
     return [float(np.median(t)) for t in times]
 
 
@@ -154,7 +160,7 @@ def main() -> None:
               f"| {fe:.0f}, {ff:.0f} | {be:.0f}, {bf:.0f} | {est:.2f} |")
     if rows_sp:
         print_table(f"backend {backend} against scipy.fft {scipy.__version__} (workers=-1), "
-                    "medians of interleaved runs (goal on cpu: <= 1.1x float64)",
+                    "medians of interleaved bursts (goal on cpu: <= 1.1x float64)",
                     ("n", "extended s", "scipy f64 s", "scipy f32 s", "ext / f64", "ext / f32"),
                     rows_sp)
     print(f"(reference: {rname} FFT of the complex64 input; 'normwise ext' is the "

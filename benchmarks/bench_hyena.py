@@ -107,7 +107,7 @@ def main():
               f"{peak / 2**20:.0f} | {ef:.0f}, {ff:.0f} | {eb:.0f}, {fb:.0f} | {est:.1f} |", flush=True)
     if rows_sp:
         print_table(f"backend {backend} against the float64 formula with scipy.fft "
-                    "(workers=-1), medians of interleaved runs (goal on cpu: <= 1.1x)",
+                    "(workers=-1), medians of interleaved bursts (goal on cpu: <= 1.1x)",
                     ("L", "extended s", "scipy f64 s", "ratio", "same bits"), rows_sp)
 
 

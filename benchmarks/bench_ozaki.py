@@ -8,8 +8,9 @@
 Performance table: for square n x n products of the phi test matrices, the slices
 auto mode chose, the time of ``dgemm_emulated`` on the backend, and native float64
 matmul on this machine's CPU (numpy's BLAS and MLX CPU), each as FP64-equivalent
-GFLOP/s (2 n^3 / time), medians of interleaved runs. The ``emulate`` backend runs the Metal kernels on the CPU
-and only says whether they run; its times mean nothing for a GPU.
+GFLOP/s (2 n^3 / time), medians of interleaved bursts. The ``emulate`` backend runs
+the Metal kernels on the CPU and only says whether they run; its times mean nothing
+for a GPU.
 
 Rules table (``--rules``): over phi in {-1, 0, 0.5, 1, 2, 4}, K in {64, 256, 1024},
 64 x K x 64 products and several seeds, per rule the mean slice count, the number
@@ -48,7 +49,7 @@ def phi_matrix(phi, shape, rng):
 
 def perf(backend: str, sizes, phis, repeats: int) -> None:
     print(f"backend {backend}; FP64-equivalent GFLOP/s = 2 n^3 / time; medians of "
-          f"{repeats} interleaved runs (goal on cpu at n = 1024: <= 20x numpy)")
+          f"{repeats} interleaved bursts (goal on cpu at n = 1024: <= 20x numpy)")
     print(f"{'n':>5} {'phi':>4} {'slices':>6} {'pairs':>5} {'emulated s':>10} {'GFLOP/s':>8} "
           f"{'numpy s':>8} {'GFLOP/s':>8} {'mlx cpu s':>9} {'GFLOP/s':>8} {'emu/native':>10}")
     rng = np.random.default_rng(0)

@@ -330,7 +330,7 @@ def accumulate_cpu(D, tA: np.ndarray, tB: np.ndarray, b: int) -> np.ndarray:
 
 _BUDGET = 2**53  # float64 integers are exact below this
 _INT64 = 2**63
-_PIECE_VALUES = 2**18  # M x (K-chunk) values per piece of A: bounds the temporaries
+_PIECE_VALUES = 2**19  # M x (K-chunk) values per piece of A: bounds the temporaries
 _OUT_VALUES = 2**20  # M x (N-block) outputs per class sum
 _FILL_VALUES = 2**15  # values per row chunk of the pieces: S + 1 truncations in cache
 _HORNER_VALUES = 2**17  # outputs per row chunk of Horner's ~10 uint64 temporaries
@@ -389,24 +389,33 @@ def _class_bound(rects, b: int) -> int:
     return sum(_piece_bound(p1 - p0, b) * _piece_bound(q1 - q0, b) for p0, p1, q0, q1 in rects)
 
 
-def _prefixes(X: np.ndarray, t: np.ndarray, S: int, b: int) -> np.ndarray:
+def _prefixes(X: np.ndarray, t: np.ndarray, S: int, b: int, buf: np.ndarray) -> np.ndarray:
     """Digit source of the rows of X (float64 (R, C), row scales t): for b <= 7 the
-    truncations ``P_k = trunc(X 2^(b k - t))``, k = 1..S, float64 (S + 1, R, C)
-    (at most 53 significant bits each: exact); for balanced 8-bit digits the int8
-    digits of :func:`slice_cpu` (S, R, C)."""
+    truncations ``P_k = trunc(X 2^(b k - t))``, k = 1..S, float64 (S + 1, R, C) in
+    ``buf`` (a reused float64 buffer of at least that size: fresh pages per chunk
+    would cost more than the arithmetic), each exact (at most 53 significant bits);
+    for balanced 8-bit digits the int8 digits of :func:`slice_cpu` (S, R, C)."""
     if b == 8:
         return slice_cpu(X, t, S, b)
-    xs = np.ldexp(X, -t.astype(np.int64)[:, None])  # |xs| < 1; powers of two: exact
-    P = np.empty((S + 1,) + X.shape)
-    for k in range(1, S + 1):  # P_0 = trunc(xs) = 0 is never read (see _piece)
+    P = buf[:(S + 1) * X.size].reshape((S + 1,) + X.shape)
+    xs = P[0]  # P_0 = trunc(xs) = 0 is never read (see _piece): its slot holds xs
+    # xs = X 2^-t, |xs| < 1, by two power-of-two factors (each in range; ldexp is ~8x
+    # slower): exact while xs is normal; a subnormal xs (< 2^-1022) has only zero
+    # digits whatever its rounding, as b S < 127
+    h = -(t.astype(np.int64) // 2)
+    np.multiply(X, np.exp2(h.astype(np.float64))[:, None], out=xs)
+    xs *= np.exp2((-t.astype(np.int64) - h).astype(np.float64))[:, None]
+    for k in range(1, S + 1):
         np.trunc(np.multiply(xs, 2.0 ** (b * k), out=P[k]), out=P[k])
     return P
 
 
-def _piece(src: np.ndarray, p0: int, p1: int, b: int, out: np.ndarray) -> None:
+def _piece(src: np.ndarray, p0: int, p1: int, b: int, out: np.ndarray,
+           tmp: np.ndarray) -> None:
     """Write the piece of digits [p0, p1) (see :func:`_prefixes`) into ``out``:
     P_p1 - P_p0 2^(b (p1 - p0)) (an integer below 2^(b g): exact), or the Horner
-    sum of the int8 digits."""
+    sum of the int8 digits. ``tmp``: contiguous scratch of out's shape (an
+    in-place subtract into a strided ``out`` makes numpy copy)."""
     if src.dtype == np.int8:
         out[...] = src[p0]
         for p in range(p0 + 1, p1):
@@ -416,8 +425,8 @@ def _piece(src: np.ndarray, p0: int, p1: int, b: int, out: np.ndarray) -> None:
     if p0 == 0:  # P_0 = 0
         np.copyto(out, src[p1])
         return
-    np.multiply(src[p0], 2.0 ** (b * (p1 - p0)), out=out)
-    np.subtract(src[p1], out, out=out)
+    np.multiply(src[p0], 2.0 ** (b * (p1 - p0)), out=tmp)
+    np.subtract(src[p1], tmp, out=out)
 
 
 def _fill_pieces(X: np.ndarray, t: np.ndarray, S: int, b: int, slots) -> None:
@@ -429,10 +438,12 @@ def _fill_pieces(X: np.ndarray, t: np.ndarray, S: int, b: int, slots) -> None:
     starts = list(range(0, R, step))
 
     def run(part):
+        tmp, buf = np.empty((step, w)), np.empty((S + 1) * step * w)
         for r0 in part:
-            src = _prefixes(X[r0:r0 + step], t[r0:r0 + step], S, b)
+            src = _prefixes(X[r0:r0 + step], t[r0:r0 + step], S, b, buf)
             for (p0, p1), out in slots:
-                _piece(src, p0, p1, b, out[r0:r0 + step])
+                o = out[r0:r0 + step]
+                _piece(src, p0, p1, b, o, tmp[:o.shape[0]])
         return []
 
     map_runs(run, starts, workers_for(R * w * len(slots), len(starts)))
@@ -461,31 +472,39 @@ def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S
     rows = max(1, _HORNER_VALUES // nb)
     for j0 in range(0, N, nb):
         j1 = min(N, j0 + nb)
+        # reused by every chunk (fresh pages each time cost as much as the fill): the
+        # pieces of each class side by side along k, and one GEMM product
+        pa = {e: np.empty((M, kc * len(r))) for e, r in plan.items()}
+        pb = {e: np.empty((j1 - j0, kc * len(r))) for e, r in plan.items()}
+        prod = np.empty((M, j1 - j0))
         sums = {}
         for k0 in range(0, K, kc):
             k1 = min(K, k0 + kc)
             w = k1 - k0
-            # all rectangles of a class in one GEMM: their pieces side by side along k
-            pa = {e: np.empty((M, w * len(r))) for e, r in plan.items()}
-            pb = {e: np.empty((j1 - j0, w * len(r))) for e, r in plan.items()}
+            ga = {e: pa[e][:, :w * len(r)] for e, r in plan.items()}
+            gb = {e: pb[e][:j1 - j0, :w * len(r)] for e, r in plan.items()}
             cut = lambda arr, i: arr[:, i * w:(i + 1) * w]  # noqa: E731
-            _fill_pieces(a[:, k0:k1], tA, S, b, [((r[0], r[1]), cut(pa[e], i))
+            _fill_pieces(a[:, k0:k1], tA, S, b, [((r[0], r[1]), cut(ga[e], i))
                                                  for e, rs in plan.items() for i, r in enumerate(rs)])
             _fill_pieces(np.ascontiguousarray(b_[k0:k1, j0:j1].T), tB[j0:j1], S, b,
-                         [((r[2], r[3]), cut(pb[e], i))
+                         [((r[2], r[3]), cut(gb[e], i))
                           for e, rs in plan.items() for i, r in enumerate(rs)])
             for e in plan:
-                part = pa.pop(e) @ pb.pop(e).T
                 # float64 sums stay exact while the terms added bound them below 2^53;
                 # then they move into int64
                 f, n, i = sums.get(e, (None, 0, None))
-                if f is not None and (n + w) * bounds[e] < _BUDGET:
-                    f += part
+                if f is None:
+                    f, n = ga[e] @ gb[e].T, 0
+                elif (n + w) * bounds[e] < _BUDGET:
+                    f += np.matmul(ga[e], gb[e].T, out=prod)
                 else:
-                    if f is not None:
-                        i = f.astype(np.int64) if i is None else i + f.astype(np.int64)
-                    f, n = part, 0
+                    if i is None:
+                        i = f.astype(np.int64)
+                    else:
+                        i += f.astype(np.int64)
+                    f, n = np.matmul(ga[e], gb[e].T, out=f), 0
                 sums[e] = (f, n + w, i)
+        del pa, pb, ga, gb, prod  # before Horner's temporaries
         total = {}
         for e in list(sums):  # one class at a time: one int64 temporary
             f, _, i = sums.pop(e)
@@ -495,6 +514,7 @@ def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S
                 i += f.astype(np.int64)
                 total[e] = i
             del f
+
         def horner(part):
             for r0 in part:
                 r1 = min(M, r0 + rows)
