@@ -333,7 +333,7 @@ _INT64 = 2**63
 _PIECE_VALUES = 2**19  # M x (K-chunk) values per piece of A: bounds the temporaries
 _OUT_VALUES = 2**20  # M x (N-block) outputs per class sum
 _FILL_VALUES = 2**15  # values per row chunk of the pieces: S + 1 truncations in cache
-_HORNER_VALUES = 2**17  # outputs per row chunk of Horner's ~10 uint64 temporaries
+_HORNER_VALUES = 2**15  # outputs per row chunk of Horner's ~10 uint64 temporaries
 
 
 def _piece_bound(g: int, b: int) -> int:
