@@ -454,7 +454,8 @@ def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S
     """float64 ``(M, N)``: the kept slice-pair terms of ``a @ b_`` rounded once
     (bit for bit :func:`accumulate_cpu` of :func:`products_cpu`), by float64 GEMMs
     of digit pieces, blocked over N (column blocks) and K (chunks), so the
-    temporaries are bounded: about 8 (#classes + 12) M (N-block + K-chunk) bytes.
+    temporaries are bounded: about 8 R (M + N-block) K-chunk bytes of pieces (R
+    rectangles) and 8 (2 #classes + 1) M N-block bytes of class sums.
 
     a: float64 (M, K); b_: float64 (K, N); tA (M,), tB (N,) int scale exponents."""
     (M, K), N = a.shape, b_.shape[1]
