@@ -1,6 +1,6 @@
 """Split-integer DGEMM emulation: speed against native float64, and the slice rules.
 
-    python benchmarks/bench_ozaki.py                  # n = 128, 256 (< 1 minute here)
+    python benchmarks/bench_ozaki.py                  # n = 256, 1024; cpu: n = 2048 memory
     python benchmarks/bench_ozaki.py --full           # n = 256, 1024, 2048 (+ 4096 on Metal)
     python benchmarks/bench_ozaki.py --backend emulate
     python benchmarks/bench_ozaki.py --rules          # slices and errors per rule (docs/ozaki.md)
