@@ -598,7 +598,7 @@ def test_cpu_streaming_blocks_correctly_rounded(monkeypatch, dtype, shape):
         want = lapack_norm(a, kind).rn()
         got = run_norm(a, kind, backend="cpu").item()
         assert ulps(got, lapack_norm(a, kind)) == 0, (kind, got, want)
-    assert len(threads) >= min(2, os.cpu_count() or 1)  # fresh threads per call
+    assert len(threads) >= min(2, os.cpu_count() or 1)
 
 
 def test_cpu_streaming_near_ties_take_the_exact_path(monkeypatch):
