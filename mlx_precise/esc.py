@@ -233,7 +233,7 @@ def _exponent(v: np.ndarray) -> np.ndarray:
     return np.frexp(v)[1].astype(np.int64) - 1
 
 
-_SCAN_VALUES = 1 << 18  # values per row chunk of the scan
+_SCAN_VALUES = 1 << 16  # values per row chunk of the scan
 _ESTIMATE_VALUES = 1 << 16  # outputs per row chunk of the estimate (int16 temporaries)
 
 
@@ -259,7 +259,7 @@ def _scan_chunk(a: np.ndarray, out: np.ndarray, starts: np.ndarray, lowest: bool
 
 def scan_rows_cpu(X: np.ndarray, block: int, lowest: bool = True) -> Scan:
     """numpy implementation of ozaki_scan on float64 rows, streamed over chunks of
-    rows (temporaries of about 2 MiB, one run of chunks per core): block maxima and minima of |x| first, then
+    rows (temporaries of about 0.5 MiB, one run of chunks per core): block maxima and minima of |x| first, then
     exponents of those (e(max|x|) = max e(x): the exponent is monotone in |x|).
     ``lowest=False`` skips the lowest-set-bit summary (``low`` is then None):
     only the tight slice rule reads it."""
