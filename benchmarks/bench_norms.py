@@ -49,6 +49,30 @@ NUMPY_OPS = {
 }
 
 
+def dsdot_products_exact():
+    """Does the BLAS ``dsdot`` that scipy ships (float32 data, float64 sum) form
+    exact products? (computed, exact) for 33 copies of 1 + 2^-23, whose squares
+    need 47 bits; None without scipy."""
+    import ctypes
+
+    try:
+        from scipy.linalg import cython_blas
+    except ImportError:
+        return None
+    cap = cython_blas.__pyx_capi__["dsdot"]
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype, api.PyCapsule_GetName.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    ip, fp = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_float)
+    dsdot = ctypes.CFUNCTYPE(ctypes.c_double, ip, fp, ip, fp, ip)(
+        api.PyCapsule_GetPointer(cap, api.PyCapsule_GetName(cap)))
+    x = np.full(33, 1 + 2.0**-23, np.float32)
+    n, one, p = ctypes.c_int(x.size), ctypes.c_int(1), x.ctypes.data_as(fp)
+    got = dsdot(ctypes.byref(n), p, ctypes.byref(one), p, ctypes.byref(one))
+    return got, 33 * (1 + 2.0**-22 + 2.0**-46)
+
+
 def reference(a64: np.ndarray, kind: str) -> np.float32:
     """The float64 norm rounded to float32 (float64 sums err by ~1e-16 relative,
     far below a float32 ulp)."""
@@ -145,6 +169,10 @@ def main(argv=None) -> None:
         print("\n".join(rows_np))
         print("cast ms: the float64 cast alone (a32.astype(np.float64), one thread), the "
               "work any numpy path of float32 data does before its float64 sums")
+        check = dsdot_products_exact()
+        if check is not None:
+            print(f"BLAS dsdot (float32 data, float64 sum) of 33 x (1 + 2^-23): {check[0]!r}, "
+                  f"exact {check[1]!r}: {'exact' if check[0] == check[1] else 'products rounded'}")
     if on_gpu:
         print("% stream: share of the rate of mx.sum(A) on the same matrix (read once)")
 
