@@ -22,15 +22,15 @@ def workers_for(values: int, runs: int) -> int:
 def map_runs(fn, items: list, workers: int) -> list:
     """``fn`` on ``workers`` contiguous runs of ``items`` at once, the first run on
     the calling thread (so at least two threads work whenever ``workers >= 2``)
-    and the others on a pool of ``workers - 1`` threads; the lists it returns,
-    concatenated in order. ``fn(run)`` must not share writable state
-    across runs."""
+    and the others on a pool of ``workers - 1`` threads; the lists it returns
+    (None: nothing, for a run done for its writes), concatenated in order.
+    ``fn(run)`` must not share writable state across runs."""
     workers = min(workers, len(items))
     if workers <= 1:
-        return list(fn(items))
+        return list(fn(items) or [])
     cut = [len(items) * i // workers for i in range(workers + 1)]
     runs = [items[cut[i]:cut[i + 1]] for i in range(workers)]
     with ThreadPoolExecutor(workers - 1) as ex:
         rest = [ex.submit(fn, run) for run in runs[1:]]
         parts = [fn(runs[0])] + [f.result() for f in rest]
-    return [r for part in parts for r in part]
+    return [r for part in parts for r in part or []]

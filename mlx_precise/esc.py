@@ -259,8 +259,9 @@ def _scan_chunk(a: np.ndarray, out: np.ndarray, starts: np.ndarray, lowest: bool
 
 def scan_rows_cpu(X: np.ndarray, block: int, lowest: bool = True) -> Scan:
     """numpy implementation of ozaki_scan on float64 rows, streamed over chunks of
-    rows (temporaries of about 0.5 MiB, one run of chunks per core): block maxima and minima of |x| first, then
-    exponents of those (e(max|x|) = max e(x): the exponent is monotone in |x|).
+    rows (temporaries of about 0.5 MiB, one run of chunks per core): block maxima
+    and minima of |x| first, then exponents of those (e(max|x|) = max e(x): the
+    exponent is monotone in |x|).
     ``lowest=False`` skips the lowest-set-bit summary (``low`` is then None):
     only the tight slice rule reads it."""
     R, C = X.shape
@@ -273,7 +274,6 @@ def scan_rows_cpu(X: np.ndarray, block: int, lowest: bool = True) -> Scan:
     def run(part):  # rows [r0, r0 + step) of info, for r0 in part
         for r0 in part:
             _scan_chunk(np.abs(X[r0:r0 + step]), info[r0:r0 + step], starts, lowest)
-        return []
 
     chunks = list(range(0, R if C else 0, step))
     map_runs(run, chunks, workers_for(R * C, len(chunks)))

@@ -325,8 +325,9 @@ def accumulate_cpu(D, tA: np.ndarray, tB: np.ndarray, b: int) -> np.ndarray:
 # digits with a + c <= 6 (42-bit products, 2^11 of them below 2^53) tile the triangle
 # of S = 9 slices with 11 GEMMs instead of 45 (:func:`plan_pieces`): the splitting
 # of Ozaki scheme I, with float64 GEMMs of slice sums as in Ozaki, Ogita, Oishi, Rump
-# (2012) and Mukunoki et al. (2020, the exponent budget of a DGEMM-based split). The sums are the same integers as the int8
-# path's, so the result is bit for bit the same (one rounding of the kept terms).
+# (2012) and Mukunoki et al. (2020, the exponent budget of a DGEMM-based split). The
+# sums are the same integers as the int8 path's, so the result is bit for bit the
+# same (one rounding of the kept terms).
 
 _BUDGET = 2**53  # float64 integers are exact below this
 _INT64 = 2**63
@@ -404,7 +405,7 @@ def _prefixes(X: np.ndarray, t: np.ndarray, S: int, b: int, buf: np.ndarray) -> 
     # digits whatever its rounding, as b S < 127
     h = -(t.astype(np.int64) // 2)
     np.multiply(X, np.exp2(h.astype(np.float64))[:, None], out=xs)
-    xs *= np.exp2((-t.astype(np.int64) - h).astype(np.float64))[:, None]
+    xs *= np.exp2((-t - h).astype(np.float64))[:, None]
     for k in range(1, S + 1):
         np.trunc(np.multiply(xs, 2.0 ** (b * k), out=P[k]), out=P[k])
     return P
@@ -444,9 +445,16 @@ def _fill_pieces(X: np.ndarray, t: np.ndarray, S: int, b: int, slots) -> None:
             for (p0, p1), out in slots:
                 o = out[r0:r0 + step]
                 _piece(src, p0, p1, b, o, tmp[:o.shape[0]])
-        return []
 
     map_runs(run, starts, workers_for(R * w * len(slots), len(starts)))
+
+
+def _add_int64(i, f: np.ndarray) -> np.ndarray:
+    """An int64 class sum ``i`` (None: none yet) plus the exact float64 sum ``f``."""
+    if i is None:
+        return f.astype(np.int64)
+    i += f.astype(np.int64)
+    return i
 
 
 def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S: int,
@@ -483,7 +491,7 @@ def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S
             k1 = min(K, k0 + kc)
             w = k1 - k0
             ga = {e: pa[e][:, :w * len(r)] for e, r in plan.items()}
-            gb = {e: pb[e][:j1 - j0, :w * len(r)] for e, r in plan.items()}
+            gb = {e: pb[e][:, :w * len(r)] for e, r in plan.items()}
             cut = lambda arr, i: arr[:, i * w:(i + 1) * w]  # noqa: E731
             _fill_pieces(a[:, k0:k1], tA, S, b, [((r[0], r[1]), cut(ga[e], i))
                                                  for e, rs in plan.items() for i, r in enumerate(rs)])
@@ -499,21 +507,14 @@ def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S
                 elif (n + w) * bounds[e] < _BUDGET:
                     f += np.matmul(ga[e], gb[e].T, out=prod)
                 else:
-                    if i is None:
-                        i = f.astype(np.int64)
-                    else:
-                        i += f.astype(np.int64)
+                    i = _add_int64(i, f)
                     f, n = np.matmul(ga[e], gb[e].T, out=f), 0
                 sums[e] = (f, n + w, i)
         del pa, pb, ga, gb, prod  # before Horner's temporaries
         total = {}
         for e in list(sums):  # one class at a time: one int64 temporary
             f, _, i = sums.pop(e)
-            if i is None:
-                total[e] = f.astype(np.int64)
-            else:
-                i += f.astype(np.int64)
-                total[e] = i
+            total[e] = _add_int64(i, f)
             del f
 
         def horner(part):
@@ -521,9 +522,8 @@ def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S
                 r1 = min(M, r0 + rows)
                 D = [total[e][r0:r1] if e in total else None for e in range(S)]
                 out[r0:r1, j0:j1] = accumulate_cpu(D, tA[r0:r1], tB[j0:j1], b)
-            return []
 
-        starts = list(range(0, M, rows))
+        starts = list(range(0, M, rows))  # ~8 uint64 passes per output: weight 8
         map_runs(horner, starts, workers_for(8 * M * (j1 - j0), len(starts)))
     return out
 

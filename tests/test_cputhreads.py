@@ -18,6 +18,10 @@ def test_map_runs_keeps_order_and_covers_every_item_once():
         assert cputhreads.map_runs(run, items, workers) == [10 * i for i in items]
         assert sorted(seen) == items
     assert cputhreads.map_runs(lambda part: list(part), [], 2) == []
+    done = []  # a run done for its writes returns None
+    for workers in (1, 3):
+        assert cputhreads.map_runs(lambda part: done.extend(part), items, workers) == []
+    assert sorted(done) == sorted(items + items)
 
 
 def test_map_runs_uses_the_calling_thread_and_another():
