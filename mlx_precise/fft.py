@@ -175,8 +175,10 @@ def _unflat(f: mx.array, rows: int, n: int) -> mx.array:
 
 @functools.lru_cache(maxsize=1)
 def _dummy() -> mx.array:
-    """Stand-in for absent low words (never read by the kernels)."""
-    return mx.zeros((8,), mx.float32)
+    """Stand-in for absent low words (never read by the kernels). Built from numpy,
+    so it holds data from the start: every thread shares this cached array, and MLX
+    evaluates an unevaluated array only on the thread whose stream built it."""
+    return mx.array(np.zeros(8, np.float32))
 
 
 def _params(values) -> mx.array:
