@@ -47,16 +47,33 @@ SHIM_DIR = Path(__file__).resolve().parent / "shim"
 PRELUDE = "strict_metal.h"
 THREADGROUP_MEMORY_LIMIT = 32768  # bytes per threadgroup on Apple GPUs
 
-# fp64 off (Metal has no double), fp16 on, generic pointers for the atomics'
-# declarations, and no program-scope variables outside `constant` (as in Metal).
+# fp64 on only so that an unsuffixed literal (`0.5`) is a `double`, as in Metal: Apple's
+# compiler then finds `exp(-3.05)` ambiguous between its float and half overloads; the
+# `double` keyword itself is poisoned in the prelude (Metal has no double type). fp16
+# on, generic pointers for the atomics' declarations, and no program-scope variables
+# outside `constant` (as in Metal). Unknown attributes are errors: the only ones left
+# after `translate` mark a Metal attribute in a place Metal does not allow.
 _FRONTEND_FLAGS = [
     "-cc1", "-x", "clcpp", "-cl-std=clc++2021", "-triple", "spir64-unknown-unknown",
     "-fsyntax-only", "-ferror-limit", "50",
-    "-cl-ext=-cl_khr_fp64,-__opencl_c_fp64,+cl_khr_fp16,+__opencl_c_generic_address_space,"
+    "-cl-ext=+cl_khr_fp64,+__opencl_c_fp64,+cl_khr_fp16,+__opencl_c_generic_address_space,"
     "-__opencl_c_program_scope_global_variables,-__opencl_c_device_enqueue,-__opencl_c_pipes",
-    # `0.5` without a suffix is a float in Metal's eyes; OpenCL warns and does the same.
-    "-Wno-double-promotion", "-Wno-unused-value",
+    "-Wno-double-promotion", "-Wno-unused-value", "-Werror=unknown-attributes",
 ]
+
+# The Metal language version MLX compiles with: 3.1 on macOS 14, later versions on
+# later systems (mlx/backend/metal/device.cpp, get_metal_version). 3.1 is the
+# oldest, so code that passes at 3.1 compiles wherever current MLX runs.
+DEFAULT_METAL_VERSION = "3.1"
+_METAL_VERSIONS = ("2.4", "3.0", "3.1", "3.2", "4.0", "4.1")
+
+
+def _version_macro(metal_version: str) -> str:
+    """``__METAL_VERSION__`` for an MSL version: "3.1" -> 310."""
+    if metal_version not in _METAL_VERSIONS:
+        raise ValueError(f"metal_version must be one of {_METAL_VERSIONS}, got {metal_version!r}")
+    major, minor = metal_version.split(".")
+    return f"-D__METAL_VERSION__={int(major) * 100 + int(minor) * 10}"
 
 
 class MetalCheckError(ValueError):
@@ -92,10 +109,22 @@ def frontend() -> tuple[str, ...]:
 
 # ---- MSL -> C++ for OpenCL -----------------------------------------------------------
 
-_ATTRIBUTE_RE = re.compile(r"\[\[\s*[A-Za-z_][\w:]*\s*(?:\([^\]]*\))?\s*\]\]")
+# An attribute list `[[a, b(1)]]`, one level of brackets allowed inside.
+_ATTRIBUTE_RE = re.compile(r"\[\[(?:[^\[\]]|\[[^\[\]]*\])*\]\]")
+# Function attributes go before the function's declaration (MSL spec 5.1, "Function
+# Qualifiers", and 5.2.3 on `max_total_threads_per_threadgroup`); after a parameter
+# list, before its body or `;`, Apple's compiler rejects them.
+_FUNCTION_ATTRIBUTES = ("kernel", "host_name", "max_total_threads_per_threadgroup",
+                        "visible", "stitchable", "vertex", "fragment")
+_TRAILING_ATTRIBUTE_RE = re.compile(
+    r"(?<=\))(\s*)((?:\[\[(?:[^\[\]]|\[[^\[\]]*\])*\]\]\s*)+)(?=[{;])")
+_MISPLACED = "mps_metal::misplaced_"
+# `kernel` as a function qualifier (`kernel void f(...)`); elsewhere it is a name.
+_KERNEL_QUALIFIER_RE = re.compile(r"\bkernel(?=\s+void\b)")
 _SYSTEM_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<metal_\w+>[ \t]*$", re.M)
 _VECTOR_CTOR_RE = re.compile(
-    r"(?<![\w.:>])((?:metal::)?(?:u?char|u?short|u?int|u?long|float|half|bool)[234])\s*\("
+    r"(?<![\w.:>])((?:metal::)?(?:(?:u?char|u?short|u?int|u?long|float|half|bool)[234]"
+    r"|vec\s*<[^<>;(){}]*>))\s*\("
 )
 _COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
@@ -106,10 +135,27 @@ def _blank_comments(text: str) -> str:
     return _COMMENT_RE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
 
 
+def _spaces(m: re.Match) -> str:
+    """Removed text becomes blanks, so that columns in diagnostics stay right."""
+    return re.sub(r"[^\n]", " ", m.group(0))
+
+
+def _mark_misplaced(m: re.Match) -> str:
+    """A function attribute after a parameter list becomes an unknown attribute,
+    which the front end reports (-Werror=unknown-attributes) at its place."""
+    def mark(a: re.Match) -> str:
+        names = re.findall(r"([A-Za-z_]\w*)\s*(?:\([^)]*\))?\s*(?:,|\]\])", a.group(0)[2:])
+        bad = [n for n in names if n in _FUNCTION_ATTRIBUTES]
+        return f"[[{_MISPLACED}{bad[0]}]]" if bad else _spaces(a)
+    return m.group(1) + _ATTRIBUTE_RE.sub(mark, m.group(2))
+
+
 def translate(text: str) -> str:
     """Rewrite MLX's kernel text (Metal) into C++ for OpenCL for the front end."""
     text = _SYSTEM_INCLUDE_RE.sub("", _blank_comments(text))
-    text = _ATTRIBUTE_RE.sub("", text)
+    text = _TRAILING_ATTRIBUTE_RE.sub(_mark_misplaced, text)
+    text = _ATTRIBUTE_RE.sub(lambda m: m.group(0) if _MISPLACED in m.group(0) else _spaces(m), text)
+    text = _KERNEL_QUALIFIER_RE.sub(_spaces, text)
     text = _VECTOR_CTOR_RE.sub(lambda m: f"({m.group(1)})(", text)
     names: list[str] = []
 
@@ -173,7 +219,11 @@ class Source:
             shape = _FORM_SHAPES[form]
             infos.append(signature.InputInfo(name, dtype, len(shape), 1 if not shape else shape[0], *si))
         header = (f'#line 1 "{self.header_file}"\n' if self.header and not self.header.lstrip().startswith("#line") else "") + self.header
-        header += '\n#line 1 "<mlx signature>"\n'
+        # MLX appends its signature to the header as is: a header whose last line
+        # has no newline (`#define N 4`) gets the signature on that line, and Metal
+        # sees it so; only a header that ends its last line gets the marker.
+        if not self.header or self.header.endswith("\n"):
+            header += '#line 1 "<mlx signature>"\n'
         source = f'#line 1 "{self.source_file}"\n{self.source}\n#line 1 "<mlx instantiation>"'
         _, _, text = signature.generate(
             self.name, header, source, infos, list(self.output_names),
@@ -182,7 +232,7 @@ class Source:
         return text
 
 
-def _run(units: list[str]) -> tuple[bool, str]:
+def _run(units: list[str], metal_version: str = DEFAULT_METAL_VERSION) -> tuple[bool, str]:
     """Parse one translation unit made of ``units`` (each in its own namespace);
     return (ok, diagnostics)."""
     body = "".join(
@@ -192,7 +242,8 @@ def _run(units: list[str]) -> tuple[bool, str]:
         path = Path(tmp) / "kernel.clcpp"
         path.write_text(f'#include "{PRELUDE}"\n{body}')
         proc = subprocess.run(
-            [*frontend(), *_FRONTEND_FLAGS, f"-I{SHIM_DIR}", str(path)],
+            [*frontend(), *_FRONTEND_FLAGS, _version_macro(metal_version), f"-I{SHIM_DIR}",
+             str(path)],
             capture_output=True, text=True,
         )
     diag = _drop_known_false_errors(proc.stderr.replace(str(path), "<kernel>"))
@@ -202,20 +253,61 @@ def _run(units: list[str]) -> tuple[bool, str]:
 _SPACES = {"__global": "device", "__constant": "constant", "__local": "threadgroup",
            "__private": "thread"}
 _SPACE_RE = re.compile(r"\b(" + "|".join(_SPACES) + r")\b")
+# The prelude's stand-ins (strict_metal.h), said back as the kernel wrote them.
+_RESPELL = [
+    (re.compile(r"unknown attribute '" + re.escape(_MISPLACED) + r"(\w+)' ignored"),
+     r"attribute '\1' cannot be placed here (Metal: function attributes precede the declaration)"),
+    (re.compile(r"\bmps_kw_(\w+)"), r"\1"),
+    (re.compile(r"'mps_bfloat_needs_msl_3_1'"),
+     "'bfloat' (a type from Metal 3.1 on: metal_version=\"3.1\")"),
+]
+
+
+# `union`, `goto` and `double` are poisoned in the prelude; clang's message does not
+# name the token, its caret line does (`file:L:C: error: ...` then `  L | code`).
+_POISONED_RE = re.compile(r":(\d+): error: attempt to use a poisoned identifier\n( *\d+ \| )([^\n]*)")
+
+
+def _name_poisoned(m: re.Match) -> str:
+    col = int(m.group(1)) - 1
+    word = re.match(r"\w*", m.group(3)[col:]).group(0) or "this"
+    return (f":{m.group(1)}: error: '{word}' is not supported in Metal\n"
+            f"{m.group(2)}{m.group(3)}")
 
 
 def _metal_spelling(diag: str) -> str:
-    """Messages name OpenCL's address spaces; say them as Metal does."""
-    return _SPACE_RE.sub(lambda m: _SPACES[m.group(1)], diag)
+    """Messages name OpenCL's address spaces and the prelude's stand-ins; say them
+    as Metal does."""
+    diag = _SPACE_RE.sub(lambda m: _SPACES[m.group(1)], diag)
+    diag = _POISONED_RE.sub(_name_poisoned, diag)
+    for pattern, repl in _RESPELL:
+        diag = pattern.sub(repl, diag)
+    return diag
 
 
 # A diagnostic starts a block: `file:line:col: error|warning|note: ...`.
 _DIAG_RE = re.compile(r"^\S[^\n]*?:\d+:\d+: (?:error|warning|note|fatal error): ", re.M)
-# clang's C++ for OpenCL types a local's lvalue `__private S` but a prvalue plain `S`,
-# and rejects `c ? f(s) : s` for a class S; Metal (and C++) accept it.
-_FALSE_ERROR_RE = re.compile(
-    r": error: incompatible operand types \('(?:__private )?([^']+)' and '(?:__private )?\1'\)"
-)
+_OPERANDS_RE = re.compile(r": error: incompatible operand types \('([^']+)'(?: \(aka '[^']+'\))? and "
+                          r"'([^']+)'")
+_QUALIFIERS_RE = re.compile(r"\b(?:const|volatile|__global|__constant|__local|__private|__generic)\b\s*")
+# A note that rejects only the implicit copy/move of a struct out of `constant`
+# memory: C++ for OpenCL gives implicit members a `__generic` reference parameter,
+# which `__constant` cannot bind; Metal copies such structs (`Params p = *params;`).
+_CONSTANT_COPY_NOTE_RE = re.compile(
+    r": note: candidate (?:constructor|function) \(the implicit (?:copy|move) "
+    r"(?:constructor|assignment operator)\) not viable: cannot bind reference in address "
+    r"space '__constant' to object in address space '__generic'")
+
+
+def _same_object_type(first: str) -> bool:
+    """`c ? a : b` whose operands are the same class type in different address
+    spaces (an lvalue of `__global S` and a `__private S`, or a prvalue `S`): clang's
+    C++ for OpenCL rejects it, Metal and C++ accept it. Pointer and reference types
+    keep their address spaces (those mismatches are real)."""
+    m = _OPERANDS_RE.search(first)
+    if not m or any(c in m.group(1) + m.group(2) for c in "*&"):
+        return False
+    return _QUALIFIERS_RE.sub("", m.group(1)).strip() == _QUALIFIERS_RE.sub("", m.group(2)).strip()
 
 
 def _drop_known_false_errors(diag: str) -> str:
@@ -224,14 +316,22 @@ def _drop_known_false_errors(diag: str) -> str:
     if not starts:
         return diag
     blocks = [diag[a:b] for a, b in zip(starts, starts[1:] + [len(diag)])]
-    kept, dropping = [diag[: starts[0]]], False
+    # group each error with the notes after it
+    groups: list[list[str]] = []
     for b in blocks:
-        first = b.split("\n", 1)[0]
-        if ": note: " in first and dropping:
-            continue
-        dropping = bool(_FALSE_ERROR_RE.search(first))
-        if not dropping:
-            kept.append(b)
+        if ": note: " in b.split("\n", 1)[0] and groups:
+            groups[-1].append(b)
+        else:
+            groups.append([b])
+    kept = [diag[: starts[0]]]
+    for g in groups:
+        first = g[0].split("\n", 1)[0]
+        notes = [n.split("\n", 1)[0] for n in g[1:]]
+        false_alarm = ": error: " in first and (
+            _same_object_type(first)
+            or (notes and all(_CONSTANT_COPY_NOTE_RE.search(n) for n in notes)))
+        if not false_alarm:
+            kept.extend(g)
     out = "".join(kept)
     # clang's summary line counts the dropped errors too; it carries no information
     return re.sub(r"^\d+ errors? generated\.\n?", "", out, flags=re.M)
@@ -247,18 +347,22 @@ class Failure:
         return f"{self.kernel} {self.instance}:\n{self.diagnostics}"
 
 
-def check_instances(src: Source, instances: list[Instance]) -> list[Failure]:
+def check_instances(src: Source, instances: list[Instance],
+                    metal_version: str = DEFAULT_METAL_VERSION) -> list[Failure]:
     """Check every instance of one kernel: one clang run for all of them, and one per
     instance only to attribute errors when the batch fails."""
     if not instances:
         return []
     units = [translate(src.mlx_text(i)) for i in instances]
-    ok, _ = _run(units)
+    ok, _ = _run(units, metal_version)
     if ok:
         return []
     failures = []
     for inst, unit in zip(instances, units):
-        ok, diag = _run([unit])
+        ok, diag = _run([unit], metal_version)
+        if not ok and src.header and not src.header.endswith("\n"):
+            diag += ("\nnote: the header does not end with a newline, so MLX's generated "
+                     "signature continues its last line (on a Mac too)")
         if not ok:
             failures.append(Failure(src.name, inst.label(), diag))
     return failures
@@ -279,13 +383,15 @@ def _input_spec(name: str, x) -> tuple:
 
 def check_source(name: str, input_names, output_names, source: str, *, inputs,
                  output_dtypes, header: str = "", template=None,
-                 atomic_outputs: bool = False) -> None:
+                 atomic_outputs: bool = False,
+                 metal_version: str = DEFAULT_METAL_VERSION) -> None:
     """Check one kernel instantiation with the strict Metal front end.
 
     Arguments are those of ``mx.fast.metal_kernel`` and its call: ``inputs`` are
     ``mx.array``\\ s or ``(dtype, shape)`` pairs (only dtype and size matter: inputs
     of fewer than 8 elements are ``constant``), ``template`` a list of ``(name,
-    value)`` or a dict. Raises :class:`MetalCheckError` with clang's diagnostics
+    value)`` or a dict, ``metal_version`` the Metal language version to check
+    against ("3.1", what MLX uses on macOS 14, by default). Raises :class:`MetalCheckError` with clang's diagnostics
     (lines of ``<source>`` / ``<header>``) if Metal would reject the source;
     ValueError / TypeError for arguments that do not describe an instantiation.
     """
@@ -303,7 +409,7 @@ def check_source(name: str, input_names, output_names, source: str, *, inputs,
         tuple(output_dtypes),
     )
     src = Source(name, tuple(input_names), tuple(output_names), source, header, atomic_outputs)
-    failures = check_instances(src, [inst])
+    failures = check_instances(src, [inst], metal_version)
     if failures:
         raise MetalCheckError(
             f"kernel {name!r} would not compile on Metal (strict front-end check):\n"

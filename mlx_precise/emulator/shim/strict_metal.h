@@ -18,8 +18,36 @@
 #define thread __private
 #define METAL_FUNC inline
 #define MLX_MTL_PRAGMA_UNROLL
+// __METAL_VERSION__ comes from strict.py (-D__METAL_VERSION__=310 for MSL 3.1, the
+// option `metal_version`); bfloat is a type from MSL 3.1 on (MSL spec, table 2.1).
+#ifndef __METAL_VERSION__
 #define __METAL_VERSION__ 310
+#endif
+#if __METAL_VERSION__ >= 310
 #define __HAVE_BFLOAT__ 1
+#endif
+// <metal_math>'s constants (MSL spec 6.5, "Math functions"): float expressions.
+#define INFINITY __builtin_inff()
+#define HUGE_VALF __builtin_huge_valf()
+#define NAN __builtin_nanf("")
+#define MAXFLOAT 0x1.fffffep127f
+#define FLT_MAX 0x1.fffffep127f
+#define FLT_MIN 0x1p-126f
+#define FLT_EPSILON 0x1p-23f
+#define HALF_MAX ((half)65504.0f)
+#define M_E_F 2.71828182845904523536f
+#define M_LOG2E_F 1.44269504088896340736f
+#define M_LOG10E_F 0.434294481903251827651f
+#define M_LN2_F 0.693147180559945309417f
+#define M_LN10_F 2.30258509299404568402f
+#define M_PI_F 3.14159265358979323846f
+#define M_PI_2_F 1.57079632679489661923f
+#define M_PI_4_F 0.785398163397448309616f
+#define M_1_PI_F 0.318309886183790671538f
+#define M_2_PI_F 0.636619772367581343076f
+#define M_2_SQRTPI_F 1.12837916709551257390f
+#define M_SQRT2_F 1.41421356237309504880f
+#define M_SQRT1_2_F 0.707106781186547524401f
 
 typedef unsigned char uchar;
 typedef unsigned short ushort;
@@ -51,6 +79,10 @@ MPS_VEC(long)
 MPS_VEC(ulong)
 MPS_VEC(float)
 MPS_VEC(half)
+// Metal's generic spelling metal::vec<T, N> (MLX's headers use it).
+namespace metal {
+template <class T, int N> using vec = T __attribute__((ext_vector_type(N)));
+}
 // clang has no bool vectors; comparisons of float vectors give int vectors.
 typedef int bool2 __attribute__((ext_vector_type(2)));
 typedef int bool3 __attribute__((ext_vector_type(3)));
@@ -90,7 +122,32 @@ template <class T> using remove_reference_t = typename remove_reference<T>::type
 template <class T> struct decay { typedef remove_cv_t<remove_reference_t<T>> type; };
 template <class T> using decay_t = typename decay<T>::type;
 template <class T> T&& declval();
-template <class...> using void_t = void;
+// No void_t: Metal's library has none, and MLX's steel/utils/type_traits.h defines
+// metal::void_t itself.
+template <bool B> using bool_constant = integral_constant<bool, B>;
+template <class T> struct remove_volatile { typedef T type; };
+template <class T> struct remove_volatile<volatile T> { typedef T type; };
+template <class T> using remove_volatile_t = typename remove_volatile<T>::type;
+template <class T> struct remove_pointer { typedef T type; };
+template <class T> struct remove_pointer<T*> { typedef T type; };
+template <class T> using remove_pointer_t = typename remove_pointer<T>::type;
+template <class T> struct is_const : false_type {};
+template <class T> struct is_const<const T> : true_type {};
+template <class T> constexpr constant bool is_const_v = is_const<T>::value;
+template <class T> struct add_const { typedef const T type; };
+template <class T> using add_const_t = typename add_const<T>::type;
+// Metal's remove_addrspace: the object's address space goes, cv stays.
+template <class T> struct remove_addrspace { typedef T type; };
+template <class T> struct remove_addrspace<__global T> { typedef T type; };
+template <class T> struct remove_addrspace<__constant T> { typedef T type; };
+template <class T> struct remove_addrspace<__local T> { typedef T type; };
+template <class T> struct remove_addrspace<__private T> { typedef T type; };
+template <class T> struct remove_addrspace<__generic T> { typedef T type; };
+template <class T> using remove_addrspace_t = typename remove_addrspace<T>::type;
+template <class B, class D> struct is_base_of : bool_constant<__is_base_of(B, D)> {};
+template <class B, class D> constexpr constant bool is_base_of_v = is_base_of<B, D>::value;
+template <class T> struct is_class : bool_constant<__is_class(T)> {};
+template <class T> constexpr constant bool is_class_v = is_class<T>::value;
 template <class T> struct is_pointer : false_type {};
 template <class T> struct is_pointer<T*> : true_type {};
 template <class T> constexpr constant bool is_pointer_v = is_pointer<T>::value;
@@ -248,6 +305,8 @@ MPS_I3(madhi) MPS_I3(madsat)
 float ldexp(float, int); half ldexp(half, int);
 float frexp(float, __private int&); half frexp(half, __private int&);
 float modf(float, __private float&);
+float sincos(float, __private float&); half sincos(half, __private half&);
+float sincos(float, __local float&); float sincos(float, __global float&);
 bool isnan(float); bool isnan(half); bool isinf(float); bool isinf(half);
 bool isfinite(float); bool isfinite(half); bool isnormal(float); bool isnormal(half);
 bool signbit(float); bool signbit(half);
@@ -269,12 +328,14 @@ MPS_MATH1(MPS_F1)
 MPS_MATH2(MPS_F2)
 MPS_MATH3(MPS_F3)
 float divide(float, float);
+float sincos(float, __private float&);
 }  // namespace precise
 namespace fast {
 MPS_MATH1(MPS_F1)
 MPS_MATH2(MPS_F2)
 MPS_MATH3(MPS_F3)
 float divide(float, float);
+float sincos(float, __private float&);
 }  // namespace fast
 #undef MPS_MATH1
 #undef MPS_MATH2
@@ -318,12 +379,39 @@ bool simd_all(bool);
 bool simd_any(bool);
 bool simd_is_first();
 
+// ---- simdgroup matrices (MSL spec 6.7, <metal_simdgroup_matrix>) ---------------
+template <class T, int Rows, int Cols>
+struct simdgroup_matrix {
+  simdgroup_matrix() = default;
+  explicit simdgroup_matrix(T);
+  __private vec<T, 2>& thread_elements();
+};
+template <class T, int R, int C> simdgroup_matrix<T, R, C> make_filled_simdgroup_matrix(T);
+#define MPS_SGM_SPACE(AS)                                                              \
+  template <class T, int R, int C>                                                     \
+  void simdgroup_load(__private simdgroup_matrix<T, R, C>&, const AS T*,              \
+                      ulong elements_per_row = C, ulong2 origin = 0, bool transpose = false); \
+  template <class T, int R, int C>                                                     \
+  void simdgroup_store(simdgroup_matrix<T, R, C>, AS T*, ulong elements_per_row = C,   \
+                       ulong2 origin = 0, bool transpose = false);
+MPS_SGM_SPACE(__global) MPS_SGM_SPACE(__local)
+#undef MPS_SGM_SPACE
+template <class T, class A, class B, class C, int N>
+void simdgroup_multiply_accumulate(__private simdgroup_matrix<T, N, N>&, simdgroup_matrix<A, N, N>,
+                                   simdgroup_matrix<B, N, N>, simdgroup_matrix<C, N, N>);
+template <class T, class A, class B, int N>
+void simdgroup_multiply(__private simdgroup_matrix<T, N, N>&, simdgroup_matrix<A, N, N>,
+                        simdgroup_matrix<B, N, N>);
+typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+
 // ---- atomics: device or threadgroup objects, never constant -------------------
 enum memory_order { memory_order_relaxed, memory_order_seq_cst };
 template <class T> struct atomic { T value; };
-typedef atomic<int> atomic_int;
-typedef atomic<uint> atomic_uint;
-typedef atomic<float> atomic_float;
+// atomic_int, atomic_uint, atomic_float, atomic_bool: macros at the end of this
+// file (OpenCL declares built-in types of these names at global scope, which would
+// make them ambiguous under `using namespace metal`).
+namespace metal = ::metal;  // so that `metal::atomic_float` expands to a valid name
 #define MPS_ATOMIC(name)                                                       \
   template <class T, class U> T name(__global atomic<T>*, U, memory_order);    \
   template <class T, class U> T name(__local atomic<T>*, U, memory_order);     \
@@ -350,6 +438,7 @@ using namespace metal;
 // ---- MLX's preamble (bf16.h, complex.h, utils.h) ------------------------------
 typedef half float16_t;
 typedef bfloat bfloat16_t;
+typedef simdgroup_matrix<bfloat, 8, 8> simdgroup_bfloat8x8;
 struct complex64_t {
   float real;
   float imag;
@@ -385,3 +474,29 @@ template <class T> T ceildiv(T, T);
 // ---- threadgroup storage: see strict.py (threadgroup variables are declared in a
 // non-kernel function here, so they bind to storage of the __local space) --------
 template <class T> __local T* mps_threadgroup_storage();
+
+// ---- names last: they must not touch the declarations above ---------------------
+// Metal's atomic typedefs, as macros (see `atomic` above).
+#define atomic_int metal::atomic<int>
+#define atomic_uint metal::atomic<uint>
+#define atomic_float metal::atomic<float>
+#define atomic_bool metal::atomic<bool>
+// OpenCL keywords that are ordinary identifiers in Metal (a variable named `local`).
+// strict.py spells the diagnostics back.
+#define local mps_kw_local
+#define global mps_kw_global
+#define private mps_kw_private
+#define kernel mps_kw_kernel
+#define read_only mps_kw_read_only
+#define write_only mps_kw_write_only
+#define read_write mps_kw_read_write
+#define pipe mps_kw_pipe
+// Metal does not support these (MSL spec 2.1: "The following C++14 features are not
+// available in Metal: ... goto ... union ..."; double is not a Metal type). clang
+// reports a poisoned identifier at each use; strict.py names it.
+#pragma GCC poison union goto double
+// bfloat is a Metal type from MSL 3.1 on; MLX's bfloat16_t exists in every version
+// (its bf16.h emulates it before 3.1).
+#if __METAL_VERSION__ < 310
+#define bfloat mps_bfloat_needs_msl_3_1
+#endif
