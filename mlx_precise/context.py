@@ -19,7 +19,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import inspect
 from typing import Callable
+
+import mlx.core as mx
 
 _extended: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "mlx_precise_extended", default=False
@@ -44,48 +47,134 @@ def intercepting() -> bool:
     return _intercept.get()
 
 
+# Context managers that capabilities register to take part in every block (the
+# double-word flow: mlx_precise.extended); each is called as hook(on, strict),
+# on = enabled and intercept_mlx (False switches it off inside the block), and
+# yields the block's report (None when off).
+_block_hooks: list[Callable] = []
+
+
+def register_block_hook(hook: Callable) -> None:
+    """Register a context manager factory entered by every block (see
+    :data:`_block_hooks`)."""
+    if hook not in _block_hooks:
+        _block_hooks.append(hook)
+
+
 @contextlib.contextmanager
-def extended_precision(enabled: bool = True, *, intercept_mlx: bool = True):
-    """Run the enclosed code with precision-aware functions in double-word
-    (``enabled=True``) or plain float32 (``enabled=False``, e.g. to switch a
-    sub-block off inside an enabled region).
+def extended_precision(enabled: bool = True, *, intercept_mlx: bool = True,
+                       strict: bool = False):
+    """Run the enclosed code in double-word (``enabled=True``) or plain float32
+    (``enabled=False``, e.g. to switch a sub-block off inside an enabled region).
+
+    Inside an enabled block, the package's precision-aware functions run their
+    double-word twins, and (``intercept_mlx=True``) MLX's own ops carry
+    double-word values from one op to the next: every op with a double-word rule
+    returns an ordinary ``mx.array`` (MLX's shape and dtype, holding the float32 /
+    complex64 rounding of its result) and records the low word beside it, so a
+    chain of such ops is rounded once, where its value leaves the chain
+    (docs/port_guide.md lists the ops and says where rounding happens).
 
     Args:
         enabled: switch the extended paths on (True) or off (False).
-        intercept_mlx: when enabled, also run MLX's own ``mx.fft.*`` transforms
-            and depthwise ``mx.conv1d`` extended, so that unmodified MLX model
-            code gains accuracy (:mod:`mlx_precise.intercept`); False limits the
+        intercept_mlx: when enabled, also run MLX's own ops (``mx.fft.*``,
+            arithmetic, shape ops, reductions, depthwise ``mx.conv1d``) extended,
+            so that unmodified MLX model code gains accuracy; False limits the
             block to this package's functions and layers.
+        strict: raise :class:`~mlx_precise.extended.PrecisionDropError` at the
+            first op that consumes a double-word value in float32 (an op without a
+            double-word rule).
+
+    Yields:
+        The block's :class:`~mlx_precise.extended.Report` (which ops ran in
+        double-word, which consumed a double-word value in float32), or None
+        when MLX's ops are not intercepted.
 
     Example::
 
-        with mlx_precise.extended_precision():
-            y = model(x)        # mx.fft.* / depthwise mx.conv1d and mlx_precise
-                                # layers run extended, rounded once per op
+        with mlx_precise.extended_precision() as report:
+            y = model(x)        # MLX ops with a double-word rule chain in
+                                # double-word; y is rounded once
+        print(report)
     """
-    for name, v in (("enabled", enabled), ("intercept_mlx", intercept_mlx)):
+    for name, v in (("enabled", enabled), ("intercept_mlx", intercept_mlx),
+                    ("strict", strict)):
         if not isinstance(v, bool):
             raise TypeError(f"extended_precision({name}) takes a bool, got {type(v).__name__}")
     token = _extended.set(enabled)
     token_i = _intercept.set(enabled and intercept_mlx)
     try:
-        yield
+        with contextlib.ExitStack() as stack:
+            report = None
+            for hook in _block_hooks:
+                report = stack.enter_context(hook(enabled and intercept_mlx, strict))
+            yield report
     finally:
         _intercept.reset(token_i)
         _extended.reset(token)
 
 
+# Keywords of an extended twin that the dispatcher itself honours on the plain path,
+# so that the plain twin need not: ``backend`` is validated (an unknown name raises
+# as it does inside the block) and ``round_output=False`` returns the plain result as
+# an exact DoubleWord (lo = 0).
+DISPATCHER_KEYWORDS = ("round_output", "backend")
+
+
+def twin_mismatch(plain: Callable, extended: Callable) -> str | None:
+    """None when ``plain`` takes exactly the parameters of ``extended`` (names,
+    kinds, defaults, order) less :data:`DISPATCHER_KEYWORDS`; else what differs."""
+    ext = inspect.signature(extended).parameters
+    want = [p for name, p in ext.items() if name not in DISPATCHER_KEYWORDS]
+    got = list(inspect.signature(plain).parameters.values())
+    for name in DISPATCHER_KEYWORDS:
+        if name in ext and ext[name].kind is not inspect.Parameter.KEYWORD_ONLY:
+            return f"{extended.__name__}: {name} must be keyword-only"
+    if [(p.name, p.kind, p.default) for p in got] != [(p.name, p.kind, p.default) for p in want]:
+        return (f"{plain.__name__}{inspect.Signature(got)} differs from "
+                f"{extended.__name__}{inspect.Signature(want)} (less {DISPATCHER_KEYWORDS})")
+    return None
+
+
 def precision_aware(extended: Callable) -> Callable:
     """Decorator for a plain float32 function whose double-word twin is
     ``extended``: the decorated function runs ``extended`` inside
-    :func:`extended_precision` and itself outside. Both take the same arguments
-    (the extended one may take more keywords, which the plain one ignores)."""
+    :func:`extended_precision` and itself outside.
+
+    Both twins take the same arguments: the plain one must declare exactly the
+    extended one's parameters less :data:`DISPATCHER_KEYWORDS` (checked here, at
+    registration: ``TypeError`` otherwise), and honour each as MLX does. The
+    dispatcher binds every call to the extended signature first, so an unknown or
+    missing argument raises ``TypeError`` in and out of the block alike."""
 
     def wrap(plain: Callable) -> Callable:
+        why = twin_mismatch(plain, extended)
+        if why is not None:
+            raise TypeError(f"precision_aware twins take different arguments: {why}")
+        sig = inspect.signature(extended)
+        own = [k for k in DISPATCHER_KEYWORDS if k in sig.parameters]
+
         @functools.wraps(plain)
         def dispatch(*args, **kwargs):
-            return (extended if _extended.get() else plain)(*args, **kwargs)
+            try:
+                bound = sig.bind(*args, **kwargs)
+            except TypeError as e:  # Python's message lacks the function's name
+                raise TypeError(f"{plain.__name__}(): {e}") from None
+            if _extended.get():
+                return extended(*args, **kwargs)
+            opts = {k: bound.arguments.pop(k, sig.parameters[k].default) for k in own}
+            if "backend" in opts and opts["backend"] is not None:
+                from . import backends
 
+                backends.validate(opts["backend"])
+            out = plain(*bound.args, **bound.kwargs)
+            if opts.get("round_output", True):
+                return out
+            from .doubleword import DoubleWord
+
+            return DoubleWord(out, mx.zeros_like(out))  # the plain result, exactly
+
+        dispatch.__signature__ = sig
         dispatch.extended = extended
         dispatch.plain = plain
         _REGISTRY[plain.__name__] = dispatch

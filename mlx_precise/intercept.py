@@ -38,8 +38,10 @@ from types import SimpleNamespace
 import mlx.core as mx
 
 from . import backends
+from . import extended as flow
 from .autodiff import TransformUnsupportedError
 from .context import intercepting
+from .extended import spectral
 
 FFT_NAMES = ("fft", "ifft", "rfft", "irfft", "fft2", "ifft2", "rfft2", "irfft2",
              "fftn", "ifftn", "rfftn", "irfftn")
@@ -146,13 +148,21 @@ def _fft_dispatcher(name: str):
         a = _operand(b["a"], kind)
         s, axes = _sizes(name, kind, a, b)
 
+        norm = b.get("norm", "backward")
+        report = flow.active()
+
         def run(backend):
             from .fftn import transform
 
-            return transform(kind, a, s, axes, b.get("norm", "backward"), backend=backend,
-                             stream=b["stream"])
+            if report is not None:  # the double-word flow: words in, words out
+                with flow.suspended():
+                    return spectral.transform(kind, a, s, axes, norm, backend,
+                                              b["stream"])
+            return transform(kind, a, s, axes, norm, backend=backend, stream=b["stream"])
 
         y = _guard_transforms(run, f"mx.fft.{name}")
+        if report is not None:
+            report.extended[f"fft.{name}"] += 1
         if tuple(y.shape) != tuple(ref.shape) or y.dtype != ref.dtype:
             raise AssertionError(f"mlx_precise: extended mx.fft.{name} gave {y.shape} "
                                  f"{y.dtype}, MLX {ref.shape} {ref.dtype}")
