@@ -8,7 +8,7 @@ the measured numbers. On the cpu backend "extended" is the native float64 path.
 Also prints how often each result is exactly rounded (reference: the float64
 value, one more rounding to float32).
 
-    python benchmarks/bench_elementwise.py [--backend cpu|emulate|metal] [--full]
+    python benchmarks/bench_elementwise.py [--backend cpu|emulate|metal] [--full | --quick]
 """
 
 from __future__ import annotations
@@ -74,10 +74,12 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=mp.BACKENDS, default=None)
     p.add_argument("--full", action="store_true", help="also 2^24 elements")
+    p.add_argument("--quick", action="store_true", help="2^12 elements, one run: a smoke test")
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
     backend = mp.backends.resolve(args.backend)
-    sizes = [2**20] + ([2**24] if args.full else [])
+    sizes = [2**12] if args.quick else [2**20] + ([2**24] if args.full else [])
+    repeat = 1 if args.quick else args.repeat
     print(f"backend: {backend}, MLX {mx.__version__}, default device {mx.default_device()}")
     print("| op | n | extended ms | float32 ms | ratio | B/elem | flop/elem (ext/f32) "
           "| M2 Max roofline ratio | exactly rounded ext / f32 |")
@@ -85,8 +87,8 @@ def main():
     rng = np.random.default_rng(0)
     for n in sizes:
         for name, (ext, f32, ref) in cases(n, rng).items():
-            te = timeit(lambda: ext(backend), args.repeat)
-            tf = timeit(f32, args.repeat)
+            te = timeit(lambda: ext(backend), repeat)
+            tf = timeit(f32, repeat)
             c = COSTS[name]
             roof_e = max(c["ext_bytes"] / M2_MAX_BW, c["ext_flops"] / M2_MAX_FLOPS)
             roof_f = max(c["f32_bytes"] / M2_MAX_BW, c["f32_flops"] / M2_MAX_FLOPS)

@@ -11,7 +11,7 @@ with the roofline time ratio they imply on an Apple M2 Max (400 GB/s,
 emulate it is the Metal kernels run by the CPU emulator (not a GPU timing); on
 metal (a Mac) the timings are the GPU's.
 
-    python benchmarks/bench_fft.py [--backend cpu|emulate|metal] [--full]
+    python benchmarks/bench_fft.py [--backend cpu|emulate|metal] [--full | --quick]
 """
 
 from __future__ import annotations
@@ -122,10 +122,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=mp.BACKENDS, default=None)
     p.add_argument("--full", action="store_true", help="also n = 2^22")
+    p.add_argument("--quick", action="store_true", help="n = 2^10 only, one run: a smoke test")
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
     backend = mp.backends.resolve(args.backend)
-    sizes = [2**10, 2**16, 2**20] + ([2**22] if args.full else [])
+    sizes = [2**10] if args.quick else [2**10, 2**16, 2**20] + ([2**22] if args.full else [])
+    if args.quick:
+        args.repeat = 1
     rng = np.random.default_rng(0)
     print(f"backend: {backend}; mx.fft.fft on {mx.default_device()}; batch 1, complex64 input")
     print("| n | passes | extended s | mx.fft s | ratio | normwise ext | normwise f32 "

@@ -1,7 +1,8 @@
 """Fixed-point conversion throughput: the fused kernels against composed MLX ops.
 
-    python benchmarks/bench_fixedpoint.py            # 2^20 elements (quick)
-    python benchmarks/bench_fixedpoint.py --full     # 2^24 elements (the issue's size)
+    python benchmarks/bench_fixedpoint.py            # 2^20 elements
+    python benchmarks/bench_fixedpoint.py --full     # 2^24 elements
+    python benchmarks/bench_fixedpoint.py --quick    # 2^12 elements, one run (smoke test)
     python benchmarks/bench_fixedpoint.py --backend emulate
 
 The conversions are memory-bound. The fused kernel reads x once and writes the
@@ -54,10 +55,13 @@ def timeit(fn, x, reps: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="2^24 elements (default 2^20)")
+    ap.add_argument("--quick", action="store_true", help="2^12 elements, one run: a smoke test")
     ap.add_argument("--backend", default=None, help="metal | emulate | cpu (default: active)")
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
-    n = 2**24 if args.full else 2**20
+    n = 2**12 if args.quick else 2**24 if args.full else 2**20
+    if args.quick:
+        args.reps = 1
     backend = backends.resolve(args.backend)
     rng = np.random.default_rng(0)
     x = mx.array(rng.uniform(-1.2, 1.2, n).astype(np.float32))

@@ -7,9 +7,9 @@ FFT convolution (safari formula), the share of exactly rounded outputs of each
 memory of the extended call, and flops / bytes per point with the estimated
 extended / float32 time ratio on an Apple GPU.
 
-    python benchmarks/bench_hyena.py [--backend cpu|emulate|metal] [--full]
+    python benchmarks/bench_hyena.py [--backend cpu|emulate|metal] [--full | --quick]
 
-Goals (issue text): <= 1.5x the float32 MLX time on the cpu backend; <= 4x MLX's
+Goals: <= 1.5x the float32 MLX time on the cpu backend; <= 4x MLX's
 float32 pipeline on an Apple GPU (only measurable on a Mac).
 """
 
@@ -57,11 +57,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=mp.BACKENDS, default=None)
     p.add_argument("--full", action="store_true", help="also L = 524288")
+    p.add_argument("--quick", action="store_true", help="L = 256, 4 channels: a smoke test")
     p.add_argument("--channels", type=int, default=64)
     args = p.parse_args()
     backend = mp.backends.resolve(args.backend)
     dtype, dname = _oracle_dtype()
-    lengths = [1024, 16384, 131072] + ([524288] if args.full else [])
+    lengths = [256] if args.quick else [1024, 16384, 131072] + ([524288] if args.full else [])
+    if args.quick:
+        args.channels = 4
     rows_sp = []
     print(f"backend: {backend}; oracle: {dname}; batch 1, channels {args.channels}")
     print("| L | extended s | float32 s | ratio | exactly rounded ext / f32 | peak MB (ext) "

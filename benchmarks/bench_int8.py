@@ -2,7 +2,8 @@
 share of the time (scaled_mm minus the plain int8 -> int32 GEMM of the same engine).
 
     python benchmarks/bench_int8.py                  # M in {1, 32, 512}, N = K = 1024
-    python benchmarks/bench_int8.py --full           # N = K = 4096 (the sizes)
+    python benchmarks/bench_int8.py --full           # N = K = 4096
+    python benchmarks/bench_int8.py --quick          # M = 1, N = K = 64, one run
     python benchmarks/bench_int8.py --backend emulate
 
 The backend is mlx_precise's active one unless given (on a Mac: metal). The float16
@@ -60,11 +61,15 @@ def run(ms, n: int, k: int, backend: str, repeat: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--full", action="store_true", help="N = K = 4096 (the issue's sizes)")
+    p.add_argument("--full", action="store_true", help="N = K = 4096")
+    p.add_argument("--quick", action="store_true", help="M = 1, N = K = 64, one run: a smoke test")
     p.add_argument("--backend", choices=mlx_precise.BACKENDS, default=None)
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
     backend = mlx_precise.backends.resolve(args.backend)
+    if args.quick:
+        run((1,), 64, 64, backend, 1)
+        return
     nk = 4096 if args.full else 1024
     run((1, 32, 512), nk, nk, backend, args.repeat)
 

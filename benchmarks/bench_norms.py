@@ -12,7 +12,8 @@ reduction), and of ``--peak-gbs`` if you give your chip's nominal figure. The go
 is >= 80%.
 
     python benchmarks/bench_norms.py                  # 1024^2, 2048^2 (< 1 min on a CPU)
-    python benchmarks/bench_norms.py --full           # 4096^2, 16384^2 (the issue's sizes)
+    python benchmarks/bench_norms.py --full           # 4096^2, 16384^2
+    python benchmarks/bench_norms.py --quick          # 64^2, one run (smoke test)
     python benchmarks/bench_norms.py --backend emulate --sizes 512 4096
 """
 
@@ -106,6 +107,7 @@ def timed(fn, repeats: int) -> tuple[float, float]:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--full", action="store_true", help="sizes 4096 and 16384")
+    p.add_argument("--quick", action="store_true", help="size 64, one run: a smoke test")
     p.add_argument("--sizes", type=int, nargs="+", help="matrix sizes n (n x n)")
     p.add_argument("--backend", default=None, choices=mlx_precise.BACKENDS,
                    help="default: the active backend")
@@ -114,7 +116,9 @@ def main(argv=None) -> None:
                    help="nominal memory bandwidth of the device (GB/s), for the share")
     args = p.parse_args(argv)
     backend = args.backend or mlx_precise.backend()
-    sizes = args.sizes or ((4096, 16384) if args.full else (1024, 4096))
+    sizes = args.sizes or ((64,) if args.quick else (4096, 16384) if args.full else (1024, 4096))
+    if args.quick:
+        args.repeats = 1
     on_gpu = backend == "metal"
     print(f"mlx-precise norms on backend '{backend}' (MLX {mx.__version__}, "
           f"MLX default device {mx.default_device()})")

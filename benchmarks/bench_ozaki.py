@@ -2,6 +2,7 @@
 
     python benchmarks/bench_ozaki.py                  # n = 256, 1024; cpu: n = 2048 memory
     python benchmarks/bench_ozaki.py --full           # n = 256, 1024, 2048 (+ 4096 on Metal)
+    python benchmarks/bench_ozaki.py --quick          # n = 64, one burst: does it run
     python benchmarks/bench_ozaki.py --backend emulate
     python benchmarks/bench_ozaki.py --rules          # slices and errors per rule (docs/ozaki.md)
 
@@ -29,11 +30,11 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from oracle import dd_matmul, rel_err_dd  # noqa: E402  (the shared oracle module)
-
+# Sibling modules: the benchmarks folder is not a package (and ships in the wheel as
+# mlx_precise/benchmarks, where tests/ does not exist).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_fft import interleaved  # noqa: E402
+from dd_reference import dd_matmul, rel_err_dd  # noqa: E402
 
 from mlx_precise import backends  # noqa: E402
 from mlx_precise.ozaki import dgemm_emulated  # noqa: E402
@@ -156,7 +157,8 @@ def rules(seeds: int, size: int) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=backends.BACKENDS, default=None)
-    p.add_argument("--full", action="store_true", help="the issue's sizes: n = 256, 1024, 2048")
+    p.add_argument("--full", action="store_true", help="n = 256, 1024, 2048 (+ 4096 on Metal)")
+    p.add_argument("--quick", action="store_true", help="n = 64, one burst: a smoke test")
     p.add_argument("--rules", action="store_true", help="slice rules on the phi suite")
     p.add_argument("--seeds", type=int, default=10)
     args = p.parse_args(argv)
@@ -164,6 +166,11 @@ def main(argv=None) -> int:
         rules(args.seeds, 64)
         return 0
     name = backends.resolve(args.backend)
+    if args.quick:
+        perf(name, (64,), (0,), repeats=1)
+        if name == "cpu":
+            memory(64)
+        return 0
     sizes = (256, 1024, 2048) if args.full else (256, 1024)
     if args.full and name == "metal":
         sizes += (4096,)

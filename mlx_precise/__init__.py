@@ -7,6 +7,16 @@ emulator (:mod:`mlx_precise.emulator`), and a native float64 ``cpu`` backend ser
 machines without Metal.
 """
 
+try:
+    import mlx.core  # noqa: F401
+except ImportError as _e:
+    # A bare `mlx` wheel on Linux (or an install with --no-deps) fails deep inside MLX
+    # with "No module named 'mlx'" or a missing libmlx.so; name the fix instead.
+    raise ImportError(
+        f"mlx-precise needs MLX, which cannot be imported here ({_e}). On Linux install "
+        "MLX's CPU build: pip install 'mlx[cpu]' scipy (a plain `pip install mlx-precise` "
+        "brings both); on a Mac: pip install mlx") from _e
+
 from .backends import (
     BACKENDS,
     BackendUnavailableError,

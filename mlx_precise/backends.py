@@ -104,8 +104,12 @@ def use_backend(name: str):
 
     Example::
 
+        import mlx.core as mx
+        import mlx_precise
+
+        x = mx.random.normal((1024,)).astype(mx.complex64)
         with mlx_precise.use_backend("emulate"):
-            y = mlx_precise.selftest.run()
+            y = mlx_precise.fft_extended(x)  # the Metal kernels, run by the emulator
     """
     token = _scoped.set(validate(name))
     try:

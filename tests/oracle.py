@@ -818,44 +818,10 @@ def round_f64(x: Exact) -> np.ndarray:
     return _rn64_vec(x.n, x.k).astype(np.float64)
 
 
-def _veltkamp(a):
-    c = 134217729.0 * a  # 2^27 + 1
-    hi = c - (c - a)
-    return hi, a - hi
+# The double-double matmul reference lives with the benchmarks, which the wheel ships
+# (bench_ozaki uses it there too).
+import sys as _sys  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
 
-
-def dd_matmul(A, B):
-    """Double-double reference of a float64 matrix product: ``(hi, lo)`` float64
-    arrays with ``hi + lo`` within about ``K 2^-104 sum_k |a_ik b_kj|`` of the exact
-    product (Ogita-Rump-Oishi Dot2 with the error terms kept unrounded: TwoProduct
-    by Veltkamp/Dekker splitting, exact in float64 for |entries| < 2^996 and
-    products above the underflow range; TwoSum accumulation). O(K) numpy passes
-    over (M, N) arrays."""
-    A = np.asarray(A, dtype=np.float64)
-    B = np.asarray(B, dtype=np.float64)
-    M, K = A.shape
-    N = B.shape[1]
-    ah, al = _veltkamp(A)
-    bh, bl = _veltkamp(B)
-    s = np.zeros((M, N))
-    t = np.zeros((M, N))
-    for k in range(K):
-        a, b = A[:, k, None], B[None, k, :]
-        p = a * b
-        e = ((ah[:, k, None] * bh[None, k, :] - p) + ah[:, k, None] * bl[None, k, :]
-             + al[:, k, None] * bh[None, k, :]) + al[:, k, None] * bl[None, k, :]
-        s2 = s + p
-        z = s2 - s
-        t += ((s - (s2 - z)) + (p - z)) + e
-        s = s2
-    hi = s + t
-    return hi, t - (hi - s)
-
-
-def rel_err_dd(C, hi, lo) -> np.ndarray:
-    """Elementwise |C - (hi + lo)| / |hi + lo| for float64 C and a double-double
-    reference (C - hi is exact when C is within a factor 2 of hi, the case that
-    matters; elsewhere the error is large anyway)."""
-    C = np.asarray(C, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.abs(((C - hi) - lo) / hi)
+_sys.path.insert(0, str(_Path(__file__).resolve().parents[1] / "benchmarks"))
+from dd_reference import dd_matmul, rel_err_dd  # noqa: E402,F401

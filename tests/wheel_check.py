@@ -18,4 +18,22 @@ assert shipped == expected, f"wheel ships {shipped}, source has {expected}"
 from mlx_precise.doubleword import eft_selftest  # noqa: E402
 
 eft_selftest("emulate")
-print(f"wheel OK: {len(shipped)} Metal files in {pkg / 'metal'}, EFT self-test passed")
+
+# `bench` runs the shipped benchmark scripts, which must need nothing outside the
+# wheel (they once imported a helper from tests/); --quick keeps this to seconds.
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+
+scripts = sorted(p.stem for p in (pkg / "benchmarks").glob("bench_*.py"))
+assert scripts, f"no benchmark scripts in {pkg / 'benchmarks'}"
+with tempfile.TemporaryDirectory() as tmp:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlx_precise", "bench", "--quick", "--backend", "cpu",
+         "--out", f"{tmp}/bench/"], capture_output=True, text=True)
+    assert proc.returncode == 0, f"bench exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    page = Path(tmp, "bench", "performance.md").read_text()
+sections = [line[3:] for line in page.splitlines() if line.startswith("## ")]
+assert sections == scripts, f"report sections {sections}, scripts {scripts}"
+assert "FAILED" not in page, page
+print(f"wheel OK: {len(shipped)} Metal files in {pkg / 'metal'}, EFT self-test passed, "
+      f"bench --quick wrote {len(sections)} sections")
