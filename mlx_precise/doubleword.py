@@ -125,7 +125,7 @@ def eft_selftest(backend: str | None = None) -> None:
 def _as_float64(x, name: str) -> np.ndarray:
     if isinstance(x, mx.array):
         if x.dtype != mx.float64:
-            raise ValueError(f"{name} must have dtype float64, got mlx {x.dtype}")
+            raise ValueError(f"{name} must have dtype float64, got {x.dtype}")
         return np.array(x, dtype=np.float64)
     if isinstance(x, float):
         return np.array(x, dtype=np.float64)
@@ -177,7 +177,7 @@ def split(x) -> tuple[mx.array, mx.array]:
 def _as_float32(x, name: str) -> np.ndarray:
     if isinstance(x, mx.array):
         if x.dtype != mx.float32:
-            raise ValueError(f"{name} must have dtype float32, got mlx {x.dtype}")
+            raise ValueError(f"{name} must have dtype float32, got {x.dtype}")
         return np.array(x, dtype=np.float32)
     if isinstance(x, (np.ndarray, np.floating)):
         x = np.asarray(x)

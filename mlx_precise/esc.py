@@ -99,7 +99,7 @@ def as_float64_matrix(x, name: str) -> mx.array:
         x = mx.array(x, dtype=mx.float64)
     elif isinstance(x, mx.array):
         if x.dtype != mx.float64:
-            raise TypeError(f"{name} must have dtype float64, got mlx {x.dtype}")
+            raise TypeError(f"{name} must have dtype float64, got {x.dtype}")
     else:
         raise TypeError(
             f"{name} must be a float64 mx.array or numpy array, got {type(x).__name__}"

@@ -2,7 +2,7 @@
 
 A Q1.15 code is an int16 ``q`` standing for ``q / 2^15`` (range [-1, 1 - 2^-15], step
 2^-15); a Q1.31 code is an int32 ``q`` standing for ``q / 2^31``. Conversion from float
-follows the "SF16" reference semantics (shared/REFERENCES.md section 6):
+follows the "SF16" reference code, a Q1.15 variant of llm.c (docs/fixedpoint.md):
 
 1. clamp ``x`` to ``[-threshold, threshold]`` (Q1.15 default 0.999, the reference's
    ``Q115_OVERFLOW_THRESHOLD``; Q1.31 default 1.0), the threshold taken as the

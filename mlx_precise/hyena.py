@@ -1,6 +1,6 @@
 """The Hyena FFT long convolution in double-word, rounded once, with gradients.
 
-Semantics of the safari ``fftconv_ref`` (REFERENCES section 3)::
+Semantics of ``fftconv_ref`` in HazyResearch's safari (Poli et al., Hyena Hierarchy, 2023)::
 
     y   = irfft(rfft(u, N) * rfft(k, N) / N, N, norm="forward")[..., :L]
     out = y + u * D[:, None]

@@ -2,8 +2,8 @@
 
 With ``A = s_a (Aq - z_a J)`` (int8 ``Aq``, scale ``s_a``, zero point ``z_a``) and
 ``B = s_b Bq``, the product ``D = A B + C`` is computed as an exact int32 product
-``acc = Aq Bq`` followed by one of the CUTLASS / vLLM epilogues
-(shared/REFERENCES.md section 7):
+``acc = Aq Bq`` followed by one of the scaled epilogues of CUTLASS's int8 GEMMs as
+vLLM uses them (``csrc/quantization/cutlass_w8a8``; docs/int8.md):
 
 =========================== ===================================================
 ScaledEpilogue              ``D = s_a[m] * (s_b[n] * acc)``

@@ -290,7 +290,7 @@ def _factory(backend: str) -> Callable:
 
 def _metal_kernel_safe(**kwargs):
     """``mx.fast.metal_kernel`` in safe math mode where the installed MLX has
-    ``compile_options`` (relaxed math would break TwoSum: REFERENCES section 1)."""
+    ``compile_options`` (relaxed math would break TwoSum: docs/design.md)."""
     try:
         return mx.fast.metal_kernel(**kwargs, compile_options={"math_mode": "safe"})
     except TypeError:

@@ -2,7 +2,7 @@
 
 :func:`norm` computes the max, one, infinity or Frobenius norm of a general,
 trapezoidal, symmetric or Hermitian matrix exactly as LAPACK's xLANGE, xLANTR,
-xLANSY and xLANHE define it (shared/REFERENCES.md section 5): which entries are
+xLANSY and xLANHE define it (LAPACK's reference documentation): which entries are
 read, the unit diagonal, the ignored imaginary part of a Hermitian diagonal, 0 for
 an empty matrix, NaN and Inf propagation with LAPACK's NaN-aware maximum.
 
@@ -138,7 +138,7 @@ def as_matrix(A, name: str = "A"):
     elif isinstance(A, mx.array):
         if A.dtype not in (mx.float32, mx.complex64, mx.float64):
             raise TypeError(f"{name} must have dtype float32, complex64, float64 or "
-                            f"complex128, got mlx {A.dtype}")
+                            f"complex128, got {A.dtype}")
     else:
         raise TypeError(f"{name} must be an mx.array (or numpy array), got {type(A).__name__}")
     if A.ndim != 2:
@@ -284,7 +284,7 @@ def kernel_partial(A: mx.array, spec: Spec, tile: int, backend: str,
 # rounding boundary. Squares are exact pairs by Dekker's TwoProduct (Veltkamp
 # splitting: numpy has no fma). Complex moduli come from np.hypot (< 1 ulp).
 
-# Blue's constants for float64 (REFERENCES section 5: minexp -1021, maxexp 1024,
+# Blue's constants for float64 (Anderson, ACM TOMS 44(1) 2017; minexp -1021, maxexp 1024,
 # digits 53): tsml 2^-511, tbig 2^486, ssml 2^537, sbig 2^-538. Every scaled value
 # is below 2^486, far from the 2^996 where Veltkamp's split overflows.
 _TSML, _TBIG = 2.0**-511, 2.0**486

@@ -2,7 +2,7 @@
 
 Apple GPUs have no float64. :func:`dgemm_emulated` computes ``A @ B`` for float64
 matrices from exact int8 x int8 -> int32 matrix products (Ozaki scheme I on
-integers, as in ozIMMU and cuBLAS's FP64 emulation; shared/REFERENCES.md section 4):
+integers, as in ozIMMU and cuBLAS's FP64 emulation; docs/ozaki.md cites the papers):
 
 1. exponent scan (``ozaki_scan``): per row of A / column of B the largest exponent,
    and per k-block the exponent range and nonzero count for the ESC estimate;

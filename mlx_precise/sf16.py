@@ -1,6 +1,6 @@
 """SF16 mode: Q1.15 boundary quantization of ``mlx.nn`` models, straight-through backward.
 
-The SF16 "true forward" (shared/REFERENCES.md section 6) writes the tensors that cross
+The SF16 "true forward" (docs/fixedpoint.md) writes the tensors that cross
 layer boundaries through Q1.15: matmul outputs go through ``simulate_q131`` then
 ``simulate_q115``; attention softmax outputs, GELU outputs, LayerNorm / RMSNorm
 outputs, embedding outputs, residual sums and the embedding sum go through
