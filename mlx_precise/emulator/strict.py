@@ -51,11 +51,13 @@ THREADGROUP_MEMORY_LIMIT = 32768  # bytes per threadgroup on Apple GPUs
 # compiler then finds `exp(-3.05)` ambiguous between its float and half overloads; the
 # `double` keyword itself is poisoned in the prelude (Metal has no double type). fp16
 # on, generic pointers for the atomics' declarations, and no program-scope variables
-# outside `constant` (as in Metal). Unknown attributes are errors: the only ones left
+# outside `constant` (as in Metal). The AST dump of the kernel's own namespaces
+# (parsing only, as -fsyntax-only) shows pointers without an address space
+# (`_generic_pointers`). Unknown attributes are errors: the only ones left
 # after `translate` mark a Metal attribute in a place Metal does not allow.
 _FRONTEND_FLAGS = [
     "-cc1", "-x", "clcpp", "-cl-std=clc++2021", "-triple", "spir64-unknown-unknown",
-    "-fsyntax-only", "-ferror-limit", "50",
+    "-ast-dump", "-ast-dump-filter=mps_instance_", "-ferror-limit", "50",
     "-cl-ext=+cl_khr_fp64,+__opencl_c_fp64,+cl_khr_fp16,+__opencl_c_generic_address_space,"
     "-__opencl_c_program_scope_global_variables,-__opencl_c_device_enqueue,-__opencl_c_pipes",
     "-Wno-double-promotion", "-Wno-unused-value", "-Werror=unknown-attributes",
@@ -247,7 +249,46 @@ def _run(units: list[str], metal_version: str = DEFAULT_METAL_VERSION) -> tuple[
             capture_output=True, text=True,
         )
     diag = _drop_known_false_errors(proc.stderr.replace(str(path), "<kernel>"))
+    diag += "".join(f"{loc}: error: pointer type must have explicit address space qualifier\n"
+                    for loc in _generic_pointers(proc.stdout.replace(str(path), "<kernel>")))
     return "error:" not in diag, _metal_spelling(diag).strip()
+
+
+# In C++ for OpenCL a pointer written without an address space points to `__generic`;
+# Metal has no such space and rejects the declaration or cast ("pointer type must
+# have explicit address space qualifier"). The AST dump names each declaration's and
+# cast's type; its source locations are relative (`col:N` keeps the last line and
+# file, `line:L:C` the last file).
+_GENERIC_NODE_RE = re.compile(
+    r"[-`](?:VarDecl|ParmVarDecl|FieldDecl|CStyleCastExpr|CXX\w+CastExpr) [^']*'([^']*)'")
+_GENERIC_POINTER_RE = re.compile(r"^(?:const |volatile )*__generic [^()]*\*")
+_SLOC_RE = re.compile(r"(?:line:(\d+):(\d+)|col:(\d+)|([^\s<>,']+|<[^\s<>,']+>):(\d+):(\d+))")
+
+
+def _generic_pointers(ast: str) -> list[str]:
+    """``file:line:col`` of each declaration or explicit cast, in the AST dump, whose
+    type is a pointer written without an address space."""
+    file, line, found = "<kernel>", 0, []
+    for text in ast.splitlines():
+        head = text.split("'", 1)[0]
+        locs = []
+        for m in _SLOC_RE.finditer(head):
+            if m.group(1):
+                line = int(m.group(1))
+                locs.append((file, line, int(m.group(2))))
+            elif m.group(3):
+                locs.append((file, line, int(m.group(3))))
+            else:
+                file, line = m.group(4), int(m.group(5))
+                locs.append((file, line, int(m.group(6))))
+        node = _GENERIC_NODE_RE.search(text)
+        if node and locs and _GENERIC_POINTER_RE.search(node.group(1)) and "implicit" not in head:
+            # a declaration's own location (its name) comes last, a cast's range first
+            f, ln, col = locs[-1] if "Decl " in node.group(0) else locs[0]
+            loc = f"{f}:{ln}:{col}"
+            if loc not in found:
+                found.append(loc)
+    return found
 
 
 _SPACES = {"__global": "device", "__constant": "constant", "__local": "threadgroup",

@@ -106,6 +106,13 @@ FAIL = {
         r"<header>:1:\d+: error: attribute 'max_total_threads_per_threadgroup' cannot be placed"),
     "math function on an unsuffixed literal": (
         I + "y[i] = x[i] * exp(-2.5);", "", r"<source>:2:15: error: call to 'exp' is ambiguous"),
+    "pointer parameter without an address space": (
+        I + "y[i] = head(x);", "inline float head(const float* p) { return p[0]; }\n",
+        r"<header>:1:32: error: pointer type must have explicit address space qualifier"),
+    "pointer local and cast without an address space": (
+        I + "float v = x[i]; float* q = &v;\ny[i] = *q + ((const float*)x)[1];", "",
+        r"<source>:2:24: error: pointer type must have explicit address space qualifier\n"
+        r"(?s:.*)<source>:3:14: error: pointer type must have explicit"),
     "header without a trailing newline": (
         I + "y[i] = x[i] * SCALE;", "#define SCALE 3.0f",
         r"the header does not end with a newline"),
@@ -125,6 +132,12 @@ def test_function_attributes_before_the_declaration_pass():
         "[[buffer(0)]]) { a[0] = 0.0f; }\n"
         "[[max_total_threads_per_threadgroup(32)]] kernel void other(device float* a "
         "[[buffer(0)]], uint t [[thread_position_in_grid]]) { a[t] = 0.0f; }\n")
+
+
+def test_pointers_with_address_spaces_pass():
+    run(I + "float v = x[i]; thread float* q = &v; auto z = x;\n"
+            "y[i] = *q + z[0] + ((const device float*)x)[1] + head(x);",
+        "inline float head(const device float* p) { return p[0]; }\n")
 
 
 def test_suffixed_literals_and_arithmetic_with_unsuffixed_ones_pass():
