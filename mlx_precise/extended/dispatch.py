@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import os
 import threading
 
 import mlx.core as mx
@@ -167,6 +168,11 @@ _saved: list = []  # (owner, name, original) while installed
 
 
 def _install() -> None:
+    # Functions MLX compiled before this package was imported (mlx.nn's gelu,
+    # silu, ...) would replay a float32 trace: with compilation off they run their
+    # Python ops, which the flow sees. (MLX_DISABLE_COMPILE set: leave it alone.)
+    if not os.environ.get("MLX_DISABLE_COMPILE"):
+        mx.disable_compile()
     for owner, name, original, rule in _targets():
         if isinstance(original, property):
             wrapped = _wrapper(name, original.__get__, rule)
@@ -177,6 +183,8 @@ def _install() -> None:
 
 
 def _uninstall() -> None:
+    if not os.environ.get("MLX_DISABLE_COMPILE"):
+        mx.enable_compile()
     while _saved:
         owner, name, original = _saved.pop()
         setattr(owner, name, original)

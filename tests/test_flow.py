@@ -1,0 +1,343 @@
+"""Double-word values carried through ``extended_precision()`` (mlx_precise.extended).
+
+Oracles are independent of the code under test: numpy longdouble (64-bit
+significand on x86-64) or exact fractions, rounded once to float32.
+"""
+
+import gc
+from fractions import Fraction
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+import mlx_precise as mp
+from mlx_precise.extended import PrecisionDropError, carried, low_word
+
+BACKENDS = ["cpu", "emulate"]
+LD = np.longdouble
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    with mp.use_backend(request.param):
+        yield request.param
+
+
+def share_exact(y, ref) -> float:
+    """Fraction of outputs equal to the float32 rounding of the oracle ``ref``."""
+    y = np.array(y)
+    ref = np.asarray(ref)
+    if np.iscomplexobj(ref):
+        want = ref.real.astype(np.float32) + 1j * ref.imag.astype(np.float32)
+        return float(np.mean((y.real == want.real) & (y.imag == want.imag)))
+    return float(np.mean(y == ref.astype(np.float32)))
+
+
+def rng_f32(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# ---- scalars and arithmetic ---------------------------------------------------------
+
+def _rn32(fr: Fraction) -> np.float32:
+    """float32 nearest to a rational, ties to even (candidates around float(fr))."""
+    c = np.float32(float(fr))
+    best = None
+    for v in (np.nextafter(c, np.float32(-np.inf)), c, np.nextafter(c, np.float32(np.inf))):
+        d = abs(Fraction(float(v)) - fr)
+        if best is None or d < best[0] or (d == best[0] and int(v.view(np.uint32)) % 2 == 0):
+            best = (d, v)
+    return best[1]
+
+
+@pytest.mark.parametrize("expr,exact", [
+    (lambda x: x * 0.1, lambda f: f * Fraction(0.1)),
+    (lambda x: x / 3, lambda f: f / 3),
+    (lambda x: x + 1e-3, lambda f: f + Fraction(1e-3)),
+    (lambda x: 0.5 * (x + x[::-1]), None),
+    (lambda x: (x * 0.1 + 1e-3) / 3, lambda f: (f * Fraction(0.1) + Fraction(1e-3)) / 3),
+])
+def test_scalar_chains_round_once(backend, expr, exact):
+    x = rng_f32(2000, seed=1)
+    with mp.extended_precision() as rep:
+        y = expr(mx.array(x))
+    got = np.array(y)
+    fx = [Fraction(float(v)) for v in x]
+    if exact is None:  # 0.5 (a + b) with b = reversed a
+        want = [_rn32(Fraction(1, 2) * (a + b)) for a, b in zip(fx, fx[::-1])]
+    else:
+        want = [_rn32(exact(f)) for f in fx]
+    share = float(np.mean(got == np.array(want, np.float32)))
+    assert share >= 0.999, share
+    assert not rep.float32
+    # plain float32 (the scalar rounded first, then the op) is never better
+    plain = float(np.mean(np.array(expr(mx.array(x))) == np.array(want, np.float32)))
+    assert plain <= share
+
+
+def test_low_word_is_the_residual(backend):
+    x = mx.array(rng_f32(100, seed=2))
+    with mp.extended_precision():
+        y = x / 3
+    lo = low_word(y)
+    assert lo is not None and lo.dtype == mx.float32 and lo.shape == y.shape
+    exact = np.array(x).astype(LD) / 3
+    err = np.abs(np.array(y).astype(LD) + np.array(lo).astype(LD) - exact) / np.abs(exact)
+    assert float(err.max()) < 2.0**-46
+
+
+def test_complex_arithmetic(backend):
+    a = rng_f32((3, 50), 3) + 1j * rng_f32((3, 50), 4)
+    b = rng_f32((50,), 5) + 1j * rng_f32((50,), 6)
+    A, B = mx.array(a.astype(np.complex64)), mx.array(b.astype(np.complex64))
+    with mp.extended_precision() as rep:
+        prod = A * B * 0.3
+        quot = A / B
+        mix = A * mx.real(B) - 2.5j
+        s = (A + B).sum(axis=1)
+        conj = mx.conj(A) * A
+    al, bl = a.astype(np.clongdouble), b.astype(np.clongdouble)
+    assert share_exact(prod, al * bl * LD(0.3)) >= 0.99
+    assert share_exact(quot, al / bl) >= 0.99
+    assert share_exact(mix, al * bl.real - 2.5j) >= 0.99
+    assert share_exact(s, (al + bl).sum(axis=1)) == 1.0
+    assert share_exact(conj, np.conj(al) * al) == 1.0
+    assert not rep.float32
+
+
+def test_shape_ops_carry_the_low_word(backend):
+    x = mx.array(rng_f32((4, 6), 7))
+    with mp.extended_precision() as rep:
+        y = x / 7
+        outs = {
+            "reshape": y.reshape(6, 4), "transpose": y.T, "swapaxes": mx.swapaxes(y, 0, 1),
+            "moveaxis": mx.moveaxis(y, 0, 1), "expand": mx.expand_dims(y, 0),
+            "none": y[None], "squeeze": mx.squeeze(y[None]), "slice": y[1:3, ::2],
+            "broadcast": mx.broadcast_to(y, (2, 4, 6)),
+            "concat": mx.concatenate([y, y], axis=0), "stack": mx.stack([y, y]),
+            "split": mx.split(y, 2, axis=1)[1], "pad": mx.pad(y, [(1, 1), (0, 0)]),
+            "take": mx.take(y, mx.array([3, 0]), axis=0),
+            "take_along": mx.take_along_axis(y, mx.zeros((4, 1), mx.int32), axis=1),
+            "where": mx.where(x > 0, y, -y),
+        }
+    ref = np.array(x).astype(LD) / 7
+    refs = {
+        "reshape": ref.reshape(6, 4), "transpose": ref.T, "swapaxes": ref.T,
+        "moveaxis": ref.T, "expand": ref[None], "none": ref[None], "squeeze": ref,
+        "slice": ref[1:3, ::2], "broadcast": np.broadcast_to(ref, (2, 4, 6)),
+        "concat": np.concatenate([ref, ref]), "stack": np.stack([ref, ref]),
+        "split": np.split(ref, 2, axis=1)[1], "pad": np.pad(ref, [(1, 1), (0, 0)]),
+        "take": ref[[3, 0]], "take_along": ref[:, :1],
+        "where": np.where(np.array(x) > 0, ref, -ref),
+    }
+    for name, v in outs.items():
+        lo = low_word(v)
+        assert lo is not None, name
+        total = np.array(v).astype(LD) + np.array(lo).astype(LD)
+        assert np.max(np.abs(total - refs[name])) <= 2.0**-46 * np.max(np.abs(ref)), name
+    assert not rep.float32
+
+
+def test_astype_and_exits(backend):
+    x = mx.array(rng_f32(10, 8))
+    with mp.extended_precision():
+        y = x / 3
+        y64 = y.astype(mx.float64)
+        yc = y.astype(mx.complex64)
+    ref = np.array(x).astype(np.float64) / 3
+    assert np.max(np.abs(np.array(y64) - ref) / np.abs(ref)) < 2.0**-46
+    assert low_word(yc) is not None and yc.dtype == mx.complex64
+
+
+def test_maximum_minimum_abs(backend):
+    x = mx.array(np.array([1, -2, 3, np.inf, np.nan, -0.0], np.float32))
+    with mp.extended_precision():
+        a = x / 3
+        b = (x + 1e-9) / 3  # equal high words for most, larger low words
+        hi = mx.maximum(a, b)
+        lo = mx.minimum(a, b)
+        ab = mx.abs(-a)
+    with np.errstate(invalid="ignore"):
+        ref_a = np.array(x).astype(LD) / 3
+        ref_b = (np.array(x).astype(LD) + LD(1e-9)) / 3
+        want_hi, want_lo = np.maximum(ref_a, ref_b), np.minimum(ref_a, ref_b)
+    np.testing.assert_array_equal(np.array(hi), want_hi.astype(np.float32))
+    np.testing.assert_array_equal(np.array(lo), want_lo.astype(np.float32))
+    np.testing.assert_array_equal(np.array(ab), np.abs(ref_a).astype(np.float32))
+
+
+def test_special_values_like_float32(backend):
+    big = np.float32(2.0**127)
+    x = mx.array(np.array([big, -big, np.inf, -np.inf, np.nan, 0.0, 3e38], np.float32))
+    with mp.extended_precision():
+        y = x * 4.0
+        z = x / 0.5
+        w = x + 1e38
+    with np.errstate(over="ignore", invalid="ignore"):
+        xs = np.array(x)
+        for got, want in ((y, xs * np.float32(4)), (z, xs / np.float32(0.5)),
+                          (w, (xs.astype(np.float64) + 1e38).astype(np.float32))):
+            np.testing.assert_array_equal(np.array(got), want)
+
+
+# ---- FFT pipelines written in plain MLX --------------------------------------------
+
+def _causal_oracle(u, k, D=None):
+    """Direct causal convolution in longdouble."""
+    ul, kl = u.astype(LD), k.astype(LD)
+    L = u.shape[-1]
+    y = np.zeros(u.shape, LD)
+    for t in range(L):
+        y[..., t] = np.sum(ul[..., : t + 1] * kl[..., t::-1], axis=-1)
+    if D is not None:
+        y = y + ul * D.astype(LD)[:, None]
+    return y
+
+
+def _conv_plain(u, k):
+    n = 2 * u.shape[-1]
+    y = mx.fft.irfft(mx.fft.rfft(u, n=n) * mx.fft.rfft(k, n=n), n=n)
+    return y[..., : u.shape[-1]]
+
+
+def _conv_safari(u, k, D):
+    L = u.shape[-1]
+    n = 2 * L
+    k_f = mx.fft.rfft(k, n=n) / n
+    u_f = mx.fft.rfft(u, n=n)
+    y = mx.fft.irfft(u_f * k_f, n=n, norm="forward")[..., :L]
+    return y + u * D[:, None]
+
+
+def test_fft_convolution_forms(backend):
+    B, C, L = 2, 3, 128
+    u, k, D = rng_f32((B, C, L), 10), rng_f32((C, L), 11), rng_f32((C,), 12)
+    ref_plain, ref_safari = _causal_oracle(u, k), _causal_oracle(u, k, D)
+    args = (mx.array(u), mx.array(k))
+    plain = share_exact(_conv_plain(*args), ref_plain)
+    with mp.extended_precision() as rep:
+        y1 = _conv_plain(*args)
+        y2 = _conv_safari(*args, mx.array(D))
+    assert share_exact(y1, ref_plain) >= 0.99 > plain
+    assert share_exact(y2, ref_safari) >= 0.99
+    assert rep.extended["fft.rfft"] == 4 and rep.extended["fft.irfft"] == 2
+    assert not rep.float32
+
+
+def test_fno_spectral_layer(backend):
+    H = W = 16
+    modes = 4
+    x = rng_f32((2, H, W), 13)
+    wr = rng_f32((modes, modes), 14) + 1j * rng_f32((modes, modes), 15)
+    wts = mx.array(wr.astype(np.complex64))
+
+    def layer(a):
+        f = mx.fft.rfft2(a)
+        low = f[:, :modes, :modes] * wts
+        out = mx.pad(low, [(0, 0), (0, H - modes), (0, W // 2 + 1 - modes)])
+        return mx.fft.irfft2(out, s=(H, W))
+
+    with mp.extended_precision() as rep:
+        y = layer(mx.array(x))
+    f = np.fft.rfft2(x.astype(np.float64))  # float64 oracle of a linear layer
+    g = np.zeros_like(f)
+    g[:, :modes, :modes] = f[:, :modes, :modes] * wr.astype(np.complex128)
+    ref = np.fft.irfft2(g, s=(H, W))
+    assert share_exact(y, ref) >= 0.99
+    assert not rep.float32
+
+
+# ---- gradients ---------------------------------------------------------------------
+
+def test_gradients_match_float64(backend):
+    L = 32
+    u, k = rng_f32((1, 2, L), 16), rng_f32((2, L), 17)
+
+    def loss(a, b):
+        return ((_conv_plain(a, b) * 0.1 + a) ** 2).sum()
+
+    with mp.extended_precision():
+        gu, gk = mx.grad(loss, argnums=(0, 1))(mx.array(u), mx.array(k))
+    # float64 gradient by hand: y = causal(u, k) * 0.1 + u; loss = sum y^2
+    u64, k64 = u.astype(np.float64), k.astype(np.float64)
+    y = np.real(_causal_oracle(u, k)).astype(np.float64) * 0.1 + u64
+    gy = 2 * y
+    # d/du: gy + 0.1 * correlation with k;  d/dk: 0.1 * correlation with u
+    gu_ref = gy.copy()
+    gk_ref = np.zeros_like(k64)
+    for t in range(L):
+        for s in range(t + 1):
+            gu_ref[..., t - s] += 0.1 * gy[..., t] * k64[..., s]
+            gk_ref[..., s] += 0.1 * np.sum(gy[:, :, t] * u64[:, :, t - s], axis=0)
+    for got, want in ((gu, gu_ref), (gk, gk_ref)):
+        err = np.max(np.abs(np.array(got) - want)) / np.max(np.abs(want))
+        assert err < 1e-5, err
+
+
+# ---- the block's contract ----------------------------------------------------------
+
+def test_outside_the_block_nothing_changes():
+    add, mul, getitem = mx.array.__add__, mx.multiply, mx.array.__getitem__
+    x = mx.array(rng_f32(64, 18))
+    before = np.array(x * 0.1 + x[::2].sum())
+    with mp.extended_precision():
+        assert mx.array.__add__ is not add  # the dispatcher is in place
+    assert mx.array.__add__ is add and mx.multiply is mul and mx.array.__getitem__ is getitem
+    np.testing.assert_array_equal(np.array(x * 0.1 + x[::2].sum()), before)
+
+
+def test_unsupported_ops_are_reported_and_strict_raises(backend):
+    x = mx.array(rng_f32(8, 19))
+    with mp.extended_precision() as rep:
+        y = mx.exp(x / 3)
+        h = mx.array(np.ones(8, np.float16)) * 0.1
+    assert rep.float32["exp"] == 1 and rep.plain["__mul__"] == 1
+    assert h.dtype == mx.float16 and low_word(h) is None
+    np.testing.assert_array_equal(np.array(y), np.array(mx.exp(mx.array(np.array(x / 3)))))
+    with pytest.raises(PrecisionDropError, match="exp"):
+        with mp.extended_precision(strict=True):
+            mx.exp(x / 3)
+
+
+def test_nested_off_block_and_threads():
+    import threading
+
+    x = mx.array(rng_f32(8, 20))
+    out = {}
+    with mp.extended_precision():
+        with mp.extended_precision(False):
+            out["off"] = x / 3
+
+        def other():
+            out["thread"] = x / 3
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        out["on"] = x / 3
+    assert low_word(out["off"]) is None and low_word(out["thread"]) is None
+    assert low_word(out["on"]) is not None
+
+
+def test_compiled_functions_run_extended_inside():
+    x = mx.array(rng_f32(16, 21))
+    with mp.use_backend("cpu"), mp.extended_precision() as rep:
+        y = mx.compile(lambda a: a * 0.1)(x)
+        g = nn.gelu(x / 3)
+    assert low_word(y) is not None and rep.extended["__truediv__"] >= 1
+    assert rep.float32["erf"] == 1  # gelu ran its ops (not a float32 replay)
+    assert g.shape == x.shape
+
+
+def test_no_low_word_outlives_its_array():
+    x = mx.array(rng_f32(32, 22))
+    gc.collect()
+    start = carried()
+    for _ in range(1000):
+        with mp.use_backend("cpu"), mp.extended_precision():
+            y = (x * 0.1 + 1) / 3
+        del y
+    gc.collect()
+    assert carried() == start
