@@ -28,7 +28,7 @@ import numpy as np
 
 from . import backends
 from .arrays import as_array
-from .autodiff import host_guard
+from .autodiff import _TRACED, TransformUnsupportedError, host_guard
 from .int8_gemm import check_k, device_buffer, gemm_grid, gemm_params
 from .kernels import Kernel
 
@@ -84,6 +84,34 @@ def _sat8(q: mx.array) -> mx.array:
     return mx.clip(q, -128, 127).astype(mx.int8)
 
 
+def _refuse_non_finite(xf: mx.array, dynamic: bool) -> None:
+    """Raise ValueError where ``x`` holds what int8 cannot: NaN always (vLLM's
+    kernels quantize it to 0, a finite value that looks valid), and with a dynamic
+    scale also Inf (``absmax / 127`` would be Inf and every other element of its row
+    would quantize to 0). A static scale saturates Inf to -128 / 127 like any value
+    out of range, which is what sat8 promises."""
+    bad = ~mx.isfinite(xf) if dynamic else mx.isnan(xf)
+    try:
+        found = bool(mx.any(bad).item())
+    except ValueError as e:  # traced: the values needed for the check do not exist yet
+        if _TRACED not in str(e):
+            raise
+        raise TransformUnsupportedError(
+            "quantize_int8 checks x for NaN (and Inf, with a dynamic scale) before "
+            "quantizing, which needs x's values: mx.compile / mx.vmap cannot trace it; "
+            "quantize outside the transformation") from e
+    if not found:
+        return
+    bad_np = np.array(bad)
+    first = tuple(int(i) for i in np.argwhere(bad_np)[0])
+    what, why = (("NaN or Inf", "NaN or Inf, and its row's dynamic scale would not be finite")
+                 if dynamic else ("NaN", "NaN"))
+    raise ValueError(
+        f"x has {int(bad_np.sum())} {what} value(s), the first ({float(np.array(xf[first]))}) "
+        f"at index {first}: int8 has no code for {why}; replace or mask them first "
+        "(e.g. mx.nan_to_num)")
+
+
 def _per_row(v, name: str, rows_shape: tuple, dtype, kind: str) -> mx.array:
     """A static scale / zero point: numel 1, or one per row (shape ``[..., 1]``)."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -116,9 +144,12 @@ def quantize_int8(x: mx.array, *, scale=None, azp=None, symmetric: bool = True):
       azp -128, so that ``scale * (q - azp)`` still reproduces it.
 
     Every step is one float32 operation as written (``/`` and ``*`` correctly
-    rounded), ``rint`` rounds half to even, ``sat8`` / ``sat32`` saturate; NaN
-    quantizes to 0 (non-finite data gives defined but meaningless values).
-    ``x ~ scale * (q - azp)``.
+    rounded), ``rint`` rounds half to even, ``sat8`` / ``sat32`` saturate.
+    ``x ~ scale * (q - azp)``. int8 holds no NaN and no Inf, so a NaN in ``x`` (and,
+    in dynamic mode, an Inf) raises ValueError instead of coming back as a finite
+    code (vLLM's kernels give NaN the code 0, and an Inf makes its row's scale Inf);
+    in static mode an Inf saturates like any value out of range. The check reads
+    ``x``'s values, so ``mx.compile`` / ``mx.vmap`` cannot trace this function.
 
     Args:
         x: float32, float16 or bfloat16, shape ``[..., K]`` (rows: all but the last axis).
@@ -137,7 +168,9 @@ def quantize_int8(x: mx.array, *, scale=None, azp=None, symmetric: bool = True):
         TypeError: wrong types or dtypes.
         ValueError: ``x`` is 0-d, a dynamic row is empty, ``azp`` without ``scale``,
             ``symmetric=False`` with a static scale, scale shapes that fit neither
-            form, a zero or non-finite static scale.
+            form, a zero or non-finite static scale, NaN in ``x`` (or Inf with a
+            dynamic scale).
+        TransformUnsupportedError: traced by ``mx.compile`` / ``mx.vmap``.
     """
     xf = _float_input(x, "x")
     if xf.ndim == 0:
@@ -148,6 +181,7 @@ def quantize_int8(x: mx.array, *, scale=None, azp=None, symmetric: bool = True):
             raise ValueError("azp given without scale: static quantization needs both")
         if xf.shape[-1] == 0:
             raise ValueError("x has empty rows (last dimension 0): no dynamic scale exists")
+        _refuse_non_finite(xf, dynamic=True)
         if symmetric:
             absmax = mx.max(mx.abs(xf), axis=-1, keepdims=True)
             s = absmax / 127.0
@@ -169,6 +203,7 @@ def quantize_int8(x: mx.array, *, scale=None, azp=None, symmetric: bool = True):
     s = _per_row(scale, "scale", rows, mx.float32, "float32")
     if not bool(mx.all(mx.isfinite(s) & (s != 0)).item()):
         raise ValueError("scale must be nonzero and finite")
+    _refuse_non_finite(xf, dynamic=False)
     # One element broadcasts as a scalar (whatever its shape); [..., 1] per row.
     v = xf / (mx.reshape(s, ()) if s.size == 1 else s)
     if azp is None:

@@ -3,7 +3,7 @@ azp_adj helper, Int8Linear and the model conversion helper.
 
 scaled_mm oracles (independent of the code under test):
 
-* the issue's: the exact product (numpy int64 matmul, integer zero-point
+* the published formula: the exact product (numpy int64 matmul, integer zero-point
   corrections in int64), the epilogue evaluated in float64 in the published order,
   rounded once to out_dtype by integer rounding (tests/oracle.py: round_to);
 * a stricter one: the exact rational value of the epilogue (tests/oracle.py: Exact)
@@ -423,13 +423,13 @@ def test_quantize_dynamic_asymmetric():
 
 
 def test_quantize_static():
-    x = np.float32([[1.0, -1.0, 2.5, 3.5, 1000.0, -1000.0, 1e30, -1e30, np.nan]])
+    x = np.float32([[1.0, -1.0, 2.5, 3.5, 1000.0, -1000.0, 1e30, -1e30, np.inf, -np.inf]])
     q, s, zp = quantize_int8(mx.array(x), scale=1.0)
     assert zp is None and float(s) == 1.0
-    assert list(np.array(q)[0]) == [1, -1, 2, 4, 127, -128, 127, -128, 0]
+    assert list(np.array(q)[0]) == [1, -1, 2, 4, 127, -128, 127, -128, 127, -128]
     q, _, zp = quantize_int8(mx.array(x), scale=mx.array([0.5]), azp=mx.array([-100], mx.int32))
     # sat8(sat32(rint(x / 0.5)) - 100)
-    assert list(np.array(q)[0]) == [-98, -102, -95, -93, 127, -128, 127, -128, -100]
+    assert list(np.array(q)[0]) == [-98, -102, -95, -93, 127, -128, 127, -128, 127, -128]
     # per-row static scale and zero point
     x2 = np.float32([[1.0, 2.0], [3.0, 4.0]])
     q, _, _ = quantize_int8(mx.array(x2), scale=mx.array([[1.0], [0.5]]),
@@ -441,6 +441,51 @@ def test_quantize_static():
     assert xv / sv == np.float32(90.5) and np.rint(xv * (np.float32(1) / sv)) == 91
     q, _, _ = quantize_int8(mx.array(np.array([xv])), scale=mx.array(np.array([sv])))
     assert int(np.array(q)[0]) == 90
+
+
+@pytest.mark.parametrize("backend", ["cpu", BACKEND])
+def test_quantize_non_finite_raises(backend):
+    """int8 has no code for NaN: a NaN used to come back as q = 0 (static) or make
+    its whole row q = 0 with a NaN scale (dynamic); an Inf made a dynamic row's
+    scale Inf and its other codes 0. Now both raise, naming where; finite rows
+    quantize as before, and Int8Linear (quantize, then scaled_mm on the backend)
+    raises the same way instead of returning NaN rows."""
+    x = np.float32([[0.5, -1.0, 2.0, 0.25], [1.0, np.nan, 3.0, -2.0], [1.0, 2.0, 3.0, 4.0]])
+    with mlx_precise.use_backend(backend):
+        for kw in ({}, {"symmetric": False}, {"scale": 0.5},
+                   {"scale": 0.5, "azp": mx.array([3], mx.int32)}):
+            with pytest.raises(ValueError, match=r"1 NaN.* value\(s\), the first \(nan\) "
+                                                 r"at index \(1, 1\): int8 has no code"):
+                quantize_int8(mx.array(x), **kw)
+        xi = x.copy()
+        xi[1, 1] = -np.inf
+        for kw in ({}, {"symmetric": False}):
+            with pytest.raises(ValueError, match=r"NaN or Inf value\(s\), the first \(-inf\)"
+                                                 r".*dynamic scale would not be finite"):
+                quantize_int8(mx.array(xi), **kw)
+        # finite rows alone quantize as before (the check changes nothing else)
+        q, s, _ = quantize_int8(mx.array(x[[0, 2]]))
+        rq, rs = ref_dynamic_symmetric(x[[0, 2]])
+        assert np.array_equal(np.array(q), rq) and np.array_equal(np.array(s), rs)
+        layer = Int8Linear.from_linear(nn.Linear(4, 3))
+        with pytest.raises(ValueError, match="int8 has no code for NaN"):
+            layer(mx.array(x))
+        with pytest.raises(ValueError, match="int8 has no code for NaN"):
+            Int8Linear.from_linear(_linear_with(np.float32([[1.0, np.nan, 0.0, 0.0]] * 3)))
+
+
+def _linear_with(w):
+    lin = nn.Linear(w.shape[1], w.shape[0])
+    lin.weight = mx.array(w)
+    return lin
+
+
+def test_quantize_non_finite_under_compile():
+    """The check needs x's values: a traced call says so in a named error."""
+    from mlx_precise import TransformUnsupportedError
+
+    with pytest.raises(TransformUnsupportedError, match="quantize_int8 checks x for NaN"):
+        mx.compile(lambda v: quantize_int8(v)[0])(mx.ones((2, 4)))
 
 
 def test_quantize_bad_input():
