@@ -12,7 +12,7 @@ OpenCL: a Linux-side gate for code that only Apple's compiler would reject.
 """
 
 from .compiler import CompilerNotFoundError, KernelCompileError, find_compiler
-from .kernel import MetalKernel, metal_kernel
+from .kernel import MetalKernel, OutOfBoundsReadWarning, metal_kernel
 from .strict import CheckerNotFoundError, MetalCheckError, check_source
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "check_source",
     "KernelCompileError",
     "MetalKernel",
+    "OutOfBoundsReadWarning",
     "find_compiler",
     "metal_kernel",
 ]

@@ -104,12 +104,23 @@ def _layout(x: mx.array, contiguous: bool) -> tuple[np.ndarray, list[int], int]:
     return a, strides, first
 
 
-def _stage_input(name: str, x: mx.array, contiguous: bool):
+class OutOfBoundsReadWarning(RuntimeWarning):
+    """A kernel read past the end of a buffer (outside checked mode): the read
+    returned poison, as a GPU would return some value there."""
+
+
+def _slack(checked: bool) -> int:
+    """The byte that fills a buffer's alignment slack: checked mode's canary (a
+    write there is found), else the poison that reads past the end return."""
+    return memory.CANARY if checked else memory.POISON
+
+
+def _stage_input(name: str, x: mx.array, contiguous: bool, checked: bool = True):
     """Copy input ``x`` into a fenced buffer; returns ``(buffer, element strides)``."""
     a, strides, first = _layout(x, contiguous)
     last = sum(max(0, (n - 1) * s) for n, s in zip(a.shape, strides)) if a.size else -1
     span = (last - first + 1) * a.itemsize
-    buf = memory.Guarded(name, "input", span, a.itemsize, first)
+    buf = memory.Guarded(name, "input", span, a.itemsize, first, slack=_slack(checked))
     if span:
         src = a.__array_interface__["data"][0] + first * a.itemsize
         ctypes.memmove(buf.ptr, src, span)
@@ -134,6 +145,11 @@ def _dims(value, what: str) -> tuple[int, int, int]:
 # What precedes MLX's text in the C++ unit (the runtime names source lines of
 # the unit; `_name_lines` subtracts this).
 _PRELUDE = '#include "runtime.h"\n#define threadgroup\n'
+# Metal's compiler defines __FAST_MATH__ when fast math is on (MLX sets
+# MTLCompileOptions.fastMathEnabled for math_mode="fast"), and kernels test it with
+# `#if`; the emulator defines it the same way (arithmetic stays IEEE, see
+# _warn_math_mode).
+_PRELUDE_FAST = '#include "runtime.h"\n#define threadgroup\n#define __FAST_MATH__ 1\n'
 
 
 def _threadgroup_decl(m: re.Match) -> str:
@@ -144,7 +160,7 @@ def _threadgroup_decl(m: re.Match) -> str:
             f'mpemu::tg_alloc(sizeof({t}{dims}), sizeof({t}), "{name}"));')
 
 
-def _cpp_source(kname: str, text: str, template, params) -> str:
+def _cpp_source(kname: str, text: str, template, params, prelude: str = _PRELUDE) -> str:
     """The C++ translation unit: shim, MLX's text, and the per-thread trampoline."""
     text = signature.THREADGROUP_DECL_RE.sub(_threadgroup_decl, text)
     args = []
@@ -164,12 +180,18 @@ def _cpp_source(kname: str, text: str, template, params) -> str:
     targs = signature.template_def(template) if template else ""
     call = ",\n      ".join(args)
     return (
-        _PRELUDE +
+        prelude +
         f"{text}\n"
         "static void mpemu_thread(void** b) {\n"
         "  const mpemu::Attrs& a = mpemu::attrs();\n"
         "  (void)a;\n"
         f"  {kname}{targs}(\n      {call});\n"
+        "}\n"
+        'extern "C" void mpemu_poison(const uint64_t* ranges, int n, uint64_t* hits) {\n'
+        "  mpemu::g_poison_count = 0;\n"
+        "  for (int i = 0; i < n && i < mpemu::kMaxPoison; ++i)\n"
+        "    mpemu::g_poison[mpemu::g_poison_count++] = {ranges[2 * i], ranges[2 * i + 1]};\n"
+        "  mpemu::g_poison_hits = hits;\n"
         "}\n"
         'extern "C" int mpemu_tg_describe(uint64_t addr, char* out, int n) {\n'
         "  return mpemu::tg_describe(addr, out, n);\n"
@@ -189,6 +211,9 @@ def _load(source: str, kname: str, label: str) -> ctypes.CDLL:
             path = compiler.build(source, kname, [SHIM_DIR], label)
             lib = ctypes.CDLL(str(path))
             lib.mpemu_tg_describe.restype = ctypes.c_int
+            lib.mpemu_poison.restype = None
+            lib.mpemu_poison.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int,
+                                         ctypes.POINTER(ctypes.c_uint64)]
             lib.mpemu_tg_describe.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_int]
             lib.mpemu_launch.restype = ctypes.c_int
             lib.mpemu_launch.argtypes = [
@@ -222,6 +247,9 @@ class MetalKernel:
         if not output_names:
             raise ValueError("[metal_kernel] Must specify at least one output.")
         _check_compile_options(compile_options)
+        self._prelude = (_PRELUDE_FAST if dict(compile_options or {}).get("math_mode") == "fast"
+                         else _PRELUDE)
+        self._warned_reads: set[str] = set()  # buffers warned about (reads past them)
         self.name = name
         self.input_names = list(input_names)
         self.output_names = list(output_names)
@@ -295,9 +323,9 @@ class MetalKernel:
                 template=template, atomic_outputs=self.atomic_outputs)
             self._strict_passed.add(kname)
         compile_text = signature.write_signature(kname, self.header, self.source, template, params)
-        cpp = _cpp_source(kname, compile_text, template, params)
+        cpp = _cpp_source(kname, compile_text, template, params, self._prelude)
         lib = _load(cpp, kname, f"{self.name} ({kname})")
-        line0 = _PRELUDE.count("\n")
+        line0 = self._prelude.count("\n")
 
         def launch(*arrays):
             return self._launch(lib, params, list(arrays), output_shapes, output_dtypes,
@@ -324,13 +352,13 @@ class MetalKernel:
                     continue
                 if p.kind == "input":
                     buf, strides[p.owner] = _stage_input(p.name, inputs[p.owner],
-                                                         self.ensure_row_contiguous)
+                                                         self.ensure_row_contiguous, self.checked)
                     fenced.append(buf)
                     ptrs.append(buf.origin)
                     continue
                 if p.kind == "output":
                     buf = self._new_output(p.name, output_shapes[p.owner],
-                                           output_dtypes[p.owner], init_value)
+                                           output_dtypes[p.owner], init_value, self.checked)
                     fenced.append(buf)
                     outs.append(buf)
                     ptrs.append(buf.origin)
@@ -348,9 +376,20 @@ class MetalKernel:
             dims = (ctypes.c_uint32 * 6)(*grid, *(min(t, g) for t, g in zip(threadgroup, grid)))
             err = ctypes.create_string_buffer(512)
             fault = (ctypes.c_uint64 * 8)()
+            # Outside checked mode a read in a buffer's guard pages returns poison
+            # (shim/runtime.h, poison_read); checked mode keeps it an error.
+            poison = [] if self.checked else fenced
+            ranges = (ctypes.c_uint64 * max(2 * len(poison), 1))(
+                *(v for b in poison for v in (b.base, b.base + b.size)))
+            hits = (ctypes.c_uint64 * max(5 * len(poison), 1))()
             with _launch_lock:
-                status = lib.mpemu_launch(buffers, dims, int(self._fibers), int(self.checked),
-                                          err, len(err), fault)
+                lib.mpemu_poison(ranges, len(poison), hits)
+                try:
+                    status = lib.mpemu_launch(buffers, dims, int(self._fibers),
+                                              int(self.checked), err, len(err), fault)
+                finally:
+                    lib.mpemu_poison(ranges, 0, hits)
+            self._warn_poison_reads(poison, hits)
             if status == 1:
                 raise RuntimeError(f"kernel {self.name!r}: {_name_lines(err.value.decode(), line0)}")
             if status == 2:
@@ -372,14 +411,29 @@ class MetalKernel:
             for b in fenced:
                 b.free()
 
+    def _warn_poison_reads(self, buffers, hits) -> None:
+        """One warning per kernel and buffer whose guard pages a read reached."""
+        for k, b in enumerate(buffers):
+            count, addr, x, y, z = hits[5 * k: 5 * k + 5]
+            if not count or b.name in self._warned_reads:
+                continue
+            self._warned_reads.add(b.name)
+            warnings.warn(
+                f"kernel {self.name!r}: read past the end of {b.kind} {b.name!r} at element "
+                f"{b.element(addr)} (valid: {b.first}..{b.last}) by thread ({x},{y},{z}) of "
+                "the grid; the read returned poison (all bits set: NaN for floats, -1 for "
+                "integers), a GPU returns whatever memory holds there. checked=True raises "
+                "instead (this warning is given once per kernel and buffer)",
+                OutOfBoundsReadWarning, stacklevel=4)
+
     @staticmethod
-    def _new_output(name, shape, dtype, init_value) -> memory.Guarded:
+    def _new_output(name, shape, dtype, init_value, checked=True) -> memory.Guarded:
         """A fenced output buffer: ``init_value`` everywhere, else all-ones bytes."""
         if dtype not in _NP_DTYPES:
             raise TypeError(f"unsupported output dtype for a Metal kernel: {dtype}")
         size = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
         itemsize = np.dtype(_NP_DTYPES[dtype]).itemsize
-        buf = memory.Guarded(name, "output", size * itemsize, itemsize)
+        buf = memory.Guarded(name, "output", size * itemsize, itemsize, slack=_slack(checked))
         if init_value is not None:
             buf.array[:] = _to_numpy(mx.full((size,), init_value, dtype=dtype)).view(np.uint8)
         else:

@@ -7,7 +7,8 @@ at the start of the guard after it (rounded up to 16 bytes, so vector types stay
 aligned), hence one element past the end already faults. The runtime catches the
 fault (shim/runtime.h) and :func:`describe` turns its address into the buffer and
 element. Bytes between the data and the guards are filled with a canary so that a
-write there is found after the launch (:meth:`Guarded.slack_write`).
+write there is found after the launch (:meth:`Guarded.slack_write`); outside checked
+mode the filler is the poison (all-ones bytes) that reads past the end return.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ _PROT_NONE, _PROT_RW = 0, mmap.PROT_READ | mmap.PROT_WRITE
 _MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
 _PAGE = mmap.PAGESIZE
 _ALIGN = 16
-_CANARY = 0xA5
+CANARY = 0xA5  # checked mode's slack filler (a write there is reported)
+POISON = 0xFF  # what reads past the end return outside checked mode (NaN, -1)
 # Guards are address space only (no memory): wide enough that an index tens of
 # times the buffer's size still lands in one rather than in another mapping.
 _MIN_GUARD, _MAX_GUARD = 64 << 20, 4 << 30
@@ -52,7 +54,8 @@ class Guarded:
     - 1`` of the kernel's pointer, whose element 0 is at ``origin`` (``first`` < 0
     for a strided view with negative strides)."""
 
-    def __init__(self, name: str, kind: str, nbytes: int, itemsize: int, first: int = 0):
+    def __init__(self, name: str, kind: str, nbytes: int, itemsize: int, first: int = 0,
+                 slack: int = CANARY):
         self.name, self.kind, self.itemsize = name, kind, itemsize
         self.first, self.last = first, first + nbytes // itemsize - 1
         self.nbytes = nbytes
@@ -73,9 +76,10 @@ class Guarded:
         self.hi = page0 + data_pages  # first byte of the guard after the data
         self.ptr = self.hi - padded
         self.origin = self.ptr - first * itemsize
-        # Canary in the slack only: the caller fills the data itself.
-        ctypes.memset(self.lo, _CANARY, self.ptr - self.lo)
-        ctypes.memset(self.ptr + nbytes, _CANARY, self.hi - self.ptr - nbytes)
+        # The slack only: the caller fills the data itself.
+        self.slack = slack
+        ctypes.memset(self.lo, slack, self.ptr - self.lo)
+        ctypes.memset(self.ptr + nbytes, slack, self.hi - self.ptr - nbytes)
         self.array = np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(self.ptr))[:nbytes]
 
     def slack_write(self) -> int | None:
@@ -84,7 +88,7 @@ class Guarded:
         whole = np.ctypeslib.as_array((ctypes.c_uint8 * (self.hi - self.lo)).from_address(self.lo))
         start, end = self.ptr - self.lo, self.ptr - self.lo + self.nbytes
         for lo, hi in ((0, start), (end, len(whole))):
-            bad = np.flatnonzero(whole[lo:hi] != _CANARY)
+            bad = np.flatnonzero(whole[lo:hi] != self.slack)
             if bad.size:
                 return int(lo + bad[0]) - start
         return None

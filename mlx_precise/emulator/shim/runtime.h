@@ -762,6 +762,44 @@ inline void run_group_fibers(Runtime& r, uint n) {
 // buffer, an integer division traps) returns to launch() instead of killing
 // the process; a fault on another thread goes to the handler saved before.
 constexpr int kSignals[3] = {SIGSEGV, SIGBUS, SIGFPE};
+
+// Reads past a buffer outside checked mode. A GPU returns whatever memory holds
+// there, and kernels rely on it (they read past the end, then select the value
+// away), so such a read must not stop the launch. The launcher registers each
+// buffer's whole mapping (kernel.py); a read that faults in one of its guard pages
+// makes that page readable and filled with all-ones bytes (NaN for floats, -1 for
+// integers: a kernel that multiplies the value by zero instead of selecting it
+// shows NaN), and the access repeats. The page stays read-only: a write still
+// faults. Per buffer the first such read (address and thread) is recorded for the
+// launcher's warning. Writes, and reads of anything else, fault as before.
+struct PoisonRange { uint64_t lo, hi; };
+constexpr int kMaxPoison = 64;
+inline PoisonRange g_poison[kMaxPoison];
+inline int g_poison_count = 0;
+inline uint64_t* g_poison_hits = nullptr;  // per range: count, address, thread x, y, z
+
+inline bool poison_read(uintptr_t addr) {
+  for (int i = 0; i < g_poison_count; ++i) {
+    if (addr < g_poison[i].lo || addr >= g_poison[i].hi) continue;
+    const uintptr_t page = addr & ~uintptr_t(4095);
+    if (mprotect(reinterpret_cast<void*>(page), 4096, PROT_READ | PROT_WRITE) != 0) return false;
+    std::memset(reinterpret_cast<void*>(page), 0xFF, 4096);
+    mprotect(reinterpret_cast<void*>(page), 4096, PROT_READ);
+    uint64_t* h = g_poison_hits + 5 * i;
+    if (h[0]++ == 0) {
+      const Attrs* a = rt().attrs;
+      h[1] = addr;
+      if (a) {
+        h[2] = a->thread_position_in_grid.x;
+        h[3] = a->thread_position_in_grid.y;
+        h[4] = a->thread_position_in_grid.z;
+      }
+    }
+    return true;
+  }
+  return false;
+}
+
 inline void on_fault(int sig, siginfo_t* info, void* uctx) {
   Runtime& r = rt();
   if (!r.armed || !pthread_equal(pthread_self(), r.owner)) {
@@ -775,6 +813,8 @@ inline void on_fault(int sig, siginfo_t* info, void* uctx) {
 #if defined(__x86_64__) && defined(REG_ERR)
   r.fault[2] = (static_cast<ucontext_t*>(uctx)->uc_mcontext.gregs[REG_ERR] & 2) ? 1 : 2;
 #endif
+  if (sig == SIGSEGV && r.fault[2] == 2 && poison_read(uintptr_t(r.fault[1])))
+    return;  // the read repeats and now finds the poison
   r.armed = 0;
   siglongjmp(r.jump, 1);
 }
