@@ -161,8 +161,9 @@ def main(argv=None) -> int:
             sp.add_argument("--length", type=_positive_int, default=16384,
                             help="sequence length L (a positive integer; default 16384)")
         if cmd in ("report", "bench"):
-            sp.add_argument("--full", action="store_true",
-                            help="the large sizes each script documents (slow)")
+            sp.add_argument("--full", action="store_true", help=(
+                "larger sizes: more lengths and channels (slow)" if cmd == "report"
+                else "the large sizes each benchmark script documents (slow)"))
         if cmd == "bench":
             sp.add_argument("--quick", action="store_true",
                             help="the smallest sizes, one run each: checks that every "
