@@ -9,7 +9,11 @@ The blocks are those of ``examples/mlx_fftconv_block.py`` (plain ``mlx.core`` /
 significand on x86-64; float64 elsewhere) from the same float32 inputs and
 parameters. Printed per block and step: the share of outputs equal to the oracle
 rounded to float32 ("exactly rounded") and the normwise error
-``||y - ref|| / ||ref||``.
+``||y - ref|| / ||ref||``. Steps: unmodified (float32), wrapped in
+``extended_precision()`` with every op rounded on its own (what version 0.1.0
+did: only the FFTs and depthwise convolutions extended), wrapped (double-word
+values carried from op to op), ported to ``mlx_precise.fftconv``. A second table
+scores small expressions and an FNO-style spectral layer the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import mlx_precise  # noqa: E402
+from mlx_precise import extended as flow  # noqa: E402
 from mlx_fftconv_block import LongConvBlock, fftconv_ref  # noqa: E402
 
 LD = np.longdouble
@@ -88,10 +93,54 @@ def measure(backend: str, batch: int = 2, channels: int = 16, L: int = 4096,
     out = {("fftconv_ref", "unmodified"): score(fftconv_ref(uu, kk, DD), ref_f),
            ("LongConvBlock", "unmodified"): score(block(xx), ref_b)}
     with mlx_precise.use_backend(backend), mlx_precise.extended_precision():
+        with flow.suspended():  # 0.1.0: each intercepted op rounded on its own
+            out["fftconv_ref", "per op"] = score(fftconv_ref(uu, kk, DD), ref_f)
+            out["LongConvBlock", "per op"] = score(block(xx), ref_b)
         out["fftconv_ref", "wrapped"] = score(fftconv_ref(uu, kk, DD), ref_f)
         out["LongConvBlock", "wrapped"] = score(block(xx), ref_b)
         out["fftconv_ref", "ported"] = score(mlx_precise.fftconv(uu, kk, DD), ref_f)
         out["LongConvBlock", "ported"] = score(ported(xx), ref_b)
+    return out
+
+
+def fno_layer(x, weights, modes: int):
+    """An FNO-style 2-D spectral layer in plain MLX: x (B, H, W) float32, weights
+    (modes, modes) complex64."""
+    H, W = x.shape[1:]
+    f = mx.fft.rfft2(x)
+    low = f[:, :modes, :modes] * weights
+    return mx.fft.irfft2(mx.pad(low, [(0, 0), (0, H - modes), (0, W // 2 + 1 - modes)]),
+                         s=(H, W))
+
+
+def measure_programs(backend: str, n: int = 100_000, seed: int = 0) -> dict:
+    """{program: {step: (exactly rounded share, normwise error)}} for small
+    expressions and an FNO layer, steps "unmodified", "per op", "wrapped"."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    al, bl = a.astype(LD), b.astype(LD)
+    x2 = rng.standard_normal((4, 64, 64)).astype(np.float32)
+    wts = (rng.standard_normal((12, 12)) + 1j * rng.standard_normal((12, 12))).astype(np.complex64)
+    f = np.fft.rfft2(x2.astype(np.float64))  # a linear layer: float64 is ~1e-16 here
+    g = np.zeros_like(f)
+    g[:, :12, :12] = f[:, :12, :12] * wts.astype(np.complex128)
+    A, B, X2, WT = (mx.array(v) for v in (a, b, x2, wts))
+    programs = {
+        "x * 0.1": (lambda: A * 0.1, al * LD(0.1)),
+        "x / 3": (lambda: A / 3, al / 3),
+        "x + 1e-3": (lambda: A + 1e-3, al + LD(1e-3)),
+        "0.5 * (a + b)": (lambda: 0.5 * (A + B), (al + bl) / 2),
+        "FNO spectral layer": (lambda: fno_layer(X2, WT, 12), np.fft.irfft2(g, s=(64, 64))),
+    }
+    out = {}
+    for name, (run, ref) in programs.items():
+        res = {"unmodified": score(run(), ref)}
+        with mlx_precise.use_backend(backend), mlx_precise.extended_precision():
+            with flow.suspended():
+                res["per op"] = score(run(), ref)
+            res["wrapped"] = score(run(), ref)
+        out[name] = res
     return out
 
 
@@ -109,6 +158,12 @@ def main(argv=None):
     res = measure(backend, a.batch, a.channels, a.length)
     for (blk, step), (share, err) in res.items():
         print(f"| {blk} | {step} | {100 * share:.1f}% | {err:.2e} |")
+    print()
+    print("| program | unmodified | per op (0.1.0) | wrapped |")
+    print("|---|---|---|---|")
+    for name, res in measure_programs(backend).items():
+        cells = [f"{100 * s:.1f}% ({e:.1e})" for s, e in res.values()]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from . import backends
 from . import extended as flow
 from .autodiff import TransformUnsupportedError
 from .context import intercepting
+from .doubleword import DoubleWord
 from .extended import spectral
 
 FFT_NAMES = ("fft", "ifft", "rfft", "irfft", "fft2", "ifft2", "rfft2", "irfft2",
@@ -171,12 +172,14 @@ def _fft_dispatcher(name: str):
     return dispatch
 
 
-def _depthwise(x, w, stride: int, padding: int, dilation: int, backend: str, stream):
+def _depthwise(x, w, stride: int, padding: int, dilation: int, backend: str, stream,
+               round_output: bool = True):
     """MLX's ``conv1d(x, w, stride, padding, dilation, groups=C)`` with
     x (N, L, C) float32 and w (m C, K, 1) float32, through the causal double-word
     depthwise kernel: pad x by ``padding`` on both sides, spread the taps by
     ``dilation`` (zeros between them), keep every ``stride``-th output from
-    index K' - 1 (K' = dilation (K - 1) + 1)."""
+    index K' - 1 (K' = dilation (K - 1) + 1). ``round_output=False``: a
+    DoubleWord."""
     from .conv import depthwise_conv_extended
 
     C, (Cout, K, _) = x.shape[2], w.shape
@@ -190,7 +193,11 @@ def _depthwise(x, w, stride: int, padding: int, dilation: int, backend: str, str
         gaps = mx.zeros((Cout, K, dilation - 1), mx.float32)
         we = mx.concatenate([we[:, :, None], gaps], axis=2).reshape(Cout, -1)
         we = we[:, : dilation * (K - 1) + 1]
-    y = depthwise_conv_extended(xe, we, backend=backend, stream=stream)
+    y = depthwise_conv_extended(xe, we, round_output=round_output, backend=backend,
+                                stream=stream)
+    if not round_output:
+        return DoubleWord(*(v[:, :, we.shape[1] - 1::stride].transpose(0, 2, 1)
+                            for v in (y.hi, y.lo)))
     return y[:, :, we.shape[1] - 1::stride].transpose(0, 2, 1)
 
 
@@ -209,9 +216,21 @@ def _conv1d_dispatcher():
                      and weight.shape[2] == 1 and weight.shape[0] % groups == 0)
         if not depthwise:
             return ref
-        y = _guard_transforms(
-            lambda backend: _depthwise(input, weight, int(stride), int(padding), int(dilation),
-                                       backend, stream), "mx.conv1d")
+        geometry = (int(stride), int(padding), int(dilation))
+        report = flow.active()
+
+        def run(backend):
+            if report is None:
+                return _depthwise(input, weight, *geometry, backend, stream)
+            with flow.suspended():  # the double-word flow: words in, words out
+                return spectral.conv(
+                    lambda x, w: _depthwise(x, w, *geometry, backend, stream, False),
+                    lambda x, w: original(x, w, *geometry, groups, stream=stream),
+                    input, weight, backend, stream)
+
+        y = _guard_transforms(run, "mx.conv1d")
+        if report is not None:
+            report.extended["conv1d"] += 1
         if tuple(y.shape) != tuple(ref.shape):
             raise AssertionError(f"mlx_precise: extended mx.conv1d gave {y.shape}, "
                                  f"MLX {ref.shape}")
