@@ -1,0 +1,151 @@
+"""The double-word flow of ``extended_precision()``: its cost inside a block and
+its (absent) cost outside.
+
+1. Outside every block: an eager loop of small elementwise MLX ops (64-element
+   float32 arrays; ``x * 0.5 + y``, ``mx.maximum``, a slice, a sum), timed in a
+   fresh process without mlx-precise and in one that imported it and opened and
+   closed a block first. The two processes alternate; medians of the bursts.
+   Results must also be bit-identical.
+2. Inside a block: a causal FFT convolution written in plain MLX (rfft, product,
+   irfft, slice, skip term) and an FNO-style spectral layer, plain float32 against
+   the same code inside ``extended_precision()`` on the active backend (or
+   ``--backend``), with the share of outputs exactly rounded (oracle: float64).
+
+    python benchmarks/bench_flow.py [--backend cpu|emulate|metal] [--full | --quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+import mlx.core as mx
+import numpy as np
+
+_LOOP = r"""
+import sys, time
+import mlx.core as mx
+import numpy as np
+if sys.argv[1] == "1":
+    import mlx_precise
+    with mlx_precise.extended_precision():
+        pass
+x = mx.array(np.linspace(-1, 1, 64, dtype=np.float32))
+y = mx.array(np.linspace(2, 3, 64, dtype=np.float32))
+def step(a):
+    b = mx.maximum(a * 0.5 + y, x)
+    return b[1:].sum() + b
+a = x
+for _ in range(200):
+    a = step(a) * 1e-3
+mx.eval(a)
+best = []
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter()
+    a = x
+    for _ in range(2000):
+        a = step(a) * 1e-3
+    mx.eval(a)
+    best.append(time.perf_counter() - t)
+print(min(best), np.array(a).view(np.uint32).tobytes().hex())
+"""
+
+
+def outside(bursts: int, rounds: int) -> tuple[float, float, bool]:
+    """(median time without, median time with mlx-precise imported, same bits)."""
+    times = {"0": [], "1": []}
+    bits = set()
+    for _ in range(rounds):
+        for flag in ("0", "1"):
+            out = subprocess.run([sys.executable, "-c", _LOOP, flag, str(bursts)],
+                                 capture_output=True, text=True, check=True).stdout.split()
+            times[flag].append(float(out[0]))
+            bits.add(out[1])
+    return statistics.median(times["0"]), statistics.median(times["1"]), len(bits) == 1
+
+
+def conv(u, k, D):
+    L = u.shape[-1]
+    n = 2 * L
+    k_f = mx.fft.rfft(k, n=n) / n
+    y = mx.fft.irfft(mx.fft.rfft(u, n=n) * k_f, n=n, norm="forward")[..., :L]
+    return y + u * D[:, None]
+
+
+def fno(x, w):
+    H, W = x.shape[1:]
+    m = w.shape[0]
+    f = mx.fft.rfft2(x)[:, :m, :m] * w
+    return mx.fft.irfft2(mx.pad(f, [(0, 0), (0, H - m), (0, W // 2 + 1 - m)]), s=(H, W))
+
+
+def timed(fn, repeat: int):
+    out = fn()
+    mx.eval(out)
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        mx.eval(out)
+        best = min(best, time.perf_counter() - t)
+    return best, np.array(out)
+
+
+def inside(backend: str, L: int, side: int, repeat: int):
+    import mlx_precise as mp
+
+    rng = np.random.default_rng(0)
+    u = rng.standard_normal((1, 16, L)).astype(np.float32)
+    k = rng.standard_normal((16, L)).astype(np.float32)
+    D = rng.standard_normal(16).astype(np.float32)
+    x = rng.standard_normal((4, side, side)).astype(np.float32)
+    w = (rng.standard_normal((8, 8)) + 1j * rng.standard_normal((8, 8))).astype(np.complex64)
+    n = 2 * L
+    kf = np.fft.rfft(k.astype(np.float64), n)
+    ref_conv = np.fft.irfft(np.fft.rfft(u.astype(np.float64), n) * kf, n)[..., :L] \
+        + u.astype(np.float64) * D.astype(np.float64)[:, None]
+    f = np.fft.rfft2(x.astype(np.float64))
+    g = np.zeros_like(f)
+    g[:, :8, :8] = f[:, :8, :8] * w.astype(np.complex128)
+    ref_fno = np.fft.irfft2(g, s=(side, side))
+    rows = []
+    for name, fn, args, ref in (("causal FFT conv (1x16x%d)" % L, conv, (u, k, D), ref_conv),
+                                ("FNO layer (4x%dx%d)" % (side, side), fno, (x, w), ref_fno)):
+        arrays = [mx.array(a) for a in args]
+        t_plain, y_plain = timed(lambda: fn(*arrays), repeat)
+        with mp.use_backend(backend), mp.extended_precision():
+            t_ext, y_ext = timed(lambda: fn(*arrays), repeat)
+        share = [float(np.mean(y == ref.astype(np.float32))) for y in (y_plain, y_ext)]
+        rows.append((name, t_plain, t_ext, share))
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", default=None)
+    p.add_argument("--full", action="store_true", help="L = 2^16, 256x256 layer")
+    p.add_argument("--quick", action="store_true", help="small sizes, one run: a smoke test")
+    a = p.parse_args(argv)
+    import mlx_precise as mp
+
+    backend = a.backend or mp.backend()
+    bursts, rounds = (1, 1) if a.quick else (5, 3)
+    t0, t1, same = outside(bursts, rounds)
+    print("Outside every block: eager loop of small elementwise ops (2000 steps)")
+    print(f"  without mlx-precise {t0 * 1e3:.1f} ms, after import and a block {t1 * 1e3:.1f} ms:"
+          f" {100 * (t1 / t0 - 1):+.1f}%; results bit-identical: {same}")
+    L, side = (256, 32) if a.quick else (2**16, 256) if a.full else (4096, 64)
+    repeat = 1 if a.quick else 3
+    print(f"\nInside extended_precision() on backend {backend} (best of {repeat}):")
+    print("| program | float32 | extended | ratio | exactly rounded float32 / extended |")
+    print("|---|---|---|---|---|")
+    for name, tp, te, (sp, se) in inside(backend, L, side, repeat):
+        print(f"| {name} | {tp * 1e3:.2f} ms | {te * 1e3:.2f} ms | {te / tp:.1f}x "
+              f"| {100 * sp:.1f}% / {100 * se:.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
