@@ -14,6 +14,7 @@ import pytest
 
 import mlx_precise as mp
 from mlx_precise.extended import PrecisionDropError, carried, low_word
+from test_lazy_glue import lazy_metal  # noqa: F401  (the lazy stand-in for Metal)
 
 BACKENDS = ["cpu", "emulate"]
 LD = np.longdouble
@@ -341,3 +342,20 @@ def test_no_low_word_outlives_its_array():
         del y
     gc.collect()
     assert carried() == start
+
+
+def test_metal_glue_stays_lazy(lazy_metal):
+    """On metal the flow's glue never evaluates: a whole plain-MLX chain (FFTs,
+    arithmetic with scalars, complex products, slices, a reduction) traces under
+    mx.compile with the lazy stand-in for the Metal executor."""
+    u = mx.array(rng_f32((1, 2, 32), 23))
+    k, D = mx.array(rng_f32((2, 32), 24)), mx.array(rng_f32((2,), 25))
+
+    def chain(u, k, D):
+        with mp.use_backend("metal"), mp.extended_precision() as rep:
+            y = _conv_safari(u, k, D) * 0.1
+            out = (y / 3 + mx.maximum(y, 0.5)).sum(axis=-1)
+        assert not rep.float32 and rep.extended["fft.rfft"] == 2
+        return out
+
+    assert mx.compile(chain)(u, k, D).shape == (1, 2)
