@@ -160,8 +160,47 @@ def _threadgroup_decl(m: re.Match) -> str:
             f'mpemu::tg_alloc(sizeof({t}{dims}), sizeof({t}), "{name}"));')
 
 
+# Address spaces are empty macros in C++, so partial specializations that differ
+# only in them (MLX's steel `pointer_element<device T*>`, `<thread T*>`, ...) would
+# be redefinitions: the first one of each such set stays, the others are blanked
+# (they are identical once the address space is gone). Groups: name, arguments.
+_SPECIALIZATION_RE = re.compile(
+    r"template\s*<[^<>{};]*>\s*struct\s+(\w+)\s*<([^<>{};]*(?:<[^<>{};]*>[^<>{};]*)*)>\s*\{")
+_ADDRESS_SPACE_RE = re.compile(r"\b(?:device|constant|thread|threadgroup)\b")
+# `[[threadgroup(0)]]` on a parameter of a kernel in a header (steel's): with the
+# `threadgroup` macro empty it would read `[[(0)]]`.
+_THREADGROUP_ATTR_RE = re.compile(r"\[\[\s*threadgroup\s*\(\s*\d+\s*\)\s*\]\]")
+
+
+def _erase_address_space_twins(text: str) -> str:
+    seen: set[tuple[str, str]] = set()
+    out, pos = [], 0
+    for m in _SPECIALIZATION_RE.finditer(text):
+        if m.start() < pos:
+            continue
+        args = m.group(2)
+        key = (m.group(1), " ".join(_ADDRESS_SPACE_RE.sub(" ", args).split()))
+        if not _ADDRESS_SPACE_RE.search(args):
+            continue
+        if key not in seen:
+            seen.add(key)
+            continue
+        depth, end = 0, m.end() - 1
+        for end in range(m.end() - 1, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+        end = text.find(";", end) + 1 or end + 1
+        out.append(text[pos:m.start()])
+        out.append(re.sub(r"[^\n]", " ", text[m.start():end]))
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
 def _cpp_source(kname: str, text: str, template, params, prelude: str = _PRELUDE) -> str:
     """The C++ translation unit: shim, MLX's text, and the per-thread trampoline."""
+    text = _erase_address_space_twins(_THREADGROUP_ATTR_RE.sub("", signature.blank_comments(text)))
     text = signature.THREADGROUP_DECL_RE.sub(_threadgroup_decl, text)
     args = []
     for p in params:

@@ -22,6 +22,16 @@ THREADGROUP_DECL_RE = re.compile(
     r"\s*((?:\[[^\[\];]+\]\s*)*);"
 )
 
+_COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def blank_comments(text: str) -> str:
+    """Comments become spaces (newlines kept, so line numbers hold): rewrites of
+    kernel text (THREADGROUP_DECL_RE, ...) must not act on words in comments
+    (`// offsets within threadgroup` followed by `short sm;` is no declaration)."""
+    return _COMMENT_RE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+
+
 # Inputs with fewer elements than this are passed in the constant address space.
 MAX_CONSTANT_ARRAY_SIZE = 8
 

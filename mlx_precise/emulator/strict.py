@@ -61,6 +61,9 @@ _FRONTEND_FLAGS = [
     "-cl-ext=+cl_khr_fp64,+__opencl_c_fp64,+cl_khr_fp16,+__opencl_c_generic_address_space,"
     "-__opencl_c_program_scope_global_variables,-__opencl_c_device_enqueue,-__opencl_c_pipes",
     "-Wno-double-promotion", "-Wno-unused-value", "-Werror=unknown-attributes",
+    # `short2(BM, k)` with int arguments is a constructor call in Metal; as the OpenCL
+    # vector literal it becomes here, clang would call it narrowing.
+    "-Wno-c++11-narrowing",
 ]
 
 # The Metal language version MLX compiles with: 3.1 on macOS 14, later versions on
@@ -121,6 +124,10 @@ _FUNCTION_ATTRIBUTES = ("kernel", "host_name", "max_total_threads_per_threadgrou
 _TRAILING_ATTRIBUTE_RE = re.compile(
     r"(?<=\))(\s*)((?:\[\[(?:[^\[\]]|\[[^\[\]]*\])*\]\]\s*)+)(?=[{;])")
 _MISPLACED = "mps_metal::misplaced_"
+# A function constant (`constant bool has_mask [[function_constant(300)]];`, MSL spec
+# 5.8) gets its value when the pipeline is made; OpenCL needs an initializer.
+_FUNCTION_CONSTANT_RE = re.compile(
+    r"(\bconstant\s+[\w:]+\s+\w+)\s*\[\[\s*function_constant\s*\([^\]]*\)\s*\]\]\s*;")
 # `kernel` as a function qualifier (`kernel void f(...)`); elsewhere it is a name.
 _KERNEL_QUALIFIER_RE = re.compile(r"\bkernel(?=\s+void\b)")
 _SYSTEM_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<metal_\w+>[ \t]*$", re.M)
@@ -128,13 +135,6 @@ _VECTOR_CTOR_RE = re.compile(
     r"(?<![\w.:>])((?:metal::)?(?:(?:u?char|u?short|u?int|u?long|float|half|bool)[234]"
     r"|vec\s*<[^<>;(){}]*>))\s*\("
 )
-_COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
-
-
-def _blank_comments(text: str) -> str:
-    """Comments become spaces (newlines kept, so line numbers hold): the rewrites
-    below must not act on code quoted in comments."""
-    return _COMMENT_RE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
 
 
 def _spaces(m: re.Match) -> str:
@@ -152,13 +152,40 @@ def _mark_misplaced(m: re.Match) -> str:
     return m.group(1) + _ATTRIBUTE_RE.sub(mark, m.group(2))
 
 
+# Each instance is parsed inside a namespace of its own (_run). A header that adds to
+# Metal's namespace (`namespace metal { ... }`, as MLX's steel headers do) must add
+# to the prelude's ::metal, so its blocks leave the instance namespace and come
+# back (_REENTER is replaced by the instance's namespace; same line, so line
+# numbers hold). Such units add to one global namespace and are parsed one by one.
+_METAL_NAMESPACE_RE = re.compile(r"\bnamespace\s+metal\s*\{")
+_REENTER = "MPS_REENTER_INSTANCE"
+
+
+def _lift_metal_namespace(text: str) -> str:
+    out, pos = [], 0
+    for m in _METAL_NAMESPACE_RE.finditer(text):
+        if m.start() < pos:
+            continue
+        depth = 0
+        for end in range(m.end() - 1, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+        out.append(f"{text[pos:m.start()]}}} {text[m.start():end + 1]} {_REENTER} {{")
+        pos = end + 1
+    out.append(text[pos:])
+    return "".join(out)
+
+
 def translate(text: str) -> str:
     """Rewrite MLX's kernel text (Metal) into C++ for OpenCL for the front end."""
-    text = _SYSTEM_INCLUDE_RE.sub("", _blank_comments(text))
+    text = _SYSTEM_INCLUDE_RE.sub("", signature.blank_comments(text))
+    text = _FUNCTION_CONSTANT_RE.sub(r"\1 = {};", text)
     text = _TRAILING_ATTRIBUTE_RE.sub(_mark_misplaced, text)
     text = _ATTRIBUTE_RE.sub(lambda m: m.group(0) if _MISPLACED in m.group(0) else _spaces(m), text)
     text = _KERNEL_QUALIFIER_RE.sub(_spaces, text)
     text = _VECTOR_CTOR_RE.sub(lambda m: f"({m.group(1)})(", text)
+    text = _lift_metal_namespace(text)
     names: list[str] = []
 
     def threadgroup_decl(m: re.Match) -> str:
@@ -238,7 +265,8 @@ def _run(units: list[str], metal_version: str = DEFAULT_METAL_VERSION) -> tuple[
     """Parse one translation unit made of ``units`` (each in its own namespace);
     return (ok, diagnostics)."""
     body = "".join(
-        f"namespace mps_instance_{k} {{\n{u}\n}}\n" for k, u in enumerate(units)
+        f"namespace mps_instance_{k} {{\n{u.replace(_REENTER, f'namespace mps_instance_{k}')}\n}}\n"
+        for k, u in enumerate(units)
     )
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.clcpp"
@@ -395,8 +423,9 @@ def check_instances(src: Source, instances: list[Instance],
     if not instances:
         return []
     units = [translate(src.mlx_text(i)) for i in instances]
-    ok, _ = _run(units, metal_version)
-    if ok:
+    # one batch, unless there is one unit or units add to namespace metal
+    alone = len(units) == 1 or any(_REENTER in u for u in units)
+    if not alone and _run(units, metal_version)[0]:
         return []
     failures = []
     for inst, unit in zip(instances, units):

@@ -106,3 +106,57 @@ def test_fast_math_macro(mode, expected):
     (y,) = k(inputs=[x], grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(8,)],
              output_dtypes=[mx.float32])
     assert np.all(np.array(y) == expected)
+
+
+# The constructs of MLX's steel header trees (steel/utils/type_traits.h,
+# integral_constant.h, gemm/mma.h), in a header of our own.
+STEEL_LIKE_HEADER = """
+#include <metal_stdlib>
+using namespace metal;
+namespace metal {
+template <typename... Ts> struct make_void { typedef void type; };
+template <typename... Ts> using void_t = typename make_void<Ts...>::type;
+template <typename T> struct pointer_element {};
+template <typename T> struct pointer_element<thread T*> { using type = remove_cv_t<T>; };
+template <typename T> struct pointer_element<device T*> { using type = remove_cv_t<T>; };
+template <typename T> struct pointer_element<constant T*> { using type = remove_cv_t<T>; };
+template <typename T> struct pointer_element<threadgroup T*> { using type = remove_cv_t<T>; };
+template <typename T> using pointer_element_t = typename pointer_element<remove_cv_t<T>>::type;
+}  // namespace metal
+template <bool B> struct Flag : metal::bool_constant<B> {};
+struct Accumulator {
+  // running total per threadgroup
+  float total;
+  template <typename Ptr, typename = metal::void_t<metal::pointer_element_t<Ptr>>>
+  METAL_FUNC void add(Ptr p, int n) thread {
+    using U = metal::pointer_element_t<Ptr>;
+    for (int k = 0; k < n; ++k) total += static_cast<float>(static_cast<U>(p[k]));
+  }
+};
+template <typename T>
+[[kernel]] void unused_steel_style(device T* out [[buffer(0)]],
+                                   threadgroup T* scratch [[threadgroup(0)]],
+                                   uint lid [[thread_index_in_threadgroup]]) {
+  scratch[lid] = out[lid];
+}
+"""
+STEEL_LIKE_SOURCE = """
+uint i = thread_position_in_grid.x;
+Accumulator acc{0.0f};
+acc.add(x + i, 2);
+metal::remove_addrspace_t<decltype(acc.total)> t = acc.total;
+y[i] = Flag<true>::value ? t : 0.0f;
+"""
+
+
+def test_steel_like_header_runs_and_passes_the_check():
+    from mlx_precise.emulator import check_source
+
+    x = mx.arange(10, dtype=mx.float32)
+    k = metal_kernel("steel_like", ["x"], ["y"], STEEL_LIKE_SOURCE, header=STEEL_LIKE_HEADER)
+    (y,) = k(inputs=[x], grid=(9, 1, 1), threadgroup=(9, 1, 1), output_shapes=[(9,)],
+             output_dtypes=[mx.float32])
+    ref = np.arange(9, dtype=np.float32) * 2 + 1
+    np.testing.assert_array_equal(np.array(y), ref)
+    check_source("steel_like", ["x"], ["y"], STEEL_LIKE_SOURCE, inputs=[x],
+                 output_dtypes=[mx.float32], header=STEEL_LIKE_HEADER)

@@ -132,7 +132,20 @@ using std::remove_cv;
 using std::remove_cv_t;
 using std::remove_reference_t;
 using std::true_type;
-using std::void_t;
+using std::bool_constant;
+using std::remove_const;
+using std::remove_reference;
+using std::remove_pointer;
+using std::remove_pointer_t;
+using std::remove_volatile;
+using std::remove_volatile_t;
+using std::is_const;
+using std::is_const_v;
+// No void_t: Metal's library has none, and MLX's steel/utils/type_traits.h defines
+// metal::void_t itself. Address spaces are empty macros here, so Metal's
+// remove_addrspace leaves the type as it is.
+template <class T> struct remove_addrspace { typedef T type; };
+template <class T> using remove_addrspace_t = T;
 
 // ---------------------------------------------------------------------------
 // bfloat16: 16 stored bits; arithmetic goes through float and rounds back
