@@ -160,28 +160,30 @@ def depthwise3_extended(x, w, bias=None, *, round_output: bool = True,
     return _depthwise(x, w, bias, 3, round_output, backend, stream)
 
 
-def _depthwise_float32(x, w, bias=None):
+def _depthwise_float32(x, w, bias=None, stream=None):
     """Plain float32 MLX: ``mx.conv1d`` with groups = channels."""
     x, w, bias = _check_depthwise(x, w, bias)
     L, K = x.shape[2], w.shape[1]
     # MLX's own conv1d (never the extended_precision() dispatcher: this is the
     # plain path and the VJP of the extended one).
-    y = plain.conv1d(x.transpose(0, 2, 1), w[:, :, None], padding=K - 1, groups=x.shape[1])
+    y = plain.conv1d(x.transpose(0, 2, 1), w[:, :, None], padding=K - 1, groups=x.shape[1],
+                     stream=stream)
     y = y[:, :L, :].transpose(0, 2, 1)
-    return y + bias[None, :, None] if bias is not None else y
+    return mx.add(y, bias[None, :, None], stream=stream) if bias is not None else y
 
 
 @precision_aware(depthwise_conv_extended)
-def depthwise_conv(x, w, bias=None, **kwargs):
+def depthwise_conv(x, w, bias=None, *, stream=None):
     """Causal depthwise convolution: double-word inside
     :func:`~mlx_precise.extended_precision` (:func:`depthwise_conv_extended`), plain
-    float32 ``mx.conv1d`` outside."""
-    return _depthwise_float32(x, w, bias)
+    float32 ``mx.conv1d`` outside (on ``stream``)."""
+    return _depthwise_float32(x, w, bias, stream)
 
 
 @precision_aware(depthwise3_extended)
-def depthwise3(x, w, bias=None, **kwargs):
+def depthwise3(x, w, bias=None, *, stream=None):
     """The K = 3 case of :func:`depthwise_conv` (extended: :func:`depthwise3_extended`)."""
+    x, w, bias = _check_depthwise(x, w, bias)
     if w.shape[1] != 3:
         raise ValueError(f"depthwise3 needs w of shape (channels, 3), got {w.shape}")
-    return _depthwise_float32(x, w, bias)
+    return _depthwise_float32(x, w, bias, stream)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from .arrays import as_array
+from .arrays import as_array, float64_data
 from .kernels import DeviceCheckError, Kernel, elementwise_grid, same_shape
 
 _F32 = (mx.float32,)
@@ -123,11 +123,10 @@ def eft_selftest(backend: str | None = None) -> None:
 
 
 def _as_float64(x, name: str) -> np.ndarray:
+    x = float64_data(x, name)  # lists and Python numbers: their float64 values
     if isinstance(x, mx.array):
         if x.dtype != mx.float64:
             raise ValueError(f"{name} must have dtype float64, got {x.dtype}")
-        return np.array(x, dtype=np.float64)
-    if isinstance(x, float):
         return np.array(x, dtype=np.float64)
     if isinstance(x, (np.ndarray, np.floating)):
         x = np.asarray(x)
@@ -143,8 +142,9 @@ def split(x) -> tuple[mx.array, mx.array]:
     """Split float64 values into double-word pairs.
 
     Args:
-        x: float64 values, any shape: a numpy array (or ``np.float64`` / Python float)
-            or an ``mx.array`` of dtype float64 (CPU).
+        x: float64 values, any shape: a numpy array (or ``np.float64``), an
+            ``mx.array`` of dtype float64 (CPU), or real Python numbers, lists and
+            tuples (read as the float64 values Python holds).
 
     Returns:
         ``(hi, lo)``: two float32 ``mx.array``\\ s of ``x``'s shape with
@@ -170,8 +170,7 @@ def split(x) -> tuple[mx.array, mx.array]:
             f"x has {int(np.count_nonzero(bad))} value(s) outside the float32 range "
             f"(non-finite, or |x| rounds to inf in float32), e.g. {first!r}"
         )
-    lo = (a - hi.astype(np.float64)).astype(np.float32)
-    return mx.array(hi), mx.array(lo)
+    return _split_result(a)
 
 
 def _as_float32(x, name: str) -> np.ndarray:
@@ -209,6 +208,16 @@ def join(hi, lo) -> np.ndarray:
     return h.astype(np.float64) + l_.astype(np.float64)
 
 
+def _binary(op: str, reflected: bool = False):
+    """The operator ``self <op> other`` (``other <op> self`` when reflected)."""
+
+    def method(self, other):
+        return _arith(op, other, self) if reflected else _arith(op, self, other)
+
+    method.__name__ = f"__{'r' if reflected else ''}{op}__"
+    return method
+
+
 class DoubleWord:
     """An array of double-word numbers: the unevaluated sum ``hi + lo`` of two
     float32 (or two complex64) ``mx.array``\\ s of one shape, normalised
@@ -223,6 +232,9 @@ class DoubleWord:
     """
 
     __slots__ = ("hi", "lo")
+    # numpy defers to the reflected operators below (x - d with a numpy x calls
+    # d.__rsub__) instead of treating a DoubleWord as an object scalar.
+    __array_ufunc__ = None
 
     def __init__(self, hi: mx.array, lo: mx.array):
         if not isinstance(hi, mx.array) or not isinstance(lo, mx.array):
@@ -259,7 +271,26 @@ class DoubleWord:
         return self.hi.dtype == mx.complex64
 
     def __repr__(self) -> str:
-        return f"DoubleWord(shape={self.shape}, dtype={self.dtype})"
+        """The values, as MLX prints an array: ``hi + lo`` in float64 (exact for
+        the pairs :func:`split` makes) to 15 significant digits, and the words'
+        dtype. Evaluates the words."""
+        fmt = {"float_kind": lambda v: f"{v:.15g}",
+               "complex_kind": lambda v: f"{v.real:.15g}{v.imag:+.15g}j"}
+        with np.errstate(invalid="ignore", over="ignore"):
+            body = np.array2string(self.to_float64(), separator=", ", formatter=fmt,
+                                   prefix="DoubleWord(")
+        return f"DoubleWord({body}, dtype={str(self.dtype).split('.')[-1]})"
+
+    # Arithmetic on the active backend (mlx_precise.elementwise.arith): double-word kernels
+    # (metal / emulate) or float64 (cpu), with DoubleWords, float32 / complex64
+    # arrays, float64 data and Python numbers (their float64 values).
+    __add__, __radd__ = _binary("add"), _binary("add", reflected=True)
+    __sub__, __rsub__ = _binary("sub"), _binary("sub", reflected=True)
+    __mul__, __rmul__ = _binary("mul"), _binary("mul", reflected=True)
+    __truediv__, __rtruediv__ = _binary("div"), _binary("div", reflected=True)
+
+    def __neg__(self) -> "DoubleWord":
+        return DoubleWord(-self.hi, -self.lo)  # exact: both words change sign
 
     @classmethod
     def _exact(cls, x, dtype, what: str) -> "DoubleWord":
@@ -280,12 +311,15 @@ class DoubleWord:
 
     @classmethod
     def from_float64(cls, x) -> "DoubleWord":
-        """Split float64 (or complex128) data: see :func:`split` for the accuracy
+        """Split float64 (or complex128) data, including lists and Python numbers
+        (their float64 / complex128 values): see :func:`split` for the accuracy
         and the errors raised."""
-        if isinstance(x, np.ndarray) and x.dtype == np.complex128:
-            rh, rl = split(np.ascontiguousarray(x.real))
-            ih, il = split(np.ascontiguousarray(x.imag))
-            return cls(rh + 1j * ih, rl + 1j * il)
+        x = float64_data(x, "x")
+        if isinstance(x, (np.ndarray, np.generic)) and x.dtype == np.complex128:
+            x = np.asarray(x)
+            rh, rl = split(np.array(x.real))  # a contiguous copy that keeps 0-d
+            ih, il = split(np.array(x.imag))
+            return cls(complex_from_parts(rh, ih), complex_from_parts(rl, il))
         return cls(*split(x))
 
     @classmethod
@@ -294,15 +328,13 @@ class DoubleWord:
         or MLX); a DoubleWord is returned as is."""
         if isinstance(x, DoubleWord):
             return x
-        if isinstance(x, np.ndarray) and x.dtype in (np.float64, np.complex128):
-            return cls.from_float64(x)
-        x = as_array(x, "x")
+        x = as_array(x, "x", wide="split")  # float64 / complex128: split
+        if isinstance(x, DoubleWord):
+            return x
         if x.dtype == mx.float32:
             return cls.from_float32(x)
         if x.dtype == mx.complex64:
             return cls.from_complex64(x)
-        if x.dtype == mx.float64:
-            return cls.from_float64(x)
         raise TypeError(
             f"cannot make a DoubleWord from dtype {x.dtype}: expected float32, complex64, "
             "float64 or complex128 data"
@@ -317,8 +349,8 @@ class DoubleWord:
         if not self.is_complex:
             return join(self.hi, self.lo)
         h, lo = np.array(self.hi), np.array(self.lo)
-        re = join(np.ascontiguousarray(h.real), np.ascontiguousarray(lo.real))
-        im = join(np.ascontiguousarray(h.imag), np.ascontiguousarray(lo.imag))
+        re = join(np.array(h.real), np.array(lo.real))  # contiguous copies, 0-d kept
+        im = join(np.array(h.imag), np.array(lo.imag))
         return re + 1j * im
 
     def parts(self) -> tuple["DoubleWord", "DoubleWord"]:
@@ -336,4 +368,30 @@ def from_float64_result(y: np.ndarray, round_output: bool):
     if round_output:
         with np.errstate(over="ignore"):
             return mx.array(y.astype(np.complex64 if np.iscomplexobj(y) else np.float32))
-    return DoubleWord.from_float64(y)
+    if np.iscomplexobj(y):
+        re, im = (_split_result(np.array(p)) for p in (y.real, y.imag))
+        return DoubleWord(complex_from_parts(re[0], im[0]), complex_from_parts(re[1], im[1]))
+    return DoubleWord(*_split_result(y))
+
+
+def complex_from_parts(re: mx.array, im: mx.array) -> mx.array:
+    """complex64 ``re + i im`` from float32 parts of one shape, bit for bit
+    (``re + 1j * im`` would turn an infinite ``im`` into a NaN real part:
+    ``0 * inf``)."""
+    return mx.stack([re, im], axis=-1).view(mx.complex64).reshape(re.shape)
+
+
+def _split_result(y: np.ndarray) -> tuple[mx.array, mx.array]:
+    """:func:`split` for a computed result: a value that is not finite in float32
+    (Inf, NaN, overflow) becomes that float32 value with a zero low word, the rule
+    the kernels follow (docs/api.md, "Special values"), instead of an error."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        hi = np.asarray(y).astype(np.float32)
+        lo = np.where(np.isfinite(hi), y - hi.astype(np.float64), 0.0).astype(np.float32)
+    return mx.array(hi), mx.array(lo)
+
+
+def _arith(op: str, x, y) -> "DoubleWord":
+    from .elementwise import arith  # that module imports this one
+
+    return arith(op, x, y)

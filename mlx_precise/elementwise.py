@@ -15,10 +15,10 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
-from .arrays import as_array
+from .arrays import as_array, as_int
 from .autodiff import guarded, host_guard
 from .context import precision_aware
-from .doubleword import DoubleWord, from_float64_result
+from .doubleword import CDW_OPS, DW_OPS, DoubleWord, complex_from_parts, from_float64_result
 from .kernels import Kernel, elementwise_grid
 
 _C64 = (mx.complex64,)
@@ -59,10 +59,12 @@ def _operand(x, name: str, kinds: tuple[str, ...]):
         if x.dtype in [allowed[k] for k in kinds]:
             return x
         raise TypeError(f"{name}: DoubleWord of {x.dtype} not accepted here (expected {', '.join(kinds)})")
-    x = as_array(x, name)
+    x = as_array(x, name, wide="split")  # float64 data: a DoubleWord, full precision
+    if isinstance(x, DoubleWord):
+        return _operand(x, name, kinds)
     if x.dtype not in [allowed[k] for k in kinds]:
-        hint = " (float64 data: wrap it with DoubleWord.from_float64)" if x.dtype == mx.float64 else ""
-        raise TypeError(f"{name} has dtype {x.dtype}, expected {' or '.join(kinds)} or a DoubleWord{hint}")
+        raise TypeError(f"{name} has dtype {x.dtype}, expected {' or '.join(kinds)}, "
+                        "float64 / complex128 data or a DoubleWord")
     return x
 
 
@@ -165,9 +167,11 @@ def _cmul(a, b, shape: tuple, round_output: bool, name: str, stream):
 def reciprocal_words(n: int) -> tuple[float, float]:
     """``(hi, lo)`` float32 words of 1/n, split from the exact rational: hi =
     RN32(1/n), lo = RN32(1/n - hi); |1/n - hi - lo| <= u^2 / n."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
-    exact = Fraction(1, int(n))
+    k = as_int(n)
+    if k is None or k < 1:
+        raise ValueError(f"n must be an integer >= 1 (an int, numpy integer or 0-d "
+                         f"integer array), got {n!r}")
+    exact = Fraction(1, k)
     hi = rn32_rational(exact)
     return float(hi), float(rn32_rational(exact - Fraction(float(hi))))
 
@@ -187,8 +191,10 @@ def fft_scale_extended(x, n: int, *, round_output: bool = True, backend: str | N
     """``x * (1/n)`` in double-word, 1/n computed on the host from the exact rational.
 
     Args:
-        x: float32 or complex64 ``mx.array``, or a DoubleWord, any shape.
-        n: integer >= 1.
+        x: float32 or complex64 ``mx.array``, or a DoubleWord, any shape;
+            float64 / complex128 data enters at full precision (split into a
+            DoubleWord, :func:`mlx_precise.arrays.as_array`).
+        n: integer >= 1: an int, a numpy integer or a 0-d integer array.
         round_output: return x's dtype (one rounding) if True, else a DoubleWord.
 
     Returns:
@@ -199,8 +205,9 @@ def fft_scale_extended(x, n: int, *, round_output: bool = True, backend: str | N
     Raises:
         ValueError: n is not an integer >= 1. TypeError: wrong dtype.
     """
-    s_hi, s_lo = reciprocal_words(n)
-    return _scale(x, s_hi, s_lo, lambda fx: fx / n, round_output, backend, stream)
+    s_hi, s_lo = reciprocal_words(n)  # validates n
+    k = as_int(n)
+    return _scale(x, s_hi, s_lo, lambda fx: fx / k, round_output, backend, stream)
 
 
 @host_guard
@@ -291,18 +298,114 @@ def _from_f32_flat(x: mx.array, shape, dtype) -> mx.array:
 
 
 @precision_aware(complex_multiply_extended)
-def complex_multiply(a, b, **kwargs):
+def complex_multiply(a, b, *, stream=None):
     """``a * b`` for complex arrays: double-word inside
     :func:`~mlx_precise.extended_precision` (see :func:`complex_multiply_extended`),
-    plain complex64 MLX outside (DoubleWord operands are rounded first)."""
-    a, b = (x.round() if isinstance(x, DoubleWord) else x for x in (a, b))
-    return a * b
+    plain complex64 ``mx.multiply`` outside (operands read as the extended twin
+    reads them, DoubleWord and float64 ones then rounded once)."""
+    a, b = (_plain_operand(x, name, ("complex64",)) for x, name in ((a, "a"), (b, "b")))
+    return mx.multiply(a, b, stream=stream)
 
 
 @precision_aware(fft_scale_extended)
-def fft_scale(x, n: int, **kwargs):
+def fft_scale(x, n: int, *, stream=None):
     """``x / n``: double-word inside :func:`~mlx_precise.extended_precision` (see
     :func:`fft_scale_extended`), plain float32 MLX ``x * (1/n)`` outside."""
     reciprocal_words(n)  # validates n
-    x = x.round() if isinstance(x, DoubleWord) else x
-    return x * (1.0 / n)
+    x = _plain_operand(x, "x", ("float32", "complex64"))
+    return mx.multiply(x, 1.0 / as_int(n), stream=stream)
+
+
+def _plain_operand(x, name: str, kinds: tuple[str, ...]) -> mx.array:
+    """A plain twin's operand: checked as the extended twin checks it, then
+    rounded once if it is a DoubleWord (the plain path's precision)."""
+    x = _operand(x, name, kinds)
+    return x.round() if isinstance(x, DoubleWord) else x
+
+
+# ---- DoubleWord arithmetic (the operators of DoubleWord) -------------------------
+
+_DW_OP = {"add": 4, "mul": 6, "div": 7}  # OP numbers of metal/kernels/dw_ops.metal
+_CDW_OP = {"add": 0, "mul": 1}  # ... and of cdw_ops.metal
+_NUMPY_OP = {"add": np.add, "mul": np.multiply, "div": np.divide}
+
+
+def _arith_operand(v, name: str) -> DoubleWord:
+    """An operand of DoubleWord arithmetic as a DoubleWord: Python numbers at
+    their float64 / complex128 value (two words), float64 data split, float32 /
+    complex64 arrays exactly (lo = 0)."""
+    if isinstance(v, DoubleWord):
+        return v
+    if isinstance(v, (int, float, complex)) and not isinstance(v, bool):
+        if isinstance(v, int) and float(v) != v:
+            raise ValueError(f"{name} = {v} is not exactly a float64 value")
+        return DoubleWord.from_float64(v)
+    return DoubleWord.from_array(_operand(v, name, ("float32", "complex64")))
+
+
+def _complex_dw(x: DoubleWord) -> DoubleWord:
+    """A real DoubleWord as a complex one (exact)."""
+    return x if x.is_complex else DoubleWord(x.hi.astype(mx.complex64), x.lo.astype(mx.complex64))
+
+
+def _flat8(a: mx.array, shape: tuple) -> mx.array:
+    """``a`` broadcast to ``shape``, flat, padded to 8 elements at least (MLX passes
+    smaller inputs in ``constant`` space: one kernel instantiation for all sizes)."""
+    f = mx.contiguous(mx.broadcast_to(a, shape).reshape(-1))
+    return f if f.size >= 8 else mx.concatenate([f, mx.zeros((8 - f.size,), f.dtype)])
+
+
+def arith(op: str, x, y) -> DoubleWord:
+    """``x <op> y`` for op in add, sub, mul, div, one of them a DoubleWord (the
+    operators of :class:`~mlx_precise.DoubleWord`), on the active backend.
+
+    Kernel backends run the double-word algorithms of ``metal/include/doubleword.h``
+    (``dw_ops`` / ``cdw_ops``): relative error <= 3u^2 + 13u^3 (add, sub), 4u^2
+    (mul), 9.8u^2 (div), complex: 3u^2 + 13u^3 (add, sub) and 8.66u^2 normwise
+    (mul), u = 2^-24; special values as docs/api.md states. The ``cpu`` backend
+    computes in float64 and splits the result (error <= 2^-53 + 2^-48 relative).
+
+    Args:
+        x, y: DoubleWord, float32 / complex64 array, float64 / complex128 data,
+            or a Python number (its float64 value); numpy broadcasting.
+
+    Returns:
+        DoubleWord of the broadcast shape; complex if either operand is.
+
+    Raises:
+        TypeError: an operand of another dtype, or a complex division (not
+            implemented: no double-word complex quotient kernel exists).
+        ValueError: shapes that do not broadcast.
+    """
+    a, b = _arith_operand(x, "x"), _arith_operand(y, "y")
+    try:
+        shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+    except ValueError:
+        raise ValueError(f"operands do not broadcast: shapes {a.shape} and {b.shape}") from None
+    is_complex = a.is_complex or b.is_complex
+    if is_complex and op == "div":
+        raise TypeError("division of complex DoubleWords is not implemented (there is no "
+                        "double-word complex quotient kernel); divide the parts, or use "
+                        "to_float64()")
+    if op == "sub":
+        op, b = "add", -b  # exact negation: x - y = x + (-y)
+    name = backends.resolve(None)
+    if name == "cpu":
+        with np.errstate(all="ignore"):  # Inf / NaN as IEEE float64 gives them
+            r = _NUMPY_OP[op](a.to_float64(), b.to_float64())
+        return from_float64_result(np.broadcast_to(np.asarray(r), shape), False)
+    size = int(np.prod(shape))
+    if size == 0:
+        dtype = mx.complex64 if is_complex else mx.float32
+        return DoubleWord(mx.zeros(shape, dtype), mx.zeros(shape, dtype))
+    if not is_complex:
+        zh, zl = DW_OPS(inputs=[_flat8(w, shape) for w in (a.hi, a.lo, b.hi, b.lo)],
+                        template={"OP": _DW_OP[op]}, output_shapes=[(max(size, 8),)] * 2,
+                        output_dtypes=[mx.float32] * 2, backend=name)
+        return DoubleWord(zh[:size].reshape(shape), zl[:size].reshape(shape))
+    words = [_flat8(f(w), shape) for v in (_complex_dw(a), _complex_dw(b))
+             for f in (mx.real, mx.imag) for w in (v.hi, v.lo)]  # cdw_ops' input order
+    zrh, zrl, zih, zil = (z[:size].reshape(shape) for z in CDW_OPS(
+        inputs=words, template={"OP": _CDW_OP[op]}, output_shapes=[(max(size, 8),)] * 4,
+        output_dtypes=[mx.float32] * 4, backend=name))
+    return DoubleWord(complex_from_parts(zrh, zih), complex_from_parts(zrl, zil))

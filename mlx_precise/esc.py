@@ -26,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .arrays import float64_data
 from .autodiff import host_guard
 from .cputhreads import map_runs, workers_for
 from .kernels import Kernel
@@ -93,6 +94,7 @@ def as_float64_matrix(x, name: str) -> mx.array:
         TypeError: not a numpy array or ``mx.array``, or dtype not float64.
         ValueError: not 2-D.
     """
+    x = float64_data(x, name)  # lists / Python numbers: their float64 values, unrounded
     if isinstance(x, np.ndarray):
         if x.dtype != np.float64:
             raise TypeError(f"{name} must have dtype float64, got numpy {x.dtype}")

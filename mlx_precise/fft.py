@@ -92,13 +92,14 @@ def _as_input(x, name: str, real_only: bool = False):
             raise TypeError(f"{name} must be real (float32 or a float32 DoubleWord), "
                             "got a complex64 DoubleWord")
         return x
-    x = as_array(x, name)
+    x = as_array(x, name, wide="split")  # float64 data: a DoubleWord, full precision
+    if isinstance(x, DoubleWord):
+        return _as_input(x, name, real_only)
     allowed = (mx.float32,) if real_only else (mx.float32, mx.complex64)
     if x.dtype not in allowed:
-        hint = (" (float64 data: wrap it with DoubleWord.from_float64)"
-                if x.dtype == mx.float64 else "")
         want = "float32" if real_only else "float32 or complex64"
-        raise TypeError(f"{name} has dtype {x.dtype}, expected {want} or a DoubleWord{hint}")
+        raise TypeError(f"{name} has dtype {x.dtype}, expected {want}, float64 data or a "
+                        "DoubleWord")
     return x
 
 
@@ -194,17 +195,18 @@ def _scale_bits(k: int):
 
 
 def _check_size(points: int, what: str) -> None:
+    """The per-call limit of the kernels (applied to every backend alike by
+    :func:`mlx_precise.fftn.check_limits`, before dispatch)."""
     if points > _MAX_POINTS:
-        raise ValueError(f"{what} has {points} points in all; the kernels index at most "
-                         f"2^30 points per call (split the batch)")
+        raise ValueError(f"{what} has {points} points in all; every backend takes at most "
+                         "2^30 points per transform (use a smaller n, or split the batch)")
 
 
-def _batch(a: mx.array, ax: int, points: int, what: str):
-    """(lead shape, rows) of the axes other than ``ax``, checking the size."""
+def _batch(a: mx.array, ax: int):
+    """(lead shape, rows) of the axes other than ``ax`` (sizes were checked
+    before dispatch: :func:`mlx_precise.fftn.check_limits`)."""
     lead = tuple(int(s) for i, s in enumerate(a.shape) if i != ax)
-    rows = int(np.prod(lead, dtype=np.int64))
-    _check_size(rows * points, what)
-    return lead, rows
+    return lead, int(np.prod(lead, dtype=np.int64))
 
 
 def _finish(y_hi, y_lo, lead: tuple, ax: int, round_output: bool):
@@ -328,7 +330,6 @@ def _bluestein(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_o
     convolution by power-of-two FFTs of length M >= 2n - 1, all in double-word.
     Returns complex64 (rows, n) words (hi, lo or None), scaled by 1/scale_den."""
     m_len = _next_pow2(2 * n - 1)
-    _check_size(rows * m_len, "Bluestein's padded transform")
     x = DoubleWord(hi, lo if lo is not None else mx.zeros_like(hi))
     a = complex_multiply_extended(x, _chirp(n, inverse, 1), round_output=False,
                                   backend=backend, stream=stream)
@@ -449,7 +450,7 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
                            round_output)
     real_in = x.dtype == mx.float32
     hi, lo = _words(x, complex_out=inverse)
-    lead, rows = _batch(hi, ax, n, "x")
+    lead, rows = _batch(hi, ax)
     if rows == 0:
         return _empty(lead, n, mx.complex64, ax, round_output)
     hi, lo = _to_rows(hi, ax, n), _to_rows(lo, ax, n)
@@ -467,18 +468,26 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
 
 
 @host_guard
-def fft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream=None):
+def fft_extended(x, n=None, axis=-1, norm="backward", *, round_output=True, backend=None,
+                 stream=None):
     """Discrete Fourier transform along ``axis`` in double-word, rounded once.
 
     ``X_k = sum_j x_j exp(-2 pi i jk / n)``, numpy's ``fft`` conventions.
 
     Args:
         x: float32 or complex64 ``mx.array``, or a DoubleWord (float32 or complex64
-            words), any shape with at least one dimension.
+            words), any shape with at least one dimension. float64 / complex128
+            data (numpy or ``mx.float64``) enters at full precision, split into a
+            DoubleWord (:func:`mlx_precise.arrays.as_array`); array-likes follow
+            ``mx.array``'s rules.
         n: transform length (default ``x.shape[axis]``): the input is truncated or
             zero-padded to n along ``axis``. Any n >= 1 (powers of two directly,
             others through Bluestein).
         axis: the transformed axis (negative counts from the end).
+        norm: ``"backward"`` (no factor forward, 1/n inverse; the default),
+            ``"ortho"`` (1/sqrt(n) both ways) or ``"forward"`` (1/n forward, none
+            inverse), as ``mx.fft`` / ``numpy.fft``; the factor is one double-word
+            product from the exact rational, inside the single rounding.
         round_output: return complex64 rounded once if True, else a complex
             DoubleWord.
         backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (the active one).
@@ -492,35 +501,40 @@ def fft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream=
         from about 2^-78 to 2^127 (float32 subnormals flush to zero).
 
     Raises:
-        TypeError: x is not float32 / complex64 / DoubleWord (float64 data: use
-            ``DoubleWord.from_float64``), or axis is not an int.
-        ValueError: n < 1 or not an integer, axis out of range, 0-d x, or more
-            than 2^30 points in one call.
+        TypeError: x is not float32 / complex64 / float64 / complex128 /
+            DoubleWord, or axis is not an int.
+        ValueError: n < 1 or not an integer, axis out of range, 0-d x, unknown
+            norm, or more than 2^30 points in one transform (Bluestein's padded
+            length included), checked on every backend before anything is
+            allocated (:func:`mlx_precise.fftn.check_limits`).
 
     Differentiable when ``x`` is an ``mx.array`` and ``round_output=True``: the
     VJP runs the same double-word FFT (:mod:`mlx_precise.fftn`); with a
     DoubleWord input or output ``mx.grad`` raises
     :class:`~mlx_precise.autodiff.NotDifferentiableError`.
     """
-    return _layer().one_axis("fft", x, n, axis, round_output, backend, stream)
+    return _layer().one_axis("fft", x, n, axis, norm, round_output, backend, stream)
 
 
 @host_guard
-def ifft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream=None):
+def ifft_extended(x, n=None, axis=-1, norm="backward", *, round_output=True, backend=None,
+                  stream=None):
     """Inverse DFT ``x_j = (1/n) sum_k X_k exp(2 pi i jk / n)`` in double-word,
     rounded once; arguments, shapes, dtypes and errors as :func:`fft_extended`.
     The 1/n scaling is exact for powers of two and a double-word product
     otherwise."""
-    return _layer().one_axis("ifft", x, n, axis, round_output, backend, stream)
+    return _layer().one_axis("ifft", x, n, axis, norm, round_output, backend, stream)
 
 
 @host_guard
-def rfft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream=None):
+def rfft_extended(x, n=None, axis=-1, norm="backward", *, round_output=True, backend=None,
+                  stream=None):
     """DFT of real data, the ``n//2 + 1`` non-negative frequencies, in double-word.
 
     Args:
-        x: float32 ``mx.array`` or a float32 DoubleWord, at least one dimension.
-        n, axis, round_output, backend, stream: as :func:`fft_extended`.
+        x: float32 ``mx.array`` or a float32 DoubleWord (float64 data: split, as
+            :func:`fft_extended`), at least one dimension.
+        n, axis, norm, round_output, backend, stream: as :func:`fft_extended`.
 
     Returns:
         complex64 ``mx.array`` (or complex DoubleWord) of x's shape with
@@ -532,7 +546,7 @@ def rfft_extended(x, n=None, axis=-1, *, round_output=True, backend=None, stream
 
     Differentiable as :func:`fft_extended`.
     """
-    return _layer().one_axis("rfft", x, n, axis, round_output, backend, stream)
+    return _layer().one_axis("rfft", x, n, axis, norm, round_output, backend, stream)
 
 
 def _rfft_words(x, n, axis, round_output, backend, stream):
@@ -543,7 +557,7 @@ def _rfft_words(x, n, axis, round_output, backend, stream):
     if name == "cpu":
         return _cpu_result(_np_fft("rfft", _float64(x), n, ax), round_output)
     hi, lo = _words(x, complex_out=False)
-    lead, rows = _batch(hi, ax, n, "x")
+    lead, rows = _batch(hi, ax)
     if rows == 0:
         return _empty(lead, n // 2 + 1, mx.complex64, ax, round_output)
     y_hi, y_lo = _in_range(
@@ -554,7 +568,8 @@ def _rfft_words(x, n, axis, round_output, backend, stream):
 
 
 @host_guard
-def irfft_extended(X, n=None, axis=-1, *, round_output=True, backend=None, stream=None):
+def irfft_extended(X, n=None, axis=-1, norm="backward", *, round_output=True, backend=None,
+                   stream=None):
     """Inverse of :func:`rfft_extended`: real ``x`` of length n whose spectrum is
     the Hermitian extension of ``X``, in double-word, rounded once.
 
@@ -564,11 +579,11 @@ def irfft_extended(X, n=None, axis=-1, *, round_output=True, backend=None, strea
         n: output length (default ``2 * (X.shape[axis] - 1)``); the first
             ``n//2 + 1`` points of X are used (zero-padded if fewer); the
             imaginary parts of ``X[0]`` and (n even) ``X[n/2]`` are ignored.
-        axis, round_output, backend, stream: as :func:`fft_extended`.
+        axis, norm, round_output, backend, stream: as :func:`fft_extended`.
 
     Returns:
         float32 ``mx.array`` (or float32 DoubleWord) of X's shape with
-        ``shape[axis] = n``, scaled by 1/n.
+        ``shape[axis] = n``, scaled by 1/n (norm "backward").
 
     Raises:
         TypeError, ValueError: as :func:`fft_extended`; also when the default n
@@ -576,7 +591,7 @@ def irfft_extended(X, n=None, axis=-1, *, round_output=True, backend=None, strea
 
     Differentiable as :func:`fft_extended`.
     """
-    return _layer().one_axis("irfft", X, n, axis, round_output, backend, stream)
+    return _layer().one_axis("irfft", X, n, axis, norm, round_output, backend, stream)
 
 
 def _irfft_words(X, n, axis, round_output, backend, stream):
@@ -587,7 +602,7 @@ def _irfft_words(X, n, axis, round_output, backend, stream):
     if name == "cpu":
         return _cpu_result(_np_fft("irfft", _float64(X), n, ax), round_output)
     hi, lo = _words(X, complex_out=True)
-    lead, rows = _batch(hi, ax, n, "the output")
+    lead, rows = _batch(hi, ax)
     if rows == 0:
         return _empty(lead, n, mx.float32, ax, round_output)
     m = n // 2 + 1
@@ -644,37 +659,44 @@ def _layer():
 # ---- precision-aware entry points ------------------------------------------------
 
 
-def _plain(x):
+def _plain(x, name: str):
+    """The plain twins' input: as the extended one reads it (array-likes, float64
+    data split at full precision, DoubleWords), then rounded once to float32 /
+    complex64, the precision the plain path computes in."""
+    x = _as_input(x, name)
     return x.round() if isinstance(x, DoubleWord) else x
 
 
 @precision_aware(fft_extended)
-def fft(x, n=None, axis=-1, **kwargs):
+def fft(x, n=None, axis=-1, norm="backward", *, stream=None):
     """DFT along ``axis``: double-word inside :func:`~mlx_precise.extended_precision`
-    (see :func:`fft_extended`), plain ``mx.fft.fft`` outside (a DoubleWord input is
-    rounded first)."""
-    return mx.fft.fft(_plain(x), n=n, axis=axis, stream=kwargs.get("stream"))
+    (see :func:`fft_extended`), plain ``mx.fft.fft`` outside, every argument as MLX
+    takes it (float64 or DoubleWord input is rounded once to complex64 / float32
+    first)."""
+    return mx.fft.fft(_plain(x, "x"), n, axis, norm=norm, stream=stream)
 
 
 @precision_aware(ifft_extended)
-def ifft(x, n=None, axis=-1, **kwargs):
+def ifft(x, n=None, axis=-1, norm="backward", *, stream=None):
     """Inverse DFT: double-word inside :func:`~mlx_precise.extended_precision` (see
-    :func:`ifft_extended`), plain ``mx.fft.ifft`` outside."""
-    return mx.fft.ifft(_plain(x), n=n, axis=axis, stream=kwargs.get("stream"))
+    :func:`ifft_extended`), plain ``mx.fft.ifft`` outside (arguments as :func:`fft`)."""
+    return mx.fft.ifft(_plain(x, "x"), n, axis, norm=norm, stream=stream)
 
 
 @precision_aware(rfft_extended)
-def rfft(x, n=None, axis=-1, **kwargs):
+def rfft(x, n=None, axis=-1, norm="backward", *, stream=None):
     """Real-input DFT: double-word inside :func:`~mlx_precise.extended_precision`
-    (see :func:`rfft_extended`), plain ``mx.fft.rfft`` outside."""
-    return mx.fft.rfft(_plain(x), n=n, axis=axis, stream=kwargs.get("stream"))
+    (see :func:`rfft_extended`), plain ``mx.fft.rfft`` outside (arguments as
+    :func:`fft`)."""
+    return mx.fft.rfft(_plain(x, "x"), n, axis, norm=norm, stream=stream)
 
 
 @precision_aware(irfft_extended)
-def irfft(X, n=None, axis=-1, **kwargs):
+def irfft(X, n=None, axis=-1, norm="backward", *, stream=None):
     """Inverse real DFT: double-word inside :func:`~mlx_precise.extended_precision`
-    (see :func:`irfft_extended`), plain ``mx.fft.irfft`` outside."""
-    return mx.fft.irfft(_plain(X), n=n, axis=axis, stream=kwargs.get("stream"))
+    (see :func:`irfft_extended`), plain ``mx.fft.irfft`` outside (arguments as
+    :func:`fft`)."""
+    return mx.fft.irfft(_plain(X, "X"), n, axis, norm=norm, stream=stream)
 
 
 # ---- self-test ------------------------------------------------------------------

@@ -81,6 +81,34 @@ def _chain(kind, x, s, axes, norm, round_output, backend, stream):
     return x
 
 
+def _complex_length(kind: str, n: int) -> int:
+    """Length of the complex FFT a 1-D step of ``kind`` and size n runs: n for
+    fft / ifft and odd real lengths, n/2 for even real ones (packed halves)."""
+    return n if kind in ("fft", "ifft") or n % 2 else n // 2
+
+
+def check_limits(kind: str, shape, s, axes) -> None:
+    """The size limits of every backend, checked before dispatch so that the
+    ``cpu`` backend refuses what the kernels refuse instead of allocating it: at
+    most 2^30 points (rows times length) in each 1-D step, Bluestein's padded
+    power-of-two length included (:mod:`mlx_precise.fft`, 32-bit word indices).
+
+    Raises:
+        ValueError: a step exceeds the limit (naming it).
+    """
+    shape = [int(v) for v in shape]
+    for k, n, ax in _steps(kind, s, axes):
+        shape[ax] = n  # the step's input fitted to n (irfft: its output length)
+        rows = math.prod(shape) // n if n else 0
+        _fft._check_size(rows * n, f"the {k} of length {n} over {rows} row(s)")
+        m = _complex_length(k, n)
+        if m > 1 and m & (m - 1):
+            _fft._check_size(rows * _fft._next_pow2(2 * m - 1),
+                             f"Bluestein's padded transform for the {k} of length {n}")
+        if k == "rfft":
+            shape[ax] = n // 2 + 1
+
+
 def _fit_axes(a: mx.array, shape, axes) -> mx.array:
     """Cut or zero-pad ``a`` along ``axes`` to the sizes in ``shape``."""
     for ax in axes:
@@ -165,6 +193,7 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
     s, axes = tuple(int(v) for v in s), tuple(int(a) for a in axes)
     if len(s) != len(axes) or not axes:
         raise ValueError(f"s and axes must be non-empty and of one length, got {s} and {axes}")
+    check_limits(kind, x.shape, s, axes)
     name = backends.resolve(backend)
     if round_output and isinstance(x, mx.array):
         return _differentiable(kind, s, axes, norm, name, stream)(x)
@@ -180,7 +209,7 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
     return out if round_output else DoubleWord(*out)
 
 
-def one_axis(kind: str, x, n, axis, round_output, backend, stream):
+def one_axis(kind: str, x, n, axis, norm, round_output, backend, stream):
     """The 1-D public functions (:func:`mlx_precise.fft_extended` and its
     siblings): numpy's defaults for ``n``, argument checks, then :func:`transform`."""
     name = "X" if kind == "irfft" else "x"
@@ -188,5 +217,5 @@ def one_axis(kind: str, x, n, axis, round_output, backend, stream):
     ax = _fft._check_axis(x.ndim, axis, name)
     m = x.shape[ax]
     n = _fft._check_n(n, 2 * (m - 1) if kind == "irfft" else m)
-    return transform(kind, x, (n,), (ax,), round_output=round_output, backend=backend,
+    return transform(kind, x, (n,), (ax,), norm, round_output=round_output, backend=backend,
                      stream=stream)

@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends, pow2scale
+from .arrays import as_int
 from .autodiff import guarded, host_guard
 from .context import precision_aware
 from .conv import check_conv_operands
@@ -73,7 +74,11 @@ def default_fft_size(L: int, Lk: int) -> int:
 def _check(u, k, D, fft_size):
     """((u, k, D) as arrays, N) after checking the operands and the FFT size."""
     u, k, D = check_conv_operands(u, k, D, names=("u", "k", "D"), taps="Lk")
-    return (u, k, D), _fft_size(u, k, fft_size)
+    N = _fft_size(u, k, fft_size)
+    from .fftn import check_limits  # the FFT modules import this package's context
+
+    check_limits("rfft", u.shape, (N,), (2,))  # every backend, before allocating
+    return (u, k, D), N
 
 
 def _fft_size(u, k, fft_size) -> int:
@@ -82,8 +87,10 @@ def _fft_size(u, k, fft_size) -> int:
         raise ValueError(f"u and k need at least one step, got L={L}, Lk={Lk}")
     if fft_size is None:
         return default_fft_size(L, Lk)
-    if isinstance(fft_size, bool) or not isinstance(fft_size, (int, np.integer)):
+    n = as_int(fft_size)
+    if n is None:
         raise TypeError(f"fft_size must be an int, got {fft_size!r}")
+    fft_size = n
     if fft_size < L:
         raise ValueError(f"fft_size={fft_size} must be >= L={L}")
     if Lk > fft_size:
@@ -290,8 +297,8 @@ def _fftconv_float32(u, k, D=None, *, fft_size: int | None = None):
 
 
 @precision_aware(hyena_conv_extended)
-def fftconv(u, k, D=None, **kwargs):
+def fftconv(u, k, D=None, *, fft_size: int | None = None):
     """Hyena FFT convolution: double-word inside
     :func:`~mlx_precise.extended_precision` (:func:`hyena_conv_extended`), plain
     float32 ``mx.fft`` outside (the safari formula)."""
-    return _fftconv_float32(u, k, D, fft_size=kwargs.get("fft_size"))
+    return _fftconv_float32(u, k, D, fft_size=fft_size)

@@ -31,6 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .arrays import float64_data
 from .autodiff import guarded, host_guard
 from .cputhreads import map_runs, workers_for
 from .kernels import Kernel
@@ -129,6 +130,7 @@ def as_matrix(A, name: str = "A"):
         TypeError: not an array, or an unsupported dtype.
         ValueError: not 2-D.
     """
+    A = float64_data(A, name)  # lists / Python numbers: their float64 values, unrounded
     if isinstance(A, np.ndarray):
         if A.dtype in (np.float32, np.complex64):
             A = mx.array(A)

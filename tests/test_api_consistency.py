@@ -1,0 +1,304 @@
+"""API consistency (issue 20, items 1, 2, 3, 10, 15).
+
+* The plain and extended twins of every precision-aware function take the same
+  arguments (checked at registration and here), and each argument has MLX's
+  meaning on both paths (``norm``, ``n``, ``axis``, ``stream``); unknown keywords
+  and backend names raise.
+* float64 / complex128 input enters the extended ops at full precision (split into
+  a DoubleWord) or is refused with a TypeError, never rounded silently.
+* Every backend applies the same size limits, before allocating.
+* Array-likes everywhere; float64 data from lists keeps its precision.
+* DoubleWord prints its values and has arithmetic.
+
+Oracles: numpy float64 FFTs, exact ``fractions.Fraction`` arithmetic.
+"""
+
+import inspect
+from fractions import Fraction
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlx_precise as mp
+from mlx_precise import DoubleWord
+from mlx_precise.arrays import as_array
+from mlx_precise.context import precision_aware, precision_aware_functions, twin_mismatch
+
+BACKENDS = ("cpu", "emulate")
+U2 = Fraction(1, 2**48)
+NORMS = ("backward", "ortho", "forward")
+
+
+def _np(kind, x, **kw):
+    return getattr(np.fft, kind)(x, **kw)
+
+
+def _rel(y, ref):
+    return float(np.linalg.norm(np.asarray(y) - ref) / np.linalg.norm(ref))
+
+
+# ---- item 1: the twins take the same arguments and honour them -------------------
+
+
+def test_every_registered_pair_takes_the_same_arguments():
+    fns = precision_aware_functions()
+    assert len(fns) == 9  # the table in docs/api.md
+    for name, fn in fns.items():
+        assert twin_mismatch(fn.plain, fn.extended) is None, name
+        assert inspect.signature(fn) == inspect.signature(fn.extended), name
+
+
+def test_registration_refuses_twins_with_different_arguments():
+    def ext(x, n=None, *, round_output=True, backend=None):
+        return x
+
+    def plain_kwargs(x, n=None, **kwargs):
+        return x
+
+    def plain_other_default(x, n=3):
+        return x
+
+    for plain in (plain_kwargs, plain_other_default):
+        with pytest.raises(TypeError, match="twins take different arguments"):
+            precision_aware(ext)(plain)
+    assert "plain_kwargs" not in precision_aware_functions()
+
+
+@pytest.mark.parametrize("kind", ["fft", "ifft", "rfft", "irfft"])
+@pytest.mark.parametrize("norm", NORMS)
+def test_fft_norm_outside_and_inside(kind, norm):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(12)
+    if kind in ("fft", "ifft"):
+        x = x + 1j * rng.standard_normal(12)
+    x32 = x.astype(np.complex64 if np.iscomplexobj(x) else np.float32)
+    ref = _np(kind, x32.astype(np.complex128 if np.iscomplexobj(x) else np.float64), norm=norm)
+    fn = getattr(mp.fft, kind)
+    assert _rel(fn(mx.array(x32), norm=norm), ref) < 1e-6  # plain float32: MLX's own
+    for b in BACKENDS:
+        with mp.extended_precision():
+            y = fn(mx.array(x32), norm=norm, round_output=False, backend=b)
+        assert _rel(y.to_float64(), ref) < 1e-13, b
+
+
+def test_fft_positional_arguments_and_stream_as_mlx():
+    x = mx.array(np.arange(8, dtype=np.float32).reshape(2, 4))
+    ref = np.fft.rfft(np.arange(8.0).reshape(2, 4), 6, 0, "ortho")
+    y = mp.fft.rfft(x, 6, 0, "ortho", stream=mx.cpu)
+    assert np.allclose(np.array(y), ref, rtol=1e-6, atol=1e-6)
+    with mp.extended_precision():
+        y = mp.fft.rfft(x, 6, 0, "ortho", stream=mx.cpu, backend="cpu")
+    assert np.allclose(np.array(y), ref, rtol=1e-7, atol=1e-7)
+
+
+def test_unknown_keywords_and_backends_raise_in_and_out_of_the_block():
+    x = mx.ones(4)
+    u, k = mx.ones((1, 1, 4)), mx.ones((1, 4))
+    for enabled in (False, True):
+        with mp.extended_precision(enabled):
+            with pytest.raises(TypeError, match="fft\\(\\): got an unexpected keyword argument 'bogus_kw'"):
+                mp.fft.fft(x, bogus_kw=3)
+            with pytest.raises(ValueError, match="unknown backend 'bogus'"):
+                mp.fftconv(u, k, backend="bogus")
+            with pytest.raises(TypeError, match="unexpected keyword"):
+                mp.complex_multiply(x, x, bogus=1)
+            with pytest.raises(ValueError, match="norm"):
+                mp.fft.fft(x, norm="bogus")
+
+
+def test_plain_round_output_false_is_the_plain_result_exactly():
+    x = mx.array(np.random.default_rng(0).standard_normal(8).astype(np.float32))
+    d = mp.fft.rfft(x, round_output=False, backend="cpu")
+    assert isinstance(d, DoubleWord)
+    assert np.array_equal(np.array(d.hi), np.array(mx.fft.rfft(x)))
+    assert not np.any(np.array(d.lo))
+
+
+# ---- item 2: float64 input at full precision, or refused ------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float64_input_enters_at_full_precision(backend):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(64)
+    ref = np.fft.fft(x)
+    for given in (x, mx.array(x, dtype=mx.float64)):
+        y = mp.fft_extended(given, round_output=False, backend=backend).to_float64()
+        assert _rel(y, ref) < 1e-13  # was 3e-8: x rounded to float32 first
+    z = x[:32] + 1j * x[32:]
+    y = mp.fft_extended(z, round_output=False, backend=backend).to_float64()
+    assert _rel(y, np.fft.fft(z)) < 1e-13
+    y = mp.irfft_extended(np.fft.rfft(x), round_output=False, backend=backend).to_float64()
+    assert _rel(y, x) < 1e-13
+    # complex multiply and scaling of complex128 / float64 data, against exact rationals
+    a, b = complex(0.1, 1 / 3), complex(2 / 7, -0.3)
+    p = mp.complex_multiply_extended(np.array([a]), np.array([b]), round_output=False,
+                                     backend=backend).to_float64()[0]
+    ar, ai, br, bi = (Fraction(v) for v in (a.real, a.imag, b.real, b.imag))
+    exact = (ar * br - ai * bi, ar * bi + ai * br)
+    for got, want in zip((p.real, p.imag), exact):
+        assert abs(Fraction(got) - want) <= 8 * U2 * abs(want)
+    s = mp.fft_scale_extended(np.array([0.1]), 3, round_output=False,
+                              backend=backend).to_float64()[0]
+    assert abs(Fraction(s) - Fraction(0.1) / 3) <= 5 * U2 * Fraction(0.1) / 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float64_input_refused_where_it_cannot_enter(backend):
+    x64 = np.ones((1, 2, 8))
+    w = mx.ones((2, 3))
+    with pytest.raises(TypeError, match="x has dtype numpy float64, which this op would have "
+                                        "to round"):
+        mp.depthwise_conv_extended(x64, w, backend=backend)
+    with pytest.raises(TypeError, match="u has dtype mlx float64"):
+        mp.hyena_conv_extended(mx.array(x64, dtype=mx.float64), w, backend=backend)
+
+
+def test_as_array_policy():
+    x = np.array([0.1, 1 / 3])
+    with pytest.raises(TypeError, match="numpy float64"):
+        as_array(x, "x")
+    d = as_array(x, "x", wide="split")
+    ref = DoubleWord.from_float64(x)
+    assert np.array_equal(np.array(d.hi), np.array(ref.hi))
+    assert np.array_equal(np.array(d.lo), np.array(ref.lo))
+    assert as_array([[1.0, 0.1]], "A", wide="float64").dtype == mx.float64
+    assert as_array([1.0], "x").dtype == mx.float32  # MLX's rule elsewhere
+
+
+def test_plain_twin_reads_float64_as_the_extended_one_then_rounds():
+    x = np.random.default_rng(2).standard_normal(16)
+    y = mp.fft.fft(x)
+    assert np.array_equal(np.array(y), np.array(mx.fft.fft(mx.array(x.astype(np.float32)))))
+
+
+# ---- item 3: one size check for every backend, before allocating ------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_size_limits_on_every_backend(backend):
+    z = mx.zeros((1,), mx.complex64)
+    for n in (2**30 + 1, 2**31):
+        with pytest.raises(ValueError, match="at most 2\\^30 points"):
+            mp.fft_extended(z, n=n, backend=backend)
+    with pytest.raises(ValueError, match="at most 2\\^30 points"):
+        mp.rfft_extended(mx.zeros((1,)), n=2**40, backend=backend)
+    with pytest.raises(ValueError, match="Bluestein's padded transform"):
+        mp.fft_extended(mx.zeros((2**10,), mx.complex64), n=2**29 + 1, backend=backend)
+    u, k = mx.zeros((1, 1, 4)), mx.zeros((1, 4))
+    with pytest.raises(ValueError, match="at most 2\\^30 points"):
+        mp.hyena_conv_extended(u, k, fft_size=2**31, backend=backend)
+    with pytest.raises(ValueError, match="at most 2\\^30 points"):
+        mp.fftconv(u, k, fft_size=2**31)  # the plain twin too
+
+
+# ---- item 10: array-likes ----------------------------------------------------------
+
+
+def test_array_likes_with_float64_data_keep_full_precision():
+    v = mp.norm([[1.0, 2.0], [3.0, 4.0]])
+    assert float(v) == np.sqrt(30.0)
+    c = mp.dgemm_emulated([[0.1, 0.2]], [[3.0], [1 / 3]])
+    exact = Fraction(0.1) * 3 + Fraction(0.2) * Fraction(1 / 3)
+    # float64 precision (a float32 rounding of 0.1 would be off by 1e-9)
+    assert abs(Fraction(float(np.array(c)[0, 0])) - exact) <= exact / 2**51
+    d = DoubleWord.from_float64([0.1, 0.2])
+    ref = DoubleWord.from_float64(np.array([0.1, 0.2]))
+    assert np.array_equal(d.to_float64(), ref.to_float64())
+    for got, want in zip(_exact(d), (Fraction(0.1), Fraction(0.2))):  # not float32's 1e-9
+        assert abs(got - want) <= want / 2**48
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_integer_arguments_as_arrays(backend):
+    x = mx.array([1.0, 2.0, 3.0])
+    want = np.array(mp.fft_scale_extended(x, 3, backend=backend))
+    for n in (mx.array(3), np.int64(3), np.array(3)):
+        assert np.array_equal(np.array(mp.fft_scale_extended(x, n, backend=backend)), want)
+        assert np.allclose(np.array(mp.fft_scale(x, n)), want)
+    for bad in (mx.array(3.0), mx.array([3]), mx.array(True)):
+        with pytest.raises(ValueError, match="n must be an integer >= 1"):
+            mp.fft_scale_extended(x, bad, backend=backend)
+
+
+# ---- item 15: DoubleWord repr and arithmetic --------------------------------------
+
+
+def test_repr_shows_values():
+    d = DoubleWord.from_float64(np.array([0.1, 1 / 3]))
+    assert repr(d) == "DoubleWord([0.1, 0.333333333333333], dtype=float32)"
+    assert repr(DoubleWord.from_float64(np.array(1 + 2j))) == "DoubleWord(1+2j, dtype=complex64)"
+    assert "0.1" in repr(-d) and "-0.1" in repr(-d)
+
+
+def _exact(d: DoubleWord):
+    hi, lo = np.array(d.hi), np.array(d.lo)
+    return [Fraction(float(h)) + Fraction(float(low)) for h, low in zip(hi.ravel(), lo.ravel())]
+
+
+def _check(z: DoubleWord, want, bound):
+    got = _exact(z)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert abs(g - w) <= bound * abs(w), (float(g), float(w))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_arithmetic_against_exact_rationals(backend):
+    rng = np.random.default_rng(4)
+    n = 200
+    a = DoubleWord.from_float64(rng.standard_normal(n) * 2.0 ** rng.integers(-20, 20, n))
+    b = DoubleWord.from_float64(rng.standard_normal(n) * 2.0 ** rng.integers(-20, 20, n))
+    f32 = rng.standard_normal(n).astype(np.float32)
+    ea, eb, ef = _exact(a), _exact(b), [Fraction(float(v)) for v in f32]
+    add_b, mul_b, div_b = 3 * U2 + 13 * U2 / 2**24, 4 * U2, Fraction(98, 10) * U2
+    with mp.use_backend(backend):
+        _check(a + b, [x + y for x, y in zip(ea, eb)], add_b)
+        _check(a - b, [x - y for x, y in zip(ea, eb)], add_b)
+        _check(a * b, [x * y for x, y in zip(ea, eb)], mul_b)
+        _check(a / b, [x / y for x, y in zip(ea, eb)], div_b)
+        _check(a * mx.array(f32), [x * y for x, y in zip(ea, ef)], mul_b)
+        _check(f32 - a, [y - x for x, y in zip(ea, ef)], add_b)  # numpy defers to __rsub__
+        # Python scalars enter at their float64 value: 0.1 is not rounded to float32
+        _check(a + 0.1, [x + Fraction(0.1) for x in ea], add_b)
+        _check(1 / a, [1 / x for x in ea], div_b)
+        _check(0.1 - a, [Fraction(0.1) - x for x in ea], add_b)
+        _check(-a, [-x for x in ea], 0)
+        # broadcasting with a 0-d operand, and a float64 numpy operand
+        _check(a * np.float64(1 / 3), [x * Fraction(1 / 3) for x in ea], mul_b)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_complex_arithmetic(backend):
+    rng = np.random.default_rng(5)
+    n = 50
+    za = rng.standard_normal(n) + 1j * rng.standard_normal(n)
+    zb = rng.standard_normal(n) + 1j * rng.standard_normal(n)
+    a, b = DoubleWord.from_float64(za), DoubleWord.from_float64(zb)
+    with mp.use_backend(backend):
+        p, s = a * b, a - 0.5
+        with pytest.raises(TypeError, match="division of complex DoubleWords"):
+            a / b
+    (pr, pi), (sr, si), (ar, ai), (br, bi) = (
+        [_exact(w) for w in d.parts()] for d in (p, s, a, b))
+    for i in range(n):
+        xr, xi, yr, yi = ar[i], ai[i], br[i], bi[i]  # the operands' exact values
+        wr, wi = xr * yr - xi * yi, xr * yi + xi * yr
+        err2 = (pr[i] - wr) ** 2 + (pi[i] - wi) ** 2
+        assert err2 <= (Fraction(866, 100) * U2) ** 2 * (wr**2 + wi**2)
+        assert abs(sr[i] - (xr - Fraction(1, 2))) <= 4 * U2 * abs(xr - Fraction(1, 2))
+        assert si[i] == xi
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_arithmetic_special_values(backend):
+    a = DoubleWord.from_float64(np.array([1.0, -2.5, 3e38]))
+    with mp.use_backend(backend):
+        z = a * mx.array(np.array([np.inf, 0.0, 10.0], np.float32))
+        assert np.array(z.hi).tolist()[0] == np.inf and np.array(z.hi)[2] == np.inf
+        assert not np.any(np.array(z.lo)[[0, 2]])
+        with pytest.raises(TypeError, match="expected float32 or complex64"):
+            a + mx.array([1, 2, 3])
+        with pytest.raises(ValueError, match="do not broadcast"):
+            a + mx.ones(2)
