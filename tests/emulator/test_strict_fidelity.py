@@ -45,29 +45,13 @@ PASS = {
     " && metal::is_integral<int>::value;\n"
     "metal::enable_if_t<t, int> k = 2; metal::remove_addrspace_t<const device float> v = x[i];\n"
     "y[i] = v * k;",
-    "MLX's steel pointer_element per address space and its own void_t": I +
-    "y[i] = metal::pointer_element_t<const device float*>(x[i]) + elem_size<float>();",
 }
-PASS_HEADERS = {
-    "MLX's steel pointer_element per address space and its own void_t": """
-namespace metal {
-template <typename... Ts> struct make_void { typedef void type; };
-template <typename... Ts> using void_t = typename make_void<Ts...>::type;
-template <typename T> struct pointer_element {};
-template <typename T> struct pointer_element<thread T*> { using type = remove_cv_t<T>; };
-template <typename T> struct pointer_element<device T*> { using type = remove_cv_t<T>; };
-template <typename T> struct pointer_element<constant T*> { using type = remove_cv_t<T>; };
-template <typename T> struct pointer_element<threadgroup T*> { using type = remove_cv_t<T>; };
-template <typename T> using pointer_element_t = typename pointer_element<remove_cv_t<T>>::type;
-}
-template <typename T, typename = metal::void_t<>> constexpr int elem_size() { return sizeof(T); }
-""",
-}
+# (MLX's steel pointer_element and void_t: test_emulator_fidelity.py, both tools)
 
 
 @pytest.mark.parametrize("case", sorted(PASS))
 def test_metal_accepts(case):
-    run(PASS[case], PASS_HEADERS.get(case, ""))
+    run(PASS[case])
 
 
 def test_select_between_device_and_thread_bfloat():
