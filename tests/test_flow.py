@@ -359,3 +359,33 @@ def test_metal_glue_stays_lazy(lazy_metal):
         return out
 
     assert mx.compile(chain)(u, k, D).shape == (1, 2)
+
+
+def test_in_place_updates_keep_words_consistent(backend):
+    """MLX updates arrays in place (aliases see it): the low words must follow."""
+    x0 = rng_f32(6, 26)
+    ref = x0.astype(LD) / 3
+    with mp.extended_precision() as rep:
+        x = mx.array(x0) / 3
+        alias = x
+        x += 0.1
+        x *= 2
+        alias2 = x
+        x[1:3] = mx.array(x0[:2]) / 7
+        x[0] = 0.3
+        rows = list(x.reshape(3, 2))
+        y = mx.array(x0) / 3
+        y += mx.array(np.arange(6, dtype=np.int32))  # no rule for int operands here
+    want = (ref + LD(0.1)) * 2
+    want[1:3] = x0[:2].astype(LD) / 7
+    want[0] = LD(0.3)
+    assert alias is x and alias2 is x
+    total = np.array(x).astype(LD) + np.array(low_word(x)).astype(LD)
+    assert np.max(np.abs(total - want) / np.abs(want)) < 2.0**-46
+    assert share_exact(x, want) == 1.0
+    assert share_exact(mx.concatenate([r[None] for r in rows]).reshape(-1), want) == 1.0
+    assert all(low_word(r) is not None for r in rows)
+    # an update without a rule leaves no stale low word behind
+    lo = low_word(y)
+    assert lo is None or not np.any(np.array(lo))
+    assert rep.extended["__iadd__"] == 1 and rep.extended["__setitem__"] == 2

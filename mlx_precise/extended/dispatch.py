@@ -92,7 +92,12 @@ _OPERATORS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
               "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__",
               "__rmod__", "__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__neg__",
               "__abs__", "__getitem__", "__lt__", "__le__", "__gt__", "__ge__", "__eq__",
-              "__ne__", "__divmod__")
+              "__ne__", "__divmod__", "__setitem__", "__iter__", "__iadd__", "__isub__",
+              "__imul__", "__itruediv__", "__ipow__", "__imatmul__", "__ifloordiv__",
+              "__imod__")
+# In-place ops: after MLX's own (float32) update, x's old low word no longer applies.
+_INPLACE = frozenset(n for n in _OPERATORS if n.startswith("__i") and n != "__iter__") | {
+    "__setitem__"}
 
 
 def _carries(args, kwargs) -> bool:
@@ -134,7 +139,10 @@ def _wrapper(name: str, original, rule):
                         "these operands")
             elif rule is not None and _foreign(args):
                 report.plain[name] += 1
-            return original(*args, **kwargs)
+            out = original(*args, **kwargs)
+            if name in _INPLACE and args:
+                carry.attach(args[0], None)
+            return out
         finally:
             _report.reset(token)
 

@@ -142,6 +142,56 @@ def _words(pos: int = 0, listed: bool = False):
     return rule
 
 
+def carries(v) -> bool:
+    """True when ``v`` holds more than its float32 / complex64 value: an array with
+    a low word, or a scalar that float32 does not represent."""
+    if isinstance(v, mx.array):
+        return low_word(v) is not None
+    return isinstance(v, _SCALARS) and not arith.is_float32(v)
+
+
+def _setitem(ctx, original, x, index, value):
+    """``x[index] = value`` in place: the high words through MLX, the low words in
+    a copy of x's low words (value's low words, or 0 where value is plain)."""
+    if not is_word_array(x) or (low_word(x) is None and not carries(value)):
+        return NotImplemented
+    lo = mx.zeros_like(x) if low_word(x) is None else low_word(x) * 1  # a private copy
+    w = words(value)
+    if w is None or (arith.is_complex(w) and x.dtype != mx.complex64):
+        original(x, index, value)  # MLX's assignment (or its error); no low word there
+        original(lo, index, 0.0)
+    else:
+        original(x, index, w.hi)
+        original(lo, index, w.lo)
+    attach(x, lo)
+    return None
+
+
+def _inplace(op: str):
+    """``x op= y``: MLX updates x in place (other references see it), so the
+    double-word result is written into x and its low word re-attached."""
+    compute = _arith(op)
+
+    def rule(ctx, original, x, y):
+        if not is_word_array(x) or not (carries(x) or carries(y)) or _has_float64((y,)):
+            return NotImplemented
+        z = compute(ctx, None, x, y)
+        if z is NotImplemented or z.dtype != x.dtype or z.shape != x.shape:
+            return NotImplemented
+        # (inside a rule the flow is off, so mx.array.__setitem__ is MLX's own)
+        _setitem(ctx, mx.array.__setitem__, x, Ellipsis, z)
+        return x
+
+    return rule
+
+
+def _iter(ctx, original, x):
+    if not is_word_array(x) or low_word(x) is None or x.ndim == 0:
+        return NotImplemented
+    lo = low_word(x)
+    return iter([attach(x[i], lo[i]) for i in range(x.shape[0])])
+
+
 def _getitem(ctx, original, x, index):
     if not is_word_array(x) or low_word(x) is None:
         return NotImplemented
@@ -276,7 +326,9 @@ METHODS = {
     "__neg__": _exact1(arith.neg), "__abs__": _exact1(_abs), "abs": _exact1(_abs),
     "conj": _exact1(arith.conj), "square": _square,
     "sum": _reduction(False), "mean": _reduction(True),
-    "__getitem__": _getitem, "astype": _astype, "split": _words(),
+    "__getitem__": _getitem, "__setitem__": _setitem, "__iter__": _iter,
+    "__iadd__": _inplace("add"), "__isub__": _inplace("sub"), "__imul__": _inplace("mul"),
+    "__itruediv__": _inplace("div"), "astype": _astype, "split": _words(),
     **{name: _words() for name in ("reshape", "transpose", "swapaxes", "moveaxis", "squeeze",
                                    "flatten", "diagonal")},
 }
