@@ -389,3 +389,31 @@ def test_in_place_updates_keep_words_consistent(backend):
     lo = low_word(y)
     assert lo is None or not np.any(np.array(lo))
     assert rep.extended["__iadd__"] == 1 and rep.extended["__setitem__"] == 2
+
+
+def test_fno_gradient_and_float64_operands(backend):
+    H = W = 8
+    x = mx.array(rng_f32((2, H, W), 27))
+    wts = mx.array((rng_f32((3, 3), 28) + 1j * rng_f32((3, 3), 29)).astype(np.complex64))
+    c = mx.array(rng_f32((2, H, W), 30))
+
+    def loss(a, w):
+        f = mx.fft.rfft2(a)[:, :3, :3] * w
+        y = mx.fft.irfft2(mx.pad(f, [(0, 0), (0, H - 3), (0, W // 2 + 1 - 3)]), s=(H, W))
+        return (y * c).sum()
+
+    # float32 MLX autodiff of the same function: an oracle to float32 accuracy
+    ref = mx.grad(loss, argnums=(0, 1))(x, wts)
+    with mp.extended_precision():
+        got = mx.grad(loss, argnums=(0, 1))(x, wts)
+    for g, r in zip(got, ref):
+        err = float(mx.max(mx.abs(g - r))) / float(mx.max(mx.abs(r)))
+        assert err < 1e-5, err
+    # an mx.float64 operand: MLX computes in float64, the double-word operand
+    # enters at its exact value hi + lo
+    x64 = mx.array(rng_f32(16, 31).astype(np.float64) * (1 + 2.0**-40), dtype=mx.float64)
+    with mp.extended_precision():
+        z = x64 * (mx.array(rng_f32(16, 32)) / 3)
+    want = np.array(x64) * (rng_f32(16, 32).astype(LD) / 3)
+    assert z.dtype == mx.float64
+    assert np.max(np.abs(np.array(z) - want) / np.abs(want)) < 2.0**-46
