@@ -277,6 +277,9 @@ class Kernel:
 
 _lock = threading.Lock()
 _built: dict[tuple[str, str], Callable] = {}
+# Threads that reach their first extended kernel together wait for one self-test
+# (its own kernel is not extended, so it never comes back here).
+_check_lock = threading.Lock()
 _checked: dict[str, BaseException | None] = {}
 
 
@@ -320,11 +323,13 @@ def _device_check(backend: str) -> None:
     if backend not in _checked:
         from .doubleword import eft_selftest
 
-        try:
-            eft_selftest(backend)
-            _checked[backend] = None
-        except DeviceCheckError as e:
-            _checked[backend] = e
+        with _check_lock:
+            if backend not in _checked:
+                try:
+                    eft_selftest(backend)
+                    _checked[backend] = None
+                except DeviceCheckError as e:
+                    _checked[backend] = e
     err = _checked[backend]
     if err is not None:
         raise DeviceCheckError(

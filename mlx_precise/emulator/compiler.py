@@ -1,11 +1,16 @@
-"""Finding clang, compiling generated kernel sources, and the on-disk library cache.
+"""Finding a C++ compiler, compiling generated kernel sources, and the on-disk
+library cache.
 
-The compiler is ``clang++`` on PATH (or ``$MLX_PRECISE_CXX``), else the clang shipped
-in the ``ziglang`` package (``python -m ziglang c++``). Libraries are cached under
-``$MLX_PRECISE_CACHE`` (default ``~/.cache/mlx_precise/emulator``) keyed by a hash of
-the full source, the flags and the compiler's identity; a build writes to a private
-temporary file and renames it into place, so two processes building the same kernel
-at once both end up with a complete library.
+The compiler is ``$MLX_PRECISE_CXX`` if set, else ``clang++`` on PATH, else the clang
+shipped in the ``ziglang`` package (``python -m ziglang c++``, the ``emulate``
+extra), else ``g++`` on PATH. clang and GCC >= 12 are supported; any other compiler
+is refused up front, since the flags below are what make the C++ compute as the GPU
+does. Libraries are cached under ``$MLX_PRECISE_CACHE`` (default
+``~/.cache/mlx_precise/emulator``) keyed by a hash of the full source, the flags and
+the compiler's identity; a build writes to a private temporary file and renames it
+into place, so two processes building the same kernel at once both end up with a
+complete library. A failed build keeps its source and full compiler output under
+``failed/`` in the cache and reports the first diagnostics.
 """
 
 from __future__ import annotations
@@ -25,8 +30,24 @@ class CompilerNotFoundError(RuntimeError):
     """No C++ compiler for the emulator."""
 
 
+class UnsupportedCompilerError(CompilerNotFoundError):
+    """``$MLX_PRECISE_CXX`` names a compiler the emulator cannot drive."""
+
+
 class KernelCompileError(RuntimeError):
-    """The generated kernel source did not compile; the message shows both."""
+    """The generated kernel source did not compile; the message shows the first
+    diagnostics and the path of the full log."""
+
+
+class CacheDirError(RuntimeError):
+    """The kernel library cache directory cannot be created or written."""
+
+
+_CXX_ENV = "MLX_PRECISE_CXX"
+_CACHE_ENV = "MLX_PRECISE_CACHE"
+_INSTALL_HINT = ("clang++ on PATH, `pip install 'mlx-precise[emulate]'` (the ziglang "
+                 "package's clang; or `pip install ziglang`), or g++ >= 12")
+_MIN_GCC = 12  # first GCC with _Float16 (Metal's half) in C++ on x86-64
 
 
 # Metal semantics the flags enforce: IEEE float32 with no contraction of a*b+c into
@@ -52,10 +73,7 @@ _BASE_FLAGS = [
     # arrays outgrow its fiber stack hits the guard page below it (a reported
     # fault) rather than another fiber's stack.
     "-fstack-clash-protection",
-    # half arithmetic rounds after every operation, as on the GPU (clang's default
-    # keeps half expressions in float until the end of the expression).
-    "-Xclang",
-    "-ffloat16-excess-precision=none",
+    # -ffloat16-excess-precision / -fexcess-precision: see _family_flags.
 ]
 
 
@@ -74,10 +92,17 @@ def _x86_features() -> frozenset:
 
 @functools.lru_cache(maxsize=None)
 def find_compiler() -> tuple[str, ...]:
-    """Return the command prefix of the C++ compiler the emulator uses."""
-    env = os.environ.get("MLX_PRECISE_CXX")
+    """Return the command prefix of the C++ compiler the emulator uses.
+
+    Raises:
+        CompilerNotFoundError: no compiler found.
+        UnsupportedCompilerError: ``$MLX_PRECISE_CXX`` is neither clang nor GCC >= 12.
+    """
+    env = os.environ.get(_CXX_ENV)
     if env:
-        return tuple(env.split())
+        cmd = tuple(env.split())
+        _family(cmd)  # refuse an unusable compiler here, not at the first build
+        return cmd
     clang = shutil.which("clang++")
     if clang:
         return (clang,)
@@ -87,20 +112,56 @@ def find_compiler() -> tuple[str, ...]:
         return (sys.executable, "-m", "ziglang", "c++")
     except ImportError:
         pass
-    raise CompilerNotFoundError(
-        "the Metal emulator needs clang: install clang++ on PATH, or "
-        "`pip install ziglang` (included in mlx-precise[test]), or set MLX_PRECISE_CXX"
-    )
+    gxx = shutil.which("g++")
+    if gxx and _family((gxx,), quiet=True):
+        return (gxx,)
+    raise CompilerNotFoundError(f"the Metal emulator needs a C++ compiler: {_INSTALL_HINT}, "
+                                f"or set {_CXX_ENV}")
 
 
 @functools.lru_cache(maxsize=None)
-def compiler_identity() -> str:
-    cmd = find_compiler()
+def _version_text(cmd: tuple[str, ...]) -> str:
+    """``cmd --version`` (stdout), or "" when it cannot run."""
     try:
         out = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=120)
-        return out.stdout.strip() or " ".join(cmd)
+        return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return " ".join(cmd)
+        return ""
+
+
+@functools.lru_cache(maxsize=None)
+def _family(cmd: tuple[str, ...], quiet: bool = False) -> str | None:
+    """``"clang"`` or ``"gcc"``: the compilers whose flags (``_family_flags``) give
+    the GPU's semantics. Anything else raises (or, ``quiet``, returns None)."""
+    text = _version_text(cmd)
+    first = text.splitlines()[0] if text else "it did not run"
+    family, why = None, f"{first!r} is neither clang nor GCC"
+    if "clang" in text:
+        family = "clang"
+    elif "Free Software Foundation" in text:
+        family = "gcc" if _gcc_major(cmd) >= _MIN_GCC else None
+        why = f"{first!r} is older than GCC {_MIN_GCC}"
+    if family is None and not quiet:
+        raise UnsupportedCompilerError(
+            f"{_CXX_ENV}={' '.join(cmd)!r} cannot build the Metal emulator's kernels: {why}; "
+            f"supported: clang++, the ziglang package's clang "
+            f"(`pip install 'mlx-precise[emulate]'`), g++ >= {_MIN_GCC}")
+    return family
+
+
+@functools.lru_cache(maxsize=None)
+def _gcc_major(cmd: tuple[str, ...]) -> int:
+    """GCC's major version (0 when ``-dumpversion`` says nothing usable)."""
+    try:
+        out = subprocess.run([*cmd, "-dumpversion"], capture_output=True, text=True, timeout=120)
+        return int(out.stdout.split(".")[0])
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return 0
+
+
+def compiler_identity() -> str:
+    cmd = find_compiler()
+    return _version_text(cmd) or " ".join(cmd)
 
 
 def link_flags() -> list[str]:
@@ -110,9 +171,30 @@ def link_flags() -> list[str]:
     return ["-shared", "-nostdlib"]
 
 
+def link_libs() -> list[str]:
+    """Libraries linked after the object (a static library only supplies symbols
+    that objects before it need)."""
+    if _family(find_compiler()) == "gcc":
+        # GCC's manual (Link Options, -nostdlib): code GCC generates may call
+        # libgcc's helpers (e.g. __truncdfhf2, double -> _Float16), so link libgcc.a.
+        return ["-lgcc"]
+    return []
+
+
+def _family_flags(family: str) -> list[str]:
+    """Half arithmetic rounds after every operation, as on the GPU; by default both
+    compilers may keep a _Float16 expression in float to its end."""
+    if family == "clang":
+        # clang's Language Extensions manual, "Half-Precision Floating Point".
+        return ["-Xclang", "-ffloat16-excess-precision=none"]
+    # GCC's manual, Optimize Options (-fexcess-precision=16, since GCC 12; GCC 13
+    # made =standard, excess precision, the default for ISO C++).
+    return ["-fexcess-precision=16"]
+
+
 def flags() -> list[str]:
     """Compile flags."""
-    f = list(_BASE_FLAGS)
+    f = list(_BASE_FLAGS) + _family_flags(_family(find_compiler()))
     # Hardware fma keeps metal::fma a single rounding and subject to the
     # flush-to-zero mode (libm's software fma ignores MXCSR); F16C converts half
     # in instructions (otherwise the compiler calls compiler-rt, which kernel
@@ -123,14 +205,58 @@ def flags() -> list[str]:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("MLX_PRECISE_CACHE")
+    """The library cache, created if absent.
+
+    Raises:
+        CacheDirError: it cannot be created or written (no fallback elsewhere: a
+            cache in an unexpected place would go unnoticed and fill a disk).
+    """
+    base = os.environ.get(_CACHE_ENV)
     path = Path(base) if base else Path.home() / ".cache" / "mlx_precise" / "emulator"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError("not writable")
+    except OSError as e:
+        where = f"{_CACHE_ENV}={base!r}" if base else f"the default {str(path)!r}"
+        raise CacheDirError(
+            f"the Metal emulator's kernel cache {where} cannot be used "
+            f"({type(e).__name__}: {e.strerror or e}); set {_CACHE_ENV} to a writable "
+            "directory") from None
     return path
 
 
 def numbered(source: str) -> str:
     return "\n".join(f"{i:5d} | {line}" for i, line in enumerate(source.splitlines(), 1))
+
+
+_DIAGNOSTIC_LINES = 30  # of the compiler's output in the exception; the rest in the log
+
+
+def _trimmed(output: str) -> str:
+    """The compiler's output from its first error on (what precedes, such as "In
+    file included from" chains, is context), at most _DIAGNOSTIC_LINES lines."""
+    lines = output.strip().splitlines()
+    first = next((i for i, ln in enumerate(lines) if "error" in ln), 0)
+    lines = lines[first:]
+    if len(lines) > _DIAGNOSTIC_LINES:
+        lines = lines[:_DIAGNOSTIC_LINES] + [f"... ({len(lines) - _DIAGNOSTIC_LINES} more lines)"]
+    return "\n".join(lines)
+
+
+def _keep_failed(source: str, stem: str, command: list[str], output: str,
+                 tmp_src: str) -> tuple[str, Path]:
+    """Keep a failed build's source and full log under ``failed/`` in the cache
+    (the build's temporary directory goes away). Returns the compiler output, naming
+    the kept source instead of the temporary one, and the log's path."""
+    failed = cache_dir() / "failed"
+    failed.mkdir(exist_ok=True)
+    src, log = failed / f"{stem}.cpp", failed / f"{stem}.log"
+    output = output.replace(tmp_src, str(src))
+    src.write_text(source)
+    log.write_text(f"$ {' '.join(command).replace(tmp_src, str(src))}\n\n{output}\n\n"
+                   f"Generated source ({src}):\n{numbered(source)}\n")
+    return output, log
 
 
 def _headers_digest(include_dirs: tuple) -> str:
@@ -152,24 +278,26 @@ def build(source: str, name: str, include_dirs: list[Path], label: str | None = 
     cmd = find_compiler()
     fl = flags() + [f"-I{d}" for d in include_dirs]
     key = hashlib.sha256(
-        "\0".join([source, " ".join(fl + link_flags()), compiler_identity(),
+        "\0".join([source, " ".join(fl + link_flags() + link_libs()), compiler_identity(),
                    platform.machine(), _headers_digest(tuple(include_dirs))]).encode()
     ).hexdigest()[:32]
-    lib = cache_dir() / f"{name[:80]}-{key}.so"
+    stem = f"{name[:80]}-{key}"
+    lib = cache_dir() / f"{stem}.so"
     if lib.exists():
         return lib
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         src = Path(tmp) / "kernel.cpp"
         src.write_text(source)
         obj, out = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
-        proc = subprocess.run([*cmd, *fl, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
+        command = [*cmd, *fl, "-c", str(src), "-o", str(obj)]
+        proc = subprocess.run(command, capture_output=True, text=True)
         if proc.returncode == 0:
-            proc = subprocess.run([*cmd, *link_flags(), str(obj), "-o", str(out)],
-                                  capture_output=True, text=True)
+            command = [*cmd, *link_flags(), str(obj), *link_libs(), "-o", str(out)]
+            proc = subprocess.run(command, capture_output=True, text=True)
         if proc.returncode != 0:
+            output, log = _keep_failed(source, stem, command, proc.stderr + proc.stdout, str(src))
             raise KernelCompileError(
-                f"kernel {label or name!r} failed to compile.\n\nGenerated source:\n{numbered(source)}"
-                f"\n\nCompiler ({' '.join(cmd)}) said:\n{proc.stderr.strip()}"
-            )
+                f"kernel {label or name!r} failed to compile ({' '.join(cmd)}):\n"
+                f"{_trimmed(output)}\nFull log and generated source: {log}")
         os.replace(out, lib)  # atomic: concurrent builders each install a whole file
     return lib
