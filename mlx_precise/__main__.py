@@ -114,14 +114,16 @@ def check_kernels(names) -> int:
         status = "ok" if not r.failures else f"FAILED {len(r.failures)}"
         print(f"  {r.kernel:<24} {r.count:4d} instantiations {r.seconds:6.2f} s  {status}", flush=True)
 
-    reports = kernel_check.check_all(names or None, progress=show)
+    reports, errors = kernel_check.check_targets(names or [], progress=show)
     failures = [f for r in reports for f in r.failures]
     for f in failures:
         print(f"\n{f}")
+    for e in errors:  # a user's script that stopped, or launched nothing
+        print(f"\nerror: {e}", file=sys.stderr)
     total = sum(r.count for r in reports)
     print(f"\n{len(reports)} kernels, {total} instantiations, {len(failures)} failed, "
           f"{time.perf_counter() - t0:.1f} s")
-    return 1 if failures else 0
+    return 1 if failures or errors else 0
 
 
 def _positive_int(text: str) -> int:
@@ -154,7 +156,9 @@ def main(argv=None) -> int:
     ):
         sp = sub.add_parser(cmd, help=help_)
         if cmd == "check-kernels":
-            sp.add_argument("kernels", nargs="*", help="kernel names (default: all)")
+            sp.add_argument("kernels", nargs="*", help=(
+                "kernel names (default: all), or your own .metal file or Python script "
+                "(run with its kernels emulated; every instantiation it launches is checked)"))
         elif cmd != "info":
             sp.add_argument("--backend", choices=backends.BACKENDS, default=None)
         if cmd == "demo":

@@ -112,3 +112,100 @@ def check_all(names=None, progress=None) -> list[Report]:
         if progress:
             progress(r)
     return reports
+
+
+# ---- a user's own code -----------------------------------------------------------------
+
+
+def check_metal_file(path) -> Report:
+    """A ``.metal`` file, checked whole as Metal compiles a library."""
+    t0 = time.perf_counter()
+    diag = strict.check_file(str(path))
+    failures = [strict.Failure(str(path), "(whole file)", diag)] if diag else []
+    return Report(str(path), 1, time.perf_counter() - t0, failures)
+
+
+class _Recorder:
+    """Stands in for ``mx.fast.metal_kernel`` while a script runs: each kernel runs
+    in the emulator (so the script goes on as on a Mac) and each instantiation it
+    launches is recorded for the strict check."""
+
+    def __init__(self):
+        self.kernels: dict[tuple, tuple[strict.Source, dict]] = {}
+
+    def metal_kernel(self, name, input_names, output_names, source, header="",
+                     ensure_row_contiguous=True, atomic_outputs=False, compile_options=None,
+                     **kwargs):
+        from .emulator import metal_kernel
+
+        kernel = metal_kernel(name, input_names, output_names, source, header,
+                              ensure_row_contiguous, atomic_outputs, compile_options, **kwargs)
+        key = (name, source, header, atomic_outputs, tuple(input_names), tuple(output_names))
+        src = strict.Source(name, tuple(input_names), tuple(output_names), source, header,
+                            atomic_outputs)
+        _, seen = self.kernels.setdefault(key, (src, {}))
+
+        def call(*, inputs, output_dtypes, template=None, **call_kwargs):
+            inst = strict.make_instance(input_names, inputs, output_dtypes, template)
+            seen.setdefault(inst.label(), inst)
+            return kernel(inputs=inputs, output_dtypes=output_dtypes, template=template,
+                          **call_kwargs)
+
+        return call
+
+
+def check_script(path, argv=()) -> tuple[list[Report], BaseException | None]:
+    """Run a Python script with ``mx.fast.metal_kernel`` emulated, then check every
+    instantiation it launched. Returns the reports (one per kernel source) and the
+    exception the script ended with (None if it finished)."""
+    import runpy
+    import sys
+
+    import mlx.core as mx
+
+    rec = _Recorder()
+    saved = mx.fast.metal_kernel, sys.argv
+    mx.fast.metal_kernel, sys.argv = rec.metal_kernel, [str(path), *argv]
+    error = None
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as e:
+        error = None if e.code in (None, 0) else e
+    except Exception as e:  # reported by the caller, with what was recorded so far
+        error = e
+    finally:
+        mx.fast.metal_kernel, sys.argv = saved
+    reports = []
+    for src, seen in rec.kernels.values():
+        t0 = time.perf_counter()
+        failures = strict.check_instances(src, list(seen.values()))
+        reports.append(Report(src.name, len(seen), time.perf_counter() - t0, failures))
+    return reports, error
+
+
+def check_targets(targets, progress=None) -> tuple[list[Report], list[str]]:
+    """``check-kernels`` arguments: kernel names of this package, ``.metal`` files
+    and Python scripts (which run, with their kernels emulated, and are checked on
+    every instantiation they launched); none means every kernel of this package.
+    Returns the reports and the errors of scripts that did not finish."""
+    from pathlib import Path
+
+    files = [t for t in targets if t.endswith((".metal", ".py"))]
+    names = [t for t in targets if t not in files]
+    reports, errors = (check_all(names, progress) if names or not files else []), []
+    for f in files:
+        if not Path(f).is_file():
+            raise ValueError(f"no such file: {f}")
+        if f.endswith(".metal"):
+            found = [check_metal_file(f)]
+        else:
+            found, error = check_script(f)
+            if error is not None:
+                errors.append(f"{f} stopped with {type(error).__name__}: {error}")
+            if not found:
+                errors.append(f"{f} launched no metal_kernel")
+        for r in found:
+            reports.append(r)
+            if progress:
+                progress(r)
+    return reports, errors

@@ -451,6 +451,26 @@ def _input_spec(name: str, x) -> tuple:
     raise TypeError(f"input {name!r} must be an mx.array or a (dtype, shape) pair, got {x!r}")
 
 
+def make_instance(input_names, inputs, output_dtypes, template=None) -> Instance:
+    """The :class:`Instance` of a call: ``inputs`` as arrays or ``(dtype, shape)``,
+    ``template`` a list of ``(name, value)`` or a dict."""
+    template = list(template.items()) if isinstance(template, dict) else list(template or [])
+    return Instance(
+        tuple(template),
+        tuple((n, *_input_spec(n, x)) for n, x in zip(input_names, inputs)),
+        tuple(output_dtypes),
+    )
+
+
+def check_file(path: str, metal_version: str = DEFAULT_METAL_VERSION) -> str | None:
+    """Check a whole ``.metal`` file (its own ``[[kernel]]`` functions and explicit
+    instantiations, as Metal compiles a library); returns the diagnostics, or None
+    when it passes."""
+    text = Path(path).read_text()
+    ok, diag = _run([translate(f'#line 1 "{path}"\n{text}')], metal_version)
+    return None if ok else diag
+
+
 def check_source(name: str, input_names, output_names, source: str, *, inputs,
                  output_dtypes, header: str = "", template=None,
                  atomic_outputs: bool = False,
@@ -472,12 +492,7 @@ def check_source(name: str, input_names, output_names, source: str, *, inputs,
     if len(output_dtypes) != len(output_names):
         raise ValueError(f"output_dtypes: expected {len(output_names)} entries (one per "
                          f"output), got {len(output_dtypes)}")
-    template = list(template.items()) if isinstance(template, dict) else list(template or [])
-    inst = Instance(
-        tuple(template),
-        tuple((n, *_input_spec(n, x)) for n, x in zip(input_names, inputs)),
-        tuple(output_dtypes),
-    )
+    inst = make_instance(input_names, inputs, output_dtypes, template)
     src = Source(name, tuple(input_names), tuple(output_names), source, header, atomic_outputs)
     failures = check_instances(src, [inst], metal_version)
     if failures:
