@@ -108,8 +108,8 @@ def _fake_compiler(tmp_path: Path, version: str, dumpversion: str = "") -> str:
 
 
 @pytest.mark.parametrize("version,dump,why", [
-    ("Intel(R) oneAPI DPC++/C++ Compiler 2024.0.0 (2024.0.0.20231017)", "", "neither clang nor GCC"),
-    ("g++ (GCC) 9.4.0\nCopyright (C) 2019 Free Software Foundation, Inc.", "9", "older than GCC 12"),
+    ("Intel(R) oneAPI DPC++/C++ Compiler 2024.0.0", "", "neither clang nor GCC"),
+    ("g++ (GCC) 9.4.0\nCopyright (C) 2019 Free Software Foundation", "9", "older than GCC 12"),
 ])
 def test_unsupported_compiler_is_refused_in_one_line(tmp_path, monkeypatch, version, dump, why):
     """MLX_PRECISE_CXX naming a compiler the flags are not written for is refused

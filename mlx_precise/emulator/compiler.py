@@ -45,9 +45,9 @@ class CacheDirError(RuntimeError):
 
 _CXX_ENV = "MLX_PRECISE_CXX"
 _CACHE_ENV = "MLX_PRECISE_CACHE"
-_INSTALL_HINT = ("clang++ on PATH, `pip install 'mlx-precise[emulate]'` (the ziglang "
-                 "package's clang; or `pip install ziglang`), or g++ >= 12")
 _MIN_GCC = 12  # first GCC with _Float16 (Metal's half) in C++ on x86-64
+_INSTALL_HINT = ("clang++ on PATH, `pip install 'mlx-precise[emulate]'` (the ziglang "
+                 f"package's clang; or `pip install ziglang`), or g++ >= {_MIN_GCC}")
 
 
 # Metal semantics the flags enforce: IEEE float32 with no contraction of a*b+c into
@@ -134,8 +134,9 @@ def _family(cmd: tuple[str, ...], quiet: bool = False) -> str | None:
     """``"clang"`` or ``"gcc"``: the compilers whose flags (``_family_flags``) give
     the GPU's semantics. Anything else raises (or, ``quiet``, returns None)."""
     text = _version_text(cmd)
-    first = text.splitlines()[0] if text else "it did not run"
-    family, why = None, f"{first!r} is neither clang nor GCC"
+    first = text.splitlines()[0] if text else ""
+    family = None
+    why = f"{first!r} is neither clang nor GCC" if text else "it did not answer --version"
     if "clang" in text:
         family = "clang"
     elif "Free Software Foundation" in text:
@@ -144,8 +145,7 @@ def _family(cmd: tuple[str, ...], quiet: bool = False) -> str | None:
     if family is None and not quiet:
         raise UnsupportedCompilerError(
             f"{_CXX_ENV}={' '.join(cmd)!r} cannot build the Metal emulator's kernels: {why}; "
-            f"supported: clang++, the ziglang package's clang "
-            f"(`pip install 'mlx-precise[emulate]'`), g++ >= {_MIN_GCC}")
+            f"use {_INSTALL_HINT}")
     return family
 
 
