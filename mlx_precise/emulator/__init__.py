@@ -1,7 +1,7 @@
 """The Metal emulator: run MLX custom Metal kernels on a CPU.
 
 :func:`metal_kernel` takes the same arguments as ``mx.fast.metal_kernel`` and runs
-the same kernel source, compiled as C++ with clang through a shim of the Metal
+the same kernel source, compiled as C++ (clang or GCC) through a shim of the Metal
 language, with Apple-GPU numerics (float32 subnormals flushed to zero, no
 contraction, no fast math) and Metal's grid semantics (threadgroups, barriers,
 simdgroups of 32, atomics).
@@ -11,11 +11,18 @@ way Metal's front end would, with real address spaces, through clang's C++ for
 OpenCL: a Linux-side gate for code that only Apple's compiler would reject.
 """
 
-from .compiler import CompilerNotFoundError, KernelCompileError, find_compiler
+from .compiler import (
+    CacheDirError,
+    CompilerNotFoundError,
+    KernelCompileError,
+    UnsupportedCompilerError,
+    find_compiler,
+)
 from .kernel import MetalKernel, OutOfBoundsReadWarning, metal_kernel
 from .strict import CheckerNotFoundError, MetalCheckError, check_source
 
 __all__ = [
+    "CacheDirError",
     "CheckerNotFoundError",
     "CompilerNotFoundError",
     "MetalCheckError",
@@ -23,6 +30,7 @@ __all__ = [
     "KernelCompileError",
     "MetalKernel",
     "OutOfBoundsReadWarning",
+    "UnsupportedCompilerError",
     "find_compiler",
     "metal_kernel",
 ]
