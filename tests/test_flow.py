@@ -417,3 +417,26 @@ def test_fno_gradient_and_float64_operands(backend):
     want = np.array(x64) * (rng_f32(16, 32).astype(LD) / 3)
     assert z.dtype == mx.float64
     assert np.max(np.abs(np.array(z) - want) / np.abs(want)) < 2.0**-46
+
+
+def test_var_and_grids(backend):
+    """var decomposes into ops with rules (two-pass, rounded once); linspace and
+    arange with float steps are exact in float64, in two words."""
+    x = rng_f32((4, 100), 33) + np.float32(1000)  # a large mean: cancellation
+    X = mx.array(x)
+    with mp.extended_precision() as rep:
+        v = mx.var(X, axis=1)
+        v1 = X.var(axis=1, ddof=1)
+        grid = mx.linspace(-1, 1, 7)
+        steps = mx.arange(0.0, 1.0, 0.1)
+    xl = x.astype(LD)
+    assert share_exact(v, xl.var(axis=1)) == 1.0
+    assert share_exact(v1, xl.var(axis=1, ddof=1)) == 1.0
+    assert float(np.mean(np.array(mx.var(X, axis=1)) == xl.var(axis=1).astype(np.float32))) < 1
+    for got, want in ((grid, np.linspace(-1, 1, 7)), (steps, np.arange(10) * 0.1)):
+        assert got.shape == want.shape and got.dtype == mx.float32
+        total = np.array(got).astype(np.float64) + np.array(low_word(got)).astype(np.float64)
+        # the float64 values to double-word precision (48 bits), not float32 sums
+        assert np.max(np.abs(total - want)) <= 2.0**-47 * np.max(np.abs(want))
+        assert share_exact(got, want) == 1.0
+    assert rep.extended["var"] == 2 and rep.extended["linspace"] == 1

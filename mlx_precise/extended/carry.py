@@ -23,6 +23,16 @@ report: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_flow", defa
 
 
 @contextlib.contextmanager
+def reporting(block_report):
+    """Run code with the flow on for ``block_report`` (a rule's decomposition)."""
+    token = report.set(block_report)
+    try:
+        yield
+    finally:
+        report.reset(token)
+
+
+@contextlib.contextmanager
 def suspended():
     """Run package internals (rules, VJPs) with the flow off: MLX's ops unchanged."""
     token = report.set(None)

@@ -82,7 +82,7 @@ _NOT_OPS = frozenset({
     "can_cast", "result_type", "broadcast_shapes", "finfo", "iinfo", "from_dlpack",
     "depends", "stop_gradient",
     # constructors that take no array value
-    "zeros", "ones", "full", "eye", "identity", "tri", "arange", "linspace", "empty",
+    "zeros", "ones", "full", "eye", "identity", "tri", "empty",
     "bartlett", "blackman", "hamming", "hanning",
 })
 # mx.array methods where a value leaves the chain (rounded once) or that read no value.
@@ -125,7 +125,7 @@ def _wrapper(name: str, original, rule):
         token = _report.set(None)  # the rule and MLX's op below see plain MLX
         try:
             if rule is not None:
-                ctx = rules.Operands(backends.backend(), None)
+                ctx = rules.Operands(backends.backend(), None, report)
                 out = rule(ctx, original, *args, **kwargs)
                 if out is not NotImplemented:
                     report.extended[name] += 1

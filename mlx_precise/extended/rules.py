@@ -30,7 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..doubleword import DoubleWord
-from . import arith
+from . import arith, carry
 from .carry import attach, low_word
 
 _WORD_DTYPES = (mx.float32, mx.complex64)
@@ -38,12 +38,13 @@ _SCALARS = (numbers.Number, np.number)
 
 
 class Operands:
-    """What a rule needs to know about its call: the backend and stream."""
+    """What a rule needs to know about its call: the backend, the stream and the
+    block's report (decompositions run their sub-ops with the flow on)."""
 
-    __slots__ = ("backend", "stream")
+    __slots__ = ("backend", "stream", "report")
 
-    def __init__(self, backend: str, stream):
-        self.backend, self.stream = backend, stream
+    def __init__(self, backend: str, stream, report=None):
+        self.backend, self.stream, self.report = backend, stream, report
 
 
 def is_word_array(x) -> bool:
@@ -296,6 +297,61 @@ def _abs(w: DoubleWord):
     return NotImplemented if arith.is_complex(w) else arith.abs(w)
 
 
+def _decomposed(fn):
+    """An op defined by a composition of ops that have rules (as PyTorch's
+    decompositions): ``fn`` runs with the flow on, so every sub-op is double-word
+    and the result is rounded once. ``fn`` takes the op's arguments."""
+
+    def rule(ctx, original, *args, **kw):
+        if not any(is_word_array(a) for a in args) or kw.get("stream") is not None:
+            return NotImplemented
+        with carry.reporting(ctx.report):
+            return fn(*args, **kw)
+
+    return rule
+
+
+def _var(a, axis=None, keepdims=False, ddof=0):
+    """``mean(|a - mean(a)|^2) * n / (n - ddof)`` over ``axis`` (the two-pass
+    formula: no cancellation between sums of squares)."""
+    axes = _axes(a.ndim, axis)
+    n = int(np.prod([a.shape[d] for d in axes]))
+    d = a - mx.mean(a, axis=axis, keepdims=True)
+    sq = d * mx.conj(d) if a.dtype == mx.complex64 else d * d
+    s = mx.sum(mx.real(sq) if a.dtype == mx.complex64 else sq, axis=axis, keepdims=keepdims)
+    return s / max(n - ddof, 0) if n - ddof > 0 else s * float("nan")
+
+
+def _grid(values: np.ndarray, dtype) -> mx.array | object:
+    """A float32 grid computed in float64 on the host, in two words."""
+    if dtype is not None and dtype != mx.float32:
+        return NotImplemented
+    with np.errstate(over="ignore", invalid="ignore"):
+        hi = values.astype(np.float32)
+        lo = np.where(np.isfinite(hi), values - hi.astype(np.float64), 0).astype(np.float32)
+    return attach(mx.array(hi), mx.array(lo))
+
+
+def _linspace(ctx, original, start, stop, num=50, endpoint=True, dtype=mx.float32, **kw):
+    """``mx.linspace`` with each point ``start + i (stop - start) / (num - 1)``
+    exact in float64 (numpy's formula), not accumulated in float32."""
+    if kw.get("stream") is not None or not isinstance(num, int) or num < 0:
+        return NotImplemented
+    return _grid(np.linspace(float(start), float(stop), num, endpoint=endpoint), dtype)
+
+
+def _arange(ctx, original, *args, dtype=None, **kw):
+    """``mx.arange`` with a float start or step: ``start + i step`` in float64."""
+    if kw.get("stream") is not None or not any(isinstance(v, float) for v in args):
+        return NotImplemented
+    start, stop, step = (0.0, args[0], 1.0) if len(args) == 1 else (
+        (args[0], args[1], 1.0) if len(args) == 2 else args[:3])
+    if step is None:
+        step = 1.0
+    n = max(int(np.ceil((float(stop) - float(start)) / float(step))), 0)
+    return _grid(float(start) + np.arange(n) * float(step), dtype)
+
+
 # ---- the table -----------------------------------------------------------------------
 
 SHAPE_OPS = ("reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze",
@@ -312,6 +368,7 @@ FUNCTIONS = {
     "abs": _exact1(_abs), "square": _square,
     "maximum": _extremum(True), "minimum": _extremum(False), "where": _where,
     "sum": _reduction(False), "mean": _reduction(True),
+    "var": _decomposed(_var), "linspace": _linspace, "arange": _arange,
     "pad": _pad, "split": _words(), "concatenate": _words(listed=True),
     "concat": _words(listed=True), "stack": _words(listed=True),
     **{name: _words() for name in SHAPE_OPS},
@@ -325,7 +382,7 @@ METHODS = {
     "__truediv__": _arith("div"), "__rtruediv__": _arith("div", reverse=True),
     "__neg__": _exact1(arith.neg), "__abs__": _exact1(_abs), "abs": _exact1(_abs),
     "conj": _exact1(arith.conj), "square": _square,
-    "sum": _reduction(False), "mean": _reduction(True),
+    "sum": _reduction(False), "mean": _reduction(True), "var": _decomposed(_var),
     "__getitem__": _getitem, "__setitem__": _setitem, "__iter__": _iter,
     "__iadd__": _inplace("add"), "__isub__": _inplace("sub"), "__imul__": _inplace("mul"),
     "__itruediv__": _inplace("div"), "astype": _astype, "split": _words(),
