@@ -442,7 +442,10 @@ def check_instances(src: Source, instances: list[Instance],
 
 
 def _input_spec(name: str, x) -> tuple:
-    """(dtype, form) of input ``name`` given as an array or as ``(dtype, shape)``."""
+    """(dtype, form) of input ``name`` given as an array, a Python scalar (which MLX
+    turns into a 0-d array: int -> int32, float -> float32) or ``(dtype, shape)``."""
+    if isinstance(x, (bool, int, float)):
+        x = mx.array(x)
     if isinstance(x, mx.array):
         return x.dtype, signature.input_form(x.shape)
     if (isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[0], mx.Dtype)
