@@ -116,16 +116,16 @@ def frontend() -> tuple[str, ...]:
 
 # An attribute list `[[a, b(1)]]`, one level of brackets allowed inside.
 _ATTRIBUTE_RE = re.compile(r"\[\[(?:[^\[\]]|\[[^\[\]]*\])*\]\]")
-# Function attributes go before the function's declaration (MSL spec 5.1, "Function
-# Qualifiers", and 5.2.3 on `max_total_threads_per_threadgroup`); after a parameter
-# list, before its body or `;`, Apple's compiler rejects them.
+# Function attributes go before the function's declaration (MSL spec, "Function
+# qualifiers" and `max_total_threads_per_threadgroup`); after a parameter list,
+# before its body or `;`, Apple's compiler rejects them.
 _FUNCTION_ATTRIBUTES = ("kernel", "host_name", "max_total_threads_per_threadgroup",
                         "visible", "stitchable", "vertex", "fragment")
 _TRAILING_ATTRIBUTE_RE = re.compile(
     r"(?<=\))(\s*)((?:\[\[(?:[^\[\]]|\[[^\[\]]*\])*\]\]\s*)+)(?=[{;])")
 _MISPLACED = "mps_metal::misplaced_"
-# A function constant (`constant bool has_mask [[function_constant(300)]];`, MSL spec
-# 5.8) gets its value when the pipeline is made; OpenCL needs an initializer.
+# A function constant (`constant bool has_mask [[function_constant(300)]];`, MSL spec,
+# "Function constants") gets its value when the pipeline is made; OpenCL needs an initializer.
 _FUNCTION_CONSTANT_RE = re.compile(
     r"(\bconstant\s+[\w:]+\s+\w+)\s*\[\[\s*function_constant\s*\([^\]]*\)\s*\]\]\s*;")
 # `kernel` as a function qualifier (`kernel void f(...)`); elsewhere it is a name.

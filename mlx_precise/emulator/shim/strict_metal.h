@@ -19,14 +19,14 @@
 #define METAL_FUNC inline
 #define MLX_MTL_PRAGMA_UNROLL
 // __METAL_VERSION__ comes from strict.py (-D__METAL_VERSION__=310 for MSL 3.1, the
-// option `metal_version`); bfloat is a type from MSL 3.1 on (MSL spec, table 2.1).
+// option `metal_version`); bfloat is a type from MSL 3.1 on (MSL spec, "Scalar data types").
 #ifndef __METAL_VERSION__
 #define __METAL_VERSION__ 310
 #endif
 #if __METAL_VERSION__ >= 310
 #define __HAVE_BFLOAT__ 1
 #endif
-// <metal_math>'s constants (MSL spec 6.5, "Math functions"): float expressions.
+// <metal_math>'s constants (MSL spec, "Math functions"): float expressions.
 #define INFINITY __builtin_inff()
 #define HUGE_VALF __builtin_huge_valf()
 #define NAN __builtin_nanf("")
@@ -379,7 +379,7 @@ bool simd_all(bool);
 bool simd_any(bool);
 bool simd_is_first();
 
-// ---- simdgroup matrices (MSL spec 6.7, <metal_simdgroup_matrix>) ---------------
+// ---- simdgroup matrices (MSL spec, "SIMD-group matrix functions") ---------------
 template <class T, int Rows, int Cols>
 struct simdgroup_matrix {
   simdgroup_matrix() = default;
@@ -491,8 +491,8 @@ template <class T> __local T* mps_threadgroup_storage();
 #define write_only mps_kw_write_only
 #define read_write mps_kw_read_write
 #define pipe mps_kw_pipe
-// Metal does not support these (MSL spec 2.1: "The following C++14 features are not
-// available in Metal: ... goto ... union ..."; double is not a Metal type). clang
+// Metal does not support these: goto (MSL spec, "C++ features not supported"),
+// union (Apple's compiler: "... not supported in Metal"), double (no such Metal type). clang
 // reports a poisoned identifier at each use; strict.py names it.
 #pragma GCC poison union goto double
 // bfloat is a Metal type from MSL 3.1 on; MLX's bfloat16_t exists in every version
