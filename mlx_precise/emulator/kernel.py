@@ -10,8 +10,10 @@ Differences from a real Apple GPU that a kernel author should know:
 * Outputs without ``init_value`` start as all-ones bytes (NaN for floats, -1 for
   integers) so that an output element the kernel never writes is visible.
 * Every input and output lives between inaccessible guard regions (:mod:`.memory`):
-  an access past a buffer becomes a Python exception naming the kernel, the buffer,
-  the element and the thread instead of a crash. ``checked=True`` (the default
+  a write past a buffer becomes a Python exception naming the kernel, the buffer,
+  the element and the thread instead of a crash; a read past it returns poison (all
+  bits set) with one :class:`OutOfBoundsReadWarning` per kernel and buffer, or
+  raises like a write under ``checked=True``. ``checked=True`` (the default
   under ``MLX_PRECISE_EMULATOR_CHECKED=1``, as in the test suite) also reports
   writes into the alignment slack and barriers that not every thread of a group
   reaches.
