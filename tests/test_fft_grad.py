@@ -133,8 +133,9 @@ def test_twins_second_order_and_model_gradients(backend):
     for name, got, p, ref in zip("ukD", grads, plain, float64_gradients(u, k, D, w)):
         print(f"{backend} d{name}: normwise {rel(got, ref):.1e} (float32 MLX {rel(p, ref):.1e})")
         assert rel(got, ref) <= 1e-7
-        # dD = sum g u involves no FFT: the same float32 ops either way
-        assert rel(got, ref) < rel(p, ref) if name != "D" else rel(got, ref) == rel(p, ref)
+        # dD = sum g u involves no FFT, but the block's sum carries double-word
+        # values too (mlx_precise.extended): more accurate than float32 as well
+        assert rel(got, ref) < rel(p, ref)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
