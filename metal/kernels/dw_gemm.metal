@@ -1,0 +1,128 @@
+// C = D + A B in double-word, batched, real (CPLX = 0) or complex (CPLX = 1)
+// (metal/include/dw_gemm.h: accumulator and error bound; mlx_precise/dwgemm.py).
+// Inputs: ah, al (A's words), bh, bl (B's), dh, dl (the bias D's, any 8 floats when
+// there is none): float32 flat buffers; a complex value is two consecutive floats
+// (real, imaginary), as a complex64 array viewed as float32. p: int64 parameters
+//   [M, N, K, sam, sak, sbk, sbn, scm, scn, sdm, sdn, has_bias, nb,
+//    then per batch dimension (outermost first): size, sa, sb, sc, sd]
+// in floats: A(m, k) of batch z at oa(z) + m sam + k sak, B(k, n) at ob(z) + k sbk +
+// n sbn, C(m, n) at oc(z) + m scm + n scn, D(m, n) at od(z) + m sdm + n sdn, where
+// o*(z) = sum_d i_d s*_d for the batch index z = (i_0, ..., i_{nb-1}) (row-major, as
+// MLX's elem_to_loc; a broadcast dimension has stride 0).
+// Outputs: ch, cl float32 (C's words), written at oc(z) + m scm + n scn (+1 imag).
+// Grid (ceil(N / 32) * 256, ceil(M / 32), batches), threadgroup (256, 1, 1): a group
+// computes one 32 x 32 tile of one batch, each thread 2 x 2 outputs.
+constexpr int NC = CPLX + 1;  // float parts per value
+constexpr int IM = NC - 1;    // the imaginary part (only read when CPLX)
+constexpr int BM = DW_GEMM_BM, BN = DW_GEMM_BN, BK = DW_GEMM_BK;
+constexpr int TM = DW_GEMM_TM, TN = DW_GEMM_TN;
+constexpr int COLS = BN / TN, ROWS = BM / TM, NT = ROWS * COLS;
+// Staged tiles, [part][word][row][col]: A as BM x BK, B as BK x BN.
+threadgroup float As[NC * 2 * BM * BK];
+threadgroup float Bs[NC * 2 * BK * BN];
+
+const long M = p[0], N = p[1], K = p[2];
+const long sam = p[3], sak = p[4], sbk = p[5], sbn = p[6];
+const long scm = p[7], scn = p[8], sdm = p[9], sdn = p[10];
+const bool has_bias = p[11] != 0;
+const int nb = int(p[12]);
+const uint3 g = threadgroup_position_in_grid;
+const int tid = int(thread_index_in_threadgroup);
+
+long oa = 0, ob = 0, oc = 0, od = 0;
+long z = long(g.z);
+for (int d = nb - 1; d >= 0; --d) {
+  const long size = p[13 + 5 * d];
+  const long i = z % size;
+  z /= size;
+  oa += i * p[14 + 5 * d];
+  ob += i * p[15 + 5 * d];
+  oc += i * p[16 + 5 * d];
+  od += i * p[17 + 5 * d];
+}
+
+const long m0 = long(g.y) * BM, n0 = long(g.x) * BN;
+const int r = tid / COLS, c = tid % COLS;  // this thread: rows r + i ROWS, cols c + j COLS
+// Rows and columns grow with i and j: the first decides whether any is in range. An
+// idle thread still stages tiles and meets every barrier.
+const bool active = (m0 + r < M) && (n0 + c < N);
+
+dwg_acc acc[TM][TN][NC];
+for (int i = 0; i < TM; ++i)
+  for (int j = 0; j < TN; ++j) {
+    const long m = m0 + r + i * ROWS, n = n0 + c + j * COLS;
+    const bool in = has_bias && m < M && n < N;
+    const long at = od + m * sdm + n * sdn;
+    for (int q = 0; q < NC; ++q)
+      acc[i][j][q] = in ? dwg_acc_make(dh[at + q], dl[at + q]) : dwg_acc_make(0.0f, 0.0f);
+  }
+
+for (long k0 = 0; k0 < K; k0 += BK) {
+  // Coalesced staging (consecutive threads take consecutive k of A, n of B for
+  // row-major operands); zeros outside the matrices, never read below.
+  for (int e = tid; e < BM * BK; e += NT) {
+    const int mm = e / BK, kk = e % BK;
+    const long m = m0 + mm, k = k0 + kk;
+    const bool in = m < M && k < K;
+    const long at = oa + m * sam + k * sak;
+    for (int q = 0; q < NC; ++q) {
+      As[((q * 2 + 0) * BM + mm) * BK + kk] = in ? ah[at + q] : 0.0f;
+      As[((q * 2 + 1) * BM + mm) * BK + kk] = in ? al[at + q] : 0.0f;
+    }
+  }
+  for (int e = tid; e < BK * BN; e += NT) {
+    const int kk = e / BN, nn = e % BN;
+    const long k = k0 + kk, n = n0 + nn;
+    const bool in = k < K && n < N;
+    const long at = ob + k * sbk + n * sbn;
+    for (int q = 0; q < NC; ++q) {
+      Bs[((q * 2 + 0) * BK + kk) * BN + nn] = in ? bh[at + q] : 0.0f;
+      Bs[((q * 2 + 1) * BK + kk) * BN + nn] = in ? bl[at + q] : 0.0f;
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (active) {
+    const int kn = int(metal::min(long(BK), K - k0));
+    for (int kk = 0; kk < kn; ++kk) {
+      float a[TM][NC][2], b[TN][NC][2];
+      for (int i = 0; i < TM; ++i)
+        for (int q = 0; q < NC; ++q)
+          for (int w = 0; w < 2; ++w) a[i][q][w] = As[((q * 2 + w) * BM + r + i * ROWS) * BK + kk];
+      for (int j = 0; j < TN; ++j)
+        for (int q = 0; q < NC; ++q)
+          for (int w = 0; w < 2; ++w) b[j][q][w] = Bs[((q * 2 + w) * BK + kk) * BN + c + j * COLS];
+      for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < TN; ++j) {
+          if (NC == 1) {
+            dwg_acc_fma(acc[i][j][0], a[i][0][0], a[i][0][1], b[j][0][0], b[j][0][1]);
+          } else {
+            // (ar + i ai)(br + i bi): four exact-product terms, each part its own sum
+            // (no Gauss 3M: its imaginary part cancels, see docs/dwgemm.md);
+            // -ai is exact.
+            dwg_acc_fma(acc[i][j][0], a[i][0][0], a[i][0][1], b[j][0][0], b[j][0][1]);
+            dwg_acc_fma(acc[i][j][0], -a[i][IM][0], -a[i][IM][1], b[j][IM][0], b[j][IM][1]);
+            dwg_acc_fma(acc[i][j][IM], a[i][0][0], a[i][0][1], b[j][IM][0], b[j][IM][1]);
+            dwg_acc_fma(acc[i][j][IM], a[i][IM][0], a[i][IM][1], b[j][0][0], b[j][0][1]);
+          }
+        }
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+}
+
+if (active) {
+  for (int i = 0; i < TM; ++i) {
+    const long m = m0 + r + i * ROWS;
+    if (m >= M) break;
+    for (int j = 0; j < TN; ++j) {
+      const long n = n0 + c + j * COLS;
+      if (n >= N) break;
+      const long at = oc + m * scm + n * scn;
+      for (int q = 0; q < NC; ++q) {
+        const dw v = dwg_acc_value(acc[i][j][q]);
+        ch[at + q] = v.hi;
+        cl[at + q] = v.lo;
+      }
+    }
+  }
+}

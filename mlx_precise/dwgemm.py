@@ -1,0 +1,277 @@
+"""Double-word matrix products: ``C = A @ B (+ bias)`` with ~48-bit operands and result.
+
+:func:`matmul` follows numpy / MLX ``matmul`` semantics (batch dimensions broadcast,
+1-D operands promoted and the added dimension removed) on :class:`DoubleWord`
+operands, real (float32 words) or complex (complex64 words), with an optional
+``bias`` broadcast to the output (``mx.addmm``, ``nn.Linear``). One engine per
+backend:
+
+* ``metal`` / ``emulate``: one launch of the tiled kernel ``metal/kernels/dw_gemm.metal``
+  (threadgroup tiles of both words of A and B; exact products by FMA, TwoProdFMA;
+  Dot2-style accumulation, Ogita-Rump-Oishi 2005, with a double-word correction term;
+  ``metal/include/dw_gemm.h``). Entrywise error
+  ``|C - C_exact| <= (K + 12) u^2 (|bias| + |A| |B|)``, u = 2^-24 (docs/dwgemm.md).
+  Complex products use four real products per term, fused in the same kernel (not
+  Gauss's three: its imaginary part ``(ar + ai)(br + bi) - ar br - ai bi`` is only
+  accurate relative to ``(|ar| + |ai|)(|br| + |bi|)``, and the sums ``ar + ai`` would
+  need extra double-word passes); a real operand times a complex one is a real
+  product per part, in the same launch.
+* ``cpu``: MLX's float64 matmul on the CPU stream (lazy): the operands are exact in
+  float64, the float64 sum errs by at most ``1.01 K 2^-53 (|A| |B|)`` (gamma_K), and
+  splitting the result into two words adds at most ``2^-48 |C|``: within the metal
+  bound for every K.
+
+Special values follow float32: an output is NaN when a NaN meets it or Inf * 0 or
+Inf - Inf occurs in its sum, +-Inf when an infinite product or the sum overflows,
+with a zero low word.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+from . import backends
+from .doubleword import DoubleWord, complex_from_parts
+from .kernels import Kernel
+
+F32, C64, F64 = mx.float32, mx.complex64, mx.float64
+
+# Output tile of one threadgroup and its thread count: DW_GEMM_BM / DW_GEMM_BN /
+# DW_GEMM_THREADS in metal/include/dw_gemm.h.
+TILE_M = 32
+TILE_N = 32
+THREADS = 256
+# MLX passes inputs of fewer elements in Metal's constant address space (another
+# signature): every buffer is padded to at least this many.
+_MIN_DEVICE_ELEMENTS = 8
+_PARAMS_HEAD = 13  # p[0..12] in dw_gemm.metal; then 5 per batch dimension
+
+_WORDS = ("ah", "al", "bh", "bl", "dh", "dl")
+DW_GEMM = Kernel(
+    name="dw_gemm",
+    body="dw_gemm.metal",
+    headers=("dw_gemm.h",),
+    inputs=_WORDS + ("p",),
+    outputs=("ch", "cl"),
+    template=("CPLX",),
+    input_dtypes={**{w: (F32,) for w in _WORDS}, "p": (mx.int64,)},
+    extended=True,
+    variants={"CPLX": (0, 1), "ch": (F32,), "cl": (F32,)},
+    input_forms=dict.fromkeys(_WORDS + ("p",), ("device",)),  # _device pads
+)
+"""``C = D + A B`` in double-word (see ``metal/kernels/dw_gemm.metal``): inputs
+``ah, al, bh, bl, dh, dl`` float32 flat buffers (complex values as (re, im) float
+pairs when ``CPLX`` is 1), ``p`` int64 launch parameters with strides in floats;
+outputs ``ch, cl`` float32 flat; grid from :func:`gemm_grid`."""
+
+
+class MatmulShapeError(ValueError):
+    """Operand shapes that MLX's matmul / addmm would refuse (named like MLX's)."""
+
+
+def gemm_grid(m: int, n: int, batches: int):
+    """``(grid, threadgroup)`` of :data:`DW_GEMM`: one threadgroup of
+    :data:`THREADS` threads per 32 x 32 output tile of each batch."""
+    tiles_n = max(-(-int(n) // TILE_N), 1)
+    tiles_m = max(-(-int(m) // TILE_M), 1)
+    return (tiles_n * THREADS, tiles_m, max(int(batches), 1)), (THREADS, 1, 1)
+
+
+def _fmt(shape) -> str:
+    return "(" + ",".join(str(int(s)) for s in shape) + ")"
+
+
+def _check(a, b, bias):
+    """Validate the operands; return (a shape, b shape as 2-D+ operands, batch shape,
+    output shape, whether a / b were 1-D)."""
+    for name, x in (("a", a), ("b", b)) + ((("bias", bias),) if bias is not None else ()):
+        if not isinstance(x, DoubleWord):
+            raise TypeError(f"dwgemm.matmul: {name} must be a DoubleWord, got {type(x).__name__}")
+    if a.ndim == 0 or b.ndim == 0:
+        raise MatmulShapeError(
+            "[matmul] Got 0 dimension input. Inputs must have at least one dimension.")
+    a_vec, b_vec = a.ndim == 1, b.ndim == 1
+    sa = (1,) + a.shape if a_vec else a.shape
+    sb = b.shape + (1,) if b_vec else b.shape
+    if sa[-1] != sb[-2]:
+        raise MatmulShapeError(
+            f"[matmul] Last dimension of first input with shape {_fmt(sa)} must match second "
+            f"to last dimension of second input with shape {_fmt(sb)}.")
+    try:
+        batch = tuple(mx.broadcast_shapes(sa[:-2], sb[:-2]))
+    except ValueError as e:
+        raise MatmulShapeError(str(e)) from None
+    out = batch + ((sa[-2],) if not a_vec else ()) + ((sb[-1],) if not b_vec else ())
+    if bias is not None:
+        try:
+            ok = tuple(mx.broadcast_shapes(bias.shape, out)) == out
+        except ValueError:
+            ok = False
+        if not ok:
+            raise MatmulShapeError(
+                f"[addmm] bias with shape {_fmt(bias.shape)} must broadcast to the output "
+                f"shape {_fmt(out)}.")
+    return sa, sb, batch, out, a_vec, b_vec
+
+
+def matmul(a: DoubleWord, b: DoubleWord, backend: str | None = None, stream=None,
+           bias: DoubleWord | None = None) -> DoubleWord:
+    """``bias + a @ b`` in double-word arithmetic.
+
+    Args:
+        a: DoubleWord ``[..., M, K]`` or ``[K]`` (float32 or complex64 words).
+        b: DoubleWord ``[..., K, N]`` or ``[K]``. Batch dimensions ``...`` of ``a``
+            and ``b`` broadcast; a 1-D ``a`` is a row ``[1, K]`` and a 1-D ``b`` a
+            column ``[K, 1]``, the added dimension removed from the result (MLX).
+        backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (the active one).
+        stream: MLX stream of the kernel launch (metal / emulate).
+        bias: optional DoubleWord broadcast to the output shape, added before the
+            one rounding of each output (``mx.addmm(bias, a, b)``).
+
+    Returns:
+        A normalised DoubleWord of shape ``broadcast(...) + [M, N]`` (less the
+        removed dimensions), complex64 words if any operand is complex. K = 0
+        gives the bias (or zeros). Error per output (metal / emulate):
+        ``<= (K + 12) u^2 (|bias| + sum_k |a_k| |b_k|)``, u = 2^-24, for
+        operands whose products stay above ~2^-78 in magnitude (float32's flush
+        of subnormals, see ``doubleword.h``); cpu: ``<= 1.01 K 2^-53 (...) + 2^-48 |C|``.
+
+    Raises:
+        TypeError: an operand is not a DoubleWord.
+        MatmulShapeError (ValueError): 0-d operands, mismatched K, batch shapes that
+            do not broadcast, a bias that does not broadcast to the output.
+        ValueError / BackendUnavailableError: unknown or unavailable backend.
+    """
+    sa, sb, batch, out, a_vec, b_vec = _check(a, b, bias)
+    name = backends.resolve(backend)
+    if name == "cpu":
+        return _cpu(a, b, bias)
+    a2 = _map(lambda w: w.reshape(sa), a)
+    b2 = _map(lambda w: w.reshape(sb), b)
+    d2 = None
+    if bias is not None:  # to the unsqueezed output's rank, size 1 where a / b were 1-D
+        d = _map(lambda w: w.reshape((1,) * (len(out) - bias.ndim) + bias.shape), bias)
+        full = d.shape[:len(batch)] + ((d.shape[len(batch)],) if not a_vec else (1,)) \
+            + ((d.shape[-1],) if not b_vec else (1,))
+        d2 = _map(lambda w: w.reshape(full), d)
+    c = _kernel(a2, b2, d2, batch, name, stream)
+    return _map(lambda w: w.reshape(out), c)
+
+
+def _map(f, x: DoubleWord) -> DoubleWord:
+    return DoubleWord(f(x.hi), f(x.lo))
+
+
+# ---- cpu: float64 -----------------------------------------------------------------
+
+def _parts64(x: DoubleWord):
+    """(re, im) float64 arrays of ``hi + lo`` (exact; im None for real words)."""
+    if not x.is_complex:
+        return x.hi.astype(F64) + x.lo.astype(F64), None
+    re, im = x.parts()
+    return _parts64(re)[0], _parts64(im)[0]
+
+
+def _split64(v: mx.array) -> DoubleWord:
+    """float64 -> (RN32(v), RN32(v - hi)); a non-finite high word gets a zero low word."""
+    hi = v.astype(F32)
+    lo = (v - hi.astype(F64)).astype(F32)
+    return DoubleWord(hi, mx.where(mx.isfinite(hi), lo, mx.zeros_like(lo)))
+
+
+def _cpu(a: DoubleWord, b: DoubleWord, bias: DoubleWord | None) -> DoubleWord:
+    with mx.stream(mx.cpu):
+        (ar, ai), (br, bi) = _parts64(a), _parts64(b)
+        mm = (lambda x, y: mx.matmul(x, y, stream=mx.cpu))
+        re = mm(ar, br)
+        im = None
+        if ai is not None and bi is not None:
+            re, im = re - mm(ai, bi), mm(ar, bi) + mm(ai, br)
+        elif ai is not None or bi is not None:
+            im = mm(ai, br) if ai is not None else mm(ar, bi)
+        if bias is not None:
+            dr, di = _parts64(bias)
+            re = re + dr
+            if di is not None:
+                im = di + (0.0 if im is None else im)
+        if im is None:
+            return _split64(re)
+        re, im = mx.broadcast_arrays(re, im)
+        r, i = _split64(re), _split64(im)
+        return DoubleWord(complex_from_parts(r.hi, i.hi), complex_from_parts(r.lo, i.lo))
+
+
+# ---- metal / emulate: the tiled kernel ----------------------------------------------
+
+def _device(x: mx.array) -> mx.array:
+    """float32 words flattened (complex64 as (re, im) pairs), padded to a device buffer."""
+    flat = (x.view(F32) if x.dtype == C64 else x).reshape(-1)
+    if flat.size < _MIN_DEVICE_ELEMENTS:
+        flat = mx.concatenate([flat, mx.zeros((_MIN_DEVICE_ELEMENTS - flat.size,), F32)])
+    return flat
+
+
+def _strides(shape, parts: int, like) -> list[int]:
+    """Row-major strides in floats of an array of ``shape`` (``parts`` floats per
+    value), aligned to the dimensions of ``like`` from the right; 0 where the array
+    has size 1 or lacks the dimension (broadcast)."""
+    st, acc = [], parts
+    for s in reversed(shape):
+        st.append(acc if s != 1 else 0)
+        acc *= s
+    st.reverse()
+    return [0] * (len(like) - len(shape)) + st
+
+
+def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, batch: tuple,
+            name: str, stream) -> DoubleWord:
+    """a ``[..., M, K]``, b ``[..., K, N]``, d (bias) of rank ``len(batch) + 2``
+    broadcasting to ``batch + [M, N]``; one launch of :data:`DW_GEMM`."""
+    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+    cx = a.is_complex or b.is_complex or (d is not None and d.is_complex)
+    if cx and not (a.is_complex or b.is_complex):
+        # Real product, complex bias: the imaginary part is the bias's (exact).
+        dr, di = d.parts()
+        re = _kernel(a, b, dr, batch, name, stream)
+        im = _map(lambda w: mx.broadcast_to(w, re.shape), di)
+        return DoubleWord(complex_from_parts(re.hi, im.hi), complex_from_parts(re.lo, im.lo))
+    if cx and d is not None and not d.is_complex:
+        d = _map(lambda w: w.astype(C64), d)  # exact: zero imaginary part
+    both = a.is_complex and b.is_complex
+    pa, pb, pc = (2 if x else 1 for x in (a.is_complex, b.is_complex, cx))
+    lead = list(batch) + [M, N]
+    sa = _strides(a.shape, pa, lead)
+    sb = _strides(b.shape, pb, lead)
+    sc = _strides(lead, pc, lead)
+    sd = _strides(d.shape, pc, lead) if d is not None else [0] * len(lead)
+    dims = [(s, sa[i], sb[i], sc[i], sd[i]) for i, s in enumerate(batch)]
+    if cx and not both:
+        # Mixed real x complex: each part of the complex operand is a real product,
+        # one more batch dimension (size 2, stride 1 in the complex arrays).
+        dims.append((2, int(a.is_complex), int(b.is_complex), 1, int(d is not None)))
+    nbatch = math.prod(x[0] for x in dims)
+    shape_c = tuple(batch) + (M, N)
+    if nbatch * M * N == 0:
+        z = mx.zeros(shape_c, C64 if cx else F32)
+        return DoubleWord(z, mx.zeros_like(z))
+    # Element strides (in floats) of the matrices themselves.
+    p = [M, N, K, sa[-2], sa[-1], sb[-2], sb[-1], sc[-2], sc[-1], sd[-2], sd[-1],
+         int(d is not None), len(dims)] + [v for x in dims for v in x]
+    p += [0] * max(0, _MIN_DEVICE_ELEMENTS - len(p))
+    if d is None:
+        d = DoubleWord(mx.zeros((1,), F32), mx.zeros((1,), F32))
+    grid, tg = gemm_grid(M, N, nbatch)
+    size = math.prod(shape_c) * pc
+    ch, cl = DW_GEMM(
+        inputs=[_device(w) for w in (a.hi, a.lo, b.hi, b.lo, d.hi, d.lo)]
+        + [mx.array(p, dtype=mx.int64)],
+        template={"CPLX": int(both)}, grid=grid, threadgroup=tg,
+        output_shapes=[(size,), (size,)], output_dtypes=[F32, F32], backend=name,
+        stream=stream,
+    )
+    if cx:
+        return _map(lambda w: w.reshape(shape_c + (2,)).view(C64).reshape(shape_c),
+                    DoubleWord(ch, cl))
+    return _map(lambda w: w.reshape(shape_c), DoubleWord(ch, cl))
