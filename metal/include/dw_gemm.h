@@ -52,13 +52,25 @@ METAL_FUNC dwg_acc dwg_acc_make(float dh, float dl) {
   return a;
 }
 
-// acc += (ah + al) * (bh + bl)  (see the top of this file).
+// acc += (ah + al) * (bh + bl)  (see the top of this file). The error-free
+// transforms are written out without doubleword.h's special-value checks (five per
+// term, about a third more instructions): an Inf or NaN reaches s through
+// s + p and stays there (Inf + finite = Inf, NaN sticks), and dwg_acc_value then
+// discards c, whatever NaN the residuals made of it.
 METAL_FUNC void dwg_acc_fma(thread dwg_acc& acc, float ah, float al, float bh, float bl) {
-  const dw p = dw_two_prod(ah, bh);
-  const float r = metal::fma(ah, bl, metal::fma(al, bh, p.lo));
-  const dw t = dw_two_sum(acc.s, p.hi);
-  acc.s = t.hi;
-  acc.c = dw_add_fp(acc.c, t.lo + r);
+  const float p = ah * bh;                          // TwoProdFMA (JMP alg 3): p + e = ah bh
+  const float e = metal::fma(ah, bh, -p);
+  const float r = metal::fma(ah, bl, metal::fma(al, bh, e));
+  const float s = acc.s + p;                        // TwoSum (JMP alg 2): s + t = acc.s + p
+  const float sp = s - p, pp = s - sp;
+  const float t = (acc.s - sp) + (p - pp);
+  acc.s = s;
+  const float x = t + r;                            // c + x by DW + FP (JMP alg 4):
+  const float ch = acc.c.hi + x;                    //   TwoSum(c.hi, x) ...
+  const float xp = ch - x, cp = ch - xp;
+  const float v = acc.c.lo + ((acc.c.hi - xp) + (x - cp));
+  const float h = ch + v;                           //   ... then Fast2Sum(ch, c.lo + err)
+  acc.c = dw_make(h, v - (h - ch));
 }
 
 // The accumulated value as a normalised double-word: c + s by DW + FP (JMP alg 4),
