@@ -82,7 +82,7 @@ for (long k0 = 0; k0 < K; k0 += BK) {
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   if (active) {
-    const int kn = int(metal::min(long(BK), K - k0));
+    const int kn = K - k0 < BK ? int(K - k0) : BK;  // the zero-filled tail adds nothing
     for (int kk = 0; kk < kn; ++kk) {
       float a[TM][NC][2], b[TN][NC][2];
       for (int i = 0; i < TM; ++i)
