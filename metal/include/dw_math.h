@@ -612,9 +612,8 @@ struct dwm_trig_red {
 
 // Exact reduction: the expansion x - sum_k k pi/2 (TwoProdFMA products with the 10 words
 // of pi/2; words 5..9 are stored times 2^120 and multiplied by k 2^-120, exact as k
-// >= 1), refined until |r| <= pi/4. Words whose products fall below 2^-110 |x| are
-// skipped (they change r by less than 2^-109 |x|; the closest double-word to a
-// multiple of pi/2 is much farther, ~2^-50 |x| or more).
+// >= 1), refined until |r| <= pi/4. Products below 2^-110 are skipped (with the rest
+// of the words they move r by less than 2^-109: relative 2^-44 for |r| >= 2^-65).
 METAL_FUNC dwm_trig_red dwm_reduce_pio2(dw x) {
   dwm_trig_red out;
   out.q = 0;
@@ -625,7 +624,7 @@ METAL_FUNC dwm_trig_red dwm_reduce_pio2(dw x) {
   dwm_expansion e;
   e.n = 0;
   dwm_grow_dw(e, x);
-  float cut = metal::fabs(x.hi) * 7.70371978e-34f;  // 2^-110 |x|
+  const float cut = dwm_pow2(-110);
   float q = 0.0f;
   float approx = x.hi;
   for (int it = 0; it < 8; ++it) {
@@ -633,7 +632,7 @@ METAL_FUNC dwm_trig_red dwm_reduce_pio2(dw x) {
     if (k == 0.0f) break;
     q += k - 4.0f * metal::floor(k * 0.25f);  // k mod 4, exact
     for (int w = 0; w < 10; ++w) {
-      float kk = w < 5 ? k : k * 7.52316385e-37f;  // k 2^-120
+      float kk = w < 5 ? k : k * dwm_pow2(-120);
       dw p = dw_two_prod(kk, DWM_PIO2[w]);
       if (metal::fabs(p.hi) < cut) break;
       dwm_grow(e, -p.lo);
