@@ -313,7 +313,9 @@ def _launch(fn: str, a: DoubleWord, b: DoubleWord | None, backend: str, stream):
 # ---- cpu: float64 -------------------------------------------------------------------
 
 def _to64(x: DoubleWord) -> mx.array:
-    return x.hi.astype(F64) + x.lo.astype(F64)
+    """hi + lo in float64 (exact for pairs split from float64); -0 stays -0."""
+    h = x.hi.astype(F64)
+    return mx.where(x.lo == 0, h, h + x.lo.astype(F64))
 
 
 def _split64(v: mx.array) -> DoubleWord:
@@ -340,6 +342,7 @@ def _sincos64(v: mx.array):
     t = mx.tan(0.5 * v)
     t2 = t * t
     s = mx.where(mx.isinf(t2), 2.0 / t, 2.0 * t / (1.0 + t2))
+    s = mx.where(v == 0, v, s)  # sin(-0) = -0
     near = (mx.abs(t) >= 0.5) & (mx.abs(t) <= 2.0)
     c = mx.where(near, s / mx.tan(v), (1.0 - t2) / (1.0 + t2))
     return s, mx.where(mx.isinf(t2), -1.0 + 0.0 * t, c)

@@ -654,6 +654,7 @@ METAL_FUNC dw dwm_cos_poly(dw r) { return dwm_horner(dw_mul(r, r), DWM_COS_P, 9)
 // sin (want_cos false) or cos of x; non-finite x gives NaN.
 METAL_FUNC dw dwm_sincos1(dw x, bool want_cos) {
   if (!metal::isfinite(x.hi)) return dw_special(NAN);
+  if (x.hi == 0.0f && !want_cos) return x;  // sin(-0) = -0 (dw_mul gives +0)
   dwm_trig_red t = dwm_reduce_pio2(x);
   int q = (t.q + (want_cos ? 1 : 0)) & 3;  // cos x = sin(x + pi/2)
   dw v = (q & 1) ? dwm_cos_poly(t.r) : dwm_sin_poly(t.r);
@@ -912,13 +913,14 @@ METAL_FUNC cdw dwm_cexp(dw a, dw b) {
   if (metal::isnan(a.hi)) {
     mant = dw_special(NAN);
     m = 0;
-  } else if (a.hi > 89.0f) {
+  } else if (a.hi > 200.0f) {  // e^a |cos b|, e^a |sin b| >= e^200 2^-60: Inf
     mant = dw_make(1.0f, 0.0f);
     m = 254;
-  } else if (a.hi < -104.0f) {
+  } else if (a.hi < -200.0f) {
     mant = dw_make(1.0f, 0.0f);
     m = -252;
-  } else {
+  } else {  // |64 a / ln2| < 2^24: the reduction is exact; ldexp clamps m to
+            // [-252, 254], beyond which the result is 0 or Inf anyway
     dwm_exp_red e = dwm_exp_reduce(a);
     mant = dwm_exp_mantissa(e);
     m = e.m;
