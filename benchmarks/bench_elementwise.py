@@ -77,7 +77,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="2^12 elements, one run: a smoke test")
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
-    backend = mp.backends.resolve(args.backend)
+    backend = mp.core.backends.resolve(args.backend)
     sizes = [2**12] if args.quick else [2**20] + ([2**24] if args.full else [])
     repeat = 1 if args.quick else args.repeat
     print(f"backend: {backend}, MLX {mx.__version__}, default device {mx.default_device()}")

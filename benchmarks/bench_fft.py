@@ -32,7 +32,8 @@ try:
 except ImportError:
     sfft = None
 
-mpfft = importlib.import_module("mlx_precise.fft")  # the module, not a function
+mpfft = importlib.import_module("mlx_precise.fft")  # the package, not the function
+fftengine = importlib.import_module("mlx_precise.fft.engine")  # the 1-D engine
 
 M2_MAX_BW, M2_MAX_FLOPS = 400e9, 13.6e12
 
@@ -45,10 +46,10 @@ RADIX2_PER_POINT = 2 * CDW_ADD / 2  # the twiddle-free radix-2 stage
 
 def dw_cost(n: int, rounded: bool = True) -> tuple[float, float]:
     """(flops, device bytes) per point of a complex64 -> complex64 DW FFT of a
-    power of two n, following mlx_precise.fft._plan and fft_pass.metal. Twiddle
+    power of two n, following mlx_precise.fft.engine._plan and fft_pass.metal. Twiddle
     reads are assumed to hit the cache (the table is 8 B per point of n)."""
     flops, nbytes = 0.0, 0.0
-    logs = mpfft._plan(int(math.log2(n)))
+    logs = fftengine._plan(int(math.log2(n)))
     for i, r in enumerate(logs):
         flops += (r % 2) * RADIX2_PER_POINT + (r // 2) * RADIX4_PER_POINT
         flops += CDW_MUL if i > 0 else 0  # pre-twiddle of later passes
@@ -125,7 +126,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="n = 2^10 only, one run: a smoke test")
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
-    backend = mp.backends.resolve(args.backend)
+    backend = mp.core.backends.resolve(args.backend)
     sizes = [2**10] if args.quick else [2**10, 2**16, 2**20] + ([2**22] if args.full else [])
     if args.quick:
         args.repeat = 1
@@ -157,7 +158,7 @@ def main() -> None:
                 for y in (y_ext, y_f32)]
         (fe, be), (ff, bf) = dw_cost(n), f32_cost(n)
         est = max(fe / M2_MAX_FLOPS, be / M2_MAX_BW) / max(ff / M2_MAX_FLOPS, bf / M2_MAX_BW)
-        print(f"| 2^{int(math.log2(n))} | {len(mpfft._plan(int(math.log2(n))))} "
+        print(f"| 2^{int(math.log2(n))} | {len(fftengine._plan(int(math.log2(n))))} "
               f"| {t_ext:.4g} | {t_f32:.4g} | {t_ext / t_f32:.3g} | {e_dw:.2e} "
               f"| {normwise(y_f32, ref):.2e} | {100 * frac[0]:.4f}% / {100 * frac[1]:.1f}% "
               f"| {fe:.0f}, {ff:.0f} | {be:.0f}, {bf:.0f} | {est:.2f} |")

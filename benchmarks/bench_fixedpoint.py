@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 import mlx_precise.fixedpoint as fp
-from mlx_precise import backends
+from mlx_precise.core import backends
 
 
 def composed_q115(x, t=fp.Q115_THRESHOLD):

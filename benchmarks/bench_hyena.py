@@ -26,8 +26,8 @@ import mlx.core as mx
 import numpy as np
 
 import mlx_precise as mp
-from mlx_precise.demo import _inputs, _oracle_dtype
-from mlx_precise.hyena import default_fft_size, fftconv
+from mlx_precise.tools.demo import _inputs, _oracle_dtype
+from mlx_precise.conv.hyena import default_fft_size, fftconv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_fft import interleaved, print_table, sfft  # noqa: E402
@@ -60,7 +60,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="L = 256, 4 channels: a smoke test")
     p.add_argument("--channels", type=int, default=64)
     args = p.parse_args()
-    backend = mp.backends.resolve(args.backend)
+    backend = mp.core.backends.resolve(args.backend)
     dtype, dname = _oracle_dtype()
     lengths = [256] if args.quick else [1024, 16384, 131072] + ([524288] if args.full else [])
     if args.quick:

@@ -23,7 +23,7 @@ import numpy as np
 
 import mlx_precise
 from mlx_precise.int8 import scaled_mm
-from mlx_precise.int8_gemm import int8_matmul
+from mlx_precise.int8.engine import int8_matmul
 
 
 def _time(fn, repeat: int) -> float:
@@ -66,7 +66,7 @@ def main() -> None:
     p.add_argument("--backend", choices=mlx_precise.BACKENDS, default=None)
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
-    backend = mlx_precise.backends.resolve(args.backend)
+    backend = mlx_precise.core.backends.resolve(args.backend)
     if args.quick:
         run((1,), 64, 64, backend, 1)
         return

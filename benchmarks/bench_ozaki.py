@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_fft import interleaved  # noqa: E402
 from dd_reference import dd_matmul, rel_err_dd  # noqa: E402
 
-from mlx_precise import backends  # noqa: E402
+from mlx_precise.core import backends  # noqa: E402
 from mlx_precise.ozaki import dgemm_emulated  # noqa: E402
 
 PHIS = (-1, 0, 0.5, 1, 2, 4)

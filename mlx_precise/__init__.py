@@ -17,7 +17,7 @@ except ImportError as _e:
         "MLX's CPU build: pip install 'mlx[cpu]' scipy (a plain `pip install mlx-precise` "
         "brings both); on a Mac: pip install mlx") from _e
 
-from .backends import (
+from .core.backends import (
     BACKENDS,
     BackendUnavailableError,
     backend,
@@ -26,47 +26,52 @@ from .backends import (
     set_backend,
     use_backend,
 )
-from .context import extended_precision, is_extended, precision_aware_functions
+from .core.autodiff import NotDifferentiableError, TransformUnsupportedError
+from .core.context import extended_precision, is_extended
+from .core.kernels import DeviceCheckError, Kernel
+from .doubleword import (
+    DoubleWord,
+    complex_multiply,
+    complex_multiply_extended,
+    fft_scale,
+    fft_scale_extended,
+    precision_aware_functions,
+)
+from . import fft  # (mlx_precise.fft.{fft, ifft, rfft, irfft}: precision-aware)
+from .fft import fft_extended, ifft_extended, irfft_extended, rfft_extended
 from .conv import (
     depthwise3,
     depthwise3_extended,
     depthwise_conv,
     depthwise_conv_extended,
+    fftconv,
+    hyena_conv_extended,
 )
-from .doubleword import DoubleWord
-from .elementwise import (
-    complex_multiply,
-    complex_multiply_extended,
-    fft_scale,
-    fft_scale_extended,
-)
-from . import fft  # noqa: E402  (mlx_precise.fft.{fft, ifft, rfft, irfft}: precision-aware)
-from .fft import fft_extended, ifft_extended, irfft_extended, rfft_extended
-from . import esc  # noqa: E402  (ESC analysis: mlx_precise.esc.esc, esc_estimate, slices_needed)
+from . import esc  # (ESC analysis: mlx_precise.esc.esc, esc_estimate, slices_needed)
+from .ozaki import dgemm_emulated
 from .fixedpoint import (
     Q115_THRESHOLD,
     Q131_THRESHOLD,
     ROUNDING_MODES,
+    SF16,
     float_to_q115,
     float_to_q131,
     q115_to_float,
     q131_to_float,
+    sf16,
+    sf16_boundary,
+    sf16_matmul,
     simulate_q115,
     simulate_q131,
 )
-from .hyena import fftconv, hyena_conv_extended
-from .norms import norm
-from .ozaki import dgemm_emulated
-from .norms_distributed import Layout, block_cols, block_cyclic, block_rows
-from .sf16 import SF16, sf16, sf16_boundary, sf16_matmul  # noqa: E402  (function shadows module)
-from .int8 import compute_azp_adj, quantize_int8, scaled_mm
-from .int8_gemm import int8_matmul
-from .kernels import DeviceCheckError, Kernel
-from . import nn  # noqa: E402  (mlx.nn layers: FFTConv, HyenaOperator)
-from . import intercept  # noqa: E402  (MLX's FFTs / depthwise conv1d inside extended_precision)
-from .autodiff import NotDifferentiableError, TransformUnsupportedError
+from .norms import Layout, block_cols, block_cyclic, block_rows, norm
+from .int8 import compute_azp_adj, int8_matmul, quantize_int8, scaled_mm
+from . import nn  # (mlx.nn layers: FFTConv, HyenaOperator, Int8Linear)
+from . import extended  # (the double-word flow of extended_precision())
+from .extended.intercept import install_from_env as _install_interception
 
-intercept.install_from_env()
+# MLX's own ops run extended inside extended_precision() (MLX_PRECISE_INTERCEPT=0: not)
+_install_interception()
 
 __version__ = "0.1.0"
 

@@ -9,7 +9,8 @@ import sys
 
 import mlx.core as mx
 
-from . import __version__, backends
+from . import __version__
+from .core import backends
 
 
 def info() -> int:
@@ -23,7 +24,7 @@ def info() -> int:
 
 def demo(backend: str | None, length: int) -> int:
     """The Hyena long-convolution comparison on the chosen (default) backend."""
-    from . import demo as demo_mod
+    from .tools import demo as demo_mod
 
     info()
     print()
@@ -99,7 +100,7 @@ def check_kernels(names) -> int:
     """The strict Metal front-end check of every instantiation of every kernel."""
     import time
 
-    from . import kernel_check
+    from .tools import kernel_check
     from .emulator.strict import CheckerNotFoundError, frontend
 
     try:
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
         if args.command == "demo":
             return demo(args.backend, args.length)
         if args.command == "report":
-            from . import report
+            from .tools import report
 
             return report.main(args.out, args.backend, quick=not args.full)
         if args.command == "bench":
@@ -194,7 +195,7 @@ def main(argv=None) -> int:
             return bench(args.backend, args.full, args.out, quick=args.quick)
         if args.command == "check-kernels":
             return check_kernels(args.kernels)
-        from . import selftest
+        from .tools import selftest
 
         return selftest.main(args.backend)
     except (backends.BackendUnavailableError, ValueError) as e:

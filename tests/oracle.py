@@ -11,7 +11,7 @@ algorithm; float arithmetic only in :func:`is_normalised`, one numpy rounding of
 exact float64 sum, and in the printed error measures) and fast enough
 for millions of elements (numpy object arrays run Python-int operations at roughly
 1e7 per second); :mod:`fractions` and :mod:`mpmath` cross-check it on a few
-thousand cases in ``tests/test_doubleword.py``.
+thousand cases in ``tests/doubleword/test_doubleword.py``.
 
 Conventions: "u" is the float32 unit roundoff 2^-24; bounds are :class:`Fraction`
 multiples of 1 (e.g. ``4 * U**2``); error measures are floats in units of u^2.

@@ -22,8 +22,9 @@ import pytest
 
 import mlx_precise as mp
 from mlx_precise import DoubleWord
-from mlx_precise.arrays import as_array
-from mlx_precise.context import precision_aware, precision_aware_functions, twin_mismatch
+from mlx_precise.core.arrays import as_array
+from mlx_precise.doubleword.words import as_words
+from mlx_precise.doubleword.aware import precision_aware, precision_aware_functions, twin_mismatch
 
 BACKENDS = ("cpu", "emulate")
 U2 = Fraction(1, 2**48)
@@ -159,7 +160,7 @@ def test_as_array_policy():
     x = np.array([0.1, 1 / 3])
     with pytest.raises(TypeError, match="numpy float64"):
         as_array(x, "x")
-    d = as_array(x, "x", wide="split")
+    d = as_words(x, "x")  # the double-word ops' reading: split at full precision
     ref = DoubleWord.from_float64(x)
     assert np.array_equal(np.array(d.hi), np.array(ref.hi))
     assert np.array_equal(np.array(d.lo), np.array(ref.lo))

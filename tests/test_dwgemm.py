@@ -347,7 +347,7 @@ def test_metal_glue_is_lazy(lazy_metal, case):
 
 
 def test_kernel_is_declared_for_the_strict_check():
-    from mlx_precise import kernel_check
+    from mlx_precise.tools import kernel_check
 
     assert kernel_check.registry()["dw_gemm"] is dwgemm.DW_GEMM
     assert dwgemm.DW_GEMM.coverage_gaps() == []

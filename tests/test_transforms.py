@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mlx_precise as mp
-from mlx_precise.autodiff import NotDifferentiableError, TransformUnsupportedError
+from mlx_precise.core.autodiff import NotDifferentiableError, TransformUnsupportedError
 
 BACKENDS = ("cpu", "emulate")
 mx.random.seed(1)

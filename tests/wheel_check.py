@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 import mlx_precise
-from mlx_precise import kernels
+from mlx_precise.core import kernels
 
 site = Path(sys.argv[1]).resolve()
 pkg = Path(mlx_precise.__file__).resolve().parent
@@ -15,7 +15,7 @@ source = Path(__file__).resolve().parent.parent / "metal"
 expected = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
 assert shipped == expected, f"wheel ships {shipped}, source has {expected}"
 
-from mlx_precise.doubleword import eft_selftest  # noqa: E402
+from mlx_precise.core.kernels import eft_selftest  # noqa: E402
 
 eft_selftest("emulate")
 

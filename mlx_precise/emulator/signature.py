@@ -3,7 +3,7 @@
 This mirrors ``write_signature``, ``write_template`` and the kernel-name rule of MLX's
 ``mlx/backend/common/metal_kernel.cpp`` (MLX 0.32) so that the emulator compiles the
 very text MLX hands to the Metal compiler (minus MLX's preamble, which the emulator's
-shim provides). ``tests/test_emulator_parity.py`` checks the text against the
+shim provides). ``tests/emulator/test_emulator_parity.py`` checks the text against the
 installed MLX.
 """
 

@@ -13,7 +13,7 @@ carries), :func:`carried` (how many arrays carry one).
 
 from __future__ import annotations
 
-from ..context import register_block_hook
+from ..core.context import register_block_hook
 from .carry import carried, low_word
 from .dispatch import PrecisionDropError, Report, active, block, suspended
 

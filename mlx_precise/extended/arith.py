@@ -29,7 +29,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..doubleword import CDW_OPS, DW_OPS, DoubleWord
+from ..doubleword.words import CDW_OPS, DW_OPS, DoubleWord
 from .carry import suspended
 
 F32, C64, F64 = mx.float32, mx.complex64, mx.float64

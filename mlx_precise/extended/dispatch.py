@@ -29,7 +29,7 @@ import threading
 
 import mlx.core as mx
 
-from .. import backends
+from ..core import backends
 from . import rules
 from . import carry
 from .carry import low_word, suspended

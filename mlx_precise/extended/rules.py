@@ -29,7 +29,7 @@ import numbers
 import mlx.core as mx
 import numpy as np
 
-from ..doubleword import DoubleWord
+from ..doubleword.words import DoubleWord
 from . import arith, carry
 from .carry import attach, low_word
 

@@ -1,10 +1,10 @@
 """MLX's FFTs and depthwise ``mx.conv1d`` inside the double-word flow: double-word
 operands in, double-word results out, with gradients.
 
-The intercepted calls (:mod:`mlx_precise.intercept`) hand their normalised
+The intercepted calls (:mod:`mlx_precise.extended.intercept`) hand their normalised
 arguments here when a block carries values. Operands enter with their carried low
 words (or exactly), the double-word engines run without rounding
-(:mod:`mlx_precise.fftn`, :func:`mlx_precise.depthwise_conv_extended`), and the
+(:mod:`mlx_precise.fft.nd`, :func:`mlx_precise.depthwise_conv_extended`), and the
 result's low word is attached to the returned array. Gradients are those of the
 op's rounded (float32-accurate) form, through :func:`words_op`.
 """
@@ -15,8 +15,8 @@ from typing import Callable
 
 import mlx.core as mx
 
-from .. import fftn
-from ..doubleword import DoubleWord
+from ..fft import nd as fftn
+from ..doubleword.words import DoubleWord
 from . import arith
 from .carry import attach, low_word, suspended
 

@@ -1,0 +1,189 @@
+"""Convolutions in double-word: the depthwise short filter of Hyena.
+
+``depthwise_conv_extended`` has exactly the semantics of PyTorch's
+``Conv1d(C, C, K, groups=C, padding=K-1)`` cut to the first L steps (Hyena's short
+filter): ``y[b, c, t] = bias[c] + sum_{j<K} w[c, j] * x[b, c, t + j - (K - 1)]`` with
+``x = 0`` before ``t = 0``.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from ..core import backends
+from ..core.arrays import as_array
+from ..core.autodiff import host_guard
+from ..doubleword.aware import precision_aware
+from ..doubleword.words import DoubleWord, from_float64_result
+from ..core.plain import plain
+from ..core.kernels import Kernel, elementwise_grid
+
+_F32 = (mx.float32,)
+
+DEPTHWISE = Kernel(
+    name="ext_depthwise",
+    body="ext_depthwise.metal",
+    headers=("doubleword.h",),
+    inputs=("x", "w", "bias"),
+    outputs=("out_hi", "out_lo"),
+    template=("TAPS", "HAS_BIAS", "ROUND"),
+    input_dtypes={"x": _F32, "w": _F32, "bias": _F32},
+    grid=lambda arrays, t: elementwise_grid(arrays[0].size),
+    variants={"TAPS": (0, 3), "HAS_BIAS": (False, True), "ROUND": (False, True), "out_hi": _F32, "out_lo": _F32},
+)
+
+
+def check_conv_operands(x, w, bias, names=("x", "w", "bias"), taps: str = "K"):
+    """Validate a per-channel convolution's operands: signal float32 (batch,
+    channels, L), filter float32 (channels, taps), per-channel vector float32
+    (channels,) or None; array-likes become ``mx.array``\\ s. Returns ``(x, w,
+    bias)``. Raises TypeError / ValueError naming the argument."""
+    nx, nw, nb = names
+    x, w = as_array(x, nx), as_array(w, nw)
+    bias = None if bias is None else as_array(bias, nb)
+    for name, a in ((nx, x), (nw, w), (nb, bias)):
+        if a is not None and a.dtype != mx.float32:
+            raise TypeError(f"{name} must be float32, got {a.dtype}")
+    if x.ndim != 3:
+        raise ValueError(f"{nx} must be (batch, channels, L), got shape {x.shape}")
+    if w.ndim != 2:
+        raise ValueError(f"{nw} must be (channels, {taps}), got shape {w.shape}")
+    if w.shape[0] != x.shape[1]:
+        raise ValueError(f"{nw} has {w.shape[0]} channels but {nx} has {x.shape[1]}")
+    if bias is not None and tuple(bias.shape) != (x.shape[1],):
+        raise ValueError(f"{nb} must have shape ({x.shape[1]},), got {bias.shape}")
+    return x, w, bias
+
+
+def _check_depthwise(x, w, bias):
+    x, w, bias = check_conv_operands(x, w, bias)
+    if w.shape[1] < 1:
+        raise ValueError("w must have K >= 1 taps")
+    return x, w, bias
+
+
+def _depthwise_float64(x, w, bias) -> np.ndarray:
+    """Native float64 reference semantics (cpu backend); Inf/NaN as IEEE gives them."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _depthwise_sum(np.array(x, dtype=np.float64), np.array(w, dtype=np.float64), bias)
+
+
+def _depthwise_sum(xs: np.ndarray, ws: np.ndarray, bias) -> np.ndarray:
+    L, K = xs.shape[2], ws.shape[1]
+    xp = np.concatenate([np.zeros(xs.shape[:2] + (K - 1,)), xs], axis=2)
+    y = np.zeros(xs.shape)
+    if bias is not None:
+        y += np.array(bias, dtype=np.float64)[None, :, None]
+    for j in range(K):
+        y += ws[None, :, j, None] * xp[:, :, j:j + L]
+    return y
+
+
+def _depthwise(x, w, bias, taps: int, round_output: bool, backend, stream):
+    x, w, bias = _check_depthwise(x, w, bias)
+    name = backends.resolve(backend)
+    if round_output:
+        args = (x, w) if bias is None else (x, w, bias)
+        return _differentiable(taps, bias is not None, name)(*args)
+    return _depthwise_raw(x, w, bias, taps, False, name, stream)
+
+
+_custom: dict = {}
+
+
+def _differentiable(taps: int, has_bias: bool, backend: str):
+    """The rounded extended depthwise convolution as an ``mx.custom_function``. Its
+    VJP is the float32 VJP of the same convolution (``mx.conv1d``): gradients are
+    plain float32, the forward value double-word."""
+    key = (taps, has_bias, backend)
+    if key not in _custom:
+
+        @mx.custom_function
+        def conv(x, w, *bias):
+            return _depthwise_raw(x, w, bias[0] if has_bias else None, taps, True, backend, None)
+
+        @conv.vjp
+        def conv_vjp(primals, cotangent, output):
+            _, grads = mx.vjp(_depthwise_float32, list(primals), [cotangent])
+            return tuple(grads)
+
+        _custom[key] = conv
+    return _custom[key]
+
+
+def _depthwise_raw(x, w, bias, taps: int, round_output: bool, name: str, stream):
+    if name == "cpu":
+        y = _depthwise_float64(x, w, bias)
+        return from_float64_result(y, round_output)
+    shape = tuple(x.shape)
+    hi, lo = DEPTHWISE(
+        inputs=[x, w, bias if bias is not None else mx.zeros((1,), mx.float32)],
+        template={"TAPS": taps, "HAS_BIAS": bias is not None, "ROUND": round_output},
+        output_shapes=[shape, (1,) if round_output else shape],
+        output_dtypes=[mx.float32, mx.float32], backend=name, stream=stream)
+    return hi if round_output else DoubleWord(hi, lo)
+
+
+@host_guard
+def depthwise_conv_extended(x, w, bias=None, *, round_output: bool = True,
+                            backend: str | None = None, stream=None):
+    """Causal depthwise convolution accumulated in double-word, rounded once.
+
+    Args:
+        x: float32 (batch, channels, L).
+        w: float32 (channels, K), K >= 1.
+        bias: float32 (channels,) or None.
+        round_output: float32 result if True, else a DoubleWord.
+        backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (active backend).
+
+    Returns:
+        float32 (batch, channels, L) ``y[b,c,t] = bias[c] + sum_j w[c,j] x[b,c,t+j-(K-1)]``
+        (x = 0 before t = 0), or a DoubleWord. Products are exact and the sum is
+        compensated: error <= 2u^2 |y| + O(K u^3 sum |terms|) before the rounding,
+        so y is faithful wherever |y| >= 2^-20 sum |terms|.
+
+    Raises:
+        TypeError: non-float32 or non-array inputs. ValueError: wrong ranks, channel
+        mismatch, K < 1, wrong bias shape.
+    """
+    return _depthwise(x, w, bias, 0, round_output, backend, stream)
+
+
+@host_guard
+def depthwise3_extended(x, w, bias=None, *, round_output: bool = True,
+                        backend: str | None = None, stream=None):
+    """:func:`depthwise_conv_extended` specialised to K = 3 taps (Hyena's default
+    short filter, unrolled at compile time). ``w``: float32 (channels, 3)."""
+    if isinstance(w, mx.array) and w.ndim == 2 and w.shape[1] != 3:
+        raise ValueError(f"depthwise3_extended needs w of shape (channels, 3), got {w.shape}")
+    return _depthwise(x, w, bias, 3, round_output, backend, stream)
+
+
+def _depthwise_float32(x, w, bias=None, stream=None):
+    """Plain float32 MLX: ``mx.conv1d`` with groups = channels."""
+    x, w, bias = _check_depthwise(x, w, bias)
+    L, K = x.shape[2], w.shape[1]
+    # MLX's own conv1d (never the extended_precision() dispatcher: this is the
+    # plain path and the VJP of the extended one).
+    y = plain.conv1d(x.transpose(0, 2, 1), w[:, :, None], padding=K - 1, groups=x.shape[1],
+                     stream=stream)
+    y = y[:, :L, :].transpose(0, 2, 1)
+    return mx.add(y, bias[None, :, None], stream=stream) if bias is not None else y
+
+
+@precision_aware(depthwise_conv_extended)
+def depthwise_conv(x, w, bias=None, *, stream=None):
+    """Causal depthwise convolution: double-word inside
+    :func:`~mlx_precise.extended_precision` (:func:`depthwise_conv_extended`), plain
+    float32 ``mx.conv1d`` outside (on ``stream``)."""
+    return _depthwise_float32(x, w, bias, stream)
+
+
+@precision_aware(depthwise3_extended)
+def depthwise3(x, w, bias=None, *, stream=None):
+    """The K = 3 case of :func:`depthwise_conv` (extended: :func:`depthwise3_extended`)."""
+    x, w, bias = _check_depthwise(x, w, bias)
+    if w.shape[1] != 3:
+        raise ValueError(f"depthwise3 needs w of shape (channels, 3), got {w.shape}")
+    return _depthwise_float32(x, w, bias, stream)

@@ -1,0 +1,123 @@
+"""Backend selection: ``metal``, ``emulate`` or ``cpu``.
+
+* ``metal``   - Metal kernels through ``mx.fast.metal_kernel`` on an Apple GPU.
+* ``emulate`` - the same Metal kernels run on the CPU by :mod:`mlx_precise.emulator`.
+* ``cpu``     - native float64 implementations (numpy / MLX CPU float64).
+
+The default is ``metal`` where Metal is available and ``cpu`` elsewhere. It can be
+overridden by the ``MLX_PRECISE_BACKEND`` environment variable, by
+:func:`set_backend`, or for a scope by :func:`use_backend` (a context variable, so it
+is per thread and per async task). Asking for a backend that cannot run here raises
+:class:`BackendUnavailableError`; nothing ever falls back silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+
+import mlx.core as mx
+
+BACKENDS = ("metal", "emulate", "cpu")
+ENV_VAR = "MLX_PRECISE_BACKEND"
+
+
+class BackendUnavailableError(RuntimeError):
+    """The requested backend cannot run on this machine."""
+
+
+_scoped: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "mlx_precise_backend", default=None
+)
+_global: str | None = None
+
+
+def metal_available() -> bool:
+    """True when MLX can run Metal kernels here (an Apple GPU)."""
+    try:
+        return bool(mx.metal.is_available())
+    except Exception:
+        return False
+
+
+def _why_unavailable(name: str) -> str | None:
+    """None when ``name`` can run here, else the reason it cannot."""
+    if name == "metal":
+        if not metal_available():
+            return "MLX reports no Metal device on this machine (mx.metal.is_available() is False)"
+    elif name == "emulate":
+        from ..emulator.compiler import CompilerNotFoundError, find_compiler
+
+        try:
+            find_compiler()
+        except CompilerNotFoundError as e:
+            return str(e)
+    return None
+
+
+def validate(name: str) -> str:
+    """Return ``name`` if it is a backend that can run here, else raise.
+
+    Raises:
+        ValueError: ``name`` is not one of ``metal``, ``emulate``, ``cpu``.
+        BackendUnavailableError: the backend cannot run on this machine.
+    """
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise ValueError(
+            f"unknown backend {name!r}: expected one of {', '.join(BACKENDS)}"
+        )
+    why = _why_unavailable(name)
+    if why is not None:
+        raise BackendUnavailableError(f"backend {name!r} cannot run here: {why}")
+    return name
+
+
+def default_backend() -> str:
+    """The backend used when nothing was set: the environment variable
+    ``MLX_PRECISE_BACKEND`` if present, else ``metal`` if available, else ``cpu``."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        try:
+            return validate(env.strip().lower())
+        except ValueError as e:
+            raise ValueError(f"{ENV_VAR}={env!r}: {e}") from None
+    return "metal" if metal_available() else "cpu"
+
+
+def backend() -> str:
+    """The active backend: a :func:`use_backend` scope, else :func:`set_backend`,
+    else :func:`default_backend`."""
+    return _scoped.get() or _global or default_backend()
+
+
+def set_backend(name: str | None) -> None:
+    """Set the process-wide backend (``None`` restores the default)."""
+    global _global
+    _global = None if name is None else validate(name)
+
+
+@contextlib.contextmanager
+def use_backend(name: str):
+    """Run a block on backend ``name``; restores the previous choice on exit,
+    exceptions included.
+
+    Example::
+
+        import mlx.core as mx
+        import mlx_precise
+
+        x = mx.random.normal((1024,)).astype(mx.complex64)
+        with mlx_precise.use_backend("emulate"):
+            y = mlx_precise.fft_extended(x)  # the Metal kernels, run by the emulator
+    """
+    token = _scoped.set(validate(name))
+    try:
+        yield name
+    finally:
+        _scoped.reset(token)
+
+
+def resolve(name: str | None) -> str:
+    """The backend to use for one call: ``name`` validated, or the active one."""
+    return backend() if name is None else validate(name)

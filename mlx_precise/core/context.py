@@ -1,0 +1,108 @@
+"""``extended_precision()``: the switch user model code is wrapped in.
+
+Inside ``with extended_precision():`` every precision-aware entry point of the
+package runs its double-word implementation (``*_extended``) and rounds once at the
+end; outside it the same entry points run plain float32 MLX. The state lives in a
+:class:`contextvars.ContextVar`, so it nests, is per thread and per async task, and
+is restored when the block exits, exceptions included.
+
+The precision-aware entry points are exactly the functions registered with
+:func:`~mlx_precise.doubleword.aware.precision_aware` (the dispatch lives with the
+number system, above this module); :func:`~mlx_precise.precision_aware_functions`
+lists them (the docs' API page shows the same list). With ``intercept_mlx=True``
+(the default) MLX's own FFTs and depthwise ``mx.conv1d`` also run extended inside
+the block (:mod:`mlx_precise.extended.intercept`); the switch for that lives in a second context
+variable, read by :func:`intercepting`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Callable
+
+_extended: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "mlx_precise_extended", default=False
+)
+
+_intercept: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "mlx_precise_intercept", default=False
+)
+
+
+def is_extended() -> bool:
+    """True inside an enabled :func:`extended_precision` block."""
+    return _extended.get()
+
+
+def intercepting() -> bool:
+    """True where MLX's own FFTs and depthwise ``mx.conv1d`` run extended: inside
+    an enabled :func:`extended_precision` block with ``intercept_mlx=True``."""
+    return _intercept.get()
+
+
+# Context managers that capabilities register to take part in every block (the
+# double-word flow: mlx_precise.extended); each is called as hook(on, strict),
+# on = enabled and intercept_mlx (False switches it off inside the block), and
+# yields the block's report (None when off).
+_block_hooks: list[Callable] = []
+
+
+def register_block_hook(hook: Callable) -> None:
+    """Register a context manager factory entered by every block (see
+    :data:`_block_hooks`)."""
+    if hook not in _block_hooks:
+        _block_hooks.append(hook)
+
+
+@contextlib.contextmanager
+def extended_precision(enabled: bool = True, *, intercept_mlx: bool = True,
+                       strict: bool = False):
+    """Run the enclosed code in double-word (``enabled=True``) or plain float32
+    (``enabled=False``, e.g. to switch a sub-block off inside an enabled region).
+
+    Inside an enabled block, the package's precision-aware functions run their
+    double-word twins, and (``intercept_mlx=True``) MLX's own ops carry
+    double-word values from one op to the next: every op with a double-word rule
+    returns an ordinary ``mx.array`` (MLX's shape and dtype, holding the float32 /
+    complex64 rounding of its result) and records the low word beside it, so a
+    chain of such ops is rounded once, where its value leaves the chain
+    (docs/port_guide.md lists the ops and says where rounding happens).
+
+    Args:
+        enabled: switch the extended paths on (True) or off (False).
+        intercept_mlx: when enabled, also run MLX's own ops (``mx.fft.*``,
+            arithmetic, shape ops, reductions, depthwise ``mx.conv1d``) extended,
+            so that unmodified MLX model code gains accuracy; False limits the
+            block to this package's functions and layers.
+        strict: raise :class:`~mlx_precise.extended.PrecisionDropError` at the
+            first op that consumes a double-word value in float32 (an op without a
+            double-word rule).
+
+    Yields:
+        The block's :class:`~mlx_precise.extended.Report` (which ops ran in
+        double-word, which consumed a double-word value in float32), or None
+        when MLX's ops are not intercepted.
+
+    Example::
+
+        with mlx_precise.extended_precision() as report:
+            y = model(x)        # MLX ops with a double-word rule chain in
+                                # double-word; y is rounded once
+        print(report)
+    """
+    for name, v in (("enabled", enabled), ("intercept_mlx", intercept_mlx),
+                    ("strict", strict)):
+        if not isinstance(v, bool):
+            raise TypeError(f"extended_precision({name}) takes a bool, got {type(v).__name__}")
+    token = _extended.set(enabled)
+    token_i = _intercept.set(enabled and intercept_mlx)
+    try:
+        with contextlib.ExitStack() as stack:
+            report = None
+            for hook in _block_hooks:
+                report = stack.enter_context(hook(enabled and intercept_mlx, strict))
+            yield report
+    finally:
+        _intercept.reset(token_i)
+        _extended.reset(token)

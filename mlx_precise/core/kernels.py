@@ -1,0 +1,403 @@
+"""The kernel registry: every Metal kernel is declared once and run by an executor.
+
+A :class:`Kernel` names its body file (``metal/kernels/*.metal``), the headers it
+needs (``metal/include/*.h``, inlined into MLX's ``header`` string because
+``mx.fast.metal_kernel`` has no include path), its input and output names, its
+template parameters and optionally its grid rule. Calling it runs the kernel on the
+``metal`` executor (``mx.fast.metal_kernel``) or the ``emulate`` executor
+(:func:`mlx_precise.emulator.metal_kernel`, same arguments), built lazily and cached.
+
+Kernels that compute in double-word arithmetic (``extended=True``) first run the
+device self-test once per executor: if TwoSum or the fma residual is not exact there,
+they raise :class:`DeviceCheckError` instead of returning wrong numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from . import backends
+from ..emulator.signature import input_form
+
+
+class DeviceCheckError(RuntimeError):
+    """The device (or its compiler) does not compute error-free transforms exactly."""
+
+
+class KernelInputError(ValueError):
+    """Inputs of a kernel launch do not match its declaration."""
+
+
+def _find_metal_dir() -> Path:
+    """``metal/`` ships inside the wheel as ``mlx_precise/metal``; in a source
+    checkout (or an editable install) it is the top-level ``metal/`` beside it."""
+    env = os.environ.get("MLX_PRECISE_METAL_DIR")
+    pkg = Path(__file__).resolve().parent.parent  # mlx_precise/ (this file: core/kernels.py)
+    candidates = ([Path(env)] if env else []) + [pkg / "metal", pkg.parent / "metal"]
+    for c in candidates:
+        if (c / "kernels").is_dir() and (c / "include").is_dir():
+            return c
+    raise FileNotFoundError(
+        "mlx_precise cannot find its Metal sources (looked in "
+        + ", ".join(str(c) for c in candidates)
+        + "); reinstall the package or set MLX_PRECISE_METAL_DIR"
+    )
+
+
+METAL_DIR = _find_metal_dir()
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+_PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\s*$", re.M)
+
+
+@functools.lru_cache(maxsize=None)
+def _read(path: Path) -> str:
+    return path.read_text()
+
+
+def resolve_headers(names: Sequence[str], markers: bool = False) -> str:
+    """Concatenate headers from ``metal/include``, inlining quoted ``#include``\\ s
+    of other headers there once each (``#pragma once`` semantics).
+
+    With ``markers``, ``#line`` directives keep each line attributed to its file
+    (``metal/include/<name>``), for diagnostics of the strict check."""
+    seen: set[str] = set()
+
+    def expand(name: str) -> str:
+        if name in seen:
+            return ""
+        seen.add(name)
+        path = METAL_DIR / "include" / name
+        if not path.is_file():
+            raise FileNotFoundError(f"Metal header {name!r} not found in {path.parent}")
+        text = _PRAGMA_ONCE_RE.sub("", _read(path))
+        if not markers:
+            return _INCLUDE_RE.sub(lambda m: expand(m.group(1)), text)
+        label = f"metal/include/{name}"
+        out = [f'#line 1 "{label}"\n']
+        for no, line in enumerate(text.splitlines(keepends=True), 1):
+            m = _INCLUDE_RE.match(line)
+            if m:
+                out.append(expand(m.group(1)) + f'\n#line {no + 1} "{label}"\n')
+            else:
+                out.append(line)
+        return "".join(out)
+
+    return "".join(expand(n) for n in names)
+
+
+def elementwise_grid(n: int, threads: int = 256):
+    """Grid rule for one thread per element: ``((n, 1, 1), (threads, 1, 1))``."""
+    n = max(int(n), 1)
+    return (n, 1, 1), (min(threads, n), 1, 1)
+
+
+def same_shape(ndim: int | None = None) -> Callable:
+    """Shape rule: every input has the same shape (and ``ndim`` dimensions if given)."""
+
+    def check(arrays: Mapping[str, mx.array]) -> None:
+        shapes = {n: tuple(a.shape) for n, a in arrays.items()}
+        first = next(iter(shapes.values()), ())
+        if any(s != first for s in shapes.values()):
+            raise KernelInputError(f"inputs must all have one shape, got {shapes}")
+        if ndim is not None and len(first) != ndim:
+            raise KernelInputError(f"inputs must be {ndim}-D, got shape {first}")
+
+    return check
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """Declaration of one Metal kernel.
+
+    Args:
+        name: unique kernel name (MLX's ``name``).
+        body: file under ``metal/kernels`` holding the kernel body (or an
+            absolute path, for kernels kept elsewhere, e.g. tests).
+        inputs, outputs: parameter names, in buffer order.
+        headers: files under ``metal/include`` inlined before the kernel.
+        template: names of the template parameters; values are given per call.
+        input_dtypes: optional ``{input name: allowed dtypes}`` checked per call.
+        input_shapes: optional rule ``input_shapes(arrays_by_name)`` that raises
+            :class:`KernelInputError` when the input shapes do not fit the kernel
+            (see :func:`same_shape`).
+        grid: optional rule ``grid(inputs, template) -> (grid, threadgroup)`` used
+            when a call gives no grid.
+        extended: computes in double-word; requires the device self-test.
+        atomic_outputs, ensure_row_contiguous: as in ``mx.fast.metal_kernel``.
+        variants: the values the wrappers can give each template parameter and
+            the dtypes of each output (a template parameter's name: that dtype),
+            ``{name: (value, ...)}``. With ``input_dtypes`` they span the
+            instantiations that ``python -m mlx_precise check-kernels`` checks.
+        input_forms: per input, how MLX may pass it (``"device"``: 8 or more
+            elements, ``"constant"``: fewer, ``"scalar"``: 0-d); default device and
+            constant. Narrow it only where the wrapper guarantees the size (pads).
+    """
+
+    name: str
+    body: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    headers: tuple[str, ...] = ()
+    template: tuple[str, ...] = ()
+    input_dtypes: Mapping[str, tuple] = field(default_factory=dict)
+    input_shapes: Callable | None = None
+    grid: Callable | None = None
+    extended: bool = True
+    atomic_outputs: bool = False
+    ensure_row_contiguous: bool = True
+    variants: Mapping[str, tuple] = field(default_factory=dict)
+    input_forms: Mapping[str, tuple] = field(default_factory=dict)
+
+    def source_path(self) -> Path:
+        path = Path(self.body)
+        if not path.is_absolute():  # absolute paths serve kernels kept outside metal/
+            path = METAL_DIR / "kernels" / self.body
+        return path
+
+    def source(self) -> str:
+        path = self.source_path()
+        if not path.is_file():
+            raise FileNotFoundError(f"kernel body {self.body!r} not found in {path.parent}")
+        return _read(path)
+
+    def header(self, markers: bool = False) -> str:
+        return resolve_headers(self.headers, markers)
+
+    def coverage_gaps(self) -> list[str]:
+        """What the strict Metal check lacks to enumerate this kernel's
+        instantiations (empty when every template parameter and output has a
+        domain in ``variants`` and every input a dtype in ``input_dtypes``)."""
+        gaps = [f"template parameter {t!r} has no values in variants"
+                for t in self.template if not self.variants.get(t)]
+        gaps += [f"output {o!r} has no dtypes in variants"
+                 for o in self.outputs if not self.variants.get(o)]
+        gaps += [f"input {i!r} has no dtypes in input_dtypes"
+                 for i in self.inputs if not self.input_dtypes.get(i)]
+        gaps += [f"input_forms of {i!r} must be a subset of device, constant, scalar"
+                 for i, f in self.input_forms.items()
+                 if i not in self.inputs or not f or set(f) - {"device", "constant", "scalar"}]
+        return gaps
+
+    def _template_args(self, template) -> list:
+        template = dict(template or {})
+        missing = [t for t in self.template if t not in template]
+        extra = [t for t in template if t not in self.template]
+        if missing or extra:
+            raise KernelInputError(
+                f"kernel {self.name!r} takes template parameters {list(self.template)}; "
+                f"missing {missing}, unexpected {extra}"
+            )
+        return [(t, template[t]) for t in self.template]
+
+    def _check_inputs(self, inputs) -> list:
+        if len(inputs) != len(self.inputs):
+            raise KernelInputError(
+                f"kernel {self.name!r} takes {len(self.inputs)} inputs "
+                f"{list(self.inputs)}, got {len(inputs)}"
+            )
+        arrays = [x if isinstance(x, mx.array) else mx.array(x) for x in inputs]
+        for name, x in zip(self.inputs, arrays):
+            allowed = self.input_dtypes.get(name)
+            if allowed and x.dtype not in allowed:
+                raise KernelInputError(
+                    f"kernel {self.name!r}: input {name!r} has dtype {x.dtype}, "
+                    f"expected one of {', '.join(map(str, allowed))}"
+                )
+            # The strict Metal check covers the declared forms only: hold the
+            # wrappers to them (a padded input must really be padded).
+            forms = self.input_forms.get(name)
+            form = input_form(x.shape)
+            if forms and form not in forms:
+                raise KernelInputError(
+                    f"kernel {self.name!r}: input {name!r} ({x.size} elements, "
+                    f"{x.ndim}-D) would be a {form} input; declared forms: {', '.join(forms)}"
+                )
+        if self.input_shapes is not None:
+            try:
+                self.input_shapes(dict(zip(self.inputs, arrays)))
+            except KernelInputError as e:
+                raise KernelInputError(f"kernel {self.name!r}: {e}") from None
+        return arrays
+
+    def __call__(
+        self,
+        *,
+        inputs: Sequence,
+        output_shapes: Sequence[Sequence[int]],
+        output_dtypes: Sequence[mx.Dtype],
+        template: Mapping | None = None,
+        grid: tuple[int, int, int] | None = None,
+        threadgroup: tuple[int, int, int] | None = None,
+        init_value: float | None = None,
+        backend: str | None = None,
+        stream=None,
+    ) -> list[mx.array]:
+        """Launch the kernel; arguments as ``mx.fast.metal_kernel``'s call.
+
+        ``backend`` is ``"metal"``, ``"emulate"`` or None (the active backend,
+        which must then not be ``"cpu"``)."""
+        name = backends.resolve(backend)
+        if name == "cpu":
+            raise backends.BackendUnavailableError(
+                f"kernel {self.name!r} is a Metal kernel: run it with backend "
+                "'metal' or 'emulate' (the cpu backend has native float64 code instead)"
+            )
+        arrays = self._check_inputs(inputs)
+        targs = self._template_args(template)
+        if grid is None:
+            if self.grid is None:
+                raise KernelInputError(f"kernel {self.name!r} has no grid rule: pass grid=")
+            grid, rule_tg = self.grid(arrays, dict(targs))
+            threadgroup = threadgroup or rule_tg
+        if threadgroup is None:
+            raise KernelInputError(f"kernel {self.name!r}: pass threadgroup=")
+        if self.extended:
+            _device_check(name)
+        kwargs = dict(
+            inputs=arrays,
+            template=targs or None,
+            grid=tuple(grid),
+            threadgroup=tuple(threadgroup),
+            output_shapes=[tuple(s) for s in output_shapes],
+            output_dtypes=list(output_dtypes),
+            init_value=init_value,
+        )
+        if stream is not None:
+            kwargs["stream"] = stream
+        return _build(self, name)(**kwargs)
+
+
+_lock = threading.Lock()
+_built: dict[tuple[str, str], Callable] = {}
+# Threads that reach their first extended kernel together wait for one self-test
+# (its own kernel is not extended, so it never comes back here).
+_check_lock = threading.Lock()
+_checked: dict[str, BaseException | None] = {}
+
+
+def _factory(backend: str) -> Callable:
+    if backend == "metal":
+        return _metal_kernel_safe
+    from ..emulator import metal_kernel
+
+    return metal_kernel
+
+
+def _metal_kernel_safe(**kwargs):
+    """``mx.fast.metal_kernel`` in safe math mode where the installed MLX has
+    ``compile_options`` (relaxed math would break TwoSum: docs/design.md)."""
+    try:
+        return mx.fast.metal_kernel(**kwargs, compile_options={"math_mode": "safe"})
+    except TypeError:
+        return mx.fast.metal_kernel(**kwargs)
+
+
+def _build(kernel: Kernel, backend: str) -> Callable:
+    key = (kernel.name, backend)
+    with _lock:
+        fn = _built.get(key)
+        if fn is None:
+            fn = _factory(backend)(
+                name=kernel.name,
+                input_names=list(kernel.inputs),
+                output_names=list(kernel.outputs),
+                source=kernel.source(),
+                header=kernel.header(),
+                ensure_row_contiguous=kernel.ensure_row_contiguous,
+                atomic_outputs=kernel.atomic_outputs,
+            )
+            _built[key] = fn
+    return fn
+
+
+def _device_check(backend: str) -> None:
+    """Run the EFT self-test once per executor; re-raise its failure every time."""
+    if backend not in _checked:
+        with _check_lock:
+            if backend not in _checked:
+                try:
+                    eft_selftest(backend)
+                    _checked[backend] = None
+                except DeviceCheckError as e:
+                    _checked[backend] = e
+    err = _checked[backend]
+    if err is not None:
+        raise DeviceCheckError(
+            f"extended-precision kernels are disabled on backend {backend!r}: {err}"
+        )
+
+
+# ---- the device self-test ------------------------------------------------------
+
+_F32 = (mx.float32,)
+
+EFT_SELFTEST = Kernel(
+    name="eft_selftest",
+    body="eft_selftest.metal",
+    headers=("doubleword.h",),
+    inputs=("a",),
+    outputs=("r",),
+    input_dtypes={"a": _F32},
+    extended=False,  # it is the check itself
+    variants={"r": _F32},
+)
+"""The device self-test: input ``a`` float32 ``(4,)``, output ``r`` float32 ``(8,)``."""
+
+
+# The self-test's inputs come from the host so that the compiler cannot fold them.
+_SELFTEST_INPUT = np.array([1.0, 2.0**-30, 1 + 2.0**-23, 1 - 2.0**-23], dtype=np.float32)
+
+
+def _selftest_expectations():
+    """(slice of r, what it is, allowed exact results, property named on failure)."""
+    a1, a3 = 2.0**-30, 1 - 2.0**-23
+    return (
+        # 1 + 2^-30 is not a float32: s = 1 and the error term carries 2^-30 exactly.
+        (slice(0, 2), "TwoSum(1, 2^-30)", [(1.0, a1)], "TwoSum not exact"),
+        # (1 + 2^-23)(1 - 2^-23) = 1 - 2^-46: p = 1, residual -2^-46 only with a true fma.
+        (slice(2, 4), "TwoProdFMA(1 + 2^-23, 1 - 2^-23)", [(1.0, -(2.0**-46))],
+         "fma residual wrong"),
+        # |a| < |b|: TwoSum needs no ordering; 2^-30 - (1 - 2^-23) = -(1 - 2^-23) + 2^-30.
+        (slice(4, 6), "TwoSum(2^-30, -(1 - 2^-23))", [(-a3, a1)], "TwoSum not exact"),
+        # 2^-130 is subnormal: flushed to zero on Apple GPUs and in the emulator; exact
+        # gradual underflow is accepted too (it only helps); anything else is broken.
+        (slice(6, 7), "(2^-30)^4 * 2^-10 (subnormal)", [(0.0,), (2.0**-130,)],
+         "FTZ behaviour"),
+        # 2^-125 is normal and must never be flushed.
+        (slice(7, 8), "(2^-30)^4 * 2^-5 (normal)", [(2.0**-125,)], "FTZ behaviour"),
+    )
+
+
+def eft_selftest(backend: str | None = None) -> None:
+    """Check on ``backend`` (``"metal"``, ``"emulate"``, None = active) that the
+    device computes error-free transforms exactly: TwoSum in both operand orders,
+    the fma residual of TwoProdFMA, and flush-to-zero that only touches subnormals.
+
+    Relaxed/fast math, reassociation or a fused-multiply-add emulated by a*b+c all
+    break at least one of these. The registry runs this once per backend before the
+    first extended-precision kernel.
+
+    Raises:
+        DeviceCheckError: naming the failed property and the values seen.
+    """
+    (r,) = EFT_SELFTEST(
+        inputs=[mx.array(_SELFTEST_INPUT)], grid=(1, 1, 1), threadgroup=(1, 1, 1),
+        output_shapes=[(8,)], output_dtypes=[mx.float32], backend=backend,
+    )
+    r = np.array(r, dtype=np.float32).astype(np.float64)
+    for where, what, allowed, prop in _selftest_expectations():
+        got = tuple(float(v) for v in r[where])
+        if got not in [tuple(a) for a in allowed]:
+            raise DeviceCheckError(
+                f"{prop}: {what} gave {[v.hex() for v in got]}, expected "
+                + " or ".join(str([float(v).hex() for v in a]) for a in allowed)
+            )

@@ -1,0 +1,15 @@
+"""MLX's original functions, captured when the package is first imported, before
+:mod:`mlx_precise.extended.intercept` puts its dispatchers in their place: the
+package's own plain (float32) paths call these, never the dispatchers."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import mlx.core as mx
+
+FFT_NAMES = ("fft", "ifft", "rfft", "irfft", "fft2", "ifft2", "rfft2", "irfft2",
+             "fftn", "ifftn", "rfftn", "irfftn")
+
+plain = SimpleNamespace(fft=SimpleNamespace(**{n: getattr(mx.fft, n) for n in FFT_NAMES}),
+                        conv1d=mx.conv1d, compile=mx.compile)

@@ -1,0 +1,26 @@
+"""The number system: double-word ("float-float") values and their kernels.
+
+* :mod:`.words`: :class:`DoubleWord` (its operators included), host
+  :func:`split` / :func:`join` of float64 data, the ``dw_ops`` / ``cdw_ops``
+  kernels of ``metal/include/doubleword.h``;
+* :mod:`.aware`: precision-aware entry points (a plain float32 function and its
+  double-word twin, switched by :func:`~mlx_precise.extended_precision`);
+* :mod:`.elementwise`: ``complex_multiply``, ``fft_scale``, ``scale_extended``;
+* :mod:`.pow2scale`: range scaling by powers of two;
+* :mod:`.checks`: the self-test's checks.
+"""
+
+from . import checks  # noqa: F401  (registers the self-test checks)
+from .aware import precision_aware, precision_aware_functions
+from .elementwise import (
+    complex_multiply,
+    complex_multiply_extended,
+    fft_scale,
+    fft_scale_extended,
+    scale_extended,
+)
+from .words import DoubleWord, complex_from_parts, join, split
+
+__all__ = ["DoubleWord", "complex_from_parts", "complex_multiply", "complex_multiply_extended",
+           "fft_scale", "fft_scale_extended", "join", "precision_aware",
+           "precision_aware_functions", "scale_extended", "split"]

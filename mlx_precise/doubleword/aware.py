@@ -1,0 +1,95 @@
+"""Precision-aware entry points: one public function, two twins.
+
+A function decorated with :func:`precision_aware` runs its double-word twin
+(``*_extended``) inside :func:`~mlx_precise.extended_precision` and its plain
+float32 self outside; the switch itself is the context state of
+:mod:`mlx_precise.core.context`. :func:`precision_aware_functions` lists every
+such function (the docs' API page shows the same list).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Callable
+
+import mlx.core as mx
+
+from ..core import backends
+from ..core.context import is_extended
+from .words import DoubleWord
+
+# name -> the precision-aware function (filled by @precision_aware).
+_REGISTRY: dict[str, Callable] = {}
+
+
+# Keywords of an extended twin that the dispatcher itself honours on the plain path,
+# so that the plain twin need not: ``backend`` is validated (an unknown name raises
+# as it does inside the block) and ``round_output=False`` returns the plain result as
+# an exact DoubleWord (lo = 0).
+DISPATCHER_KEYWORDS = ("round_output", "backend")
+
+
+def twin_mismatch(plain: Callable, extended: Callable) -> str | None:
+    """None when ``plain`` takes exactly the parameters of ``extended`` (names,
+    kinds, defaults, order) less :data:`DISPATCHER_KEYWORDS`; else what differs."""
+    ext = inspect.signature(extended).parameters
+    want = [p for name, p in ext.items() if name not in DISPATCHER_KEYWORDS]
+    got = list(inspect.signature(plain).parameters.values())
+    for name in DISPATCHER_KEYWORDS:
+        if name in ext and ext[name].kind is not inspect.Parameter.KEYWORD_ONLY:
+            return f"{extended.__name__}: {name} must be keyword-only"
+    if [(p.name, p.kind, p.default) for p in got] != [(p.name, p.kind, p.default) for p in want]:
+        return (f"{plain.__name__}{inspect.Signature(got)} differs from "
+                f"{extended.__name__}{inspect.Signature(want)} (less {DISPATCHER_KEYWORDS})")
+    return None
+
+
+def precision_aware(extended: Callable) -> Callable:
+    """Decorator for a plain float32 function whose double-word twin is
+    ``extended``: the decorated function runs ``extended`` inside
+    :func:`extended_precision` and itself outside.
+
+    Both twins take the same arguments: the plain one must declare exactly the
+    extended one's parameters less :data:`DISPATCHER_KEYWORDS` (checked here, at
+    registration: ``TypeError`` otherwise), and honour each as MLX does. The
+    dispatcher binds every call to the extended signature first, so an unknown or
+    missing argument raises ``TypeError`` in and out of the block alike."""
+
+    def wrap(plain: Callable) -> Callable:
+        why = twin_mismatch(plain, extended)
+        if why is not None:
+            raise TypeError(f"precision_aware twins take different arguments: {why}")
+        sig = inspect.signature(extended)
+        own = [k for k in DISPATCHER_KEYWORDS if k in sig.parameters]
+
+        @functools.wraps(plain)
+        def dispatch(*args, **kwargs):
+            try:
+                bound = sig.bind(*args, **kwargs)
+            except TypeError as e:  # Python's message lacks the function's name
+                raise TypeError(f"{plain.__name__}(): {e}") from None
+            if is_extended():
+                return extended(*args, **kwargs)
+            opts = {k: bound.arguments.pop(k, sig.parameters[k].default) for k in own}
+            if "backend" in opts and opts["backend"] is not None:
+                backends.validate(opts["backend"])
+            out = plain(*bound.args, **bound.kwargs)
+            if opts.get("round_output", True):
+                return out
+            return DoubleWord(out, mx.zeros_like(out))  # the plain result, exactly
+
+        dispatch.__signature__ = sig
+        dispatch.extended = extended
+        dispatch.plain = plain
+        _REGISTRY[plain.__name__] = dispatch
+        return dispatch
+
+    return wrap
+
+
+def precision_aware_functions() -> dict[str, Callable]:
+    """The precision-aware entry points of the package, by name (each capability
+    registers its own when it is imported, and ``import mlx_precise`` imports them
+    all)."""
+    return dict(sorted(_REGISTRY.items()))

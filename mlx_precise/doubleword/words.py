@@ -1,0 +1,449 @@
+"""Double-word ("float-float") numbers on the host, and the double-word core kernels.
+
+A double-word number is an unevaluated pair ``(hi, lo)`` of float32 with
+``hi = RN(hi + lo)``: about 48 significand bits, i.e. ~14 decimal digits, over
+float32's exponent range. The device arithmetic lives in
+``metal/include/doubleword.h`` (JMP / MR algorithms, bounds in its comments); this
+module splits float64 data into pairs, joins pairs back into float64, declares the
+kernels that exercise the header, and runs the device self-test that guards every
+extended-precision kernel (:func:`eft_selftest`).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from ..core import backends
+from ..core.arrays import as_array, float64_data, is_wide
+from ..core.kernels import Kernel, elementwise_grid, same_shape
+
+_F32 = (mx.float32,)
+
+
+def _elementwise(inputs, template):
+    """One thread per element of the first input."""
+    return elementwise_grid(inputs[0].size)
+
+
+DW_OPS = Kernel(
+    name="dw_ops",
+    body="dw_ops.metal",
+    headers=("doubleword.h",),
+    inputs=("xh", "xl", "yh", "yl"),
+    outputs=("zh", "zl"),
+    template=("OP",),
+    input_dtypes={k: _F32 for k in ("xh", "xl", "yh", "yl")},
+    input_shapes=same_shape(ndim=1),
+    grid=_elementwise,
+    extended=True,
+    variants={"OP": tuple(range(10)), "zh": _F32, "zl": _F32},
+)
+"""Elementwise double-word operation ``OP`` (see ``metal/kernels/dw_ops.metal``):
+0 TwoSum, 1 Fast2Sum, 2 TwoProdFMA, 3 DW+FP, 4 DW+DW, 5 DW*FP, 6 DW*DW, 7 DW/DW,
+8 DW/DW from a faithful, not correctly rounded, reciprocal, 9 the reciprocal
+refinement step alone. Inputs ``xh, xl, yh, yl`` and outputs ``zh, zl``: float32,
+shape ``(n,)``; the grid is one thread per element."""
+
+CDW_OPS = Kernel(
+    name="cdw_ops",
+    body="cdw_ops.metal",
+    headers=("doubleword.h",),
+    inputs=("xrh", "xrl", "xih", "xil", "yrh", "yrl", "yih", "yil"),
+    outputs=("zrh", "zrl", "zih", "zil"),
+    template=("OP",),
+    input_dtypes={k: _F32 for k in ("xrh", "xrl", "xih", "xil", "yrh", "yrl", "yih", "yil")},
+    input_shapes=same_shape(ndim=1),
+    grid=_elementwise,
+    extended=True,
+    variants={"OP": (0, 1), **{k: _F32 for k in ("zrh", "zrl", "zih", "zil")}},
+)
+"""Elementwise complex double-word operation ``OP``: 0 add, 1 multiply. Inputs and
+outputs: float32, shape ``(n,)`` (real hi, real lo, imaginary hi, imaginary lo)."""
+
+def _as_float64(x, name: str) -> np.ndarray:
+    x = float64_data(x, name)  # lists and Python numbers: their float64 values
+    if isinstance(x, mx.array):
+        if x.dtype != mx.float64:
+            raise ValueError(f"{name} must have dtype float64, got {x.dtype}")
+        return np.array(x, dtype=np.float64)
+    if isinstance(x, (np.ndarray, np.floating)):
+        x = np.asarray(x)
+        if x.dtype != np.float64:
+            raise ValueError(f"{name} must have dtype float64, got numpy {x.dtype}")
+        return x
+    raise ValueError(
+        f"{name} must be a float64 numpy array or mx.array, got {type(x).__name__}"
+    )
+
+
+def split(x) -> tuple[mx.array, mx.array]:
+    """Split float64 values into double-word pairs.
+
+    Args:
+        x: float64 values, any shape: a numpy array (or ``np.float64``), an
+            ``mx.array`` of dtype float64 (CPU), or real Python numbers, lists and
+            tuples (read as the float64 values Python holds).
+
+    Returns:
+        ``(hi, lo)``: two float32 ``mx.array``\\ s of ``x``'s shape with
+        ``hi = RN32(x)`` and ``lo = RN32(x - hi)`` (``x - hi`` is exact in float64).
+        ``hi + lo`` equals ``x`` exactly when ``x - hi`` fits in 24 bits (e.g. ``x``
+        has at most 48 significant bits) and ``lo`` is a normal float32; otherwise it
+        is within ``2^-48 |x|`` (relative) for ``|x| >= 2^-78``. Words below 2^-126
+        are kept as float32 subnormals here, but kernels read them as zero (Apple
+        GPUs flush subnormals), so full precision on the device needs
+        ``|x| >= ~2^-78``.
+
+    Raises:
+        ValueError: wrong dtype or type, or a value that is not finite or rounds to
+            +-inf in float32 (``|x| >= 2^128 - 2^103``).
+    """
+    a = _as_float64(x, "x")
+    with np.errstate(over="ignore"):
+        hi = a.astype(np.float32)
+    bad = ~np.isfinite(hi)
+    if np.any(bad):
+        first = a[bad].flat[0]
+        raise ValueError(
+            f"x has {int(np.count_nonzero(bad))} value(s) outside the float32 range "
+            f"(non-finite, or |x| rounds to inf in float32), e.g. {first!r}"
+        )
+    return _split_result(a)
+
+
+def _as_float32(x, name: str) -> np.ndarray:
+    if isinstance(x, mx.array):
+        if x.dtype != mx.float32:
+            raise ValueError(f"{name} must have dtype float32, got {x.dtype}")
+        return np.array(x, dtype=np.float32)
+    if isinstance(x, (np.ndarray, np.floating)):
+        x = np.asarray(x)
+        if x.dtype != np.float32:
+            raise ValueError(f"{name} must have dtype float32, got numpy {x.dtype}")
+        return x
+    raise ValueError(f"{name} must be a float32 mx.array or numpy array, got {type(x).__name__}")
+
+
+def join(hi, lo) -> np.ndarray:
+    """Exact value ``hi + lo`` of double-word pairs, rounded once to float64.
+
+    Args:
+        hi, lo: float32 ``mx.array``\\ s (or numpy arrays) of the same shape.
+
+    Returns:
+        float64 numpy array of that shape: ``RN64(hi + lo)`` (float32 -> float64 is
+        exact, and one float64 addition rounds the exact sum once). It is exactly
+        ``hi + lo`` whenever that sum fits in 53 bits, which holds for the pairs
+        :func:`split` makes; a pair such as ``(1, 2^-60)`` is rounded to ``1``.
+
+    Raises:
+        ValueError: wrong dtype or type, or shapes that differ.
+    """
+    h = _as_float32(hi, "hi")
+    l_ = _as_float32(lo, "lo")
+    if h.shape != l_.shape:
+        raise ValueError(f"hi and lo must have the same shape, got {h.shape} and {l_.shape}")
+    return h.astype(np.float64) + l_.astype(np.float64)
+
+
+def _binary(op: str, reflected: bool = False):
+    """The operator ``self <op> other`` (``other <op> self`` when reflected)."""
+
+    def method(self, other):
+        return arith(op, other, self) if reflected else arith(op, self, other)
+
+    method.__name__ = f"__{'r' if reflected else ''}{op}__"
+    return method
+
+
+class DoubleWord:
+    """An array of double-word numbers: the unevaluated sum ``hi + lo`` of two
+    float32 (or two complex64) ``mx.array``\\ s of one shape, normalised
+    (``hi = RN(hi + lo)``). About 48 significand bits within float32's range.
+
+    Extended pipelines pass ``DoubleWord`` values between kernels so that nothing
+    is rounded in between; :meth:`round` rounds once to float32 / complex64.
+
+    Construct with :meth:`from_float32`, :meth:`from_complex64`,
+    :meth:`from_float64` (float64 / complex128 numpy data or float64 MLX CPU
+    arrays), or :meth:`from_array` (any of these, by dtype).
+    """
+
+    __slots__ = ("hi", "lo")
+    # numpy defers to the reflected operators below (x - d with a numpy x calls
+    # d.__rsub__) instead of treating a DoubleWord as an object scalar.
+    __array_ufunc__ = None
+
+    def __init__(self, hi: mx.array, lo: mx.array):
+        if not isinstance(hi, mx.array) or not isinstance(lo, mx.array):
+            raise TypeError("DoubleWord(hi, lo) takes two mx.arrays")
+        if hi.dtype not in (mx.float32, mx.complex64) or lo.dtype != hi.dtype:
+            raise TypeError(
+                f"DoubleWord words must both be float32 or both complex64, got {hi.dtype} "
+                f"and {lo.dtype}"
+            )
+        if hi.shape != lo.shape:
+            raise ValueError(f"DoubleWord words must have one shape, got {hi.shape} and {lo.shape}")
+        self.hi = hi
+        self.lo = lo
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.hi.shape)
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        """The dtype of the words (and of :meth:`round`): float32 or complex64."""
+        return self.hi.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.hi.ndim
+
+    @property
+    def size(self) -> int:
+        return self.hi.size
+
+    @property
+    def is_complex(self) -> bool:
+        return self.hi.dtype == mx.complex64
+
+    def __repr__(self) -> str:
+        """The values, as MLX prints an array: ``hi + lo`` in float64 (exact for
+        the pairs :func:`split` makes) to 15 significant digits, and the words'
+        dtype. Evaluates the words."""
+        fmt = {"float_kind": lambda v: f"{v:.15g}",
+               "complex_kind": lambda v: f"{v.real:.15g}{v.imag:+.15g}j"}
+        with np.errstate(invalid="ignore", over="ignore"):
+            body = np.array2string(self.to_float64(), separator=", ", formatter=fmt,
+                                   prefix="DoubleWord(")
+        return f"DoubleWord({body}, dtype={str(self.dtype).split('.')[-1]})"
+
+    # Arithmetic on the active backend (:func:`arith` below): double-word kernels
+    # (metal / emulate) or float64 (cpu), with DoubleWords, float32 / complex64
+    # arrays, float64 data and Python numbers (their float64 values).
+    __add__, __radd__ = _binary("add"), _binary("add", reflected=True)
+    __sub__, __rsub__ = _binary("sub"), _binary("sub", reflected=True)
+    __mul__, __rmul__ = _binary("mul"), _binary("mul", reflected=True)
+    __truediv__, __rtruediv__ = _binary("div"), _binary("div", reflected=True)
+
+    def __neg__(self) -> "DoubleWord":
+        return DoubleWord(-self.hi, -self.lo)  # exact: both words change sign
+
+    @classmethod
+    def _exact(cls, x, dtype, what: str) -> "DoubleWord":
+        x = as_array(x, "x")
+        if x.dtype != dtype:
+            raise TypeError(f"{what} expects {str(dtype).split('.')[-1]} data, got {x.dtype}")
+        return cls(x, mx.zeros_like(x))
+
+    @classmethod
+    def from_float32(cls, x) -> "DoubleWord":
+        """Exact: ``hi = x``, ``lo = 0`` for float32 data."""
+        return cls._exact(x, mx.float32, "from_float32")
+
+    @classmethod
+    def from_complex64(cls, x) -> "DoubleWord":
+        """Exact: ``hi = x``, ``lo = 0`` for complex64 data."""
+        return cls._exact(x, mx.complex64, "from_complex64")
+
+    @classmethod
+    def from_float64(cls, x) -> "DoubleWord":
+        """Split float64 (or complex128) data, including lists and Python numbers
+        (their float64 / complex128 values): see :func:`split` for the accuracy
+        and the errors raised."""
+        x = float64_data(x, "x")
+        if isinstance(x, (np.ndarray, np.generic)) and x.dtype == np.complex128:
+            x = np.asarray(x)
+            rh, rl = split(np.array(x.real))  # a contiguous copy that keeps 0-d
+            ih, il = split(np.array(x.imag))
+            return cls(complex_from_parts(rh, ih), complex_from_parts(rl, il))
+        return cls(*split(x))
+
+    @classmethod
+    def from_array(cls, x) -> "DoubleWord":
+        """A DoubleWord from float32, complex64, float64 or complex128 data (numpy
+        or MLX); a DoubleWord is returned as is."""
+        if isinstance(x, DoubleWord):
+            return x
+        x = as_words(x, "x")  # float64 / complex128: split
+        if isinstance(x, DoubleWord):
+            return x
+        if x.dtype == mx.float32:
+            return cls.from_float32(x)
+        if x.dtype == mx.complex64:
+            return cls.from_complex64(x)
+        raise TypeError(
+            f"cannot make a DoubleWord from dtype {x.dtype}: expected float32, complex64, "
+            "float64 or complex128 data"
+        )
+
+    def round(self) -> mx.array:
+        """One rounding of ``hi + lo`` to float32 / complex64 (lazy)."""
+        return self.hi + self.lo
+
+    def to_float64(self) -> np.ndarray:
+        """``hi + lo`` in float64 (complex128 for complex words), on the CPU."""
+        if not self.is_complex:
+            return join(self.hi, self.lo)
+        h, lo = np.array(self.hi), np.array(self.lo)
+        re = join(np.array(h.real), np.array(lo.real))  # contiguous copies, 0-d kept
+        im = join(np.array(h.imag), np.array(lo.imag))
+        return re + 1j * im
+
+    def parts(self) -> tuple["DoubleWord", "DoubleWord"]:
+        """Real and imaginary parts of a complex DoubleWord (exact)."""
+        if not self.is_complex:
+            raise TypeError("parts() needs a complex DoubleWord")
+        return (DoubleWord(mx.real(self.hi), mx.real(self.lo)),
+                DoubleWord(mx.imag(self.hi), mx.imag(self.lo)))
+
+
+def from_float64_result(y: np.ndarray, round_output: bool):
+    """A cpu-backend result computed in float64: rounded once to float32 / complex64
+    (overflow to Inf, as on the GPU, without numpy's warning), or split into a
+    :class:`DoubleWord` when ``round_output`` is False."""
+    if round_output:
+        with np.errstate(over="ignore"):
+            return mx.array(y.astype(np.complex64 if np.iscomplexobj(y) else np.float32))
+    if np.iscomplexobj(y):
+        re, im = (_split_result(np.array(p)) for p in (y.real, y.imag))
+        return DoubleWord(complex_from_parts(re[0], im[0]), complex_from_parts(re[1], im[1]))
+    return DoubleWord(*_split_result(y))
+
+
+def complex_from_parts(re: mx.array, im: mx.array) -> mx.array:
+    """complex64 ``re + i im`` from float32 parts of one shape, bit for bit
+    (``re + 1j * im`` would turn an infinite ``im`` into a NaN real part:
+    ``0 * inf``)."""
+    return mx.stack([re, im], axis=-1).view(mx.complex64).reshape(re.shape)
+
+
+def _split_result(y: np.ndarray) -> tuple[mx.array, mx.array]:
+    """:func:`split` for a computed result: a value that is not finite in float32
+    (Inf, NaN, overflow) becomes that float32 value with a zero low word, the rule
+    the kernels follow (docs/api.md, "Special values"), instead of an error."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        hi = np.asarray(y).astype(np.float32)
+        lo = np.where(np.isfinite(hi), y - hi.astype(np.float64), 0.0).astype(np.float32)
+    return mx.array(hi), mx.array(lo)
+
+
+def as_words(x, name: str):
+    """``x`` as the double-word ops read their inputs: :func:`~mlx_precise.core.arrays.as_array`,
+    except that float64 / complex128 data is split into a :class:`DoubleWord`
+    (``hi = RN32(x)``, ``lo = RN32(x - hi)``), so it enters at full precision
+    (docs/api.md, "Inputs")."""
+    if is_wide(x):
+        return DoubleWord.from_float64(x)
+    return as_array(x, name)
+
+
+# ---- DoubleWord arithmetic (the operators of DoubleWord) -------------------------
+
+
+def operand(x, name: str, kinds: tuple[str, ...]):
+    """(DoubleWord or mx.array, is_doubleword) after checking the dtype."""
+    allowed = {"complex64": mx.complex64, "float32": mx.float32}
+    if isinstance(x, DoubleWord):
+        if x.dtype in [allowed[k] for k in kinds]:
+            return x
+        raise TypeError(f"{name}: DoubleWord of {x.dtype} not accepted here (expected {', '.join(kinds)})")
+    x = as_words(x, name)  # float64 data: a DoubleWord, full precision
+    if isinstance(x, DoubleWord):
+        return operand(x, name, kinds)
+    if x.dtype not in [allowed[k] for k in kinds]:
+        raise TypeError(f"{name} has dtype {x.dtype}, expected {' or '.join(kinds)}, "
+                        "float64 / complex128 data or a DoubleWord")
+    return x
+
+
+_DW_OP = {"add": 4, "mul": 6, "div": 7}  # OP numbers of metal/kernels/dw_ops.metal
+
+
+_CDW_OP = {"add": 0, "mul": 1}  # ... and of cdw_ops.metal
+
+
+_NUMPY_OP = {"add": np.add, "mul": np.multiply, "div": np.divide}
+
+
+def _arith_operand(v, name: str) -> DoubleWord:
+    """An operand of DoubleWord arithmetic as a DoubleWord: Python numbers at
+    their float64 / complex128 value (two words), float64 data split, float32 /
+    complex64 arrays exactly (lo = 0)."""
+    if isinstance(v, DoubleWord):
+        return v
+    if isinstance(v, (int, float, complex)) and not isinstance(v, bool):
+        if isinstance(v, int) and float(v) != v:
+            raise ValueError(f"{name} = {v} is not exactly a float64 value")
+        return DoubleWord.from_float64(v)
+    return DoubleWord.from_array(operand(v, name, ("float32", "complex64")))
+
+
+def _complex_dw(x: DoubleWord) -> DoubleWord:
+    """A real DoubleWord as a complex one (exact)."""
+    return x if x.is_complex else DoubleWord(x.hi.astype(mx.complex64), x.lo.astype(mx.complex64))
+
+
+def _flat8(a: mx.array, shape: tuple) -> mx.array:
+    """``a`` broadcast to ``shape``, flat, padded to 8 elements at least (MLX passes
+    smaller inputs in ``constant`` space: one kernel instantiation for all sizes)."""
+    f = mx.contiguous(mx.broadcast_to(a, shape).reshape(-1))
+    return f if f.size >= 8 else mx.concatenate([f, mx.zeros((8 - f.size,), f.dtype)])
+
+
+def arith(op: str, x, y) -> DoubleWord:
+    """``x <op> y`` for op in add, sub, mul, div, one of them a DoubleWord (the
+    operators of :class:`~mlx_precise.DoubleWord`), on the active backend.
+
+    Kernel backends run the double-word algorithms of ``metal/include/doubleword.h``
+    (``dw_ops`` / ``cdw_ops``): relative error <= 3u^2 + 13u^3 (add, sub), 4u^2
+    (mul), 9.8u^2 (div), complex: 3u^2 + 13u^3 (add, sub) and 8.66u^2 normwise
+    (mul), u = 2^-24; special values as docs/api.md states. The ``cpu`` backend
+    computes in float64 and splits the result (error <= 2^-53 + 2^-48 relative).
+
+    Args:
+        x, y: DoubleWord, float32 / complex64 array, float64 / complex128 data,
+            or a Python number (its float64 value); numpy broadcasting.
+
+    Returns:
+        DoubleWord of the broadcast shape; complex if either operand is.
+
+    Raises:
+        TypeError: an operand of another dtype, or a complex division (not
+            implemented: no double-word complex quotient kernel exists).
+        ValueError: shapes that do not broadcast.
+    """
+    a, b = _arith_operand(x, "x"), _arith_operand(y, "y")
+    try:
+        shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+    except ValueError:
+        raise ValueError(f"operands do not broadcast: shapes {a.shape} and {b.shape}") from None
+    is_complex = a.is_complex or b.is_complex
+    if is_complex and op == "div":
+        raise TypeError("division of complex DoubleWords is not implemented (there is no "
+                        "double-word complex quotient kernel); divide the parts, or use "
+                        "to_float64()")
+    if op == "sub":
+        op, b = "add", -b  # exact negation: x - y = x + (-y)
+    name = backends.resolve(None)
+    if name == "cpu":
+        with np.errstate(all="ignore"):  # Inf / NaN as IEEE float64 gives them
+            r = _NUMPY_OP[op](a.to_float64(), b.to_float64())
+        return from_float64_result(np.broadcast_to(np.asarray(r), shape), False)
+    size = int(np.prod(shape))
+    if size == 0:
+        dtype = mx.complex64 if is_complex else mx.float32
+        return DoubleWord(mx.zeros(shape, dtype), mx.zeros(shape, dtype))
+    if not is_complex:
+        zh, zl = DW_OPS(inputs=[_flat8(w, shape) for w in (a.hi, a.lo, b.hi, b.lo)],
+                        template={"OP": _DW_OP[op]}, output_shapes=[(max(size, 8),)] * 2,
+                        output_dtypes=[mx.float32] * 2, backend=name)
+        return DoubleWord(zh[:size].reshape(shape), zl[:size].reshape(shape))
+    words = [_flat8(f(w), shape) for v in (_complex_dw(a), _complex_dw(b))
+             for f in (mx.real, mx.imag) for w in (v.hi, v.lo)]  # cdw_ops' input order
+    zrh, zrl, zih, zil = (z[:size].reshape(shape) for z in CDW_OPS(
+        inputs=words, template={"OP": _CDW_OP[op]}, output_shapes=[(max(size, 8),)] * 4,
+        output_dtypes=[mx.float32] * 4, backend=name))
+    return DoubleWord(complex_from_parts(zrh, zih), complex_from_parts(zrl, zil))

@@ -1,0 +1,538 @@
+"""Double-word FFTs: ``fft``, ``ifft``, ``rfft``, ``irfft`` rounded once at the end.
+
+The whole transform stays in double-word ("float-float", ~48 bits): the input
+words, the twiddles (computed on the host to ~2^-100 and split into float32 pairs,
+:mod:`mlx_precise.fft.twiddles`), every butterfly (accurate DW+DW additions and
+DWTimesDW3 products, ``metal/include/doubleword.h``) and the 1/n scaling (exact for
+powers of two); the result is rounded once to complex64 / float32
+(``round_output=True``) or returned as a :class:`~mlx_precise.DoubleWord`.
+
+Sizes: powers of two run the Stockham kernel (``metal/kernels/fft_pass.metal``) in
+passes of radix <= 1024 (one pass up to 1024 points, two up to 2^20, three up to
+2^30); other sizes use Bluestein's chirp-z algorithm on a power-of-two FFT, with
+the chirp exp(-pi i k^2 / n) taken from the exact integers k^2 mod 2n. Real
+transforms of even length run a half-length complex FFT and a double-word
+post/pre-processing kernel (``metal/kernels/fft_real.metal``).
+
+Conventions are numpy's (``numpy.fft``): ``n`` zero-pads or truncates the input
+along ``axis`` (for ``irfft``: the first ``n//2 + 1`` input points are used, and
+the imaginary parts of the zero-frequency and, for even n, Nyquist terms are
+ignored), normalisation "backward" (ifft and irfft scale by 1/n), batched over all
+other axes.
+
+Backends: ``metal`` / ``emulate`` run the kernels; ``cpu`` computes numpy's
+complex128 FFT of the float64 value of the input and rounds once (or splits into
+a DoubleWord). The plain-named twins :func:`fft`, :func:`ifft`, :func:`rfft`,
+:func:`irfft` follow :func:`~mlx_precise.extended_precision`: outside it they are
+``mx.fft.*`` in float32 / complex64.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+import numpy as np
+
+from ..core import backends
+from ..doubleword import pow2scale
+from ..doubleword.words import DoubleWord, as_words, from_float64_result
+from ..doubleword.elementwise import complex_multiply_extended, reciprocal_words
+from ..core.kernels import Kernel
+from .twiddles import chirp_words, twiddle_table
+
+_F32 = (mx.float32,)
+_I32 = (mx.int32,)
+
+TG_POINTS = 1024  # FFT_TG_POINTS in metal/include/fft.h: points per threadgroup
+_LOG_TG = TG_POINTS.bit_length() - 1  # log2 of the largest radix of a pass
+_MAX_POINTS = 2**30  # rows * n (and Bluestein's padded length): 32-bit word indices
+_THREADS = 256
+
+FFT_PASS = Kernel(
+    name="fft_pass",
+    body="fft_pass.metal",
+    headers=("fft.h",),
+    inputs=("x_hi", "x_lo", "tab", "params"),
+    outputs=("y_hi", "y_lo"),
+    input_dtypes={"x_hi": _F32, "x_lo": _F32, "tab": _F32, "params": _I32},
+    variants={"y_hi": _F32, "y_lo": _F32},
+    # _flat, _dummy, twiddle_table and _params give every input >= 8 elements
+    input_forms=dict.fromkeys(("x_hi", "x_lo", "tab", "params"), ("device",)),
+)
+"""One Stockham pass (see the kernel's header comment): inputs ``x_hi``, ``x_lo``
+float32 interleaved words, ``tab`` twiddle table, ``params`` int32 (16,); outputs
+``y_hi``, ``y_lo`` float32. Grid: ``C`` groups of one radix-R transform per
+threadgroup (planned by :func:`_plan`)."""
+
+FFT_REAL = Kernel(
+    name="fft_real",
+    body="fft_real.metal",
+    headers=("fft.h",),
+    inputs=("x_hi", "x_lo", "tab", "params"),
+    outputs=("y_hi", "y_lo"),
+    input_dtypes={"x_hi": _F32, "x_lo": _F32, "tab": _F32, "params": _I32},
+    variants={"y_hi": _F32, "y_lo": _F32},
+    input_forms=dict.fromkeys(("x_hi", "x_lo", "tab", "params"), ("device",)),
+)
+"""Real-FFT post-processing (rfft) or pre-processing (irfft) of a half-length
+complex FFT; one thread per output point."""
+
+
+# ---- argument checking ------------------------------------------------------------
+
+
+def _as_input(x, name: str, real_only: bool = False):
+    """An ``mx.array`` (float32 / complex64) or a DoubleWord, after checking."""
+    if isinstance(x, DoubleWord):
+        if real_only and x.is_complex:
+            raise TypeError(f"{name} must be real (float32 or a float32 DoubleWord), "
+                            "got a complex64 DoubleWord")
+        return x
+    x = as_words(x, name)  # float64 data: a DoubleWord, full precision
+    if isinstance(x, DoubleWord):
+        return _as_input(x, name, real_only)
+    allowed = (mx.float32,) if real_only else (mx.float32, mx.complex64)
+    if x.dtype not in allowed:
+        want = "float32" if real_only else "float32 or complex64"
+        raise TypeError(f"{name} has dtype {x.dtype}, expected {want}, float64 data or a "
+                        "DoubleWord")
+    return x
+
+
+def _check_axis(ndim: int, axis, name: str) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis must be an int, got {type(axis).__name__}")
+    if ndim == 0:
+        raise ValueError(f"{name} must have at least one dimension, got a 0-d array")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for {name} with {ndim} dimension(s)")
+    return int(axis) % ndim
+
+
+def _check_n(n, default: int, what: str = "n") -> int:
+    if n is None:
+        n = default
+        if n < 1:
+            raise ValueError(f"{what} must be >= 1: the default {what} = {n} is invalid for "
+                             "this input; pass n explicitly")
+        return n
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"{what} must be an integer >= 1 (the transform length), got {n!r}")
+    return int(n)
+
+
+# ---- host-side layout: words as (rows, n) arrays --------------------------------
+
+
+def _words(x, complex_out: bool):
+    """(hi, lo or None) words; lo is None for plain arrays (its words are 0)."""
+    hi, lo = (x.hi, x.lo) if isinstance(x, DoubleWord) else (x, None)
+    if complex_out and hi.dtype != mx.complex64:
+        hi = hi.astype(mx.complex64)
+        lo = None if lo is None else lo.astype(mx.complex64)
+    return hi, lo
+
+
+def _fit(a: mx.array, n: int) -> mx.array:
+    """Zero-pad or truncate the last axis to n (numpy's ``n``)."""
+    m = a.shape[-1]
+    if m > n:
+        return a[..., :n]
+    if m < n:
+        return mx.concatenate([a, mx.zeros(a.shape[:-1] + (n - m,), a.dtype)], axis=-1)
+    return a
+
+
+def _to_rows(a, axis: int, n: int):
+    """Move ``axis`` last, fit it to n, flatten the rest: (rows, n), contiguous."""
+    if a is None:
+        return None
+    a = _fit(mx.moveaxis(a, axis, -1), n)
+    return mx.contiguous(a.reshape(-1, n))
+
+
+def _from_rows(a: mx.array, lead: tuple, axis: int) -> mx.array:
+    return mx.moveaxis(a.reshape(lead + (a.shape[-1],)), -1, axis)
+
+
+def _flat(a: mx.array) -> mx.array:
+    """float32 words of a complex64 (or float32) array, flat, at least 8 long so
+    that MLX passes every input as a device buffer (one kernel instantiation)."""
+    f = mx.contiguous(a).reshape(-1)
+    f = f.view(mx.float32) if f.dtype == mx.complex64 else f
+    if f.size < 8:
+        f = mx.concatenate([f, mx.zeros((8 - f.size,), mx.float32)])
+    return f
+
+
+def _unflat(f: mx.array, rows: int, n: int) -> mx.array:
+    """complex64 (rows, n) from flat float32 words (drops the padding)."""
+    return f[: 2 * rows * n].view(mx.complex64).reshape(rows, n)
+
+
+@functools.lru_cache(maxsize=1)
+def _dummy() -> mx.array:
+    """Stand-in for absent low words (never read by the kernels). Built from numpy,
+    so it holds data from the start: every thread shares this cached array, and MLX
+    evaluates an unevaluated array only on the thread whose stream built it."""
+    return mx.array(np.zeros(8, np.float32))
+
+
+def _params(values) -> mx.array:
+    p = np.zeros(16, np.int32)
+    p[: len(values)] = values
+    return mx.array(p)
+
+
+def _scale_bits(k: int):
+    """int32 bit patterns of the double-word words of 1/k (exact for powers of 2)."""
+    hi, lo = reciprocal_words(k)
+    return [int(np.float32(v).view(np.int32)) for v in (hi, lo)]
+
+
+def _check_size(points: int, what: str) -> None:
+    """The per-call limit of the kernels (applied to every backend alike by
+    :func:`mlx_precise.fft.nd.check_limits`, before dispatch)."""
+    if points > _MAX_POINTS:
+        raise ValueError(f"{what} has {points} points in all; every backend takes at most "
+                         "2^30 points per transform (use a smaller n, or split the batch)")
+
+
+def _batch(a: mx.array, ax: int):
+    """(lead shape, rows) of the axes other than ``ax`` (sizes were checked
+    before dispatch: :func:`mlx_precise.fft.nd.check_limits`)."""
+    lead = tuple(int(s) for i, s in enumerate(a.shape) if i != ax)
+    return lead, int(np.prod(lead, dtype=np.int64))
+
+
+def _finish(y_hi, y_lo, lead: tuple, ax: int, round_output: bool):
+    """Rows back to the caller's layout: an array, or a DoubleWord."""
+    out = _from_rows(y_hi, lead, ax)
+    return out if round_output else DoubleWord(out, _from_rows(y_lo, lead, ax))
+
+
+def _empty(lead: tuple, m: int, dtype, ax: int, round_output: bool):
+    """The (empty) result of a transform with no rows."""
+    z = mx.zeros(lead + (m,), dtype)
+    return _finish(z, z, lead, ax, round_output)
+
+
+def _growth_log2(n: int) -> int:
+    """log2 of a bound on |intermediate| / max|input| in the complex transform of
+    length n: n for the Stockham passes (partial sums of up to n terms, the 1/n of
+    an inverse applied last), M^3 for Bluestein's (chirp product, FFT of length M,
+    times a spectrum of at most 2n - 1 < M, inverse FFT of length M)."""
+    if n <= 1:
+        return 0
+    if n & (n - 1) == 0:
+        return n.bit_length()
+    return 3 * (_next_pow2(2 * n - 1).bit_length() - 1) + 1
+
+
+def _in_range(run, hi, lo, growth_log2: int):
+    """``run(hi, lo)`` on rows scaled by exact powers of two so that no intermediate
+    overflows (:mod:`mlx_precise.doubleword.pow2scale`), and its result scaled back."""
+    e = pow2scale.row_exponents(hi, growth_log2)
+    y_hi, y_lo = run(pow2scale.scale(hi, e), pow2scale.scale(lo, e))
+    return pow2scale.unscale(y_hi, y_lo, e)
+
+
+# ---- power-of-two complex FFT -----------------------------------------------------
+
+
+def _plan(logn: int) -> list[int]:
+    """log2 radices of the passes: as few passes as threadgroup memory allows
+    (radix <= 1024), as equal as possible (larger first)."""
+    passes = -(-logn // _LOG_TG)
+    base, extra = divmod(logn, passes)
+    return [base + 1] * extra + [base] * (passes - extra)
+
+
+def _fft_pow2(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_out: bool,
+              backend: str, stream, nt: int | None = None):
+    """Complex FFT of length n = 2^k >= 2 of each row of flat words ``hi``, ``lo``
+    (float32, rows * n * 2 words or more; lo None for plain complex64 data).
+    Returns flat (y_hi, y_lo or None); the result is scaled by 1/scale_den.
+    ``nt``: order of the twiddle table (a multiple of n, default n)."""
+    logn = n.bit_length() - 1
+    nt = nt or n
+    tab = twiddle_table(nt)
+    logs = _plan(logn)
+    s_hi, s_lo = _scale_bits(scale_den)
+    log_ns = 0
+    for i, log_r in enumerate(logs):
+        last = i == len(logs) - 1
+        groups = rows << (logn - log_r)
+        log_c = min(_LOG_TG - log_r, max(groups - 1, 0).bit_length())
+        npts = 1 << (log_r + log_c)
+        threads = min(_THREADS, max(npts // 4, 1))
+        tgs = -(-groups // (1 << log_c))
+        params = _params([logn, log_r, log_ns, log_c, groups, nt.bit_length() - 1,
+                          int(inverse), int(lo is not None), int(lo_out or not last),
+                          int(last and scale_den != 1), s_hi if last else 0,
+                          s_lo if last else 0])
+        size = max(2 * rows * n, 8)
+        hi, lo_new = FFT_PASS(
+            inputs=[hi, lo if lo is not None else _dummy(), tab, params],
+            grid=(tgs * threads, 1, 1), threadgroup=(threads, 1, 1),
+            output_shapes=[(size,), (size,) if (lo_out or not last) else (1,)],
+            output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
+        lo = lo_new if (lo_out or not last) else None
+        log_ns += log_r
+    return hi, lo
+
+
+# ---- Bluestein (chirp-z) for other sizes ------------------------------------------
+
+
+def _next_pow2(v: int) -> int:
+    return 1 << max(v - 1, 0).bit_length()
+
+
+def _complex_words(words: np.ndarray) -> DoubleWord:
+    """A complex DoubleWord from float32 words (..., 4) = (re hi, re lo, im hi, im lo)."""
+    hi = words[..., 0] + 1j * words[..., 2].astype(np.complex64)
+    lo = words[..., 1] + 1j * words[..., 3].astype(np.complex64)
+    return DoubleWord(mx.array(hi.astype(np.complex64)), mx.array(lo.astype(np.complex64)))
+
+
+@functools.lru_cache(maxsize=32)
+def _chirp(n: int, inverse: bool, scale_den: int) -> DoubleWord:
+    """c_k / scale_den, c_k = exp(-+pi i k^2 / n): complex DoubleWord (n,)."""
+    return _complex_words(chirp_words(n, conj=inverse, scale_den=scale_den))
+
+
+@functools.lru_cache(maxsize=32)
+def _bluestein_kernel(n: int, inverse: bool, backend: str) -> DoubleWord:
+    """FFT_M of b, b_m = conj(c_|m|) for |m| < n wrapped mod M, zero elsewhere
+    (c conjugated for the inverse): (M,) DoubleWord, computed once per size."""
+    m_len = _next_pow2(2 * n - 1)
+    words = chirp_words(n, conj=not inverse)
+    b = np.zeros((m_len, 4), np.float32)
+    b[:n] = words
+    b[m_len - n + 1:] = words[1:][::-1]
+    b = _complex_words(b)
+    hi, lo = _fft_pow2(_flat(b.hi), _flat(b.lo), 1, m_len, inverse=False, scale_den=1,
+                       lo_out=True, backend=backend, stream=None)
+    out = DoubleWord(_unflat(hi, 1, m_len)[0], _unflat(lo, 1, m_len)[0])
+    mx.eval(out.hi, out.lo)
+    return out
+
+
+def _bluestein(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_out: bool,
+               backend: str, stream):
+    """Bluestein's FFT of length n (any n >= 2) of complex64 (rows, n) words:
+    X_k = c_k sum_j (x_j c_j) conj(c_(k-j)), c_k = exp(-pi i k^2 / n), the
+    convolution by power-of-two FFTs of length M >= 2n - 1, all in double-word.
+    Returns complex64 (rows, n) words (hi, lo or None), scaled by 1/scale_den."""
+    m_len = _next_pow2(2 * n - 1)
+    x = DoubleWord(hi, lo if lo is not None else mx.zeros_like(hi))
+    a = complex_multiply_extended(x, _chirp(n, inverse, 1), round_output=False,
+                                  backend=backend, stream=stream)
+    a_hi, a_lo = _to_rows(a.hi, 1, m_len), _to_rows(a.lo, 1, m_len)
+    f_hi, f_lo = _fft_pow2(_flat(a_hi), _flat(a_lo), rows, m_len, inverse=False, scale_den=1,
+                           lo_out=True, backend=backend, stream=stream)
+    spec = DoubleWord(_unflat(f_hi, rows, m_len), _unflat(f_lo, rows, m_len))
+    prod = complex_multiply_extended(spec, _bluestein_kernel(n, inverse, backend),
+                                     round_output=False, backend=backend, stream=stream)
+    g_hi, g_lo = _fft_pow2(_flat(prod.hi), _flat(prod.lo), rows, m_len, inverse=True,
+                           scale_den=m_len, lo_out=True, backend=backend, stream=stream)
+    conv = DoubleWord(_unflat(g_hi, rows, m_len)[:, :n], _unflat(g_lo, rows, m_len)[:, :n])
+    out = complex_multiply_extended(conv, _chirp(n, inverse, scale_den),
+                                    round_output=not lo_out, backend=backend, stream=stream)
+    return (out.hi, out.lo) if lo_out else (out, None)
+
+
+def _cfft_rows(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_out: bool,
+               backend: str, stream, nt: int | None = None):
+    """Complex FFT (unnormalised, times 1/scale_den) of complex64 (rows, n) words.
+    Returns complex64 (rows, n) (hi, lo or None)."""
+    if n == 1:  # the identity; callers never ask for a scale here
+        return hi, (lo if lo is not None or not lo_out else mx.zeros_like(hi))
+    if n & (n - 1):
+        return _bluestein(hi, lo, rows, n, inverse=inverse, scale_den=scale_den,
+                          lo_out=lo_out, backend=backend, stream=stream)
+    y_hi, y_lo = _fft_pow2(_flat(hi), None if lo is None else _flat(lo), rows, n,
+                           inverse=inverse, scale_den=scale_den, lo_out=lo_out,
+                           backend=backend, stream=stream, nt=nt)
+    return _unflat(y_hi, rows, n), None if y_lo is None else _unflat(y_lo, rows, n)
+
+
+def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo_out: bool,
+                 backend: str, stream):
+    """fft_real on complex64 words (rows, N) [post] or (rows, N + 1) [pre];
+    returns complex64 (rows, N + 1) [post] or (rows, N) [pre] words."""
+    per_row = big_n if pre else big_n + 1
+    s_hi, s_lo = _scale_bits(scale_den)
+    params = _params([big_n, rows, int(pre), int(lo is not None), int(lo_out),
+                      int(scale_den != 1), s_hi, s_lo])
+    size = max(2 * rows * per_row, 8)
+    total = rows * per_row
+    y_hi, y_lo = FFT_REAL(
+        inputs=[_flat(hi), _dummy() if lo is None else _flat(lo), twiddle_table(2 * big_n),
+                params],
+        grid=(total, 1, 1), threadgroup=(min(_THREADS, total), 1, 1),
+        output_shapes=[(size,), (size,) if lo_out else (1,)],
+        output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
+    return _unflat(y_hi, rows, per_row), _unflat(y_lo, rows, per_row) if lo_out else None
+
+
+def _rfft_rows(hi, lo, rows: int, n: int, *, lo_out: bool, backend: str, stream):
+    """rfft of float32 (rows, n) words (lo None: plain float32): complex64
+    (rows, n//2 + 1) words (hi, lo or None)."""
+    m = n // 2 + 1
+    if n % 2:  # odd: the complex transform of x + 0i, cut to n//2 + 1 points
+        y_hi, y_lo = _cfft_rows(hi.astype(mx.complex64),
+                                None if lo is None else lo.astype(mx.complex64), rows, n,
+                                inverse=False, scale_den=1, lo_out=lo_out,
+                                backend=backend, stream=stream)
+
+        def cut(a):  # X_0 of real data is real: drop its imaginary residue (~1e-16)
+            return mx.concatenate([mx.real(a[:, :1]).astype(mx.complex64), a[:, 1:m]], axis=1)
+
+        return cut(y_hi), None if y_lo is None else cut(y_lo)
+    # z_j = x_2j + i x_2j+1 (a free view), half-length FFT, post-processing.
+    big_n = n // 2
+    z_hi = hi.reshape(rows, n).view(mx.complex64)
+    z_lo = None if lo is None else lo.reshape(rows, n).view(mx.complex64)
+    if big_n > 1:
+        z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=False, scale_den=1,
+                                lo_out=True, backend=backend, stream=stream, nt=n)
+    return _real_kernel(z_hi, z_lo, rows, big_n, pre=False, scale_den=1, lo_out=lo_out,
+                        backend=backend, stream=stream)
+
+
+def _hermitian_extend(a, n: int):
+    """Full spectrum (rows, n) from the rfft half (rows, n//2 + 1): X_(n-k) =
+    conj(X_k) (exact word operations)."""
+    if a is None:
+        return None
+    return mx.concatenate([a, mx.conj(a[:, n - n // 2 - 1:0:-1])], axis=1)
+
+
+# ---- the cpu backend: native float64 --------------------------------------------
+
+
+def _float64(x) -> np.ndarray:
+    if isinstance(x, DoubleWord):
+        return x.to_float64()
+    a = np.asarray(x)  # a view of the MLX buffer: the float64 copy is the only one
+    return a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
+
+
+def _np_fft(kind: str, x: np.ndarray, n: int, axis: int) -> np.ndarray:
+    """The float64 <kind> transform (:func:`mlx_precise.fft.cpu.transform`: scipy.fft
+    with threads); x is our own float64 copy, which the transform may reuse."""
+    from .cpu import transform
+
+    return transform(kind, x, n, axis, overwrite=True)
+
+
+def _cpu_result(y: np.ndarray, round_output: bool):
+    """One rounding of the float64 / complex128 result, or its split."""
+    return from_float64_result(np.ascontiguousarray(y), round_output)
+
+
+# ---- public API --------------------------------------------------------------------
+
+
+def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
+    x = _as_input(x, "x")
+    ax = _check_axis(x.ndim, axis, "x")
+    n = _check_n(n, x.shape[ax])
+    name = backends.resolve(backend)
+    if name == "cpu":
+        return _cpu_result(_np_fft("ifft" if inverse else "fft", _float64(x), n, ax),
+                           round_output)
+    real_in = x.dtype == mx.float32
+    hi, lo = _words(x, complex_out=inverse)
+    lead, rows = _batch(hi, ax)
+    if rows == 0:
+        return _empty(lead, n, mx.complex64, ax, round_output)
+    hi, lo = _to_rows(hi, ax, n), _to_rows(lo, ax, n)
+    if real_in and not inverse:  # half the work, and exact Hermitian symmetry
+        y_hi, y_lo = _in_range(
+            lambda h, l: _rfft_rows(h, l, rows, n, lo_out=not round_output, backend=name,
+                                    stream=stream), hi, lo, _growth_log2(n) + 1)
+        y_hi, y_lo = _hermitian_extend(y_hi, n), _hermitian_extend(y_lo, n)
+    else:
+        y_hi, y_lo = _in_range(
+            lambda h, l: _cfft_rows(h, l, rows, n, inverse=inverse,
+                                    scale_den=n if inverse else 1, lo_out=not round_output,
+                                    backend=name, stream=stream), hi, lo, _growth_log2(n))
+    return _finish(y_hi, y_lo, lead, ax, round_output)
+
+
+def _rfft_words(x, n, axis, round_output, backend, stream):
+    x = _as_input(x, "x", real_only=True)
+    ax = _check_axis(x.ndim, axis, "x")
+    n = _check_n(n, x.shape[ax])
+    name = backends.resolve(backend)
+    if name == "cpu":
+        return _cpu_result(_np_fft("rfft", _float64(x), n, ax), round_output)
+    hi, lo = _words(x, complex_out=False)
+    lead, rows = _batch(hi, ax)
+    if rows == 0:
+        return _empty(lead, n // 2 + 1, mx.complex64, ax, round_output)
+    y_hi, y_lo = _in_range(
+        lambda h, l: _rfft_rows(h, l, rows, n, lo_out=not round_output, backend=name,
+                                stream=stream),
+        _to_rows(hi, ax, n), _to_rows(lo, ax, n), _growth_log2(n) + 1)
+    return _finish(y_hi, y_lo, lead, ax, round_output)
+
+
+def _irfft_words(X, n, axis, round_output, backend, stream):
+    X = _as_input(X, "X")
+    ax = _check_axis(X.ndim, axis, "X")
+    n = _check_n(n, 2 * (X.shape[ax] - 1))
+    name = backends.resolve(backend)
+    if name == "cpu":
+        return _cpu_result(_np_fft("irfft", _float64(X), n, ax), round_output)
+    hi, lo = _words(X, complex_out=True)
+    lead, rows = _batch(hi, ax)
+    if rows == 0:
+        return _empty(lead, n, mx.float32, ax, round_output)
+    m = n // 2 + 1
+    growth = _growth_log2(n) if n % 2 else _growth_log2(n // 2) + 2  # + pre-processing
+    y_hi, y_lo = _in_range(
+        lambda h, l: _irfft_rows(h, l, rows, n, round_output, name, stream),
+        _to_rows(hi, ax, m), _to_rows(lo, ax, m), growth)
+    return _finish(y_hi, y_lo, lead, ax, round_output)
+
+
+def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream):
+    """irfft of complex64 (rows, n//2 + 1) words: float32 (rows, n) (hi, lo or None)."""
+    m = n // 2 + 1
+    if n % 2:  # odd: Hermitian extension to n points, complex inverse, real part
+        def extend(a):
+            first = mx.real(a[:, :1]).astype(mx.complex64)  # Im X_0 ignored
+            return mx.concatenate([first, a[:, 1:], mx.conj(a[:, m - 1:0:-1])], axis=1)
+
+        y_hi, y_lo = _cfft_rows(extend(hi), None if lo is None else extend(lo), rows, n,
+                                inverse=True, scale_den=n, lo_out=not round_output,
+                                backend=name, stream=stream)
+        y_hi = mx.real(y_hi)
+        y_lo = None if y_lo is None else mx.real(y_lo)
+    else:
+        big_n = n // 2
+        single = big_n == 1  # no complex FFT runs: the kernel applies the 1/2
+        z_hi, z_lo = _real_kernel(hi, lo, rows, big_n, pre=True, scale_den=n if single else 1,
+                                  lo_out=not (single and round_output), backend=name,
+                                  stream=stream)
+        if not single:
+            z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=True, scale_den=n,
+                                    lo_out=not round_output, backend=name, stream=stream,
+                                    nt=n)
+        y_hi = mx.contiguous(z_hi).view(mx.float32).reshape(rows, n)
+        y_lo = None if z_lo is None else mx.contiguous(z_lo).view(mx.float32).reshape(rows, n)
+    return y_hi, y_lo
+
+
+def transform_words(kind: str, x, n, axis, round_output: bool, backend, stream):
+    """One 1-D transform ``kind`` (fft, ifft, rfft, irfft) with no autodiff
+    wrapper: the building block of :mod:`mlx_precise.fft.nd`."""
+    if kind in ("fft", "ifft"):
+        return _complex_transform(x, n, axis, kind == "ifft", round_output, backend, stream)
+    return (_rfft_words if kind == "rfft" else _irfft_words)(x, n, axis, round_output, backend,
+                                                             stream)
