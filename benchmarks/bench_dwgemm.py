@@ -1,8 +1,11 @@
-"""The double-word matrix product (mlx_precise.dwgemm): measured accuracy, timings,
+"""The double-word matrix product (mlx_precise.linalg.gemm): measured accuracy, timings,
 and the cost model against the split-integer (Ozaki) scheme on the int8 engine.
 
-    python benchmarks/bench_dwgemm.py            # everything (about 20 s on 2 cores)
-    python benchmarks/bench_dwgemm.py --quick    # small sizes only
+    python benchmarks/bench_dwgemm.py [--backend cpu|emulate] [--full | --quick]
+
+Default: the cpu and emulate engines side by side (about 20 s on 2 cores);
+``--backend`` measures that engine alone, ``--quick`` small sizes only, ``--full``
+adds 512 x 512 x 512 to the timings.
 
 Accuracy: each output's error |C - C_exact| is computed exactly rounded (math.fsum
 of the exact float64 products of the float32 words, minus the two result words) and
@@ -26,7 +29,8 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from mlx_precise import dwgemm, ozaki
+from mlx_precise import ozaki
+from mlx_precise.linalg import gemm as dwgemm
 from mlx_precise.doubleword import DoubleWord
 
 U2 = 2.0**-48
@@ -69,11 +73,12 @@ def exact_errors(c: DoubleWord, a: DoubleWord, b: DoubleWord):
     return rel, rounded_ok
 
 
-def accuracy(quick: bool) -> None:
+def accuracy(quick: bool, backends: list[str]) -> None:
     rng = np.random.default_rng(0)
-    print("## Accuracy (max |C - C_exact| / (K u^2 S); share exactly rounded after one rounding)\n")
-    print("| case | M x K x N | cpu | emulate | float32 matmul | exactly rounded (emulate / float32) |")
-    print("|---|---|---|---|---|---|")
+    print("### Accuracy (max |C - C_exact| / (K u^2 S); share exactly rounded after one rounding)\n")
+    print("| case | M x K x N | " + " | ".join(backends) + " | float32 matmul | exactly "
+          f"rounded ({backends[-1]} / float32) |")
+    print("|---|---|" + "---|" * len(backends) + "---|---|")
     cases = [("random, phi = 1", 64, 128, 64, 1.0, False),
              ("random, phi = 4", 32, 128, 32, 4.0, False),
              ("K = 1", 16, 1, 16, 1.0, False),
@@ -91,18 +96,18 @@ def accuracy(quick: bool) -> None:
             av, bv = rand(rng, (m, k), phi), rand(rng, (k, n), phi)
         a, b = DoubleWord.from_float64(av), DoubleWord.from_float64(bv)
         row = []
-        for backend in ("cpu", "emulate"):
+        for backend in backends:
             rel, ok = exact_errors(dwgemm.matmul(a, b, backend), a, b)
             row.append(f"{rel.max():.3f}")
         c32 = DoubleWord.from_float32(mx.matmul(a.round(), b.round()))
         rel32, ok32 = exact_errors(c32, a, b)
-        print(f"| {name} | {m} x {k} x {n} | {row[0]} | {row[1]} | {rel32.max():.3g} | "
+        print(f"| {name} | {m} x {k} x {n} | " + " | ".join(row) + f" | {rel32.max():.3g} | "
               f"{100 * ok.mean():.1f}% / {100 * ok32.mean():.1f}% |", flush=True)
 
 
 def split_integer_accuracy() -> None:
     m, k, n = 64, 128, 64
-    print("\n## Split-integer scheme on the same values "
+    print("\n### Split-integer scheme on the same values "
           f"({m} x {k} x {n}; 7-bit slices; max err / (K u^2 S))\n")
     kinds = [("double-word, phi = 1", 1.0, False), ("float32 (lo = 0), phi = 1", 1.0, True),
              ("float32 (lo = 0), phi = 0", 0.0, True)]
@@ -142,10 +147,11 @@ def _median_last(fns: dict, bursts: int, burst: int) -> dict:
     return {name: statistics.median(v) for name, v in times.items()}
 
 
-def timings(quick: bool) -> None:
+def timings(quick: bool, full: bool, backends: list[str]) -> None:
     rng = np.random.default_rng(2)
     sizes = [(64, 128, 64)] if quick else [(64, 128, 64), (128, 256, 128), (256, 256, 256)]
-    print("\n## Timings (ms, median; this machine's CPU)\n")
+    sizes += [(512, 512, 512)] if full else []
+    print("\n### Timings (ms, median; this machine's CPU)\n")
     print("| M x K x N | DW cpu (MLX float64) | float32 mx.matmul (CPU) | DW emulate | "
           "split-int emulate, 8 slices | DW emulate ns per output x K |")
     print("|---|---|---|---|---|---|")
@@ -161,16 +167,21 @@ def timings(quick: bool) -> None:
             "emulate": lambda: (lambda c: (c.hi, c.lo))(dwgemm.matmul(a, b, "emulate")),
             "ozaki": lambda: ozaki.dgemm_emulated(a64, b64, slices=8, backend="emulate"),
         }
-        t = _median_last(fns, bursts=3, burst=2)
-        print(f"| {m} x {k} x {n} | {1e3 * t['cpu']:.2f} | {1e3 * t['f32']:.2f} | "
-              f"{1e3 * t['emulate']:.1f} | {1e3 * t['ozaki']:.1f} | "
-              f"{1e9 * t['emulate'] / (m * n * k):.2f} |", flush=True)
+        if "emulate" not in backends:
+            fns.pop("emulate"), fns.pop("ozaki")
+        if "cpu" not in backends:
+            fns.pop("cpu")
+        t = _median_last(fns, bursts=1 if quick else 3, burst=2)
+        cell = (lambda key, f: f.format(1e3 * t[key]) if key in t else "-")
+        per = f"{1e9 * t['emulate'] / (m * n * k):.2f}" if "emulate" in t else "-"
+        print(f"| {m} x {k} x {n} | {cell('cpu', '{:.2f}')} | {cell('f32', '{:.2f}')} | "
+              f"{cell('emulate', '{:.1f}')} | {cell('ozaki', '{:.1f}')} | {per} |", flush=True)
 
 
 def model() -> None:
     """Per output and per k, for a 4096^3 product, on an M2 Max."""
     m = n = k = 4096
-    print("\n## Metal cost model (M2 Max estimate, M = N = K = 4096)\n")
+    print("\n### Metal cost model (M2 Max estimate, M = N = K = 4096)\n")
     print("| engine | launches | instructions per output per k | bytes per output per k "
           "(tile loads) | compute ms | memory ms |")
     print("|---|---|---|---|---|---|")
@@ -194,13 +205,18 @@ def model() -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="small sizes only")
+    p.add_argument("--backend", choices=("cpu", "emulate"), default=None,
+                   help="measure this engine only (default: cpu and emulate side by side)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small sizes only")
+    size.add_argument("--full", action="store_true", help="also 512 x 512 x 512")
     args = p.parse_args()
-    print(f"MLX {mx.__version__}\n")
-    accuracy(args.quick)
-    if not args.quick:
+    backends = [args.backend] if args.backend else ["cpu", "emulate"]
+    print(f"MLX {mx.__version__}; engines: {', '.join(backends)}\n")
+    accuracy(args.quick, backends)
+    if not args.quick and "emulate" in backends:
         split_integer_accuracy()
-    timings(args.quick)
+    timings(args.quick, args.full, backends)
     model()
 
 

@@ -1,8 +1,8 @@
-"""Accuracy of the double-word elementary functions (mlx_precise.dwmath) against mpmath.
+"""Accuracy of the double-word elementary functions (mlx_precise.doubleword.functions) against mpmath.
 
 Prints, per function and backend, the largest relative error |computed - f(x)| / |f(x)|
 (as log2) over adversarial and random inputs: the table of docs/dwmath.md. The
-test suite (tests/test_dwmath.py) runs the same cases at a smaller size and asserts
+test suite (tests/doubleword/test_dwmath.py) runs the same cases at a smaller size and asserts
 the bounds.
 
     python benchmarks/bench_dwmath.py [--n 4000] [--backends cpu,emulate] [--seed 0]
@@ -22,7 +22,7 @@ import mpmath as mp
 import numpy as np
 
 from mlx_precise import DoubleWord
-from mlx_precise import dwmath
+from mlx_precise.doubleword import functions as dwmath
 
 PREC = 120
 
@@ -206,11 +206,18 @@ def measure(fn: str, n: int, backends, seed: int = 0) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--n", type=int, default=4000, help="random points per function")
+    p.add_argument("--n", type=int, default=None,
+                   help="random points per function (default 4000; --quick 200, --full 40000)")
     p.add_argument("--backends", default="cpu,emulate")
+    p.add_argument("--backend", default=None, help="one backend (overrides --backends)")
     p.add_argument("--seed", type=int, default=0)
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="200 random points per function")
+    size.add_argument("--full", action="store_true", help="40000 random points per function")
     args = p.parse_args(argv)
-    backends = args.backends.split(",")
+    if args.n is None:
+        args.n = 200 if args.quick else 40000 if args.full else 4000
+    backends = [args.backend] if args.backend else args.backends.split(",")
     print(f"max relative error (log2) over adversarial + {args.n} random points, seed "
           f"{args.seed}")
     print("| function | " + " | ".join(backends) + " |")

@@ -1,4 +1,4 @@
-"""Double-word elementary functions (mlx_precise.dwmath) on cpu and emulate, against
+"""Double-word elementary functions (mlx_precise.doubleword.functions) on cpu and emulate, against
 mpmath (the cases and the oracle of benchmarks/bench_dwmath.py: adversarial points
 near multiples of pi/2, exp near overflow, log near 1, erf tails, tanh near 0, pow
 near overflow with x near 1, complex exp with |b| up to 2^20, and random ones)."""
@@ -11,10 +11,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_precise import DoubleWord, dwmath
+from mlx_precise import DoubleWord
+from mlx_precise.doubleword import functions as dwmath
 from mlx_precise.doubleword import complex_from_parts
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_dwmath as bench  # noqa: E402
 
 BACKENDS = ("cpu", "emulate")

@@ -32,9 +32,9 @@ import math
 
 import mlx.core as mx
 
-from .core import backends
-from .doubleword import DoubleWord, complex_from_parts
-from .core.kernels import Kernel
+from ..core import backends
+from ..doubleword import DoubleWord, complex_from_parts
+from ..core.kernels import Kernel
 
 F32, C64, F64 = mx.float32, mx.complex64, mx.float64
 

@@ -1,4 +1,4 @@
-"""The double-word matrix product (mlx_precise.dwgemm) against exact rationals.
+"""The double-word matrix product (mlx_precise.linalg.gemm) against exact rationals.
 
 Every product of two float32 words is an exact integer multiple of a power of two,
 so the oracle (tests/oracle.py: Python integers) computes A B + D exactly; the
@@ -13,7 +13,7 @@ import pytest
 from oracle import U2, Exact, is_normalised, rel_le, rel_u2
 from test_lazy_glue import lazy_metal  # noqa: F401  (the fixture)
 
-from mlx_precise import dwgemm
+from mlx_precise.linalg import gemm as dwgemm
 from mlx_precise.doubleword import DoubleWord
 
 BACKENDS = ("cpu", "emulate")
