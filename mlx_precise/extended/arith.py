@@ -30,7 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..doubleword.words import CDW_OPS, DW_OPS, DoubleWord
-from .carry import suspended
+from .carry import check_traceable, suspended
 
 F32, C64, F64 = mx.float32, mx.complex64, mx.float64
 _DW_ADD, _DW_MUL, _DW_DIV = 4, 6, 7  # OP codes of the dw_ops kernel
@@ -287,6 +287,8 @@ def binary(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream=None) -> 
         op, y = "add", neg(y)
     if backend == "cpu":
         return _cpu(op, x, y)
+    if backend != "metal":  # the emulator evaluates its inputs
+        check_traceable((x.hi, x.lo, y.hi, y.lo), f"double-word {op}", backend)
     return DoubleWord(*_differentiable(op, backend, stream)(x.hi, x.lo, y.hi, y.lo))
 
 
@@ -304,6 +306,8 @@ def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: st
             s = _from64(*(None if v is None else mx.sum(v, axis=list(axes), keepdims=keepdims)
                           for v in (re, im)))
         return s
+    if backend != "metal":  # the emulator evaluates its inputs
+        check_traceable((x.hi, x.lo), "double-word sum", backend)
     order = keep + list(axes)
     m = int(np.prod([x.shape[d] for d in keep]))
     n = int(np.prod([x.shape[d] for d in axes]))

@@ -123,12 +123,15 @@ def _wrapper(name: str, original, rule):
         if report is None:
             return original(*args, **kwargs)
         token = _report.set(None)  # the rule and MLX's op below see plain MLX
+        nested = carry.any_nested(args)
         try:
             if rule is not None:
                 ctx = rules.Operands(backends.backend(), None, report)
                 out = rule(ctx, original, *args, **kwargs)
                 if out is not NotImplemented:
                     report.extended[name] += 1
+                    if nested:
+                        carry.tag_nested(out)
                     return out
             if _carries(args, kwargs):
                 report.float32[name] += 1
@@ -142,11 +145,41 @@ def _wrapper(name: str, original, rule):
             out = original(*args, **kwargs)
             if name in _INPLACE and args:
                 carry.attach(args[0], None)
+            if nested:
+                carry.tag_nested(out)
             return out
         finally:
             _report.reset(token)
 
     return functools.update_wrapper(call, original) if callable(original) else call
+
+
+_GRADIENTS = ("grad", "value_and_grad", "vjp", "jvp")
+
+
+def _gradient_wrapper(name: str, original):
+    """``mx.grad`` & co. inside a block: their results, when computed inside an
+    enclosing gradient trace, are tagged (see carry.check_traceable)."""
+
+    def transform(*args, **kwargs):
+        if name in ("vjp", "jvp"):  # computes at once
+            return _traced(original, args, kwargs)
+        fn = original(*args, **kwargs)
+        return functools.update_wrapper(lambda *a, **k: _traced(fn, a, k), fn, updated=())
+
+    return functools.update_wrapper(transform, original)
+
+
+def _traced(fn, args, kwargs):
+    outer = carry.depth.get()
+    token = carry.depth.set(outer + 1)
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        carry.depth.reset(token)
+    if outer and _report.get() is not None:
+        carry.tag_nested(out)
+    return out
 
 
 def _targets():
@@ -167,6 +200,8 @@ def _targets():
     for name, rule in rules.PROPERTIES.items():
         prop = getattr(mx.array, name)
         out.append((mx.array, name, prop, rule))
+    for name in _GRADIENTS:
+        out.append((mx, name, getattr(mx, name), _gradient_wrapper))
     return out
 
 
@@ -182,7 +217,9 @@ def _install() -> None:
     if not os.environ.get("MLX_DISABLE_COMPILE"):
         mx.disable_compile()
     for owner, name, original, rule in _targets():
-        if isinstance(original, property):
+        if rule is _gradient_wrapper:
+            setattr(owner, name, _gradient_wrapper(name, original))
+        elif isinstance(original, property):
             wrapped = _wrapper(name, original.__get__, rule)
             setattr(owner, name, property(wrapped, doc=original.__doc__))
         else:

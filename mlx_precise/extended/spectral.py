@@ -18,10 +18,11 @@ import mlx.core as mx
 from ..fft import nd as fftn
 from ..doubleword.words import DoubleWord
 from . import arith
-from .carry import attach, low_word, suspended
+from .carry import attach, check_traceable, low_word, suspended
 
 
-def words_op(forward: Callable, plain: Callable, operands: list[mx.array]) -> mx.array:
+def words_op(forward: Callable, plain: Callable, operands: list[mx.array], what: str = "",
+             backend: str = "metal") -> mx.array:
     """Run a double-word op on ``operands`` (float32 / complex64 arrays, each with
     its carried low word or exact) and attach the result's low word.
 
@@ -31,11 +32,17 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array]) -> mx
             op on the high words (its VJP is the op's VJP).
         operands: the op's array operands.
 
+        what, backend: the op's name and backend (errors name them); on a backend
+            that computes on the host, operands from a nested gradient are refused
+            (:func:`~mlx_precise.extended.carry.check_traceable`).
+
     Returns:
         the high words of the result (MLX's shape and dtype), low words attached.
         ``mx.grad`` through it gives ``plain``'s VJP for the high words (the low
         words are constants of relative size u).
     """
+    if backend != "metal":
+        check_traceable(operands, what, backend)
     n = len(operands)
     lows = [low_word(a) for a in operands]
     lows = [mx.zeros_like(a) if lo is None else lo for a, lo in zip(operands, lows)]
@@ -69,7 +76,7 @@ def transform(kind: str, a: mx.array, s, axes, norm: str, backend: str, stream) 
     kw = dict(backend=backend, stream=stream)
     return words_op(
         lambda x: fftn.transform(kind, _cast(x, kind), s, axes, norm, round_output=False, **kw),
-        lambda x: fftn.transform(kind, x, s, axes, norm, **kw), [a])
+        lambda x: fftn.transform(kind, x, s, axes, norm, **kw), [a], f"mx.fft ({kind})", backend)
 
 
 def conv(words_forward: Callable, plain: Callable, x: mx.array, w: mx.array,
@@ -87,4 +94,4 @@ def conv(words_forward: Callable, plain: Callable, x: mx.array, w: mx.array,
                 y = arith.binary("add", y, words_forward(a, b), backend, stream)
         return y
 
-    return words_op(forward, plain, [x, w])
+    return words_op(forward, plain, [x, w], "mx.conv1d", backend)

@@ -440,3 +440,28 @@ def test_var_and_grids(backend):
         assert np.max(np.abs(total - want)) <= 2.0**-47 * np.max(np.abs(want))
         assert share_exact(got, want) == 1.0
     assert rep.extended["var"] == 2 and rep.extended["linspace"] == 1
+
+
+def test_nested_gradients_never_return_zeros():
+    """MLX cuts the graph of an inner gradient's output when it is evaluated inside
+    an outer gradient trace: a host engine would return a zero second derivative.
+    The flow computes what it can (lazy float64 arithmetic on cpu) and refuses the
+    rest with a named error."""
+    from mlx_precise import TransformUnsupportedError
+
+    x, v = mx.array([1.0, 2.0, 3.0]), mx.array([0.5, 1.0, -1.0])
+    inner = (lambda b: mx.sum(b * b * b))  # gradient 3 b^2, Hessian diag(6 b)
+
+    def hvp(a):
+        return mx.sum(mx.grad(inner)(a) * v)
+
+    want = 6 * np.array([1.0, 2.0, 3.0]) * np.array(v)
+    with mp.use_backend("cpu"), mp.extended_precision():
+        np.testing.assert_allclose(np.array(mx.grad(hvp)(x)), want, rtol=1e-6)
+        with pytest.raises(TransformUnsupportedError, match="inside another gradient"):
+            mx.grad(lambda a: mx.sum(mx.fft.rfft(mx.grad(inner)(a)).real))(x)
+    with mp.use_backend("emulate"), mp.extended_precision():
+        with pytest.raises(TransformUnsupportedError, match="inside another gradient"):
+            mx.grad(hvp)(x)
+        # first order through the same ops is fine
+        np.testing.assert_allclose(np.array(mx.grad(inner)(x)), 3 * np.array(x) ** 2)

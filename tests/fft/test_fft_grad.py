@@ -113,6 +113,11 @@ def test_twins_second_order_and_model_gradients(backend):
 
     with mp.use_backend(backend), extended_precision():
         g = mx.grad(energy)(x)
+    # Second order: the outer sum and product of the inner gradient run on the host
+    # on emulate, which MLX cannot differentiate through (tests/extended/test_flow.py
+    # ::test_nested_gradients_never_return_zeros); the twins alone are differentiable
+    # twice on every backend.
+    with mp.use_backend(backend), extended_precision(intercept_mlx=backend == "cpu"):
         hv = mx.grad(lambda a: mx.sum(mx.grad(energy)(a) * v))(x)
     # sum |fft_48(a)|^2 = 48 sum a^2: gradient 96 a, Hessian 96 I.
     assert rel(g, 96 * np.array(x, np.float64)) <= 1e-7
@@ -133,9 +138,9 @@ def test_twins_second_order_and_model_gradients(backend):
     for name, got, p, ref in zip("ukD", grads, plain, float64_gradients(u, k, D, w)):
         print(f"{backend} d{name}: normwise {rel(got, ref):.1e} (float32 MLX {rel(p, ref):.1e})")
         assert rel(got, ref) <= 1e-7
-        # dD = sum g u involves no FFT, but the block's sum carries double-word
-        # values too (mlx_precise.extended): more accurate than float32 as well
-        assert rel(got, ref) < rel(p, ref)
+        # dD = sum g u involves no FFT: float32 VJPs on emulate (the same ops as
+        # MLX's), float64 ones on cpu (the flow's arithmetic is MLX float64 there)
+        assert rel(got, ref) < rel(p, ref) if name != "D" else rel(got, ref) <= rel(p, ref)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
