@@ -288,7 +288,7 @@ def binary(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream=None) -> 
     if backend == "cpu":
         return _cpu(op, x, y)
     if backend != "metal":  # the emulator evaluates its inputs
-        check_traceable((x.hi, x.lo, y.hi, y.lo), f"double-word {op}", backend)
+        check_traceable((x.hi, x.lo, y.hi, y.lo), f"double-word {op} on {backend!r}")
     return DoubleWord(*_differentiable(op, backend, stream)(x.hi, x.lo, y.hi, y.lo))
 
 
@@ -307,7 +307,7 @@ def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: st
                           for v in (re, im)))
         return s
     if backend != "metal":  # the emulator evaluates its inputs
-        check_traceable((x.hi, x.lo), "double-word sum", backend)
+        check_traceable((x.hi, x.lo), f"double-word sum on {backend!r}")
     order = keep + list(axes)
     m = int(np.prod([x.shape[d] for d in keep]))
     n = int(np.prod([x.shape[d] for d in axes]))

@@ -114,14 +114,14 @@ def any_nested(values) -> bool:
     return False
 
 
-def check_traceable(operands, what: str, backend: str) -> None:
+def check_traceable(operands, what: str) -> None:
     """Refuse to evaluate, on the host, a value computed by a gradient nested in
     another one (its enclosing derivative would come back as zeros)."""
     if any_nested(operands):
         from ..core.autodiff import TransformUnsupportedError
 
         raise TransformUnsupportedError(
-            f"{what} on backend {backend!r} computes on the host, and its operand comes from "
+            f"{what} computes on the host on this backend, and its operand comes from "
             "a gradient taken inside another gradient: evaluating it there would cut the "
             "outer derivative (MLX detaches it) and return zeros. Compute nested "
             "derivatives outside extended_precision(), or on the 'metal' backend")

@@ -200,9 +200,36 @@ def _targets():
     for name, rule in rules.PROPERTIES.items():
         prop = getattr(mx.array, name)
         out.append((mx.array, name, prop, rule))
+    for name, rule in rules.FAST.items():
+        out.append((mx.fast, name, getattr(mx.fast, name), rule))
     for name in _GRADIENTS:
         out.append((mx, name, getattr(mx, name), _gradient_wrapper))
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _uncompiled_activations() -> dict:
+    """mlx.nn's activation functions as plain Python functions.
+
+    mlx.nn compiles them at import (``mx.compile(shapeless=True)``); a compiled
+    function passes its inputs as new array objects, which carry no low word, so
+    inside a block it would round its inputs to float32 without a word. Executing
+    the installed module's own source once more with ``mx.compile`` as the identity
+    gives the same functions uncompiled; they stand in for the compiled ones while
+    a block is open (module globals, so the nn layers call them too)."""
+    import inspect
+
+    import mlx.nn.layers.activations as act
+
+    names = [n for n in dir(act) if type(getattr(act, n)).__name__ == "_gc_func"]
+    namespace = {"__name__": act.__name__, "__file__": act.__file__}
+    compile_ = mx.compile
+    mx.compile = lambda fun=None, *a, **k: fun if fun is not None else (lambda f: f)
+    try:
+        exec(compile(inspect.getsource(act), act.__file__, "exec"), namespace)
+    finally:
+        mx.compile = compile_
+    return {n: namespace[n] for n in names if callable(namespace.get(n))}
 
 
 _lock = threading.Lock()
@@ -216,6 +243,15 @@ def _install() -> None:
     # Python ops, which the flow sees. (MLX_DISABLE_COMPILE set: leave it alone.)
     if not os.environ.get("MLX_DISABLE_COMPILE"):
         mx.disable_compile()
+    import mlx.nn
+    import mlx.nn.layers.activations as act
+
+    for name, fn in _uncompiled_activations().items():
+        compiled = getattr(act, name)
+        for owner in (act, mlx.nn):
+            if getattr(owner, name, None) is compiled:
+                _saved.append((owner, name, compiled))
+                setattr(owner, name, fn)
     for owner, name, original, rule in _targets():
         if rule is _gradient_wrapper:
             setattr(owner, name, _gradient_wrapper(name, original))

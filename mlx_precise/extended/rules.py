@@ -29,9 +29,12 @@ import numbers
 import mlx.core as mx
 import numpy as np
 
+from ..doubleword import functions
 from ..doubleword.words import DoubleWord
+from ..linalg import gemm
 from . import arith, carry
 from .carry import attach, low_word
+from .engine import words_op
 
 _WORD_DTYPES = (mx.float32, mx.complex64)
 _SCALARS = (numbers.Number, np.number)
@@ -352,6 +355,218 @@ def _arange(ctx, original, *args, dtype=None, **kw):
     return _grid(float(start) + np.arange(n) * float(step), dtype)
 
 
+def _operand_array(v):
+    """An operand of an engine rule as an array: a scalar becomes a 0-d constant
+    carrying its second word."""
+    if isinstance(v, mx.array):
+        return v
+    c = arith.constant(v)
+    return attach(c.hi, c.lo)
+
+
+def _function(fn: str):
+    """An elementwise function of :mod:`mlx_precise.doubleword.functions`; its
+    gradient is MLX's float32 derivative of the function (of the high words).
+    ``exp`` also takes complex values."""
+
+    def rule(ctx, original, x, **kw):
+        if not is_word_array(x) or kw.get("stream") is not None:
+            return NotImplemented
+        if x.dtype == mx.complex64 and fn != "exp":
+            return NotImplemented
+        # the emulator evaluates; on cpu, erf is scipy's (host)
+        host = ctx.backend == "emulate" or (ctx.backend == "cpu" and fn == "erf")
+        return words_op(lambda X: functions.unary(fn, X, ctx.backend), original, [x],
+                        f"mx.{fn}", host)
+
+    return rule
+
+
+def _power(reverse: bool = False):
+    """``x ** y`` (``mx.power``, ``**``): small integer and half exponents by the
+    exact-rounding arithmetic rules, the rest by the double-word ``power``."""
+
+    def rule(ctx, original, x, y, **kw):
+        if reverse:
+            x, y = y, x
+        if kw.get("stream") is not None or not (is_word_array(x) or is_word_array(y)):
+            return NotImplemented
+        if any(isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (x, y)):
+            return NotImplemented
+        if words(x) is None or words(y) is None or _has_float64((x, y)):
+            return NotImplemented
+        if isinstance(y, (int, float)) and not isinstance(y, bool) and is_word_array(x):
+            w = words(x)
+            if y == 1:
+                return result(w)
+            if y == 2:
+                return result(arith.binary("mul", w, w, ctx.backend, ctx.stream))
+            if y == 0.5:
+                return _function("sqrt")(ctx, mx.sqrt, x)
+            if y == -1:
+                return _function("reciprocal")(ctx, mx.reciprocal, x)
+        a, b = _operand_array(x), _operand_array(y)
+        return words_op(lambda X, Y: functions.binary("power", X, Y, ctx.backend),
+                        lambda p, q: original(p, q) if not reverse else original(q, p),
+                        [a, b], "power", ctx.backend == "emulate")
+
+    return rule
+
+
+def _arctan2(ctx, original, a, b, **kw):
+    if kw.get("stream") is not None or not (is_word_array(a) or is_word_array(b)):
+        return NotImplemented
+    if words(a) is None or words(b) is None or _has_float64((a, b)) or any(
+            isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (a, b)):
+        return NotImplemented
+    return words_op(lambda X, Y: functions.binary("arctan2", X, Y, ctx.backend), original,
+                    [_operand_array(a), _operand_array(b)], "arctan2", ctx.backend == "emulate")
+
+
+def _matmul(reverse: bool = False):
+    """``a @ b`` (``mx.matmul``): the double-word GEMM of :mod:`mlx_precise.linalg`
+    (Dot2-style accumulation of exact products on metal / emulate, float64 on
+    cpu); the gradient is MLX's float32 matmul VJP."""
+
+    def rule(ctx, original, a, b, **kw):
+        if reverse:
+            a, b = b, a
+        if kw.get("stream") is not None or not (is_word_array(a) and is_word_array(b)):
+            return NotImplemented
+        plain = (lambda p, q: original(q, p)) if reverse else original
+        return words_op(lambda A, B: gemm.matmul(A, B, ctx.backend), plain, [a, b], "matmul",
+                        ctx.backend == "emulate")
+
+    return rule
+
+
+def _addmm(c, a, b, alpha=1.0, beta=1.0):
+    """``mx.addmm``: ``alpha (a @ b) + beta c`` (nn.Linear's bias term)."""
+    ab = a @ b
+    ab = ab if alpha == 1 else ab * alpha
+    return ab + (c if beta == 1 else c * beta)
+
+
+def _stopped_max(x, axis):
+    """The float32 maximum of the high words, a constant shift (no rounding of the
+    result depends on it: softmax and logsumexp are invariant under it)."""
+    with carry.suspended():
+        return mx.stop_gradient(mx.max(x.real if x.dtype == mx.complex64 else x, axis=axis,
+                                       keepdims=True))
+
+
+def _softmax(x, axis=None, precise=False, **kw):
+    m = _stopped_max(x, axis)
+    e = mx.exp(x - mx.where(mx.isfinite(m), m, 0.0))
+    return e / mx.sum(e, axis=axis, keepdims=True)
+
+
+def _logsumexp(x, axis=None, keepdims=False, **kw):
+    m = mx.where(mx.isfinite(_stopped_max(x, axis)), _stopped_max(x, axis), 0.0)
+    s = mx.log(mx.sum(mx.exp(x - m), axis=axis, keepdims=True)) + m
+    return s if keepdims else mx.squeeze(s, axis=axis) if axis is not None else s.reshape(())
+
+
+def _logaddexp(a, b, **kw):
+    """``log(e^a + e^b) = max + log1p(e^(-|a - b|))``."""
+    m = mx.maximum(a, b)
+    return m + mx.log1p(mx.exp(-mx.abs(a - b)))
+
+
+def _std(a, axis=None, keepdims=False, ddof=0, **kw):
+    return mx.sqrt(mx.var(a, axis=axis, keepdims=keepdims, ddof=ddof))
+
+
+def _layer_norm(x, weight, bias, eps):
+    """``mx.fast.layer_norm`` over the last axis: two-pass mean and variance."""
+    mean = mx.mean(x, axis=-1, keepdims=True)
+    d = x - mean
+    y = d * mx.rsqrt(mx.mean(d * d, axis=-1, keepdims=True) + eps)
+    y = y if weight is None else y * weight
+    return y if bias is None else y + bias
+
+
+def _rms_norm(x, weight, eps):
+    y = x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + eps)
+    return y if weight is None else y * weight
+
+
+def _tensordot(a, b, axes=2, **kw):
+    """Contract the last ``axes`` axes of a with the first of b (or the listed
+    pairs) by one double-word matmul."""
+    if isinstance(axes, int):
+        ax_a = list(range(a.ndim - axes, a.ndim))
+        ax_b = list(range(axes))
+    else:
+        ax_a = [int(v) % a.ndim for v in axes[0]]
+        ax_b = [int(v) % b.ndim for v in axes[1]]
+    free_a = [d for d in range(a.ndim) if d not in ax_a]
+    free_b = [d for d in range(b.ndim) if d not in ax_b]
+    k = int(np.prod([a.shape[d] for d in ax_a]))
+    A = mx.transpose(a, free_a + ax_a).reshape(-1, k)
+    B = mx.transpose(b, ax_b + free_b).reshape(k, -1)
+    return (A @ B).reshape([a.shape[d] for d in free_a] + [b.shape[d] for d in free_b])
+
+
+def _inner(a, b, **kw):
+    return _tensordot(a, b, axes=([-1], [-1])) if a.ndim and b.ndim else a * b
+
+
+def _outer(a, b, **kw):
+    return a.reshape(-1, 1) * b.reshape(1, -1)
+
+
+def _einsum_plan(spec: str, ndims: tuple[int, ...]):
+    """Batch / contracted / free letters of a two-operand einsum without ellipsis or
+    repeated letters within an operand; None when it is not of that kind."""
+    if "..." in spec or "->" not in spec:
+        return None
+    ins, out = spec.replace(" ", "").split("->")
+    terms = ins.split(",")
+    if len(terms) != 2 or any(len(set(t)) != len(t) for t in terms + [out]):
+        return None
+    ta, tb = terms
+    if (len(ta), len(tb)) != ndims:
+        return None
+    batch = [c for c in out if c in ta and c in tb]
+    contract = [c for c in ta if c in tb and c not in out]
+    fa = [c for c in ta if c not in tb]
+    fb = [c for c in tb if c not in ta]
+    if any(c not in out for c in fa + fb) or set(out) != set(batch + fa + fb):
+        return None
+    return ta, tb, out, batch, contract, fa, fb
+
+
+def _einsum(spec, *operands, **kw):
+    """Two-operand contractions as one batched double-word matmul (others: MLX)."""
+    if len(operands) != 2 or kw:
+        return NotImplemented
+    a, b = operands
+    plan = _einsum_plan(spec, (a.ndim, b.ndim))
+    if plan is None:
+        return NotImplemented
+    ta, tb, out, batch, contract, fa, fb = plan
+    size = {**dict(zip(ta, a.shape)), **dict(zip(tb, b.shape))}
+    dims = (lambda letters: [size[c] for c in letters])
+    A = mx.transpose(a, [ta.index(c) for c in batch + fa + contract])
+    B = mx.transpose(b, [tb.index(c) for c in batch + contract + fb])
+    n_b = int(np.prod(dims(batch)))
+    m, k, n = (int(np.prod(dims(x))) for x in (fa, contract, fb))
+    C = A.reshape(n_b, m, k) @ B.reshape(n_b, k, n)
+    C = C.reshape(dims(batch) + dims(fa) + dims(fb))
+    order = batch + fa + fb
+    return mx.transpose(C, [order.index(c) for c in out]) if order != list(out) else C
+
+
+def _einsum_rule(ctx, original, spec, *operands, **kw):
+    if not isinstance(spec, str) or not all(is_word_array(o) for o in operands):
+        return NotImplemented
+    if len(operands) != 2 or kw or _einsum_plan(spec, tuple(o.ndim for o in operands)) is None:
+        return NotImplemented
+    with carry.reporting(ctx.report):
+        return _einsum(spec, *operands)
+
+
 # ---- the table -----------------------------------------------------------------------
 
 SHAPE_OPS = ("reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze",
@@ -369,6 +584,12 @@ FUNCTIONS = {
     "maximum": _extremum(True), "minimum": _extremum(False), "where": _where,
     "sum": _reduction(False), "mean": _reduction(True),
     "var": _decomposed(_var), "linspace": _linspace, "arange": _arange,
+    **{fn: _function(fn) for fn in functions.UNARY},
+    "power": _power(), "arctan2": _arctan2, "atan2": _arctan2,
+    "matmul": _matmul(), "addmm": _decomposed(_addmm), "tensordot": _decomposed(_tensordot),
+    "inner": _decomposed(_inner), "outer": _decomposed(_outer), "einsum": _einsum_rule,
+    "softmax": _decomposed(_softmax), "logsumexp": _decomposed(_logsumexp),
+    "logaddexp": _decomposed(_logaddexp), "std": _decomposed(_std),
     "pad": _pad, "split": _words(), "concatenate": _words(listed=True),
     "concat": _words(listed=True), "stack": _words(listed=True),
     **{name: _words() for name in SHAPE_OPS},
@@ -383,12 +604,20 @@ METHODS = {
     "__neg__": _exact1(arith.neg), "__abs__": _exact1(_abs), "abs": _exact1(_abs),
     "conj": _exact1(arith.conj), "square": _square,
     "sum": _reduction(False), "mean": _reduction(True), "var": _decomposed(_var),
+    "std": _decomposed(_std), "logsumexp": _decomposed(_logsumexp),
+    "__pow__": _power(), "__rpow__": _power(reverse=True),
+    "__matmul__": _matmul(), "__rmatmul__": _matmul(reverse=True),
+    **{fn: _function(fn) for fn in ("exp", "log", "log1p", "log2", "log10", "sin", "cos", "sqrt",
+                                    "rsqrt", "reciprocal")},
     "__getitem__": _getitem, "__setitem__": _setitem, "__iter__": _iter,
     "__iadd__": _inplace("add"), "__isub__": _inplace("sub"), "__imul__": _inplace("mul"),
     "__itruediv__": _inplace("div"), "astype": _astype, "split": _words(),
     **{name: _words() for name in ("reshape", "transpose", "swapaxes", "moveaxis", "squeeze",
                                    "flatten", "diagonal")},
 }
+
+# mx.fast function name -> rule
+FAST = {"layer_norm": _decomposed(_layer_norm), "rms_norm": _decomposed(_rms_norm)}
 
 # mx.array property name -> rule
 PROPERTIES = {"real": _property(_real), "imag": _property(_imag), "T": _property(),
