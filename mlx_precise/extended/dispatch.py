@@ -187,7 +187,9 @@ def _targets():
     out = []
     for name in dir(mx):
         value = getattr(mx, name)
-        if name.startswith("_") or name in _NOT_OPS or type(value).__name__ != "nb_func":
+        # nb_func: MLX's own functions; conv1d: mlx_precise's interception of it
+        if name.startswith("_") or name in _NOT_OPS or (
+                type(value).__name__ != "nb_func" and name not in rules.FUNCTIONS):
             continue
         out.append((mx, name, value, rules.FUNCTIONS.get(name)))
     for name in dir(mx.array):

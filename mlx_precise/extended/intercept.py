@@ -37,14 +37,12 @@ import threading
 import mlx.core as mx
 
 from .. import extended as flow
-from ..conv.depthwise import depthwise_conv_extended
 from ..core import backends
 from ..core.autodiff import TransformUnsupportedError
 from ..core.context import intercepting
 # The original MLX functions, captured before anything is replaced: the package's
 # own plain paths call these, never the dispatchers.
 from ..core.plain import FFT_NAMES, plain
-from ..doubleword.words import DoubleWord
 from ..fft.nd import transform
 from . import spectral
 
@@ -167,33 +165,6 @@ def _fft_dispatcher(name: str):
     return dispatch
 
 
-def _depthwise(x, w, stride: int, padding: int, dilation: int, backend: str, stream,
-               round_output: bool = True):
-    """MLX's ``conv1d(x, w, stride, padding, dilation, groups=C)`` with
-    x (N, L, C) float32 and w (m C, K, 1) float32, through the causal double-word
-    depthwise kernel: pad x by ``padding`` on both sides, spread the taps by
-    ``dilation`` (zeros between them), keep every ``stride``-th output from
-    index K' - 1 (K' = dilation (K - 1) + 1). ``round_output=False``: a
-    DoubleWord."""
-    C, (Cout, K, _) = x.shape[2], w.shape
-    xe = x.transpose(0, 2, 1)  # (N, C, L)
-    if Cout != C:  # channel multiplier m: output channel o reads input channel o // m
-        xe = mx.repeat(xe, Cout // C, axis=1)
-    if padding:
-        xe = mx.pad(xe, [(0, 0), (0, 0), (padding, padding)])
-    we = w[:, :, 0]
-    if dilation > 1:
-        gaps = mx.zeros((Cout, K, dilation - 1), mx.float32)
-        we = mx.concatenate([we[:, :, None], gaps], axis=2).reshape(Cout, -1)
-        we = we[:, : dilation * (K - 1) + 1]
-    y = depthwise_conv_extended(xe, we, round_output=round_output, backend=backend,
-                                stream=stream)
-    if not round_output:
-        return DoubleWord(*(v[:, :, we.shape[1] - 1::stride].transpose(0, 2, 1)
-                            for v in (y.hi, y.lo)))
-    return y[:, :, we.shape[1] - 1::stride].transpose(0, 2, 1)
-
-
 def _conv1d_dispatcher():
     original = plain.conv1d
 
@@ -203,27 +174,14 @@ def _conv1d_dispatcher():
         if not intercepting():
             return original(*args, stream=stream)
         ref = original(*args, stream=stream)  # lazy: MLX checks the arguments
-        depthwise = (isinstance(input, mx.array) and isinstance(weight, mx.array)
-                     and input.dtype == mx.float32 and weight.dtype == mx.float32
-                     and input.ndim == 3 and weight.ndim == 3 and groups == input.shape[2]
-                     and weight.shape[2] == 1 and weight.shape[0] % groups == 0)
-        if not depthwise:
+        if not spectral.is_depthwise(input, weight, groups):
             return ref
+        # Inside a block with the flow on, the flow's conv1d rule ran before this
+        # (carrying double-word values); here each call is rounded on its own.
         geometry = (int(stride), int(padding), int(dilation))
-        report = flow.active()
-
-        def run(backend):
-            if report is None:
-                return _depthwise(input, weight, *geometry, backend, stream)
-            with flow.suspended():  # the double-word flow: words in, words out
-                return spectral.conv(
-                    lambda x, w: _depthwise(x, w, *geometry, backend, stream, False),
-                    lambda x, w: original(x, w, *geometry, groups, stream=stream),
-                    input, weight, backend, stream)
-
-        y = _guard_transforms(run, "mx.conv1d")
-        if report is not None:
-            report.extended["conv1d"] += 1
+        y = _guard_transforms(
+            lambda backend: spectral.depthwise(input, weight, *geometry, backend, stream),
+            "mx.conv1d")
         if tuple(y.shape) != tuple(ref.shape):
             raise AssertionError(f"mlx_precise: extended mx.conv1d gave {y.shape}, "
                                  f"MLX {ref.shape}")

@@ -32,7 +32,7 @@ import numpy as np
 from ..doubleword import functions
 from ..doubleword.words import DoubleWord
 from ..linalg import gemm
-from . import arith, carry
+from . import arith, carry, spectral
 from .carry import attach, low_word
 from .engine import words_op
 
@@ -567,6 +567,19 @@ def _einsum_rule(ctx, original, spec, *operands, **kw):
         return _einsum(spec, *operands)
 
 
+def _conv1d(ctx, original, input, weight, stride=1, padding=0, dilation=1, groups=1,
+            stream=None):
+    """``mx.conv1d``: depthwise convolutions through the double-word depthwise
+    kernel (spectral.depthwise), words in and out."""
+    if stream is not None or not spectral.is_depthwise(input, weight, groups):
+        return NotImplemented
+    geometry = (int(stride), int(padding), int(dilation))
+    plain = mx.conv1d if original is None else original
+    return spectral.conv(
+        lambda x, w: spectral.depthwise(x, w, *geometry, ctx.backend, None, False),
+        lambda x, w: plain(x, w, *geometry, groups), input, weight, ctx.backend, None)
+
+
 # ---- the table -----------------------------------------------------------------------
 
 SHAPE_OPS = ("reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze",
@@ -583,7 +596,7 @@ FUNCTIONS = {
     "abs": _exact1(_abs), "square": _square,
     "maximum": _extremum(True), "minimum": _extremum(False), "where": _where,
     "sum": _reduction(False), "mean": _reduction(True),
-    "var": _decomposed(_var), "linspace": _linspace, "arange": _arange,
+    "var": _decomposed(_var), "linspace": _linspace, "arange": _arange, "conv1d": _conv1d,
     **{fn: _function(fn) for fn in functions.UNARY},
     "power": _power(), "arctan2": _arctan2, "atan2": _arctan2,
     "matmul": _matmul(), "addmm": _decomposed(_addmm), "tensordot": _decomposed(_tensordot),

@@ -16,6 +16,7 @@ from typing import Callable
 
 import mlx.core as mx
 
+from ..conv.depthwise import depthwise_conv_extended
 from ..doubleword.words import DoubleWord
 from ..fft import nd as fftn
 from . import arith
@@ -39,6 +40,43 @@ def transform(kind: str, a: mx.array, s, axes, norm: str, backend: str, stream) 
         lambda x: fftn.transform(kind, _cast(x, kind), s, axes, norm, round_output=False, **kw),
         lambda x: fftn.transform(kind, x, s, axes, norm, **kw), [a], f"mx.fft ({kind})",
         backend != "metal")
+
+
+def is_depthwise(x, w, groups) -> bool:
+    """MLX's ``conv1d`` arguments of a depthwise convolution of float32 values
+    (x (N, L, C), w (m C, K, 1), groups = C): the double-word kernel's case."""
+    return (isinstance(x, mx.array) and isinstance(w, mx.array)
+            and x.dtype == mx.float32 and w.dtype == mx.float32
+            and x.ndim == 3 and w.ndim == 3 and groups == x.shape[2]
+            and w.shape[2] == 1 and w.shape[0] % groups == 0)
+
+
+def depthwise(x, w, stride: int, padding: int, dilation: int, backend: str, stream,
+              round_output: bool = True):
+    """MLX's ``conv1d(x, w, stride, padding, dilation, groups=C)`` with
+    x (N, L, C) float32 and w (m C, K, 1) float32, through the causal double-word
+    depthwise kernel: pad x by ``padding`` on both sides, spread the taps by
+    ``dilation`` (zeros between them), keep every ``stride``-th output from
+    index K' - 1 (K' = dilation (K - 1) + 1). ``round_output=False``: a
+    DoubleWord."""
+    C, (Cout, K, _) = x.shape[2], w.shape
+    xe = x.transpose(0, 2, 1)  # (N, C, L)
+    if Cout != C:  # channel multiplier m: output channel o reads input channel o // m
+        xe = mx.repeat(xe, Cout // C, axis=1)
+    if padding:
+        xe = mx.pad(xe, [(0, 0), (0, 0), (padding, padding)])
+    we = w[:, :, 0]
+    if dilation > 1:
+        gaps = mx.zeros((Cout, K, dilation - 1), mx.float32)
+        we = mx.concatenate([we[:, :, None], gaps], axis=2).reshape(Cout, -1)
+        we = we[:, : dilation * (K - 1) + 1]
+    y = depthwise_conv_extended(xe, we, round_output=round_output, backend=backend,
+                                stream=stream)
+    if not round_output:
+        return DoubleWord(*(v[:, :, we.shape[1] - 1::stride].transpose(0, 2, 1)
+                            for v in (y.hi, y.lo)))
+    return y[:, :, we.shape[1] - 1::stride].transpose(0, 2, 1)
+
 
 
 def conv(words_forward: Callable, plain: Callable, x: mx.array, w: mx.array,
