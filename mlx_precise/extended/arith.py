@@ -322,3 +322,36 @@ def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: st
         w = binary("add", _map(lambda a: a[:, : k // 2], w), _map(lambda a: a[:, k // 2:], w),
                    backend, stream)
     return _map(lambda a: a.reshape(out_shape), w)
+
+
+def cumsum(x: DoubleWord, axis: int, reverse: bool, inclusive: bool, backend: str,
+           stream=None) -> DoubleWord:
+    """The running sum along ``axis`` (normalised): float64 on cpu; elsewhere the
+    Hillis-Steele scan, ceil(log2 n) steps of accurate double-word additions of
+    the array and its shifted copy (each output's error grows like
+    log2(n) (3u^2) sum |x|)."""
+    if reverse:
+        x = _map(lambda a: mx.flip(a, axis=axis), x)
+    n = x.shape[axis]
+    if backend == "cpu":
+        with mx.stream(mx.cpu):
+            re, im = _to64(x)
+            s = _from64(*(None if v is None else mx.cumsum(v, axis=axis) for v in (re, im)))
+    else:
+        check_traceable((x.hi, x.lo), f"double-word cumsum on {backend!r}")
+        s, d = x, 1
+        while d < n:
+            widths = [(0, 0)] * x.ndim
+            widths[axis] = (d, 0)
+            cut = [slice(None)] * x.ndim
+            cut[axis] = slice(0, n)
+            shifted = _map(lambda a: mx.pad(a, widths)[tuple(cut)], s)
+            s = binary("add", s, shifted, backend, stream)
+            d *= 2
+    if not inclusive:  # shift by one: 0, x0, x0 + x1, ...
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (1, 0)
+        cut = [slice(None)] * x.ndim
+        cut[axis] = slice(0, n)
+        s = _map(lambda a: mx.pad(a, widths)[tuple(cut)], s)
+    return _map(lambda a: mx.flip(a, axis=axis), s) if reverse else s

@@ -296,8 +296,42 @@ _imag = (lambda w: arith.parts(w)[1])
 
 
 def _abs(w: DoubleWord):
-    # |re + i im| needs a double-word square root: not a rule yet.
     return NotImplemented if arith.is_complex(w) else arith.abs(w)
+
+
+def _complex_abs(z):
+    """``|re + i im| = s sqrt((re/s)^2 + (im/s)^2)`` with ``s`` the power of two
+    nearest the larger part's high word (exact scalings: no overflow or underflow
+    of the squares, as MLX's float32 hypot avoids them)."""
+    with carry.suspended():  # the scale: built from the high words' float32 bits
+        m = mx.maximum(mx.abs(mx.real(z)), mx.abs(mx.imag(z)))
+        e = (m.view(mx.int32) >> 23) & 0xFF  # biased exponent (0: zero or subnormal)
+        e = mx.clip(e, 1, 254)
+        inv = ((254 - e) << 23).view(mx.float32)  # 2^(127 - e): exact
+        scale = (e << 23).view(mx.float32)  # 2^(e - 127)
+        scale, inv = mx.stop_gradient(scale), mx.stop_gradient(inv)
+    re, im = mx.real(z) * inv, mx.imag(z) * inv
+    return mx.sqrt(re * re + im * im) * scale
+
+
+def _abs_rule(ctx, original, x, **kw):
+    """``abs``: exact for real values, double-word ``hypot`` for complex ones."""
+    if not is_word_array(x) or kw.get("stream") is not None:
+        return NotImplemented
+    if x.dtype != mx.complex64:
+        return result(arith.abs(words(x)))
+    with carry.reporting(ctx.report):
+        return _complex_abs(x)
+
+
+def _cumsum(ctx, original, a, axis=None, *, reverse=False, inclusive=True, dtype=None,
+            stream=None):
+    if not is_word_array(a) or stream is not None or (dtype is not None and dtype != a.dtype):
+        return NotImplemented
+    if axis is None:
+        return _cumsum(ctx, original, a.reshape(-1), 0, reverse=reverse, inclusive=inclusive)
+    return result(arith.cumsum(words(a), int(axis) % max(a.ndim, 1), reverse, inclusive,
+                               ctx.backend))
 
 
 def _decomposed(fn):
@@ -593,7 +627,7 @@ FUNCTIONS = {
     "divide": _arith("div"),
     "negative": _exact1(arith.neg), "conjugate": _exact1(arith.conj),
     "conj": _exact1(arith.conj), "real": _exact1(_real), "imag": _exact1(_imag),
-    "abs": _exact1(_abs), "square": _square,
+    "abs": _abs_rule, "square": _square, "cumsum": _cumsum,
     "maximum": _extremum(True), "minimum": _extremum(False), "where": _where,
     "sum": _reduction(False), "mean": _reduction(True),
     "var": _decomposed(_var), "linspace": _linspace, "arange": _arange, "conv1d": _conv1d,
@@ -614,7 +648,7 @@ METHODS = {
     "__sub__": _arith("sub"), "__rsub__": _arith("sub", reverse=True),
     "__mul__": _arith("mul"), "__rmul__": _arith("mul", reverse=True),
     "__truediv__": _arith("div"), "__rtruediv__": _arith("div", reverse=True),
-    "__neg__": _exact1(arith.neg), "__abs__": _exact1(_abs), "abs": _exact1(_abs),
+    "__neg__": _exact1(arith.neg), "__abs__": _abs_rule, "abs": _abs_rule, "cumsum": _cumsum,
     "conj": _exact1(arith.conj), "square": _square,
     "sum": _reduction(False), "mean": _reduction(True), "var": _decomposed(_var),
     "std": _decomposed(_std), "logsumexp": _decomposed(_logsumexp),

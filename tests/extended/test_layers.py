@@ -177,3 +177,23 @@ def test_feed_forward_block_and_gradients(backend):
         scale = math.sqrt(sum(float(np.sum(g[k] ** 2)) for k in params)) * math.sqrt(
             sum(float(np.sum(v ** 2)) for v in d.values()))
         assert abs(got - want) <= 1e-5 * scale, (got, want, scale)
+
+
+def test_cumsum_and_complex_abs(backend):
+    x = rng_f32((4, 300), 12)
+    big = (rng_f32(400, 13) * 1e20 + 1j * rng_f32(400, 14) * 3e19).astype(np.complex64)
+    small = (rng_f32(400, 15) * 1e-20 + 1j * rng_f32(400, 16) * 1e-21).astype(np.complex64)
+    X = mx.array(x)
+    with mp.extended_precision() as rep:
+        c = mx.cumsum(X / 3, axis=1)
+        cr = X.cumsum(axis=0, reverse=True)
+        ce = mx.cumsum(X, axis=1, inclusive=False)
+        a_big, a_small = mx.abs(mx.array(big) * 1.0), mx.abs(mx.array(small) / 3)
+    x64 = f64(x)
+    assert share(c, np.cumsum(x64 / 3, axis=1)) >= 0.995  # prefix sums may cancel
+    assert share(cr, np.flip(np.cumsum(np.flip(x64, 0), 0), 0)) == 1.0
+    assert share(ce, np.concatenate([np.zeros((4, 1)), np.cumsum(x64, 1)[:, :-1]], 1)) == 1.0
+    # no overflow / underflow of the squares (as MLX's float32 abs avoids them)
+    assert share(a_big, np.abs(big.astype(np.complex128))) == 1.0
+    assert share(a_small, np.abs(small.astype(np.complex128) / 3)) == 1.0
+    assert not rep.float32
