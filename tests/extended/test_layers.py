@@ -190,7 +190,14 @@ def test_cumsum_and_complex_abs(backend):
         ce = mx.cumsum(X, axis=1, inclusive=False)
         a_big, a_small = mx.abs(mx.array(big) * 1.0), mx.abs(mx.array(small) / 3)
     x64 = f64(x)
-    assert share(c, np.cumsum(x64 / 3, axis=1)) >= 0.995  # prefix sums may cancel
+    # (sum x)/3 is a float32 midpoint exactly for ~1% of the prefixes here (when
+    # 3 divides the sum's numerator and the quotient ends at bit 25): an exact tie
+    # that no finite precision decides; away from ties, all are exactly rounded
+    want = np.cumsum(x64 / 3, axis=1)
+    off_tie = np.abs(want - want.astype(np.float32)) < 0.49 * np.spacing(
+        np.abs(want).astype(np.float32))
+    assert np.all(np.array(c)[off_tie] == want[off_tie].astype(np.float32))
+    assert off_tie.mean() > 0.95
     assert share(cr, np.flip(np.cumsum(np.flip(x64, 0), 0), 0)) == 1.0
     assert share(ce, np.concatenate([np.zeros((4, 1)), np.cumsum(x64, 1)[:, :-1]], 1)) == 1.0
     # no overflow / underflow of the squares (as MLX's float32 abs avoids them)
