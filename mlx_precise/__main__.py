@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     for cmd, help_ in (
         ("demo", "the main job on the default backend"),
         ("selftest", "every kernel against exact oracles; non-zero exit on failure"),
-        ("report", "regenerate docs/accuracy.md and its plots"),
+        ("report", "regenerate accuracy.md and its plots (plots need the `plots` extra)"),
         ("bench", "print the performance tables (benchmarks/)"),
         ("check-kernels", "strict Metal front-end check of every kernel instantiation"),
         ("info", "version and backends"),
@@ -174,7 +174,9 @@ def main(argv=None) -> int:
                             help="the smallest sizes, one run each: checks that every "
                                  "benchmark runs (times not meaningful)")
         if cmd == "report":
-            sp.add_argument("--out", default="docs", help="output folder (default: docs)")
+            sp.add_argument("--out", default=None, help=(
+                "output folder for accuracy.md and img/ (default: the docs/ folder of a "
+                "source checkout; required elsewhere)"))
         if cmd == "bench":
             sp.add_argument("--out", default=None,
                             help="also write the tables to this markdown file (a folder: "

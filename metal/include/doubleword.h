@@ -2,7 +2,7 @@
 // two float32 with hi = RN(hi + lo) ("normalised"), about 48 significand bits,
 // i.e. ~14 decimal digits (relative precision ~2^-48, not 30 digits).
 //
-// Sources (shared/REFERENCES.md section 1): JMP = Joldes, Muller, Popescu, "Tight and
+// Sources: JMP = Joldes, Muller, Popescu, "Tight and
 // rigorous error bounds for basic building blocks of double-word arithmetic", ACM
 // TOMS 44(2), 2017; MR = Muller, Rideau, "Formalization of double-word arithmetic...",
 // ACM TOMS 48(1), 2022 (Coq-checked). u = 2^-24 (float32 unit roundoff). Bounds are on
@@ -222,8 +222,8 @@ METAL_FUNC dw dw_div_from_recip(dw x, dw y, float t0) {
 }
 
 // DW / DW: relative error <= 9.8u^2 (see dw_div_from_recip). The one float32 division
-// in the extended path: `/` is correctly rounded under safe math (measured on an M2,
-// REFERENCES section 1) and in the emulator, but the bound only needs it faithful.
+// in the extended path: `/` is correctly rounded under safe math (measured on an M2)
+// and in the emulator, but the bound only needs it faithful.
 METAL_FUNC dw dw_div(dw x, dw y) { return dw_div_from_recip(x, y, 1.0f / y.hi); }
 
 // ---- complex ----------------------------------------------------------------

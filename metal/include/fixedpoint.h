@@ -1,7 +1,7 @@
 // Q1.15 / Q1.31 fixed-point conversions (mlx_precise/fixedpoint.py, docs/fixedpoint.md).
 //
 // A Q1.b code q (b = 15: int16, b = 31: int32) represents q / 2^b. Conversion from a
-// float x, the "SF16" semantics (shared/REFERENCES.md section 6):
+// float x, the "SF16" semantics (docs/fixedpoint.md; CMSIS-DSP arm_float_to_q15):
 //   1. clamp x to [-t, t] (t: the threshold, a float32 in (0, 1]);
 //   2. y = x * 2^b: exact, a power-of-two scaling of |x| <= 1 (no overflow; a float32
 //      subnormal x is read as zero on Apple GPUs and rounds to code 0 anyway);

@@ -122,7 +122,7 @@ struct Int8GemmAccumulateI32 {
   void operator()(int m, int n, int acc) const { c[long(m) * ldc + n] += acc; }
 };
 
-// The CUTLASS / vLLM scaled epilogues (shared/REFERENCES.md section 7), evaluated in
+// The CUTLASS / vLLM scaled epilogues (vLLM's csrc/quantization/cutlass_w8a8; docs/int8.md), evaluated in
 // double-word arithmetic (metal/include/doubleword.h) in the published order of
 // operations and rounded once to the output type T (float, half or bfloat16_t):
 //   kind 0  ScaledEpilogue             D = s_a[m] * (s_b[n] * acc)

@@ -2,7 +2,7 @@
 // norm_reduce.metal): LAPACK xLANGE/xLANTR/xLANSY/xLANHE semantics with sums in
 // double-word arithmetic (metal/include/doubleword.h; u = 2^-24).
 //
-// Special values (shared/REFERENCES.md section 5): every quantity summed or
+// Special values (LAPACK's xLANGE / xNRM2; docs/norms.md): every quantity summed or
 // maximised here is >= 0 or NaN, so
 //  * max uses LAPACK's NaN-aware update  m = (m < v || isnan(v)) ? v : m
 //    (IEEE fmax would drop a NaN);

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..core import backends
 from ..core.arrays import as_array
-from ..core.autodiff import _TRACED, TransformUnsupportedError, host_guard
+from ..core.autodiff import _TRACED, host_guard
 from .engine import check_k, device_buffer, gemm_grid, gemm_params
 from ..core.kernels import Kernel
 
@@ -84,32 +84,18 @@ def _sat8(q: mx.array) -> mx.array:
     return mx.clip(q, -128, 127).astype(mx.int8)
 
 
-def _refuse_non_finite(xf: mx.array, dynamic: bool) -> None:
-    """Raise ValueError where ``x`` holds what int8 cannot: NaN always (vLLM's
-    kernels quantize it to 0, a finite value that looks valid), and with a dynamic
-    scale also Inf (``absmax / 127`` would be Inf and every other element of its row
-    would quantize to 0). A static scale saturates Inf to -128 / 127 like any value
-    out of range, which is what sat8 promises."""
-    bad = ~mx.isfinite(xf) if dynamic else mx.isnan(xf)
-    try:
-        found = bool(mx.any(bad).item())
-    except ValueError as e:  # traced: the values needed for the check do not exist yet
-        if _TRACED not in str(e):
-            raise
-        raise TransformUnsupportedError(
-            "quantize_int8 checks x for NaN (and Inf, with a dynamic scale) before "
-            "quantizing, which needs x's values: mx.compile / mx.vmap cannot trace it; "
-            "quantize outside the transformation") from e
-    if not found:
-        return
-    bad_np = np.array(bad)
-    first = tuple(int(i) for i in np.argwhere(bad_np)[0])
-    what, why = (("NaN or Inf", "NaN or Inf, and its row's dynamic scale would not be finite")
-                 if dynamic else ("NaN", "NaN"))
-    raise ValueError(
-        f"x has {int(bad_np.sum())} {what} value(s), the first ({float(np.array(xf[first]))}) "
-        f"at index {first}: int8 has no code for {why}; replace or mask them first "
-        "(e.g. mx.nan_to_num)")
+def _poison_rows(bad: mx.array, q: mx.array, s: mx.array, zp: mx.array | None):
+    """Rows flagged by ``bad`` (``[..., 1]``) get scale NaN, codes 0 and zero point 0.
+
+    int8 has no code for NaN or Inf, so the row's scale carries them: every
+    dequantized value ``scale * (q - azp)`` of the row is NaN, and so is every
+    output of that row of :func:`scaled_mm` (``s_a[m]`` multiplies each of them) --
+    the rows a float32 product ``x @ W`` makes NaN (or Inf). Pure MLX operations on
+    the values, no host read: the same result eagerly and under ``mx.compile`` /
+    ``mx.vmap``."""
+    q = mx.where(bad, mx.array(0, mx.int8), q)
+    s = mx.where(bad, mx.array(float("nan"), mx.float32), s)
+    return q, s, None if zp is None else mx.where(bad, mx.array(0, zp.dtype), zp)
 
 
 def _per_row(v, name: str, rows_shape: tuple, dtype, kind: str) -> mx.array:
@@ -145,11 +131,15 @@ def quantize_int8(x: mx.array, *, scale=None, azp=None, symmetric: bool = True):
 
     Every step is one float32 operation as written (``/`` and ``*`` correctly
     rounded), ``rint`` rounds half to even, ``sat8`` / ``sat32`` saturate.
-    ``x ~ scale * (q - azp)``. int8 holds no NaN and no Inf, so a NaN in ``x`` (and,
-    in dynamic mode, an Inf) raises ValueError instead of coming back as a finite
-    code (vLLM's kernels give NaN the code 0, and an Inf makes its row's scale Inf);
-    in static mode an Inf saturates like any value out of range. The check reads
-    ``x``'s values, so ``mx.compile`` / ``mx.vmap`` cannot trace this function.
+    ``x ~ scale * (q - azp)``.
+
+    NaN and Inf: int8 has no code for them, so the row's scale carries them. A row
+    holding a NaN (in dynamic mode: a NaN or an Inf) gets scale NaN, codes 0 and zero
+    point 0, so that every dequantized value of the row is NaN, and so is every output
+    of that row of :func:`scaled_mm` / :class:`~mlx_precise.nn.Int8Linear`: the rows
+    a float32 ``x @ W`` makes NaN (with an Inf: non-finite). Other rows are unchanged.
+    In static mode an Inf saturates like any value out of range. The same in eager
+    and traced calls (``mx.compile``, ``mx.vmap``): no value is read on the host.
 
     Args:
         x: float32, float16 or bfloat16, shape ``[..., K]`` (rows: all but the last axis).
@@ -160,17 +150,17 @@ def quantize_int8(x: mx.array, *, scale=None, azp=None, symmetric: bool = True):
         symmetric: dynamic mode only: False computes a zero point per row.
 
     Returns:
-        ``(q, scale, azp)``: int8 of ``x``'s shape; float32 scale (``[..., 1]`` when
-        dynamic, else as given); int32 zero point (``[..., 1]`` when dynamic, as given
-        when static) or None.
+        ``(q, scale, azp)``: int8 of ``x``'s shape; float32 scale, one per row
+        (``[..., 1]``, in static mode the given scale broadcast, NaN in the rows with
+        a NaN); int32 zero point (``[..., 1]`` when dynamic, as given when static) or
+        None.
 
     Raises:
         TypeError: wrong types or dtypes.
         ValueError: ``x`` is 0-d, a dynamic row is empty, ``azp`` without ``scale``,
             ``symmetric=False`` with a static scale, scale shapes that fit neither
-            form, a zero or non-finite static scale, NaN in ``x`` (or Inf with a
-            dynamic scale).
-        TransformUnsupportedError: traced by ``mx.compile`` / ``mx.vmap``.
+            form, a zero or non-finite static scale (checked in eager calls; traced,
+            such a scale gives every row scale NaN).
     """
     xf = _float_input(x, "x")
     if xf.ndim == 0:
@@ -181,12 +171,12 @@ def quantize_int8(x: mx.array, *, scale=None, azp=None, symmetric: bool = True):
             raise ValueError("azp given without scale: static quantization needs both")
         if xf.shape[-1] == 0:
             raise ValueError("x has empty rows (last dimension 0): no dynamic scale exists")
-        _refuse_non_finite(xf, dynamic=True)
+        bad = mx.any(~mx.isfinite(xf), axis=-1, keepdims=True)
         if symmetric:
             absmax = mx.max(mx.abs(xf), axis=-1, keepdims=True)
             s = absmax / 127.0
             inv = 127.0 / absmax  # inf for an all-zero row: 0 * inf = NaN -> 0
-            return _sat8(_sat32(xf * inv)), s, None
+            return _poison_rows(bad, _sat8(_sat32(xf * inv)), s, None)
         hi = mx.max(xf, axis=-1, keepdims=True)
         lo = mx.min(xf, axis=-1, keepdims=True)
         const = hi == lo
@@ -196,21 +186,29 @@ def quantize_int8(x: mx.array, *, scale=None, azp=None, symmetric: bool = True):
         s = mx.where(s == 0, 1.0, s)
         zp = _sat32(-128.0 - lo / s)
         q = _sat8(_sat32(xf / s) + zp)
-        return q, s, zp.astype(mx.int32)
+        return _poison_rows(bad, q, s, zp.astype(mx.int32))
     if not symmetric:
         raise ValueError(
             "symmetric=False is for dynamic quantization; pass azp with a static scale")
     s = _per_row(scale, "scale", rows, mx.float32, "float32")
-    if not bool(mx.all(mx.isfinite(s) & (s != 0)).item()):
-        raise ValueError("scale must be nonzero and finite")
-    _refuse_non_finite(xf, dynamic=False)
+    valid = mx.isfinite(s) & (s != 0)
+    try:
+        if not bool(mx.all(valid).item()):
+            raise ValueError("scale must be nonzero and finite")
+    except ValueError as e:  # traced: the value is not there to check; NaN rows below
+        if _TRACED not in str(e):
+            raise
     # One element broadcasts as a scalar (whatever its shape); [..., 1] per row.
-    v = xf / (mx.reshape(s, ()) if s.size == 1 else s)
+    s1 = mx.reshape(s, ()) if s.size == 1 else s
+    v = xf / s1
     if azp is None:
-        return _sat8(_sat32(v)), s, None
-    z = _per_row(azp, "azp", rows, mx.int32, "int32")
-    q = _sat8(_sat32(v) + (mx.reshape(z, ()) if z.size == 1 else z).astype(mx.int64))
-    return q, s, z
+        q, z = _sat8(_sat32(v)), None
+    else:
+        z = _per_row(azp, "azp", rows, mx.int32, "int32")
+        q = _sat8(_sat32(v) + (mx.reshape(z, ()) if z.size == 1 else z).astype(mx.int64))
+    bad = mx.any(mx.isnan(xf), axis=-1, keepdims=True) | ~mx.reshape(valid, s1.shape)
+    q, s_rows, _ = _poison_rows(bad, q, mx.broadcast_to(s1, rows + (1,)), None)
+    return q, s_rows, z
 
 
 def compute_azp_adj(b: mx.array, azp=None) -> mx.array:

@@ -43,6 +43,9 @@ class Int8Linear(nn.Module):
     Call: ``x`` float32 / float16 / bfloat16 ``[..., K]`` -> ``[..., N]`` of ``x``'s
     dtype, on the active mlx_precise backend (``mlx_precise.use_backend``).
     Raises TypeError for other dtypes and ValueError when the last axis is not K.
+    A row of ``x`` with a NaN or Inf gives a row of NaN (a NaN weight: a NaN output
+    channel), as ``nn.Linear``'s NaN / non-finite rows (docs/int8.md); ``mx.compile``
+    traces the call on the metal backend.
     """
 
     def __init__(self, input_dims: int, output_dims: int, bias: bool = True,

@@ -1,7 +1,12 @@
 """``python -m mlx_precise report``: regenerate the accuracy tables and plots of docs/.
 
 Writes ``<out>/accuracy.md`` (markdown tables) and, when matplotlib is installed
-(``pip install mlx-precise[plots]``), PNG plots in ``<out>/img/``. Every figure is
+(``pip install "mlx-precise[plots]"``), PNG plots in ``<out>/img/``; without matplotlib
+the plots are skipped, and one line on stderr and a note in the page say so. Without
+``--out`` the page goes to the ``docs/`` folder of the source checkout that this
+package runs from (an editable install); an installed package has no such folder, so
+there ``--out`` is required (exit status 2 and a one-line error otherwise: never a
+``docs/`` folder made in whatever directory the command runs in). Every figure is
 measured here, against oracles independent of the code under test: numpy longdouble
 FFTs (64-bit significand on x86-64; on platforms where longdouble is float64 the
 oracle is float64, which the tables say), exact rationals and exact integers.
@@ -34,6 +39,27 @@ def _table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def checkout_docs(module_file: str | Path = __file__) -> Path | None:
+    """The ``docs/`` folder of the source checkout holding this package, or None when
+    the package is installed (no ``pyproject.toml`` and ``docs/`` beside it)."""
+    root = Path(module_file).resolve().parents[2]
+    if (root / "pyproject.toml").is_file() and (root / "docs").is_dir():
+        return root / "docs"
+    return None
+
+
+def _have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+_NO_PLOTS = ("matplotlib is not installed, so the plots were skipped "
+             '(pip install "mlx-precise[plots]" draws them)')
 
 
 def _loglog(fname: str, title: str, xlabel: str, ylabel: str, xs, series: dict):
@@ -197,10 +223,25 @@ SECTIONS = [section_hyena, section_fft, section_elementwise, section_int8, secti
             section_fixedpoint, section_dgemm]
 
 
-def main(out: str = "docs", backend: str | None = None, quick: bool = True) -> int:
+def main(out: str | None = None, backend: str | None = None, quick: bool = True) -> int:
+    """Write the page to ``out`` (a folder; None: the checkout's docs/, see the
+    module's docstring). Returns the exit status: 0, or 2 without ``out`` outside a
+    source checkout."""
+    import sys
+
+    if out is None:
+        docs = checkout_docs()
+        if docs is None:
+            print("error: report needs --out FOLDER here (the default, docs/, exists only "
+                  "in a source checkout of mlx-precise)", file=sys.stderr)
+            return 2
+        out = str(docs)
     name = backend or ("emulate" if backends._why_unavailable("emulate") is None else backends.backend())
     name = backends.resolve(name)
     out_dir = Path(out)
+    plots = _have_matplotlib()
+    if not plots:
+        print(f"note: {_NO_PLOTS}", file=sys.stderr)
     (out_dir / "img").mkdir(parents=True, exist_ok=True)
     parts = [
         "# Accuracy\n",
@@ -208,6 +249,8 @@ def main(out: str = "docs", backend: str | None = None, quick: bool = True) -> i
         f"(MLX {mx.__version__}). Every number below was measured by that command; re-run it "
         "to regenerate this page and the plots.\n",
     ]
+    if not plots:
+        parts.append(f"**No plots:** {_NO_PLOTS}.\n")
     for section in SECTIONS:
         t = time.perf_counter()
         print(f"{section.__name__} ...", end=" ", flush=True)

@@ -25,6 +25,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from oracle import Exact, exact_f64, round_to, ulp_distance
+from test_lazy_glue import lazy_metal  # noqa: F401  (the lazy stand-in for Metal)
 
 import mlx_precise
 from mlx_precise.int8 import compute_azp_adj, quantize_int8, scaled_mm
@@ -444,35 +445,74 @@ def test_quantize_static():
     assert int(np.array(q)[0]) == 90
 
 
+_NONFINITE_X = np.float32([[0.5, -1.0, 2.0, 0.25], [1.0, np.nan, 3.0, -2.0],
+                           [1.0, 2.0, 3.0, 4.0], [-np.inf, 2.0, 3.0, 4.0]])
+_MODES = ({}, {"symmetric": False}, {"scale": 0.5},
+          {"scale": 0.5, "azp": mx.array([3], mx.int32)},
+          {"scale": mx.array([[0.5], [1.0], [0.25], [2.0]])})
+
+
+def _check_nan_rows(x, kw, q, s, zp):
+    """Rows with a NaN (dynamic: NaN or Inf) have scale NaN and codes 0, so every
+    dequantized value is NaN; the other rows are what quantizing them alone gives."""
+    dynamic = "scale" not in kw
+    bad = ~np.isfinite(x).all(axis=-1) if dynamic else np.isnan(x).any(axis=-1)
+    s_np, q_np = np.array(s), np.array(q)
+    assert s_np.shape == x.shape[:-1] + (1,)
+    assert np.isnan(s_np[bad]).all() and not np.isnan(s_np[~bad]).any()
+    assert not q_np[bad].any()
+    z = 0 if zp is None else np.array(zp, np.float64)
+    deq = s_np.astype(np.float64) * (q_np - z)
+    assert np.isnan(deq[bad]).all() and np.isfinite(deq[~bad]).all()
+    kw_good = dict(kw)
+    if isinstance(kw.get("scale"), mx.array) and kw["scale"].size > 1:
+        kw_good["scale"] = kw["scale"][mx.array(np.flatnonzero(~bad))]
+    gq, gs, _ = quantize_int8(mx.array(x[~bad]), **kw_good)
+    assert np.array_equal(q_np[~bad], np.array(gq))
+    assert np.array_equal(s_np[~bad], np.broadcast_to(np.array(gs), s_np[~bad].shape))
+    return bad
+
+
 @pytest.mark.parametrize("backend", ["cpu", BACKEND])
-def test_quantize_non_finite_raises(backend):
-    """int8 has no code for NaN: a NaN used to come back as q = 0 (static) or make
-    its whole row q = 0 with a NaN scale (dynamic); an Inf made a dynamic row's
-    scale Inf and its other codes 0. Now both raise, naming where; finite rows
-    quantize as before, and Int8Linear (quantize, then scaled_mm on the backend)
-    raises the same way instead of returning NaN rows."""
-    x = np.float32([[0.5, -1.0, 2.0, 0.25], [1.0, np.nan, 3.0, -2.0], [1.0, 2.0, 3.0, 4.0]])
+def test_quantize_non_finite_rows_get_nan_scale(backend):
+    """int8 has no code for NaN: the row's scale carries it. A row with a NaN (with a
+    dynamic scale, also an Inf) gets scale NaN and codes 0, so every dequantized
+    value and every output of that row of scaled_mm / Int8Linear is NaN: exactly
+    the rows float32 x @ W makes NaN (Inf: non-finite). It used to raise eagerly
+    and refuse mx.compile, which broke compiled Int8Linear forward passes."""
+    x = _NONFINITE_X
+    rng = np.random.default_rng(5)
+    w = mx.array(rng.integers(-127, 128, (4, 6)).astype(np.int8))
     with mlx_precise.use_backend(backend):
-        for kw in ({}, {"symmetric": False}, {"scale": 0.5},
-                   {"scale": 0.5, "azp": mx.array([3], mx.int32)}):
-            with pytest.raises(ValueError, match=r"1 NaN.* value\(s\), the first \(nan\) "
-                                                 r"at index \(1, 1\): int8 has no code"):
-                quantize_int8(mx.array(x), **kw)
-        xi = x.copy()
-        xi[1, 1] = -np.inf
-        for kw in ({}, {"symmetric": False}):
-            with pytest.raises(ValueError, match=r"NaN or Inf value\(s\), the first \(-inf\)"
-                                                 r".*dynamic scale would not be finite"):
-                quantize_int8(mx.array(xi), **kw)
-        # finite rows alone quantize as before (the check changes nothing else)
-        q, s, _ = quantize_int8(mx.array(x[[0, 2]]))
-        rq, rs = ref_dynamic_symmetric(x[[0, 2]])
-        assert np.array_equal(np.array(q), rq) and np.array_equal(np.array(s), rs)
-        layer = Int8Linear.from_linear(nn.Linear(4, 3))
-        with pytest.raises(ValueError, match="int8 has no code for NaN"):
-            layer(mx.array(x))
-        with pytest.raises(ValueError, match="int8 has no code for NaN"):
-            Int8Linear.from_linear(_linear_with(np.float32([[1.0, np.nan, 0.0, 0.0]] * 3)))
+        for kw in _MODES:
+            q, s, zp = quantize_int8(mx.array(x), **kw)
+            bad = _check_nan_rows(x, kw, q, s, zp)
+            extra = ({} if zp is None or "scale" in kw
+                     else {"azp_adj": compute_azp_adj(w), "azp": zp})
+            if "azp" in kw:
+                extra = {"azp_adj": compute_azp_adj(w, kw["azp"])}
+            for out_dtype in (mx.float32, mx.float16, mx.bfloat16):
+                y = scaled_mm(q, w, s, mx.full((1, 6), 0.5), bias=mx.ones((6,)),
+                              out_dtype=out_dtype, **extra)
+                y = np.array(y.astype(mx.float32))
+                assert np.isnan(y[bad]).all() and np.isfinite(y[~bad]).all(), (kw, out_dtype)
+        # Int8Linear against nn.Linear: the same non-finite rows (its input) and
+        # columns (a NaN in a weight row, an output channel)
+        lin = nn.Linear(4, 3)
+        for symmetric in (True, False):
+            layer = Int8Linear.from_linear(lin, symmetric=symmetric)
+            for dtype in (mx.float32, mx.float16):
+                xd = mx.array(x).astype(dtype)
+                ref = ~np.isfinite(np.array(lin(xd).astype(mx.float32)))
+                got = np.array(layer(xd).astype(mx.float32))
+                assert np.array_equal(np.isnan(got), ref.all(axis=-1, keepdims=True)
+                                      .repeat(3, -1)) and ref.any(axis=-1).tolist() == [
+                    False, True, False, True]
+        wn = np.array(lin.weight)
+        wn[1, 2] = np.nan
+        layer = Int8Linear.from_linear(_linear_with(wn))
+        got = np.array(layer(mx.array(x[[0, 2]])))
+        assert np.isnan(got[:, 1]).all() and np.isfinite(got[:, [0, 2]]).all()
 
 
 def _linear_with(w):
@@ -481,12 +521,40 @@ def _linear_with(w):
     return lin
 
 
-def test_quantize_non_finite_under_compile():
-    """The check needs x's values: a traced call says so in a named error."""
-    from mlx_precise import TransformUnsupportedError
+def test_quantize_non_finite_under_compile_and_vmap():
+    """The NaN rows are pure MLX operations: mx.compile and mx.vmap give the eager
+    result (it used to raise TransformUnsupportedError: the check read values).
+    A traced static scale that is zero or not finite cannot raise: every row gets
+    scale NaN instead."""
+    x = mx.array(_NONFINITE_X)
+    for kw in _MODES:
+        eager = quantize_int8(x, **kw)
+        for traced in (mx.compile(lambda v: quantize_int8(v, **kw))(x),):
+            for e, t in zip(eager, traced):
+                assert (e is None) == (t is None)
+                if e is not None:
+                    assert np.array_equal(np.array(e), np.array(t), equal_nan=True), kw
+    vm = mx.vmap(lambda v: quantize_int8(v)[1])(x)
+    assert np.array_equal(np.array(vm), np.array(quantize_int8(x)[1]), equal_nan=True)
+    with pytest.raises(ValueError, match="scale must be nonzero and finite"):
+        quantize_int8(x, scale=0.0)
+    s = mx.compile(lambda v, sc: quantize_int8(v, scale=sc)[1])(x, mx.array([0.0]))
+    assert np.isnan(np.array(s)).all()
+    s = mx.vmap(lambda v, sc: quantize_int8(v, scale=sc)[1])(x, mx.array([0.5, 1, 0, 2]))
+    assert np.isnan(np.array(s)).ravel().tolist() == [False, True, True, False]
 
-    with pytest.raises(TransformUnsupportedError, match="quantize_int8 checks x for NaN"):
-        mx.compile(lambda v: quantize_int8(v)[0])(mx.ones((2, 4)))
+
+def test_compiled_int8_linear_traces_on_metal(lazy_metal):
+    """mx.compile of an Int8Linear forward pass (quantize, then the fused scaled_mm)
+    traces on the metal backend (here MLX's lazy stand-in for the Metal kernels)."""
+    lin = nn.Linear(32, 8)
+    with mlx_precise.use_backend("metal"):
+        for symmetric in (True, False):
+            layer = Int8Linear.from_linear(lin, symmetric=symmetric)
+            out = mx.compile(layer)(mx.array(np.random.default_rng(1).standard_normal(
+                (4, 32)).astype(np.float32)))
+            mx.eval(out)
+            assert out.shape == (4, 8)
 
 
 def test_quantize_bad_input():

@@ -187,20 +187,52 @@ _OUTSIDE = re.compile(
 
 
 def _user_facing_files():
-    for top in ("mlx_precise", "docs", "benchmarks", "examples"):
+    """Every text file, at any depth, of what users read: the package (the wheel),
+    the Metal sources (shipped in it as mlx_precise/metal), docs, benchmarks,
+    examples and the README; files without a suffix too (the emulator's shim
+    headers), binaries (images, bytecode) not."""
+    for top in ("mlx_precise", "metal", "docs", "benchmarks", "examples"):
         for p in sorted((ROOT / top).rglob("*")):
-            if p.is_file() and p.suffix in (".py", ".md", ".metal", ".h", ".ipynb", ".txt"):
+            if (p.is_file() and "__pycache__" not in p.parts
+                    and p.suffix not in (".png", ".pyc", ".so", ".dylib")):
                 yield p
     yield ROOT / "README.md"
 
 
+def test_user_facing_files_cover_the_package_recursively():
+    files = {p.relative_to(ROOT).as_posix() for p in _user_facing_files()}
+    for path in ("mlx_precise/__init__.py", "mlx_precise/int8/scaled.py",
+                 "mlx_precise/emulator/shim/metal_stdlib", "metal/include/int8_gemm.h",
+                 "docs/int8.md", "README.md"):
+        assert path in files, path
+    on_disk = {p.relative_to(ROOT).as_posix() for p in (ROOT / "mlx_precise").rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert on_disk <= files
+
+
+def _grep(matches) -> list[str]:
+    """``path:line: text`` of every line of a user-facing file for which ``matches``."""
+    return [f"{p.relative_to(ROOT)}:{i}: {line.strip()[:120]}"
+            for p in _user_facing_files()
+            for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+            if matches(line)]
+
+
 def test_no_references_outside_the_project():
-    hits = []
-    for p in _user_facing_files():
-        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
-            if _OUTSIDE.search(line):
-                hits.append(f"{p.relative_to(ROOT)}:{i}: {line.strip()[:120]}")
+    hits = _grep(_OUTSIDE.search)
     assert not hits, "\n".join(hits)
+
+
+def test_compiler_hints_name_the_emulate_extra():
+    """The emulator's compiler comes with the `emulate` extra; the `test` extra (pytest,
+    Jupyter, matplotlib) is no install hint for it."""
+    hits = _grep(lambda line: "[test]" in line)
+    assert not hits, "\n".join(hits)
+    for doc in ("README.md", "docs/install.md"):
+        assert "mlx-precise[emulate]" in (ROOT / doc).read_text(), doc
+    from mlx_precise.emulator import strict
+
+    assert "mlx-precise[emulate]" in Path(strict.__file__).read_text()
 
 
 def test_cli_help_mentions_no_issue(capsys):
