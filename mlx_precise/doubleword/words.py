@@ -287,10 +287,9 @@ class DoubleWord:
         """``hi + lo`` in float64 (complex128 for complex words), on the CPU."""
         if not self.is_complex:
             return join(self.hi, self.lo)
-        h, lo = np.array(self.hi), np.array(self.lo)
-        re = join(np.array(h.real), np.array(lo.real))  # contiguous copies, 0-d kept
-        im = join(np.array(h.imag), np.array(lo.imag))
-        return re + 1j * im
+        # complex64 -> complex128 is exact per part, and one complex128 addition
+        # rounds each part's exact sum once (as join does for real words)
+        return np.array(self.hi).astype(np.complex128) + np.array(self.lo)
 
     def parts(self) -> tuple["DoubleWord", "DoubleWord"]:
         """Real and imaginary parts of a complex DoubleWord (exact)."""
@@ -307,9 +306,6 @@ def from_float64_result(y: np.ndarray, round_output: bool):
     if round_output:
         with np.errstate(over="ignore"):
             return mx.array(y.astype(np.complex64 if np.iscomplexobj(y) else np.float32))
-    if np.iscomplexobj(y):
-        re, im = (_split_result(np.array(p)) for p in (y.real, y.imag))
-        return DoubleWord(complex_from_parts(re[0], im[0]), complex_from_parts(re[1], im[1]))
     return DoubleWord(*_split_result(y))
 
 
@@ -324,8 +320,17 @@ def _split_result(y: np.ndarray) -> tuple[mx.array, mx.array]:
     """:func:`split` for a computed result: a value that is not finite in float32
     (Inf, NaN, overflow) becomes that float32 value with a zero low word, the rule
     the kernels follow (docs/api.md, "Special values"), instead of an error."""
+    y = np.asarray(y)
+    if np.iscomplexobj(y):  # part by part, in one pass over complex128 data
+        with np.errstate(over="ignore", invalid="ignore"):
+            hi = y.astype(np.complex64)
+            rest = y - hi.astype(np.complex128)
+        lo = np.empty(y.shape, np.complex64)
+        lo.real = np.where(np.isfinite(hi.real), rest.real, 0.0)
+        lo.imag = np.where(np.isfinite(hi.imag), rest.imag, 0.0)
+        return mx.array(hi), mx.array(lo)
     with np.errstate(over="ignore", invalid="ignore"):
-        hi = np.asarray(y).astype(np.float32)
+        hi = y.astype(np.float32)
         lo = np.where(np.isfinite(hi), y - hi.astype(np.float64), 0.0).astype(np.float32)
     return mx.array(hi), mx.array(lo)
 
