@@ -1,0 +1,324 @@
+"""Dense and grouped convolutions inside ``extended_precision()``, as decompositions.
+
+Each convolution is rewritten as ops that have double-word rules (:mod:`.rules`),
+run with the flow on, so the result is double-word and rounded once where it
+leaves the chain:
+
+* ``pad`` (the zero padding), strided slices of the padded input, one per kernel
+  tap, stacked beside each other (an im2col gather: shape and movement ops, exact
+  on both words);
+* one double-word matrix product ``columns @ weights`` (:mod:`mlx_precise.linalg`:
+  float64 on ``cpu``, the tiled double-word GEMM on ``metal`` / ``emulate``), over
+  all taps and input channels of a group at once, batched over the groups (and,
+  for transposed convolutions, over the output phases): one GEMM launch per call;
+* reshapes and transposes back to MLX's layout.
+
+The gather holds T copies of the input (T = taps per output), twice (both
+words): memory, not flops, is the price of the single GEMM.
+
+Every output is therefore a double-word dot product of exact float32 products,
+with the GEMM's bound ``|y - y_exact| <= (T Cin/groups + 12) u^2 |x| |w|``
+(T taps, u = 2^-24) on metal / emulate, and float64's on cpu. Gradients are
+those of the sub-ops (slices, ``pad``, the matmul's float32 VJP): float32-accurate.
+
+Transposed convolutions (``conv_transpose1d/2d/3d``) use the polyphase form: the
+output position ``t = i s + k d`` (before the crop by ``padding``) of phase
+``r = t mod s`` only meets the taps ``k`` with ``k d = r (mod s)``, so each phase is
+an ordinary stride-1 correlation of the input with a subset of the taps; the
+phases are computed in one batched GEMM (fewer taps padded with zero columns)
+and interleaved. No zeros are inserted into the input, so the cost is that of
+the direct sum, not ``s`` times it. ``conv_general`` inserts the zeros of its
+``input_dilation`` (exact, at that cost), reverses the kernel for ``flip`` and takes
+asymmetric ``(low, high)`` padding.
+
+Layouts and dtypes are MLX's: input ``(N, *spatial, Cin)`` float32, weight
+``(Cout, *kernel, Cin / groups)`` float32, output ``(N, *out_spatial, Cout)``
+float32 (carrying its low word). Operands of other dtypes, a ``stream`` other
+than None, negative padding, and depthwise ``conv1d`` (``groups == Cin``, weight ``(m Cin, K, 1)``,
+which the table's depthwise rule sends to the dedicated double-word kernel)
+return ``NotImplemented`` (the dispatcher then runs MLX's float32 op and reports
+it). MLX checks the arguments first (its own errors for invalid ones), and a rule
+whose output shape would differ from MLX's (an edge case MLX treats its own way,
+such as ``conv_transpose`` padding beyond ``dilation (K - 1)``) declines rather
+than return another answer.
+
+Public: :data:`RULES` (MLX function name -> rule, the signature of
+:mod:`.rules`' rules).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import mlx.core as mx
+
+from . import carry, spectral
+
+F32 = mx.float32
+
+
+# ---- arguments -----------------------------------------------------------------------
+
+def _tuple(v, nd: int, what: str) -> tuple[int, ...]:
+    """An int or a sequence of ``nd`` ints (MLX's convention) as a tuple."""
+    t = (int(v),) * nd if isinstance(v, int) else tuple(int(a) for a in v)
+    if len(t) != nd:
+        raise ValueError(f"{what}: expected an int or {nd} ints, got {v!r}")
+    return t
+
+
+def _operands_ok(x, w, nd: int) -> bool:
+    """float32 input (N, *spatial, Cin) and weight (Cout, *kernel, Cg) arrays."""
+    return (isinstance(x, mx.array) and isinstance(w, mx.array) and x.dtype == F32
+            and w.dtype == F32 and x.ndim == nd + 2 and w.ndim == nd + 2)
+
+
+# ---- the shared core: im2col gather and one batched double-word GEMM -------------------
+
+def _columns(xp: mx.array, offsets, strides, out) -> mx.array:
+    """The im2col gather. ``xp`` (N, *spatial, C) (already padded); ``offsets``: one
+    tuple of start indices per tap, None for a zero tap; ``strides``, ``out``: per
+    spatial dimension. Returns (N, *out, T, C): tap t reads
+    ``xp[:, o_0 + s_0 q_0, ..., :]`` at output position q. Slices and ``stack``
+    have rules, so carried low words follow exactly."""
+    taps = []
+    for off in offsets:
+        if off is None:  # a phase with fewer taps: zero columns (0 * 0, no NaN from Inf)
+            taps.append(mx.zeros((xp.shape[0], *out, xp.shape[-1]), F32))
+            continue
+        index = (slice(None),) + tuple(
+            slice(o, o + (n - 1) * s + 1, s) for o, s, n in zip(off, strides, out))
+        taps.append(xp[index])
+    return mx.stack(taps, axis=-2)
+
+
+def _contract(cols: mx.array, wt: mx.array, groups: int) -> mx.array:
+    """``y[p, m, o] = sum_{t, c in group(o)} cols[p, m, t, c] wt[p, o, t, c]`` by one
+    (batched) double-word matmul.
+
+    cols (P, M, T, Cin), wt (P, Cout, T, Cin / groups); P independent problems
+    (phases of a transposed convolution; 1 otherwise). Returns (P, M, Cout).
+    Output channel o belongs to group o // (Cout / groups), which reads input
+    channels [g Cg, (g + 1) Cg)."""
+    P, M, T, Cin = cols.shape
+    Cout, Cg = wt.shape[1], wt.shape[3]
+    G, Og = groups, Cout // groups
+    if G == 1:
+        a = cols.reshape(P, M, T * Cin)
+        b = wt.reshape(P, Cout, T * Cin).swapaxes(1, 2)
+        return a @ b
+    # (P, M, T, G, Cg) -> (P, G, M, T Cg) against (P, G, T Cg, Og): one batched GEMM
+    a = cols.reshape(P, M, T, G, Cg).transpose(0, 3, 1, 2, 4).reshape(P * G, M, T * Cg)
+    b = wt.reshape(P, G, Og, T * Cg).swapaxes(2, 3).reshape(P * G, T * Cg, Og)
+    y = (a @ b).reshape(P, G, M, Og)
+    return y.transpose(0, 2, 1, 3).reshape(P, M, Cout)
+
+
+def correlate(x: mx.array, w: mx.array, stride, padding_lo, padding_hi, dilation,
+              groups: int) -> mx.array:
+    """MLX's convolution (a cross-correlation, as ``mx.conv*``) in double-word.
+
+    Args:
+        x: input (N, *spatial, Cin) float32 (with or without a carried low word).
+        w: weight (Cout, *kernel, Cin / groups) float32.
+        stride, padding_lo, padding_hi, dilation: one int per spatial dimension
+            (zero padding before / after; all >= 0).
+        groups: Cin and Cout are multiples of it.
+
+    Returns:
+        (N, *out, Cout) float32, out_i = (L_i + lo_i + hi_i - d_i (K_i - 1) - 1) // s_i + 1,
+        with ``y[n, q, o] = sum_{k, c} xpad[n, s q + d k, g(o) Cg + c] w[o, k, c]``.
+        Must run with the flow on (its ops then have rules).
+    """
+    kernel = w.shape[1:-1]
+    if any(padding_lo) or any(padding_hi):
+        x = mx.pad(x, [(0, 0), *zip(padding_lo, padding_hi), (0, 0)])
+    out = [(n - d * (k - 1) - 1) // s + 1
+           for n, k, s, d in zip(x.shape[1:-1], kernel, stride, dilation)]
+    offsets = [tuple(k * d for k, d in zip(tap, dilation))
+               for tap in itertools.product(*(range(k) for k in kernel))]
+    cols = _columns(x, offsets, stride, out)
+    T = len(offsets)
+    y = _contract(cols.reshape(1, -1, T, x.shape[-1]), w.reshape(1, w.shape[0], T, -1), groups)
+    return y.reshape(x.shape[0], *out, w.shape[0])
+
+
+def _dilate(x: mx.array, factors) -> mx.array:
+    """Insert ``f - 1`` zeros between neighbours along each spatial axis (input
+    dilation of ``conv_general``): expand, zero-pad the new axis, merge, trim.
+    ``pad`` and reshapes have rules: exact on both words."""
+    for axis, f in enumerate(factors, start=1):
+        if f == 1:
+            continue
+        n = x.shape[axis]
+        x = mx.expand_dims(x, axis + 1)
+        widths = [(0, 0)] * x.ndim
+        widths[axis + 1] = (0, f - 1)
+        x = mx.pad(x, widths)
+        shape = list(x.shape)
+        x = x.reshape(shape[:axis] + [n * f] + shape[axis + 2:])
+        x = x[(slice(None),) * axis + (slice(0, (n - 1) * f + 1),)]
+    return x
+
+
+def transposed(x: mx.array, w: mx.array, stride, padding, dilation, output_padding,
+               groups: int) -> mx.array:
+    """MLX's transposed convolution (``mx.conv_transpose*``) in double-word.
+
+    Args:
+        x: input (N, *spatial, Cin) float32.
+        w: weight (Cout, *kernel, Cin / groups) float32.
+        stride, padding, dilation, output_padding: one int per spatial dimension,
+            ``0 <= padding <= dilation (K - 1)``.
+
+    Returns:
+        (N, *out, Cout) float32, out_i = (L_i - 1) s_i - 2 p_i + d_i (K_i - 1) + op_i + 1,
+        ``y[n, j, o] = sum_{i s + k d - p = j} sum_c x[n, i, g(o) Cg + c] w[o, k, c]``.
+
+    Polyphase: with ``t = j + p = q s + r``, phase r takes the taps with
+    ``k d = r (mod s)``, input index ``i = q - (k d - r) / s``; each phase is a
+    stride-1 correlation over q (taps at offsets ``pad_lo - (k d - r) / s`` of the
+    input padded by ``pad_lo`` in front), all phases in one batched GEMM.
+    """
+    N, Cin, Cout = x.shape[0], x.shape[-1], w.shape[0]
+    kernel = w.shape[1:-1]
+    spatial = x.shape[1:-1]
+    out = [(n - 1) * s - 2 * p + d * (k - 1) + op + 1 for n, k, s, p, d, op in
+           zip(spatial, kernel, stride, padding, dilation, output_padding)]
+    q_len = [-(-(p + o) // s) for p, o, s in zip(padding, out, stride)]  # ceil
+    # per dimension and phase r: [(k, shift m = (k d - r) / s)]
+    taps = [[[(k, (k * d - r) // s) for k in range(K) if (k * d) % s == r] for r in range(s)]
+            for K, s, d in zip(kernel, stride, dilation)]
+    lo = [max((k * d) // s for k in range(K)) for K, s, d in zip(kernel, stride, dilation)]
+    hi = [max(q - n, 0) for q, n in zip(q_len, spatial)]
+    xp = mx.pad(x, [(0, 0), *zip(lo, hi), (0, 0)]) if any(lo) or any(hi) else x
+    phases = list(itertools.product(*(range(s) for s in stride)))
+    per_phase = [list(itertools.product(*(taps[i][r] for i, r in enumerate(ph))))
+                 for ph in phases]
+    T = max(1, max(len(t) for t in per_phase))
+    zero_w = mx.zeros((Cout, 1, w.shape[-1]), F32)
+    w_flat = mx.concatenate([w.reshape(Cout, -1, w.shape[-1]), zero_w], axis=1)
+    zero_tap = w_flat.shape[1] - 1
+    cols, index = [], []
+    for combo in per_phase:
+        offsets = [tuple(lo[i] - m for i, (_, m) in enumerate(tap)) for tap in combo]
+        flat = [sum(k * math.prod(kernel[i + 1:]) for i, (k, _) in enumerate(tap))
+                for tap in combo]
+        pad = T - len(combo)
+        cols.append(_columns(xp, offsets + [None] * pad, (1,) * len(kernel), q_len))
+        index.extend(flat + [zero_tap] * pad)
+    M = N * math.prod(q_len)
+    cols = mx.stack(cols).reshape(len(phases), M, T, Cin)
+    wt = mx.take(w_flat, mx.array(index), axis=1).reshape(Cout, len(phases), T, -1)
+    y = _contract(cols, wt.swapaxes(0, 1), groups)  # (P, M, Cout)
+    # interleave: (s_0, ..., N, q_0, ..., C) -> (N, q_0, s_0, q_1, s_1, ..., C)
+    nd = len(kernel)
+    y = y.reshape(*stride, N, *q_len, Cout)
+    order = [nd] + [a for i in range(nd) for a in (nd + 1 + i, i)] + [2 * nd + 1]
+    y = y.transpose(order).reshape(N, *(q * s for q, s in zip(q_len, stride)), Cout)
+    return y[(slice(None),) + tuple(slice(p, p + o) for p, o in zip(padding, out))
+             + (slice(None),)]
+
+
+# ---- the rules -----------------------------------------------------------------------
+
+def _rule(nd: int, plan, skip=None):
+    """A rule for an ``nd``-dimensional MLX convolution. ``plan(x, w, *args)``
+    normalises the call's remaining arguments and returns ``(compute, shape)``
+    (``compute()`` runs the decomposition; ``shape`` its output shape) or None to
+    decline. ``skip(x, w, *args)``: calls left to another rule, declined before
+    anything runs."""
+
+    def rule(ctx, original, x=None, w=None, *args, **kw):
+        if kw.pop("stream", None) is not None or not _operands_ok(x, w, nd):
+            return NotImplemented
+        if skip is not None and skip(x, w, *args, **kw):
+            return NotImplemented
+        ref = original(x, w, *args, **kw)  # lazy: MLX checks the arguments, gives the shape
+        planned = plan(x, w, *args, **kw)
+        if planned is None:
+            return NotImplemented
+        compute, shape = planned
+        if tuple(shape) != tuple(ref.shape):  # not MLX's convolution: let MLX answer
+            return NotImplemented
+        with carry.reporting(ctx.report):
+            return compute()
+
+    return rule
+
+
+def _forward_plan(nd: int):
+    def plan(x, w, stride=1, padding=0, dilation=1, groups=1):
+        s, p, d = (_tuple(v, nd, n) for v, n in ((stride, "stride"), (padding, "padding"),
+                                                 (dilation, "dilation")))
+        groups = int(groups)
+        shape = (x.shape[0], *((n + 2 * pp - dd * (k - 1) - 1) // ss + 1 for n, k, ss, pp, dd
+                               in zip(x.shape[1:-1], w.shape[1:-1], s, p, d)), w.shape[0])
+        return (lambda: correlate(x, w, s, p, p, d, groups)), shape
+
+    return plan
+
+
+def _transpose_plan(nd: int):
+    def plan(x, w, stride=1, padding=0, dilation=1, output_padding=0, groups=1):
+        s, p, d, op = (_tuple(v, nd, n) for v, n in (
+            (stride, "stride"), (padding, "padding"), (dilation, "dilation"),
+            (output_padding, "output_padding")))
+        kernel = w.shape[1:-1]
+        if any(pp < 0 or pp > dd * (k - 1) for pp, dd, k in zip(p, d, kernel)):
+            return None  # MLX's own convention there (its output length differs)
+        shape = (x.shape[0], *((n - 1) * ss - 2 * pp + dd * (k - 1) + o + 1 for n, k, ss, pp, dd, o
+                               in zip(x.shape[1:-1], kernel, s, p, d, op)), w.shape[0])
+        return (lambda: transposed(x, w, s, p, d, op, int(groups))), shape
+
+    return plan
+
+
+def _general_rule(ctx, original, x=None, w=None, stride=1, padding=0, kernel_dilation=1,
+                  input_dilation=1, groups=1, flip=False, **kw):
+    """``mx.conv_general``: input dilation by zero insertion (exact, the cost of
+    the dilated input), asymmetric padding, ``flip`` (true convolution) by reversing
+    the kernel's spatial axes, then :func:`correlate`."""
+    if kw.get("stream") is not None or not (isinstance(x, mx.array) and x.ndim >= 3):
+        return NotImplemented
+    nd = x.ndim - 2
+    if not _operands_ok(x, w, nd):
+        return NotImplemented
+    ref = original(x, w, stride, padding, kernel_dilation, input_dilation, groups, flip)
+    s = _tuple(stride, nd, "stride")
+    d = _tuple(kernel_dilation, nd, "kernel_dilation")
+    di = _tuple(input_dilation, nd, "input_dilation")
+    if (isinstance(padding, (list, tuple)) and len(padding) == 2
+            and all(isinstance(v, (list, tuple)) for v in padding)):
+        lo, hi = _tuple(padding[0], nd, "padding"), _tuple(padding[1], nd, "padding")
+    else:
+        lo = hi = _tuple(padding, nd, "padding")
+    if min(lo + hi) < 0:
+        return NotImplemented
+    shape = (x.shape[0], *(((n - 1) * f + 1 + a + b - dd * (k - 1) - 1) // ss + 1 for
+                           n, f, a, b, k, ss, dd in
+                           zip(x.shape[1:-1], di, lo, hi, w.shape[1:-1], s, d)), w.shape[0])
+    if tuple(shape) != tuple(ref.shape):
+        return NotImplemented
+    with carry.reporting(ctx.report):
+        xd = _dilate(x, di)
+        wf = w[(slice(None),) + (slice(None, None, -1),) * nd + (slice(None),)] if flip else w
+        return correlate(xd, wf, s, lo, hi, d, int(groups))
+
+
+def _depthwise(x, w, stride=1, padding=0, dilation=1, groups=1):
+    """Depthwise conv1d: the dedicated double-word kernel's case (rules._conv1d)."""
+    return spectral.is_depthwise(x, w, groups)
+
+
+RULES = {
+    "conv1d": _rule(1, _forward_plan(1), skip=_depthwise),
+    "conv2d": _rule(2, _forward_plan(2)),
+    "conv3d": _rule(3, _forward_plan(3)),
+    "conv_transpose1d": _rule(1, _transpose_plan(1)),
+    "conv_transpose2d": _rule(2, _transpose_plan(2)),
+    "conv_transpose3d": _rule(3, _transpose_plan(3)),
+    "conv_general": _general_rule,
+}
+"""MLX function name -> double-word rule ``rule(ctx, original, *args, **kwargs)``."""

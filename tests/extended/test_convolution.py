@@ -1,0 +1,283 @@
+"""Dense, grouped and transposed convolutions inside extended_precision()
+(mlx_precise.extended.convolution): exactly rounded against float64 oracles, on
+cpu and emulate, as functions and as mlx.nn layers, with gradients.
+
+Oracles: direct convolution loops in numpy float64 from the same float32 inputs
+(products of float32 values are exact in float64; sums of a few hundred terms err
+by ~1e-16 relative), rounded once to float32.
+"""
+
+import itertools
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+import mlx_precise as mp
+from mlx_precise.extended import convolution, low_word, rules
+
+BACKENDS = ["cpu", "emulate"]
+U = 2.0 ** -24  # float32's unit roundoff
+
+
+def _chain(first, second):
+    def rule(ctx, original, *args, **kw):
+        out = first(ctx, original, *args, **kw)
+        return second(ctx, original, *args, **kw) if out is NotImplemented else out
+
+    return rule
+
+
+@pytest.fixture(autouse=True)
+def conv_rules(monkeypatch):
+    """The convolution rules in the flow's table (where the table does not hold
+    them yet): conv1d after the table's own (depthwise) rule."""
+    for name, rule in convolution.RULES.items():
+        have = rules.FUNCTIONS.get(name)
+        if have is None:
+            monkeypatch.setitem(rules.FUNCTIONS, name, rule)
+        elif have is not rule and name == "conv1d":
+            monkeypatch.setitem(rules.FUNCTIONS, name, _chain(have, rule))
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    with mp.use_backend(request.param):
+        yield request.param
+
+
+def rng_f32(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def f64(a):
+    return np.array(a).astype(np.float64)
+
+
+def share(y, ref) -> float:
+    return float(np.mean(np.array(y) == np.asarray(ref).astype(np.float32)))
+
+
+def normwise(y, ref) -> float:
+    return float(np.linalg.norm(f64(y) - ref) / np.linalg.norm(ref))
+
+
+# ---- float64 oracles ---------------------------------------------------------------------
+
+def ref_conv(x, w, stride, lo, hi, dilation, groups):
+    """Cross-correlation (MLX's conv): x (N, *S, Cin), w (Cout, *K, Cin/G) float64,
+    zero padding lo / hi per spatial dimension."""
+    x = np.pad(x, [(0, 0), *zip(lo, hi), (0, 0)])
+    Cout, kernel, Cg = w.shape[0], w.shape[1:-1], w.shape[-1]
+    Og = Cout // groups
+    out = [(n - d * (k - 1) - 1) // s + 1
+           for n, k, s, d in zip(x.shape[1:-1], kernel, stride, dilation)]
+    y = np.zeros((x.shape[0], *out, Cout))
+    for tap in itertools.product(*(range(k) for k in kernel)):
+        idx = (slice(None),) + tuple(slice(t * d, t * d + (o - 1) * s + 1, s)
+                                     for t, d, o, s in zip(tap, dilation, out, stride))
+        xs = x[idx]
+        for g in range(groups):
+            y[..., g * Og:(g + 1) * Og] += (xs[..., g * Cg:(g + 1) * Cg]
+                                            @ w[(slice(g * Og, (g + 1) * Og),) + tap].T)
+    return y
+
+
+def ref_transpose(x, w, stride, padding, dilation, output_padding, groups):
+    """y[j] = sum over i s + k d - p = j of x[i] w[k] (MLX's conv_transpose)."""
+    Cout, kernel, Cg = w.shape[0], w.shape[1:-1], w.shape[-1]
+    Og = Cout // groups
+    out = [(n - 1) * s - 2 * p + d * (k - 1) + op + 1 for n, k, s, p, d, op in
+           zip(x.shape[1:-1], kernel, stride, padding, dilation, output_padding)]
+    y = np.zeros((x.shape[0], *out, Cout))
+    for i in itertools.product(*(range(n) for n in x.shape[1:-1])):
+        for tap in itertools.product(*(range(k) for k in kernel)):
+            j = tuple(a * s + t * d - p for a, s, t, d, p in zip(i, stride, tap, dilation, padding))
+            if all(0 <= b < o for b, o in zip(j, out)):
+                for g in range(groups):
+                    y[(slice(None),) + j + (slice(g * Og, (g + 1) * Og),)] += (
+                        x[(slice(None),) + i + (slice(g * Cg, (g + 1) * Cg),)]
+                        @ w[(slice(g * Og, (g + 1) * Og),) + tap].T)
+    return y
+
+
+def check(y, ref, rep, name):
+    """Exactly rounded (>= 99% of outputs; the rest double roundings of near-ties),
+    normwise error of the final rounding alone, extended without a float32 drop."""
+    assert y.shape == ref.shape and y.dtype == mx.float32
+    assert share(y, ref) >= 0.99, (name, share(y, ref))
+    assert normwise(y, ref) <= U, (name, normwise(y, ref))
+    assert rep.extended[name] >= 1 and not rep.float32, rep
+
+
+# ---- the functions -----------------------------------------------------------------------
+
+# (Cin, Cout, groups, K, stride, padding, dilation)
+CONV1D = [(4, 6, 1, 3, 1, 0, 1), (4, 8, 1, 5, 2, 2, 1), (6, 6, 2, 3, 1, 2, 2),
+          (8, 4, 4, 4, 3, 1, 1)]
+
+
+@pytest.mark.parametrize("cfg", CONV1D, ids=lambda c: "Cin{}Cout{}g{}K{}s{}p{}d{}".format(*c))
+def test_conv1d(backend, cfg):
+    Cin, Cout, G, K, s, p, d = cfg
+    x, w = rng_f32((2, 32, Cin), 1), rng_f32((Cout, K, Cin // G), 2)
+    ref = ref_conv(f64(x), f64(w), (s,), (p,), (p,), (d,), G)
+    with mp.extended_precision() as rep:
+        y = mx.conv1d(mx.array(x), mx.array(w), s, p, d, G)
+    check(y, ref, rep, "conv1d")
+    assert share(mx.conv1d(mx.array(x), mx.array(w), s, p, d, G), ref) < 0.9  # float32
+
+
+def test_conv1d_reads_carried_words_and_keyword_arguments(backend):
+    """The input x / 3 carries a low word; the result carries one on."""
+    x, w = rng_f32((2, 24, 4), 3), rng_f32((5, 3, 4), 4)
+    with mp.extended_precision() as rep:
+        y = mx.conv1d(mx.array(x) / 3, mx.array(w), padding=1, stride=2, stream=None)
+    check(y, ref_conv(f64(x) / 3, f64(w), (2,), (1,), (1,), (1,), 1), rep, "conv1d")
+    assert low_word(y) is not None
+
+
+CONV2D = [(3, 4, 1, (3, 3), 1, 1, 1), (4, 6, 2, (3, 2), (2, 1), (1, 0), (1, 2)),
+          (4, 4, 4, (3, 3), 1, 1, 1)]
+
+
+@pytest.mark.parametrize("cfg", CONV2D, ids=["dense", "grouped-tuples", "depthwise"])
+def test_conv2d(backend, cfg):
+    Cin, Cout, G, K, s, p, d = cfg
+    tup = (lambda v: (v, v) if isinstance(v, int) else v)
+    x, w = rng_f32((2, 9, 8, Cin), 5), rng_f32((Cout, *K, Cin // G), 6)
+    ref = ref_conv(f64(x), f64(w), tup(s), tup(p), tup(p), tup(d), G)
+    with mp.extended_precision() as rep:
+        y = mx.conv2d(mx.array(x), mx.array(w), s, p, d, G)
+    check(y, ref, rep, "conv2d")
+
+
+# (Cin, Cout, groups, K, stride, padding, dilation, output_padding)
+TRANSPOSE1D = [(8, 4, 1, 4, 2, 1, 1, 0),  # a vocoder's 2x upsampler (K = 2 s, p = s / 2)
+               (4, 6, 2, 3, 3, 2, 2, 1), (6, 4, 1, 8, 4, 2, 1, 0), (4, 4, 1, 2, 3, 0, 1, 0)]
+
+
+@pytest.mark.parametrize("cfg", TRANSPOSE1D,
+                         ids=lambda c: "Cin{}Cout{}g{}K{}s{}p{}d{}op{}".format(*c))
+def test_conv_transpose1d(backend, cfg):
+    Cin, Cout, G, K, s, p, d, op = cfg
+    x, w = rng_f32((2, 16, Cin), 7), rng_f32((Cout, K, Cin // G), 8)
+    ref = ref_transpose(f64(x), f64(w), (s,), (p,), (d,), (op,), G)
+    with mp.extended_precision() as rep:
+        y = mx.conv_transpose1d(mx.array(x), mx.array(w), s, p, d, op, G)
+    check(y, ref, rep, "conv_transpose1d")
+
+
+def test_conv3d_transpose2d_and_general(backend):
+    x3, w3 = rng_f32((1, 5, 4, 6, 2), 9), rng_f32((3, 2, 3, 2, 2), 10)
+    x2, w2 = rng_f32((2, 5, 4, 4), 11), rng_f32((4, 3, 4, 2), 12)
+    xg, wg = rng_f32((2, 9, 4), 13), rng_f32((6, 3, 2), 14)
+    with mp.extended_precision() as rep:
+        y3 = mx.conv3d(mx.array(x3), mx.array(w3), (1, 2, 1), 1, 1)
+        y2 = mx.conv_transpose2d(mx.array(x2), mx.array(w2), (2, 3), (1, 0), 1, (1, 0), 2)
+        yg = mx.conv_general(mx.array(xg), mx.array(wg), stride=2, padding=([2], [1]),
+                             kernel_dilation=2, input_dilation=3, groups=2, flip=True)
+    check(y3, ref_conv(f64(x3), f64(w3), (1, 2, 1), (1,) * 3, (1,) * 3, (1,) * 3, 1), rep, "conv3d")
+    check(y2, ref_transpose(f64(x2), f64(w2), (2, 3), (1, 0), (1, 1), (1, 0), 2), rep,
+          "conv_transpose2d")
+    xd = np.zeros((2, 25, 4))
+    xd[:, ::3] = f64(xg)
+    check(yg, ref_conv(xd, f64(wg)[:, ::-1], (2,), (2,), (1,), (2,), 2), rep, "conv_general")
+
+
+def test_special_values_follow_float32(backend):
+    x, w = rng_f32((1, 12, 4), 15), rng_f32((3, 3, 4), 16)
+    x[0, 3, 1], x[0, 8, 2] = np.inf, np.nan
+    with mp.extended_precision():
+        y = np.array(mx.conv1d(mx.array(x), mx.array(w), 1, 1))
+    plain = np.array(mx.conv1d(mx.array(x), mx.array(w), 1, 1))
+    assert np.array_equal(np.isnan(y), np.isnan(plain))
+    assert np.array_equal(np.isinf(y), np.isinf(plain))
+    assert np.array_equal(y[np.isinf(y)], plain[np.isinf(plain)])
+
+
+def test_declines_and_errors():
+    """Depthwise conv1d is left to the table's dedicated rule; other dtypes and
+    MLX's own output-length convention (transpose padding > d (K - 1)) to MLX; an
+    invalid call gets MLX's error."""
+    ctx = rules.Operands("cpu", None, None)
+    x, w = mx.array(rng_f32((1, 10, 4), 17)), mx.array(rng_f32((4, 3, 1), 18))
+    assert convolution.RULES["conv1d"](ctx, mx.conv1d, x, w, 1, 0, 1, 4) is NotImplemented
+    w16 = mx.array(rng_f32((4, 3, 4), 19)).astype(mx.float16)
+    assert convolution.RULES["conv1d"](ctx, mx.conv1d, x, w16) is NotImplemented
+    wt = mx.array(rng_f32((4, 3, 4), 20))
+    assert convolution.RULES["conv_transpose1d"](ctx, mx.conv_transpose1d, x, wt, 1,
+                                                 3) is NotImplemented
+    with mp.extended_precision(), pytest.raises(ValueError):
+        mx.conv1d(x, mx.array(rng_f32((4, 3, 3), 21)))  # Cin 4 vs 3
+
+
+# ---- mlx.nn layers and gradients ------------------------------------------------------------
+
+class Upsampler(nn.Module):
+    """A vocoder-style stage: transposed-convolution upsampling, a grouped dilated
+    convolution with a residual, a strided 2-D convolution over (time, channel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose1d(8, 4, kernel_size=4, stride=2, padding=1)
+        self.res = nn.Conv1d(4, 4, kernel_size=3, padding=2, dilation=2, groups=2)
+        self.out = nn.Conv1d(4, 2, kernel_size=5, stride=2, padding=2)
+        self.img = nn.Conv2d(1, 3, kernel_size=(3, 2), stride=(2, 1), padding=1)
+
+    def __call__(self, x):
+        h = self.up(x)
+        h = h + self.res(h) * 0.5
+        y = self.out(h)
+        return self.img(y[..., None])
+
+
+def upsampler_reference(p: dict, x):
+    """The model's math in float64: p (parameter name -> float64 array)."""
+    h = ref_transpose(x, p["up.weight"], (2,), (1,), (1,), (0,), 1) + p["up.bias"]
+    h = h + (ref_conv(h, p["res.weight"], (1,), (2,), (2,), (2,), 2) + p["res.bias"]) * 0.5
+    y = ref_conv(h, p["out.weight"], (2,), (2,), (2,), (1,), 1) + p["out.bias"]
+    return ref_conv(y[..., None], p["img.weight"], (2, 1), (1, 1), (1, 1), (1, 1), 1) + p[
+        "img.bias"]
+
+
+def test_nn_layers_and_gradients(backend):
+    mx.random.seed(4)
+    m = Upsampler()
+    x = mx.array(rng_f32((2, 16, 8), 22))
+    params = {k: f64(v) for k, v in nn.utils.tree_flatten(m.parameters())}
+    ref = upsampler_reference(params, f64(x))
+    plain = m(x)
+    with mp.extended_precision() as rep:
+        y = m(x)
+    assert share(y, ref) >= 0.99 and normwise(y, ref) <= U, (share(y, ref), normwise(y, ref))
+    assert share(plain, ref) < 0.9 and normwise(plain, ref) > 2 * normwise(y, ref)
+    assert not rep.float32, rep
+    for name in ("conv_transpose1d", "conv1d", "conv2d"):
+        assert rep.extended[name] >= 1, rep
+    # gradients (parameters and input) against float64 directional derivatives of
+    # the reference (central differences, h = 1e-6: ~1e-10 relative). The backward
+    # pass is MLX's float32 VJPs of the sub-ops: float32-accurate, like plain MLX's
+    # gradient (both measured <= 8e-9 relative to |g| |d|); tolerance u / 2.
+    loss_fn = (lambda model, v: (model(v) ** 2).sum())
+    with mp.extended_precision():
+        grads = nn.value_and_grad(m, loss_fn)(m, x)[1]
+        gx = mx.grad(lambda v: loss_fn(m, v))(x)
+    g = {k: f64(v) for k, v in nn.utils.tree_flatten(grads)}
+    g["x"], params["x"] = f64(gx), f64(x)
+    rng = np.random.default_rng(23)
+    for _ in range(3):
+        d = {k: rng.standard_normal(v.shape) for k, v in params.items()}
+
+        def loss(t):
+            q = {k: params[k] + t * d[k] for k in params}
+            return (upsampler_reference(q, q["x"]) ** 2).sum()
+
+        h = 1e-6
+        want = (loss(h) - loss(-h)) / (2 * h)
+        got = sum(float(np.sum(g[k] * d[k])) for k in params)
+        scale = math.sqrt(sum(float(np.sum(v ** 2)) for v in g.values())) * math.sqrt(
+            sum(float(np.sum(v ** 2)) for v in d.values()))
+        assert abs(got - want) <= U / 2 * scale, (got, want, scale)
