@@ -272,7 +272,7 @@ def _differentiable(op: str, backend: str, stream):
                 gx, gy = g * mx.conj(yh), g * mx.conj(xh)
             else:
                 gx = g / mx.conj(yh)
-                gy = -gx * mx.conj(outputs[0] / yh)
+                gy = -gx * mx.conj(outputs[0])  # d(x/y)/dy = -z/y: -g conj(z / y)
             return (_sum_to(gx, xh), mx.zeros_like(xl), _sum_to(gy, yh), mx.zeros_like(yl))
 
     return f

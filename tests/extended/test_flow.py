@@ -475,3 +475,21 @@ def test_nested_gradients_never_return_zeros():
             mx.grad(hvp)(x)
         # first order through the same ops is fine
         np.testing.assert_allclose(np.array(mx.grad(inner)(x)), 3 * np.array(x) ** 2)
+
+
+def test_division_gradients_with_carried_operands(backend):
+    """d/da sum(c / a) = -c / a^2 and d/dc = 1 / a, real and complex, operands
+    carrying low words (against the closed forms in float64)."""
+    a0, c0 = rng_f32(16, 40) + 3, rng_f32(16, 41)
+    za = (rng_f32(16, 42) + 2 + 1j * rng_f32(16, 43)).astype(np.complex64)
+    with mp.extended_precision():
+        ga, gc = mx.grad(lambda a, c: mx.sum((c / 3) / (a / 7)), argnums=(0, 1))(
+            mx.array(a0), mx.array(c0))
+        gz = mx.grad(lambda a: mx.sum(mx.real(mx.array(c0.astype(np.complex64)) / (a / 7))))(
+            mx.array(za))
+    a, c = a0.astype(np.float64) / 7, c0.astype(np.float64) / 3
+    np.testing.assert_allclose(np.array(ga), -c / a**2 / 7, rtol=1e-5)
+    np.testing.assert_allclose(np.array(gc), 1 / a / 3, rtol=1e-5)
+    # MLX's convention for a complex input: conj of the holomorphic derivative
+    want = np.conj(-c0.astype(np.float64) / (za.astype(np.complex128) / 7) ** 2 / 7)
+    np.testing.assert_allclose(np.array(gz), want, rtol=1e-5)

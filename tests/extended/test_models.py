@@ -21,10 +21,9 @@ The vocoder's dense ``conv1d`` / ``conv_transpose1d`` have no rule yet (in progr
 mlx_precise/extended/convolution.py); its test asserts what the report says about
 them today and switches to the targets above once the report lists nothing under
 float32.
-Gradients: through the Hyena operator and the FNO against central differences of
-their float64 oracles along random directions; through S4D and the transformer block
-as well, where the emulate backend's VJP of a division by a carried divisor is wrong
-today (strict xfail, see ``test_gradients``).
+Gradients: through the Hyena operator, the FNO, S4D (complex divisions by carried
+divisors) and the transformer block, against central differences of their float64
+oracles along random directions.
 """
 
 from __future__ import annotations
@@ -115,17 +114,10 @@ def test_vocoder(backend):
         assert normwise(carried_value(y), ref) <= err_plain / 10
 
 
-EMULATE_DIVISOR_VJP = pytest.mark.xfail(
-    strict=True, reason="emulate: the VJP of x / y for a carried y returns -g z / y^2 "
-    "instead of -g z / y (mlx_precise/extended/arith.py _differentiable, op 'div')")
-
-
 @pytest.mark.parametrize("name", ["hyena", "fno", "s4d", "transformer"])
-def test_gradients(backend, name, request):
+def test_gradients(backend, name):
     """d/dt loss(params + t d) of sum(model(x)^2) against central differences
     (h = 1e-6, ~1e-10 relative) of the float64 oracle, along random directions d."""
-    if backend == "emulate" and name in ("s4d", "transformer"):
-        request.applymarker(EMULATE_DIVISOR_VJP)
     mod, model, x, _ = load(name)
     params = params64(model)
     x64 = np.array(x).astype(np.float64)
