@@ -32,7 +32,7 @@ import numpy as np
 from ..doubleword import functions
 from ..doubleword.words import DoubleWord
 from ..linalg import gemm
-from . import arith, carry, spectral
+from . import arith, carry, convolution, spectral
 from .carry import attach, low_word
 from .engine import words_op
 
@@ -604,9 +604,11 @@ def _einsum_rule(ctx, original, spec, *operands, **kw):
 def _conv1d(ctx, original, input, weight, stride=1, padding=0, dilation=1, groups=1,
             stream=None):
     """``mx.conv1d``: depthwise convolutions through the double-word depthwise
-    kernel (spectral.depthwise), words in and out."""
+    kernel (spectral.depthwise), words in and out; the others by
+    :mod:`.convolution` (one double-word GEMM over the gathered taps)."""
     if stream is not None or not spectral.is_depthwise(input, weight, groups):
-        return NotImplemented
+        return convolution.RULES["conv1d"](ctx, original, input, weight, stride, padding,
+                                           dilation, groups, stream=stream)
     geometry = (int(stride), int(padding), int(dilation))
     plain = mx.conv1d if original is None else original
     return spectral.conv(
@@ -630,7 +632,8 @@ FUNCTIONS = {
     "abs": _abs_rule, "square": _square, "cumsum": _cumsum,
     "maximum": _extremum(True), "minimum": _extremum(False), "where": _where,
     "sum": _reduction(False), "mean": _reduction(True),
-    "var": _decomposed(_var), "linspace": _linspace, "arange": _arange, "conv1d": _conv1d,
+    "var": _decomposed(_var), "linspace": _linspace, "arange": _arange,
+    **convolution.RULES, "conv1d": _conv1d,
     **{fn: _function(fn) for fn in functions.UNARY},
     "power": _power(), "arctan2": _arctan2, "atan2": _arctan2,
     "matmul": _matmul(), "addmm": _decomposed(_addmm), "tensordot": _decomposed(_tensordot),

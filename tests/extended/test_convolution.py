@@ -22,26 +22,6 @@ BACKENDS = ["cpu", "emulate"]
 U = 2.0 ** -24  # float32's unit roundoff
 
 
-def _chain(first, second):
-    def rule(ctx, original, *args, **kw):
-        out = first(ctx, original, *args, **kw)
-        return second(ctx, original, *args, **kw) if out is NotImplemented else out
-
-    return rule
-
-
-@pytest.fixture(autouse=True)
-def conv_rules(monkeypatch):
-    """The convolution rules in the flow's table (where the table does not hold
-    them yet): conv1d after the table's own (depthwise) rule."""
-    for name, rule in convolution.RULES.items():
-        have = rules.FUNCTIONS.get(name)
-        if have is None:
-            monkeypatch.setitem(rules.FUNCTIONS, name, rule)
-        elif have is not rule and name == "conv1d":
-            monkeypatch.setitem(rules.FUNCTIONS, name, _chain(have, rule))
-
-
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     with mp.use_backend(request.param):

@@ -253,13 +253,29 @@ def test_depthwise_conv1d(backend):
         assert (bits(a) == bits(b)).all()
 
 
-def test_non_depthwise_conv_is_plain():
+def test_non_depthwise_conv_runs_plain_per_op_and_extended_in_the_flow():
+    """The per-op interception extends only depthwise conv1d; the flow's rule
+    (mlx_precise.extended.convolution) extends grouped ones too."""
+    from mlx_precise import extended as flow
+
     rng = np.random.default_rng(7)
     x = mx.array(rng.standard_normal((2, 16, 4)).astype(np.float32))
     w = mx.array(rng.standard_normal((6, 3, 2)).astype(np.float32))
     plain = bits(mx.conv1d(x, w, padding=1, groups=2))
-    with mp.use_backend("cpu"), extended_precision():
-        assert (bits(mx.conv1d(x, w, padding=1, groups=2)) == plain).all()
+    with mp.use_backend("cpu"), extended_precision() as rep:
+        with flow.suspended():
+            assert (bits(mx.conv1d(x, w, padding=1, groups=2)) == plain).all()
+        y = mx.conv1d(x, w, padding=1, groups=2)
+    assert rep.extended["conv1d"] == 1
+    # float64 oracle: groups of 2 input channels, 3 output channels each
+    xp = np.pad(np.array(x).astype(np.float64), [(0, 0), (1, 1), (0, 0)])
+    w64 = np.array(w).astype(np.float64)
+    ref = np.zeros((2, 16, 6))
+    for o in range(6):
+        g = o // 3
+        for k in range(3):
+            ref[:, :, o] += xp[:, k:k + 16, 2 * g:2 * g + 2] @ w64[o, k]
+    assert (np.array(y) == ref.astype(np.float32)).all()
 
 
 # ---- mx.compile and mx.vmap -------------------------------------------------------
