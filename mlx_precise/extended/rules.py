@@ -54,14 +54,38 @@ def is_word_array(x) -> bool:
     return isinstance(x, mx.array) and x.dtype in _WORD_DTYPES
 
 
+def is_integer_array(x) -> bool:
+    return isinstance(x, mx.array) and (mx.issubdtype(x.dtype, mx.integer) or x.dtype == mx.bool_)
+
+
 def words(x) -> DoubleWord | None:
-    """x as a DoubleWord, or None when x is not an operand a rule takes."""
+    """x as a DoubleWord, or None when x is not an operand a rule takes. Integer
+    and bool arrays enter exactly: ``hi = RN32(a)`` and ``lo = a - hi`` (exact in
+    the integer type, and a float32 value for integers below 2^48)."""
     if is_word_array(x):
         lo = low_word(x)
         return DoubleWord(x, lo) if lo is not None else arith.exact(x)
+    if is_integer_array(x):
+        hi = x.astype(mx.float32)
+        if x.dtype in (mx.bool_, mx.int8, mx.uint8, mx.int16, mx.uint16):
+            return arith.exact(hi)  # exact in float32
+        wide = mx.int64 if x.dtype in (mx.int32, mx.int64) else mx.uint64
+        return DoubleWord(hi, (x.astype(wide) - hi.astype(wide)).astype(mx.float32))
     if isinstance(x, _SCALARS) and not isinstance(x, (bool, np.bool_)):
         return arith.constant(x)
     return None
+
+
+def _floating_result(x, y) -> bool:
+    """MLX's promotion gives float32 / complex64: a double-word operand, or an
+    integer array with a Python / numpy float or complex scalar."""
+    if is_word_array(x) or is_word_array(y):
+        return True
+    for a, b in ((x, y), (y, x)):
+        if is_integer_array(a) and isinstance(b, (float, complex, np.floating,
+                                                   np.complexfloating)):
+            return True
+    return False
 
 
 def result(z: DoubleWord) -> mx.array:
@@ -92,7 +116,7 @@ def _arith(op: str, reverse: bool = False):
     def rule(ctx, original, x, y, *rest, **kw):
         if _has_float64((x, y)):
             return original(_as64(x), _as64(y), *rest, **kw)
-        if not (is_word_array(x) or is_word_array(y)) or rest:
+        if not _floating_result(x, y) or rest:
             return NotImplemented
         a, b = words(x), words(y)
         if a is None or b is None:
@@ -322,6 +346,54 @@ def _abs_rule(ctx, original, x, **kw):
         return result(arith.abs(words(x)))
     with carry.reporting(ctx.report):
         return _complex_abs(x)
+
+
+def _extreme_reduction(larger: bool):
+    """``max`` / ``min`` over axes: MLX's on the high words (its NaN rule), then
+    the extreme low word among the elements holding that high word (exact)."""
+
+    def rule(ctx, original, a, axis=None, keepdims=False, **kw):
+        if not is_word_array(a) or a.dtype == mx.complex64 or low_word(a) is None or kw:
+            return NotImplemented
+        hi = original(a, axis=axis, keepdims=True)
+        fill = -np.inf if larger else np.inf
+        lo = original(mx.where(a == hi, low_word(a), fill), axis=axis, keepdims=True)
+        lo = mx.where(mx.isfinite(hi) & mx.isfinite(lo), lo, 0.0)
+        if not keepdims:
+            axes = _axes(a.ndim, axis)
+            hi, lo = (mx.squeeze(v, axis=axes) if axes else v for v in (hi, lo))
+        return attach(hi, lo)
+
+    return rule
+
+
+def _sdpa(q, k, v, *, scale, mask=None, sinks=None, force_fused=False, stream=None):
+    """``mx.fast.scaled_dot_product_attention``: ``softmax(q k^T scale + mask) v``
+    with grouped-query heads repeated (MLX's definition), each op double-word."""
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if heads != kv_heads:
+        k, v = (mx.repeat(t, heads // kv_heads, axis=-3) for t in (k, v))
+    s = (q * scale) @ mx.swapaxes(k, -1, -2)
+    if isinstance(mask, str):  # "causal": query i sees keys j <= i + (S - L)
+        L, S = s.shape[-2], s.shape[-1]
+        with carry.suspended():
+            keep = mx.arange(S)[None, :] <= mx.arange(L)[:, None] + (S - L)
+        s = mx.where(keep, s, -np.inf)
+    elif mask is not None and mask.dtype == mx.bool_:
+        s = mx.where(mask, s, -np.inf)
+    elif mask is not None:
+        s = s + mask
+    return mx.softmax(s, axis=-1) @ v
+
+
+def _sdpa_rule(ctx, original, q, k, v, **kw):
+    if kw.get("sinks") is not None or kw.get("stream") is not None or kw.get("mask") not in (
+            None, "causal") and not isinstance(kw.get("mask"), mx.array):
+        return NotImplemented
+    if not all(is_word_array(t) and t.dtype == mx.float32 for t in (q, k, v)):
+        return NotImplemented
+    with carry.reporting(ctx.report):
+        return _sdpa(q, k, v, **kw)
 
 
 def _cumsum(ctx, original, a, axis=None, *, reverse=False, inclusive=True, dtype=None,
@@ -630,6 +702,7 @@ FUNCTIONS = {
     "negative": _exact1(arith.neg), "conjugate": _exact1(arith.conj),
     "conj": _exact1(arith.conj), "real": _exact1(_real), "imag": _exact1(_imag),
     "abs": _abs_rule, "square": _square, "cumsum": _cumsum,
+    "max": _extreme_reduction(True), "min": _extreme_reduction(False),
     "maximum": _extremum(True), "minimum": _extremum(False), "where": _where,
     "sum": _reduction(False), "mean": _reduction(True),
     "var": _decomposed(_var), "linspace": _linspace, "arange": _arange,
@@ -652,6 +725,7 @@ METHODS = {
     "__mul__": _arith("mul"), "__rmul__": _arith("mul", reverse=True),
     "__truediv__": _arith("div"), "__rtruediv__": _arith("div", reverse=True),
     "__neg__": _exact1(arith.neg), "__abs__": _abs_rule, "abs": _abs_rule, "cumsum": _cumsum,
+    "max": _extreme_reduction(True), "min": _extreme_reduction(False),
     "conj": _exact1(arith.conj), "square": _square,
     "sum": _reduction(False), "mean": _reduction(True), "var": _decomposed(_var),
     "std": _decomposed(_std), "logsumexp": _decomposed(_logsumexp),
@@ -667,7 +741,8 @@ METHODS = {
 }
 
 # mx.fast function name -> rule
-FAST = {"layer_norm": _decomposed(_layer_norm), "rms_norm": _decomposed(_rms_norm)}
+FAST = {"layer_norm": _decomposed(_layer_norm), "rms_norm": _decomposed(_rms_norm),
+        "scaled_dot_product_attention": _sdpa_rule}
 
 # mx.array property name -> rule
 PROPERTIES = {"real": _property(_real), "imag": _property(_imag), "T": _property(),

@@ -204,3 +204,31 @@ def test_cumsum_and_complex_abs(backend):
     assert share(a_big, np.abs(big.astype(np.complex128))) == 1.0
     assert share(a_small, np.abs(small.astype(np.complex128) / 3)) == 1.0
     assert not rep.float32
+
+
+def test_attention_extremes_integers_and_group_norm(backend):
+    """mx.fast.scaled_dot_product_attention (grouped-query heads, causal), max / min
+    reductions of carried values, integer arrays with float scalars (exact
+    operands), nn.GroupNorm (through mx.fast.layer_norm)."""
+    q, k, v = rng_f32((2, 4, 8, 16), 20), rng_f32((2, 2, 8, 16), 21), rng_f32((2, 2, 8, 16), 22)
+    x = rng_f32((4, 50), 23)
+    with mp.extended_precision() as rep:
+        o = mx.fast.scaled_dot_product_attention(mx.array(q), mx.array(k), mx.array(v),
+                                                 scale=0.25, mask="causal")
+        m, mn = mx.max(mx.array(x) / 3, axis=1), (mx.array(x) / 3).min()
+        grid = mx.arange(10) * 0.1 + mx.array(np.array([2**30 + 1], np.int32)) * 0.5
+        gn = nn.GroupNorm(2, 50)(mx.array(x).reshape(4, 1, 50) * 1.5)
+        gp = nn.GroupNorm(2, 50, pytorch_compatible=True)(mx.array(x).reshape(4, 1, 50) * 1.5)
+    Q, K, V = f64(q), np.repeat(f64(k), 2, axis=1), np.repeat(f64(v), 2, axis=1)
+    s = np.where(np.tril(np.ones((8, 8))) > 0, Q @ K.swapaxes(-1, -2) * 0.25, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    assert share(o, (p / p.sum(-1, keepdims=True)) @ V) >= 0.99
+    X = f64(x)
+    assert share(m, (X / 3).max(1)) == 1.0 and share(mn, (X / 3).min()) == 1.0
+    assert share(grid, np.arange(10) * 0.1 + (2**30 + 1) * 0.5) == 1.0
+    norm = (lambda g, ax: (g - g.mean(ax, keepdims=True)) / np.sqrt(g.var(ax, keepdims=True)
+                                                                       + 1e-5))
+    # MLX's default groups interleave the channels (c belongs to group c % 2)
+    assert share(gn, norm((X * 1.5).reshape(4, 25, 2), 1).reshape(4, 1, 50)) >= 0.99
+    assert share(gp, norm((X * 1.5).reshape(4, 2, 25), 2).reshape(4, 1, 50)) >= 0.99
+    assert not rep.float32
