@@ -90,6 +90,37 @@ def measure(name: str, size: str = "small", backends=("cpu", "emulate"), repeat:
     return out
 
 
+def launches(name: str, size: str = "small", seed: int = 0) -> dict:
+    """The double-word kernels one forward pass launches on the Metal path,
+    counted on the emulator (the same launches metal makes): {"launches",
+    "bytes" (inputs read + outputs written by those kernels), "by_kernel"}.
+    MLX's own ops between them (slices, pads, casts) are not counted."""
+    from mlx_precise.core import kernels
+
+    mod = importlib.import_module(f"models.{name}")
+    model, x = mod.build(size, seed)
+    counts: dict = {}
+    total = {"launches": 0, "bytes": 0}
+    call = kernels.Kernel.__call__
+
+    def counting(self, *, inputs, output_shapes, output_dtypes, **kw):
+        total["launches"] += 1
+        counts[self.name] = counts.get(self.name, 0) + 1
+        total["bytes"] += sum(a.nbytes for a in inputs if isinstance(a, mx.array))
+        total["bytes"] += sum(int(np.prod(s)) * d.size for s, d in zip(output_shapes,
+                                                                       output_dtypes))
+        return call(self, inputs=inputs, output_shapes=output_shapes,
+                    output_dtypes=output_dtypes, **kw)
+
+    kernels.Kernel.__call__ = counting
+    try:
+        with mlx_precise.use_backend("emulate"), mlx_precise.extended_precision():
+            mx.eval(model(x))
+    finally:
+        kernels.Kernel.__call__ = call
+    return {**total, "by_kernel": counts, "outputs": int(np.prod(model(x).shape))}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="small", choices=("small", "medium", "large"))
@@ -97,6 +128,8 @@ def main(argv=None):
                    help="cpu, emulate or metal (repeatable; default: cpu and emulate)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--launches", action="store_true",
+                   help="also count the Metal path's kernel launches and bytes (emulator)")
     a = p.parse_args(argv)
     backends = a.backend or ["cpu", "emulate"]
     print(f"size {a.size}; time: one forward pass, best of {a.repeat}; "
@@ -113,6 +146,18 @@ def main(argv=None):
             print(f"| {name if run == 'plain' else ''} | {label} | {100 * row['exact']:.1f}% | "
                   f"{row['err']:.2e} | {dw} | {1e3 * row['time']:.1f} ms | {f32} |")
         print(f"| | floor (oracle rounded to float32) | 100.0% | {r['floor']:.2e} | | | |")
+    if a.launches:
+        print("\nMetal path (counted on the emulator): double-word kernel launches and bytes "
+              "they read and write per forward pass; the time is the memory-bound lower "
+              "bound at an M2 Max's 400 GB/s (launch latency and compute not included)")
+        print("\n| model | launches | MB | bytes per output | >= time at 400 GB/s | kernels |")
+        print("|---|---|---|---|---|---|")
+        for name in a.models:
+            c = launches(name, a.size)
+            top = ", ".join(f"{k} {v}" for k, v in sorted(c["by_kernel"].items(),
+                                                          key=lambda kv: -kv[1])[:4])
+            print(f"| {name} | {c['launches']} | {c['bytes'] / 1e6:.2f} | "
+                  f"{c['bytes'] / c['outputs']:.0f} | {1e6 * c['bytes'] / 400e9:.1f} us | {top} |")
 
 
 if __name__ == "__main__":
