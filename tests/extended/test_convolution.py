@@ -16,28 +16,10 @@ import numpy as np
 import pytest
 
 import mlx_precise as mp
+from flow_helpers import f64, rng_f32, share
 from mlx_precise.extended import convolution, low_word, rules
 
-BACKENDS = ["cpu", "emulate"]
 U = 2.0 ** -24  # float32's unit roundoff
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    with mp.use_backend(request.param):
-        yield request.param
-
-
-def rng_f32(shape, seed):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def f64(a):
-    return np.array(a).astype(np.float64)
-
-
-def share(y, ref) -> float:
-    return float(np.mean(np.array(y) == np.asarray(ref).astype(np.float32)))
 
 
 def normwise(y, ref) -> float:

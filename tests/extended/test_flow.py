@@ -13,31 +13,11 @@ import numpy as np
 import pytest
 
 import mlx_precise as mp
+from flow_helpers import rng_f32, share
 from mlx_precise.extended import PrecisionDropError, carried, low_word
 from test_lazy_glue import lazy_metal  # noqa: F401  (the lazy stand-in for Metal)
 
-BACKENDS = ["cpu", "emulate"]
 LD = np.longdouble
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    with mp.use_backend(request.param):
-        yield request.param
-
-
-def share_exact(y, ref) -> float:
-    """Fraction of outputs equal to the float32 rounding of the oracle ``ref``."""
-    y = np.array(y)
-    ref = np.asarray(ref)
-    if np.iscomplexobj(ref):
-        want = ref.real.astype(np.float32) + 1j * ref.imag.astype(np.float32)
-        return float(np.mean((y.real == want.real) & (y.imag == want.imag)))
-    return float(np.mean(y == ref.astype(np.float32)))
-
-
-def rng_f32(shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 # ---- scalars and arithmetic ---------------------------------------------------------
@@ -100,11 +80,11 @@ def test_complex_arithmetic(backend):
         s = (A + B).sum(axis=1)
         conj = mx.conj(A) * A
     al, bl = a.astype(np.clongdouble), b.astype(np.clongdouble)
-    assert share_exact(prod, al * bl * LD(0.3)) >= 0.99
-    assert share_exact(quot, al / bl) >= 0.99
-    assert share_exact(mix, al * bl.real - 2.5j) >= 0.99
-    assert share_exact(s, (al + bl).sum(axis=1)) == 1.0
-    assert share_exact(conj, np.conj(al) * al) == 1.0
+    assert share(prod, al * bl * LD(0.3)) >= 0.99
+    assert share(quot, al / bl) >= 0.99
+    assert share(mix, al * bl.real - 2.5j) >= 0.99
+    assert share(s, (al + bl).sum(axis=1)) == 1.0
+    assert share(conj, np.conj(al) * al) == 1.0
     assert not rep.float32
 
 
@@ -217,12 +197,12 @@ def test_fft_convolution_forms(backend):
     u, k, D = rng_f32((B, C, L), 10), rng_f32((C, L), 11), rng_f32((C,), 12)
     ref_plain, ref_safari = _causal_oracle(u, k), _causal_oracle(u, k, D)
     args = (mx.array(u), mx.array(k))
-    plain = share_exact(_conv_plain(*args), ref_plain)
+    plain = share(_conv_plain(*args), ref_plain)
     with mp.extended_precision() as rep:
         y1 = _conv_plain(*args)
         y2 = _conv_safari(*args, mx.array(D))
-    assert share_exact(y1, ref_plain) >= 0.99 > plain
-    assert share_exact(y2, ref_safari) >= 0.99
+    assert share(y1, ref_plain) >= 0.99 > plain
+    assert share(y2, ref_safari) >= 0.99
     assert rep.extended["fft.rfft"] == 4 and rep.extended["fft.irfft"] == 2
     assert not rep.float32
 
@@ -246,7 +226,7 @@ def test_fno_spectral_layer(backend):
     g = np.zeros_like(f)
     g[:, :modes, :modes] = f[:, :modes, :modes] * wr.astype(np.complex128)
     ref = np.fft.irfft2(g, s=(H, W))
-    assert share_exact(y, ref) >= 0.99
+    assert share(y, ref) >= 0.99
     assert not rep.float32
 
 
@@ -337,8 +317,8 @@ def test_compiled_functions_run_extended_inside():
         s = nn.silu(q)
     assert low_word(y) is not None and rep.extended["erf"] == 1 and rep.extended["sigmoid"] == 1
     Xd = X.astype(np.float64)
-    assert share_exact(g, Xd * (1 + erf(Xd / np.sqrt(2))) / 2) >= 0.999
-    assert share_exact(s, Xd / (1 + np.exp(-Xd))) >= 0.999
+    assert share(g, Xd * (1 + erf(Xd / np.sqrt(2))) / 2) >= 0.999
+    assert share(s, Xd / (1 + np.exp(-Xd))) >= 0.999
     assert type(nn.gelu).__name__ == "_gc_func"  # MLX's compiled one is back
 
 
@@ -392,8 +372,8 @@ def test_in_place_updates_keep_words_consistent(backend):
     assert alias is x and alias2 is x
     total = np.array(x).astype(LD) + np.array(low_word(x)).astype(LD)
     assert np.max(np.abs(total - want) / np.abs(want)) < 2.0**-46
-    assert share_exact(x, want) == 1.0
-    assert share_exact(mx.concatenate([r[None] for r in rows]).reshape(-1), want) == 1.0
+    assert share(x, want) == 1.0
+    assert share(mx.concatenate([r[None] for r in rows]).reshape(-1), want) == 1.0
     assert all(low_word(r) is not None for r in rows)
     # an update without a rule leaves no stale low word behind
     lo = low_word(y)
@@ -440,15 +420,15 @@ def test_var_and_grids(backend):
         grid = mx.linspace(-1, 1, 7)
         steps = mx.arange(0.0, 1.0, 0.1)
     xl = x.astype(LD)
-    assert share_exact(v, xl.var(axis=1)) == 1.0
-    assert share_exact(v1, xl.var(axis=1, ddof=1)) == 1.0
+    assert share(v, xl.var(axis=1)) == 1.0
+    assert share(v1, xl.var(axis=1, ddof=1)) == 1.0
     assert float(np.mean(np.array(mx.var(X, axis=1)) == xl.var(axis=1).astype(np.float32))) < 1
     for got, want in ((grid, np.linspace(-1, 1, 7)), (steps, np.arange(10) * 0.1)):
         assert got.shape == want.shape and got.dtype == mx.float32
         total = np.array(got).astype(np.float64) + np.array(low_word(got)).astype(np.float64)
         # the float64 values to double-word precision (48 bits), not float32 sums
         assert np.max(np.abs(total - want)) <= 2.0**-47 * np.max(np.abs(want))
-        assert share_exact(got, want) == 1.0
+        assert share(got, want) == 1.0
     assert rep.extended["var"] == 2 and rep.extended["linspace"] == 1
 
 

@@ -16,31 +16,8 @@ import pytest
 from scipy.special import erf
 
 import mlx_precise as mp
+from flow_helpers import f64, rng_f32, share
 from mlx_precise.extended import low_word
-
-BACKENDS = ["cpu", "emulate"]
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    with mp.use_backend(request.param):
-        yield request.param
-
-
-def rng_f32(shape, seed):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def share(y, ref) -> float:
-    y, ref = np.array(y), np.asarray(ref)
-    if np.iscomplexobj(ref):
-        return float(np.mean((y.real == ref.real.astype(np.float32))
-                             & (y.imag == ref.imag.astype(np.float32))))
-    return float(np.mean(y == ref.astype(np.float32)))
-
-
-def f64(a):
-    return np.array(a).astype(np.float64)
 
 
 # (MLX's functions are looked up when called, as model code does: a name bound

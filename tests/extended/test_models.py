@@ -46,14 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples
 
 from models._common import params64  # noqa: E402
 
-BACKENDS = ["cpu", "emulate"]
 RULED = ["hyena", "s4d", "fno", "logmel", "transformer"]
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    with mp.use_backend(request.param):
-        yield request.param
 
 
 def load(name: str):
