@@ -47,7 +47,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from .words import DoubleWord, complex_from_parts
+from .words import DoubleWord, combine, from64, to64
 from ..core import backends
 from ..core.kernels import Kernel, elementwise_grid, same_shape
 
@@ -248,7 +248,7 @@ def unary(fn: str, x: DoubleWord, backend: str | None = None, stream=None) -> Do
         if name == "cpu":
             return _cpu_cexp(re, im)
         zr, zi = _launch("cexp", re, im, name, stream)
-        return DoubleWord(complex_from_parts(zr.hi, zi.hi), complex_from_parts(zr.lo, zi.lo))
+        return combine(zr, zi)
     if name == "cpu":
         return _cpu_unary(fn, x)
     return _launch(fn, x, None, name, stream)
@@ -279,9 +279,9 @@ def binary(fn: str, x: DoubleWord, y: DoubleWord, backend: str | None = None,
     name = _backend(backend)
     if name == "cpu":
         with mx.stream(mx.cpu):
-            a, b = _to64(x), _to64(y)
+            a, b = to64(x)[0], to64(y)[0]
             v = mx.power(a, b) if fn == "power" else mx.arctan2(a, b)
-        return _split64(v)
+        return from64(v)
     return _launch(fn, x, y, name, stream)
 
 
@@ -310,19 +310,6 @@ def _launch(fn: str, a: DoubleWord, b: DoubleWord | None, backend: str, stream):
 
 
 # ---- cpu: float64 -------------------------------------------------------------------
-
-def _to64(x: DoubleWord) -> mx.array:
-    """hi + lo in float64 (exact for pairs split from float64); -0 stays -0."""
-    h = x.hi.astype(F64)
-    return mx.where(x.lo == 0, h, h + x.lo.astype(F64))
-
-
-def _split64(v: mx.array) -> DoubleWord:
-    """hi = RN32(v), lo = RN32(v - hi), lo = 0 where hi is not finite."""
-    hi = v.astype(F32)
-    lo = (v - hi.astype(F64)).astype(F32)
-    return DoubleWord(hi, mx.where(mx.isfinite(hi), lo, mx.zeros_like(lo)))
-
 
 def _exp64(v: mx.array) -> mx.array:
     """exp in float64: cosh + sinh (same sign for v >= 0), 1 / (cosh - sinh) below
@@ -361,7 +348,7 @@ def _erf64(v: mx.array) -> mx.array:
 
 def _cpu_unary(fn: str, x: DoubleWord) -> DoubleWord:
     with mx.stream(mx.cpu):
-        v = _to64(x)
+        v = to64(x)[0]
         if fn == "exp":
             r = _exp64(v)
         elif fn in ("sin", "cos"):
@@ -374,15 +361,14 @@ def _cpu_unary(fn: str, x: DoubleWord) -> DoubleWord:
             r = _erf64(v)
         else:
             r = getattr(mx, fn)(v)
-        return _split64(r)
+        return from64(r)
 
 
 def _cpu_cexp(re: DoubleWord, im: DoubleWord) -> DoubleWord:
     with mx.stream(mx.cpu):
-        a, b = _to64(re), _to64(im)
+        a, b = to64(re)[0], to64(im)[0]
         s, c = _sincos64(b)
         e = _exp64(a)
         real = mx.where(b == 0, e, e * c)
         imag = mx.where(b == 0, b, e * s)
-        zr, zi = _split64(real), _split64(imag)
-    return DoubleWord(complex_from_parts(zr.hi, zi.hi), complex_from_parts(zr.lo, zi.lo))
+        return from64(real, imag)

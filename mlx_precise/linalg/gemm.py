@@ -33,7 +33,8 @@ import math
 import mlx.core as mx
 
 from ..core import backends
-from ..doubleword import DoubleWord, complex_from_parts
+from ..doubleword import DoubleWord
+from ..doubleword.words import combine, from64, to64
 from ..core.kernels import Kernel
 
 F32, C64, F64 = mx.float32, mx.complex64, mx.float64
@@ -166,24 +167,9 @@ def _map(f, x: DoubleWord) -> DoubleWord:
 
 # ---- cpu: float64 -----------------------------------------------------------------
 
-def _parts64(x: DoubleWord):
-    """(re, im) float64 arrays of ``hi + lo`` (exact; im None for real words)."""
-    if not x.is_complex:
-        return x.hi.astype(F64) + x.lo.astype(F64), None
-    re, im = x.parts()
-    return _parts64(re)[0], _parts64(im)[0]
-
-
-def _split64(v: mx.array) -> DoubleWord:
-    """float64 -> (RN32(v), RN32(v - hi)); a non-finite high word gets a zero low word."""
-    hi = v.astype(F32)
-    lo = (v - hi.astype(F64)).astype(F32)
-    return DoubleWord(hi, mx.where(mx.isfinite(hi), lo, mx.zeros_like(lo)))
-
-
 def _cpu(a: DoubleWord, b: DoubleWord, bias: DoubleWord | None) -> DoubleWord:
     with mx.stream(mx.cpu):
-        (ar, ai), (br, bi) = _parts64(a), _parts64(b)
+        (ar, ai), (br, bi) = to64(a), to64(b)
         mm = (lambda x, y: mx.matmul(x, y, stream=mx.cpu))
         re = mm(ar, br)
         im = None
@@ -192,15 +178,11 @@ def _cpu(a: DoubleWord, b: DoubleWord, bias: DoubleWord | None) -> DoubleWord:
         elif ai is not None or bi is not None:
             im = mm(ai, br) if ai is not None else mm(ar, bi)
         if bias is not None:
-            dr, di = _parts64(bias)
+            dr, di = to64(bias)
             re = re + dr
             if di is not None:
                 im = di + (0.0 if im is None else im)
-        if im is None:
-            return _split64(re)
-        re, im = mx.broadcast_arrays(re, im)
-        r, i = _split64(re), _split64(im)
-        return DoubleWord(complex_from_parts(r.hi, i.hi), complex_from_parts(r.lo, i.lo))
+        return from64(re) if im is None else from64(*mx.broadcast_arrays(re, im))
 
 
 # ---- metal / emulate: the tiled kernel ----------------------------------------------
@@ -236,7 +218,7 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, batch: tuple,
         dr, di = d.parts()
         re = _kernel(a, b, dr, batch, name, stream)
         im = _map(lambda w: mx.broadcast_to(w, re.shape), di)
-        return DoubleWord(complex_from_parts(re.hi, im.hi), complex_from_parts(re.lo, im.lo))
+        return combine(re, im)
     if cx and d is not None and not d.is_complex:
         d = _map(lambda w: w.astype(C64), d)  # exact: zero imaginary part
     both = a.is_complex and b.is_complex
