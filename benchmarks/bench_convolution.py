@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_flow import timed  # noqa: E402  (best of `repeat` runs, after one warm-up)
+from bench_flow import compare  # noqa: E402  (plain vs extended, timed, scored)
 
 
 def oracle(kind: str, x: np.ndarray, w: np.ndarray, kw: dict) -> np.ndarray:
@@ -67,8 +67,6 @@ def cases(size: str):
 
 
 def run(backend: str, size: str, repeat: int):
-    import mlx_precise as mp
-
     rng = np.random.default_rng(0)
     rows = []
     for name, kind, xs, ws, kw in cases(size):
@@ -76,12 +74,10 @@ def run(backend: str, size: str, repeat: int):
         w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
         ref = oracle(kind, x, w, kw)
         X, W = mx.array(x), mx.array(w)
-        t_plain, y_plain = timed(lambda: getattr(mx, kind)(X, W, **kw), repeat)
-        with mp.use_backend(backend), mp.extended_precision() as rep:
-            t_ext, y_ext = timed(lambda: getattr(mx, kind)(X, W, **kw), repeat)
+        t_plain, t_ext, share, rep = compare(lambda: getattr(mx, kind)(X, W, **kw), ref,
+                                             backend, repeat)
         if not rep.extended[kind]:
             raise SystemExit(f"{kind} has no double-word rule in the flow's table yet")
-        share = [float(np.mean(y == ref.astype(np.float32))) for y in (y_plain, y_ext)]
         rows.append((name, t_plain, t_ext, share))
     return rows
 

@@ -94,9 +94,20 @@ def timed(fn, repeat: int):
     return best, np.array(out)
 
 
-def inside(backend: str, L: int, side: int, repeat: int):
+def compare(fn, ref, backend: str, repeat: int):
+    """``fn()`` plain and inside ``extended_precision()`` on ``backend``: (float32
+    time, extended time, [exactly rounded share float32, extended], the block's
+    report)."""
     import mlx_precise as mp
 
+    t_plain, y_plain = timed(fn, repeat)
+    with mp.use_backend(backend), mp.extended_precision() as report:
+        t_ext, y_ext = timed(fn, repeat)
+    share = [float(np.mean(y == ref.astype(np.float32))) for y in (y_plain, y_ext)]
+    return t_plain, t_ext, share, report
+
+
+def inside(backend: str, L: int, side: int, repeat: int):
     rng = np.random.default_rng(0)
     u = rng.standard_normal((1, 16, L)).astype(np.float32)
     k = rng.standard_normal((16, L)).astype(np.float32)
@@ -115,10 +126,7 @@ def inside(backend: str, L: int, side: int, repeat: int):
     for name, fn, args, ref in (("causal FFT conv (1x16x%d)" % L, conv, (u, k, D), ref_conv),
                                 ("FNO layer (4x%dx%d)" % (side, side), fno, (x, w), ref_fno)):
         arrays = [mx.array(a) for a in args]
-        t_plain, y_plain = timed(lambda: fn(*arrays), repeat)
-        with mp.use_backend(backend), mp.extended_precision():
-            t_ext, y_ext = timed(lambda: fn(*arrays), repeat)
-        share = [float(np.mean(y == ref.astype(np.float32))) for y in (y_plain, y_ext)]
+        t_plain, t_ext, share, _ = compare(lambda: fn(*arrays), ref, backend, repeat)
         rows.append((name, t_plain, t_ext, share))
     return rows
 
