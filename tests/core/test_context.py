@@ -38,6 +38,9 @@ def test_nesting_and_exceptions():
     with pytest.raises(TypeError, match=r"extended_precision\(intercept_mlx\) takes a bool"):
         with extended_precision(intercept_mlx=1):
             pass
+    with pytest.raises(TypeError, match=r"extended_precision\(strict\) takes a bool"):
+        with extended_precision(strict="raise"):
+            pass
 
 
 def test_per_thread_and_per_task():
