@@ -170,7 +170,10 @@ class DoubleWord:
     arrays), or :meth:`from_array` (any of these, by dtype).
     """
 
-    __slots__ = ("hi", "lo")
+    # wide: on the cpu backend, the float64 value (re, im or None) the words were
+    # split from, kept so the next float64 step reads it instead of re-joining the
+    # words (see to64); None elsewhere and whenever the words were made otherwise.
+    __slots__ = ("hi", "lo", "wide")
     # numpy defers to the reflected operators below (x - d with a numpy x calls
     # d.__rsub__) instead of treating a DoubleWord as an object scalar.
     __array_ufunc__ = None
@@ -187,6 +190,7 @@ class DoubleWord:
             raise ValueError(f"DoubleWord words must have one shape, got {hi.shape} and {lo.shape}")
         self.hi = hi
         self.lo = lo
+        self.wide = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -302,11 +306,16 @@ class DoubleWord:
 def from_float64_result(y: np.ndarray, round_output: bool):
     """A cpu-backend result computed in float64: rounded once to float32 / complex64
     (overflow to Inf, as on the GPU, without numpy's warning), or split into a
-    :class:`DoubleWord` when ``round_output`` is False."""
+    :class:`DoubleWord` when ``round_output`` is False (lazily by :func:`from64`,
+    which keeps the float64 value for the next cpu step)."""
     if round_output:
         with np.errstate(over="ignore"):
             return mx.array(y.astype(np.complex64 if np.iscomplexobj(y) else np.float32))
-    return DoubleWord(*_split_result(y))
+    with mx.stream(mx.cpu):
+        if np.iscomplexobj(y):
+            return from64(mx.array(np.ascontiguousarray(y.real), dtype=mx.float64),
+                          mx.array(np.ascontiguousarray(y.imag), dtype=mx.float64))
+        return from64(mx.array(y, dtype=mx.float64))
 
 
 # MLX's own real / imag, bound at import: inside extended_precision() the names in
@@ -403,8 +412,11 @@ def real_imag(x: DoubleWord) -> tuple[DoubleWord, DoubleWord]:
     """Real and imaginary parts (exact; a real x has a zero imaginary part)."""
     if not x.is_complex:
         return x, DoubleWord(mx.zeros_like(x.hi), mx.zeros_like(x.lo))
-    return (DoubleWord(mx.real(x.hi), mx.real(x.lo)),
-            DoubleWord(mx.imag(x.hi), mx.imag(x.lo)))
+    re, im = (DoubleWord(mx.real(x.hi), mx.real(x.lo)),
+              DoubleWord(mx.imag(x.hi), mx.imag(x.lo)))
+    if x.wide is not None:  # the parts of the float64 value (cpu)
+        re.wide, im.wide = (x.wide[0], None), (x.wide[1], None)
+    return re, im
 
 
 def combine(re: DoubleWord, im: DoubleWord) -> DoubleWord:
@@ -425,13 +437,30 @@ def negate(x: DoubleWord) -> DoubleWord:
     return DoubleWord(-x.hi, -x.lo)
 
 
+def _zero_as_minus_zero(v: mx.array) -> mx.array:
+    """v with every zero made -0 (other values unchanged): x + (-0) = x for every
+    x, -0 and +0 included, so adding this keeps the sign of a zero high word."""
+    return -((-v) + 0.0)
+
+
+def _finite_or_zero(lo: mx.array, hi: mx.array) -> mx.array:
+    """lo where hi is finite, +0 where it is not (Inf, NaN), by a bit mask: MLX's
+    ``where`` and ``isfinite`` on the CPU are ~10x slower than an arithmetic pass."""
+    keep = -(mx.abs(hi) < float("inf")).astype(mx.int32)  # all ones / all zeros
+    bits = mx.uint32 if lo.dtype == mx.float32 else mx.uint64
+    return (lo.view(bits) & keep.astype(bits)).view(lo.dtype)
+
+
 def to64(x: DoubleWord) -> tuple[mx.array, mx.array | None]:
     """``hi + lo`` as MLX float64 arrays (re, im; im None for real words), lazy:
-    exact for normalised pairs, and -0 stays -0. Call on the CPU stream (MLX has
-    float64 there only)."""
+    exact for normalised pairs, and -0 stays -0; ``x.wide`` itself when ``x`` was
+    made by :func:`from64` (the same value, without a pass over the words). Call
+    on the CPU stream (MLX has float64 there only)."""
+    if x.wide is not None:
+        return x.wide
+
     def join64(w: DoubleWord) -> mx.array:
-        h = w.hi.astype(mx.float64)
-        return mx.where(w.lo == 0, h, h + w.lo.astype(mx.float64))
+        return w.hi.astype(mx.float64) + _zero_as_minus_zero(w.lo).astype(mx.float64)
 
     re, im = real_imag(x)
     return join64(re), (join64(im) if x.is_complex else None)
@@ -440,14 +469,19 @@ def to64(x: DoubleWord) -> tuple[mx.array, mx.array | None]:
 def from64(re: mx.array, im: mx.array | None = None) -> DoubleWord:
     """MLX float64 values split into two words, lazily: ``hi = RN32(v)``,
     ``lo = RN32(v - hi)``, ``lo = 0`` where ``hi`` is not finite (the special-value
-    rule of the kernels); complex when ``im`` is given."""
+    rule of the kernels); complex when ``im`` is given. The result keeps ``(re,
+    im)`` as its ``wide`` value. The low word takes no gradient: ``hi + lo = v``,
+    so its derivative with respect to v is 0 (the gradient flows through ``hi``)."""
     def split64(v: mx.array) -> DoubleWord:
         hi = v.astype(mx.float32)
-        lo = (v - hi.astype(mx.float64)).astype(mx.float32)
-        return DoubleWord(hi, mx.where(mx.isfinite(hi), lo, mx.zeros_like(lo)))
+        s = mx.stop_gradient(v)
+        h = mx.stop_gradient(hi)
+        return DoubleWord(hi, _finite_or_zero((s - h.astype(mx.float64)).astype(mx.float32), h))
 
     r = split64(re)
-    return r if im is None else combine(r, split64(im))
+    out = r if im is None else combine(r, split64(im))
+    out.wide = (re, im)
+    return out
 
 
 def _binary64(op: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:

@@ -42,13 +42,16 @@ def suspended():
         report.reset(token)
 
 
-# id(hi) -> (weak reference to hi, lo)
-_table: dict[int, tuple[weakref.ref, mx.array]] = {}
+# id(hi) -> (weak reference to hi, lo, wide)
+_table: dict[int, tuple[weakref.ref, mx.array, tuple | None]] = {}
 
 
-def attach(hi: mx.array, lo: mx.array | None) -> mx.array:
+def attach(hi: mx.array, lo: mx.array | None, wide: tuple | None = None) -> mx.array:
     """Record ``lo`` as the low word of ``hi`` (None: ``hi`` is exact) and
-    return ``hi``."""
+    return ``hi``. ``wide``: on the cpu backend, the float64 value ``(re, im or
+    None)`` that ``hi`` and ``lo`` were split from (the next float64 step reads it
+    instead of joining the words again); it must equal the words' value to float64
+    accuracy, so anything that changes ``hi`` or ``lo`` attaches without it."""
     key = id(hi)
     if lo is None:
         _table.pop(key, None)
@@ -57,7 +60,7 @@ def attach(hi: mx.array, lo: mx.array | None) -> mx.array:
     def drop(_ref, key=key):
         _table.pop(key, None)
 
-    _table[key] = (weakref.ref(hi, drop), lo)
+    _table[key] = (weakref.ref(hi, drop), lo, wide)
     return hi
 
 
@@ -69,6 +72,15 @@ def low_word(x) -> mx.array | None:
     if entry is None or entry[0]() is not x:  # a stale id: the array was freed
         return None
     return entry[1]
+
+
+def wide_value(x) -> tuple | None:
+    """The float64 value ``(re, im or None)`` recorded with ``x``'s low word on the
+    cpu backend, or None."""
+    entry = _table.get(id(x))
+    if entry is None or entry[0]() is not x:
+        return None
+    return entry[2]
 
 
 # ---- values computed by a gradient nested in another gradient ------------------------

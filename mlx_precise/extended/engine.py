@@ -7,12 +7,15 @@ from typing import Callable
 
 import mlx.core as mx
 
-from ..doubleword.words import DoubleWord
-from .carry import attach, check_traceable, low_word, suspended
+from ..doubleword.words import DoubleWord, complex_from_parts, from64, to64
+from .carry import attach, check_traceable, low_word, wide_value, suspended
+
+# MLX's own real / imag, bound at import (inside a block the names in mx dispatch)
+_real, _imag = mx.real, mx.imag
 
 
 def words_op(forward: Callable, plain: Callable, operands: list[mx.array], what: str,
-             host: bool) -> mx.array:
+             host: bool, backend: str | None = None) -> mx.array:
     """Run a double-word op on ``operands`` (float32 / complex64 arrays, each with
     its carried low word or exact) and attach the result's low word.
 
@@ -25,6 +28,8 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array], what:
         host: True where ``forward`` evaluates its operands on the host (the
             emulator, numpy): operands from a nested gradient are then refused
             (:func:`~mlx_precise.extended.carry.check_traceable`).
+        backend: the resolved backend; on ``"cpu"`` the operands enter as their
+            float64 values and the result leaves as one (:func:`_wide_op`).
 
     Returns:
         the high words of the result (MLX's shape and dtype), low words attached.
@@ -33,6 +38,8 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array], what:
     """
     if host:
         check_traceable(operands, what)
+    if backend == "cpu":
+        return _wide_op(forward, plain, operands)
     n = len(operands)
     lows = [low_word(a) for a in operands]
     lows = [mx.zeros_like(a) if lo is None else lo for a, lo in zip(operands, lows)]
@@ -50,3 +57,56 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array], what:
 
     hi, lo = f(*operands, *lows)
     return attach(hi, lo)
+
+
+def _wide_op(forward: Callable, plain: Callable, operands: list[mx.array]) -> mx.array:
+    """The cpu form of :func:`words_op`: a custom function from the operands'
+    float64 values (real and imaginary parts) to the result's, whose VJP is
+    ``plain``'s in float32 / complex64 (MLX's convention: the cotangent of a
+    complex value is ``d/d re + i d/d im``). The result's words are split from its
+    float64 value lazily, so a next float64 step that reads the value never
+    evaluates them."""
+    ops = []
+    with mx.stream(mx.cpu):
+        for a in operands:
+            lo = low_word(a)
+            if lo is None:  # exact: the float64 value of the word itself
+                ops.append((a.astype(mx.float64), None) if a.dtype != mx.complex64 else
+                           (_real(a).astype(mx.float64), _imag(a).astype(mx.float64)))
+                continue
+            w = DoubleWord(a, lo)
+            w.wide = wide_value(a)
+            ops.append(to64(w))
+    counts = [1 if im is None else 2 for _, im in ops]
+    flat = [v for re, im in ops for v in ((re,) if im is None else (re, im))]
+
+    @mx.custom_function
+    def f(*values):
+        with mx.stream(mx.cpu):
+            args, k = [], 0
+            for c in counts:
+                args.append(from64(*values[k:k + c]))
+                k += c
+            re, im = to64(forward(*args))
+        return (re,) if im is None else (re, im)
+
+    @f.vjp
+    def f_vjp(primals, cotangents, outputs):
+        with suspended():
+            g = (cotangents[0].astype(mx.float32) if len(cotangents) == 1 else
+                 complex_from_parts(cotangents[0].astype(mx.float32),
+                                    cotangents[1].astype(mx.float32)))
+            _, grads = mx.vjp(plain, list(operands), [g])
+            out = []
+            for grad, c in zip(grads, counts):
+                if c == 1:
+                    out.append((_real(grad) if grad.dtype == mx.complex64 else grad)
+                               .astype(mx.float64))
+                else:
+                    out += [_real(grad).astype(mx.float64), _imag(grad).astype(mx.float64)]
+            return tuple(out)
+
+    values = f(*flat)
+    with mx.stream(mx.cpu):
+        z = from64(*values)
+    return attach(z.hi, z.lo, z.wide)

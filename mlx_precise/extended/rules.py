@@ -30,10 +30,10 @@ import mlx.core as mx
 import numpy as np
 
 from ..doubleword import functions
-from ..doubleword.words import DoubleWord
+from ..doubleword.words import DoubleWord, from64, to64
 from ..linalg import gemm
 from . import arith, carry, convolution, spectral
-from .carry import attach, low_word
+from .carry import attach, low_word, wide_value
 from .engine import words_op
 
 _WORD_DTYPES = (mx.float32, mx.complex64)
@@ -64,7 +64,11 @@ def words(x) -> DoubleWord | None:
     the integer type, and a float32 value for integers below 2^48)."""
     if is_word_array(x):
         lo = low_word(x)
-        return DoubleWord(x, lo) if lo is not None else arith.exact(x)
+        if lo is None:
+            return arith.exact(x)
+        w = DoubleWord(x, lo)
+        w.wide = wide_value(x)
+        return w
     if is_integer_array(x):
         hi = x.astype(mx.float32)
         if x.dtype in (mx.bool_, mx.int8, mx.uint8, mx.int16, mx.uint16):
@@ -89,15 +93,18 @@ def _floating_result(x, y) -> bool:
 
 
 def result(z: DoubleWord) -> mx.array:
-    """The array a rule returns: the high words, with the low words attached."""
-    return attach(z.hi, z.lo)
+    """The array a rule returns: the high words, with the low words (and on cpu
+    the float64 value) attached."""
+    return attach(z.hi, z.lo, z.wide)
 
 
 def _as64(x):
     """An operand as MLX's float64 would see it, double-word arrays at their exact
     value ``hi + lo``."""
     if is_word_array(x) and x.dtype == mx.float32:
-        lo = low_word(x)
+        lo, wide = low_word(x), wide_value(x)
+        if wide is not None:
+            return wide[0]
         with mx.stream(mx.cpu):
             return x.astype(mx.float64) if lo is None else x.astype(mx.float64) + lo.astype(
                 mx.float64)
@@ -156,16 +163,22 @@ def _words(pos: int = 0, listed: bool = False):
             return NotImplemented
         ws = [words(a) for a in items]
 
-        def call(k):
-            new = [w.hi if k == 0 else w.lo for w in ws]
+        def call(new):
             a = list(args)
             a[pos] = new if listed else new[0]
             return original(*a, **kw)
 
-        hi, lo = call(0), call(1)
+        hi, lo = call([w.hi for w in ws]), call([w.lo for w in ws])
+        wide = None  # cpu: the same movement of the float64 value, when all have one
+        if all(w.wide is not None for w in ws):
+            with mx.stream(mx.cpu):
+                wide = [call([w.wide[0] for w in ws]),
+                        None if ws[0].wide[1] is None else call([w.wide[1] for w in ws])]
         if isinstance(hi, (list, tuple)):
-            return type(hi)(attach(h, l_) for h, l_ in zip(hi, lo))
-        return attach(hi, lo)
+            parts = [None] * len(hi) if wide is None else list(zip(
+                wide[0], wide[1] if wide[1] is not None else [None] * len(hi)))
+            return type(hi)(attach(h, l_, p) for h, l_, p in zip(hi, lo, parts))
+        return attach(hi, lo, None if wide is None else tuple(wide))
 
     return rule
 
@@ -309,7 +322,11 @@ def _property(fn=None):
         if not is_word_array(x) or low_word(x) is None:
             return NotImplemented
         if fn is None:
-            return attach(original(x), original(low_word(x)))
+            wide = wide_value(x)
+            if wide is not None:
+                with mx.stream(mx.cpu):
+                    wide = tuple(None if v is None else original(v) for v in wide)
+            return attach(original(x), original(low_word(x)), wide)
         return result(fn(words(x)))
 
     return rule
@@ -483,7 +500,7 @@ def _function(fn: str):
         # the emulator evaluates; on cpu, erf is scipy's (host)
         host = ctx.backend == "emulate" or (ctx.backend == "cpu" and fn == "erf")
         return words_op(lambda X: functions.unary(fn, X, ctx.backend), original, [x],
-                        f"mx.{fn}", host)
+                        f"mx.{fn}", host, ctx.backend)
 
     return rule
 
@@ -514,7 +531,7 @@ def _power(reverse: bool = False):
         a, b = _operand_array(x), _operand_array(y)
         return words_op(lambda X, Y: functions.binary("power", X, Y, ctx.backend),
                         lambda p, q: original(p, q) if not reverse else original(q, p),
-                        [a, b], "power", ctx.backend == "emulate")
+                        [a, b], "power", ctx.backend == "emulate", ctx.backend)
 
     return rule
 
@@ -526,7 +543,8 @@ def _arctan2(ctx, original, a, b, **kw):
             isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (a, b)):
         return NotImplemented
     return words_op(lambda X, Y: functions.binary("arctan2", X, Y, ctx.backend), original,
-                    [_operand_array(a), _operand_array(b)], "arctan2", ctx.backend == "emulate")
+                    [_operand_array(a), _operand_array(b)], "arctan2", ctx.backend == "emulate",
+                    ctx.backend)
 
 
 def _matmul(reverse: bool = False):
@@ -541,7 +559,7 @@ def _matmul(reverse: bool = False):
             return NotImplemented
         plain = (lambda p, q: original(q, p)) if reverse else original
         return words_op(lambda A, B: gemm.matmul(A, B, ctx.backend), plain, [a, b], "matmul",
-                        ctx.backend == "emulate")
+                        ctx.backend == "emulate", ctx.backend)
 
     return rule
 
@@ -683,6 +701,11 @@ def _conv1d(ctx, original, input, weight, stride=1, padding=0, dilation=1, group
                                            dilation, groups, stream=stream)
     geometry = (int(stride), int(padding), int(dilation))
     plain = mx.conv1d if original is None else original
+    if ctx.backend == "cpu":  # one float64 sum over the taps of the operands' values
+        return words_op(
+            lambda X, W: from64(spectral.depthwise64(to64(X)[0], to64(W)[0], *geometry)),
+            lambda x, w: plain(x, w, *geometry, groups), [input, weight], "mx.conv1d",
+            False, "cpu")
     return spectral.conv(
         lambda x, w: spectral.depthwise(x, w, *geometry, ctx.backend, None, False),
         lambda x, w: plain(x, w, *geometry, groups), input, weight, ctx.backend, None)

@@ -39,7 +39,7 @@ def transform(kind: str, a: mx.array, s, axes, norm: str, backend: str, stream) 
     return words_op(
         lambda x: fftn.transform(kind, _cast(x, kind), s, axes, norm, round_output=False, **kw),
         lambda x: fftn.transform(kind, x, s, axes, norm, **kw), [a], f"mx.fft ({kind})",
-        backend != "metal")
+        backend != "metal", backend)
 
 
 def is_depthwise(x, w, groups) -> bool:
@@ -79,6 +79,27 @@ def depthwise(x, w, stride: int, padding: int, dilation: int, backend: str, stre
 
 
 
+def depthwise64(x: mx.array, w: mx.array, stride: int, padding: int,
+                dilation: int) -> mx.array:
+    """:func:`depthwise` in MLX float64 on the CPU (the cpu backend's engine):
+    x (N, L, C) and w (m C, K, 1) float64 values, the sum over the K taps of
+    strided slices times the tap weights, in float64 (error <= K u64 relative to
+    the sum of |terms|); lazy. (MLX's own float64 ``conv1d`` is only
+    float32-accurate.)"""
+    C, (Cout, K, _) = x.shape[2], w.shape
+    with mx.stream(mx.cpu):
+        if Cout != C:  # channel multiplier m: output channel o reads input channel o // m
+            x = mx.repeat(x, Cout // C, axis=2)
+        if padding:
+            x = mx.pad(x, [(0, 0), (padding, padding), (0, 0)])
+        out = (x.shape[1] - dilation * (K - 1) - 1) // stride + 1
+        y = None
+        for k in range(K):
+            tap = x[:, k * dilation:k * dilation + (out - 1) * stride + 1:stride] * w[:, k, 0]
+            y = tap if y is None else y + tap
+        return y
+
+
 def conv(words_forward: Callable, plain: Callable, x: mx.array, w: mx.array,
          backend: str, stream) -> mx.array:
     """A convolution, bilinear in (x, w), from its double-word form on float32
@@ -94,4 +115,4 @@ def conv(words_forward: Callable, plain: Callable, x: mx.array, w: mx.array,
                 y = arith.binary("add", y, words_forward(a, b), backend, stream)
         return y
 
-    return words_op(forward, plain, [x, w], "mx.conv1d", backend != "metal")
+    return words_op(forward, plain, [x, w], "mx.conv1d", backend != "metal", backend)

@@ -1,0 +1,105 @@
+"""The lazy float64 bridge of the cpu backend (doubleword.words.to64 / from64) and
+the float64 value the flow carries beside the words on cpu (DoubleWord.wide).
+
+Oracles: numpy float64 (hi = RN32(v), lo = RN32(v - hi)) element by element, and
+the IEEE sign of zero; special values follow the kernels' rule (a non-finite high
+word has a zero low word)."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlx_precise as mp
+from mlx_precise.doubleword.words import DoubleWord, from64, to64
+from mlx_precise.extended import low_word
+from mlx_precise.extended.carry import wide_value
+
+SPECIALS = np.array([0.0, -0.0, 1e300, -1e300, np.inf, -np.inf, np.nan, 1 / 3, -2 / 3,
+                     3.4e38, 3.5e38, -3.5e38, 2.0 ** 127 * (2 - 2.0 ** -30), 1e-50, -1e-50,
+                     1e-40, 2.0 ** -149, np.pi * 1e20])
+
+
+def _split_numpy(v: np.ndarray):
+    with np.errstate(over="ignore", invalid="ignore"):
+        hi = v.astype(np.float32)
+        lo = np.where(np.isfinite(hi), v - hi.astype(np.float64), 0.0).astype(np.float32)
+    return hi, lo
+
+
+def test_from64_matches_numpy_split_bit_for_bit():
+    rng = np.random.default_rng(5)
+    v = np.concatenate([SPECIALS, rng.standard_normal(1000) * 10.0 ** rng.integers(-30, 30, 1000)])
+    with mx.stream(mx.cpu):
+        w = from64(mx.array(v, dtype=mx.float64))
+        hi, lo = np.array(w.hi), np.array(w.lo)
+    ref_hi, ref_lo = _split_numpy(v)
+    assert np.array_equal(hi.view(np.uint32), ref_hi.view(np.uint32))
+    assert np.array_equal(lo.view(np.uint32), ref_lo.view(np.uint32))
+
+
+def test_to64_joins_exactly_and_keeps_the_sign_of_zero():
+    hi, lo = _split_numpy(SPECIALS)
+    with mx.stream(mx.cpu):
+        re, im = to64(DoubleWord(mx.array(hi), mx.array(lo)))
+        out = np.array(re)
+    assert im is None
+    with np.errstate(invalid="ignore"):
+        ref = hi.astype(np.float64) + lo.astype(np.float64)
+    assert np.array_equal(out, ref, equal_nan=True)
+    finite = ~np.isnan(ref)
+    # the sign is the high word's (numpy's -0 + 0 = +0 would lose it)
+    assert np.array_equal(np.signbit(out)[finite], np.signbit(hi)[finite])
+    assert np.signbit(out[1]) and not np.signbit(out[0])  # -0 stays -0, +0 stays +0
+
+
+def test_complex_from64_parts_and_wide_value():
+    re = np.array([1 / 3, np.inf, -0.0, 2.0 ** 130])
+    im = np.array([-np.inf, 1 / 7, 0.0, -1e-45])
+    with mx.stream(mx.cpu):
+        w = from64(mx.array(re, dtype=mx.float64), mx.array(im, dtype=mx.float64))
+        hi, lo = np.array(w.hi), np.array(w.lo)
+        back_re, back_im = (np.array(v) for v in to64(w))
+    for part, v in ((np.real, re), (np.imag, im)):
+        ref_hi, ref_lo = _split_numpy(v)
+        assert np.array_equal(part(hi), ref_hi) and np.array_equal(part(lo), ref_lo)
+    # the carried value is the float64 input itself, not the rejoined words
+    assert np.array_equal(back_re, re) and np.array_equal(back_im, im)
+
+
+def test_low_word_takes_no_gradient_and_value_gradient_is_exact():
+    """d(hi + lo)/dv = 1: the gradient flows through hi only (lo is a constant)."""
+    def f(v):
+        w = from64(v)
+        return (w.hi.astype(mx.float64) * 3.0 + w.lo.astype(mx.float64)).sum()
+
+    with mx.stream(mx.cpu):
+        g = mx.grad(f)(mx.array([1 / 3, -2.5, 1e10], dtype=mx.float64))
+        assert np.array_equal(np.array(g), [3.0, 3.0, 3.0])
+
+
+def test_flow_carries_the_float64_value_on_cpu():
+    """Inside a block on cpu a result carries its float64 value; a movement op
+    carries it too; the next step reads it (the result is the float64 chain)."""
+    x = np.linspace(0.1, 2.0, 12).astype(np.float32)
+    with mp.use_backend("cpu"), mp.extended_precision():
+        a = mx.array(x) / 3
+        assert wide_value(a) is not None and low_word(a) is not None
+        b = a.reshape(3, 4).T
+        wide = wide_value(b)
+        assert wide is not None and np.array_equal(np.array(wide[0]),
+                                                   (x.astype(np.float64) / 3).reshape(3, 4).T)
+        c = mx.exp(b) * 7
+        y = np.array(c)
+    ref = np.exp((x.astype(np.float64) / 3).reshape(3, 4).T) * 7
+    assert np.array_equal(y, ref.astype(np.float32))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "emulate"])
+def test_setitem_drops_a_stale_float64_value(backend):
+    """An in-place update changes the words: the carried float64 value must go
+    with the old words (else the next op would read the value from before)."""
+    with mp.use_backend(backend), mp.extended_precision():
+        a = mx.array(np.ones(4, np.float32)) / 3
+        a[1] = 5.0
+        y = np.array(a * 3)
+    assert y[1] == 15.0 and y[0] == 1.0
