@@ -1,4 +1,4 @@
-"""Whole models (examples/models/: Hyena with its implicit filter network, S4D, FNO,
+"""Whole models (benchmarks/models/: Hyena with its implicit filter network, S4D, FNO,
 an audio log-mel front end, a convolutional vocoder, a transformer block), written
 in plain MLX / mlx.nn, run unmodified inside ``extended_precision()`` on cpu and
 emulate, against each model's float64 numpy oracle from the same float32 inputs
@@ -42,7 +42,7 @@ from mlx.utils import tree_flatten
 import mlx_precise as mp
 from mlx_precise.extended import low_word
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
 from models._common import params64  # noqa: E402
 

@@ -19,7 +19,7 @@ import numpy as np
 from ._common import conv1d, linear
 
 SIZES = {"small": dict(batch=1, L=64, d=8), "medium": dict(batch=2, L=256, d=16),
-         "large": dict(batch=2, L=1024, d=32)}
+         "large": dict(batch=2, L=1024, d=32), "xl": dict(batch=1, L=4096, d=64)}
 
 
 class Sin(nn.Module):

@@ -1,0 +1,259 @@
+"""Whole models plain float32 against ``extended_precision()``: a Hyena operator
+block (with its implicit filter network) and a small convolutional network (a
+HiFi-GAN-like vocoder: Conv1d, ConvTranspose1d upsamplers, dilated residual
+blocks, LeakyReLU, tanh), from benchmarks/models/.
+
+    python benchmarks/bench_models.py [--backend cpu] [--full | --quick]
+
+Per model:
+
+* time of one forward pass (best of a few), plain float32 and extended on cpu
+  (the ratio is the cost of the double-word flow there) and extended on emulate
+  (the Metal kernels run on the CPU by the emulator: a correctness path, slow);
+* the share of outputs exactly rounded and the normwise error, against the
+  model's math in float64 numpy (each model's ``oracle``);
+* the Metal path, counted on the emulator (the same kernel launches metal
+  makes): launches, bytes read + written by the double-word kernels, their
+  floating-point instructions (FMA = 1) from the operation counts of the kernel
+  sources (``FP_INSTRUCTIONS`` below; a model, not a measurement), per output, and
+  a roofline estimate for an M2 Max: the sum over launches of
+  max(bytes / 400 GB/s, instructions / 6.8e12 per s) (38 GPU cores x 128 FP32
+  lanes x 1.398 GHz; Apple's 13.6 TFLOPS counts an FMA as two). Launch latency and
+  MLX's own ops between the kernels (slices, pads, casts) are not included. Not
+  run on an Apple GPU: an estimate to compare with ``--backend metal`` on a Mac.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import os
+import sys
+import time
+
+import mlx.core as mx
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from models import MODELS  # noqa: E402,F401  (examples/whole_models.py imports it from here)
+from models._common import params64  # noqa: E402
+
+M2_MAX_BYTES_PER_S = 400e9
+M2_MAX_FP32_PER_S = 38 * 128 * 1.398e9
+
+# ---- floating-point instructions per kernel launch (FMA = 1) --------------------------
+# Counted on the main (finite-value) path of metal/include/doubleword.h:
+#   TwoSum 6, Fast2Sum 3, TwoProdFMA 2, DW + FP 10, DW + DW (accurate) 20, DW x FP 6,
+#   DW x DW 9, DW / DW 35 (one float division counted as one), complex add 40,
+#   complex multiply 4 x 9 + 2 x 20 = 76; dw_gemm.h: 21 per real multiply-add term
+#   (TwoProdFMA, a TwoSum and a DW + FP), 10 per output (the final DW + FP), 4 real
+#   terms per complex one; an FFT pass of radix 2^r: one complex twiddle product per
+#   point and r radix-2 stages of a complex add and subtract per pair plus half a
+#   twiddle product per point (76 + 78 r per point); fft_real: one complex product
+#   and two complex adds per output (156); ext_depthwise: a TwoProdFMA and an accumulator
+#   step (TwoSum and two DW + FP) per tap, 28, and a DW + FP per output; ext_scale: a
+#   DW x DW (9) or DW x FP (6) per element.
+_DW_OPS = {0: 6, 1: 3, 2: 2, 3: 10, 4: 20, 5: 6, 6: 9, 7: 35, 8: 37, 9: 8}
+_CDW_OPS = {0: 40, 1: 76}
+# dw_math, per element (metal/include/dw_math.h: argument reduction, Horner's rule in
+# double-word at 29 per degree, reconstruction): approximate main-path counts.
+_DW_MATH = {"exp": 246, "expm1": 290, "log": 350, "log1p": 390, "log2": 360, "log10": 360,
+            "sin": 300, "cos": 300, "tanh": 330, "sigmoid": 300, "erf": 400, "sqrt": 30,
+            "rsqrt": 40, "reciprocal": 35, "power": 700, "arctan2": 250, "cexp": 800}
+
+
+def fp_instructions(name: str, template: dict, inputs, output_shapes) -> float | None:
+    """The kernel's floating-point instructions for one launch, or None for a kernel
+    this model does not count."""
+    n = math.prod(output_shapes[0])
+    if name == "dw_ops":
+        return n * _DW_OPS[template["OP"]]
+    if name == "cdw_ops":
+        return n * _CDW_OPS[template["OP"]]
+    if name == "dw_math":
+        from mlx_precise.doubleword.functions import FN_CODES
+
+        fn = {v: k for k, v in FN_CODES.items()}[template["FN"]]
+        return n * _DW_MATH[fn]
+    if name == "dw_gemm":
+        p = np.array(inputs[-1])  # M, N, K, strides..., has_d, ndims, (size, strides)...
+        M, N, K, ndims = int(p[0]), int(p[1]), int(p[2]), int(p[12])
+        batch = math.prod(int(p[13 + 5 * i]) for i in range(ndims))
+        per_term = 21 * (4 if template.get("CPLX") else 1)
+        return batch * M * N * (per_term * K + 10)
+    if name == "fft_pass":
+        p = np.array(inputs[-1])
+        points = n // 2  # complex points: the output holds (re, im) pairs
+        return points * (76 + 78 * int(p[1]))
+    if name == "fft_real":
+        return (n // 2) * 156
+    if name == "ext_depthwise":
+        taps = template["TAPS"] or inputs[1].shape[1]  # TAPS 0: K from w (C, K)
+        return n * (28 * taps + 10)
+    if name == "ext_scale":
+        return n * (9 if template.get("DW_IN") else 6)
+    return None
+
+
+# ---- measurements ---------------------------------------------------------------------
+
+def score(y, ref) -> tuple[float, float]:
+    """(share exactly rounded, normwise error) of float32 y against float64 ref."""
+    y = np.array(y)
+    return (float(np.mean(y == ref.astype(np.float32))),
+            float(np.linalg.norm(y.astype(np.float64) - ref) / np.linalg.norm(ref)))
+
+
+def words64(y) -> np.ndarray:
+    """The double-word value y carries (high + low word) in float64."""
+    from mlx_precise.extended import low_word
+
+    lo = low_word(y)
+    hi = np.array(y).astype(np.float64)
+    return hi if lo is None else hi + np.array(lo).astype(np.float64)
+
+
+def _timed(fn, repeat: int):
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        mx.eval(out)
+        best = min(best, time.perf_counter() - t)
+    return out, best
+
+
+def measure(name: str, size: str = "small", backends=("cpu", "emulate"), repeat: int = 1,
+            seed: int = 0) -> dict:
+    """{"plain": row, backend: row, ..., "floor": float, "float64_time": seconds of
+    the numpy float64 oracle (the model rewritten in numpy)} with rows
+    {"exact", "err", "dw_err", "time", "float32"} ("float32": the ops that consumed a
+    double-word value in float32, from the block's report)."""
+    import mlx_precise
+
+    mod = importlib.import_module(f"models.{name}")
+    model, x = mod.build(size, seed)
+    p64, x64 = params64(model), np.array(x).astype(np.float64)
+    t64 = time.perf_counter()
+    ref = mod.oracle(p64, x64)
+    t64 = time.perf_counter() - t64
+    norm = np.linalg.norm(ref)
+    y, t = _timed(lambda: model(x), repeat)
+    exact, err = score(y, ref)
+    out = {"floor": score(ref.astype(np.float32), ref)[1], "float64_time": t64,
+           "plain": dict(exact=exact, err=err, dw_err=err, time=t, float32={})}
+    for b in backends:
+        with mlx_precise.use_backend(b):
+            reports = []
+
+            def run():
+                with mlx_precise.extended_precision() as rep:
+                    v = model(x)
+                    mx.eval(v)
+                reports.append(rep)
+                return v
+
+            y, t = _timed(run, repeat)
+        exact, err = score(y, ref)
+        out[b] = dict(exact=exact, err=err, time=t, float32=dict(reports[-1].float32),
+                      dw_err=float(np.linalg.norm(words64(y) - ref) / norm))
+    return out
+
+
+def launches(name: str, size: str = "small", seed: int = 0) -> dict:
+    """The double-word kernels one forward pass launches on the Metal path, counted
+    on the emulator (the same launches metal makes): {"launches", "bytes" (inputs
+    read + outputs written), "instructions" (FP instructions, FP_INSTRUCTIONS model),
+    "uncounted" (launches of kernels the model has no count for), "m2max_s"
+    (roofline estimate), "by_kernel", "outputs"}. MLX's own ops between the kernels
+    are not counted."""
+    import mlx_precise
+    from mlx_precise.core import kernels
+
+    mod = importlib.import_module(f"models.{name}")
+    model, x = mod.build(size, seed)
+    total = {"launches": 0, "bytes": 0, "instructions": 0.0, "uncounted": 0, "m2max_s": 0.0}
+    counts: dict = {}
+    call = kernels.Kernel.__call__
+
+    def counting(self, *, inputs, output_shapes, output_dtypes, template=None, **kw):
+        nbytes = sum(a.nbytes for a in inputs if isinstance(a, mx.array))
+        nbytes += sum(math.prod(s) * d.size for s, d in zip(output_shapes, output_dtypes))
+        ops = fp_instructions(self.name, template or {}, inputs, output_shapes)
+        total["launches"] += 1
+        total["bytes"] += nbytes
+        counts[self.name] = counts.get(self.name, 0) + 1
+        if ops is None:
+            total["uncounted"] += 1
+            ops = 0.0
+        total["instructions"] += ops
+        total["m2max_s"] += max(nbytes / M2_MAX_BYTES_PER_S, ops / M2_MAX_FP32_PER_S)
+        return call(self, inputs=inputs, output_shapes=output_shapes,
+                    output_dtypes=output_dtypes, template=template, **kw)
+
+    kernels.Kernel.__call__ = counting
+    try:
+        with mlx_precise.use_backend("emulate"), mlx_precise.extended_precision():
+            y = model(x)
+            mx.eval(y)
+    finally:
+        kernels.Kernel.__call__ = call
+    return {**total, "by_kernel": counts, "outputs": int(np.prod(y.shape))}
+
+
+# ---- the benchmark --------------------------------------------------------------------
+
+BENCH = ("hyena", "vocoder")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", default=None,
+                   help="the extended run besides cpu and emulate (metal on a Mac)")
+    p.add_argument("--full", action="store_true", help="the largest model sizes")
+    p.add_argument("--quick", action="store_true", help="small sizes, one run: a smoke test")
+    a = p.parse_args(argv)
+    import mlx_precise as mp
+
+    size = "small" if a.quick else "xl" if a.full else "large"
+    repeat = 1 if a.quick else 3
+    runs = ["cpu", "emulate"] + ([a.backend] if a.backend not in (None, "cpu", "emulate")
+                                 else [])
+    if mp.metal_available() and "metal" not in runs:
+        runs.append("metal")
+    print(f"Whole models, size {size!r}; one forward pass, best of {repeat} "
+          f"(emulate: best of 1); exactly rounded / normwise error against float64\n")
+    print("| model | run | time | vs float32 | exactly rounded | normwise error |")
+    # numpy float64: what a user would write instead (the model rewritten in numpy),
+    # its time once (the oracle's own run); its rounding to float32 is exact by definition
+    print("|---|---|---|---|---|---|")
+    for name in BENCH:
+        r = measure(name, size, ("cpu",), repeat)
+        rows = [("float32", r["plain"]), ("extended, cpu", r["cpu"])]
+        f64 = dict(time=r["float64_time"], exact=1.0, err=r["floor"])
+        rows.append(("numpy float64 (rewritten model; rounded once)", f64))
+        for b in runs[1:]:
+            rows.append((f"extended, {b}", measure(name, size, (b,), 1)[b]))
+        for label, row in rows:
+            ratio = "" if label == "float32" else f"{row['time'] / r['plain']['time']:.1f}x"
+            print(f"| {name if label == 'float32' else ''} | {label} | {1e3 * row['time']:.1f} ms "
+                  f"| {ratio} | {100 * row['exact']:.1f}% | {row['err']:.2e} |")
+    print("\nMetal path (counted on the emulator; FP instructions from the kernels' "
+          "operation counts; M2 Max: roofline estimate, not measured)\n")
+    print("| model | outputs | launches | MB | bytes / output | FP instr. / output "
+          "| M2 Max estimate | kernels |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in BENCH:
+        c = launches(name, size)
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(c["by_kernel"].items(),
+                                                       key=lambda kv: -kv[1]))
+        note = f" ({c['uncounted']} launches uncounted)" if c["uncounted"] else ""
+        print(f"| {name} | {c['outputs']} | {c['launches']} | {c['bytes'] / 1e6:.2f} "
+              f"| {c['bytes'] / c['outputs']:.0f} | {c['instructions'] / c['outputs']:.0f}{note} "
+              f"| {1e6 * c['m2max_s']:.1f} us | {kinds} |")
+
+
+if __name__ == "__main__":
+    main()
