@@ -18,7 +18,7 @@ from ._common import conv1d, conv_transpose1d, leaky_relu
 SIZES = {"small": dict(batch=1, frames=8, n_mels=16, channels=32, rates=(4, 4)),
          "medium": dict(batch=1, frames=32, n_mels=40, channels=64, rates=(4, 4)),
          "large": dict(batch=2, frames=64, n_mels=80, channels=128, rates=(8, 4)),
-         "xl": dict(batch=1, frames=128, n_mels=80, channels=128, rates=(8, 4))}
+         "xl": dict(batch=2, frames=128, n_mels=80, channels=128, rates=(8, 4))}
 SLOPE = 0.1
 DILATIONS = (1, 3)
 
