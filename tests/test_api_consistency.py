@@ -278,11 +278,9 @@ def test_complex_arithmetic(backend):
     zb = rng.standard_normal(n) + 1j * rng.standard_normal(n)
     a, b = DoubleWord.from_float64(za), DoubleWord.from_float64(zb)
     with mp.use_backend(backend):
-        p, s = a * b, a - 0.5
-        with pytest.raises(TypeError, match="division of complex DoubleWords"):
-            a / b
-    (pr, pi), (sr, si), (ar, ai), (br, bi) = (
-        [_exact(w) for w in d.parts()] for d in (p, s, a, b))
+        p, s, q = a * b, a - 0.5, a / b
+    (pr, pi), (sr, si), (ar, ai), (br, bi), (qr, qi) = (
+        [_exact(w) for w in d.parts()] for d in (p, s, a, b, q))
     for i in range(n):
         xr, xi, yr, yi = ar[i], ai[i], br[i], bi[i]  # the operands' exact values
         wr, wi = xr * yr - xi * yi, xr * yi + xi * yr
@@ -290,6 +288,43 @@ def test_complex_arithmetic(backend):
         assert err2 <= (Fraction(866, 100) * U2) ** 2 * (wr**2 + wi**2)
         assert abs(sr[i] - (xr - Fraction(1, 2))) <= 4 * U2 * abs(xr - Fraction(1, 2))
         assert si[i] == xi
+        d2 = yr**2 + yi**2  # x / y = x conj(y) / |y|^2, exactly
+        vr, vi = (xr * yr + xi * yi) / d2, (xi * yr - xr * yi) / d2
+        assert (qr[i] - vr) ** 2 + (qi[i] - vi) ** 2 <= (32 * U2) ** 2 * (vr**2 + vi**2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_complex_division_far_from_one(backend):
+    """Complex quotients with |y| beyond 1.8e19 (|y|^2 would overflow float32) or
+    below 1e-19 (it would underflow), and |x| near float32's maximum: the kernel
+    path scales by powers of two first. Operands stay above 1e-28 (~2^-93), where
+    a low word is still a normal float32 (the emulator flushes subnormals, as Apple
+    GPUs do). Oracle: exact rationals of the operands."""
+    rng = np.random.default_rng(9)
+    n = 40
+    mag_y = 10.0 ** rng.uniform(-28, 38.5, n)
+    mag_y[:4] = [3e38, 2e19, 1e-19, 1e-28]
+    mag_x = 10.0 ** rng.uniform(-28, 38.5, n)
+    mag_x[:4] = [3e38, 1e30, 1e-20, 1e-28]
+    za = mag_x * np.exp(1j * rng.uniform(0, 2 * np.pi, n))
+    zb = mag_y * np.exp(1j * rng.uniform(0, 2 * np.pi, n))
+    a, b = DoubleWord.from_float64(za), DoubleWord.from_float64(zb)
+    with mp.use_backend(backend):
+        q = a / b
+    (ar, ai), (br, bi) = ([_exact(w) for w in d.parts()] for d in (a, b))
+    qh, ql = np.array(q.hi), np.array(q.lo)
+    checked = 0
+    for i in range(n):
+        d2 = br[i] ** 2 + bi[i] ** 2
+        vr, vi = (ar[i] * br[i] + ai[i] * bi[i]) / d2, (ai[i] * br[i] - ar[i] * bi[i]) / d2
+        size = vr**2 + vi**2
+        if not Fraction(2) ** -200 < size < Fraction(2) ** 250:  # outside float32's range:
+            continue  # the quotient itself over/underflows (checked by float32 elsewhere)
+        checked += 1
+        qr, qi = (Fraction(float(part(qh[i]))) + Fraction(float(part(ql[i])))
+                  for part in (np.real, np.imag))
+        assert (qr - vr) ** 2 + (qi - vi) ** 2 <= (32 * U2) ** 2 * size, i
+    assert checked >= 25
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -303,3 +338,21 @@ def test_arithmetic_special_values(backend):
             a + mx.array([1, 2, 3])
         with pytest.raises(ValueError, match="do not broadcast"):
             a + mx.ones(2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_complex_division_special_values_follow_float32(backend):
+    """x / 0, x / Inf, Inf / y, NaN operands and a quotient that overflows: MLX's
+    complex64 quotient (Inf, 0, NaN: never NaN where float32 gives Inf), with a
+    zero low word."""
+    za = np.array([1 + 1j, 1 + 1j, np.inf + 0j, 0j, np.nan + 1j, 3e38 + 3e38j, -2 + 0j],
+                  np.complex64)
+    zb = np.array([0j, np.inf + 0j, 1 + 1j, 1 + 1j, 1 + 1j, 1e-10 + 0j, -0.0 + 0j],
+                  np.complex64)
+    want = np.array(mx.array(za) / mx.array(zb))
+    a, b = DoubleWord.from_array(mx.array(za)), DoubleWord.from_array(mx.array(zb))
+    with mp.use_backend(backend):
+        q = a / b
+    hi, lo = np.array(q.hi), np.array(q.lo)
+    assert np.array_equal(hi, want, equal_nan=True), (hi, want)
+    assert not np.any(lo)

@@ -530,8 +530,7 @@ def _launch(kernel, op: int, words: list[mx.array], n_out: int, backend: str, st
 
 def _binary_kernels(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream) -> DoubleWord:
     """The metal / emulate engine: the ``dw_ops`` / ``cdw_ops`` kernels; mixed real
-    and complex operands part by part, complex quotients as ``x conj(y) / |y|^2``
-    (``|y|^2`` in double-word; it overflows where ``|y|`` > ~1.8e19)."""
+    and complex operands part by part, complex quotients by :func:`_complex_div`."""
     real = (lambda code, a, b: DoubleWord(*_launch(DW_OPS, code, [a.hi, a.lo, b.hi, b.lo], 2,
                                                    backend, stream)))
     if not x.is_complex and not y.is_complex:
@@ -548,11 +547,51 @@ def _binary_kernels(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream)
     if not y.is_complex:  # complex / real
         re, im = real_imag(x)
         return combine(real(_DW_OP["div"], re, y), real(_DW_OP["div"], im, y))
-    yr, yi = real_imag(y)
+    return _complex_div(x, y, real, backend, stream)
+
+
+def _pow2(e: mx.array) -> mx.array:
+    """2^e in float32 for int32 ``e`` in [-126, 127] (exponent bits; lazy)."""
+    return ((e + 127) << 23).astype(mx.uint32).view(mx.float32)
+
+
+def _exponent(w: DoubleWord) -> mx.array:
+    """floor(log2 max(|Re|, |Im|)) of the high words, int32, clipped to [-126, 127]
+    (zero and subnormal: -126; Inf and NaN: 127)."""
+    re, im = real_imag(as_complex(w))
+    big = mx.maximum(mx.abs(re.hi), mx.abs(im.hi))
+    e = ((big.view(mx.uint32) >> 23) & 0xFF).astype(mx.int32) - 127
+    return mx.clip(e, -126, 127)
+
+
+def _scale(w: DoubleWord, e: mx.array, parts: int) -> DoubleWord:
+    """w 2^e (exact barring over/underflow of the result) as ``parts`` factors of
+    one sign, each a normal float32 (|e| <= 126 parts)."""
+    for k in range(parts, 0, -1):
+        ek = e // k if k > 1 else e
+        f = _pow2(ek)
+        w = DoubleWord(w.hi * f, w.lo * f)
+        e = e - ek
+    return w
+
+
+def _complex_div(x: DoubleWord, y: DoubleWord, real, backend: str, stream) -> DoubleWord:
+    """x / y for complex y by the double-word kernels. x and y are first scaled by
+    the powers of two 2^-ex, 2^-ey that bring their larger parts into [1, 2), so
+    ``x' conj(y')``, ``|y'|^2`` and ``q' = x' conj(y') / |y'|^2`` (|q'| in [1/3, 3])
+    neither overflow nor lose their low words to underflow, for any float32
+    operands (complex product <= 8.66u^2 normwise, the sum of squares and the
+    quotient by JMP alg. 6, 12, 18); then ``q = q' 2^(ex - ey)``, applied as three
+    factors of one sign (exact unless q itself leaves float32's range). A zero y
+    gives Inf / NaN as float32 division does."""
+    ex, ey = _exponent(x), _exponent(y)
+    xs, ys = _scale(as_complex(x), -ex, 2), _scale(y, -ey, 2)
+    yr, yi = real_imag(ys)
     d = real(_DW_OP["add"], real(_DW_OP["mul"], yr, yr), real(_DW_OP["mul"], yi, yi))
-    conj_y = DoubleWord(mx.conj(y.hi), mx.conj(y.lo))
-    nr, ni = real_imag(_binary_kernels("mul", as_complex(x), conj_y, backend, stream))
-    return combine(real(_DW_OP["div"], nr, d), real(_DW_OP["div"], ni, d))
+    conj_y = DoubleWord(mx.conj(ys.hi), mx.conj(ys.lo))
+    nr, ni = real_imag(_binary_kernels("mul", xs, conj_y, backend, stream))
+    q = combine(real(_DW_OP["div"], nr, d), real(_DW_OP["div"], ni, d))
+    return _scale(q, ex - ey, 3)
 
 
 def binary(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream=None) -> DoubleWord:
@@ -563,9 +602,26 @@ def binary(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream=None) -> 
     8.66u^2 normwise (u = 2^-24, JMP / MR bounds); cpu: float64 then split."""
     if op == "sub":
         op, y = "add", negate(y)  # exact negation: x - y = x + (-y)
-    if backend == "cpu":
-        return _binary64(op, x, y)
-    return _binary_kernels(op, x, y, backend, stream)
+    z = _binary64(op, x, y) if backend == "cpu" else _binary_kernels(op, x, y, backend, stream)
+    if op == "div" and y.is_complex:
+        z = _complex_div_specials(x, y, z)
+    return z
+
+
+def _complex_div_specials(x: DoubleWord, y: DoubleWord, z: DoubleWord) -> DoubleWord:
+    """The float32 rule for complex quotients: where an operand is Inf or NaN, or
+    y is 0, the result is MLX's complex64 quotient of the high words (Inf, NaN or
+    0, as float32 gives) with a zero low word; a quotient that overflows float32
+    is Inf with a zero low word."""
+    def finite(w):
+        re, im = real_imag(as_complex(w))
+        return mx.isfinite(re.hi) & mx.isfinite(im.hi)
+
+    yr, yi = real_imag(y)
+    special = ~finite(x) | ~finite(y) | ((yr.hi == 0) & (yi.hi == 0))
+    hi = mx.where(special, x.hi / y.hi, z.hi)
+    lo = mx.where(special | ~finite(DoubleWord(hi, hi)), mx.zeros_like(z.lo), z.lo)
+    return DoubleWord(hi, lo)
 
 
 def arith(op: str, x, y) -> DoubleWord:
@@ -575,8 +631,10 @@ def arith(op: str, x, y) -> DoubleWord:
     Kernel backends run the double-word algorithms of ``metal/include/doubleword.h``
     (``dw_ops`` / ``cdw_ops``): relative error <= 3u^2 + 13u^3 (add, sub), 4u^2
     (mul), 9.8u^2 (div), complex: 3u^2 + 13u^3 (add, sub) and 8.66u^2 normwise
-    (mul), u = 2^-24; special values as docs/api.md states. The ``cpu`` backend
-    computes in float64 and splits the result (error <= 2^-53 + 2^-48 relative).
+    (mul), complex division <= 32u^2 normwise (scaled so that no intermediate
+    overflows or underflows), u = 2^-24; special values as docs/api.md states. The
+    ``cpu`` backend computes in float64 and splits the result (error <= 2^-53 +
+    2^-48 relative).
 
     Args:
         x, y: DoubleWord, float32 / complex64 array, float64 / complex128 data,
@@ -586,8 +644,7 @@ def arith(op: str, x, y) -> DoubleWord:
         DoubleWord of the broadcast shape; complex if either operand is.
 
     Raises:
-        TypeError: an operand of another dtype, or a complex division (not
-            implemented: no double-word complex quotient kernel exists).
+        TypeError: an operand of another dtype.
         ValueError: shapes that do not broadcast.
     """
     a, b = _arith_operand(x, "x"), _arith_operand(y, "y")
@@ -595,8 +652,4 @@ def arith(op: str, x, y) -> DoubleWord:
         np.broadcast_shapes(a.shape, b.shape)
     except ValueError:
         raise ValueError(f"operands do not broadcast: shapes {a.shape} and {b.shape}") from None
-    if (a.is_complex or b.is_complex) and op == "div":
-        raise TypeError("division of complex DoubleWords is not implemented (there is no "
-                        "double-word complex quotient kernel); divide the parts, or use "
-                        "to_float64()")
     return binary(op, a, b, backends.resolve(None))
