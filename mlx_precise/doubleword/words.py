@@ -173,7 +173,8 @@ class DoubleWord:
     # wide: on the cpu backend, the float64 value (re, im or None) the words were
     # split from, kept so the next float64 step reads it instead of re-joining the
     # words (see to64); None elsewhere and whenever the words were made otherwise.
-    __slots__ = ("hi", "lo", "wide")
+    # Words made from a wide value build their low word only when it is read.
+    __slots__ = ("hi", "_lo", "wide")
     # numpy defers to the reflected operators below (x - d with a numpy x calls
     # d.__rsub__) instead of treating a DoubleWord as an object scalar.
     __array_ufunc__ = None
@@ -189,8 +190,24 @@ class DoubleWord:
         if hi.shape != lo.shape:
             raise ValueError(f"DoubleWord words must have one shape, got {hi.shape} and {lo.shape}")
         self.hi = hi
-        self.lo = lo
+        self._lo = lo
         self.wide = None
+
+    @classmethod
+    def from_wide(cls, hi: mx.array, wide: tuple) -> "DoubleWord":
+        """Words of the float64 value ``wide = (re, im or None)`` (MLX float64
+        arrays) whose float32 / complex64 rounding is ``hi``; the low word is built
+        from ``wide`` when first read (:func:`low_from_wide`)."""
+        w = cls.__new__(cls)
+        w.hi, w._lo, w.wide = hi, None, wide
+        return w
+
+    @property
+    def lo(self) -> mx.array:
+        """The low word (float32 / complex64, the shape of ``hi``)."""
+        if self._lo is None:
+            self._lo = low_from_wide(self.wide)
+        return self._lo
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -412,11 +429,11 @@ def real_imag(x: DoubleWord) -> tuple[DoubleWord, DoubleWord]:
     """Real and imaginary parts (exact; a real x has a zero imaginary part)."""
     if not x.is_complex:
         return x, DoubleWord(mx.zeros_like(x.hi), mx.zeros_like(x.lo))
-    re, im = (DoubleWord(mx.real(x.hi), mx.real(x.lo)),
-              DoubleWord(mx.imag(x.hi), mx.imag(x.lo)))
     if x.wide is not None:  # the parts of the float64 value (cpu)
-        re.wide, im.wide = (x.wide[0], None), (x.wide[1], None)
-    return re, im
+        return (DoubleWord.from_wide(mx.real(x.hi), (x.wide[0], None)),
+                DoubleWord.from_wide(mx.imag(x.hi), (x.wide[1], None)))
+    return (DoubleWord(mx.real(x.hi), mx.real(x.lo)),
+            DoubleWord(mx.imag(x.hi), mx.imag(x.lo)))
 
 
 def combine(re: DoubleWord, im: DoubleWord) -> DoubleWord:
@@ -466,22 +483,33 @@ def to64(x: DoubleWord) -> tuple[mx.array, mx.array | None]:
     return join64(re), (join64(im) if x.is_complex else None)
 
 
+def _low64(v: mx.array) -> mx.array:
+    """RN32(v - RN32(v)) of float64 v, 0 where RN32(v) is not finite; no gradient
+    (hi + lo = v, so the low word's derivative with respect to v is 0: the
+    gradient flows through hi)."""
+    with mx.stream(mx.cpu):
+        s = mx.stop_gradient(v)
+        h = s.astype(mx.float32)
+        return _finite_or_zero((s - h.astype(mx.float64)).astype(mx.float32), h)
+
+
+def low_from_wide(wide: tuple) -> mx.array:
+    """The low word of the float64 value ``wide = (re, im or None)`` (complex64
+    when ``im`` is given), lazily."""
+    re, im = wide
+    return _low64(re) if im is None else complex_from_parts(_low64(re), _low64(im))
+
+
 def from64(re: mx.array, im: mx.array | None = None) -> DoubleWord:
     """MLX float64 values split into two words, lazily: ``hi = RN32(v)``,
     ``lo = RN32(v - hi)``, ``lo = 0`` where ``hi`` is not finite (the special-value
     rule of the kernels); complex when ``im`` is given. The result keeps ``(re,
-    im)`` as its ``wide`` value. The low word takes no gradient: ``hi + lo = v``,
-    so its derivative with respect to v is 0 (the gradient flows through ``hi``)."""
-    def split64(v: mx.array) -> DoubleWord:
-        hi = v.astype(mx.float32)
-        s = mx.stop_gradient(v)
-        h = mx.stop_gradient(hi)
-        return DoubleWord(hi, _finite_or_zero((s - h.astype(mx.float64)).astype(mx.float32), h))
-
-    r = split64(re)
-    out = r if im is None else combine(r, split64(im))
-    out.wide = (re, im)
-    return out
+    im)`` as its ``wide`` value, and builds its low word only when it is read.
+    The low word takes no gradient (:func:`_low64`)."""
+    hi = re.astype(mx.float32)
+    if im is not None:
+        hi = complex_from_parts(hi, im.astype(mx.float32))
+    return DoubleWord.from_wide(hi, (re, im))
 
 
 def _binary64(op: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:

@@ -26,6 +26,9 @@ J.-M. Muller, L. Rideau, "Formalization of double-word arithmetic", ACM TOMS 48(
 
 from __future__ import annotations
 
+import functools
+import math
+
 import mlx.core as mx
 import numpy as np
 
@@ -47,15 +50,27 @@ def exact(x: mx.array) -> DoubleWord:
 def constant(v) -> DoubleWord:
     """A Python / numpy scalar at its float64 value, split into two words (0-d):
     ``hi = RN32(v)``, ``lo = RN32(v - hi)``. Overflow gives Inf with a zero low
-    word, as float32 arithmetic would."""
+    word, as float32 arithmetic would (``wide``, the float64 value for cpu steps,
+    is then that Inf too)."""
     if isinstance(v, (complex, np.complexfloating)):
         re, im = constant(v.real), constant(v.imag)
-        return combine(re, im)
-    f = float(v)
+        out = combine(re, im)
+        out.wide = (re.wide[0], im.wide[0])
+        return out
+    hi, lo, value = _split_scalar(float(v), math.copysign(1.0, float(v)))
+    out = DoubleWord(mx.array(hi, dtype=mx.float32), mx.array(lo, dtype=mx.float32))
+    out.wide = (mx.array(value, dtype=mx.float64), None)
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_scalar(f: float, sign: float) -> tuple[float, float, float]:
+    """(RN32(f), RN32(f - hi), the words' float64 value), cached (model code uses
+    a few constants many times); ``sign`` keys -0.0 apart from 0.0."""
     with np.errstate(over="ignore", invalid="ignore"):
         hi = np.float32(f)
         lo = np.float32(f - float(hi)) if np.isfinite(hi) else np.float32(0.0)
-    return DoubleWord(mx.array(hi), mx.array(lo))
+    return float(hi), float(lo), f if np.isfinite(hi) else float(hi)
 
 
 def is_float32(v) -> bool:

@@ -17,6 +17,8 @@ import weakref
 
 import mlx.core as mx
 
+from ..doubleword.words import low_from_wide
+
 # The open block's report (mlx_precise.extended.dispatch.Report) in this thread /
 # task; None outside blocks, inside rules and inside the package's internals.
 report: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_flow", default=None)
@@ -42,16 +44,17 @@ def suspended():
         report.reset(token)
 
 
-# id(hi) -> (weak reference to hi, lo, wide)
-_table: dict[int, tuple[weakref.ref, mx.array, tuple | None]] = {}
+# id(hi) -> (weak reference to hi, [lo or None, wide or None]): on cpu the low word
+# is built from the float64 value only when read (low_word)
+_table: dict[int, tuple[weakref.ref, list]] = {}
 
 
 def attach(hi: mx.array, lo: mx.array | None, wide: tuple | None = None) -> mx.array:
     """Record ``lo`` as the low word of ``hi`` (None: ``hi`` is exact) and
     return ``hi``. ``wide``: on the cpu backend, the float64 value ``(re, im or
     None)`` that ``hi`` and ``lo`` were split from (the next float64 step reads it
-    instead of joining the words again); it must equal the words' value to float64
-    accuracy, so anything that changes ``hi`` or ``lo`` attaches without it."""
+    instead of joining the words again); it must round to ``hi``, so anything that
+    changes ``hi`` or ``lo`` attaches without it."""
     key = id(hi)
     if lo is None:
         _table.pop(key, None)
@@ -60,27 +63,54 @@ def attach(hi: mx.array, lo: mx.array | None, wide: tuple | None = None) -> mx.a
     def drop(_ref, key=key):
         _table.pop(key, None)
 
-    _table[key] = (weakref.ref(hi, drop), lo, wide)
+    _table[key] = (weakref.ref(hi, drop), [lo, wide])
     return hi
 
 
-def low_word(x) -> mx.array | None:
-    """The low word carried by ``x`` (an ``mx.array`` produced by a double-word op
-    inside ``extended_precision()``), or None when ``x`` carries none (its value
-    is exactly ``x``)."""
+def attach_words(hi: mx.array, w) -> mx.array:
+    """Record the words ``w`` (a DoubleWord whose high word is ``hi``) as the value
+    of ``hi``: its float64 value where it has one (cpu; the low word is then built
+    only when read), else its low word. Returns ``hi``."""
+    if w.wide is None:
+        return attach(hi, w.lo)
+    key = id(hi)
+
+    def drop(_ref, key=key):
+        _table.pop(key, None)
+
+    _table[key] = (weakref.ref(hi, drop), [w._lo, w.wide])
+    return hi
+
+
+def _cell(x):
     entry = _table.get(id(x))
     if entry is None or entry[0]() is not x:  # a stale id: the array was freed
         return None
     return entry[1]
 
 
+def has_words(x) -> bool:
+    """True when ``x`` carries a low word (without building it)."""
+    return _cell(x) is not None
+
+
+def low_word(x) -> mx.array | None:
+    """The low word carried by ``x`` (an ``mx.array`` produced by a double-word op
+    inside ``extended_precision()``), or None when ``x`` carries none (its value
+    is exactly ``x``)."""
+    cell = _cell(x)
+    if cell is None:
+        return None
+    if cell[0] is None:
+        cell[0] = low_from_wide(cell[1])
+    return cell[0]
+
+
 def wide_value(x) -> tuple | None:
     """The float64 value ``(re, im or None)`` recorded with ``x``'s low word on the
     cpu backend, or None."""
-    entry = _table.get(id(x))
-    if entry is None or entry[0]() is not x:
-        return None
-    return entry[2]
+    cell = _cell(x)
+    return None if cell is None else cell[1]
 
 
 # ---- values computed by a gradient nested in another gradient ------------------------

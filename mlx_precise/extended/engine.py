@@ -8,7 +8,7 @@ from typing import Callable
 import mlx.core as mx
 
 from ..doubleword.words import DoubleWord, complex_from_parts, from64, to64
-from .carry import attach, check_traceable, low_word, wide_value, suspended
+from .carry import attach, attach_words, check_traceable, has_words, low_word, suspended, wide_value
 
 # MLX's own real / imag, bound at import (inside a block the names in mx dispatch)
 _real, _imag = mx.real, mx.imag
@@ -69,14 +69,14 @@ def _wide_op(forward: Callable, plain: Callable, operands: list[mx.array]) -> mx
     ops = []
     with mx.stream(mx.cpu):
         for a in operands:
-            lo = low_word(a)
-            if lo is None:  # exact: the float64 value of the word itself
+            wide = wide_value(a)
+            if wide is not None:
+                ops.append(wide)
+            elif has_words(a):
+                ops.append(to64(DoubleWord(a, low_word(a))))
+            else:  # exact: the float64 value of the word itself
                 ops.append((a.astype(mx.float64), None) if a.dtype != mx.complex64 else
                            (_real(a).astype(mx.float64), _imag(a).astype(mx.float64)))
-                continue
-            w = DoubleWord(a, lo)
-            w.wide = wide_value(a)
-            ops.append(to64(w))
     counts = [1 if im is None else 2 for _, im in ops]
     flat = [v for re, im in ops for v in ((re,) if im is None else (re, im))]
 
@@ -109,4 +109,4 @@ def _wide_op(forward: Callable, plain: Callable, operands: list[mx.array]) -> mx
     values = f(*flat)
     with mx.stream(mx.cpu):
         z = from64(*values)
-    return attach(z.hi, z.lo, z.wide)
+    return attach_words(z.hi, z)

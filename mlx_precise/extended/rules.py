@@ -33,7 +33,7 @@ from ..doubleword import functions
 from ..doubleword.words import DoubleWord, from64, to64
 from ..linalg import gemm
 from . import arith, carry, convolution, spectral
-from .carry import attach, low_word, wide_value
+from .carry import attach, attach_words, has_words, low_word, wide_value
 from .engine import words_op
 
 _WORD_DTYPES = (mx.float32, mx.complex64)
@@ -63,12 +63,10 @@ def words(x) -> DoubleWord | None:
     and bool arrays enter exactly: ``hi = RN32(a)`` and ``lo = a - hi`` (exact in
     the integer type, and a float32 value for integers below 2^48)."""
     if is_word_array(x):
-        lo = low_word(x)
-        if lo is None:
+        if not has_words(x):
             return arith.exact(x)
-        w = DoubleWord(x, lo)
-        w.wide = wide_value(x)
-        return w
+        wide = wide_value(x)
+        return DoubleWord(x, low_word(x)) if wide is None else DoubleWord.from_wide(x, wide)
     if is_integer_array(x):
         hi = x.astype(mx.float32)
         if x.dtype in (mx.bool_, mx.int8, mx.uint8, mx.int16, mx.uint16):
@@ -95,16 +93,17 @@ def _floating_result(x, y) -> bool:
 def result(z: DoubleWord) -> mx.array:
     """The array a rule returns: the high words, with the low words (and on cpu
     the float64 value) attached."""
-    return attach(z.hi, z.lo, z.wide)
+    return attach_words(z.hi, z)
 
 
 def _as64(x):
     """An operand as MLX's float64 would see it, double-word arrays at their exact
     value ``hi + lo``."""
     if is_word_array(x) and x.dtype == mx.float32:
-        lo, wide = low_word(x), wide_value(x)
+        wide = wide_value(x)
         if wide is not None:
             return wide[0]
+        lo = low_word(x)
         with mx.stream(mx.cpu):
             return x.astype(mx.float64) if lo is None else x.astype(mx.float64) + lo.astype(
                 mx.float64)
@@ -157,7 +156,7 @@ def _words(pos: int = 0, listed: bool = False):
             return NotImplemented
         arg = args[pos]
         items = list(arg) if listed and isinstance(arg, (list, tuple)) else [arg]
-        if not any(is_word_array(a) and low_word(a) is not None for a in items):
+        if not any(is_word_array(a) and has_words(a) for a in items):
             return NotImplemented  # nothing carried: MLX's op is the exact answer
         if not all(is_word_array(a) for a in items) or len({a.dtype for a in items}) > 1:
             return NotImplemented
@@ -168,17 +167,20 @@ def _words(pos: int = 0, listed: bool = False):
             a[pos] = new if listed else new[0]
             return original(*a, **kw)
 
-        hi, lo = call([w.hi for w in ws]), call([w.lo for w in ws])
-        wide = None  # cpu: the same movement of the float64 value, when all have one
-        if all(w.wide is not None for w in ws):
+        hi = call([w.hi for w in ws])
+        if all(w.wide is not None for w in ws):  # cpu: move the float64 values instead
             with mx.stream(mx.cpu):
-                wide = [call([w.wide[0] for w in ws]),
-                        None if ws[0].wide[1] is None else call([w.wide[1] for w in ws])]
+                re = call([w.wide[0] for w in ws])
+                im = None if ws[0].wide[1] is None else call([w.wide[1] for w in ws])
+            if isinstance(hi, (list, tuple)):
+                ims = [None] * len(hi) if im is None else im
+                return type(hi)(attach_words(h, DoubleWord.from_wide(h, (r, i)))
+                                for h, r, i in zip(hi, re, ims))
+            return attach_words(hi, DoubleWord.from_wide(hi, (re, im)))
+        lo = call([w.lo for w in ws])
         if isinstance(hi, (list, tuple)):
-            parts = [None] * len(hi) if wide is None else list(zip(
-                wide[0], wide[1] if wide[1] is not None else [None] * len(hi)))
-            return type(hi)(attach(h, l_, p) for h, l_, p in zip(hi, lo, parts))
-        return attach(hi, lo, None if wide is None else tuple(wide))
+            return type(hi)(attach(h, l_) for h, l_ in zip(hi, lo))
+        return attach(hi, lo)
 
     return rule
 
@@ -187,16 +189,16 @@ def carries(v) -> bool:
     """True when ``v`` holds more than its float32 / complex64 value: an array with
     a low word, or a scalar that float32 does not represent."""
     if isinstance(v, mx.array):
-        return low_word(v) is not None
+        return has_words(v)
     return isinstance(v, _SCALARS) and not arith.is_float32(v)
 
 
 def _setitem(ctx, original, x, index, value):
     """``x[index] = value`` in place: the high words through MLX, the low words in
     a copy of x's low words (value's low words, or 0 where value is plain)."""
-    if not is_word_array(x) or (low_word(x) is None and not carries(value)):
+    if not is_word_array(x) or (not has_words(x) and not carries(value)):
         return NotImplemented
-    lo = mx.zeros_like(x) if low_word(x) is None else low_word(x) * 1  # a private copy
+    lo = low_word(x) * 1 if has_words(x) else mx.zeros_like(x)  # a private copy
     w = words(value)
     if w is None or (arith.is_complex(w) and x.dtype != mx.complex64):
         original(x, index, value)  # MLX's assignment (or its error); no low word there
@@ -227,14 +229,14 @@ def _inplace(op: str):
 
 
 def _iter(ctx, original, x):
-    if not is_word_array(x) or low_word(x) is None or x.ndim == 0:
+    if not is_word_array(x) or not has_words(x) or x.ndim == 0:
         return NotImplemented
     lo = low_word(x)
     return iter([attach(x[i], lo[i]) for i in range(x.shape[0])])
 
 
 def _getitem(ctx, original, x, index):
-    if not is_word_array(x) or low_word(x) is None:
+    if not is_word_array(x) or not has_words(x):
         return NotImplemented
     return attach(original(x, index), original(low_word(x), index))
 
@@ -245,7 +247,7 @@ def _pad(ctx, original, a, pad_width, mode="constant", constant_values=0, **kw):
     w, c = words(a), arith.constant(constant_values)
     if arith.is_complex(w) != arith.is_complex(c):
         c = arith.as_complex(c)
-    if low_word(a) is None and arith.is_float32(constant_values):
+    if not has_words(a) and arith.is_float32(constant_values):
         return NotImplemented  # exact data, exact constant: MLX's op is the answer
     return attach(original(w.hi, pad_width, mode, c.hi, **kw),
                   original(w.lo, pad_width, mode, c.lo, **kw))
@@ -303,7 +305,7 @@ def _square(ctx, original, a, **kw):
 def _astype(ctx, original, a, dtype, *rest, **kw):
     """float32 -> complex64 keeps the value; -> float64 is the exact value hi + lo;
     a narrower type is a rounding exit (MLX's cast of the high word)."""
-    if not is_word_array(a) or low_word(a) is None:
+    if not is_word_array(a) or not has_words(a):
         return NotImplemented
     if dtype == a.dtype:
         return a
@@ -319,14 +321,16 @@ def _property(fn=None):
     itself read on the high and on the low words (``.T``)."""
 
     def rule(ctx, original, x):
-        if not is_word_array(x) or low_word(x) is None:
+        if not is_word_array(x) or not has_words(x):
             return NotImplemented
         if fn is None:
             wide = wide_value(x)
             if wide is not None:
                 with mx.stream(mx.cpu):
                     wide = tuple(None if v is None else original(v) for v in wide)
-            return attach(original(x), original(low_word(x)), wide)
+                hi = original(x)
+                return attach_words(hi, DoubleWord.from_wide(hi, wide))
+            return attach(original(x), original(low_word(x)))
         return result(fn(words(x)))
 
     return rule
@@ -370,7 +374,7 @@ def _extreme_reduction(larger: bool):
     the extreme low word among the elements holding that high word (exact)."""
 
     def rule(ctx, original, a, axis=None, keepdims=False, **kw):
-        if not is_word_array(a) or a.dtype == mx.complex64 or low_word(a) is None or kw:
+        if not is_word_array(a) or a.dtype == mx.complex64 or not has_words(a) or kw:
             return NotImplemented
         hi = original(a, axis=axis, keepdims=True)
         fill = -np.inf if larger else np.inf

@@ -103,3 +103,22 @@ def test_setitem_drops_a_stale_float64_value(backend):
         a[1] = 5.0
         y = np.array(a * 3)
     assert y[1] == 15.0 and y[0] == 1.0
+
+
+def test_low_word_built_on_demand_matches_the_split():
+    """On cpu a result's low word is built from its float64 value when first read
+    (carry.low_word, DoubleWord.lo): it must be the split of that value."""
+    x = np.linspace(-3.0, 3.0, 25).astype(np.float32)
+    with mp.use_backend("cpu"), mp.extended_precision():
+        y = mx.exp(mx.array(x) / 7) * 0.1
+        wide = wide_value(y)
+        lo = np.array(low_word(y))
+        hi = np.array(y)
+    v = np.array(wide[0])
+    ref_hi, ref_lo = _split_numpy(v)
+    assert np.array_equal(hi, ref_hi) and np.array_equal(lo, ref_lo)
+    assert np.max(np.abs(v - np.exp(x.astype(np.float64) / 7) * 0.1)) < 1e-15
+    with mx.stream(mx.cpu):
+        z = from64(mx.array(np.array([1 / 3, -1e-3]), dtype=mx.float64), None)
+    assert z._lo is None  # not built yet
+    assert np.array_equal(np.array(z.lo), _split_numpy(np.array([1 / 3, -1e-3]))[1])
