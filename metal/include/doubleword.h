@@ -44,6 +44,11 @@
 // their own result, and every compound operation to its first high-word operation,
 // so that e.g. Inf * y stays Inf even where a low-word term (Inf * 0) is NaN.
 // Overflow of the exact result gives the correctly signed Inf (as RN does).
+//
+// Signed zeros: a zero result keeps the sign float32 gives the same operation on the
+// high words (-0 * 1 = -0, -0 + -0 = -0, x - x = +0). Fast2Sum adds a correction
+// that is +0 whenever the high word is a zero, and -0 + +0 = +0 would lose a -0
+// there: dw_fast_two_sum keeps a zero a (then b is zero too) as it is.
 #pragma once
 
 struct dw {
@@ -91,6 +96,7 @@ METAL_FUNC dw dw_two_sum(float a, float b) {
 METAL_FUNC dw dw_fast_two_sum(float a, float b) {
   float s = a + b;
   if (dw_is_special(s)) return dw_special(s);
+  if (a == 0.0f && b == 0.0f) return dw_make(a * 1.0f, 0.0f);  // keeps a -0 (flushed)
   float z = s - a;
   return dw_make(s, b - z);
 }

@@ -30,6 +30,23 @@ _intercept: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 
 
+# The open double-word flow's report in this thread / task (mlx_precise.extended);
+# None outside blocks and while package internals run (flow_suspended).
+flow: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_flow", default=None)
+
+
+@contextlib.contextmanager
+def flow_suspended():
+    """Run package internals with the flow off: MLX's ops unchanged, nothing
+    reported (lower layers, such as the lazy low words of the cpu backend, use it
+    to build their arrays with plain MLX inside a block)."""
+    token = flow.set(None)
+    try:
+        yield
+    finally:
+        flow.reset(token)
+
+
 def is_extended() -> bool:
     """True inside an enabled :func:`extended_precision` block."""
     return _extended.get()

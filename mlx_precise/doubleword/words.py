@@ -14,7 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..core import backends
+from ..core import backends, context
 from ..core.arrays import as_array, float64_data, is_wide
 from ..core.kernels import Kernel, elementwise_grid, same_shape
 
@@ -487,7 +487,7 @@ def _low64(v: mx.array) -> mx.array:
     """RN32(v - RN32(v)) of float64 v, 0 where RN32(v) is not finite; no gradient
     (hi + lo = v, so the low word's derivative with respect to v is 0: the
     gradient flows through hi)."""
-    with mx.stream(mx.cpu):
+    with mx.stream(mx.cpu), context.flow_suspended():  # plain MLX even inside a block
         s = mx.stop_gradient(v)
         h = s.astype(mx.float32)
         return _finite_or_zero((s - h.astype(mx.float64)).astype(mx.float32), h)
@@ -497,7 +497,10 @@ def low_from_wide(wide: tuple) -> mx.array:
     """The low word of the float64 value ``wide = (re, im or None)`` (complex64
     when ``im`` is given), lazily."""
     re, im = wide
-    return _low64(re) if im is None else complex_from_parts(_low64(re), _low64(im))
+    if im is None:
+        return _low64(re)
+    with context.flow_suspended():
+        return complex_from_parts(_low64(re), _low64(im))
 
 
 def from64(re: mx.array, im: mx.array | None = None) -> DoubleWord:

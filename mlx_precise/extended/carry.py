@@ -17,27 +17,19 @@ import weakref
 
 import mlx.core as mx
 
+from ..core import context
 from ..doubleword.words import low_from_wide
 
 # The open block's report (mlx_precise.extended.dispatch.Report) in this thread /
 # task; None outside blocks, inside rules and inside the package's internals.
-report: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_flow", default=None)
+report: contextvars.ContextVar = context.flow
+suspended = context.flow_suspended  # run package internals with the flow off
 
 
 @contextlib.contextmanager
 def reporting(block_report):
     """Run code with the flow on for ``block_report`` (a rule's decomposition)."""
     token = report.set(block_report)
-    try:
-        yield
-    finally:
-        report.reset(token)
-
-
-@contextlib.contextmanager
-def suspended():
-    """Run package internals (rules, VJPs) with the flow off: MLX's ops unchanged."""
-    token = report.set(None)
     try:
         yield
     finally:

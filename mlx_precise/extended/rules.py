@@ -24,6 +24,7 @@ double-word operands then enter as their exact float64 values (``hi + lo``).
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import mlx.core as mx
@@ -595,6 +596,54 @@ def _logsumexp(x, axis=None, keepdims=False, **kw):
     return s if keepdims else mx.squeeze(s, axis=axis) if axis is not None else s.reshape(())
 
 
+def _clip(a, a_min=None, a_max=None, **kw):
+    """``mx.clip``: ``minimum(maximum(a, a_min), a_max)`` (exact on the words);
+    a None bound leaves that side open."""
+    if a_min is not None:
+        a = mx.maximum(a, a_min)
+    return a if a_max is None else mx.minimum(a, a_max)
+
+
+_LN2 = math.log(2.0)  # its float64 value enters in two words
+
+
+def _sinh(x, **kw):
+    """``(e^(x - ln2) - e^(-x - ln2))`` for |x| >= 1 (no overflow before float32's
+    own), ``(expm1(x) - expm1(-x)) / 2`` below (no cancellation: the terms have
+    opposite signs)."""
+    small = (mx.expm1(x) - mx.expm1(-x)) * 0.5
+    large = mx.exp(x - _LN2) - mx.exp(-x - _LN2)
+    with carry.suspended():
+        near = mx.abs(x) < 1
+    return mx.where(near, small, large)
+
+
+def _cosh(x, **kw):
+    return mx.exp(x - _LN2) + mx.exp(-x - _LN2)
+
+
+def _tan(x, **kw):
+    return mx.sin(x) / mx.cos(x)
+
+
+def _arctan(x, **kw):
+    return mx.arctan2(x, 1.0)
+
+
+def _arcsin(x, **kw):
+    """``arctan2(x, sqrt((1 - x)(1 + x)))``: 1 - x is exact near 1."""
+    return mx.arctan2(x, mx.sqrt((1 - x) * (1 + x)))
+
+
+def _arccos(x, **kw):
+    return mx.arctan2(mx.sqrt((1 - x) * (1 + x)), x)
+
+
+def _arctanh(x, **kw):
+    """``log1p(2x / (1 - x)) / 2`` (small x: no cancellation)."""
+    return mx.log1p(2 * x / (1 - x)) * 0.5
+
+
 def _logaddexp(a, b, **kw):
     """``log(e^a + e^b) = max + log1p(e^(-|a - b|))``."""
     m = mx.maximum(a, b)
@@ -740,6 +789,10 @@ FUNCTIONS = {
     "inner": _decomposed(_inner), "outer": _decomposed(_outer), "einsum": _einsum_rule,
     "softmax": _decomposed(_softmax), "logsumexp": _decomposed(_logsumexp),
     "logaddexp": _decomposed(_logaddexp), "std": _decomposed(_std),
+    "clip": _decomposed(_clip), "tril": _words(), "triu": _words(),
+    **{name: _decomposed(fn) for name, fn in (
+        ("sinh", _sinh), ("cosh", _cosh), ("tan", _tan), ("arctan", _arctan),
+        ("arcsin", _arcsin), ("arccos", _arccos), ("arctanh", _arctanh))},
     "pad": _pad, "split": _words(), "concatenate": _words(listed=True),
     "concat": _words(listed=True), "stack": _words(listed=True),
     **{name: _words() for name in SHAPE_OPS},

@@ -545,16 +545,15 @@ def test_adversarial_sums():
     zh, zl = run_dw(3, xh, xl, yh, yl)
     ok, err = check_rel(Exact.dw(zh, zl) - (X + Exact.f32(yh)), X + Exact.f32(yh), B_ADD_FP)
     assert ok.all(), err
-    # Signed zeros: every combination sums to exactly 0 in both words; the high word
-    # comes from the last Fast2Sum, -0 + (+0) = +0, so (-0) + (-0) gives +0, not
-    # IEEE's -0, in DW+DW and DW+FP alike.
+    # Signed zeros: every combination sums to exactly 0 in both words, and the high
+    # word has the sign of float32's sum of the high words (IEEE: -0 only for
+    # (-0) + (-0)), in DW+DW and DW+FP alike.
     sz = np.array([0.0, -0.0], np.float32)
     g = np.array(np.meshgrid(sz, sz, sz, sz, indexing="ij")).reshape(4, -1)
-    zh, zl = run_dw(4, *g)
-    assert (zh == 0).all() and (zl == 0).all()
-    assert bits(zh[-1]) == 0  # (-0,-0) + (-0,-0) = +0
-    zh, zl = run_dw(3, *g)
-    assert (zh == 0).all() and (zl == 0).all() and bits(zh[-1]) == 0
+    for op in (4, 3):
+        zh, zl = run_dw(op, *g)
+        assert (zh == 0).all() and (zl == 0).all()
+        assert np.array_equal(np.signbit(zh), np.signbit(g[0] + g[2])), op
     # Overflow gives float32's Inf with a zero low word (not the NaN residual of a
     # plain TwoSum): TwoSum(max, max) -> (inf, 0). tests/test_special_values.py has more.
     m = f32(3.4028234663852886e38)
@@ -781,3 +780,21 @@ def test_split_join_errors():
         join(np.ones(2, np.float32), np.ones(3, np.float32))
     with pytest.raises(ValueError, match="float32"):
         join(mx.ones(2, dtype=mx.float16), mx.ones(2, dtype=mx.float16))
+
+
+def test_signed_zeros_follow_float32():
+    """A zero result has the sign float32 gives the same operation on the high
+    words (-0 + -0 = -0, -0 * 2 = -0, -0 / 3 = -0, x - x = +0): Fast2Sum's +0
+    correction must not turn a -0 high word into +0. Oracle: numpy float32."""
+    from mlx_precise.doubleword.words import DoubleWord, binary
+
+    z = np.array([-0.0, 0.0, -0.0, 0.0, 1.5, -2.0, -0.0], np.float32)
+    w = np.array([-0.0, -0.0, 2.0, -3.0, 1.5, 0.0, -1e30], np.float32)
+    x, y = (DoubleWord(mx.array(a), mx.zeros(a.shape)) for a in (z, w))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for op, ref in (("add", z + w), ("sub", z - w), ("mul", z * w), ("div", z / w)):
+            got = np.array(binary(op, x, y, "emulate").hi)
+            zero = ref == 0
+            assert zero.any()
+            assert np.array_equal(got[zero], ref[zero]), op
+            assert np.array_equal(np.signbit(got[zero]), np.signbit(ref[zero])), (op, got, ref)
