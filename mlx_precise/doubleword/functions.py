@@ -312,10 +312,10 @@ def _launch(fn: str, a: DoubleWord, b: DoubleWord | None, backend: str, stream):
 # ---- cpu: float64 -------------------------------------------------------------------
 
 def _exp64(v: mx.array) -> mx.array:
-    """exp in float64: cosh + sinh (same sign for v >= 0), 1 / (cosh - sinh) below
-    (MLX's float64 exp is only float32-accurate; its sinh and cosh are not)."""
-    a = mx.abs(v)
-    e = mx.cosh(a) + mx.sinh(a)
+    """exp in float64: 1 + expm1(|v|) (no cancellation: expm1(|v|) >= 0), its
+    reciprocal for v < 0 (MLX's float64 exp is only float32-accurate; its expm1 is
+    the C library's). NaN stays NaN, -0 gives 1, overflow Inf, and underflow 0."""
+    e = 1.0 + mx.expm1(mx.abs(v))
     return mx.where(v >= 0, e, 1.0 / e)
 
 
