@@ -322,16 +322,17 @@ def _exp64(v: mx.array) -> mx.array:
 def _sincos64(v: mx.array):
     """(sin v, cos v) in float64 from MLX's accurate float64 tan (MLX's sin and cos
     are float32-accurate): with t = tan(v/2), sin = 2t / (1 + t^2) (relative accuracy
-    everywhere, including near multiples of pi); cos = (1 - t^2) / (1 + t^2) where
-    |t| is away from 1, and sin v / tan v near the zeros of cos (|t| in [1/2, 2],
-    where |sin v| >= 0.8)."""
+    everywhere, including near multiples of pi; -0 gives -0); cos = (1 - t^2) /
+    (1 + t^2) where |t| is away from 1, and sin v / tan v near the zeros of cos
+    (|t| in [1/2, 2], where |sin v| >= 0.8). No finite double lies close enough to
+    an odd multiple of pi for t^2 to overflow, and Inf / NaN give NaN throughout."""
     t = mx.tan(0.5 * v)
     t2 = t * t
-    s = mx.where(mx.isinf(t2), 2.0 / t, 2.0 * t / (1.0 + t2))
-    s = mx.where(v == 0, v, s)  # sin(-0) = -0
-    near = (mx.abs(t) >= 0.5) & (mx.abs(t) <= 2.0)
-    c = mx.where(near, s / mx.tan(v), (1.0 - t2) / (1.0 + t2))
-    return s, mx.where(mx.isinf(t2), -1.0 + 0.0 * t, c)
+    d = 1.0 + t2
+    s = 2.0 * t / d
+    a = mx.abs(t)
+    near = (a >= 0.5) & (a <= 2.0)
+    return s, mx.where(near, s / mx.tan(v), (1.0 - t2) / d)
 
 
 def _erf64(v: mx.array) -> mx.array:
