@@ -97,3 +97,19 @@ def test_clip_tril_triu_keep_the_words(backend):
     np.testing.assert_array_equal(words[3], np.triu(value, 1))
     inside = (value > bound[0]) & (value < bound[1])
     np.testing.assert_array_equal(np.array(grad), np.where(inside, np.float32(1 / 3), 0))
+
+
+def test_docs_list_every_op_with_a_rule():
+    """docs/port_guide.md's table of ops that run extended names every MLX function
+    of the flow's table of rules (and mx.fast's), so the list cannot drift."""
+    import re
+    from pathlib import Path
+
+    from mlx_precise.extended import rules
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "port_guide.md").read_text()
+    section = text[text.index("### Ops with a double-word rule"):
+                   text.index("**Names bound before the block opens")]
+    missing = [n for n in (*rules.FUNCTIONS, *rules.FAST)
+               if not re.search(r"[`.]" + re.escape(n) + r"\b", section)]
+    assert not missing, missing
