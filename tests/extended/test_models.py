@@ -163,3 +163,24 @@ def test_metal_path_never_syncs_with_the_host(lazy_metal, name):
         return y
 
     assert mx.compile(forward)(x).shape == ref.shape
+
+
+def test_compiled_block_on_metal_replays_without_python(lazy_metal):
+    """On metal the recommended form is a compiled function that opens the block:
+    its first call runs the flow's rules (tracing the double-word kernels), later
+    calls, with new values of the same shapes, replay the traced graph without
+    running any Python (the host cost of the rules is paid once)."""
+    w = mx.ones((16, 4)) / 3
+    ran = []
+
+    def forward(x):
+        ran.append(1)
+        with mp.use_backend("metal"), mp.extended_precision() as rep:
+            y = mx.exp(x / 3) @ w + 0.1
+        assert not rep.float32 and rep.extended["exp"] == 1 and rep.extended["__matmul__"] == 1
+        return y
+
+    f = mx.compile(forward)
+    x = mx.array(np.linspace(0, 1, 32, dtype=np.float32).reshape(2, 16))
+    shapes = [f(x * k).shape for k in (1, 2, 3)]
+    assert shapes == [(2, 4)] * 3 and len(ran) == 1
