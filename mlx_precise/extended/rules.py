@@ -607,19 +607,22 @@ def _clip(a, a_min=None, a_max=None, **kw):
 _LN2 = math.log(2.0)  # its float64 value enters in two words
 
 
+_HALF_E = math.e / 2  # its float64 value enters in two words
+
+
 def _sinh(x, **kw):
-    """``(e^(x - ln2) - e^(-x - ln2))`` for |x| >= 1 (no overflow before float32's
-    own), ``(expm1(x) - expm1(-x)) / 2`` below (no cancellation: the terms have
-    opposite signs)."""
+    """``(e^(x - 1) - e^(-x - 1)) e/2`` for |x| >= 1 (x - 1 is exact there, and
+    nothing overflows before float32's own sinh does), ``(expm1(x) - expm1(-x)) /
+    2`` below (no cancellation: the terms have opposite signs)."""
     small = (mx.expm1(x) - mx.expm1(-x)) * 0.5
-    large = mx.exp(x - _LN2) - mx.exp(-x - _LN2)
+    large = (mx.exp(x - 1) - mx.exp(-x - 1)) * _HALF_E
     with carry.suspended():
         near = mx.abs(x) < 1
     return mx.where(near, small, large)
 
 
 def _cosh(x, **kw):
-    return mx.exp(x - _LN2) + mx.exp(-x - _LN2)
+    return (mx.exp(x - 1) + mx.exp(-x - 1)) * _HALF_E
 
 
 def _tan(x, **kw):
@@ -642,6 +645,33 @@ def _arccos(x, **kw):
 def _arctanh(x, **kw):
     """``log1p(2x / (1 - x)) / 2`` (small x: no cancellation)."""
     return mx.log1p(2 * x / (1 - x)) * 0.5
+
+
+_HUGE = 2.0**26  # above it asinh(a), acosh(a) = log(2a) to 2^-54 relative
+
+
+def _arcsinh(x, **kw):
+    """``log1p(a + a^2 / (1 + sqrt(1 + a^2)))`` with a = |x| (no cancellation), or
+    ``log(a) + ln 2`` above 2^26 (a^2 would overflow), signed as x (-0 kept).
+    Each branch reads a clamped argument, so the unselected one stays finite
+    (finite gradients too)."""
+    with carry.suspended():
+        huge, neg, zero = mx.abs(x) > _HUGE, x < 0, x == 0
+    a = mx.abs(x)
+    s = mx.minimum(a, _HUGE)
+    r = mx.where(huge, mx.log(mx.maximum(a, 1.0)) + _LN2,
+                 mx.log1p(s + s * s / (1 + mx.sqrt(1 + s * s))))
+    return mx.where(zero, x, mx.where(neg, -r, r))
+
+
+def _arccosh(x, **kw):
+    """``log1p(t + sqrt(t (t + 2)))`` with t = x - 1 (exact near 1), or ``log(x) +
+    ln 2`` above 2^26; NaN below 1 (the square root of a negative)."""
+    with carry.suspended():
+        huge = x > _HUGE
+    t = mx.minimum(x, _HUGE) - 1
+    return mx.where(huge, mx.log(mx.maximum(x, 1.0)) + _LN2,
+                    mx.log1p(t + mx.sqrt(t * (t + 2))))
 
 
 def _logaddexp(a, b, **kw):
@@ -792,7 +822,8 @@ FUNCTIONS = {
     "clip": _decomposed(_clip), "tril": _words(), "triu": _words(),
     **{name: _decomposed(fn) for name, fn in (
         ("sinh", _sinh), ("cosh", _cosh), ("tan", _tan), ("arctan", _arctan),
-        ("arcsin", _arcsin), ("arccos", _arccos), ("arctanh", _arctanh))},
+        ("arcsin", _arcsin), ("arccos", _arccos), ("arctanh", _arctanh),
+        ("arcsinh", _arcsinh), ("arccosh", _arccosh))},
     "pad": _pad, "split": _words(), "concatenate": _words(listed=True),
     "concat": _words(listed=True), "stack": _words(listed=True),
     **{name: _words() for name in SHAPE_OPS},
