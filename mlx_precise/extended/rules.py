@@ -275,6 +275,66 @@ def _extremum(larger: bool):
     return rule
 
 
+# comparison name -> (strict comparison of the high words, comparison of the low words
+# on a tie); == and != compare both words
+_ORDER = {"less": (mx.less, mx.less), "less_equal": (mx.less, mx.less_equal),
+          "greater": (mx.greater, mx.greater),
+          "greater_equal": (mx.greater, mx.greater_equal)}
+
+
+def _compare(name: str, reverse: bool = False):
+    """``x < y`` & co. of carried values, exactly: for normalised pairs the order of
+    the values is that of (high word, low word) taken lexicographically (equal
+    values have equal high words, both being the same rounding), so a high-word
+    comparison decides except on a tie, where the low words do. Python / numpy
+    scalars compare at their float64 value. Operands that carry nothing run MLX's
+    comparison unchanged."""
+
+    def rule(ctx, original, x, y, **kw):
+        if reverse:
+            x, y = y, x
+        if kw.get("stream") is not None or _has_float64((x, y)):
+            return NotImplemented
+        if not any(is_word_array(v) and has_words(v) for v in (x, y)):
+            return NotImplemented
+        a, b = words(x), words(y)
+        if a is None or b is None:
+            return NotImplemented
+        if name in ("equal", "not_equal"):
+            same = mx.equal(a.hi, b.hi) & mx.equal(a.lo, b.lo)
+            return same if name == "equal" else mx.logical_not(same)
+        if arith.is_complex(a) or arith.is_complex(b):
+            return NotImplemented  # MLX's own error / order for complex values
+        strict, tie_break = _ORDER[name]
+        return strict(a.hi, b.hi) | (mx.equal(a.hi, b.hi) & tie_break(a.lo, b.lo))
+
+    return rule
+
+
+def _arg_extreme(larger: bool):
+    """``argmax`` / ``argmin`` of carried real values: among the positions where the
+    high word is extreme, the one whose low word is (MLX's first index on exact
+    ties). A NaN high word gives MLX's answer on the high words."""
+
+    def rule(ctx, original, a, axis=None, keepdims=False, **kw):
+        if kw.get("stream") is not None or not is_word_array(a) or not has_words(a):
+            return NotImplemented
+        if a.dtype == mx.complex64:
+            return NotImplemented
+        w = words(a)
+        hi, lo = (w.hi, w.lo) if axis is not None else (w.hi.reshape(-1), w.lo.reshape(-1))
+        ax = axis if axis is not None else 0
+        m = (mx.max if larger else mx.min)(hi, axis=ax, keepdims=True)
+        key = mx.where(hi == m, lo, -np.inf if larger else np.inf)
+        out = original(key, axis=ax, keepdims=True)
+        out = mx.where(mx.isnan(m), original(hi, axis=ax, keepdims=True), out)
+        if axis is None:
+            return out.reshape([1] * a.ndim) if keepdims else out.reshape(())
+        return out if keepdims else mx.squeeze(out, axis=ax)
+
+    return rule
+
+
 def _axes(ndim: int, axis) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
@@ -820,6 +880,9 @@ FUNCTIONS = {
     "softmax": _decomposed(_softmax), "logsumexp": _decomposed(_logsumexp),
     "logaddexp": _decomposed(_logaddexp), "std": _decomposed(_std),
     "clip": _decomposed(_clip), "tril": _words(), "triu": _words(),
+    **{name: _compare(name) for name in ("less", "less_equal", "greater", "greater_equal",
+                                         "equal", "not_equal")},
+    "argmax": _arg_extreme(True), "argmin": _arg_extreme(False),
     **{name: _decomposed(fn) for name, fn in (
         ("sinh", _sinh), ("cosh", _cosh), ("tan", _tan), ("arctan", _arctan),
         ("arcsin", _arcsin), ("arccos", _arccos), ("arctanh", _arctanh),
@@ -836,6 +899,10 @@ METHODS = {
     "__mul__": _arith("mul"), "__rmul__": _arith("mul", reverse=True),
     "__truediv__": _arith("div"), "__rtruediv__": _arith("div", reverse=True),
     "__neg__": _exact1(arith.neg), "__abs__": _abs_rule, "abs": _abs_rule, "cumsum": _cumsum,
+    "__lt__": _compare("less"), "__le__": _compare("less_equal"),
+    "__gt__": _compare("greater"), "__ge__": _compare("greater_equal"),
+    "__eq__": _compare("equal"), "__ne__": _compare("not_equal"),
+    "argmax": _arg_extreme(True), "argmin": _arg_extreme(False),
     "max": _extreme_reduction(True), "min": _extreme_reduction(False),
     "conj": _exact1(arith.conj), "square": _square,
     "sum": _reduction(False), "mean": _reduction(True), "var": _decomposed(_var),

@@ -121,3 +121,60 @@ def test_docs_list_every_op_with_a_rule():
     missing = [n for n in (*rules.FUNCTIONS, *rules.FAST)
                if not re.search(r"[`.]" + re.escape(n) + r"\b", section)]
     assert not missing, missing
+
+
+def _pairs():
+    """Carried values whose high words tie but whose values differ, and specials."""
+    v = rng_f32(64, 43)
+    a = mx.array(v) / 3
+    b = a + 1e-12  # same high words (1e-12 is far below their ulp), larger values
+    return a, b
+
+
+@pytest.mark.parametrize("op", ["<", "<=", ">", ">=", "==", "!="])
+def test_comparisons_of_carried_values_are_exact(backend, op):
+    """Oracle: the same comparison of the values hi + lo in float64 (exact: 48
+    significant bits). With high words tied, float32 would call every pair equal."""
+    import operator
+
+    f = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+         "==": operator.eq, "!=": operator.ne}[op]
+    with mp.extended_precision() as rep:
+        a, b = _pairs()
+        va, vb = (f64(t) + f64(low_word(t)) for t in (a, b))
+        assert np.array_equal(np.array(a), np.array(b))  # the high words tie
+        got = [np.array(f(a, b)), np.array(f(b, a)), np.array(f(a, a)),
+               np.array(f(a, 1 / 3)), np.array(f(a, mx.array(np.float32(0.25))))]
+    want = [f(va, vb), f(vb, va), f(va, va), f(va, 1 / 3), f(va, 0.25)]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert not rep.float32 and sum(rep.extended[n] for n in rep.extended if n.startswith("__")) >= 5
+    assert got[0].any() != got[1].any() or op in ("==", "!=")  # the tie was decided
+
+
+def test_comparison_special_values(backend):
+    x = mx.array(np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1.0], np.float32))
+    want = {op: np.array(getattr(mx, op)(x, x[::-1])) for op in
+            ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal")}
+    with mp.extended_precision():
+        y = x * 1.0
+        z = y / 1.0
+        assert low_word(z) is not None
+        got = {op: np.array(getattr(mx, op)(z, z[::-1])) for op in want}
+    for op in want:
+        np.testing.assert_array_equal(got[op], want[op], err_msg=op)
+
+
+def test_argmax_argmin_decide_high_word_ties(backend):
+    with mp.extended_precision() as rep:
+        a, b = _pairs()
+        c = mx.concatenate([a[:, None], b[:, None], a[:, None]], axis=1)  # (64, 3)
+        value = f64(c) + f64(low_word(c))
+        got = [np.array(mx.argmax(c, axis=1)), np.array(mx.argmin(c, axis=1)),
+               np.array(c.argmax(axis=0, keepdims=True)), np.array(mx.argmax(c)),
+               np.array(mx.argmin(c, keepdims=True))]
+    assert not rep.float32
+    assert (got[0] == 1).all() and (got[1] == 0).all()  # only the low words differ
+    np.testing.assert_array_equal(got[2], np.argmax(value, axis=0)[None])
+    assert got[3] == np.argmax(value) and got[4].shape == (1, 1)
+    assert got[4].item() == np.argmin(value)
