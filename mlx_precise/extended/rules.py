@@ -468,6 +468,48 @@ def _sdpa(q, k, v, *, scale, mask=None, sinks=None, force_fused=False, stream=No
     return mx.softmax(s, axis=-1) @ v
 
 
+def _rope(a, dims, *, traditional, base, scale, offset, freqs=None, **kw):
+    """``mx.fast.rope`` by its definition (MLX's reference form): positions
+    ``(arange(T) + offset) scale`` along axis -2, inverse frequencies
+    ``base^(-i / (dims/2))`` (in float64 on the host, two words) or ``1 / freqs``,
+    angles ``theta = positions x inverse frequencies`` and their double-word cos / sin,
+    then each pair (the halves of the first ``dims`` features, or neighbours with
+    ``traditional``) rotated; features past ``dims`` pass through."""
+    T, half = a.shape[-2], dims // 2
+    if freqs is None:
+        inv = _grid(np.exp(-np.arange(half) * (math.log(base) / half)), None)
+    else:
+        inv = 1.0 / freqs
+    positions = (mx.arange(T, dtype=mx.float32) + offset) * scale
+    theta = positions[:, None] * inv[None, :]
+    c, s = mx.cos(theta), mx.sin(theta)
+    if traditional:
+        x1, x2 = a[..., 0:dims:2], a[..., 1:dims:2]
+    else:
+        x1, x2 = a[..., :half], a[..., half:dims]
+    y1, y2 = x1 * c - x2 * s, x1 * s + x2 * c
+    if traditional:
+        y = mx.stack([y1, y2], axis=-1).reshape(*a.shape[:-1], dims)
+    else:
+        y = mx.concatenate([y1, y2], axis=-1)
+    return y if dims == a.shape[-1] else mx.concatenate([y, a[..., dims:]], axis=-1)
+
+
+def _rope_rule(ctx, original, a, dims, **kw):
+    offset, freqs = kw.get("offset", 0), kw.get("freqs")
+    if kw.get("stream") is not None or not is_word_array(a) or a.dtype != mx.float32:
+        return NotImplemented
+    if dims % 2 or dims > a.shape[-1] or a.ndim < 2 or (
+            isinstance(offset, mx.array) and offset.size != 1):
+        return NotImplemented  # MLX's own errors / per-batch offsets: plain MLX
+    if freqs is not None and not (is_word_array(freqs) and freqs.shape == (dims // 2,)):
+        return NotImplemented
+    if isinstance(offset, mx.array):
+        kw["offset"] = offset.reshape(())
+    with carry.reporting(ctx.report):
+        return _rope(a, dims, **kw)
+
+
 def _sdpa_rule(ctx, original, q, k, v, **kw):
     if kw.get("sinks") is not None or kw.get("stream") is not None or kw.get("mask") not in (
             None, "causal") and not isinstance(kw.get("mask"), mx.array):
@@ -920,7 +962,7 @@ METHODS = {
 
 # mx.fast function name -> rule
 FAST = {"layer_norm": _decomposed(_layer_norm), "rms_norm": _decomposed(_rms_norm),
-        "scaled_dot_product_attention": _sdpa_rule}
+        "scaled_dot_product_attention": _sdpa_rule, "rope": _rope_rule}
 
 # mx.array property name -> rule
 PROPERTIES = {"real": _property(_real), "imag": _property(_imag), "T": _property(),

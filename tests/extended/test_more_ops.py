@@ -178,3 +178,52 @@ def test_argmax_argmin_decide_high_word_ties(backend):
     np.testing.assert_array_equal(got[2], np.argmax(value, axis=0)[None])
     assert got[3] == np.argmax(value) and got[4].shape == (1, 1)
     assert got[4].item() == np.argmin(value)
+
+
+def _rope64(x, dims, traditional, base, scale, offset, freqs=None):
+    """MLX's definition of RoPE in float64 (numpy)."""
+    T, half, x = x.shape[-2], dims // 2, x.astype(np.float64)
+    inv = (np.exp(-np.arange(half) * math.log(base) / half) if freqs is None
+           else 1 / freqs.astype(np.float64))
+    theta = ((np.arange(T) + offset) * scale)[:, None] * inv[None]
+    c, s = np.cos(theta), np.sin(theta)
+    x1, x2 = (x[..., 0:dims:2], x[..., 1:dims:2]) if traditional else (
+        x[..., :half], x[..., half:dims])
+    y1, y2 = x1 * c - x2 * s, x1 * s + x2 * c
+    y = (np.stack([y1, y2], -1).reshape(*x.shape[:-1], dims) if traditional
+         else np.concatenate([y1, y2], -1))
+    return np.concatenate([y, x[..., dims:]], -1)
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+@pytest.mark.parametrize("dims,offset,freqs", [(16, 0, False), (12, 7, False),
+                                               (8, "array", False), (16, 3, True)])
+def test_rope_exactly_rounded(backend, traditional, dims, offset, freqs):
+    """mx.fast.rope (nn.RoPE) inside a block: every output exactly rounded against
+    MLX's definition in float64, where MLX's float32 kernel gets 60-80%."""
+    x = rng_f32((2, 2, 64, 16), 47)
+    f = (10000.0 ** (np.arange(dims // 2) / (dims // 2))).astype(np.float32) if freqs else None
+    kw = dict(traditional=traditional, base=None if freqs else 10000.0, scale=0.5,
+              offset=mx.array(5) if offset == "array" else offset,
+              freqs=None if f is None else mx.array(f))
+    ref = _rope64(x, dims, traditional, 10000.0, 0.5, 5 if offset == "array" else offset, f)
+    plain = np.array(mx.fast.rope(mx.array(x), dims, **kw))
+    assert np.max(np.abs(plain - ref)) < 1e-4  # the same definition as MLX's kernel
+    with mp.extended_precision() as rep:
+        y = mx.fast.rope(mx.array(x) * 1, dims, **kw)
+    assert not rep.float32 and rep.extended["rope"] == 1
+    assert share(y, ref) == 1.0 and share(plain, ref) < 0.9
+
+
+def test_rope_layer_and_gradient(backend):
+    import mlx.nn as nn
+
+    x = mx.array(rng_f32((1, 32, 8), 48))
+    rope = nn.RoPE(8, base=500.0)
+    g_plain = np.array(mx.grad(lambda v: (rope(v) * v).sum())(x))
+    with mp.extended_precision() as rep:
+        y = rope(x / 3)
+        g = np.array(mx.grad(lambda v: (rope(v) * v).sum())(x))
+    assert rep.extended["rope"] >= 2 and not rep.float32
+    assert share(y, _rope64(np.array(x).astype(np.float64) / 3, 8, False, 500.0, 1.0, 0)) == 1.0
+    np.testing.assert_allclose(g, g_plain, rtol=1e-4, atol=1e-5)
