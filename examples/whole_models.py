@@ -5,7 +5,8 @@
                                     [--repeat 3]
 
 For each model (Hyena operator with its implicit filter, S4D, FNO, an audio log-mel
-front end, a convolutional vocoder, a transformer block) and backend: the share of
+front end, a convolutional vocoder, a transformer block, a Llama-style block) and
+backend: the share of
 outputs exactly rounded (equal to the float64 oracle rounded to float32), the
 normwise error ``||y - ref|| / ||ref||`` of the float32 output, the normwise error of
 the carried double-word value (high + low word, before the final rounding), the

@@ -16,4 +16,4 @@ MLX functions are called through the module at call time (``mx.exp(x)``,
 ``nn.gelu(x)``), as model code does, so ``extended_precision()`` sees them.
 """
 
-MODELS = ("hyena", "s4d", "fno", "logmel", "vocoder", "transformer")
+MODELS = ("hyena", "s4d", "fno", "logmel", "vocoder", "transformer", "llama")

@@ -1,6 +1,6 @@
 """Whole models (benchmarks/models/: Hyena with its implicit filter network, S4D, FNO,
-an audio log-mel front end, a convolutional vocoder, a transformer block), written
-in plain MLX / mlx.nn, run unmodified inside ``extended_precision()`` on cpu and
+an audio log-mel front end, a convolutional vocoder, a transformer block, a Llama-style
+block), written in plain MLX / mlx.nn, run unmodified inside ``extended_precision()`` on cpu and
 emulate, against each model's float64 numpy oracle from the same float32 inputs
 and parameters.
 
@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmar
 from models._common import params64  # noqa: E402
 from test_lazy_glue import lazy_metal  # noqa: E402,F401  (fixture: a lazy stand-in for Metal)
 
-RULED = ["hyena", "s4d", "fno", "logmel", "transformer"]
+RULED = ["hyena", "s4d", "fno", "logmel", "transformer", "llama"]
 
 
 def load(name: str):
@@ -108,7 +108,7 @@ def test_vocoder(backend):
         assert normwise(carried_value(y), ref) <= err_plain / 10
 
 
-@pytest.mark.parametrize("name", ["hyena", "fno", "s4d", "transformer"])
+@pytest.mark.parametrize("name", ["hyena", "fno", "s4d", "transformer", "llama"])
 def test_gradients(backend, name):
     """d/dt loss(params + t d) of sum(model(x)^2) against central differences
     (h = 1e-6, ~1e-10 relative) of the float64 oracle, along random directions d."""
