@@ -176,66 +176,85 @@ def binary(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream=None) -> 
     return DoubleWord(*_differentiable(op, backend, stream)(x.hi, x.lo, y.hi, y.lo))
 
 
+_NEUTRAL = {"add": 0.0, "mul": 1.0}
+_REDUCE64 = {"add": "sum", "mul": "prod"}
+_SCAN64 = {"add": "cumsum", "mul": "cumprod"}
+
+
 def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: str,
-               stream=None) -> DoubleWord:
-    """The sum over ``axes`` (normalised, distinct): float64 on cpu; elsewhere a
-    pairwise tree of accurate double-word additions (ceil(log2 n) launches; the
-    error grows like log2(n) (3u^2) |sum of |x||)."""
+               stream=None, op: str = "add") -> DoubleWord:
+    """The sum (``op="add"``) or product (``"mul"``) over ``axes`` (normalised,
+    distinct): float64 on cpu; elsewhere a pairwise tree of double-word additions /
+    products (ceil(log2 n) launches; the error grows like log2(n) (3u^2) |sum of
+    |x|| for sums, log2(n) 4u^2 relative for products). Empty: 0 / 1."""
     keep = [d for d in range(x.ndim) if d not in axes]
     out_shape = [1 if d in axes else x.shape[d] for d in range(x.ndim)] if keepdims else \
         [x.shape[d] for d in keep]
     if backend == "cpu":
         with mx.stream(mx.cpu):
             re, im = to64(x)
-            s = from64(*(None if v is None else mx.sum(v, axis=list(axes), keepdims=keepdims)
+            f = getattr(mx, _REDUCE64[op])
+            if im is not None and op == "mul":  # complex products: pairwise in float64
+                return _tree(x, axes, keep, out_shape, backend, stream, op)
+            s = from64(*(None if v is None else f(v, axis=list(axes), keepdims=keepdims)
                           for v in (re, im)))
         return s
     if backend != "metal":  # the emulator evaluates its inputs
-        check_traceable((x.hi, x.lo), f"double-word sum on {backend!r}")
+        check_traceable((x.hi, x.lo), f"double-word {_REDUCE64[op]} on {backend!r}")
+    return _tree(x, axes, keep, out_shape, backend, stream, op)
+
+
+def _tree(x: DoubleWord, axes, keep, out_shape, backend: str, stream, op: str) -> DoubleWord:
     order = keep + list(axes)
     m = int(np.prod([x.shape[d] for d in keep]))
     n = int(np.prod([x.shape[d] for d in axes]))
     w = _map(lambda a: mx.transpose(a, order).reshape(m, n), x)
     if n == 0:
-        w = _map(lambda a: mx.zeros((m, 1), a.dtype), w)
+        w = DoubleWord(mx.full((m, 1), _NEUTRAL[op], w.hi.dtype), mx.zeros((m, 1), w.hi.dtype))
     while w.hi.shape[1] > 1:
         k = w.hi.shape[1]
         if k % 2:
-            w = _map(lambda a: mx.pad(a, [(0, 0), (0, 1)]), w)
+            w = DoubleWord(mx.pad(w.hi, [(0, 0), (0, 1)], constant_values=_NEUTRAL[op]),
+                           mx.pad(w.lo, [(0, 0), (0, 1)]))
             k += 1
-        w = binary("add", _map(lambda a: a[:, : k // 2], w), _map(lambda a: a[:, k // 2:], w),
+        w = binary(op, _map(lambda a: a[:, : k // 2], w), _map(lambda a: a[:, k // 2:], w),
                    backend, stream)
     return _map(lambda a: a.reshape(out_shape), w)
 
 
-def _shift(x: DoubleWord, d: int, axis: int) -> DoubleWord:
-    """x moved ``d`` places along ``axis``, zeros entering (exact)."""
+def _shift(x: DoubleWord, d: int, axis: int, fill: float = 0.0) -> DoubleWord:
+    """x moved ``d`` places along ``axis``, ``fill`` entering (exact)."""
     widths = [(0, 0)] * x.ndim
     widths[axis] = (d, 0)
     cut = [slice(None)] * x.ndim
     cut[axis] = slice(0, x.shape[axis])
-    return _map(lambda a: mx.pad(a, widths)[tuple(cut)], x)
+    return DoubleWord(mx.pad(x.hi, widths, constant_values=fill)[tuple(cut)],
+                      mx.pad(x.lo, widths)[tuple(cut)])
 
 
 def cumsum(x: DoubleWord, axis: int, reverse: bool, inclusive: bool, backend: str,
-           stream=None) -> DoubleWord:
-    """The running sum along ``axis`` (normalised): float64 on cpu; elsewhere the
-    Hillis-Steele scan, ceil(log2 n) steps of accurate double-word additions of
-    the array and its shifted copy (each output's error grows like
-    log2(n) (3u^2) sum |x|)."""
+           stream=None, op: str = "add") -> DoubleWord:
+    """The running sum (``op="add"``) or product (``"mul"``) along ``axis``
+    (normalised): float64 on cpu; elsewhere the Hillis-Steele scan, ceil(log2 n)
+    steps of double-word additions / products of the array and its shifted copy
+    (each output's error grows like log2(n) (3u^2) sum |x| for sums, log2(n) 4u^2
+    relative for products)."""
     if reverse:
         x = _map(lambda a: mx.flip(a, axis=axis), x)
     n = x.shape[axis]
-    if backend == "cpu":
+    fill = _NEUTRAL[op]
+    if backend == "cpu" and not (op == "mul" and is_complex(x)):
         with mx.stream(mx.cpu):
             re, im = to64(x)
-            s = from64(*(None if v is None else mx.cumsum(v, axis=axis) for v in (re, im)))
+            f = getattr(mx, _SCAN64[op])
+            s = from64(*(None if v is None else f(v, axis=axis) for v in (re, im)))
     else:
-        check_traceable((x.hi, x.lo), f"double-word cumsum on {backend!r}")
+        if backend != "cpu":
+            check_traceable((x.hi, x.lo), f"double-word {_SCAN64[op]} on {backend!r}")
         s, d = x, 1
         while d < n:
-            s = binary("add", s, _shift(s, d, axis), backend, stream)
+            s = binary(op, s, _shift(s, d, axis, fill), backend, stream)
             d *= 2
-    if not inclusive:  # shift by one: 0, x0, x0 + x1, ...
-        s = _shift(s, 1, axis)
+    if not inclusive:  # shift by one: neutral, x0, x0 (op) x1, ...
+        s = _shift(s, 1, axis, fill)
     return _map(lambda a: mx.flip(a, axis=axis), s) if reverse else s

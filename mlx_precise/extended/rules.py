@@ -520,14 +520,28 @@ def _sdpa_rule(ctx, original, q, k, v, **kw):
         return _sdpa(q, k, v, **kw)
 
 
-def _cumsum(ctx, original, a, axis=None, *, reverse=False, inclusive=True, dtype=None,
-            stream=None):
-    if not is_word_array(a) or stream is not None or (dtype is not None and dtype != a.dtype):
+def _scan(op: str):
+    """``cumsum`` (op "add") / ``cumprod`` ("mul")."""
+
+    def rule(ctx, original, a, axis=None, *, reverse=False, inclusive=True, dtype=None,
+             stream=None):
+        if not is_word_array(a) or stream is not None or (
+                dtype is not None and dtype != a.dtype):
+            return NotImplemented
+        w = words(a)
+        if axis is None:  # over the flattened array (both words: a.reshape here is MLX's)
+            w, axis = arith._map(lambda t: t.reshape(-1), w), 0
+        return result(arith.cumsum(w, int(axis) % max(w.ndim, 1), reverse, inclusive,
+                                   ctx.backend, op=op))
+
+    return rule
+
+
+def _prod(ctx, original, a, axis=None, keepdims=False, **kw):
+    if not is_word_array(a) or kw.get("stream") is not None:
         return NotImplemented
-    if axis is None:
-        return _cumsum(ctx, original, a.reshape(-1), 0, reverse=reverse, inclusive=inclusive)
-    return result(arith.cumsum(words(a), int(axis) % max(a.ndim, 1), reverse, inclusive,
-                               ctx.backend))
+    return result(arith.reduce_sum(words(a), _axes(a.ndim, axis), keepdims, ctx.backend,
+                                   ctx.stream, op="mul"))
 
 
 def _decomposed(fn):
@@ -909,7 +923,8 @@ FUNCTIONS = {
     "divide": _arith("div"),
     "negative": _exact1(arith.neg), "conjugate": _exact1(arith.conj),
     "conj": _exact1(arith.conj), "real": _exact1(_real), "imag": _exact1(_imag),
-    "abs": _abs_rule, "square": _square, "cumsum": _cumsum,
+    "abs": _abs_rule, "square": _square, "cumsum": _scan("add"),
+    "cumprod": _scan("mul"), "prod": _prod,
     "max": _extreme_reduction(True), "min": _extreme_reduction(False),
     "maximum": _extremum(True), "minimum": _extremum(False), "where": _where,
     "sum": _reduction(False), "mean": _reduction(True),
@@ -940,7 +955,8 @@ METHODS = {
     "__sub__": _arith("sub"), "__rsub__": _arith("sub", reverse=True),
     "__mul__": _arith("mul"), "__rmul__": _arith("mul", reverse=True),
     "__truediv__": _arith("div"), "__rtruediv__": _arith("div", reverse=True),
-    "__neg__": _exact1(arith.neg), "__abs__": _abs_rule, "abs": _abs_rule, "cumsum": _cumsum,
+    "__neg__": _exact1(arith.neg), "__abs__": _abs_rule, "abs": _abs_rule,
+    "cumsum": _scan("add"), "cumprod": _scan("mul"), "prod": _prod,
     "__lt__": _compare("less"), "__le__": _compare("less_equal"),
     "__gt__": _compare("greater"), "__ge__": _compare("greater_equal"),
     "__eq__": _compare("equal"), "__ne__": _compare("not_equal"),

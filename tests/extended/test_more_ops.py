@@ -227,3 +227,42 @@ def test_rope_layer_and_gradient(backend):
     assert rep.extended["rope"] >= 2 and not rep.float32
     assert share(y, _rope64(np.array(x).astype(np.float64) / 3, 8, False, 500.0, 1.0, 0)) == 1.0
     np.testing.assert_allclose(g, g_plain, rtol=1e-4, atol=1e-5)
+
+
+def test_prod_and_cumprod(backend):
+    """Products and running products of carried values: exactly rounded against
+    float64 (all options of cumprod; complex values; an empty axis gives 1). Values
+    stay in float32's normal range (the emulator flushes subnormals, as Apple GPUs do)."""
+    x = (1 + 0.1 * rng_f32((4, 50), 51)).astype(np.float32)
+    z = (rng_f32((3, 20), 52) + 1j * rng_f32((3, 20), 53)).astype(np.complex64)
+    v, vz = x.astype(np.float64) / 3, z.astype(np.complex128) / 3
+    with mp.extended_precision() as rep:
+        a, c = mx.array(x) / 3, mx.array(z) / 3
+        got = [mx.prod(a, axis=1), a.prod(), mx.cumprod(a, axis=1),
+               mx.cumprod(a, axis=1, reverse=True), mx.cumprod(a, axis=0, inclusive=False),
+               mx.cumprod(mx.array(x) / 1.01), mx.prod(c, axis=1), mx.cumprod(c, axis=1),
+               mx.prod(a[:, :0], axis=1)]
+        got = [np.array(t) for t in got]
+    assert not rep.float32
+    rev = np.flip(np.cumprod(np.flip(v, 1), 1), 1)
+    excl = np.concatenate([np.ones((1, 50)), np.cumprod(v, 0)[:-1]], 0)
+    want = [np.prod(v, 1), np.prod(v), np.cumprod(v, 1), rev, excl,
+            np.cumprod(x.astype(np.float64).reshape(-1) / 1.01),
+            np.prod(vz, 1), np.cumprod(vz, 1), np.ones(4)]
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert share(g, w) >= 0.99, i
+    with mp.extended_precision():
+        g = mx.grad(lambda t: mx.prod(t / 3, axis=1).sum())(mx.array(x))
+    np.testing.assert_allclose(np.array(g), np.prod(v, 1)[:, None] / v / 3, rtol=1e-5)
+
+
+def test_cumsum_over_the_flattened_array_keeps_the_low_words(backend):
+    """cumsum(a) without an axis flattens both words (it used to flatten the high
+    word alone: the low words were dropped, silently)."""
+    x = rng_f32((10, 10), 54)
+    with mp.extended_precision() as rep:
+        y = mx.cumsum(mx.array(x) / 3)
+        value = f64(y) + f64(low_word(y))
+    ref = np.cumsum(x.astype(np.float64).reshape(-1) / 3)
+    assert not rep.float32 and share(y, ref) >= 0.99
+    assert np.max(np.abs(value - ref)) < 1e-13
