@@ -542,8 +542,10 @@ def _binary64(op: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:
 
 def _flat8(a: mx.array, shape: tuple) -> mx.array:
     """``a`` broadcast to ``shape``, flat, padded to 8 elements at least (MLX passes
-    smaller inputs in ``constant`` space: one kernel instantiation for all sizes)."""
-    f = mx.contiguous(mx.broadcast_to(a, shape).reshape(-1))
+    smaller inputs in ``constant`` space: one kernel instantiation for all sizes).
+    An operand of the full shape is only reshaped (the kernels are declared
+    ``ensure_row_contiguous``: MLX copies a strided one)."""
+    f = a.reshape(-1) if tuple(a.shape) == shape else mx.broadcast_to(a, shape).reshape(-1)
     return f if f.size >= 8 else mx.concatenate([f, mx.zeros((8 - f.size,), f.dtype)])
 
 
