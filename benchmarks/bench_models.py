@@ -7,9 +7,11 @@ blocks, LeakyReLU, tanh), from benchmarks/models/.
 
 Per model:
 
-* time of one forward pass (best of a few), plain float32 and extended on cpu
-  (the ratio is the cost of the double-word flow there) and extended on emulate
-  (the Metal kernels run on the CPU by the emulator: a correctness path, slow);
+* time of one forward pass, plain float32 and extended on cpu (the ratio is the
+  cost of the double-word flow there), the model rewritten in numpy float64, and
+  extended on emulate (the Metal kernels run on the CPU by the emulator: a
+  correctness path, slow): steady state, the contenders interleaved, the median
+  over rounds of the last call of a burst of 3 (emulate: one call);
 * the share of outputs exactly rounded and the normwise error, against the
   model's math in float64 numpy (each model's ``oracle``);
 * the Metal path, counted on the emulator (the same kernel launches metal
@@ -29,6 +31,7 @@ import argparse
 import importlib
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -115,14 +118,22 @@ def words64(y) -> np.ndarray:
     return hi if lo is None else hi + np.array(lo).astype(np.float64)
 
 
-def _timed(fn, repeat: int):
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t = time.perf_counter()
-        out = fn()
-        mx.eval(out)
-        best = min(best, time.perf_counter() - t)
-    return out, best
+def _steady(contenders: dict, rounds: int, burst: int = 3) -> tuple[dict, dict]:
+    """Steady-state times: in each of ``rounds`` rounds every contender runs a burst
+    of ``burst`` calls (evaluated) and the last call is timed; the contenders
+    interleave, and each gets the median of its rounds. Returns ({name: seconds},
+    {name: last output})."""
+    times: dict = {k: [] for k in contenders}
+    outs: dict = {}
+    for _ in range(max(rounds, 1)):
+        for k, fn in contenders.items():
+            for i in range(burst):
+                t = time.perf_counter()
+                outs[k] = fn()
+                mx.eval(outs[k]) if isinstance(outs[k], mx.array) else None
+                if i == burst - 1:
+                    times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}, outs
 
 
 def measure(name: str, size: str = "small", backends=("cpu", "emulate"), repeat: int = 1,
@@ -130,35 +141,41 @@ def measure(name: str, size: str = "small", backends=("cpu", "emulate"), repeat:
     """{"plain": row, backend: row, ..., "floor": float, "float64_time": seconds of
     the numpy float64 oracle (the model rewritten in numpy)} with rows
     {"exact", "err", "dw_err", "time", "float32"} ("float32": the ops that consumed a
-    double-word value in float32, from the block's report)."""
+    double-word value in float32, from the block's report). Times: the median over
+    ``repeat`` interleaved rounds of the last call of a burst of 3 (one call per
+    round on emulate, whose calls take seconds)."""
     import mlx_precise
 
     mod = importlib.import_module(f"models.{name}")
     model, x = mod.build(size, seed)
     p64, x64 = params64(model), np.array(x).astype(np.float64)
-    t64 = time.perf_counter()
-    ref = mod.oracle(p64, x64)
-    t64 = time.perf_counter() - t64
+    reports: dict = {}
+
+    def extended(b):
+        def run():
+            with mlx_precise.use_backend(b), mlx_precise.extended_precision() as rep:
+                v = model(x)
+                mx.eval(v)
+            reports[b] = rep
+            return v
+        return run
+
+    fast = {"plain": lambda: model(x), "float64": lambda: mod.oracle(p64, x64),
+            **{b: extended(b) for b in backends if b != "emulate"}}
+    times, outs = _steady(fast, repeat)
+    if "emulate" in backends:
+        t, o = _steady({"emulate": extended("emulate")}, 1, burst=1)
+        times.update(t)
+        outs.update(o)
+    ref = outs["float64"]
     norm = np.linalg.norm(ref)
-    y, t = _timed(lambda: model(x), repeat)
-    exact, err = score(y, ref)
-    out = {"floor": score(ref.astype(np.float32), ref)[1], "float64_time": t64,
-           "plain": dict(exact=exact, err=err, dw_err=err, time=t, float32={})}
+    exact, err = score(outs["plain"], ref)
+    out = {"floor": score(ref.astype(np.float32), ref)[1], "float64_time": times["float64"],
+           "plain": dict(exact=exact, err=err, dw_err=err, time=times["plain"], float32={})}
     for b in backends:
-        with mlx_precise.use_backend(b):
-            reports = []
-
-            def run():
-                with mlx_precise.extended_precision() as rep:
-                    v = model(x)
-                    mx.eval(v)
-                reports.append(rep)
-                return v
-
-            y, t = _timed(run, repeat)
-        exact, err = score(y, ref)
-        out[b] = dict(exact=exact, err=err, time=t, float32=dict(reports[-1].float32),
-                      dw_err=float(np.linalg.norm(words64(y) - ref) / norm))
+        exact, err = score(outs[b], ref)
+        out[b] = dict(exact=exact, err=err, time=times[b], float32=dict(reports[b].float32),
+                      dw_err=float(np.linalg.norm(words64(outs[b]) - ref) / norm))
     return out
 
 
@@ -282,19 +299,19 @@ def main(argv=None):
                                  else [])
     if mp.metal_available() and "metal" not in runs:
         runs.append("metal")
-    print(f"Whole models, size {size!r}; one forward pass, best of {repeat} "
-          f"(emulate: best of 1); exactly rounded / normwise error against float64\n")
+    print(f"Whole models, size {size!r}; one forward pass: median of {repeat} interleaved "
+          f"rounds, each timing the last call of a burst of 3 (emulate: one call); exactly "
+          f"rounded / normwise error against float64\n")
     print("| model | run | time | vs float32 | exactly rounded | normwise error |")
-    # numpy float64: what a user would write instead (the model rewritten in numpy),
-    # its time once (the oracle's own run); its rounding to float32 is exact by definition
+    # numpy float64: what a user would write instead (the model rewritten in numpy: the
+    # oracle itself); its rounding to float32 is exactly rounded by definition
     print("|---|---|---|---|---|---|")
     for name in BENCH:
-        r = measure(name, size, ("cpu",), repeat)
-        rows = [("float32", r["plain"]), ("extended, cpu", r["cpu"])]
+        r = measure(name, size, runs, repeat)
         f64 = dict(time=r["float64_time"], exact=1.0, err=r["floor"])
-        rows.append(("numpy float64 (rewritten model; rounded once)", f64))
-        for b in runs[1:]:
-            rows.append((f"extended, {b}", measure(name, size, (b,), 1)[b]))
+        rows = [("float32", r["plain"]), ("extended, cpu", r["cpu"]),
+                ("numpy float64 (rewritten model; rounded once)", f64)]
+        rows += [(f"extended, {b}", r[b]) for b in runs[1:]]
         for label, row in rows:
             ratio = "" if label == "float32" else f"{row['time'] / r['plain']['time']:.1f}x"
             print(f"| {name if label == 'float32' else ''} | {label} | {1e3 * row['time']:.1f} ms "

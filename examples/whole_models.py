@@ -10,7 +10,8 @@ backend: the share of
 outputs exactly rounded (equal to the float64 oracle rounded to float32), the
 normwise error ``||y - ref|| / ||ref||`` of the float32 output, the normwise error of
 the carried double-word value (high + low word, before the final rounding), the
-time of one forward pass (best of ``--repeat``), and the ops that consumed a
+time of one forward pass (the median of ``--repeat`` interleaved rounds, each timing
+the last call of a burst of 3; emulate: one call), and the ops that consumed a
 double-word value in float32 (the report's ``float32`` list: ops without a rule).
 "floor" is the error of the oracle itself rounded to float32: an exactly rounded
 output has that error, so the float32 output of any method cannot go below it.
@@ -42,7 +43,7 @@ def main(argv=None):
                    help="also count the Metal path's kernel launches and bytes (emulator)")
     a = p.parse_args(argv)
     backends = a.backend or ["cpu", "emulate"]
-    print(f"size {a.size}; time: one forward pass, best of {a.repeat}; "
+    print(f"size {a.size}; time: one forward pass, steady state, median of {a.repeat} rounds; "
           f"dw err: the double-word value before the final rounding\n")
     print("| model | run | exactly rounded | normwise error | dw err | time | float32 (no rule) |")
     print("|---|---|---|---|---|---|---|")
