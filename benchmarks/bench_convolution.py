@@ -2,7 +2,8 @@
 (mlx_precise.extended.convolution) against plain float32 MLX.
 
 Layers of a convolutional vocoder / image network, each timed plain and inside a
-block on the active backend (or ``--backend``), best of a few runs, with the share
+block on the active backend (or ``--backend``), in steady state (interleaved, the median of
+rounds of the last call of a burst; bench_flow.steady), with the share
 of outputs exactly rounded (oracle: numpy float64 from the same float32 inputs,
 one strided slice per kernel tap).
 
@@ -93,7 +94,8 @@ def main(argv=None):
     backend = a.backend or mp.backend()
     size = "quick" if a.quick else "full" if a.full else "default"
     repeat = 1 if a.quick else 3
-    print(f"Convolutions inside extended_precision() on backend {backend} (best of {repeat}):")
+    print(f"Convolutions inside extended_precision() on backend {backend} "
+          f"(steady state, median of {repeat} interleaved rounds):")
     print("| layer | float32 | extended | ratio | exactly rounded float32 / extended |")
     print("|---|---|---|---|---|")
     for name, tp, te, (sp, se) in run(backend, size, repeat):

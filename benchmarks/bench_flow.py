@@ -82,29 +82,44 @@ def fno(x, w):
     return mx.fft.irfft2(mx.pad(f, [(0, 0), (0, H - m), (0, W // 2 + 1 - m)]), s=(H, W))
 
 
-def timed(fn, repeat: int):
-    out = fn()
-    mx.eval(out)
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        out = fn()
-        mx.eval(out)
-        best = min(best, time.perf_counter() - t)
-    return best, np.array(out)
+def steady(contenders: dict, rounds: int, burst: int = 3) -> tuple[dict, dict]:
+    """Steady-state times: in each of ``rounds`` rounds every contender (name ->
+    function of no arguments) runs a burst of ``burst`` calls, evaluated, and the
+    last call is timed; the contenders interleave, and each gets the median of its
+    rounds. Returns ({name: seconds}, {name: last output})."""
+    times: dict = {k: [] for k in contenders}
+    outs: dict = {}
+    for _ in range(max(rounds, 1)):
+        for k, fn in contenders.items():
+            for i in range(burst):
+                t = time.perf_counter()
+                outs[k] = fn()
+                if isinstance(outs[k], mx.array):
+                    mx.eval(outs[k])
+                if i == burst - 1:
+                    times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}, outs
 
 
 def compare(fn, ref, backend: str, repeat: int):
-    """``fn()`` plain and inside ``extended_precision()`` on ``backend``: (float32
-    time, extended time, [exactly rounded share float32, extended], the block's
-    report)."""
+    """``fn()`` plain and inside ``extended_precision()`` on ``backend``, interleaved
+    (:func:`steady`): (float32 time, extended time, [exactly rounded share float32,
+    extended], the block's report)."""
     import mlx_precise as mp
 
-    t_plain, y_plain = timed(fn, repeat)
-    with mp.use_backend(backend), mp.extended_precision() as report:
-        t_ext, y_ext = timed(fn, repeat)
-    share = [float(np.mean(y == ref.astype(np.float32))) for y in (y_plain, y_ext)]
-    return t_plain, t_ext, share, report
+    reports = []
+
+    def extended():
+        with mp.use_backend(backend), mp.extended_precision() as report:
+            out = fn()
+            mx.eval(out)
+        reports.append(report)
+        return out
+
+    times, outs = steady({"plain": fn, "extended": extended}, repeat)
+    share = [float(np.mean(np.array(outs[k]) == ref.astype(np.float32)))
+             for k in ("plain", "extended")]
+    return times["plain"], times["extended"], share, reports[-1]
 
 
 def inside(backend: str, L: int, side: int, repeat: int):
@@ -147,7 +162,8 @@ def main(argv=None):
           f" {100 * (t1 / t0 - 1):+.1f}%; results bit-identical: {same}")
     L, side = (256, 32) if a.quick else (2**16, 256) if a.full else (4096, 64)
     repeat = 1 if a.quick else 3
-    print(f"\nInside extended_precision() on backend {backend} (best of {repeat}):")
+    print(f"\nInside extended_precision() on backend {backend} "
+          f"(steady state, median of {repeat} interleaved rounds):")
     print("| program | float32 | extended | ratio | exactly rounded float32 / extended |")
     print("|---|---|---|---|---|")
     for name, tp, te, (sp, se) in inside(backend, L, side, repeat):

@@ -31,7 +31,6 @@ import argparse
 import importlib
 import math
 import os
-import statistics
 import sys
 import time
 
@@ -41,6 +40,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from models import MODELS  # noqa: E402,F401  (examples/whole_models.py imports it from here)
+from bench_flow import steady  # noqa: E402  (interleaved steady-state timing)
 from models._common import params64  # noqa: E402
 
 M2_MAX_BYTES_PER_S = 400e9
@@ -118,24 +118,6 @@ def words64(y) -> np.ndarray:
     return hi if lo is None else hi + np.array(lo).astype(np.float64)
 
 
-def _steady(contenders: dict, rounds: int, burst: int = 3) -> tuple[dict, dict]:
-    """Steady-state times: in each of ``rounds`` rounds every contender runs a burst
-    of ``burst`` calls (evaluated) and the last call is timed; the contenders
-    interleave, and each gets the median of its rounds. Returns ({name: seconds},
-    {name: last output})."""
-    times: dict = {k: [] for k in contenders}
-    outs: dict = {}
-    for _ in range(max(rounds, 1)):
-        for k, fn in contenders.items():
-            for i in range(burst):
-                t = time.perf_counter()
-                outs[k] = fn()
-                mx.eval(outs[k]) if isinstance(outs[k], mx.array) else None
-                if i == burst - 1:
-                    times[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}, outs
-
-
 def measure(name: str, size: str = "small", backends=("cpu", "emulate"), repeat: int = 1,
             seed: int = 0) -> dict:
     """{"plain": row, backend: row, ..., "floor": float, "float64_time": seconds of
@@ -162,9 +144,9 @@ def measure(name: str, size: str = "small", backends=("cpu", "emulate"), repeat:
 
     fast = {"plain": lambda: model(x), "float64": lambda: mod.oracle(p64, x64),
             **{b: extended(b) for b in backends if b != "emulate"}}
-    times, outs = _steady(fast, repeat)
+    times, outs = steady(fast, repeat)
     if "emulate" in backends:
-        t, o = _steady({"emulate": extended("emulate")}, 1, burst=1)
+        t, o = steady({"emulate": extended("emulate")}, 1, burst=1)
         times.update(t)
         outs.update(o)
     ref = outs["float64"]
