@@ -202,7 +202,7 @@ def launches(name: str, size: str = "small", seed: int = 0) -> dict:
     return {**total, "by_kernel": counts, "outputs": int(np.prod(y.shape))}
 
 
-def _lazy_metal():
+def lazy_metal_executor():
     """A context manager standing in for Metal on a machine without it: the metal
     backend is made available and every kernel launch returns lazy MLX ops on its
     inputs (zeros of the output shapes), so the flow builds exactly the graph it
@@ -215,7 +215,8 @@ def _lazy_metal():
     def factory(_backend):
         def build(**_):
             def run(*, inputs, output_shapes, output_dtypes, **__):
-                dep = sum(mx.sum(x.astype(mx.float32)) for x in inputs
+                # depends on every input, so nothing can be folded away
+                dep = sum(mx.sum(mx.abs(x).astype(mx.float32)) for x in inputs
                           if isinstance(x, mx.array)) * 0
                 return [mx.zeros(tuple(sh), d) + dep.astype(d)
                         for sh, d in zip(output_shapes, output_dtypes)]
@@ -252,7 +253,7 @@ def host_build(name: str, size: str = "small", repeat: int = 3, seed: int = 0) -
     mod = importlib.import_module(f"models.{name}")
     model, x = mod.build(size, seed)
     best = float("inf")
-    with _lazy_metal():
+    with lazy_metal_executor():
         for _ in range(repeat + 1):
             t = time.perf_counter()
             with mlx_precise.use_backend("metal"), mlx_precise.extended_precision():

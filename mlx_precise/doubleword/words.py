@@ -17,6 +17,7 @@ import numpy as np
 from ..core import backends, context
 from ..core.arrays import as_array, float64_data, is_wide
 from ..core.kernels import Kernel, elementwise_grid, same_shape
+from ..core.plain import plain
 
 _F32 = (mx.float32,)
 
@@ -335,9 +336,9 @@ def from_float64_result(y: np.ndarray, round_output: bool):
         return from64(mx.array(y, dtype=mx.float64))
 
 
-# MLX's own real / imag, bound at import: inside extended_precision() the names in
-# mx are the flow's dispatchers, which a VJP must not go through.
-_real, _imag = mx.real, mx.imag
+# MLX's own real / imag: inside extended_precision() the names in mx are the flow's
+# dispatchers, which a VJP must not go through.
+_real, _imag = plain.real, plain.imag
 
 
 @mx.custom_function
@@ -646,14 +647,12 @@ def _complex_div_specials(x: DoubleWord, y: DoubleWord, z: DoubleWord) -> Double
     y is 0, the result is MLX's complex64 quotient of the high words (Inf, NaN or
     0, as float32 gives) with a zero low word; a quotient that overflows float32
     is Inf with a zero low word."""
-    def finite(w):
-        re, im = real_imag(as_complex(w))
-        return mx.isfinite(re.hi) & mx.isfinite(im.hi)
+    def finite(a):  # both parts of a (real or complex) array
+        return mx.isfinite(_real(a)) & mx.isfinite(_imag(a))
 
-    yr, yi = real_imag(y)
-    special = ~finite(x) | ~finite(y) | ((yr.hi == 0) & (yi.hi == 0))
+    special = ~finite(x.hi) | ~finite(y.hi) | (y.hi == 0)
     hi = mx.where(special, x.hi / y.hi, z.hi)
-    lo = mx.where(special | ~finite(DoubleWord(hi, hi)), mx.zeros_like(z.lo), z.lo)
+    lo = mx.where(special | ~finite(hi), mx.zeros_like(z.lo), z.lo)
     return DoubleWord(hi, lo)
 
 

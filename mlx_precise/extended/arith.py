@@ -184,22 +184,19 @@ _SCAN64 = {"add": "cumsum", "mul": "cumprod"}
 def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: str,
                stream=None, op: str = "add") -> DoubleWord:
     """The sum (``op="add"``) or product (``"mul"``) over ``axes`` (normalised,
-    distinct): float64 on cpu; elsewhere a pairwise tree of double-word additions /
+    distinct): float64 on cpu (complex products: the tree below, in float64 steps);
+    elsewhere a pairwise tree of double-word additions /
     products (ceil(log2 n) launches; the error grows like log2(n) (3u^2) |sum of
     |x|| for sums, log2(n) 4u^2 relative for products). Empty: 0 / 1."""
     keep = [d for d in range(x.ndim) if d not in axes]
     out_shape = [1 if d in axes else x.shape[d] for d in range(x.ndim)] if keepdims else \
         [x.shape[d] for d in keep]
-    if backend == "cpu":
+    if backend == "cpu" and not (op == "mul" and is_complex(x)):
         with mx.stream(mx.cpu):
-            re, im = to64(x)
             f = getattr(mx, _REDUCE64[op])
-            if im is not None and op == "mul":  # complex products: pairwise in float64
-                return _tree(x, axes, keep, out_shape, backend, stream, op)
-            s = from64(*(None if v is None else f(v, axis=list(axes), keepdims=keepdims)
-                          for v in (re, im)))
-        return s
-    if backend != "metal":  # the emulator evaluates its inputs
+            return from64(*(None if v is None else f(v, axis=list(axes), keepdims=keepdims)
+                            for v in to64(x)))
+    if backend not in ("metal", "cpu"):  # the emulator evaluates its inputs
         check_traceable((x.hi, x.lo), f"double-word {_REDUCE64[op]} on {backend!r}")
     return _tree(x, axes, keep, out_shape, backend, stream, op)
 

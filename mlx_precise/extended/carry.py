@@ -18,7 +18,7 @@ import weakref
 import mlx.core as mx
 
 from ..core import context
-from ..doubleword.words import low_from_wide
+from ..doubleword.words import DoubleWord, low_from_wide
 
 # The open block's report (mlx_precise.extended.dispatch.Report) in this thread /
 # task; None outside blocks, inside rules and inside the package's internals.
@@ -42,13 +42,14 @@ _table: dict[int, tuple[weakref.ref, list]] = {}
 
 
 def attach(hi: mx.array, lo: mx.array | None, wide: tuple | None = None) -> mx.array:
-    """Record ``lo`` as the low word of ``hi`` (None: ``hi`` is exact) and
-    return ``hi``. ``wide``: on the cpu backend, the float64 value ``(re, im or
-    None)`` that ``hi`` and ``lo`` were split from (the next float64 step reads it
-    instead of joining the words again); it must round to ``hi``, so anything that
-    changes ``hi`` or ``lo`` attaches without it."""
+    """Record ``lo`` as the low word of ``hi`` (``lo`` and ``wide`` None: ``hi`` is
+    exact) and return ``hi``. ``wide``: on the cpu backend, the float64 value ``(re,
+    im or None)`` that ``hi`` was rounded from (the next float64 step reads it
+    instead of joining the words again; ``lo`` may then be None, built from it
+    when read); it must round to ``hi``, so anything that changes ``hi`` or ``lo``
+    attaches without it."""
     key = id(hi)
-    if lo is None:
+    if lo is None and wide is None:
         _table.pop(key, None)
         return hi
 
@@ -61,17 +62,9 @@ def attach(hi: mx.array, lo: mx.array | None, wide: tuple | None = None) -> mx.a
 
 def attach_words(hi: mx.array, w) -> mx.array:
     """Record the words ``w`` (a DoubleWord whose high word is ``hi``) as the value
-    of ``hi``: its float64 value where it has one (cpu; the low word is then built
-    only when read), else its low word. Returns ``hi``."""
-    if w.wide is None:
-        return attach(hi, w.lo)
-    key = id(hi)
-
-    def drop(_ref, key=key):
-        _table.pop(key, None)
-
-    _table[key] = (weakref.ref(hi, drop), [w._lo, w.wide])
-    return hi
+    of ``hi``: with its float64 value where it has one (cpu; its low word is then
+    built only when read). Returns ``hi``."""
+    return attach(hi, w.lo if w.wide is None else w._lo, w.wide)
 
 
 def _cell(x):
@@ -96,6 +89,15 @@ def low_word(x) -> mx.array | None:
     if cell[0] is None:
         cell[0] = low_from_wide(cell[1])
     return cell[0]
+
+
+def words_of(x):
+    """The DoubleWord ``x`` carries (its low word built lazily where ``x`` carries
+    a float64 value), or None when ``x`` carries none."""
+    cell = _cell(x)
+    if cell is None:
+        return None
+    return DoubleWord(x, low_word(x)) if cell[1] is None else DoubleWord.from_wide(x, cell[1])
 
 
 def wide_value(x) -> tuple | None:

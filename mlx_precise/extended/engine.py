@@ -7,11 +7,9 @@ from typing import Callable
 
 import mlx.core as mx
 
+from ..core.plain import plain as originals  # MLX's own functions (mx.* dispatch in a block)
 from ..doubleword.words import DoubleWord, complex_from_parts, from64, to64
-from .carry import attach, attach_words, check_traceable, has_words, low_word, suspended, wide_value
-
-# MLX's own real / imag, bound at import (inside a block the names in mx dispatch)
-_real, _imag = mx.real, mx.imag
+from .carry import attach, attach_words, check_traceable, low_word, suspended, words_of
 
 
 def words_op(forward: Callable, plain: Callable, operands: list[mx.array], what: str,
@@ -69,14 +67,13 @@ def _wide_op(forward: Callable, plain: Callable, operands: list[mx.array]) -> mx
     ops = []
     with mx.stream(mx.cpu):
         for a in operands:
-            wide = wide_value(a)
-            if wide is not None:
-                ops.append(wide)
-            elif has_words(a):
-                ops.append(to64(DoubleWord(a, low_word(a))))
+            w = words_of(a)
+            if w is not None:
+                ops.append(to64(w))  # its float64 value, or its words joined
             else:  # exact: the float64 value of the word itself
                 ops.append((a.astype(mx.float64), None) if a.dtype != mx.complex64 else
-                           (_real(a).astype(mx.float64), _imag(a).astype(mx.float64)))
+                           (originals.real(a).astype(mx.float64),
+                            originals.imag(a).astype(mx.float64)))
     counts = [1 if im is None else 2 for _, im in ops]
     flat = [v for re, im in ops for v in ((re,) if im is None else (re, im))]
 
@@ -100,10 +97,11 @@ def _wide_op(forward: Callable, plain: Callable, operands: list[mx.array]) -> mx
             out = []
             for grad, c in zip(grads, counts):
                 if c == 1:
-                    out.append((_real(grad) if grad.dtype == mx.complex64 else grad)
+                    out.append((originals.real(grad) if grad.dtype == mx.complex64 else grad)
                                .astype(mx.float64))
                 else:
-                    out += [_real(grad).astype(mx.float64), _imag(grad).astype(mx.float64)]
+                    out += [originals.real(grad).astype(mx.float64),
+                            originals.imag(grad).astype(mx.float64)]
             return tuple(out)
 
     values = f(*flat)

@@ -34,7 +34,7 @@ from ..doubleword import functions
 from ..doubleword.words import DoubleWord, from64, to64
 from ..linalg import gemm
 from . import arith, carry, convolution, spectral
-from .carry import attach, attach_words, has_words, low_word, wide_value
+from .carry import attach, attach_words, has_words, low_word, wide_value, words_of
 from .engine import words_op
 
 _WORD_DTYPES = (mx.float32, mx.complex64)
@@ -64,10 +64,8 @@ def words(x) -> DoubleWord | None:
     and bool arrays enter exactly: ``hi = RN32(a)`` and ``lo = a - hi`` (exact in
     the integer type, and a float32 value for integers below 2^48)."""
     if is_word_array(x):
-        if not has_words(x):
-            return arith.exact(x)
-        wide = wide_value(x)
-        return DoubleWord(x, low_word(x)) if wide is None else DoubleWord.from_wide(x, wide)
+        w = words_of(x)
+        return arith.exact(x) if w is None else w
     if is_integer_array(x):
         hi = x.astype(mx.float32)
         if x.dtype in (mx.bool_, mx.int8, mx.uint8, mx.int16, mx.uint16):
@@ -282,7 +280,7 @@ _ORDER = {"less": (mx.less, mx.less), "less_equal": (mx.less, mx.less_equal),
           "greater_equal": (mx.greater, mx.greater_equal)}
 
 
-def _compare(name: str, reverse: bool = False):
+def _compare(name: str):
     """``x < y`` & co. of carried values, exactly: for normalised pairs the order of
     the values is that of (high word, low word) taken lexicographically (equal
     values have equal high words, both being the same rounding), so a high-word
@@ -291,8 +289,6 @@ def _compare(name: str, reverse: bool = False):
     comparison unchanged."""
 
     def rule(ctx, original, x, y, **kw):
-        if reverse:
-            x, y = y, x
         if kw.get("stream") is not None or _has_float64((x, y)):
             return NotImplemented
         if not any(is_word_array(v) and has_words(v) for v in (x, y)):

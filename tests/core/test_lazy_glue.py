@@ -4,30 +4,23 @@ value): otherwise ``mx.compile`` fails, and every call synchronises the GPU. Lin
 has no Metal, so the metal executor is replaced here by a lazy stand-in (outputs
 that are MLX ops on the inputs) and each public op is traced by ``mx.compile``."""
 
+import sys
+from pathlib import Path
+
 import mlx.core as mx
 import pytest
 
 import mlx_precise as mp
-from mlx_precise.core import backends, kernels
+from mlx_precise.core import kernels
 
-
-def _lazy_executor(backend):
-    def build(**_):
-        def run(*, inputs, output_shapes, output_dtypes, **__):
-            # depends on every input, so nothing can be folded away
-            dep = sum(mx.sum(mx.abs(x).astype(mx.float32)) for x in inputs) * 0
-            return [mx.zeros(tuple(s), d) + dep.astype(d) for s, d in zip(output_shapes, output_dtypes)]
-        return run
-    return build
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from bench_models import lazy_metal_executor  # noqa: E402  (one stand-in for tests and bench)
 
 
 @pytest.fixture
-def lazy_metal(monkeypatch):
-    why = backends._why_unavailable
-    monkeypatch.setattr(backends, "_why_unavailable", lambda n: None if n == "metal" else why(n))
-    monkeypatch.setattr(kernels, "_factory", _lazy_executor)
-    monkeypatch.setitem(kernels._checked, "metal", None)  # the stand-in has no device test
-    monkeypatch.setattr(kernels, "_built", {})
+def lazy_metal():
+    with lazy_metal_executor():
+        yield
 
 
 mx.random.seed(0)
