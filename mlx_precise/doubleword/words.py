@@ -62,20 +62,20 @@ CDW_OPS = Kernel(
 """Elementwise complex double-word operation ``OP``: 0 add, 1 multiply. Inputs and
 outputs: float32, shape ``(n,)`` (real hi, real lo, imaginary hi, imaginary lo)."""
 
-def _as_float64(x, name: str) -> np.ndarray:
-    x = float64_data(x, name)  # lists and Python numbers: their float64 values
+def _as_numpy(x, name: str, dtype: str) -> np.ndarray:
+    """``x`` (an ``mx.array`` or numpy data of exactly ``dtype``, "float32" or
+    "float64") as a numpy array; ValueError for another dtype or type."""
     if isinstance(x, mx.array):
-        if x.dtype != mx.float64:
-            raise ValueError(f"{name} must have dtype float64, got {x.dtype}")
-        return np.array(x, dtype=np.float64)
+        if x.dtype != getattr(mx, dtype):
+            raise ValueError(f"{name} must have dtype {dtype}, got {x.dtype}")
+        return np.array(x, dtype=dtype)
     if isinstance(x, (np.ndarray, np.floating)):
         x = np.asarray(x)
-        if x.dtype != np.float64:
-            raise ValueError(f"{name} must have dtype float64, got numpy {x.dtype}")
+        if x.dtype != dtype:
+            raise ValueError(f"{name} must have dtype {dtype}, got numpy {x.dtype}")
         return x
-    raise ValueError(
-        f"{name} must be a float64 numpy array or mx.array, got {type(x).__name__}"
-    )
+    raise ValueError(f"{name} must be a {dtype} mx.array or numpy array, got "
+                     f"{type(x).__name__}")
 
 
 def split(x) -> tuple[mx.array, mx.array]:
@@ -100,7 +100,7 @@ def split(x) -> tuple[mx.array, mx.array]:
         ValueError: wrong dtype or type, or a value that is not finite or rounds to
             +-inf in float32 (``|x| >= 2^128 - 2^103``).
     """
-    a = _as_float64(x, "x")
+    a = _as_numpy(float64_data(x, "x"), "x", "float64")  # lists, numbers: their float64
     with np.errstate(over="ignore"):
         hi = a.astype(np.float32)
     bad = ~np.isfinite(hi)
@@ -111,19 +111,6 @@ def split(x) -> tuple[mx.array, mx.array]:
             f"(non-finite, or |x| rounds to inf in float32), e.g. {first!r}"
         )
     return _split_result(a)
-
-
-def _as_float32(x, name: str) -> np.ndarray:
-    if isinstance(x, mx.array):
-        if x.dtype != mx.float32:
-            raise ValueError(f"{name} must have dtype float32, got {x.dtype}")
-        return np.array(x, dtype=np.float32)
-    if isinstance(x, (np.ndarray, np.floating)):
-        x = np.asarray(x)
-        if x.dtype != np.float32:
-            raise ValueError(f"{name} must have dtype float32, got numpy {x.dtype}")
-        return x
-    raise ValueError(f"{name} must be a float32 mx.array or numpy array, got {type(x).__name__}")
 
 
 def join(hi, lo) -> np.ndarray:
@@ -141,8 +128,8 @@ def join(hi, lo) -> np.ndarray:
     Raises:
         ValueError: wrong dtype or type, or shapes that differ.
     """
-    h = _as_float32(hi, "hi")
-    l_ = _as_float32(lo, "lo")
+    h = _as_numpy(hi, "hi", "float32")
+    l_ = _as_numpy(lo, "lo", "float32")
     if h.shape != l_.shape:
         raise ValueError(f"hi and lo must have the same shape, got {h.shape} and {l_.shape}")
     return h.astype(np.float64) + l_.astype(np.float64)
