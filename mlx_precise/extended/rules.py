@@ -334,8 +334,10 @@ def _arg_extreme(larger: bool):
 def _axes(ndim: int, axis) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    return tuple(sorted({int(a) % ndim for a in axes})) if ndim else ()
+    axes = [int(a) for a in ((axis,) if isinstance(axis, int) else axis)]
+    if any(not -ndim <= a < ndim for a in axes) or len(set(a % ndim for a in axes)) < len(axes):
+        return None  # out of range or repeated: the rule declines, MLX raises its error
+    return tuple(sorted(a % ndim for a in axes))
 
 
 def _reduction(mean: bool):
@@ -343,6 +345,8 @@ def _reduction(mean: bool):
         if not is_word_array(a):
             return NotImplemented
         axes = _axes(a.ndim, axis)
+        if axes is None:
+            return NotImplemented
         s = arith.reduce_sum(words(a), axes, keepdims, ctx.backend, kw.get("stream", ctx.stream))
         if mean:
             n = int(np.prod([a.shape[d] for d in axes]))
@@ -524,6 +528,8 @@ def _scan(op: str):
         if not is_word_array(a) or stream is not None or (
                 dtype is not None and dtype != a.dtype):
             return NotImplemented
+        if axis is not None and _axes(a.ndim, axis) is None:
+            return NotImplemented  # MLX raises its own error
         w = words(a)
         if axis is None:  # over the flattened array (both words: a.reshape here is MLX's)
             w, axis = arith._map(lambda t: t.reshape(-1), w), 0
@@ -536,7 +542,10 @@ def _scan(op: str):
 def _prod(ctx, original, a, axis=None, keepdims=False, **kw):
     if not is_word_array(a) or kw.get("stream") is not None:
         return NotImplemented
-    return result(arith.reduce_sum(words(a), _axes(a.ndim, axis), keepdims, ctx.backend,
+    axes = _axes(a.ndim, axis)
+    if axes is None:
+        return NotImplemented
+    return result(arith.reduce_sum(words(a), axes, keepdims, ctx.backend,
                                    ctx.stream, op="mul"))
 
 
@@ -557,9 +566,8 @@ def _decomposed(fn):
 def _var(a, axis=None, keepdims=False, ddof=0):
     """``mean(|a - mean(a)|^2) * n / (n - ddof)`` over ``axis`` (the two-pass
     formula: no cancellation between sums of squares)."""
-    axes = _axes(a.ndim, axis)
-    n = int(np.prod([a.shape[d] for d in axes]))
-    d = a - mx.mean(a, axis=axis, keepdims=True)
+    d = a - mx.mean(a, axis=axis, keepdims=True)  # (MLX's error for an invalid axis)
+    n = int(np.prod([a.shape[k] for k in _axes(a.ndim, axis)]))
     sq = d * mx.conj(d) if a.dtype == mx.complex64 else d * d
     s = mx.sum(mx.real(sq) if a.dtype == mx.complex64 else sq, axis=axis, keepdims=keepdims)
     return s / max(n - ddof, 0) if n - ddof > 0 else s * float("nan")

@@ -266,3 +266,22 @@ def test_cumsum_over_the_flattened_array_keeps_the_low_words(backend):
     ref = np.cumsum(x.astype(np.float64).reshape(-1) / 3)
     assert not rep.float32 and share(y, ref) >= 0.99
     assert np.max(np.abs(value - ref)) < 1e-13
+
+
+@pytest.mark.parametrize("call", [
+    lambda a: mx.sum(a, axis=3), lambda a: mx.mean(a, axis=(0, 0)), lambda a: mx.prod(a, axis=-4),
+    lambda a: mx.cumprod(a, axis=3), lambda a: mx.cumsum(a, axis=-5), lambda a: mx.var(a, axis=7),
+    lambda a: mx.argmax(a, axis=5), lambda a: mx.max(a, axis=3),
+    lambda a: mx.fast.rope(a, 7, traditional=False, base=1e4, scale=1.0, offset=0),
+    lambda a: mx.fast.rope(a, 16, traditional=False, base=1e4, scale=1.0, offset=0),
+    lambda a: a < mx.ones((3,)), lambda a: mx.clip(a, mx.ones((5,)), None)])
+def test_bad_arguments_raise_mlx_errors_in_a_block(backend, call):
+    """Invalid axes (out of range or repeated), RoPE dims and shapes raise the
+    error MLX raises outside a block (the rules decline; nothing wraps an axis)."""
+    x = mx.array(np.ones((2, 4, 8), np.float32))
+    with pytest.raises((ValueError, IndexError)) as plain:
+        mx.eval(call(x))
+    with pytest.raises(type(plain.value), match=None) as extended:
+        with mp.extended_precision():
+            mx.eval(call(x / 3))
+    assert str(extended.value) == str(plain.value)
