@@ -7,19 +7,26 @@ extra), else ``g++`` on PATH. clang and GCC >= 12 are supported; any other compi
 is refused up front, since the flags below are what make the C++ compute as the GPU
 does. Libraries are cached under ``$MLX_PRECISE_CACHE`` (default
 ``~/.cache/mlx_precise/emulator``) keyed by a hash of the full source, the flags and
-the compiler's identity; a build writes to a private temporary file and renames it
-into place, so two processes building the same kernel at once both end up with a
-complete library. A failed build keeps its source and full compiler output under
-``failed/`` in the cache and reports the first diagnostics.
+the compiler's identity. The cache is code this process runs, so it is private: the
+folder is created 0700, a folder another user owns or can write is refused
+(:class:`InsecureCacheError`), and a library is loaded only if this user owns it,
+nobody else can write it and its content hashes to the digest recorded when it was
+built (anything else is rebuilt). A build writes to a private temporary folder and
+renames the library and its record into place, so two processes building the same
+kernel at once both end up with a complete, consistent pair. A failed build keeps
+its source and full compiler output under ``failed/`` in the cache and reports the
+first diagnostics.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -204,26 +211,152 @@ def flags() -> list[str]:
     return f
 
 
+class InsecureCacheError(CacheDirError):
+    """The kernel cache folder (or one above it) can be written by another user, or
+    belongs to one: the emulator loads and runs the libraries it finds there, so it
+    refuses, as ssh refuses a key file others can read."""
+
+
+def _default_cache() -> Path:
+    return Path.home() / ".cache" / "mlx_precise" / "emulator"
+
+
+def _make_private(path: Path) -> None:
+    """Create ``path`` and any missing parents with mode 0700 whatever the umask
+    (``mkdir(mode=)`` is masked by it; ``chmod`` is not)."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=0o700)
+        except FileExistsError:  # another process made it meanwhile; checked below
+            continue
+        os.chmod(p, 0o700)
+
+
+def _unsafe(st: os.stat_result, uid: int, *, owner_only: bool) -> str | None:
+    """Why a folder or file with status ``st`` must not be trusted, or None.
+
+    Trusted: owned by this user (or, for the folders above the cache, by root) and
+    writable by nobody else. A folder above the cache may be world-writable if it is
+    sticky (``/tmp``): nobody else can then rename or remove what is in it."""
+    owners = (uid,) if owner_only else (uid, 0)
+    if st.st_uid not in owners:
+        return f"it belongs to uid {st.st_uid}, not to you (uid {uid})"
+    if st.st_mode & 0o022 and not (not owner_only and stat.S_ISDIR(st.st_mode)
+                                   and st.st_mode & stat.S_ISVTX):
+        who = "others" if st.st_mode & 0o002 else "its group"
+        return f"{who} can write it (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _check_private(path: Path, where: str) -> None:
+    """Refuse a cache folder another user could plant code in: the folder itself must
+    be ours and private to us (no group or other write), each folder above it ours or
+    root's and not writable by others (unless sticky)."""
+    uid = os.geteuid()
+    given, real = path.absolute(), path.resolve()
+    # A link on the way is as good as the folder it names only if nobody else can
+    # repoint it.
+    links = [p for p in [given, *given.parents] if p.is_symlink()]
+    for p in links:
+        if os.lstat(p).st_uid not in (uid, 0):
+            raise InsecureCacheError(
+                f"the Metal emulator's kernel cache {where} is reached through the link "
+                f"{str(p)!r}, which belongs to uid {os.lstat(p).st_uid}; set {_CACHE_ENV} "
+                "to a folder of your own")
+    for p in [real, *real.parents]:
+        why = _unsafe(os.stat(p), uid, owner_only=p == real)
+        if why:
+            fix = (f"chmod go-w {str(p)!r}" if "can write" in why
+                   else f"set {_CACHE_ENV} to a folder of your own")
+            raise InsecureCacheError(
+                f"the Metal emulator's kernel cache {where} is not private: {str(p)!r} "
+                f"is unsafe because {why}; the emulator runs the libraries it caches, "
+                f"so another user could run code as you. Fix: {fix} "
+                f"(or set {_CACHE_ENV} to a folder only you can write)")
+
+
 def cache_dir() -> Path:
-    """The library cache, created if absent.
+    """The library cache, created private (0700) if absent.
 
     Raises:
+        InsecureCacheError: the folder, or one above it, can be written by another
+            user or belongs to one (see docs/emulator.md, "The cache is code").
+            The default folder, when it is ours, is tightened to 0700 instead
+            (an older version may have created it under a permissive umask; every
+            library in it is verified before it is loaded anyway).
         CacheDirError: it cannot be created or written (no fallback elsewhere: a
             cache in an unexpected place would go unnoticed and fill a disk).
     """
     base = os.environ.get(_CACHE_ENV)
-    path = Path(base) if base else Path.home() / ".cache" / "mlx_precise" / "emulator"
+    path = Path(base) if base else _default_cache()
+    where = f"{_CACHE_ENV}={base!r}" if base else f"the default {str(path)!r}"
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        _make_private(path)
+        if not base and path.stat().st_uid == os.geteuid():
+            os.chmod(path, 0o700)
         if not os.access(path, os.W_OK | os.X_OK):
             raise PermissionError("not writable")
     except OSError as e:
-        where = f"{_CACHE_ENV}={base!r}" if base else f"the default {str(path)!r}"
         raise CacheDirError(
             f"the Metal emulator's kernel cache {where} cannot be used "
             f"({type(e).__name__}: {e.strerror or e}); set {_CACHE_ENV} to a writable "
             "directory") from None
+    _check_private(path, where)
     return path
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _trusted_file(path: Path) -> bool:
+    """A regular file (not a link) that this user owns and nobody else can write."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(st.st_mode) and _unsafe(st, os.geteuid(), owner_only=True) is None
+
+
+def _cached(folder: Path, stem: str, key: str) -> Path | None:
+    """The verified library for ``key``, or None (absent, or not to be trusted).
+
+    The record ``<stem>.json`` names the digest of the library this user's
+    compiler produced for ``key``; the library is ``<stem>.<digest>.so``. Both must
+    be regular files this user owns and nobody else can write, the record must be
+    for ``key``, and the library's content must hash to the recorded digest:
+    anything else (planted, altered, truncated) is rebuilt, never loaded."""
+    record = folder / f"{stem}.json"
+    if not _trusted_file(record):
+        return None
+    try:
+        meta = json.loads(record.read_text())
+        lib = folder / f"{stem}.{meta['sha256']}.so"
+        if meta.get("key") != key or not _trusted_file(lib) or _digest(lib) != meta["sha256"]:
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return lib
+
+
+def _install(built: Path, folder: Path, stem: str, key: str) -> Path:
+    """Move a fresh library into the cache under its digest and write its record.
+    Both land by ``os.replace`` (atomic), so concurrent builders of one kernel each
+    leave a consistent pair: a record only ever names a library with that digest."""
+    digest = _digest(built)
+    os.chmod(built, 0o600)
+    lib = folder / f"{stem}.{digest}.so"
+    os.replace(built, lib)
+    tmp = built.with_suffix(".json")
+    tmp.write_text(json.dumps({"key": key, "sha256": digest}))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, folder / f"{stem}.json")
+    return lib
 
 
 def numbered(source: str) -> str:
@@ -250,7 +383,7 @@ def _keep_failed(source: str, stem: str, command: list[str], output: str,
     (the build's temporary directory goes away). Returns the compiler output, naming
     the kept source instead of the temporary one, and the log's path."""
     failed = cache_dir() / "failed"
-    failed.mkdir(exist_ok=True)
+    failed.mkdir(mode=0o700, exist_ok=True)
     src, log = failed / f"{stem}.cpp", failed / f"{stem}.log"
     output = output.replace(tmp_src, str(src))
     src.write_text(source)
@@ -282,10 +415,11 @@ def build(source: str, name: str, include_dirs: list[Path], label: str | None = 
                    platform.machine(), _headers_digest(tuple(include_dirs))]).encode()
     ).hexdigest()[:32]
     stem = f"{name[:80]}-{key}"
-    lib = cache_dir() / f"{stem}.so"
-    if lib.exists():
+    folder = cache_dir()
+    lib = _cached(folder, stem, key)
+    if lib is not None:
         return lib
-    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
         src = Path(tmp) / "kernel.cpp"
         src.write_text(source)
         obj, out = Path(tmp) / "kernel.o", Path(tmp) / "kernel.so"
@@ -299,5 +433,4 @@ def build(source: str, name: str, include_dirs: list[Path], label: str | None = 
             raise KernelCompileError(
                 f"kernel {label or name!r} failed to compile ({' '.join(cmd)}):\n"
                 f"{_trimmed(output)}\nFull log and generated source: {log}")
-        os.replace(out, lib)  # atomic: concurrent builders each install a whole file
-    return lib
+        return _install(out, folder, stem, key)
