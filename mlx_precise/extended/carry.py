@@ -67,6 +67,13 @@ def attach_words(hi: mx.array, w) -> mx.array:
     return attach(hi, w.lo if w.wide is None else w._lo, w.wide)
 
 
+def copy(src: mx.array, dst: mx.array) -> mx.array:
+    """Attach ``src``'s words to ``dst`` (a new array of the same value: a copy,
+    a cast to the same dtype) and return ``dst``."""
+    cell = _cell(src)
+    return attach(dst, None) if cell is None else attach(dst, cell[0], cell[1])
+
+
 def _cell(x):
     entry = _table.get(id(x))
     if entry is None or entry[0]() is not x:  # a stale id: the array was freed
@@ -161,6 +168,10 @@ def check_traceable(operands, what: str) -> None:
             "a gradient taken inside another gradient: evaluating it there would cut the "
             "outer derivative (MLX detaches it) and return zeros. Compute nested "
             "derivatives outside extended_precision(), or on the 'metal' backend")
+
+
+def any_carried() -> bool:
+    return bool(_table)
 
 
 def carried() -> int:

@@ -1,13 +1,17 @@
 """The dispatcher that carries double-word values through ``extended_precision()``.
 
-While at least one block is open (in any thread), MLX's functions and
-``mx.array``'s operators, methods and properties are replaced by thin wrappers;
-when the last block closes the originals are put back, so code outside every
-block runs MLX itself, with no wrapper in between. Each wrapper reads a context
-variable (per thread and per async task): outside a block, or inside a rule, it
-calls MLX's op unchanged. Inside a block it looks the op up in the table of
-:mod:`.rules` (one rule per op, as JAX's per-primitive rule tables), runs the rule
-and counts the op in the block's :class:`Report`: ``extended`` when the rule ran,
+While at least one block is open (in any thread), the callables of ``mx``,
+``mx.fast``, ``mx.fft``, ``mx.linalg``, ``mx.random`` and ``mx.array``'s operators,
+methods and properties are replaced by thin wrappers, one per entry of
+:mod:`.registry`; so are names bound to them before the block (module globals,
+mlx.nn's pooling layers), and compiled functions run their Python function on the
+arrays they are given. When the last block closes the originals are put back, so
+code outside every block runs MLX itself, with no wrapper in between (but for the
+in-place operators, :mod:`.intercept`). Each wrapper reads a context variable (per
+thread and per async task): outside a block, or inside a rule, it calls MLX's op
+unchanged. Inside a block it runs the op's rule (:mod:`.rules`, one rule per op, as
+JAX's per-primitive rule tables) on the call's ``stream``, and counts the op in the
+block's :class:`Report`: ``extended`` when the rule ran,
 ``float32`` when an op without a rule (or a rule that declined) consumed an array
 that carries a low word (that value is rounded to float32 there), and ``plain``
 when a supported op got operands it does not extend (float16, bfloat16, integer
@@ -21,92 +25,32 @@ result: rounded once.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
-import os
+import gc
+import sys
 import threading
+import types
 
 import mlx.core as mx
 
 from ..core import backends
-from . import rules
-from . import carry
-from .carry import low_word, suspended
-
-
-class PrecisionDropError(RuntimeError):
-    """Raised inside ``extended_precision(strict=True)`` when an op consumes a
-    double-word value in float32 (it has no double-word rule)."""
-
-
-class Report:
-    """What ran inside one ``extended_precision()`` block, op by op.
-
-    Attributes:
-        extended: ``Counter`` op name -> calls computed in double-word.
-        float32: op name -> calls that consumed a double-word value in float32.
-        plain: op name -> calls of supported ops on operands they do not extend
-            (float16, bfloat16, integer arrays), run by MLX unchanged.
-        strict: whether the first ``float32`` event raises.
-    """
-
-    def __init__(self, strict: bool = False):
-        self.extended: collections.Counter = collections.Counter()
-        self.float32: collections.Counter = collections.Counter()
-        self.plain: collections.Counter = collections.Counter()
-        self.strict = strict
-
-    def __repr__(self) -> str:
-        def fmt(c):
-            return ", ".join(f"{k}: {v}" for k, v in sorted(c.items())) or "-"
-
-        return (f"Report(extended: {fmt(self.extended)}; float32: {fmt(self.float32)}; "
-                f"plain: {fmt(self.plain)})")
+from ..core.plain import plain
+from ..core.autodiff import TransformUnsupportedError
+from . import carry, registry, rules, scatter
+from .carry import suspended
+from .report import PrecisionDropError, Report, dropped
 
 
 _report = carry.report
 
-# Callables that are not ops on array values: never wrapped.
-_NOT_OPS = frozenset({
-    "array", "asarray", "eval", "async_eval", "grad", "value_and_grad", "vjp", "jvp", "vmap",
-    "compile", "custom_function", "checkpoint", "stream", "new_stream", "default_stream",
-    "default_device", "set_default_device", "set_default_stream", "disable_compile",
-    "enable_compile", "export_function", "import_function", "export_to_dot", "exporter",
-    "load", "save", "savez", "savez_compressed", "save_gguf", "save_safetensors",
-    "synchronize", "clear_cache", "clear_streams", "get_active_memory", "get_cache_memory",
-    "get_peak_memory", "reset_peak_memory", "get_memory_limit", "set_memory_limit",
-    "set_cache_limit", "set_wired_limit", "get_array_buffer_size", "device_count",
-    "device_info", "is_available", "printoptions", "get_printoptions", "set_printoptions",
-    "new_thread_local_stream", "new_thread_unsafe_stream", "issubdtype", "isdtype",
-    "can_cast", "result_type", "broadcast_shapes", "finfo", "iinfo", "from_dlpack",
-    "depends", "stop_gradient",
-    # constructors that take no array value
-    "zeros", "ones", "full", "eye", "identity", "tri", "empty",
-    "bartlett", "blackman", "hamming", "hanning",
-})
-# mx.array methods where a value leaves the chain (rounded once) or that read no value.
-_EXITS = frozenset({"item", "tolist", "view", "at", "shape", "dtype", "ndim", "size",
-                    "itemsize", "nbytes"})
-_OPERATORS = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
-              "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__",
-              "__rmod__", "__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__neg__",
-              "__abs__", "__getitem__", "__lt__", "__le__", "__gt__", "__ge__", "__eq__",
-              "__ne__", "__divmod__", "__setitem__", "__iter__", "__iadd__", "__isub__",
-              "__imul__", "__itruediv__", "__ipow__", "__imatmul__", "__ifloordiv__",
-              "__imod__")
-# In-place ops: after MLX's own (float32) update, x's old low word no longer applies.
-_INPLACE = frozenset(n for n in _OPERATORS if n.startswith("__i") and n != "__iter__") | {
-    "__setitem__"}
-
 
 def _carries(args, kwargs) -> bool:
+    """A non-empty array among the operands (or in a list of them) carries a low word."""
     for a in (*args, *kwargs.values()):
-        if isinstance(a, (list, tuple)):
-            if any(isinstance(b, mx.array) and low_word(b) is not None for b in a):
+        for b in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(b, mx.array) and b.size and carry.has_words(b):
                 return True
-        elif isinstance(a, mx.array) and low_word(a) is not None:
-            return True
     return False
 
 
@@ -115,8 +59,22 @@ def _foreign(args) -> bool:
     return any(isinstance(a, mx.array) and not rules.is_word_array(a) for a in args)
 
 
-def _wrapper(name: str, original, rule):
-    """The stand-in for one MLX callable."""
+def _traced_on_host(e: Exception, name: str, backend: str):
+    """MLX's "[eval] ... during function transformations" from a rule that computes
+    on the host (cpu, emulate) under mx.compile / mx.vmap / an export: the named
+    error instead."""
+    return TransformUnsupportedError(
+        f"{name} inside extended_precision() was traced by mx.compile, mx.vmap or an "
+        f"export on backend {backend!r}, which computes on the host and cannot be traced: "
+        "run it untraced inside the block, or use the 'metal' backend")
+
+
+def _wrapper(entry):
+    """The stand-in for one MLX callable (:class:`~.registry.Entry`)."""
+    name, original, rule, kind = entry.op, entry.original, entry.rule, entry.kind
+    if kind == "value-free":
+        return original
+    inplace = kind == "in-place"
 
     def call(*args, **kwargs):
         report = _report.get()
@@ -126,25 +84,32 @@ def _wrapper(name: str, original, rule):
         nested = carry.any_nested(args)
         try:
             if rule is not None:
-                ctx = rules.Operands(backends.backend(), None, report)
-                out = rule(ctx, original, *args, **kwargs)
+                stream = kwargs.pop("stream", None)
+                backend = backends.backend()
+                try:
+                    with mx.stream(stream) if stream is not None else contextlib.nullcontext():
+                        out = rule(rules.Operands(backend, stream, report), original, *args,
+                                   **kwargs)
+                except ValueError as e:
+                    if "function transformations" not in str(e):
+                        raise
+                    raise _traced_on_host(e, name, backend) from e
+                if stream is not None:
+                    kwargs["stream"] = stream
                 if out is not NotImplemented:
                     report.extended[name] += 1
                     if nested:
                         carry.tag_nested(out)
                     return out
             if _carries(args, kwargs):
-                report.float32[name] += 1
-                if report.strict:
-                    raise PrecisionDropError(
-                        f"{name} consumed a double-word value in float32 inside "
-                        "extended_precision(strict=True): it has no double-word rule for "
-                        "these operands")
+                dropped(report, name, "it has no double-word rule for these operands"
+                        if rule is not None else registry.WITHOUT_RULE.get(
+                            registry.canonical(name), "it has no double-word rule"))
             elif rule is not None and _foreign(args):
                 report.plain[name] += 1
             out = original(*args, **kwargs)
-            if name in _INPLACE and args:
-                carry.attach(args[0], None)
+            if inplace and args:
+                carry.attach(args[0], None)  # MLX's own update: the old low word is stale
             if nested:
                 carry.tag_nested(out)
             return out
@@ -154,7 +119,39 @@ def _wrapper(name: str, original, rule):
     return functools.update_wrapper(call, original) if callable(original) else call
 
 
-_GRADIENTS = ("grad", "value_and_grad", "vjp", "jvp")
+def _kernel_factory(entry):
+    """``mx.fast.metal_kernel`` & co.: the kernels they make report a call that
+    receives a carried value (a kernel computes in the types it declares)."""
+    make = entry.original
+
+    def factory(*args, **kwargs):
+        kernel = make(*args, **kwargs)
+        if _report.get() is None:
+            return kernel
+        name = f"{entry.op} {kwargs.get('name', args[0] if args else '')!r}"
+
+        def launch(*a, **k):
+            report = _report.get()
+            if report is not None and _carries(k.get("inputs", ()), {}):
+                dropped(report, name, "a custom kernel computes in the types it declares")
+            return kernel(*a, **k)
+
+        return launch
+
+    return functools.update_wrapper(factory, make)
+
+
+def _at(entry):
+    """``x.at[index].add(v)`` & co. (scatter updates) inside a block."""
+    getter = entry.original.__get__
+
+    def at(x):
+        report = _report.get()
+        if report is None:
+            return getter(x)
+        return scatter.At(x, getter, report)
+
+    return property(at, doc=entry.original.__doc__)
 
 
 def _gradient_wrapper(name: str, original):
@@ -182,112 +179,160 @@ def _traced(fn, args, kwargs):
     return out
 
 
-def _targets():
-    """(owner, attribute name, replacement factory) of every op the flow wraps."""
-    out = []
-    for name in dir(mx):
-        value = getattr(mx, name)
-        # nb_func: MLX's own functions; conv1d: mlx_precise's interception of it
-        if name.startswith("_") or name in _NOT_OPS or (
-                type(value).__name__ != "nb_func" and name not in rules.FUNCTIONS):
-            continue
-        out.append((mx, name, value, rules.FUNCTIONS.get(name)))
-    for name in dir(mx.array):
-        value = getattr(mx.array, name)
-        if name in rules.PROPERTIES or name in _EXITS:
-            continue
-        if (name.startswith("_") and name not in _OPERATORS) or isinstance(value, property):
-            continue
-        out.append((mx.array, name, value, rules.METHODS.get(name)))
-    for name, rule in rules.PROPERTIES.items():
-        prop = getattr(mx.array, name)
-        out.append((mx.array, name, prop, rule))
-    for name, rule in rules.FAST.items():
-        out.append((mx.fast, name, getattr(mx.fast, name), rule))
-    for name in _GRADIENTS:
-        out.append((mx, name, getattr(mx, name), _gradient_wrapper))
-    return out
+# ---- paths around the module attributes ----------------------------------------------
+# A function MLX compiled (``mx.compile``, at import of mlx.nn or of a model package,
+# before or after this package) passes new array objects to its trace, which carry
+# no low word. While a block is open, a compiled function called inside it runs its
+# Python function on the very arrays it was given (the flow sees every op); the
+# compiled graph runs everywhere else. MLX's compiled functions share their type with
+# its other transformed functions (mx.grad, mx.vmap, ...); a compiled one is told by
+# what it keeps (gc.get_referents): (type, inputs, outputs, fun), where inputs and
+# outputs are None or trees of captured state, while vmap keeps (type, in_axes,
+# out_axes, fun) with int / None leaves and grad (type, fun).
+_TRANSFORMED = type(plain.compile(lambda x: x))
+_transformed_call = _TRANSFORMED.__call__
 
 
-@functools.lru_cache(maxsize=1)
-def _uncompiled_activations() -> dict:
-    """mlx.nn's activation functions as plain Python functions.
+def _leaves(v):
+    if isinstance(v, (list, tuple)):
+        return [x for item in v for x in _leaves(item)]
+    if isinstance(v, dict):
+        return [x for item in v.values() for x in _leaves(item)]
+    return [v]
 
-    mlx.nn compiles them at import (``mx.compile(shapeless=True)``); a compiled
-    function passes its inputs as new array objects, which carry no low word, so
-    inside a block it would round its inputs to float32 without a word. Executing
-    the installed module's own source once more with ``mx.compile`` as the identity
-    gives the same functions uncompiled; they stand in for the compiled ones while
-    a block is open (module globals, so the nn layers call them too)."""
-    import inspect
 
-    import mlx.nn.layers.activations as act
+def _compiled_function(transformed):
+    """The Python function of a compiled function, or None for other transforms."""
+    refs = gc.get_referents(transformed)
+    if len(refs) != 4 or not callable(refs[3]):
+        return None
+    for state in refs[1:3]:
+        if state is not None and all(x is None or type(x) is int for x in _leaves(state)):
+            return None  # vmap's axes
+    return refs[3]
 
-    names = [n for n in dir(act) if type(getattr(act, n)).__name__ == "_gc_func"]
-    namespace = {"__name__": act.__name__, "__file__": act.__file__}
-    compile_ = mx.compile
-    mx.compile = lambda fun=None, *a, **k: fun if fun is not None else (lambda f: f)
+
+def _call_transformed(self, *args, **kwargs):
+    if _report.get() is not None:
+        fn = _compiled_function(self)
+        if fn is not None:
+            return fn(*args, **kwargs)
+    return _transformed_call(self, *args, **kwargs)
+
+
+# Names bound to MLX's functions before a block opens, in the globals of loaded
+# modules (``from mlx.core import exp``, ``f = mx.exp`` at module level) and in
+# layers (mlx.nn's pooling layers keep mx.max / mx.mean): rebound to the stand-ins
+# while blocks are open. Modules are scanned once each, when first seen.
+_bindings: list = []  # (module, name, original)
+_scanned: set = set()
+_SKIP = ("mlx.core", "mlx_precise")
+
+
+def _module_bindings(originals: dict) -> list:
+    """The bindings found so far; ``__main__`` (a script, a notebook) is scanned at
+    every block, other modules once."""
+    main = sys.modules.get("__main__")
+    found = [] if main is None else _scan(main, originals)
+    if len(_scanned) != len(sys.modules):
+        for mod_name, module in list(sys.modules.items()):
+            if mod_name in _scanned:
+                continue
+            _scanned.add(mod_name)
+            if module is None or mod_name.split(".")[0] in _SKIP[1:] or (
+                    mod_name.startswith(_SKIP[0])):
+                continue
+            if mod_name != "__main__":
+                _bindings.extend(_scan(module, originals))
+    return _bindings + found
+
+
+def _scan(module, originals: dict) -> list:
     try:
-        exec(compile(inspect.getsource(act), act.__file__, "exec"), namespace)
-    finally:
-        mx.compile = compile_
-    return {n: namespace[n] for n in names if callable(namespace.get(n))}
+        items = list(vars(module).items())
+    except TypeError:
+        return []
+    return [(module, name, value) for name, value in items if not name.startswith("__")
+            and id(value) in originals and originals[id(value)][0] is value]
+
+
+class _Rebound:
+    """A class attribute that shadows an instance attribute holding an MLX function
+    (``_Pool._pooling_function``) with its stand-in while blocks are open."""
+
+    def __init__(self, attr: str, replacements: dict):
+        self.attr, self.replacements = attr, replacements
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.attr]
+        hit = self.replacements.get(id(value))
+        return hit[1] if hit is not None and hit[0] is value else value
+
+    def __set__(self, obj, value):
+        obj.__dict__[self.attr] = value
 
 
 _lock = threading.Lock()
 _open = 0  # blocks open in all threads
-_saved: list = []  # (owner, name, original) while installed
+_saved: list = []  # (owner, name, original or _ABSENT) while installed
+_ABSENT = object()
 
 
 def _install() -> None:
-    # Functions MLX compiled before this package was imported (mlx.nn's gelu,
-    # silu, ...) would replay a float32 trace: with compilation off they run their
-    # Python ops, which the flow sees. (MLX_DISABLE_COMPILE set: leave it alone.)
-    if not os.environ.get("MLX_DISABLE_COMPILE"):
-        mx.disable_compile()
-    import mlx.nn
-    import mlx.nn.layers.activations as act
-
-    for name, fn in _uncompiled_activations().items():
-        compiled = getattr(act, name)
-        for owner in (act, mlx.nn):
-            if getattr(owner, name, None) is compiled:
-                _saved.append((owner, name, compiled))
-                setattr(owner, name, fn)
-    for owner, name, original, replacement in _plan():
+    plan = _plan()
+    for owner, name, original, replacement in plan:
         setattr(owner, name, replacement)
         _saved.append((owner, name, original))
+    _TRANSFORMED.__call__ = _call_transformed
+    _saved.append((_TRANSFORMED, "__call__", _transformed_call))
+    originals = {id(o): (o, r) for owner, _, o, r in plan if owner is not mx.array}
+    for module, name, original in _module_bindings(originals):
+        if getattr(module, name, None) is original:
+            setattr(module, name, originals[id(original)][1])
+            _saved.append((module, name, original))
+    from mlx.nn.layers import pooling
+
+    _saved.append((pooling._Pool, "_pooling_function", _ABSENT))
+    pooling._Pool._pooling_function = _Rebound("_pooling_function", originals)
 
 
 _cached_plan: list = []  # (owner, name, original, replacement)
 
 
 def _plan() -> list:
-    """The stand-ins to install, built once (functools wrappers for ~1400 names
-    cost milliseconds) and rebuilt only when an attribute no longer is the
-    original it was built for (someone else replaced an MLX function)."""
+    """The stand-ins to install, built once (wrappers for ~350 callables cost
+    milliseconds) and rebuilt only when an attribute no longer is the original it
+    was built for (someone else replaced an MLX function)."""
     if not _cached_plan or any(getattr(owner, name, None) is not original
                                for owner, name, original, _ in _cached_plan):
         plan = []
-        for owner, name, original, rule in _targets():
-            if rule is _gradient_wrapper:
-                replacement = _gradient_wrapper(name, original)
-            elif isinstance(original, property):
-                replacement = property(_wrapper(name, original.__get__, rule),
-                                       doc=original.__doc__)
+        for e in registry.entries():
+            if e.kind == "gradient":
+                replacement = _gradient_wrapper(e.attr, e.original)
+            elif e.kind == "at":
+                replacement = _at(e)
+            elif e.kind == "kernel factory":
+                replacement = _kernel_factory(e)
+            elif e.kind == "property":
+                replacement = property(_wrapper(types.SimpleNamespace(
+                    **{**vars(e), "original": e.original.__get__})), doc=e.original.__doc__)
             else:
-                replacement = _wrapper(name, original, rule)
-            plan.append((owner, name, original, replacement))
+                replacement = _wrapper(e)
+            if replacement is not e.original:
+                plan.append((e.owner, e.attr, e.original, replacement))
         _cached_plan[:] = plan
     return _cached_plan
 
 
 def _uninstall() -> None:
-    if not os.environ.get("MLX_DISABLE_COMPILE"):
-        mx.enable_compile()
     while _saved:
         owner, name, original = _saved.pop()
-        setattr(owner, name, original)
+        if original is _ABSENT:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, original)
 
 
 def active() -> Report | None:

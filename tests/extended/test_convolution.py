@@ -17,7 +17,8 @@ import pytest
 
 import mlx_precise as mp
 from flow_helpers import f64, rng_f32, share
-from mlx_precise.extended import convolution, low_word, rules
+from mlx_precise.extended import low_word, rules
+from mlx_precise.extended.rules import convolution
 
 U = 2.0 ** -24  # float32's unit roundoff
 
@@ -166,9 +167,9 @@ def test_declines_and_errors():
     invalid call gets MLX's error."""
     ctx = rules.Operands("cpu", None, None)
     x, w = mx.array(rng_f32((1, 10, 4), 17)), mx.array(rng_f32((4, 3, 1), 18))
-    assert convolution.RULES["conv1d"](ctx, mx.conv1d, x, w, 1, 0, 1, 4) is NotImplemented
+    assert convolution._CONV1D(ctx, mx.conv1d, x, w, 1, 0, 1, 4) is NotImplemented
     w16 = mx.array(rng_f32((4, 3, 4), 19)).astype(mx.float16)
-    assert convolution.RULES["conv1d"](ctx, mx.conv1d, x, w16) is NotImplemented
+    assert convolution._CONV1D(ctx, mx.conv1d, x, w16) is NotImplemented
     wt = mx.array(rng_f32((4, 3, 4), 20))
     assert convolution.RULES["conv_transpose1d"](ctx, mx.conv_transpose1d, x, wt, 1,
                                                  3) is NotImplemented

@@ -18,7 +18,7 @@ What is asserted, per model whose ops all have double-word rules:
 * plain float32 is measurably worse (fewer exactly rounded outputs, larger error), so
   the comparison can fail.
 The vocoder's dense ``conv1d`` / ``conv_transpose1d`` have no rule yet (in progress:
-mlx_precise/extended/convolution.py); its test asserts what the report says about
+mlx_precise/extended/rules/convolution.py); its test asserts what the report says about
 them today and switches to the targets above once the report lists nothing under
 float32.
 Gradients: through the Hyena operator, the FNO, S4D (complex divisions by carried

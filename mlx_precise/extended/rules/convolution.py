@@ -1,6 +1,6 @@
 """Dense and grouped convolutions inside ``extended_precision()``, as decompositions.
 
-Each convolution is rewritten as ops that have double-word rules (:mod:`.rules`),
+Each convolution is rewritten as ops that have double-word rules (:mod:`.`),
 run with the flow on, so the result is double-word and rounded once where it
 leaves the chain:
 
@@ -33,8 +33,7 @@ asymmetric ``(low, high)`` padding.
 
 Layouts and dtypes are MLX's: input ``(N, *spatial, Cin)`` float32, weight
 ``(Cout, *kernel, Cin / groups)`` float32, output ``(N, *out_spatial, Cout)``
-float32 (carrying its low word). Operands of other dtypes, a ``stream`` other
-than None, negative padding, and depthwise ``conv1d`` (``groups == Cin``, weight ``(m Cin, K, 1)``,
+float32 (carrying its low word). Operands of other dtypes, negative padding, and depthwise ``conv1d`` (``groups == Cin``, weight ``(m Cin, K, 1)``,
 which the table's depthwise rule sends to the dedicated double-word kernel)
 return ``NotImplemented`` (the dispatcher then runs MLX's float32 op and reports
 it). MLX checks the arguments first (its own errors for invalid ones), and a rule
@@ -42,8 +41,7 @@ whose output shape would differ from MLX's (an edge case MLX treats its own way,
 such as ``conv_transpose`` padding beyond ``dilation (K - 1)``) declines rather
 than return another answer.
 
-Public: :data:`RULES` (MLX function name -> rule, the signature of
-:mod:`.rules`' rules).
+Public: :data:`RULES` (MLX function name -> rule, see :mod:`.base`).
 """
 
 from __future__ import annotations
@@ -53,7 +51,9 @@ import math
 
 import mlx.core as mx
 
-from . import carry, spectral
+from ...doubleword.words import from64, to64
+from .. import carry, spectral
+from ..engine import words_op
 
 F32 = mx.float32
 
@@ -231,7 +231,7 @@ def _rule(nd: int, plan, skip=None):
     anything runs."""
 
     def rule(ctx, original, x=None, w=None, *args, **kw):
-        if kw.pop("stream", None) is not None or not _operands_ok(x, w, nd):
+        if not _operands_ok(x, w, nd):
             return NotImplemented
         if skip is not None and skip(x, w, *args, **kw):
             return NotImplemented
@@ -280,7 +280,7 @@ def _general_rule(ctx, original, x=None, w=None, stride=1, padding=0, kernel_dil
     """``mx.conv_general``: input dilation by zero insertion (exact, the cost of
     the dilated input), asymmetric padding, ``flip`` (true convolution) by reversing
     the kernel's spatial axes, then :func:`correlate`."""
-    if kw.get("stream") is not None or not (isinstance(x, mx.array) and x.ndim >= 3):
+    if not (isinstance(x, mx.array) and x.ndim >= 3):
         return NotImplemented
     nd = x.ndim - 2
     if not _operands_ok(x, w, nd):
@@ -308,12 +308,33 @@ def _general_rule(ctx, original, x=None, w=None, stride=1, padding=0, kernel_dil
 
 
 def _depthwise(x, w, stride=1, padding=0, dilation=1, groups=1):
-    """Depthwise conv1d: the dedicated double-word kernel's case (rules._conv1d)."""
+    """Depthwise conv1d: the dedicated double-word kernel's case (_conv1d)."""
     return spectral.is_depthwise(x, w, groups)
 
 
+_CONV1D = _rule(1, _forward_plan(1), skip=_depthwise)
+
+
+def _conv1d(ctx, original, input, weight, stride=1, padding=0, dilation=1, groups=1):
+    """``mx.conv1d``: depthwise convolutions through the double-word depthwise
+    kernel (spectral.depthwise), words in and out; the others by
+    the im2col GEMM above."""
+    if not spectral.is_depthwise(input, weight, groups):
+        return _CONV1D(ctx, original, input, weight, stride, padding, dilation, groups)
+    geometry = (int(stride), int(padding), int(dilation))
+    plain = mx.conv1d if original is None else original
+    if ctx.backend == "cpu":  # one float64 sum over the taps of the operands' values
+        return words_op(
+            lambda X, W: from64(spectral.depthwise64(to64(X)[0], to64(W)[0], *geometry)),
+            lambda x, w: plain(x, w, *geometry, groups), [input, weight], "mx.conv1d",
+            False, "cpu")
+    return spectral.conv(
+        lambda x, w: spectral.depthwise(x, w, *geometry, ctx.backend, None, False),
+        lambda x, w: plain(x, w, *geometry, groups), input, weight, ctx.backend, None)
+
+
 RULES = {
-    "conv1d": _rule(1, _forward_plan(1), skip=_depthwise),
+    "conv1d": _conv1d,
     "conv2d": _rule(2, _forward_plan(2)),
     "conv3d": _rule(3, _forward_plan(3)),
     "conv_transpose1d": _rule(1, _transpose_plan(1)),

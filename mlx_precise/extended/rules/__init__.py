@@ -1,0 +1,40 @@
+"""The double-word rules, one family per module, each declared next to its op.
+
+Families: :mod:`.arithmetic` (``+ - * /``, comparisons, ``where``, ``abs``,
+``astype``, in-place operators), :mod:`.shape` (shape and movement ops,
+indexing, assignment, functional updates), :mod:`.reductions`,
+:mod:`.elementwise` (elementary functions), :mod:`.linear` (matrix products,
+contractions), :mod:`.linalg` (``mx.linalg`` in float64 on cpu), :mod:`.fft`,
+:mod:`.convolution`, :mod:`.fast` (``mx.fast``), :mod:`.constructors`. What a
+rule receives and returns: :mod:`.base`.
+
+:data:`TABLE` joins the families' tables: qualified op name (``"add"``,
+``"fft.rfft"``, ``"linalg.solve"``, ``"fast.rope"``; ``"array.<attr>"`` for
+``mx.array``-only methods and properties) -> rule. Aliases, methods and operators
+are derived from it by :mod:`..registry`.
+"""
+
+from __future__ import annotations
+
+from . import (arithmetic, constructors, convolution, elementwise, fast, fft, linalg, linear,
+               reductions, shape)
+from .arithmetic import inplace
+from .base import Operands, is_word_array
+
+_FAMILIES = (arithmetic, shape, reductions, elementwise, linear, linalg, fft, convolution,
+             fast, constructors)
+
+
+def _join() -> dict:
+    table: dict = {}
+    for family in _FAMILIES:
+        clash = table.keys() & family.RULES.keys()
+        if clash:
+            raise AssertionError(f"ops with two rules: {sorted(clash)}")
+        table.update(family.RULES)
+    return table
+
+
+TABLE = _join()
+
+__all__ = ["TABLE", "Operands", "inplace", "is_word_array"]

@@ -1,0 +1,238 @@
+"""Arithmetic, comparisons, selection and the exact one-operand ops: ``+ - * /``
+in double-word (:mod:`..arith`), ``where``, ``maximum`` / ``minimum``, exact
+comparisons of carried values, negation, conjugation, real / imaginary parts,
+``abs``, ``square``, ``astype``, ``clip``, the in-place operators."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from ...doubleword.words import DoubleWord
+from .. import arith, carry
+from ..carry import attach, attach_words, has_words, low_word, wide_value
+from .base import (as64, carries, decomposed, floating_result, has_float64, is_word_array,
+                   result, words)
+from .shape import _setitem
+
+
+def _arith(op: str):
+    """``x op y``."""
+
+    def rule(ctx, original, x, y, *rest, **kw):
+        if has_float64((x, y)):
+            return original(as64(x), as64(y), *rest, **kw)
+        if not floating_result(x, y) or rest:
+            return NotImplemented
+        a, b = words(x), words(y)
+        if a is None or b is None:
+            return NotImplemented
+        return result(arith.binary(op, a, b, ctx.backend, ctx.stream))
+
+    return rule
+
+
+def _exact1(fn):
+    """A one-operand op that is exact on the words: ``fn(DoubleWord) -> DoubleWord``."""
+
+    def rule(ctx, original, x, *rest, **kw):
+        if not is_word_array(x) or rest:
+            return NotImplemented
+        z = fn(words(x))
+        return z if z is NotImplemented else result(z)
+
+    return rule
+
+
+def inplace(rule, functional):
+    """``x op= y`` from the rule of ``x op y`` (``functional``: MLX's ``op``). MLX
+    updates x in place (other references see it), so the double-word result is
+    written into x and its low word re-attached; computed even when neither operand
+    carries a low word (``h += e`` of two float32 arrays keeps the sum's exact low
+    word, as ``h + e`` does)."""
+
+    def rule_(ctx, original, x, y):
+        if not is_word_array(x) or has_float64((y,)):
+            return NotImplemented
+        z = rule(ctx, functional, x, y)
+        if z is NotImplemented or not is_word_array(z) or z.dtype != x.dtype or (
+                z.shape != x.shape):
+            return NotImplemented
+        # (inside a rule the flow is off, so mx.array.__setitem__ is MLX's own)
+        if _setitem(ctx, mx.array.__setitem__, x, Ellipsis, z) is NotImplemented:
+            mx.array.__setitem__(x, Ellipsis, z)  # an exact result: no low word
+            attach(x, None)
+        return x
+
+    return rule_
+
+
+def _where(ctx, original, cond, x, y, **kw):
+    if has_float64((x, y)) or not (is_word_array(x) or is_word_array(y)):
+        return NotImplemented
+    a, b = words(x), words(y)
+    if a is None or b is None:
+        return NotImplemented
+    return result(arith.where(cond, a, b))
+
+
+def _extremum(larger: bool):
+    def rule(ctx, original, x, y, **kw):
+        if has_float64((x, y)) or not (is_word_array(x) or is_word_array(y)):
+            return NotImplemented
+        a, b = words(x), words(y)
+        if a is None or b is None or arith.is_complex(a) or arith.is_complex(b):
+            return NotImplemented
+        return result(arith.extremum(a, b, larger))
+
+    return rule
+
+
+# comparison name -> (strict comparison of the high words, comparison of the low words
+# on a tie); == and != compare both words
+_ORDER = {"less": (mx.less, mx.less), "less_equal": (mx.less, mx.less_equal),
+          "greater": (mx.greater, mx.greater),
+          "greater_equal": (mx.greater, mx.greater_equal)}
+
+
+def _compare(name: str):
+    """``x < y`` & co. of carried values, exactly: for normalised pairs the order of
+    the values is that of (high word, low word) taken lexicographically (equal
+    values have equal high words, both being the same rounding), so a high-word
+    comparison decides except on a tie, where the low words do. Python / numpy
+    scalars compare at their float64 value. Operands that carry nothing run MLX's
+    comparison unchanged."""
+
+    def rule(ctx, original, x, y, **kw):
+        if has_float64((x, y)):
+            return NotImplemented
+        if not any(is_word_array(v) and has_words(v) for v in (x, y)):
+            return NotImplemented
+        a, b = words(x), words(y)
+        if a is None or b is None:
+            return NotImplemented
+        if name in ("equal", "not_equal"):
+            same = mx.equal(a.hi, b.hi) & mx.equal(a.lo, b.lo)
+            return same if name == "equal" else mx.logical_not(same)
+        if arith.is_complex(a) or arith.is_complex(b):
+            return NotImplemented  # MLX's own error / order for complex values
+        strict, tie_break = _ORDER[name]
+        return strict(a.hi, b.hi) | (mx.equal(a.hi, b.hi) & tie_break(a.lo, b.lo))
+
+    return rule
+
+
+def _square(ctx, original, a, **kw):
+    if not is_word_array(a):
+        return NotImplemented
+    w = words(a)
+    return result(arith.binary("mul", w, w, ctx.backend, ctx.stream))
+
+
+def _astype(ctx, original, a, dtype, *rest, **kw):
+    """float32 -> complex64 keeps the value; -> float64 is the exact value hi + lo;
+    a narrower type is a rounding exit (MLX's cast of the high word)."""
+    if not is_word_array(a) or not has_words(a):
+        return NotImplemented
+    if dtype == a.dtype:  # a new array, as MLX returns (never ``a`` itself)
+        return carry.copy(a, original(a, dtype, *rest, **kw))
+    if dtype == mx.float64 and a.dtype == mx.float32:
+        return as64(a)
+    if dtype == mx.complex64:
+        return result(arith.as_complex(words(a)))
+    return NotImplemented
+
+
+def _property(fn=None):
+    """A property of ``mx.array``: ``fn`` on the words, or (None) the property
+    itself read on the high and on the low words (``.T``)."""
+
+    def rule(ctx, original, x):
+        if not is_word_array(x) or not has_words(x):
+            return NotImplemented
+        if fn is None:
+            wide = wide_value(x)
+            if wide is not None:
+                with mx.stream(mx.cpu):
+                    wide = tuple(None if v is None else original(v) for v in wide)
+                hi = original(x)
+                return attach_words(hi, DoubleWord.from_wide(hi, wide))
+            return attach(original(x), original(low_word(x)))
+        return result(fn(words(x)))
+
+    return rule
+
+
+_real = (lambda w: arith.parts(w)[0])
+
+
+_imag = (lambda w: arith.parts(w)[1])
+
+
+def _complex_abs(z):
+    """``|re + i im| = s sqrt((re/s)^2 + (im/s)^2)`` with ``s`` the power of two
+    nearest the larger part's high word (exact scalings: no overflow or underflow
+    of the squares, as MLX's float32 hypot avoids them)."""
+    with carry.suspended():  # the scale: built from the high words' float32 bits
+        m = mx.maximum(mx.abs(mx.real(z)), mx.abs(mx.imag(z)))
+        e = (m.view(mx.int32) >> 23) & 0xFF  # biased exponent (0: zero or subnormal)
+        e = mx.clip(e, 1, 254)
+        inv = ((254 - e) << 23).view(mx.float32)  # 2^(127 - e): exact
+        scale = (e << 23).view(mx.float32)  # 2^(e - 127)
+        scale, inv = mx.stop_gradient(scale), mx.stop_gradient(inv)
+    re, im = mx.real(z) * inv, mx.imag(z) * inv
+    return mx.sqrt(re * re + im * im) * scale
+
+
+def _abs_rule(ctx, original, x, **kw):
+    """``abs``: exact for real values, double-word ``hypot`` for complex ones."""
+    if not is_word_array(x):
+        return NotImplemented
+    if x.dtype != mx.complex64:
+        return result(arith.abs(words(x)))
+    with carry.reporting(ctx.report):
+        return _complex_abs(x)
+
+
+def _clip(a, a_min=None, a_max=None, **kw):
+    """``mx.clip``: ``minimum(maximum(a, a_min), a_max)`` (exact on the words);
+    a None bound leaves that side open."""
+    if a_min is not None:
+        a = mx.maximum(a, a_min)
+    return a if a_max is None else mx.minimum(a, a_max)
+
+
+def _nan_to_num(ctx, original, a, *args, **kw):
+    """Finite values keep both words; NaN and infinities become MLX's
+    replacements (decided by the high word, exact)."""
+    if not is_word_array(a) or not has_words(a):
+        return NotImplemented
+    w = words(a)
+    hi = original(w.hi, *args, **kw)
+    return attach(hi, mx.where(mx.isfinite(w.hi), w.lo, mx.zeros_like(w.lo)))
+
+
+def _diff(a, n=1, axis=-1, prepend=None, append=None):
+    """``n``-th differences along ``axis``, each a double-word subtraction."""
+    parts = [v for v in (prepend, a, append) if v is not None]
+    if len(parts) > 1 or n < 1:
+        return NotImplemented  # MLX's broadcasting of prepend / append; n = 0
+    for _ in range(n):
+        k = a.shape[axis]
+        a = mx.take(a, mx.arange(1, k), axis=axis) - mx.take(a, mx.arange(0, k - 1), axis=axis)
+    return a
+
+
+RULES = {
+    "add": _arith("add"), "subtract": _arith("sub"), "multiply": _arith("mul"),
+    "divide": _arith("div"), "negative": _exact1(arith.neg),
+    "conjugate": _exact1(arith.conj), "real": _exact1(_real), "imag": _exact1(_imag),
+    "abs": _abs_rule, "square": _square, "maximum": _extremum(True),
+    "minimum": _extremum(False), "where": _where, "astype": _astype,
+    "clip": decomposed(_clip), "nan_to_num": _nan_to_num, "diff": decomposed(_diff),
+    **{name: _compare(name) for name in ("less", "less_equal", "greater", "greater_equal",
+                                         "equal", "not_equal")},
+    "array.real": _property(_real), "array.imag": _property(_imag), "array.T": _property(),
+    "array.mT": _property(),
+}
+"""Op name -> rule (``array.``: ``mx.array`` properties)."""

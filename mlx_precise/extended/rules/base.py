@@ -1,0 +1,146 @@
+"""What every rule shares: the call's context, operands as double-word, results
+with their low words attached, and the helpers families reuse.
+
+A rule is called as ``rule(ctx, original, *args, **kwargs)`` with the original MLX
+callable (the function, or the ``mx.array`` method for a method call) and the
+call's arguments, ``stream`` removed (the dispatcher runs the rule on that stream,
+:mod:`..dispatch`). It returns the op's result (an ordinary ``mx.array`` of MLX's
+shape and dtype, its low word attached by :func:`~..carry.attach`), or
+``NotImplemented`` when the operands are not for it (float16, bfloat16 or integer
+arrays, no array at all): the dispatcher then calls MLX's op unchanged, and
+reports it if it consumed a carried value.
+
+Operands: float32 / complex64 arrays (their carried low word, else exact),
+Python and numpy scalars at their float64 value in two words (0.1 is not rounded
+to float32 first). ``mx.float64`` operands make MLX compute in float64: the
+double-word operands then enter as their exact float64 values (``hi + lo``).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import mlx.core as mx
+import numpy as np
+
+from ...doubleword.words import DoubleWord
+from .. import arith, carry
+from ..carry import attach, attach_words, has_words, low_word, wide_value, words_of
+
+
+WORD_DTYPES = (mx.float32, mx.complex64)
+
+
+SCALARS = (numbers.Number, np.number)
+
+
+class Operands:
+    """What a rule needs to know about its call: the backend, the stream and the
+    block's report (decompositions run their sub-ops with the flow on)."""
+
+    __slots__ = ("backend", "stream", "report")
+
+    def __init__(self, backend: str, stream, report=None):
+        self.backend, self.stream, self.report = backend, stream, report
+
+
+def is_word_array(x) -> bool:
+    return isinstance(x, mx.array) and x.dtype in WORD_DTYPES
+
+
+def is_integer_array(x) -> bool:
+    return isinstance(x, mx.array) and (mx.issubdtype(x.dtype, mx.integer) or x.dtype == mx.bool_)
+
+
+def words(x) -> DoubleWord | None:
+    """x as a DoubleWord, or None when x is not an operand a rule takes. Integer
+    and bool arrays enter exactly: ``hi = RN32(a)`` and ``lo = a - hi`` (exact in
+    the integer type, and a float32 value for integers below 2^48)."""
+    if is_word_array(x):
+        w = words_of(x)
+        return arith.exact(x) if w is None else w
+    if is_integer_array(x):
+        hi = x.astype(mx.float32)
+        if x.dtype in (mx.bool_, mx.int8, mx.uint8, mx.int16, mx.uint16):
+            return arith.exact(hi)  # exact in float32
+        wide = mx.int64 if x.dtype in (mx.int32, mx.int64) else mx.uint64
+        return DoubleWord(hi, (x.astype(wide) - hi.astype(wide)).astype(mx.float32))
+    if isinstance(x, SCALARS) and not isinstance(x, (bool, np.bool_)):
+        return arith.constant(x)
+    return None
+
+
+def floating_result(x, y) -> bool:
+    """MLX's promotion gives float32 / complex64: a double-word operand, or an
+    integer array with a Python / numpy float or complex scalar."""
+    if is_word_array(x) or is_word_array(y):
+        return True
+    for a, b in ((x, y), (y, x)):
+        if is_integer_array(a) and isinstance(b, (float, complex, np.floating,
+                                                   np.complexfloating)):
+            return True
+    return False
+
+
+def result(z: DoubleWord) -> mx.array:
+    """The array a rule returns: the high words, with the low words (and on cpu
+    the float64 value) attached."""
+    return attach_words(z.hi, z)
+
+
+def as64(x):
+    """An operand as MLX's float64 would see it, double-word arrays at their exact
+    value ``hi + lo``."""
+    if is_word_array(x) and x.dtype == mx.float32:
+        wide = wide_value(x)
+        if wide is not None:
+            return wide[0]
+        lo = low_word(x)
+        with mx.stream(mx.cpu):
+            return x.astype(mx.float64) if lo is None else x.astype(mx.float64) + lo.astype(
+                mx.float64)
+    return x
+
+
+def has_float64(args) -> bool:
+    return any(isinstance(a, mx.array) and a.dtype == mx.float64 for a in args)
+
+
+def carries(v) -> bool:
+    """True when ``v`` holds more than its float32 / complex64 value: an array with
+    a low word, or a scalar that float32 does not represent."""
+    if isinstance(v, mx.array):
+        return has_words(v)
+    return isinstance(v, SCALARS) and not arith.is_float32(v)
+
+
+def axes_of(ndim: int, axis) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = [int(a) for a in ((axis,) if isinstance(axis, int) else axis)]
+    if any(not -ndim <= a < ndim for a in axes) or len(set(a % ndim for a in axes)) < len(axes):
+        return None  # out of range or repeated: the rule declines, MLX raises its error
+    return tuple(sorted(a % ndim for a in axes))
+
+
+def decomposed(fn):
+    """An op defined by a composition of ops that have rules (as PyTorch's
+    decompositions): ``fn`` runs with the flow on, so every sub-op is double-word
+    and the result is rounded once. ``fn`` takes the op's arguments."""
+
+    def rule(ctx, original, *args, **kw):
+        if not any(is_word_array(a) for a in args):
+            return NotImplemented
+        with carry.reporting(ctx.report):
+            return fn(*args, **kw)
+
+    return rule
+
+
+def operand_array(v):
+    """An operand of an engine rule as an array: a scalar becomes a 0-d constant
+    carrying its second word."""
+    if isinstance(v, mx.array):
+        return v
+    c = arith.constant(v)
+    return attach(c.hi, c.lo)

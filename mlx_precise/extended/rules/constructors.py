@@ -1,0 +1,58 @@
+"""Constructors whose values float32 cannot hold exactly: ``linspace`` and
+``arange`` with float steps, computed in float64 and kept in two words."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from ..carry import attach
+
+
+def grid(values: np.ndarray, dtype) -> mx.array | object:
+    """A float32 grid computed in float64 on the host, in two words."""
+    if dtype is not None and dtype != mx.float32:
+        return NotImplemented
+    with np.errstate(over="ignore", invalid="ignore"):
+        hi = values.astype(np.float32)
+        lo = np.where(np.isfinite(hi), values - hi.astype(np.float64), 0).astype(np.float32)
+    return attach(mx.array(hi), mx.array(lo))
+
+
+def _linspace(ctx, original, start, stop, num=50, endpoint=True, dtype=mx.float32, **kw):
+    """``mx.linspace`` with each point ``start + i (stop - start) / (num - 1)``
+    exact in float64 (numpy's formula), not accumulated in float32."""
+    if not isinstance(num, int) or num < 0:
+        return NotImplemented
+    return grid(np.linspace(float(start), float(stop), num, endpoint=endpoint), dtype)
+
+
+def _arange(ctx, original, *args, dtype=None, **kw):
+    """``mx.arange`` with a float start or step: ``start + i step`` in float64. The
+    dtype may come positionally (``arange(0, 10, 2.5, mx.int32)``)."""
+    if args and isinstance(args[-1], mx.Dtype):
+        *args, dtype = args
+    if not any(isinstance(v, float) for v in args):
+        return NotImplemented
+    start, stop, step = (0.0, args[0], 1.0) if len(args) == 1 else (
+        (args[0], args[1], 1.0) if len(args) == 2 else args[:3])
+    if step is None:
+        step = 1.0
+    n = max(int(np.ceil((float(stop) - float(start)) / float(step))), 0)
+    return grid(float(start) + np.arange(n) * float(step), dtype)
+
+
+def _frequencies(kind: str):
+    """``mx.fft.fftfreq`` / ``rfftfreq``: ``k / (n d)`` in float64, in two words."""
+
+    def rule(ctx, original, n, d=1.0, **kw):
+        if not isinstance(n, int) or n <= 0 or not isinstance(d, (int, float)):
+            return NotImplemented
+        return grid(getattr(np.fft, kind)(n, d), None)
+
+    return rule
+
+
+RULES = {"linspace": _linspace, "arange": _arange, "fft.fftfreq": _frequencies("fftfreq"),
+         "fft.rfftfreq": _frequencies("rfftfreq")}
+"""Op name -> rule."""

@@ -1,0 +1,165 @@
+"""Elementary functions: the double-word kernels of
+:mod:`mlx_precise.doubleword.functions` (``exp``, ``log``, ``sin``, ``erf``, ...,
+``power``, ``arctan2``) and the functions defined from them (``sinh``, ``arcsin``,
+``logaddexp``, ...) as decompositions whose every step is double-word."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+from ...doubleword import functions
+from .. import arith, carry
+from ..engine import words_op
+from .base import (decomposed, floating_result, has_float64, is_word_array, operand_array,
+                   result, words)
+
+
+def function(fn: str):
+    """An elementwise function of :mod:`mlx_precise.doubleword.functions`; its
+    gradient is MLX's float32 derivative of the function (of the high words).
+    ``exp`` also takes complex values."""
+
+    def rule(ctx, original, x, **kw):
+        if not is_word_array(x):
+            return NotImplemented
+        if x.dtype == mx.complex64 and fn != "exp":
+            return NotImplemented
+        # the emulator evaluates; on cpu, erf is scipy's (host)
+        host = ctx.backend == "emulate" or (ctx.backend == "cpu" and fn == "erf")
+        return words_op(lambda X: functions.unary(fn, X, ctx.backend), original, [x],
+                        f"mx.{fn}", host, ctx.backend)
+
+    return rule
+
+
+def _power(ctx, original, x, y, **kw):
+    """``x ** y`` (``mx.power``, ``**``): small integer and half exponents by the
+    exact-rounding arithmetic rules, the rest by the double-word ``power`` (a
+    Python float to an integer array's power too: Adam's ``0.999 ** t``)."""
+    if not floating_result(x, y) or has_float64((x, y)):
+        return NotImplemented
+    if any(isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (x, y)):
+        return NotImplemented
+    if words(x) is None or words(y) is None:
+        return NotImplemented
+    if isinstance(y, (int, float)) and not isinstance(y, bool) and is_word_array(x):
+        w = words(x)
+        if y == 1:  # a new array of x's value (MLX never returns x itself)
+            return carry.copy(x, original(x, y))
+        if y == 2:
+            return result(arith.binary("mul", w, w, ctx.backend, ctx.stream))
+        if y == 0.5:  # pow's special values: (-0) ** 0.5 = +0, (-inf) ** 0.5 = +inf
+            r = words(function("sqrt")(ctx, mx.sqrt, x))
+            with carry.suspended():
+                special = (x == 0) | (x == -math.inf)
+            return result(arith.where(special, arith.exact(mx.abs(x)), r))
+        if y == -1:
+            return function("reciprocal")(ctx, mx.reciprocal, x)
+    a, b = operand_array(x), operand_array(y)
+    return words_op(lambda X, Y: functions.binary("power", X, Y, ctx.backend), original,
+                    [a, b], "power", ctx.backend == "emulate", ctx.backend)
+
+
+def _arctan2(ctx, original, a, b, **kw):
+    if not (is_word_array(a) or is_word_array(b)):
+        return NotImplemented
+    if words(a) is None or words(b) is None or has_float64((a, b)) or any(
+            isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (a, b)):
+        return NotImplemented
+    return words_op(lambda X, Y: functions.binary("arctan2", X, Y, ctx.backend), original,
+                    [operand_array(a), operand_array(b)], "arctan2", ctx.backend == "emulate",
+                    ctx.backend)
+
+
+_LN2 = math.log(2.0)  # its float64 value enters in two words
+
+
+_HALF_E = math.e / 2  # its float64 value enters in two words
+
+
+def _sinh(x, **kw):
+    """``(e^(x - 1) - e^(-x - 1)) e/2`` for |x| >= 1 (x - 1 is exact there, and
+    nothing overflows before float32's own sinh does), ``(expm1(x) - expm1(-x)) /
+    2`` below (no cancellation: the terms have opposite signs)."""
+    small = (mx.expm1(x) - mx.expm1(-x)) * 0.5
+    large = (mx.exp(x - 1) - mx.exp(-x - 1)) * _HALF_E
+    with carry.suspended():
+        near = mx.abs(x) < 1
+    return mx.where(near, small, large)
+
+
+def _cosh(x, **kw):
+    return (mx.exp(x - 1) + mx.exp(-x - 1)) * _HALF_E
+
+
+def _tan(x, **kw):
+    return mx.sin(x) / mx.cos(x)
+
+
+def _arctan(x, **kw):
+    return mx.arctan2(x, 1.0)
+
+
+def _arcsin(x, **kw):
+    """``arctan2(x, sqrt((1 - x)(1 + x)))``: 1 - x is exact near 1."""
+    return mx.arctan2(x, mx.sqrt((1 - x) * (1 + x)))
+
+
+def _arccos(x, **kw):
+    return mx.arctan2(mx.sqrt((1 - x) * (1 + x)), x)
+
+
+def _arctanh(x, **kw):
+    """``log1p(2x / (1 - x)) / 2`` (small x: no cancellation)."""
+    return mx.log1p(2 * x / (1 - x)) * 0.5
+
+
+_HUGE = 2.0**26  # above it asinh(a), acosh(a) = log(2a) to 2^-54 relative
+
+
+def _arcsinh(x, **kw):
+    """``log1p(a + a^2 / (1 + sqrt(1 + a^2)))`` with a = |x| (no cancellation), or
+    ``log(a) + ln 2`` above 2^26 (a^2 would overflow), signed as x (-0 kept).
+    Each branch reads a clamped argument, so the unselected one stays finite
+    (finite gradients too)."""
+    with carry.suspended():
+        huge, neg, zero = mx.abs(x) > _HUGE, x < 0, x == 0
+    a = mx.abs(x)
+    s = mx.minimum(a, _HUGE)
+    r = mx.where(huge, mx.log(mx.maximum(a, 1.0)) + _LN2,
+                 mx.log1p(s + s * s / (1 + mx.sqrt(1 + s * s))))
+    return mx.where(zero, x, mx.where(neg, -r, r))
+
+
+def _arccosh(x, **kw):
+    """``log1p(t + sqrt(t (t + 2)))`` with t = x - 1 (exact near 1), or ``log(x) +
+    ln 2`` above 2^26; NaN below 1 (the square root of a negative)."""
+    with carry.suspended():
+        huge = x > _HUGE
+    t = mx.minimum(x, _HUGE) - 1
+    return mx.where(huge, mx.log(mx.maximum(x, 1.0)) + _LN2,
+                    mx.log1p(t + mx.sqrt(t * (t + 2))))
+
+
+def _logaddexp(a, b, **kw):
+    """``log(e^a + e^b) = max + log1p(e^(-|a - b|))``."""
+    m = mx.maximum(a, b)
+    return m + mx.log1p(mx.exp(-mx.abs(a - b)))
+
+
+_DEGREES = 180 / math.pi  # float64 values, entering in two words
+_RADIANS = math.pi / 180
+
+
+RULES = {
+    **{fn: function(fn) for fn in functions.UNARY},
+    "power": _power, "arctan2": _arctan2,
+    **{name: decomposed(fn) for name, fn in (
+        ("sinh", _sinh), ("cosh", _cosh), ("tan", _tan), ("arctan", _arctan),
+        ("arcsin", _arcsin), ("arccos", _arccos), ("arctanh", _arctanh),
+        ("arcsinh", _arcsinh), ("arccosh", _arccosh), ("logaddexp", _logaddexp),
+        ("degrees", lambda x: x * _DEGREES), ("radians", lambda x: x * _RADIANS))},
+}
+"""Op name -> rule."""

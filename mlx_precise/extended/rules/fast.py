@@ -1,0 +1,118 @@
+"""``mx.fast``: ``layer_norm``, ``rms_norm``, ``scaled_dot_product_attention`` and
+``rope`` by their definitions, each step double-word."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+
+from .. import carry
+from .base import decomposed, is_word_array
+from .constructors import grid
+
+
+_LOWEST = float(np.finfo(np.float32).min)
+
+
+def _sdpa(q, k, v, *, scale, mask=None, sinks=None, force_fused=False, stream=None):
+    """``mx.fast.scaled_dot_product_attention``: ``softmax(q k^T scale + mask) v``
+    with grouped-query heads repeated (MLX's definition), each op double-word."""
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if heads != kv_heads:
+        k, v = (mx.repeat(t, heads // kv_heads, axis=-3) for t in (k, v))
+    s = (q * scale) @ mx.swapaxes(k, -1, -2)
+    # Masked scores become float32's lowest finite value, as in MLX: a row with
+    # every key masked (more queries than keys under "causal") averages v.
+    if isinstance(mask, str):  # "causal": query i sees keys j <= i + (S - L)
+        L, S = s.shape[-2], s.shape[-1]
+        with carry.suspended():
+            keep = mx.arange(S)[None, :] <= mx.arange(L)[:, None] + (S - L)
+        s = mx.where(keep, s, _LOWEST)
+    elif mask is not None and mask.dtype == mx.bool_:
+        s = mx.where(mask, s, _LOWEST)
+    elif mask is not None:
+        s = s + mask
+    return mx.softmax(s, axis=-1) @ v
+
+
+def _rope(a, dims, *, traditional, base, scale, offset, freqs=None, **kw):
+    """``mx.fast.rope`` by its definition (MLX's reference form): positions
+    ``(arange(T) + offset) scale`` along axis -2, inverse frequencies
+    ``base^(-i / (dims/2))`` (in float64 on the host, two words) or ``1 / freqs``,
+    angles ``theta = positions x inverse frequencies`` and their double-word cos / sin,
+    then each pair (the halves of the first ``dims`` features, or neighbours with
+    ``traditional``) rotated; features past ``dims`` pass through."""
+    T, half = a.shape[-2], dims // 2
+    if freqs is None:
+        inv = grid(np.exp(-np.arange(half) * (math.log(base) / half)), None)
+    else:
+        inv = 1.0 / freqs
+    positions = (mx.arange(T, dtype=mx.float32) + offset) * scale
+    theta = positions[:, None] * inv[None, :]
+    c, s = mx.cos(theta), mx.sin(theta)
+    if traditional:
+        x1, x2 = a[..., 0:dims:2], a[..., 1:dims:2]
+    else:
+        x1, x2 = a[..., :half], a[..., half:dims]
+    y1, y2 = x1 * c - x2 * s, x1 * s + x2 * c
+    if traditional:
+        y = mx.stack([y1, y2], axis=-1).reshape(*a.shape[:-1], dims)
+    else:
+        y = mx.concatenate([y1, y2], axis=-1)
+    return y if dims == a.shape[-1] else mx.concatenate([y, a[..., dims:]], axis=-1)
+
+
+def _rope_rule(ctx, original, a, dims, **kw):
+    offset, freqs = kw.get("offset", 0), kw.get("freqs")
+    if not is_word_array(a) or a.dtype != mx.float32:
+        return NotImplemented
+    if dims % 2 or dims > a.shape[-1] or a.ndim < 2 or (
+            isinstance(offset, mx.array) and offset.size != 1):
+        return NotImplemented  # MLX's own errors / per-batch offsets: plain MLX
+    if freqs is not None and not (is_word_array(freqs) and freqs.shape == (dims // 2,)):
+        return NotImplemented
+    if isinstance(offset, mx.array):
+        kw["offset"] = offset.reshape(())
+    with carry.reporting(ctx.report):
+        return _rope(a, dims, **kw)
+
+
+def _sdpa_rule(ctx, original, q, k, v, **kw):
+    mask = kw.get("mask")
+    if kw.get("sinks") is not None or not (mask is None or isinstance(mask, mx.array) or (
+            isinstance(mask, str) and mask == "causal")):
+        return NotImplemented
+    if not all(is_word_array(t) and t.dtype == mx.float32 for t in (q, k, v)):
+        return NotImplemented
+    with carry.reporting(ctx.report):
+        return _sdpa(q, k, v, **kw)
+
+
+def _layer_norm(x, weight, bias, eps):
+    """``mx.fast.layer_norm`` over the last axis: two-pass mean and variance."""
+    mean = mx.mean(x, axis=-1, keepdims=True)
+    d = x - mean
+    y = d * mx.rsqrt(mx.mean(d * d, axis=-1, keepdims=True) + eps)
+    y = y if weight is None else y * weight
+    return y if bias is None else y + bias
+
+
+def _rms_norm(x, weight, eps):
+    y = x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + eps)
+    return y if weight is None else y * weight
+
+
+def _cross_entropy(logits, targets):
+    """``logsumexp(logits, -1) - logits[..., target]`` (MLX's definition)."""
+    if mx.issubdtype(targets.dtype, mx.floating):
+        return NotImplemented  # MLX's own checks
+    picked = mx.take_along_axis(logits, mx.expand_dims(targets, -1), axis=-1)
+    return mx.logsumexp(logits, axis=-1) - mx.squeeze(picked, -1)
+
+
+RULES = {"fast.layer_norm": decomposed(_layer_norm), "fast.rms_norm": decomposed(_rms_norm),
+         "fast.scaled_dot_product_attention": _sdpa_rule, "fast.rope": _rope_rule,
+         "fast.cross_entropy": decomposed(_cross_entropy)}
+"""Op name -> rule."""

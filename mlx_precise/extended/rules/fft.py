@@ -1,0 +1,91 @@
+"""``mx.fft``: the twelve transforms in double-word (the N-D engine of
+:mod:`mlx_precise.fft.nd` through :func:`..spectral.transform`), MLX's argument
+conventions and casts."""
+
+from __future__ import annotations
+
+import inspect
+
+import mlx.core as mx
+
+from ...core.plain import FFT_NAMES, plain
+from .. import carry, spectral
+
+
+def _signature(name: str) -> inspect.Signature:
+    """The Python signature of MLX's ``mx.fft.<name>`` (to bind user arguments;
+    ``stream`` is taken by the dispatcher)."""
+    P = inspect.Parameter
+    first = [P("a", P.POSITIONAL_OR_KEYWORD)]
+    if name in FFT_NAMES[:4]:
+        rest = [P("n", P.POSITIONAL_OR_KEYWORD, default=None),
+                P("axis", P.POSITIONAL_OR_KEYWORD, default=-1)]
+    else:
+        axes = (-2, -1) if name.endswith("2") else None
+        rest = [P("s", P.POSITIONAL_OR_KEYWORD, default=None),
+                P("axes", P.POSITIONAL_OR_KEYWORD, default=axes)]
+    if "norm" in (getattr(plain.fft, name).__doc__ or "").split("\n", 1)[0]:
+        rest.append(P("norm", P.POSITIONAL_OR_KEYWORD, default="backward"))
+    return inspect.Signature(first + rest)
+
+
+def _operand(a, kind: str) -> mx.array:
+    """MLX's input casts: rfft takes the real part of complex input; others keep
+    complex64 and make every real dtype float32 (float64 too, as MLX does)."""
+    a = a if isinstance(a, mx.array) else mx.array(a)
+    if kind == "rfft":
+        return a if a.dtype == mx.float32 else a.astype(mx.float32)
+    if kind == "irfft":
+        return a if a.dtype == mx.complex64 else a.astype(mx.complex64)
+    return a if a.dtype in (mx.float32, mx.complex64) else a.astype(
+        mx.complex64 if mx.issubdtype(a.dtype, mx.complexfloating) else mx.float32)
+
+
+def _sizes(name: str, kind: str, a: mx.array, b: dict):
+    """(s, axes) of one call, numpy's defaults, axes normalised."""
+    nd = a.ndim
+    if name in FFT_NAMES[:4]:
+        axes = [b["axis"]]
+        s = None if b["n"] is None else [b["n"]]
+    else:
+        s = None if b["s"] is None else list(b["s"])
+        axes = b["axes"]
+        if axes is None:
+            axes = list(range(nd)) if s is None else list(range(nd - len(s), nd))
+        axes = list(axes)
+    axes = [int(ax) % nd for ax in axes]
+    if s is None:
+        s = [a.shape[ax] for ax in axes]
+        if kind == "irfft":
+            s[-1] = 2 * (a.shape[axes[-1]] - 1)
+    return s, axes
+
+
+def _transform(name: str):
+    sig = _signature(name)
+    kind = name[:-1] if name[-1] in "2n" else name  # fft2, fftn -> fft
+
+    def rule(ctx, original, *args, **kwargs):
+        ref = original(*args, **kwargs)  # lazy: MLX checks the arguments, gives the shape
+        b = sig.bind(*args, **kwargs)
+        b.apply_defaults()
+        b = b.arguments
+        if not isinstance(b["a"], mx.array) or b["a"].dtype not in (
+                mx.float32, mx.complex64, mx.float64) and not mx.issubdtype(b["a"].dtype,
+                                                                          mx.integer):
+            return NotImplemented
+        a = _operand(b["a"], kind)
+        s, axes = _sizes(name, kind, a, b)
+        with carry.suspended():
+            y = spectral.transform(kind, a, s, axes, b.get("norm", "backward"), ctx.backend,
+                                   ctx.stream)
+        if tuple(y.shape) != tuple(ref.shape) or y.dtype != ref.dtype:
+            raise AssertionError(f"mlx_precise: extended mx.fft.{name} gave {y.shape} "
+                                 f"{y.dtype}, MLX {ref.shape} {ref.dtype}")
+        return y
+
+    return rule
+
+
+RULES = {f"fft.{name}": _transform(name) for name in FFT_NAMES}
+"""Op name -> rule."""

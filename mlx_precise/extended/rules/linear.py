@@ -1,0 +1,140 @@
+"""Matrix products and contractions: ``matmul`` (the double-word GEMM of
+:mod:`mlx_precise.linalg`), ``addmm``, ``tensordot``, ``inner``, ``outer``,
+two-operand ``einsum``."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from ...linalg import gemm
+from .. import carry
+from ..engine import words_op
+from .base import decomposed, is_word_array
+
+
+def _matmul():
+    """``a @ b`` (``mx.matmul``): the double-word GEMM of :mod:`mlx_precise.linalg`
+    (Dot2-style accumulation of exact products on metal / emulate, float64 on
+    cpu); the gradient is MLX's float32 matmul VJP."""
+
+    def rule(ctx, original, a, b, **kw):
+        if not (is_word_array(a) and is_word_array(b)):
+            return NotImplemented
+        return words_op(lambda A, B: gemm.matmul(A, B, ctx.backend), original, [a, b], "matmul",
+                        ctx.backend == "emulate", ctx.backend)
+
+    return rule
+
+
+def _addmm(c, a, b, alpha=1.0, beta=1.0):
+    """``mx.addmm``: ``alpha (a @ b) + beta c`` (nn.Linear's bias term)."""
+    ab = a @ b
+    ab = ab if alpha == 1 else ab * alpha
+    return ab + (c if beta == 1 else c * beta)
+
+
+def _tensordot(a, b, axes=2, **kw):
+    """Contract the last ``axes`` axes of a with the first of b (or the listed
+    pairs) by one double-word matmul."""
+    if isinstance(axes, int):
+        ax_a = list(range(a.ndim - axes, a.ndim))
+        ax_b = list(range(axes))
+    else:
+        ax_a = [int(v) % a.ndim for v in axes[0]]
+        ax_b = [int(v) % b.ndim for v in axes[1]]
+    free_a = [d for d in range(a.ndim) if d not in ax_a]
+    free_b = [d for d in range(b.ndim) if d not in ax_b]
+    k = int(np.prod([a.shape[d] for d in ax_a]))
+    A = mx.transpose(a, free_a + ax_a).reshape(-1, k)
+    B = mx.transpose(b, ax_b + free_b).reshape(k, -1)
+    return (A @ B).reshape([a.shape[d] for d in free_a] + [b.shape[d] for d in free_b])
+
+
+def _inner(a, b, **kw):
+    return _tensordot(a, b, axes=([-1], [-1])) if a.ndim and b.ndim else a * b
+
+
+def _outer(a, b, **kw):
+    return a.reshape(-1, 1) * b.reshape(1, -1)
+
+
+def _einsum_plan(spec: str, ndims: tuple[int, ...]):
+    """Batch / contracted / free letters of a two-operand einsum without ellipsis or
+    repeated letters within an operand; None when it is not of that kind."""
+    if "..." in spec or "->" not in spec:
+        return None
+    ins, out = spec.replace(" ", "").split("->")
+    terms = ins.split(",")
+    if len(terms) != 2 or any(len(set(t)) != len(t) for t in terms + [out]):
+        return None
+    ta, tb = terms
+    if (len(ta), len(tb)) != ndims:
+        return None
+    batch = [c for c in out if c in ta and c in tb]
+    contract = [c for c in ta if c in tb and c not in out]
+    fa = [c for c in ta if c not in tb]
+    fb = [c for c in tb if c not in ta]
+    if any(c not in out for c in fa + fb) or set(out) != set(batch + fa + fb):
+        return None
+    return ta, tb, out, batch, contract, fa, fb
+
+
+def _einsum(spec, *operands, **kw):
+    """Two-operand contractions as one batched double-word matmul (others: MLX)."""
+    if len(operands) != 2 or kw:
+        return NotImplemented
+    a, b = operands
+    plan = _einsum_plan(spec, (a.ndim, b.ndim))
+    if plan is None:
+        return NotImplemented
+    ta, tb, out, batch, contract, fa, fb = plan
+    size = {**dict(zip(ta, a.shape)), **dict(zip(tb, b.shape))}
+    dims = (lambda letters: [size[c] for c in letters])
+    A = mx.transpose(a, [ta.index(c) for c in batch + fa + contract])
+    B = mx.transpose(b, [tb.index(c) for c in batch + contract + fb])
+    n_b = int(np.prod(dims(batch)))
+    m, k, n = (int(np.prod(dims(x))) for x in (fa, contract, fb))
+    C = A.reshape(n_b, m, k) @ B.reshape(n_b, k, n)
+    C = C.reshape(dims(batch) + dims(fa) + dims(fb))
+    order = batch + fa + fb
+    return mx.transpose(C, [order.index(c) for c in out]) if order != list(out) else C
+
+
+def _einsum_rule(ctx, original, spec, *operands, **kw):
+    if not isinstance(spec, str) or not all(is_word_array(o) for o in operands):
+        return NotImplemented
+    if len(operands) != 2 or kw or _einsum_plan(spec, tuple(o.ndim for o in operands)) is None:
+        return NotImplemented
+    with carry.reporting(ctx.report):
+        return _einsum(spec, *operands)
+
+
+def _trace(a, offset=0, axis1=0, axis2=1, dtype=None):
+    if dtype is not None and dtype != a.dtype:
+        return NotImplemented
+    return mx.sum(mx.diagonal(a, offset, axis1, axis2), axis=-1)
+
+
+def _vecdot(a, b, axis=-1):
+    """``sum(conj(a) b)`` over ``axis`` (numpy's and MLX's definition)."""
+    return mx.sum(mx.conj(a) * b if a.dtype == mx.complex64 else a * b, axis=axis)
+
+
+def _cross(a, b, axis=-1):
+    """The cross product of 3-vectors along ``axis``, each component a double-word
+    difference of products."""
+    if a.shape[axis] != 3 or b.shape[axis] != 3:
+        return NotImplemented  # MLX's own rules (and errors) for other lengths
+    x, y = ([mx.take(v, k, axis=axis) for k in range(3)] for v in (a, b))
+    return mx.stack([x[1] * y[2] - x[2] * y[1], x[2] * y[0] - x[0] * y[2],
+                     x[0] * y[1] - x[1] * y[0]], axis=axis % a.ndim)
+
+
+RULES = {
+    "matmul": _matmul(), "addmm": decomposed(_addmm), "tensordot": decomposed(_tensordot),
+    "inner": decomposed(_inner), "outer": decomposed(_outer), "einsum": _einsum_rule,
+    "trace": decomposed(_trace), "vecdot": decomposed(_vecdot),
+    "linalg.cross": decomposed(_cross),
+}
+"""Op name -> rule."""

@@ -1,0 +1,139 @@
+"""Reductions and scans: ``sum``, ``mean``, ``prod``, ``max`` / ``min``,
+``argmax`` / ``argmin``, ``cumsum`` / ``cumprod``, ``var`` / ``std``, ``softmax``,
+``logsumexp``."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from .. import arith, carry
+from ..carry import attach, has_words, low_word
+from .base import axes_of, decomposed, is_word_array, result, words
+
+
+def _arg_extreme(larger: bool):
+    """``argmax`` / ``argmin`` of carried real values: among the positions where the
+    high word is extreme, the one whose low word is (MLX's first index on exact
+    ties). A NaN high word gives MLX's answer on the high words."""
+
+    def rule(ctx, original, a, axis=None, keepdims=False, **kw):
+        if not is_word_array(a) or not has_words(a):
+            return NotImplemented
+        if a.dtype == mx.complex64:
+            return NotImplemented
+        w = words(a)
+        hi, lo = (w.hi, w.lo) if axis is not None else (w.hi.reshape(-1), w.lo.reshape(-1))
+        ax = axis if axis is not None else 0
+        m = (mx.max if larger else mx.min)(hi, axis=ax, keepdims=True)
+        key = mx.where(hi == m, lo, -np.inf if larger else np.inf)
+        out = original(key, axis=ax, keepdims=True)
+        out = mx.where(mx.isnan(m), original(hi, axis=ax, keepdims=True), out)
+        if axis is None:
+            return out.reshape([1] * a.ndim) if keepdims else out.reshape(())
+        return out if keepdims else mx.squeeze(out, axis=ax)
+
+    return rule
+
+
+def _reduction(kind: str):
+    """``sum``, ``mean`` (the sum divided by the count in double-word) or ``prod``
+    over any axes."""
+
+    def rule(ctx, original, a, axis=None, keepdims=False, **kw):
+        if not is_word_array(a):
+            return NotImplemented
+        axes = axes_of(a.ndim, axis)
+        if axes is None:
+            return NotImplemented
+        s = arith.reduce_sum(words(a), axes, keepdims, ctx.backend, ctx.stream,
+                             op="mul" if kind == "prod" else "add")
+        if kind == "mean":
+            n = int(np.prod([a.shape[d] for d in axes]))
+            s = arith.binary("div", s, arith.constant(n), ctx.backend, ctx.stream)
+        return result(s)
+
+    return rule
+
+
+def _extreme_reduction(larger: bool):
+    """``max`` / ``min`` over axes: MLX's on the high words (its NaN rule), then
+    the extreme low word among the elements holding that high word (exact)."""
+
+    def rule(ctx, original, a, axis=None, keepdims=False, **kw):
+        if not is_word_array(a) or a.dtype == mx.complex64 or not has_words(a) or kw:
+            return NotImplemented
+        hi = original(a, axis=axis, keepdims=True)
+        fill = -np.inf if larger else np.inf
+        lo = original(mx.where(a == hi, low_word(a), fill), axis=axis, keepdims=True)
+        lo = mx.where(mx.isfinite(hi) & mx.isfinite(lo), lo, 0.0)
+        if not keepdims:
+            axes = axes_of(a.ndim, axis)
+            hi, lo = (mx.squeeze(v, axis=axes) if axes else v for v in (hi, lo))
+        return attach(hi, lo)
+
+    return rule
+
+
+def _scan(op: str):
+    """``cumsum`` (op "add") / ``cumprod`` ("mul")."""
+
+    def rule(ctx, original, a, axis=None, *, reverse=False, inclusive=True, dtype=None):
+        if not is_word_array(a) or (dtype is not None and dtype != a.dtype):
+            return NotImplemented
+        if axis is not None and axes_of(a.ndim, axis) is None:
+            return NotImplemented  # MLX raises its own error
+        w = words(a)
+        if axis is None:  # over the flattened array (both words: a.reshape here is MLX's)
+            w, axis = arith._map(lambda t: t.reshape(-1), w), 0
+        return result(arith.cumsum(w, int(axis) % max(w.ndim, 1), reverse, inclusive,
+                                   ctx.backend, op=op))
+
+    return rule
+
+
+def _var(a, axis=None, keepdims=False, ddof=0):
+    """``mean(|a - mean(a)|^2) * n / (n - ddof)`` over ``axis`` (the two-pass
+    formula: no cancellation between sums of squares)."""
+    d = a - mx.mean(a, axis=axis, keepdims=True)  # (MLX's error for an invalid axis)
+    n = int(np.prod([a.shape[k] for k in axes_of(a.ndim, axis)]))
+    sq = d * mx.conj(d) if a.dtype == mx.complex64 else d * d
+    s = mx.sum(mx.real(sq) if a.dtype == mx.complex64 else sq, axis=axis, keepdims=keepdims)
+    return s / max(n - ddof, 0)  # MLX's: ddof >= n divides by 0 (inf, or NaN for 0)
+
+
+def _stopped_max(x, axis):
+    """The float32 maximum of the high words, a constant shift (no rounding of the
+    result depends on it: softmax and logsumexp are invariant under it)."""
+    with carry.suspended():
+        return mx.stop_gradient(mx.max(x.real if x.dtype == mx.complex64 else x, axis=axis,
+                                       keepdims=True))
+
+
+def _softmax(x, axis=None, precise=False, **kw):
+    if x.size == 0:
+        return NotImplemented  # nothing to compute: MLX's empty result
+    m = _stopped_max(x, axis)
+    e = mx.exp(x - mx.where(mx.isfinite(m), m, 0.0))
+    return e / mx.sum(e, axis=axis, keepdims=True)
+
+
+def _logsumexp(x, axis=None, keepdims=False, **kw):
+    m = mx.where(mx.isfinite(_stopped_max(x, axis)), _stopped_max(x, axis), 0.0)
+    s = mx.log(mx.sum(mx.exp(x - m), axis=axis, keepdims=True)) + m
+    return s if keepdims else mx.squeeze(s, axis=axis) if axis is not None else s.reshape(())
+
+
+def _std(a, axis=None, keepdims=False, ddof=0, **kw):
+    return mx.sqrt(mx.var(a, axis=axis, keepdims=keepdims, ddof=ddof))
+
+
+RULES = {
+    "sum": _reduction("sum"), "mean": _reduction("mean"), "prod": _reduction("prod"),
+    "max": _extreme_reduction(True), "min": _extreme_reduction(False),
+    "argmax": _arg_extreme(True), "argmin": _arg_extreme(False),
+    "cumsum": _scan("add"), "cumprod": _scan("mul"), "var": decomposed(_var),
+    "std": decomposed(_std), "softmax": decomposed(_softmax),
+    "logsumexp": decomposed(_logsumexp),
+}
+"""Op name -> rule."""

@@ -1,0 +1,64 @@
+"""Scatter updates inside a block: ``x.at[index].add(v)`` and its siblings
+(``subtract``, ``multiply``, ``divide``, ``maximum``, ``minimum``).
+
+An index may name one element several times (an overlap-add), so the update is a
+sum (product, extremum) of many values, rounded at every step by MLX. On the cpu
+backend the update runs in float64 on the operands' exact values and the result
+keeps its two words; elsewhere (no float64 on the GPU) MLX's float32 update runs
+and the block reports it (``strict=True`` raises)."""
+
+from __future__ import annotations
+
+import numbers
+
+import mlx.core as mx
+
+from ..core import backends
+from ..doubleword.words import from64
+from .carry import attach_words, has_words, suspended
+from .report import dropped
+from .rules.base import as64, is_word_array
+
+OPS = ("add", "subtract", "multiply", "divide", "maximum", "minimum")
+
+
+class At:
+    """``x.at`` inside a block: indexing it gives the updates."""
+
+    def __init__(self, x: mx.array, getter, report):
+        self._x, self._getter, self._report = x, getter, report
+
+    def __getitem__(self, index):
+        return _Indexed(self._x, self._getter, self._report, index)
+
+
+class _Indexed:
+    def __init__(self, x, getter, report, index):
+        self._x, self._getter, self._report, self._index = x, getter, report, index
+
+    def _update(self, op: str, value):
+        x, name = self._x, f"array.at[].{op}"
+        plain = (lambda: getattr(self._getter(x)[self._index], op)(value))
+        floating = is_word_array(value) or isinstance(value, (numbers.Real, numbers.Complex)) \
+            and not isinstance(value, bool)
+        exact_extremum = op in ("maximum", "minimum") and not (
+            has_words(x) or (isinstance(value, mx.array) and has_words(value)))
+        if x.dtype != mx.float32 or not floating or exact_extremum:
+            with suspended():
+                return plain()  # no float32 rounding to lose
+        if backends.backend() == "cpu" and not (
+                isinstance(value, mx.array) and value.dtype == mx.complex64) and not isinstance(
+                value, complex):
+            with suspended(), mx.stream(mx.cpu):
+                v = as64(value) if isinstance(value, mx.array) else float(value)
+                wide = getattr(self._getter(as64(x))[self._index], op)(v)
+                z = from64(wide)
+            self._report.extended[name] += 1
+            return attach_words(z.hi, z)
+        dropped(self._report, name, "scatter updates run in float32 on this backend")
+        with suspended():
+            return plain()
+
+
+for _op in OPS:
+    setattr(_Indexed, _op, (lambda op: lambda self, value: self._update(op, value))(_op))

@@ -1,0 +1,435 @@
+"""Nothing leaves double-word silently: every callable of the installed MLX is
+classified once (a rule, an alias, value-free, without a rule with its reason, or
+not an op), every call that consumes a carried value is extended or reported, and
+the paths around the module attributes (names bound before the block, compiled
+functions, layers, in-place and scatter updates) are reached."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import textwrap
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+import mlx_precise as mp
+from mlx_precise.extended import PrecisionDropError, low_word, registry, rules
+from flow_helpers import rng_f32
+
+BACKENDS = ["cpu", "emulate"]
+bound_before = mx.exp  # a module global bound before any block (this module's)
+
+
+def carried(n=16, seed=0, shape=None):
+    """A float32 array carrying a low word (x / 3 is not a float32 value), built in
+    a block on the active backend."""
+    a = mx.array(rng_f32(shape or (n,), seed))
+    with mp.extended_precision():
+        y = a / 3
+    assert low_word(y) is not None
+    return y, a.astype(mx.float64) / 3  # the carried value, and its float64 oracle
+
+
+def exact64(y) -> np.ndarray:
+    """The value an array carries (its words joined in float64)."""
+    lo = low_word(y)
+    hi = np.array(y).astype(np.float64)
+    return hi if lo is None else hi + np.array(lo).astype(np.float64)
+
+
+# ---- the table ----------------------------------------------------------------------
+
+
+def test_every_callable_of_mlx_is_classified_once():
+    seen = set()
+    for prefix, module in registry.MODULES.items():
+        for name in registry.callables(module):
+            op = registry.canonical(prefix + name)
+            homes = [op in rules.TABLE, op in registry.VALUE_FREE,
+                     op in registry.WITHOUT_RULE, op in registry.NOT_OPS]
+            assert sum(homes) == 1, (op, homes)
+            seen.add(op)
+    for attr in dir(mx.array):
+        value = getattr(mx.array, attr)
+        if attr in registry.ARRAY_EXITS or attr in registry.ARRAY_NOT_OPS:
+            continue
+        registry._array_entry(attr, value)  # raises KeyError if unclassified
+    assert set(registry.ALIASES.values()) <= set(rules.TABLE)
+    # every reason is stated; nothing classified that MLX does not have
+    assert all(isinstance(r, str) and r for r in registry.WITHOUT_RULE.values())
+    stale = [op for op in (*registry.VALUE_FREE, *registry.WITHOUT_RULE)
+             if op not in seen]
+    assert not stale, stale
+
+
+def test_rules_declared_once():
+    names = [n for family in rules._FAMILIES for n in family.RULES]
+    assert len(names) == len(set(names)) == len(rules.TABLE)
+
+
+def _patterns(x, y):
+    return [((x,), {}), ((x, y), {}), ((x,), {"axis": -1}), ((x, 1), {}), ((x, 2), {})]
+
+
+def _ops_to_sweep():
+    out = []
+    for e in registry.entries():
+        if e.kind in ("rule", "without rule", "value-free") and e.owner is not mx.array and \
+                not e.op.startswith("random.") and e.op not in registry.KERNEL_FACTORIES:
+            out.append(e.op)
+    return sorted(set(out))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sweep_no_op_consumes_a_carried_value_silently(backend):
+    """Call every op on carried operands with a few generic argument patterns: each
+    call that returns a floating array is extended, reported, or value-free."""
+    silent, exercised = [], 0
+    with mp.use_backend(backend):
+        x, _ = carried(12, 1, (3, 4))
+        y, _ = carried(12, 2, (3, 4))
+        for op in _ops_to_sweep():
+            module = mx
+            for prefix, m in registry.MODULES.items():
+                if prefix and op.startswith(prefix):
+                    module, name = m, op[len(prefix):]
+                    break
+            else:
+                name = op
+            for args, kw in _patterns(x, y):
+                with mp.extended_precision() as rep:
+                    try:
+                        out = getattr(module, name)(*args, **kw)
+                    except Exception:
+                        continue
+                exercised += 1
+                seen = rep.extended[op] or rep.float32[op] or any(
+                    k.startswith(op) for k in (*rep.extended, *rep.float32))
+                if not seen and registry.kind(op) != "value-free":
+                    outs = out if isinstance(out, (list, tuple)) else [out]
+                    if any(isinstance(o, mx.array) and mx.issubdtype(o.dtype, mx.inexact)
+                           for o in outs):
+                        silent.append((op, len(args), tuple(kw)))
+                break
+    assert exercised >= 170, exercised
+    assert not silent, silent
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("alias", sorted(registry.ALIASES))
+def test_aliases_are_their_canonical_op(backend, alias):
+    canonical = registry.ALIASES[alias]
+    with mp.use_backend(backend):
+        x, _ = carried(8, 3)
+        with mp.extended_precision():
+            x = x * 0.25 if alias not in ("acosh",) else x * 0.25 + 2.0
+        args = {"atan2": (x, x + 1), "pow": (x, 3), "concat": ([x, x],)}.get(alias, (x,))
+        with mp.extended_precision() as rep:
+            a = getattr(mx, alias)(*args)
+            b = getattr(mx, canonical)(*args)
+    assert rep.extended[alias] == 1 and not rep.float32, rep
+    np.testing.assert_array_equal(exact64(a), exact64(b))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stream_keyword_never_decides_precision(backend):
+    calls = {
+        "negative": lambda x, s: mx.negative(x, stream=s),
+        "exp": lambda x, s: mx.exp(x, stream=s),
+        "abs": lambda x, s: mx.abs(x, stream=s),
+        "max": lambda x, s: mx.max(x, stream=s),
+        "prod": lambda x, s: mx.prod(x, stream=s),
+        "less": lambda x, s: mx.less(x, 0.1, stream=s),
+        "matmul": lambda x, s: mx.matmul(x.reshape(4, 4), x.reshape(4, 4), stream=s),
+        "mean": lambda x, s: mx.mean(x, stream=s),
+        "sum": lambda x, s: x.sum(stream=s),
+    }
+    with mp.use_backend(backend):
+        x, _ = carried(16, 4)
+        for name, f in calls.items():
+            with mp.extended_precision() as rep:
+                a, b = f(x, mx.cpu), f(x, None)
+            assert rep.extended[name] == 2 and not rep.float32, (name, rep)
+            np.testing.assert_array_equal(exact64(a), exact64(b), err_msg=name)
+
+
+@pytest.mark.parametrize("op", ["zeros_like", "isnan", "sign", "isfinite", "any",
+                                "logical_not"])
+def test_value_free_ops_are_not_drops(op):
+    x, x64 = carried(8, 5)
+    with mp.extended_precision(strict=True) as rep:
+        out = getattr(mx, op)(x)
+    assert not rep.float32
+    ref = {"zeros_like": np.zeros_like, "isnan": np.isnan, "sign": np.sign,
+           "isfinite": np.isfinite, "any": np.any, "logical_not": np.logical_not}[op]
+    np.testing.assert_array_equal(np.array(out), ref(np.array(x64)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ops_without_a_rule_are_reported_and_strict_raises(backend):
+    with mp.use_backend(backend):
+        x, _ = carried(8, 6)
+        with mp.extended_precision() as rep:
+            mx.sort(x)
+            mx.random.normal((3,), loc=x[0])
+            mx.floor(x)
+        assert rep.float32["sort"] == rep.float32["random.normal"] == rep.float32["floor"] == 1
+        with pytest.raises(PrecisionDropError, match="sort"):
+            with mp.extended_precision(strict=True):
+                mx.sort(x)
+
+
+def test_a_custom_kernel_reading_a_carried_value_is_reported():
+    x, _ = carried(8, 7)
+    with mp.extended_precision() as rep:
+        k = mx.fast.metal_kernel(name="copy", input_names=["a"], output_names=["o"],
+                                 source="o[thread_position_in_grid.x] = a[thread_position_in_grid.x];")
+        try:
+            k(inputs=[x], grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(8,)],
+              output_dtypes=[mx.float32])
+        except Exception:
+            pass  # no Metal here: the launch itself fails after the report
+    assert rep.float32["fast.metal_kernel 'copy'"] == 1
+
+
+# ---- silent wrong results -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_low_word_never_outlives_a_change_made_outside_a_block(backend):
+    with mp.use_backend(backend):
+        a = mx.array(np.full(4, 1.0, np.float32))
+        with mp.extended_precision():
+            y = a * 0.1
+            w = a * 0.1
+        y[0] = 5
+        w += 10
+        with mp.extended_precision():
+            z = y * 1.0
+            d = y - 5.0
+            v = w - 10.0
+    assert np.array(z)[0] == 5 and np.array(d)[0] == 0.0 and low_word(d) is None or \
+        float(exact64(d)[0]) == 0.0
+    # w + 10 was rounded by MLX outside the block: its value is the float32 sum
+    np.testing.assert_array_equal(exact64(v), np.float32(np.float32(0.1) + 10) - 10.0)
+
+
+@pytest.mark.parametrize("make", [lambda x: x.astype(mx.float32), lambda x: x ** 1,
+                                  lambda x: mx.power(x, 1), lambda x: copy.copy(x),
+                                  lambda x: mx.asarray(x)])
+def test_results_are_new_arrays(make):
+    x, _ = carried(4, 8)
+    before = exact64(x)
+    with mp.extended_precision():
+        b = make(x)
+        assert b is not x
+        np.testing.assert_array_equal(exact64(b), before)
+        b += 1
+    np.testing.assert_array_equal(exact64(x), before)  # x unchanged
+
+
+def test_arange_positional_dtype():
+    with mp.extended_precision():
+        a = mx.arange(0, 10, 2.5, mx.int32)
+    assert a.dtype == mx.int32 and a.tolist() == mx.arange(0, 10, 2.5, mx.int32).tolist()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_special_values_as_mlx(backend):
+    v = mx.array([1.0, 2.0, 4.0])
+    with mp.use_backend(backend), mp.extended_precision():
+        var = [mx.var(v, ddof=3), mx.var(v, ddof=5), mx.var(mx.ones(2), ddof=2)]
+        p = mx.array([-np.inf, -0.0, 4.0]) ** 0.5
+    assert [float(np.array(t)) == float(np.array(mx.var(*a)))  # inf, inf, NaN like MLX
+            or np.isnan(np.array(t)) and np.isnan(np.array(mx.var(*a)))
+            for t, a in zip(var, [(v, None, False, 3), (v, None, False, 5),
+                                  (mx.ones(2), None, False, 2)])] == [True] * 3
+    ref = np.array(mx.power(mx.array([-np.inf, -0.0, 4.0]), 0.5))
+    np.testing.assert_array_equal(np.array(p), ref)
+    assert np.signbit(np.array(p)[1]) == np.signbit(ref[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mask", ["causal", "bool", "additive"])
+def test_attention_masks_and_more_queries_than_keys(backend, mask):
+    q = mx.array(rng_f32((1, 2, 5, 8), 9))
+    k, v = mx.array(rng_f32((1, 2, 3, 8), 10)), mx.array(rng_f32((1, 2, 3, 8), 11))
+    m = {"causal": "causal",
+         "bool": mx.array(rng_f32((5, 3), 12) > 0.3),
+         "additive": mx.array(rng_f32((5, 3), 13))}[mask]
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask=m)
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        y = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask=m)
+    assert rep.extended["fast.scaled_dot_product_attention"] == 1 and not rep.float32
+    assert np.isfinite(np.array(y)).all()
+    np.testing.assert_allclose(np.array(y), np.array(ref), rtol=2e-5, atol=2e-6)
+
+
+def test_softmax_over_an_empty_axis():
+    x = mx.zeros((2, 0))
+    with mp.extended_precision() as rep:
+        y = mx.softmax(x * 0.1, axis=-1)
+    assert y.shape == (2, 0) and not rep.float32
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_place_update_of_an_array_without_a_low_word_is_exact(backend):
+    a, b = rng_f32(64, 14), rng_f32(64, 15) * 1e-3
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        h = mx.array(a)
+        h += mx.array(b)  # GPT-2's hidden += wpe(pos)
+    np.testing.assert_array_equal(exact64(h), a.astype(np.float64) + b.astype(np.float64))
+    assert rep.extended["__iadd__"] == 1
+
+
+# ---- scatter updates ----------------------------------------------------------------
+
+
+def test_scatter_add_overlap_is_exact_on_cpu():
+    frames = rng_f32((16, 8), 16)
+    idx = (np.arange(16)[:, None] * 2 + np.arange(8)[None, :]).reshape(-1)  # overlap-add
+    ref = np.zeros(38)
+    np.add.at(ref, idx, frames.reshape(-1).astype(np.float64))
+    with mp.use_backend("cpu"), mp.extended_precision() as rep:
+        buf = mx.zeros((38,)).at[mx.array(idx)].add(mx.array(frames.reshape(-1)))
+    assert rep.extended["array.at[].add"] == 1 and not rep.float32
+    hi = np.array(buf)
+    assert np.array_equal(hi, ref.astype(np.float32))  # exactly rounded
+    assert np.abs(exact64(buf) - ref).max() <= 2**-45 * np.abs(ref).max()
+    plain = np.array(mx.zeros((38,)).at[mx.array(idx)].add(mx.array(frames.reshape(-1))))
+    assert not np.array_equal(plain, ref.astype(np.float32))  # float32 MLX is not
+
+
+def test_scatter_add_is_reported_on_emulate():
+    with mp.use_backend("emulate"), mp.extended_precision() as rep:
+        mx.zeros((4,)).at[mx.array([0, 1, 1])].add(mx.array([0.1, 0.2, 0.3]))
+    assert rep.float32["array.at[].add"] == 1
+    with pytest.raises(PrecisionDropError, match="scatter"):
+        with mp.use_backend("emulate"), mp.extended_precision(strict=True):
+            mx.zeros((4,)).at[mx.array([0, 1, 1])].add(0.1)
+
+
+# ---- names bound before the block, layers, compiled functions -----------------------
+
+
+def test_module_global_bound_before_the_block():
+    x, x64 = carried(8, 17)
+    with mp.use_backend("cpu"), mp.extended_precision() as rep:
+        y = bound_before(x)
+    assert rep.extended["exp"] == 1
+    ref = np.exp(np.array(x64))
+    assert np.array_equal(np.array(y), ref.astype(np.float32))
+
+
+@pytest.mark.parametrize("layer", [nn.AvgPool1d(2), nn.MaxPool1d(2)])
+def test_pooling_layers_built_before_the_block(layer):
+    x, x64 = carried(shape=(1, 8, 2), seed=18)
+    with mp.use_backend("cpu"), mp.extended_precision() as rep:
+        y = layer(x)
+    assert not rep.float32 and low_word(y) is not None
+    w = np.array(x64).reshape(1, 4, 2, 2)
+    ref = w.mean(axis=2) if isinstance(layer, nn.AvgPool1d) else w.max(axis=2)
+    np.testing.assert_allclose(exact64(y), ref, rtol=2**-46)
+
+
+def test_functions_compiled_before_the_import_run_in_double_word(tmp_path):
+    """A model package imported before mlx_precise compiles a helper at import; in
+    a block it must give the same exactly rounded result as when imported after."""
+    (tmp_path / "modelpkg.py").write_text(textwrap.dedent("""
+        import mlx.core as mx
+
+        @mx.compile
+        def swiglu(a, b):
+            return a * mx.sigmoid(a) * b
+    """))
+    script = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import mlx.core as mx
+        {first}
+        import mlx_precise as mp
+        from mlx_precise.extended import low_word
+        import modelpkg
+        a = mx.array(np.linspace(-2, 2, 64, dtype=np.float32))
+        with mp.use_backend("cpu"), mp.extended_precision() as rep:
+            y = modelpkg.swiglu(a / 3, a / 7)
+            lo = low_word(y)
+        print(np.array(y).tobytes().hex(), lo is not None, dict(rep.float32))
+    """)
+    outs = []
+    for first in ("import modelpkg", ""):
+        out = subprocess.run([sys.executable, "-c", script.format(first=first)],
+                             capture_output=True, text=True, cwd=tmp_path,
+                             env={"PYTHONPATH": str(tmp_path), "PATH": ""})
+        assert out.returncode == 0, out.stderr
+        outs.append(out.stdout.split())
+    assert outs[0] == outs[1] and outs[0][1] == "True" and outs[0][2] == "{}", outs
+
+
+def test_compiled_functions_outside_blocks_and_transforms_unchanged():
+    f = lambda a: (mx.sin(a) * 0.1).sum()  # noqa: E731
+    a = mx.array(rng_f32(8, 19))
+    g, vf, cf = mx.grad(f), mx.vmap(lambda t: t * 2.0), mx.compile(f)
+    ref = (np.array(g(a)), np.array(vf(a)), np.array(cf(a)))
+    with mp.use_backend("cpu"), mp.extended_precision():
+        got = (g(a), vf(a), cf(a))
+    np.testing.assert_allclose(np.array(got[0]), ref[0], rtol=1e-6)  # a gradient, not f
+    np.testing.assert_array_equal(np.array(got[1]), ref[1])
+    np.testing.assert_allclose(np.array(got[2]), ref[2], rtol=1e-6)
+
+
+# ---- extended where a user needs it --------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["solve", "inv", "cholesky", "norm", "qr", "svd", "eigh"])
+def test_linalg_on_cpu_is_float64(op):
+    rng = np.random.default_rng(20)
+    m = rng.standard_normal((6, 6)).astype(np.float32)
+    m = (m @ m.T + 6 * np.eye(6)).astype(np.float32)  # symmetric positive definite
+    b = rng.standard_normal((6, 2)).astype(np.float32)
+    M, B = mx.array(m), mx.array(b)
+    with mp.use_backend("cpu"), mp.extended_precision() as rep:
+        args = (M, B) if op == "solve" else (M,)
+        out = getattr(mx.linalg, op)(*args, stream=mx.cpu)
+    assert rep.extended[f"linalg.{op}"] == 1 and not rep.float32
+    m64, b64 = m.astype(np.float64), b.astype(np.float64)
+    if op == "solve":
+        ref, got = np.linalg.solve(m64, b64), exact64(out)
+    elif op == "inv":
+        ref, got = np.linalg.inv(m64), exact64(out)
+    elif op == "cholesky":
+        ref, got = np.linalg.cholesky(m64), exact64(out)
+    elif op == "norm":
+        ref, got = np.linalg.norm(m64), exact64(out)
+    elif op == "eigh":
+        ref, got = np.linalg.eigh(m64)[0], exact64(out[0])
+    elif op == "svd":
+        ref, got = np.linalg.svd(m64)[1], exact64(out[1])
+    else:  # qr: reassemble
+        ref, got = m64, exact64(out[0]) @ exact64(out[1])
+    assert np.abs(got - ref).max() <= 1e-12 * np.abs(ref).max(), op
+
+
+def test_linalg_on_emulate_is_reported():
+    m = mx.array(np.eye(3, dtype=np.float32) * 2)
+    with mp.use_backend("emulate"), mp.extended_precision() as rep:
+        mx.linalg.inv(m / 3, stream=mx.cpu)
+    assert rep.float32["linalg.inv"] == 1
+
+
+def test_fftshift_and_cross_entropy_are_extended():
+    x, x64 = carried(8, 21)
+    logits, l64 = carried(shape=(3, 5), seed=22)
+    targets = mx.array([0, 4, 2])
+    with mp.use_backend("cpu"), mp.extended_precision() as rep:
+        s = mx.fft.fftshift(x)
+        ce = mx.fast.cross_entropy(logits, targets)
+    np.testing.assert_array_equal(exact64(s), np.fft.fftshift(exact64(x)))
+    L = exact64(logits)
+    ref = np.log(np.exp(L).sum(-1)) - L[np.arange(3), [0, 4, 2]]
+    np.testing.assert_allclose(exact64(ce), ref, rtol=2**-44)
+    assert rep.extended["fast.cross_entropy"] == 1 and not rep.float32
