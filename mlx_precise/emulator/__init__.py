@@ -19,6 +19,7 @@ from .compiler import (
     find_compiler,
 )
 from .kernel import MetalKernel, OutOfBoundsReadWarning, metal_kernel
+from .signature import Metal4TensorError
 from .strict import CheckerNotFoundError, MetalCheckError, check_source
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "MetalCheckError",
     "check_source",
     "KernelCompileError",
+    "Metal4TensorError",
     "MetalKernel",
     "OutOfBoundsReadWarning",
     "UnsupportedCompilerError",

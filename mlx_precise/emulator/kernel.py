@@ -202,7 +202,8 @@ def _erase_address_space_twins(text: str) -> str:
 
 def _cpp_source(kname: str, text: str, template, params, prelude: str = _PRELUDE) -> str:
     """The C++ translation unit: shim, MLX's text, and the per-thread trampoline."""
-    text = _erase_address_space_twins(_THREADGROUP_ATTR_RE.sub("", signature.blank_comments(text)))
+    text = signature.for_emulator(kname, signature.blank_comments(text))
+    text = _erase_address_space_twins(_THREADGROUP_ATTR_RE.sub("", text))
     text = signature.THREADGROUP_DECL_RE.sub(_threadgroup_decl, text)
     args = []
     for p in params:
