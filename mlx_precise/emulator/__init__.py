@@ -18,7 +18,7 @@ from .compiler import (
     UnsupportedCompilerError,
     find_compiler,
 )
-from .kernel import MetalKernel, OutOfBoundsReadWarning, metal_kernel
+from .kernel import MetalKernel, OutOfBoundsReadWarning, TransformNotEmulatedError, metal_kernel
 from .signature import Metal4TensorError
 from .strict import CheckerNotFoundError, MetalCheckError, check_source
 
@@ -32,6 +32,7 @@ __all__ = [
     "Metal4TensorError",
     "MetalKernel",
     "OutOfBoundsReadWarning",
+    "TransformNotEmulatedError",
     "UnsupportedCompilerError",
     "find_compiler",
     "metal_kernel",

@@ -106,6 +106,12 @@ def _layout(x: mx.array, contiguous: bool) -> tuple[np.ndarray, list[int], int]:
     return a, strides, first
 
 
+class TransformNotEmulatedError(ValueError):
+    """An emulated kernel called inside ``mx.compile``, ``mx.vmap`` or
+    ``mx.export_function`` on traced inputs: the emulator computes eagerly on the
+    CPU and MLX has no Python-defined primitives, so such a call cannot be traced."""
+
+
 class OutOfBoundsReadWarning(RuntimeWarning):
     """A kernel read past the end of a buffer (outside checked mode): the read
     returned poison, as a GPU would return some value there."""
@@ -338,7 +344,7 @@ class MetalKernel:
             if _TRACING not in str(e):
                 raise
             # Keeps MLX's phrase "function transformations", which callers match.
-            raise ValueError(
+            raise TransformNotEmulatedError(
                 f"[metal_kernel] the emulated kernel {self.name!r} cannot be traced by "
                 "function transformations (mx.compile, mx.vmap, mx.export_function): the "
                 "Metal emulator runs kernels eagerly on the CPU when they are called. Call "
