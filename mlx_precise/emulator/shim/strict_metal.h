@@ -199,24 +199,18 @@ struct bfloat {
   bfloat& operator/=(bfloat);
 };
 bfloat operator-(bfloat);
-#define MPS_BF_OP(op)                                                  \
-  bfloat operator op(bfloat, bfloat);                                  \
+// Arithmetic gives a bfloat, comparisons a bool, with another bfloat or an integer (a
+// float operand takes the built-in float operator through bfloat -> float).
+#define MPS_BF_OP(R, op)                                               \
+  R operator op(bfloat, bfloat);                                       \
   template <class I, enable_if_t<is_integral_v<I>, int> = 0>           \
-  bfloat operator op(bfloat, I);                                       \
+  R operator op(bfloat, I);                                            \
   template <class I, enable_if_t<is_integral_v<I>, int> = 0>           \
-  bfloat operator op(I, bfloat);
-MPS_BF_OP(+) MPS_BF_OP(-) MPS_BF_OP(*) MPS_BF_OP(/)
+  R operator op(I, bfloat);
+MPS_BF_OP(bfloat, +) MPS_BF_OP(bfloat, -) MPS_BF_OP(bfloat, *) MPS_BF_OP(bfloat, /)
+MPS_BF_OP(bool, <) MPS_BF_OP(bool, <=) MPS_BF_OP(bool, >) MPS_BF_OP(bool, >=)
+MPS_BF_OP(bool, ==) MPS_BF_OP(bool, !=)
 #undef MPS_BF_OP
-// Comparisons give bool, with another bfloat or an integer (a float operand takes
-// the built-in float comparison through bfloat -> float).
-#define MPS_BF_CMP(op)                                                 \
-  bool operator op(bfloat, bfloat);                                    \
-  template <class I, enable_if_t<is_integral_v<I>, int> = 0>           \
-  bool operator op(bfloat, I);                                         \
-  template <class I, enable_if_t<is_integral_v<I>, int> = 0>           \
-  bool operator op(I, bfloat);
-MPS_BF_CMP(<) MPS_BF_CMP(<=) MPS_BF_CMP(>) MPS_BF_CMP(>=) MPS_BF_CMP(==) MPS_BF_CMP(!=)
-#undef MPS_BF_CMP
 
 // Metal's bfloat2/3/4 (MSL 3.1): clang's vector extension takes no class element, so
 // they are classes with the members kernels use: x/y/z/w, [], element-wise
