@@ -96,8 +96,10 @@ def bench(backend: str | None, full: bool, out: str | None = None, quick: bool =
     return rc
 
 
-def check_kernels(names) -> int:
-    """The strict Metal front-end check of every instantiation of every kernel."""
+def check_kernels(names, as_metal: bool = False) -> int:
+    """The strict Metal front-end check of every instantiation of every kernel (or of
+    the given kernels, ``.metal`` files and scripts; ``as_metal``: scripts run as on
+    a Mac). Exit status 1 when a check fails or a script checked nothing."""
     import time
 
     from .tools import kernel_check
@@ -115,11 +117,14 @@ def check_kernels(names) -> int:
         status = "ok" if not r.failures else f"FAILED {len(r.failures)}"
         print(f"  {r.kernel:<24} {r.count:4d} instantiations {r.seconds:6.2f} s  {status}", flush=True)
 
-    reports, errors = kernel_check.check_targets(names or [], progress=show)
+    if as_metal and not any(n.endswith(".py") for n in names):
+        print("error: --as-metal applies to Python scripts; none was given", file=sys.stderr)
+        return 2
+    reports, errors = kernel_check.check_targets(names or [], progress=show, as_metal=as_metal)
     failures = [f for r in reports for f in r.failures]
     for f in failures:
         print(f"\n{f}")
-    for e in errors:  # a user's script that stopped, or launched nothing
+    for e in errors:  # a user's script that stopped, or launched nothing (checked nothing)
         print(f"\nerror: {e}", file=sys.stderr)
     total = sum(r.count for r in reports)
     print(f"\n{len(reports)} kernels, {total} instantiations, {len(failures)} failed, "
@@ -160,6 +165,10 @@ def main(argv=None) -> int:
             sp.add_argument("kernels", nargs="*", help=(
                 "kernel names (default: all), or your own .metal file or Python script "
                 "(run with its kernels emulated; every instantiation it launches is checked)"))
+            sp.add_argument("--as-metal", action="store_true", help=(
+                "run scripts as on a Mac: mx.metal.is_available() is True and mx.gpu "
+                "(stream=mx.gpu, set_default_device(mx.gpu)) runs on the CPU, so a Metal "
+                "path behind `if mx.metal.is_available():` is taken and checked"))
         elif cmd != "info":
             sp.add_argument("--backend", choices=backends.BACKENDS, default=None)
         if cmd == "demo":
@@ -196,7 +205,7 @@ def main(argv=None) -> int:
                 p.error("bench: --full and --quick exclude each other")
             return bench(args.backend, args.full, args.out, quick=args.quick)
         if args.command == "check-kernels":
-            return check_kernels(args.kernels)
+            return check_kernels(args.kernels, args.as_metal)
         from .tools import selftest
 
         return selftest.main(args.backend)

@@ -18,7 +18,8 @@ from .compiler import (
     UnsupportedCompilerError,
     find_compiler,
 )
-from .kernel import MetalKernel, OutOfBoundsReadWarning, metal_kernel
+from .kernel import MetalKernel, OutOfBoundsReadWarning, TransformNotEmulatedError, metal_kernel
+from .signature import Metal4TensorError
 from .strict import CheckerNotFoundError, MetalCheckError, check_source
 
 __all__ = [
@@ -28,8 +29,10 @@ __all__ = [
     "MetalCheckError",
     "check_source",
     "KernelCompileError",
+    "Metal4TensorError",
     "MetalKernel",
     "OutOfBoundsReadWarning",
+    "TransformNotEmulatedError",
     "UnsupportedCompilerError",
     "find_compiler",
     "metal_kernel",

@@ -106,6 +106,12 @@ def _layout(x: mx.array, contiguous: bool) -> tuple[np.ndarray, list[int], int]:
     return a, strides, first
 
 
+class TransformNotEmulatedError(ValueError):
+    """An emulated kernel called inside ``mx.compile``, ``mx.vmap`` or
+    ``mx.export_function`` on traced inputs: the emulator computes eagerly on the
+    CPU and MLX has no Python-defined primitives, so such a call cannot be traced."""
+
+
 class OutOfBoundsReadWarning(RuntimeWarning):
     """A kernel read past the end of a buffer (outside checked mode): the read
     returned poison, as a GPU would return some value there."""
@@ -202,7 +208,8 @@ def _erase_address_space_twins(text: str) -> str:
 
 def _cpp_source(kname: str, text: str, template, params, prelude: str = _PRELUDE) -> str:
     """The C++ translation unit: shim, MLX's text, and the per-thread trampoline."""
-    text = _erase_address_space_twins(_THREADGROUP_ATTR_RE.sub("", signature.blank_comments(text)))
+    text = signature.for_emulator(kname, signature.blank_comments(text))
+    text = _erase_address_space_twins(_THREADGROUP_ATTR_RE.sub("", text))
     text = signature.THREADGROUP_DECL_RE.sub(_threadgroup_decl, text)
     args = []
     for p in params:
@@ -337,7 +344,7 @@ class MetalKernel:
             if _TRACING not in str(e):
                 raise
             # Keeps MLX's phrase "function transformations", which callers match.
-            raise ValueError(
+            raise TransformNotEmulatedError(
                 f"[metal_kernel] the emulated kernel {self.name!r} cannot be traced by "
                 "function transformations (mx.compile, mx.vmap, mx.export_function): the "
                 "Metal emulator runs kernels eagerly on the CPU when they are called. Call "

@@ -255,3 +255,74 @@ def generate(name, header, source, inputs: list[InputInfo], output_names, output
             f'\ntemplate [[host_name("{kname}")]] [[kernel]] decltype({tdef}) {tdef};\n'
         )
     return kname, params, text
+
+
+# ---- Metal spellings C++ lacks (the emulator's and the strict check's rewrites) -------
+
+# A string or character literal (left alone), or a preprocessing number (C++
+# [lex.ppnumber]: a digit, or `.` and a digit, then digits, letters, `_`, `.` and
+# exponent signs). Matching whole pp-numbers keeps `x2h` (an identifier: the
+# look-behind), `0x1h` and `1e5h2` out of the rewrite.
+_PP_NUMBER_RE = re.compile(
+    r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|(?<![\w.])\.?\d(?:[eEpP][+-]|[\w.])*')
+# Metal's floating suffixes C++ has no use for: `h`/`H` (half) and `bf`/`BF`
+# (bfloat, MSL 3.1). The number before the suffix: a decimal integer or floating
+# literal, or a hexadecimal floating literal (its `p` exponent is mandatory, so
+# `0x1h` stays an invalid hexadecimal integer, as in Metal).
+_METAL_FLOAT_RE = re.compile(
+    r"((?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|0[xX](?:[\da-fA-F]+\.?[\da-fA-F]*|\.[\da-fA-F]+)"
+    r"[pP][+-]?\d+)(h|H|bf|BF)")
+
+
+def metal_literals(text: str, half: str, bfloat: str) -> str:
+    """Rewrite Metal's ``half`` and ``bfloat`` literals (``1.5h``, ``2H``, ``0x1p-3h``,
+    ``0.5bf``) outside strings: ``half`` and ``bfloat`` are format strings that get
+    the literal without its suffix (``"static_cast<half>({})"``). Comments must be
+    blanked first (:func:`blank_comments`). Other numbers, identifiers ending in
+    digits and ``h`` (``x2h``) and invalid spellings (``0x1h``) are left as they are,
+    for the compiler to judge."""
+    def one(m: re.Match) -> str:
+        token = m.group(0)
+        if token[0] in "\"'":
+            return token
+        lit = _METAL_FLOAT_RE.fullmatch(token)
+        if lit is None:
+            return token
+        number, suffix = lit.groups()
+        if "." not in number and not re.search(r"[eEpP]", number) and number[:1] == "0" \
+                and len(number) > 1:
+            return token  # `017h`: octal digits, no half literal in Metal either
+        return (half if suffix in "hH" else bfloat).format(number)
+    return _PP_NUMBER_RE.sub(one, text)
+
+
+class Metal4TensorError(NotImplementedError):
+    """Kernel code that uses Metal 4's tensor operations (``<metal_tensor>``,
+    ``MetalPerformancePrimitives``, ``mpp::tensor_ops``), which the emulator does
+    not emulate."""
+
+
+# Metal 4's tensor API (MSL 4.0): its headers and the names only it declares.
+METAL4_TENSOR_RE = re.compile(
+    r"^[ \t]*#[ \t]*include[ \t]*<(?:metal_tensor|MetalPerformancePrimitives/[\w.]+)>"
+    r"|\bmpp\s*::\s*tensor_ops\b", re.M)
+
+
+def refuse_metal4_tensor(kernel: str, text: str) -> None:
+    """Raise :class:`Metal4TensorError` (one line, naming the kernel and what it
+    uses) when ``text`` (comments blanked) uses Metal 4's tensor operations."""
+    m = METAL4_TENSOR_RE.search(text)
+    if m:
+        what = " ".join(m.group(0).split())
+        raise Metal4TensorError(
+            f"kernel {kernel!r} uses Metal 4 tensor operations ({what}), which the "
+            "emulator does not emulate; check it with the strict check at "
+            "metal_version=\"4.0\" and run it on a Mac with an M5-class GPU")
+
+
+def for_emulator(kname: str, text: str) -> str:
+    """MLX's kernel text (comments blanked) as the emulator's C++ compiler takes it:
+    Metal's half and bfloat literals become conversions of the double literal
+    (rounded once), and Metal 4 tensor code is refused (:class:`Metal4TensorError`)."""
+    refuse_metal4_tensor(kname, text)
+    return metal_literals(text, "static_cast<half>({})", "bfloat16_t({})")

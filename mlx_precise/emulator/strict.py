@@ -73,12 +73,16 @@ DEFAULT_METAL_VERSION = "3.1"
 _METAL_VERSIONS = ("2.4", "3.0", "3.1", "3.2", "4.0", "4.1")
 
 
-def _version_macro(metal_version: str) -> str:
-    """``__METAL_VERSION__`` for an MSL version: "3.1" -> 310."""
+def _version_number(metal_version: str) -> int:
+    """``__METAL_VERSION__`` of an MSL version: "3.1" -> 310."""
     if metal_version not in _METAL_VERSIONS:
         raise ValueError(f"metal_version must be one of {_METAL_VERSIONS}, got {metal_version!r}")
     major, minor = metal_version.split(".")
-    return f"-D__METAL_VERSION__={int(major) * 100 + int(minor) * 10}"
+    return int(major) * 100 + int(minor) * 10
+
+
+def _version_macro(metal_version: str) -> str:
+    return f"-D__METAL_VERSION__={_version_number(metal_version)}"
 
 
 class MetalCheckError(ValueError):
@@ -130,7 +134,17 @@ _FUNCTION_CONSTANT_RE = re.compile(
     r"(\bconstant\s+[\w:]+\s+\w+)\s*\[\[\s*function_constant\s*\([^\]]*\)\s*\]\]\s*;")
 # `kernel` as a function qualifier (`kernel void f(...)`); elsewhere it is a name.
 _KERNEL_QUALIFIER_RE = re.compile(r"\bkernel(?=\s+void\b)")
-_SYSTEM_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<metal_\w+>[ \t]*$", re.M)
+_SYSTEM_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<metal_(?!tensor>)\w+>[ \t]*$", re.M)
+# Metal 4's tensor headers (MSL 4.0). From 4.0 on they resolve to the prelude's
+# declarations of the tensor API (shim/strict_metal_tensor.h). Before, <metal_tensor>
+# does not exist ("'metal_tensor' file not found", so it stays for the front end to
+# say so) and the MetalPerformancePrimitives header declares nothing, so `mpp` is an
+# undeclared identifier, as Apple's compiler reports at -std=metal3.2.
+_TENSOR_INCLUDE_RE = re.compile(
+    r"^[ \t]*#[ \t]*include[ \t]*<(metal_tensor|MetalPerformancePrimitives/[\w.]+)>[ \t]*$", re.M)
+_TENSOR_PRELUDE = "strict_metal_tensor.h"
+_METAL4_NOTE = ("note: Metal 4 tensor operations (<metal_tensor>, MetalPerformancePrimitives, "
+                "mpp::tensor_ops) exist from Metal 4.0 on: check with metal_version=\"4.0\"")
 _VECTOR_CTOR_RE = re.compile(
     r"(?<![\w.:>])((?:metal::)?(?:(?:u?char|u?short|u?int|u?long|float|half|bool)[234]"
     r"|vec\s*<[^<>;(){}]*>))\s*\("
@@ -177,9 +191,20 @@ def _lift_metal_namespace(text: str) -> str:
     return "".join(out)
 
 
-def translate(text: str) -> str:
+def _tensor_include(m: re.Match, metal_version: str) -> str:
+    if _version_number(metal_version) >= 400:
+        return f'#include "{_TENSOR_PRELUDE}"'
+    return m.group(0) if m.group(1) == "metal_tensor" else ""
+
+
+def translate(text: str, metal_version: str = DEFAULT_METAL_VERSION) -> str:
     """Rewrite MLX's kernel text (Metal) into C++ for OpenCL for the front end."""
-    text = _SYSTEM_INCLUDE_RE.sub("", signature.blank_comments(text))
+    text = signature.blank_comments(text)
+    text = _TENSOR_INCLUDE_RE.sub(lambda m: _tensor_include(m, metal_version), text)
+    text = _SYSTEM_INCLUDE_RE.sub("", text)
+    # `0.5bf` (MSL 3.1) has no OpenCL spelling: an explicit conversion of the float
+    # (the `bfloat` name carries the version check); OpenCL takes `h` as Metal does.
+    text = signature.metal_literals(text, "{}h", "((bfloat)(float){})")
     text = _FUNCTION_CONSTANT_RE.sub(r"\1 = {};", text)
     text = _TRAILING_ATTRIBUTE_RE.sub(_mark_misplaced, text)
     text = _ATTRIBUTE_RE.sub(lambda m: m.group(0) if _MISPLACED in m.group(0) else _spaces(m), text)
@@ -279,7 +304,11 @@ def _run(units: list[str], metal_version: str = DEFAULT_METAL_VERSION) -> tuple[
     diag = _drop_known_false_errors(proc.stderr.replace(str(path), "<kernel>"))
     diag += "".join(f"{loc}: error: pointer type must have explicit address space qualifier\n"
                     for loc in _generic_pointers(proc.stdout.replace(str(path), "<kernel>")))
-    return "error:" not in diag, _metal_spelling(diag).strip()
+    ok = "error:" not in diag
+    if not ok and _version_number(metal_version) < 400 and any(
+            _TENSOR_INCLUDE_RE.search(u) or signature.METAL4_TENSOR_RE.search(u) for u in units):
+        diag += "\n" + _METAL4_NOTE
+    return ok, _metal_spelling(diag).strip()
 
 
 # In C++ for OpenCL a pointer written without an address space points to `__generic`;
@@ -327,6 +356,7 @@ _RESPELL = [
     (re.compile(r"unknown attribute '" + re.escape(_MISPLACED) + r"(\w+)' ignored"),
      r"attribute '\1' cannot be placed here (Metal: function attributes precede the declaration)"),
     (re.compile(r"\bmps_kw_(\w+)"), r"\1"),
+    (re.compile(r"\bmps_bfvec<(\d)>"), r"bfloat\1"),
     (re.compile(r"'mps_bfloat_needs_msl_3_1'"),
      "'bfloat' (a type from Metal 3.1 on: metal_version=\"3.1\")"),
 ]
@@ -356,8 +386,9 @@ def _metal_spelling(diag: str) -> str:
 
 # A diagnostic starts a block: `file:line:col: error|warning|note: ...`.
 _DIAG_RE = re.compile(r"^\S[^\n]*?:\d+:\d+: (?:error|warning|note|fatal error): ", re.M)
-_OPERANDS_RE = re.compile(r": error: incompatible operand types \('([^']+)'(?: \(aka '[^']+'\))? and "
-                          r"'([^']+)'")
+# Each operand's type, or the type its typedef names (`(aka '...')`).
+_OPERANDS_RE = re.compile(r": error: incompatible operand types \((?:'[^']+' \(aka '([^']+)'\)|'([^']+)')"
+                          r" and (?:'[^']+' \(aka '([^']+)'\)|'([^']+)')")
 _QUALIFIERS_RE = re.compile(r"\b(?:const|volatile|__global|__constant|__local|__private|__generic)\b\s*")
 # A note that rejects only the implicit copy/move of a struct out of `constant`
 # memory: C++ for OpenCL gives implicit members a `__generic` reference parameter,
@@ -370,13 +401,82 @@ _CONSTANT_COPY_NOTE_RE = re.compile(
 
 def _same_object_type(first: str) -> bool:
     """`c ? a : b` whose operands are the same class type in different address
-    spaces (an lvalue of `__global S` and a `__private S`, or a prvalue `S`): clang's
-    C++ for OpenCL rejects it, Metal and C++ accept it. Pointer and reference types
-    keep their address spaces (those mismatches are real)."""
+    spaces (an lvalue of `__global S` and a `__private S`, or a prvalue `S`; a
+    typedef such as `bfloat16_t` counts as the type it names): clang's C++ for OpenCL
+    rejects it, Metal and C++ accept it. Pointer and reference types keep their
+    address spaces (those mismatches are real)."""
     m = _OPERANDS_RE.search(first)
-    if not m or any(c in m.group(1) + m.group(2) for c in "*&"):
+    if not m:
         return False
-    return _QUALIFIERS_RE.sub("", m.group(1)).strip() == _QUALIFIERS_RE.sub("", m.group(2)).strip()
+    a, b = m.group(1) or m.group(2), m.group(3) or m.group(4)
+    if any(c in a + b for c in "*&"):
+        return False
+    return _QUALIFIERS_RE.sub("", a).strip() == _QUALIFIERS_RE.sub("", b).strip()
+
+
+# `const thread T& r = v;` with `v` in another address space (a `constant` uniform, a
+# `device` element): Metal binds the const reference to a thread-local copy of the
+# value (C++'s temporary for a const reference), C++ for OpenCL refuses. A non-const
+# reference, or a reference in any other address space, stays an error (no
+# temporary can live there).
+# Each side: the type, and the type its typedef names if any.
+_CONST_THREAD_REF_RE = re.compile(
+    r": error: binding reference of type 'const __private ([^'*&]+)'(?: \(aka '([^']+)'\))? to "
+    r"value of type '([^'*&]+)'(?: \(aka '([^']+)'\))? changes address space")
+
+
+def _const_thread_reference(first: str) -> bool:
+    m = _CONST_THREAD_REF_RE.search(first)
+    if not m:
+        return False
+    ref, ref_named, value, value_named = (
+        _QUALIFIERS_RE.sub("", re.sub(r"\bmetal::", "", g or "")).strip() for g in m.groups())
+    return bool({ref, ref_named} & {value, value_named} - {""})
+
+
+# An unsuffixed floating literal (`0.5`, `1e-3`, `.5`), not `0.5f`/`0.5h`.
+_DOUBLE_LITERAL_RE = re.compile(
+    r"(?<![\w.])(?:\d+\.\d*|\.\d+|\d+(?=[eE]))(?:[eE][+-]?\d+)?(?![\w.])")
+_AMBIGUOUS_RE = re.compile(r":\d+:(\d+): error: call to '(\w+)' is ambiguous\n *\d+ \| ([^\n]*)")
+
+
+def _arguments(line: str, col: int) -> list[str] | None:
+    """The argument texts of the call whose name starts at ``col`` (1-based) on
+    ``line``, or None if its parentheses do not close on the line."""
+    start = line.find("(", col - 1)
+    if start < 0:
+        return None
+    depth, args, cur = 0, [], ""
+    for ch in line[start:]:
+        if ch in "([{":
+            depth += 1
+            if depth == 1:
+                continue
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return args + [cur.strip()]
+        elif ch == "," and depth == 1:
+            args, cur = args + [cur.strip()], ""
+            continue
+        cur += ch
+    return None
+
+
+def _literal_in_float_arithmetic(group: list[str]) -> bool:
+    """A call to a Metal math function (every candidate in the prelude) reported
+    ambiguous only because an unsuffixed literal turned an argument into a double
+    (`exp(v * 0.5)`): in Metal, which has no double, the literal takes the type of
+    the float operand and the call resolves. A bare literal argument (`exp(-2.5)`),
+    which Metal finds ambiguous, stays an error."""
+    m = _AMBIGUOUS_RE.search(group[0])
+    if not m or not all(PRELUDE in n.split("\n", 1)[0] for n in group[1:]):
+        return False
+    args = _arguments(m.group(3), int(m.group(1)))
+    if not args or not any(_DOUBLE_LITERAL_RE.search(a) for a in args):
+        return False
+    bare = re.compile(r"[-+]?\s*\(?\s*" + _DOUBLE_LITERAL_RE.pattern + r"\s*\)?")
+    return not any(bare.fullmatch(a) or not re.search(r"[A-Za-z_]", a) for a in args)
 
 
 def _drop_known_false_errors(diag: str) -> str:
@@ -397,7 +497,8 @@ def _drop_known_false_errors(diag: str) -> str:
         first = g[0].split("\n", 1)[0]
         notes = [n.split("\n", 1)[0] for n in g[1:]]
         false_alarm = ": error: " in first and (
-            _same_object_type(first)
+            _same_object_type(first) or _const_thread_reference(first)
+            or _literal_in_float_arithmetic(g)
             or (notes and all(_CONSTANT_COPY_NOTE_RE.search(n) for n in notes)))
         if not false_alarm:
             kept.extend(g)
@@ -422,7 +523,7 @@ def check_instances(src: Source, instances: list[Instance],
     instance only to attribute errors when the batch fails."""
     if not instances:
         return []
-    units = [translate(src.mlx_text(i)) for i in instances]
+    units = [translate(src.mlx_text(i), metal_version) for i in instances]
     # one batch, unless there is one unit or units add to namespace metal
     alone = len(units) == 1 or any(_REENTER in u for u in units)
     if not alone and _run(units, metal_version)[0]:
@@ -470,7 +571,7 @@ def check_file(path: str, metal_version: str = DEFAULT_METAL_VERSION) -> str | N
     instantiations, as Metal compiles a library); returns the diagnostics, or None
     when it passes."""
     text = Path(path).read_text()
-    ok, diag = _run([translate(f'#line 1 "{path}"\n{text}')], metal_version)
+    ok, diag = _run([translate(f'#line 1 "{path}"\n{text}', metal_version)], metal_version)
     return None if ok else diag
 
 

@@ -154,10 +154,64 @@ class _Recorder:
         return call
 
 
-def check_script(path, argv=()) -> tuple[list[Report], BaseException | None]:
+class _AsMetal:
+    """While a script runs with ``--as-metal``: MLX on this machine looks like a Mac.
+    ``mx.metal.is_available()`` is True, ``mx.gpu`` is the CPU device (so
+    ``stream=mx.gpu``, ``mx.set_default_device(mx.gpu)``, ``mx.Device(mx.gpu)`` and
+    ``mx.default_device() == mx.gpu`` work), and the device functions that take a
+    device or stream (``set_default_device``, ``default_stream``, ``new_stream``,
+    ``stream``, ``is_available``, ``device_count``, ``device_info``) map a GPU
+    device to the CPU. Everything is restored afterwards, the default device too.
+    ``mx.DeviceType.gpu`` itself cannot be replaced (an enum member): an op given
+    it still raises MLX's error."""
+
+    _WRAPPED = ("set_default_device", "default_stream", "new_stream", "stream",
+                "is_available", "device_count", "device_info")
+
+    def __enter__(self):
+        import mlx.core as mx
+
+        self.mx = mx
+        self.saved = {name: getattr(mx, name) for name in self._WRAPPED}
+        self.saved_gpu, self.saved_available = mx.gpu, mx.metal.is_available
+        self.saved_info, self.saved_default = mx.metal.device_info, mx.default_device()
+        gpu = self.saved_gpu
+
+        def to_cpu(d):
+            if d == gpu or (isinstance(d, mx.Device) and d.type == gpu):
+                return mx.cpu
+            return d
+
+        def wrap(fn):
+            def wrapped(*args, **kwargs):
+                return fn(*(to_cpu(a) for a in args), **{k: to_cpu(v) for k, v in kwargs.items()})
+            wrapped.__name__, wrapped.__doc__ = fn.__name__, fn.__doc__
+            return wrapped
+
+        for name, fn in self.saved.items():
+            setattr(mx, name, wrap(fn))
+        mx.gpu = mx.cpu
+        mx.metal.is_available = lambda: True
+        mx.metal.device_info = mx.device_info
+        return self
+
+    def __exit__(self, *exc):
+        mx = self.mx
+        for name, fn in self.saved.items():
+            setattr(mx, name, fn)
+        mx.gpu, mx.metal.is_available = self.saved_gpu, self.saved_available
+        mx.metal.device_info = self.saved_info
+        mx.set_default_device(self.saved_default)
+        return False
+
+
+def check_script(path, argv=(), as_metal: bool = False) -> tuple[list[Report], BaseException | None]:
     """Run a Python script with ``mx.fast.metal_kernel`` emulated, then check every
-    instantiation it launched. Returns the reports (one per kernel source) and the
-    exception the script ended with (None if it finished)."""
+    instantiation it launched. ``as_metal``: run it as on a Mac (:class:`_AsMetal`),
+    so that a Metal path behind ``if mx.metal.is_available():`` is taken. Returns the
+    reports (one per kernel source, with the count of instantiations it launched)
+    and the exception the script ended with (None if it finished)."""
+    import contextlib
     import runpy
     import sys
 
@@ -168,7 +222,8 @@ def check_script(path, argv=()) -> tuple[list[Report], BaseException | None]:
     mx.fast.metal_kernel, sys.argv = rec.metal_kernel, [str(path), *argv]
     error = None
     try:
-        runpy.run_path(str(path), run_name="__main__")
+        with _AsMetal() if as_metal else contextlib.nullcontext():
+            runpy.run_path(str(path), run_name="__main__")
     except SystemExit as e:
         error = None if e.code in (None, 0) else e
     except Exception as e:  # reported by the caller, with what was recorded so far
@@ -183,11 +238,27 @@ def check_script(path, argv=()) -> tuple[list[Report], BaseException | None]:
     return reports, error
 
 
-def check_targets(targets, progress=None) -> tuple[list[Report], list[str]]:
+def _nothing_checked(path, reports: list[Report], as_metal: bool) -> str | None:
+    """The error for a script that launched no kernel (None if it launched one):
+    nothing of it was checked, which must not pass as a success."""
+    if any(r.count for r in reports):
+        return None
+    made = (f"created {len(reports)} metal_kernel{'s' if len(reports) != 1 else ''} "
+            "but launched none" if reports else "created no metal_kernel")
+    hint = ("make the script call its kernels (with the inputs it uses in practice)"
+            if as_metal else
+            "if its Metal path is behind `if mx.metal.is_available():` (False on Linux), "
+            "run it with --as-metal; else make the script call its kernels")
+    return f"{path} {made}, so nothing was checked: {hint}"
+
+
+def check_targets(targets, progress=None, as_metal: bool = False) -> tuple[list[Report], list[str]]:
     """``check-kernels`` arguments: kernel names of this package, ``.metal`` files
     and Python scripts (which run, with their kernels emulated, and are checked on
-    every instantiation they launched); none means every kernel of this package.
-    Returns the reports and the errors of scripts that did not finish."""
+    every instantiation they launched; ``as_metal``: run as on a Mac, see
+    :func:`check_script`); none means every kernel of this package. Returns the
+    reports and the errors: a script that did not finish, or that launched no
+    kernel (0 instantiations: nothing was checked)."""
     from pathlib import Path
 
     files = [t for t in targets if t.endswith((".metal", ".py"))]
@@ -199,11 +270,12 @@ def check_targets(targets, progress=None) -> tuple[list[Report], list[str]]:
         if f.endswith(".metal"):
             found = [check_metal_file(f)]
         else:
-            found, error = check_script(f)
+            found, error = check_script(f, as_metal=as_metal)
             if error is not None:
                 errors.append(f"{f} stopped with {type(error).__name__}: {error}")
-            if not found:
-                errors.append(f"{f} launched no metal_kernel")
+            empty = _nothing_checked(f, found, as_metal)
+            if empty:
+                errors.append(empty)
         for r in found:
             reports.append(r)
             if progress:

@@ -81,7 +81,8 @@ MPS_VEC(float)
 MPS_VEC(half)
 // Metal's generic spelling metal::vec<T, N> (MLX's headers use it).
 namespace metal {
-template <class T, int N> using vec = T __attribute__((ext_vector_type(N)));
+template <class T, int N> struct mps_vec_of { typedef T type __attribute__((ext_vector_type(N))); };
+template <class T, int N> using vec = typename mps_vec_of<T, N>::type;
 }
 // clang has no bool vectors; comparisons of float vectors give int vectors.
 typedef int bool2 __attribute__((ext_vector_type(2)));
@@ -198,14 +199,68 @@ struct bfloat {
   bfloat& operator/=(bfloat);
 };
 bfloat operator-(bfloat);
-#define MPS_BF_OP(op)                                                  \
-  bfloat operator op(bfloat, bfloat);                                  \
+// Arithmetic gives a bfloat, comparisons a bool, with another bfloat or an integer (a
+// float operand takes the built-in float operator through bfloat -> float).
+#define MPS_BF_OP(R, op)                                               \
+  R operator op(bfloat, bfloat);                                       \
   template <class I, enable_if_t<is_integral_v<I>, int> = 0>           \
-  bfloat operator op(bfloat, I);                                       \
+  R operator op(bfloat, I);                                            \
   template <class I, enable_if_t<is_integral_v<I>, int> = 0>           \
-  bfloat operator op(I, bfloat);
-MPS_BF_OP(+) MPS_BF_OP(-) MPS_BF_OP(*) MPS_BF_OP(/)
+  R operator op(I, bfloat);
+MPS_BF_OP(bfloat, +) MPS_BF_OP(bfloat, -) MPS_BF_OP(bfloat, *) MPS_BF_OP(bfloat, /)
+MPS_BF_OP(bool, <) MPS_BF_OP(bool, <=) MPS_BF_OP(bool, >) MPS_BF_OP(bool, >=)
+MPS_BF_OP(bool, ==) MPS_BF_OP(bool, !=)
 #undef MPS_BF_OP
+
+// Metal's bfloat2/3/4 (MSL 3.1): clang's vector extension takes no class element, so
+// they are classes with the members kernels use: x/y/z/w, [], element-wise
+// arithmetic, a broadcast from a bfloat, construction from N bfloats, and explicit
+// conversions to and from float and half vectors (Metal converts vectors explicitly).
+template <int N> struct mps_bfvec_fields;
+template <> struct mps_bfvec_fields<2> { bfloat x, y; };
+template <> struct mps_bfvec_fields<3> { bfloat x, y, z; };
+template <> struct mps_bfvec_fields<4> { bfloat x, y, z, w; };
+template <int N> struct mps_bfvec : mps_bfvec_fields<N> {
+  typedef float mps_float_vec __attribute__((ext_vector_type(N)));
+  typedef half mps_half_vec __attribute__((ext_vector_type(N)));
+  mps_bfvec() = default;
+  mps_bfvec(bfloat);
+  template <class A, class B, enable_if_t<N == 2 && is_same_v<A, bfloat> && is_same_v<B, bfloat>, int> = 0>
+  mps_bfvec(A, B);
+  template <class A, class B, class C, enable_if_t<N == 3 && is_same_v<A, bfloat> &&
+                                                       is_same_v<B, bfloat> && is_same_v<C, bfloat>, int> = 0>
+  mps_bfvec(A, B, C);
+  template <class A, class B, class C, class D,
+            enable_if_t<N == 4 && is_same_v<A, bfloat> && is_same_v<B, bfloat> &&
+                            is_same_v<C, bfloat> && is_same_v<D, bfloat>, int> = 0>
+  mps_bfvec(A, B, C, D);
+  explicit mps_bfvec(mps_float_vec);
+  explicit mps_bfvec(mps_half_vec);
+  explicit operator mps_float_vec() const;
+  explicit operator mps_half_vec() const;
+  mps_bfvec(const mps_bfvec&) = default;
+  mps_bfvec(const __constant mps_bfvec&);
+  mps_bfvec& operator=(const mps_bfvec&) = default;
+  __private bfloat& operator[](int);
+  bfloat operator[](int) const;
+  bfloat operator[](int) const __constant;
+  mps_bfvec& operator+=(mps_bfvec);
+  mps_bfvec& operator-=(mps_bfvec);
+  mps_bfvec& operator*=(mps_bfvec);
+  mps_bfvec& operator/=(mps_bfvec);
+};
+#define MPS_BFV_OP(op)                                                   \
+  template <int N> mps_bfvec<N> operator op(mps_bfvec<N>, mps_bfvec<N>); \
+  template <int N> mps_bfvec<N> operator op(mps_bfvec<N>, bfloat);       \
+  template <int N> mps_bfvec<N> operator op(bfloat, mps_bfvec<N>);
+MPS_BFV_OP(+) MPS_BFV_OP(-) MPS_BFV_OP(*) MPS_BFV_OP(/)
+#undef MPS_BFV_OP
+template <int N> mps_bfvec<N> operator-(mps_bfvec<N>);
+
+template <int N> struct mps_vec_of<bfloat, N> { typedef mps_bfvec<N> type; };
+typedef mps_bfvec<2> bfloat2;
+typedef mps_bfvec<3> bfloat3;
+typedef mps_bfvec<4> bfloat4;
 
 template <class T> struct is_floating_point
     : integral_constant<bool, is_same_v<remove_cv_t<T>, float> || is_same_v<remove_cv_t<T>, half> ||
@@ -323,7 +378,26 @@ float3 cross(float3, float3);
 template <class T> T normalize(T);
 template <class T> T distance(T, T);
 
+// MLX's preamble (bf16_math.h) adds bfloat overloads of these to metal, metal::fast
+// and metal::precise (Metal's own take no bfloat).
+#define MPS_BF_MATH                                                             \
+  MPS_BF1(abs) MPS_BF1(acos) MPS_BF1(acosh) MPS_BF1(asin) MPS_BF1(asinh)        \
+  MPS_BF1(atan) MPS_BF2(atan2) MPS_BF1(atanh) MPS_BF1(ceil) MPS_BF1(cos)        \
+  MPS_BF1(cosh) MPS_BF1(cospi) MPS_BF2(divide) MPS_BF1(exp) MPS_BF1(exp10)      \
+  MPS_BF1(exp2) MPS_BF1(fabs) MPS_BF2(fdim) MPS_BF1(floor) MPS_BF3(fma)         \
+  MPS_BF2(fmax) MPS_BF3(fmax3) MPS_BF3(fmedian3) MPS_BF2(fmin) MPS_BF3(fmin3)   \
+  MPS_BF2(fmod) MPS_BF1(fract) MPS_BF1(log) MPS_BF1(log10) MPS_BF1(log2)        \
+  MPS_BF2(max) MPS_BF3(max3) MPS_BF3(median3) MPS_BF2(min) MPS_BF3(min3)        \
+  MPS_BF2(nextafter) MPS_BF2(pow) MPS_BF2(powr) MPS_BF1(rint) MPS_BF1(round)    \
+  MPS_BF1(rsqrt) MPS_BF1(sin) MPS_BF1(sinh) MPS_BF1(sinpi) MPS_BF1(sqrt)        \
+  MPS_BF1(tan) MPS_BF1(tanh) MPS_BF1(tanpi) MPS_BF1(trunc)                      \
+  bfloat frexp(bfloat, __private int&); bfloat ldexp(bfloat, int);
+#define MPS_BF1(name) bfloat name(bfloat);
+#define MPS_BF2(name) bfloat name(bfloat, bfloat);
+#define MPS_BF3(name) bfloat name(bfloat, bfloat, bfloat);
+MPS_BF_MATH
 namespace precise {
+MPS_BF_MATH
 MPS_MATH1(MPS_F1)
 MPS_MATH2(MPS_F2)
 MPS_MATH3(MPS_F3)
@@ -331,12 +405,17 @@ float divide(float, float);
 float sincos(float, __private float&);
 }  // namespace precise
 namespace fast {
+MPS_BF_MATH
 MPS_MATH1(MPS_F1)
 MPS_MATH2(MPS_F2)
 MPS_MATH3(MPS_F3)
 float divide(float, float);
 float sincos(float, __private float&);
 }  // namespace fast
+#undef MPS_BF_MATH
+#undef MPS_BF1
+#undef MPS_BF2
+#undef MPS_BF3
 #undef MPS_MATH1
 #undef MPS_MATH2
 #undef MPS_MATH3
@@ -499,4 +578,7 @@ template <class T> __local T* mps_threadgroup_storage();
 // (its bf16.h emulates it before 3.1).
 #if __METAL_VERSION__ < 310
 #define bfloat mps_bfloat_needs_msl_3_1
+#define bfloat2 mps_bfloat_needs_msl_3_1
+#define bfloat3 mps_bfloat_needs_msl_3_1
+#define bfloat4 mps_bfloat_needs_msl_3_1
 #endif
