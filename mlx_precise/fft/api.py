@@ -272,8 +272,8 @@ irfftn, irfftn_extended = _pair("irfft", "n")
 
 
 def _shift(a, axes, stream, sign: int):
-    a = as_words(a, "a")  # float64 data: split, both words move
-    if isinstance(a, DoubleWord):
+    a = a if isinstance(a, DoubleWord) else as_words(a, "a")  # float64 data: split
+    if isinstance(a, DoubleWord):  # both words move
         return DoubleWord(_shift(a.hi, axes, stream, sign), _shift(a.lo, axes, stream, sign))
     if a.ndim == 0:
         raise AxisError("a must have at least one dimension, got a 0-d array")
