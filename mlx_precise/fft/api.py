@@ -254,18 +254,12 @@ def _pair(kind: str, form: str):
     return aware, ext
 
 
-fft, fft_extended = _pair("fft", "")
-ifft, ifft_extended = _pair("ifft", "")
-rfft, rfft_extended = _pair("rfft", "")
-irfft, irfft_extended = _pair("irfft", "")
-fft2, fft2_extended = _pair("fft", "2")
-ifft2, ifft2_extended = _pair("ifft", "2")
-rfft2, rfft2_extended = _pair("rfft", "2")
-irfft2, irfft2_extended = _pair("irfft", "2")
-fftn, fftn_extended = _pair("fft", "n")
-ifftn, ifftn_extended = _pair("ifft", "n")
-rfftn, rfftn_extended = _pair("rfft", "n")
-irfftn, irfftn_extended = _pair("irfft", "n")
+# One pair per kind and form, in the order of the loops below.
+((fft, fft_extended), (ifft, ifft_extended), (rfft, rfft_extended), (irfft, irfft_extended),
+ (fft2, fft2_extended), (ifft2, ifft2_extended), (rfft2, rfft2_extended),
+ (irfft2, irfft2_extended), (fftn, fftn_extended), (ifftn, ifftn_extended),
+ (rfftn, rfftn_extended), (irfftn, irfftn_extended)) = [
+    _pair(kind, form) for form in FORMS for kind in nd.KINDS]
 
 
 # ---- shifts: no arithmetic ---------------------------------------------------------
