@@ -27,6 +27,7 @@ import numpy as np
 
 from ..core.autodiff import host_guard
 from ..core.plain import plain as _mlx
+from ..doubleword import aware as _aware
 from ..doubleword.aware import precision_aware
 from ..doubleword.words import DoubleWord, as_words
 from . import nd
@@ -251,6 +252,9 @@ def _pair(kind: str, form: str):
     if form == "":  # the one-axis functions named their input x (irfft: X)
         old = "X" if kind == "irfft" else "x"
         ext, aware = _old_input_name(ext, old), _old_input_name(aware, old)
+        # The public function is the registered one (precision_aware_functions());
+        # precision_aware has no option for a renamed argument yet.
+        _aware._REGISTRY[name] = aware
     return aware, ext
 
 
