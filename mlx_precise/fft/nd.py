@@ -162,6 +162,12 @@ def _differentiable(kind, s, axes, norm, backend, stream):
     return f
 
 
+def check_norm(norm) -> None:
+    """ValueError unless ``norm`` is one of :data:`NORMS`."""
+    if norm not in NORMS:
+        raise ValueError(f'norm must be one of "backward", "ortho", "forward", got {norm!r}')
+
+
 def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bool = True,
               backend: str | None = None, stream=None):
     """N-D double-word transform ``kind`` over ``axes`` with sizes ``s``.
@@ -188,8 +194,7 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    if norm not in NORMS:
-        raise ValueError(f'norm must be one of "backward", "ortho", "forward", got {norm!r}')
+    check_norm(norm)
     s, axes = tuple(int(v) for v in s), tuple(int(a) for a in axes)
     if len(s) != len(axes) or not axes:
         raise ValueError(f"s and axes must be non-empty and of one length, got {s} and {axes}")
@@ -207,15 +212,3 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
 
     out = guarded(run, arrays, f"the {kind} of a DoubleWord or with round_output=False")
     return out if round_output else DoubleWord(*out)
-
-
-def one_axis(kind: str, x, n, axis, norm, round_output, backend, stream):
-    """The 1-D public functions (:func:`mlx_precise.fft_extended` and its
-    siblings): numpy's defaults for ``n``, argument checks, then :func:`transform`."""
-    name = "X" if kind == "irfft" else "x"
-    x = _fft._as_input(x, name, real_only=kind == "rfft")
-    ax = _fft._check_axis(x.ndim, axis, name)
-    m = x.shape[ax]
-    n = _fft._check_n(n, 2 * (m - 1) if kind == "irfft" else m)
-    return transform(kind, x, (n,), (ax,), norm, round_output=round_output, backend=backend,
-                     stream=stream)

@@ -10,11 +10,12 @@ import pytest
 import mlx_precise
 from mlx_precise import extended_precision, is_extended
 
-FFT_NAMES = {"fft", "ifft", "rfft", "irfft"}
+FFT_NAMES = {f"{kind}{form}" for kind in ("fft", "ifft", "rfft", "irfft")
+             for form in ("", "2", "n")}
 # The documented list of precision-aware entry points (docs/api.md); later
 # capabilities add theirs here and there.
-DOCUMENTED = {"complex_multiply", "depthwise3", "depthwise_conv", "fft", "fft_scale", "fftconv",
-              "ifft", "irfft", "rfft"}
+DOCUMENTED = {"complex_multiply", "depthwise3", "depthwise_conv", "fft_scale", "fftconv",
+              *FFT_NAMES}
 
 
 def test_nesting_and_exceptions():

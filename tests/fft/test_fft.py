@@ -246,16 +246,16 @@ def test_bad_input():
     assert fft_extended(mx.ones(8, mx.float64), backend="cpu").dtype == mx.complex64
     with pytest.raises(TypeError, match="must be real"):
         rfft_extended(np.ones(8, np.complex128), backend="cpu")
-    with pytest.raises(TypeError, match="x has dtype mlx.core.int32"):
+    with pytest.raises(TypeError, match="a has dtype mlx.core.int32"):
         fft_extended(mx.ones(8, mx.int32), backend="emulate")
-    with pytest.raises(TypeError, match="x has dtype mlx.core.complex64, expected float32"):
+    with pytest.raises(TypeError, match="a has dtype mlx.core.complex64, expected float32"):
         rfft_extended(c, backend="emulate")
-    with pytest.raises(TypeError, match="x must be real"):
+    with pytest.raises(TypeError, match="a must be real"):
         rfft_extended(DoubleWord.from_complex64(c), backend="cpu")
-    with pytest.raises(TypeError, match="x must be an mx.array or array-like"):
+    with pytest.raises(TypeError, match="a must be an mx.array or array-like"):
         fft_extended("1, 2", backend="cpu")
     assert fft_extended([1.0, 2.0], backend="cpu").tolist() == [3 + 0j, -1 + 0j]
-    with pytest.raises(ValueError, match="axis 2 is out of range for x with 2"):
+    with pytest.raises(ValueError, match="axis 2 is out of range for a with 2"):
         fft_extended(c, axis=2, backend="emulate")
     with pytest.raises(ValueError, match="axis -3 is out of range"):
         ifft_extended(c, axis=-3, backend="cpu")

@@ -154,3 +154,40 @@ def test_non_differentiable_paths_raise(backend):
         with pytest.raises(NotDifferentiableError, match="not differentiable"):
             mx.grad(lambda a: mx.sum(mx.abs(f(a))))(x)
         mx.eval(f(x))  # the forward value itself is fine
+
+
+# mlx_precise.fft's N-D functions (issue 32): (name, kwargs, complex input?)
+GRAD_CALLS = [("fft2", {"s": (4, 6), "norm": "ortho"}, False),
+              ("fft2", {"axes": (0, 2)}, True),
+              ("ifftn", {"axes": (0, 2), "norm": "forward"}, True),
+              ("rfftn", {"s": (3, 6), "axes": (1, 2)}, False),
+              ("irfft2", {"axes": (1, 0), "norm": "ortho"}, True)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grad_through_the_nd_functions(backend):
+    """mx.grad of the nonlinear loss sum w |y|^2, y = mp.fft.<name>_extended(x) and
+    the precision-aware mp.fft.<name> inside the block, against the analytic
+    gradient: the adjoint of numpy's long double transform at g = 2 w y(x) (the
+    loss's differential is Re(sum conj(2 w y) dy)). Rounding y to float32 on the
+    way costs about u = 6e-8."""
+    rng = np.random.default_rng(3)
+    for name, kw, cplx in GRAD_CALLS:
+        x, _ = _operands("fft" if cplx else "rfft", (3, 4, 5), (1,), rng)
+        y_ld = getattr(np.fft, name)(x.astype(CLD if cplx else LD), **kw)
+        w = rng.uniform(0.5, 2.0, y_ld.shape).astype(np.float32)
+        ref = adjoint(lambda a: getattr(np.fft, name)(a, **kw), x, 2 * w * y_ld)
+
+        def loss(fn):
+            return lambda a: mx.sum(mx.array(w) * mx.real(fn(a) * mx.conj(fn(a))))
+
+        ext = getattr(mp.fft, f"{name}_extended")
+        got = mx.grad(loss(lambda a: ext(a, backend=backend, **kw)))(mx.array(x))
+        with mp.use_backend(backend), extended_precision():
+            aware = mx.grad(loss(lambda a: getattr(mp.fft, name)(a, **kw)))(mx.array(x))
+        plain = mx.grad(loss(lambda a: getattr(mp.fft, name)(a, **kw)))(mx.array(x))
+        print(f"{backend} {name} {kw}: normwise {rel(got, ref):.1e} "
+              f"(float32 MLX {rel(plain, ref):.1e})")
+        assert got.shape == x.shape and got.dtype == plain.dtype, name
+        assert rel(got, ref) <= 1e-7, (name, kw, rel(got, ref))
+        assert np.array_equal(np.array(aware), np.array(got)), name
