@@ -3,13 +3,14 @@ float32 MLX against the same code inside ``extended_precision()``, both against 
 float64 numpy oracle (``training_oracle.py``: independent of MLX and mlx_precise).
 
     python benchmarks/bench_training.py [--backend cpu|emulate ...] [--steps 1000]
-                                        [--quick | --full] [--block per-step|per-burst]
+                                        [--quick | --full] [--chain 2000]
+                                        [--block per-step|per-burst] [--only gradients|training]
 
 1. Gradients (``run_gradient_cases``): arithmetic chain, exp / log / tanh /
    sigmoid / erf, matmul, conv1d, layer_norm, rms_norm, softmax, causal attention,
-   cumsum, a parameter used 2000 times, back-propagation through a 2000-step
-   recurrence, and the whole-model gradient of an MLP (GELU, LayerNorm). Each is
-   taken by ``mx.grad`` (the MLP by ``nn.value_and_grad``), plain and inside a block,
+   cumsum, a parameter used n times, back-propagation through a recurrence of n
+   steps (n = 2000, the issue's; ``--chain``), and the whole-model gradient of an
+   MLP (GELU, LayerNorm). Each is taken by ``mx.grad`` (the MLP by ``nn.value_and_grad``), plain and inside a block,
    and scored normwise against the float64 gradient. The floor is the float64
    gradient rounded once to float32; errors are printed as ratios to it. In the
    block two values are read: the float32 arrays the user holds ("rounded") and
@@ -151,8 +152,8 @@ MLX_CASES = {
     "attention": _grad_of(lambda a: mx.sum(a["G"] * mx.fast.scaled_dot_product_attention(
         a["q"], a["k"], a["v"], scale=ATTN_SCALE, mask="causal"))),
     "cumsum": _grad_of(lambda a: 0.5 * mx.sum(a["G"] * mx.square(mx.cumsum(a["x"])))),
-    "param used 2000x": _reuse,
-    "recurrence 2000 steps": _recurrence,
+    "param used n times": _reuse,
+    "recurrence of n steps": _recurrence,
     "MLP (GELU, LayerNorm)": _mlp_case,
 }
 
@@ -162,10 +163,11 @@ def _error_text(e: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def case_inputs(name: str, quick: bool = False) -> dict:
-    """The float32 numpy inputs of a gradient case (fixed seeds)."""
+def case_inputs(name: str, chain: int | None = None) -> dict:
+    """The float32 numpy inputs of a gradient case (fixed seeds); ``chain``: the length
+    of the long chains (None: the issue's 2000)."""
     case = GRAD_CASES[name]
-    return case.make(**(case.quick if quick else {}))
+    return case.make(**({case.chain: chain} if chain and case.chain else {}))
 
 
 def mlx_gradient(name: str, inputs: dict, dtype=mx.float32) -> dict:
@@ -178,7 +180,7 @@ def mlx_gradient(name: str, inputs: dict, dtype=mx.float32) -> dict:
     return {k: np.array(g[k]).astype(np.float64) for k in case.wrt}
 
 
-def measure_case(name: str, backends=("cpu",), quick: bool = False) -> dict:
+def measure_case(name: str, backends=("cpu",), chain: int | None = None) -> dict:
     """One gradient case: {"floor", "plain": {"err"}, backend: {"err", "dw_err",
     "float32": ops the block's report consumed in float32, "time"} or {"error"}}.
     Errors are normwise relative to the float64 oracle's gradient (all of ``wrt``
@@ -186,7 +188,7 @@ def measure_case(name: str, backends=("cpu",), quick: bool = False) -> dict:
     import mlx_precise as mp
 
     case = GRAD_CASES[name]
-    inputs = case_inputs(name, quick)
+    inputs = case_inputs(name, chain)
     ref = flat(case.grad(inputs), case.wrt)
     out: dict = {"floor": floor(ref), "size": int(ref.size)}
     try:
@@ -212,11 +214,12 @@ def measure_case(name: str, backends=("cpu",), quick: bool = False) -> dict:
     return out
 
 
-def run_gradient_cases(backend="cpu", quick: bool = False, cases=None) -> dict:
+def run_gradient_cases(backend="cpu", chain: int | None = None, cases=None) -> dict:
     """Every gradient case (or those named in ``cases``) on ``backend`` (a name or a
-    sequence of names): {case: measure_case(...)}."""
+    sequence of names), the long chains of length ``chain`` (None: 2000):
+    {case: measure_case(...)}."""
     backends = (backend,) if isinstance(backend, str) else tuple(backend)
-    return {n: measure_case(n, backends, quick) for n in (cases or GRAD_CASES)}
+    return {n: measure_case(n, backends, chain) for n in (cases or GRAD_CASES)}
 
 
 # ---- training -------------------------------------------------------------------------
@@ -262,8 +265,10 @@ def run_training(optimizer_name: str = "adam", steps: int = 1000, backend: str =
     """Train the MLP plain and inside blocks on ``backend`` from the same float32
     initial parameters, against the float64 trajectory. Returns {"floor", "steps",
     "loss0", "loss64" (the oracle's loss at the last step), "float64_time" (numpy
-    oracle, s per step), "plain": {"err", "time"}, backend: {"err", "dw_err", "time",
-    "float32"} or {"error"}}; errors normwise over all parameters."""
+    oracle, s per step), "plain": {"err", "time", "burst_times"}, backend: {"err",
+    "dw_err", "time", "burst_times", "float32"} or {"error"}}; errors normwise over all
+    parameters; "time" in s per step, "burst_times" each burst's s per step in order
+    (a rising series would show the step's cost growing along the run)."""
     import mlx_precise as mp
 
     kind, kw = OPTIMIZERS[optimizer_name]
@@ -331,7 +336,7 @@ def run_training(optimizer_name: str = "adam", steps: int = 1000, backend: str =
             continue
         params = dict(tree_flatten(r["model"].parameters()))
         row = {"err": normwise(flat({k: np.array(v) for k, v in params.items()}, keys), ref),
-               "time": per_step(r["times"])}
+               "time": per_step(r["times"]), "burst_times": r["times"]}
         if who != "plain":
             row["float32"] = dict(r["report"].float32) if r["report"] is not None else {}
             try:
@@ -354,21 +359,29 @@ def _ratio(row: dict, key: str, fl: float) -> str:
     return f"{row[key] / fl:.3g}x"
 
 
-def gradient_table(results: dict, backends) -> str:
-    head = "| case | floor | float32 | " + " | ".join(
-        f"{b}: rounded | {b}: carried" for b in backends) + " | consumed in float32 |"
-    lines = [head, "|" + "---|" * (3 + 2 * len(backends) + 1)]
-    for name, r in results.items():
-        cells = [name, f"{r['floor']:.2e}", _ratio(r["plain"], "err", r["floor"])]
-        dropped = set()
-        for b in backends:
-            row = r.get(b, {"error": "not run"})
-            cells += [_ratio(row, "err", r["floor"]),
-                      "" if "error" in row else _ratio(row, "dw_err", r["floor"])]
-            dropped |= set(row.get("float32", {}))
-        cells.append(", ".join(sorted(dropped)) or "-")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def gradient_head(backends) -> str:
+    return ("| case | floor | float32 | " + " | ".join(
+        f"{b}: rounded | {b}: carried" for b in backends) + " | consumed in float32 |\n"
+        + "|" + "---|" * (3 + 2 * len(backends) + 1))
+
+
+def gradient_row(name: str, r: dict, backends, chain: int | None = None) -> str:
+    case = GRAD_CASES.get(name)
+    cells = [case.label(chain or oracle.CHAIN) if case else name, f"{r['floor']:.2e}",
+             _ratio(r["plain"], "err", r["floor"])]
+    dropped = set()
+    for b in backends:
+        row = r.get(b, {"error": "not run"})
+        cells += [_ratio(row, "err", r["floor"]),
+                  "" if "error" in row else _ratio(row, "dw_err", r["floor"])]
+        dropped |= set(row.get("float32", {}))
+    cells.append(", ".join(sorted(dropped)) or "-")
+    return "| " + " | ".join(cells) + " |"
+
+
+def gradient_table(results: dict, backends, chain: int | None = None) -> str:
+    return "\n".join([gradient_head(backends)]
+                     + [gradient_row(n, r, backends, chain) for n, r in results.items()])
 
 
 def training_row(name: str, backend: str, r: dict) -> str:
@@ -398,7 +411,10 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=None, help="training steps (default 1000)")
     p.add_argument("--block", choices=("per-step", "per-burst"), default="per-step")
     p.add_argument("--quick", action="store_true",
-                   help="smaller cases (200 uses / steps), 50 training steps: a smoke test")
+                   help="long chains of 200, 50 training steps: a smoke test")
+    p.add_argument("--chain", type=int, default=None,
+                   help="length of the two long chains (default 2000; the emulator's time "
+                        "grows faster than linearly with it)")
     p.add_argument("--full", action="store_true", help="the issue's sizes (the default)")
     p.add_argument("--only", choices=("gradients", "training"), default=None)
     a = p.parse_args(argv)
@@ -406,12 +422,16 @@ def main(argv=None):
 
     backends = a.backend or [mp.backend()]
     steps = a.steps or (50 if a.quick else 1000)
+    chain = a.chain or (200 if a.quick else None)
     print("Training in double-word (issue 28): errors as ratios to the floor (the float64 "
           "oracle rounded once to float32), normwise; float32 = plain MLX; rounded = the "
           "float32 arrays after the block; carried = astype(float64) inside the block\n")
     if a.only != "training":
-        print(f"Gradients{' (quick sizes)' if a.quick else ''}; target: rounded <= 2x\n")
-        print(gradient_table(run_gradient_cases(backends, a.quick), backends), flush=True)
+        print("Gradients; target: rounded <= 2x\n")
+        print(gradient_head(backends), flush=True)
+        for name in GRAD_CASES:
+            print(gradient_row(name, measure_case(name, backends, chain), backends, chain),
+                  flush=True)
     if a.only != "gradients":
         print(f"\nTraining the MLP ({MLP_SIZES['d_in']}-{MLP_SIZES['hidden']}-"
               f"{MLP_SIZES['d_out']}, {MLP_SIZES['samples']} samples, MSE, full batch), "

@@ -28,7 +28,7 @@ value: exactly what MLX computes with ``model.set_dtype(mx.float64)``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -38,6 +38,7 @@ from models._common import gelu, layer_norm  # float64 numpy, shared with the mo
 
 SQRT2 = math.sqrt(2.0)
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+CHAIN = 2000  # the length of the two long chains (reuse, recurrence)
 LN_EPS = 1e-5
 RMS_EPS = 1e-5
 
@@ -317,7 +318,7 @@ def _cumsum_grad(i):
 
 # ---- a parameter used n times: loss = sum_i sum(W[i] * p) -----------------------------
 
-def _reuse_make(uses=2000, d=8, seed=9):
+def _reuse_make(uses=CHAIN, d=8, seed=9):
     rng = np.random.default_rng(seed)
     return {"p": _f32(rng, (d,)), "W": _f32(rng, (uses, d))}
 
@@ -339,7 +340,7 @@ DECAY = 1 - 2.0 ** -10
 GAIN = 2.0 ** -7
 
 
-def _rec_make(steps=2000, d=16, seed=10):
+def _rec_make(steps=CHAIN, d=16, seed=10):
     rng = np.random.default_rng(seed)
     return {"a": _f32(rng, (d,)), "h0": _f32(rng, (d,)), "X": _f32(rng, (steps, d)),
             "G": _f32(rng, (d,))}
@@ -449,7 +450,10 @@ class GradCase:
     wrt: tuple                         # the inputs differentiated
     loss: Callable[[dict], float]      # float64 loss
     grad: Callable[[dict], dict]       # float64 gradient over wrt
-    quick: dict = field(default_factory=dict)  # smaller sizes for a smoke run
+    chain: str | None = None           # the keyword of make giving a chain's length n
+
+    def label(self, n: int = CHAIN) -> str:
+        return self.name.replace(" n ", f" {n} ")
 
 
 GRAD_CASES: dict[str, GradCase] = {c.name: c for c in [
@@ -463,10 +467,8 @@ GRAD_CASES: dict[str, GradCase] = {c.name: c for c in [
     GradCase("softmax", _softmax_make, ("x",), _softmax_loss, _softmax_grad),
     GradCase("attention", _attn_make, ("q", "k", "v"), _attn_loss, _attn_grad),
     GradCase("cumsum", _cumsum_make, ("x",), _cumsum_loss, _cumsum_grad),
-    GradCase("param used 2000x", _reuse_make, ("p",), _reuse_loss, _reuse_grad,
-             quick=dict(uses=200)),
-    GradCase("recurrence 2000 steps", _rec_make, ("a", "h0"), _rec_loss, _rec_grad,
-             quick=dict(steps=200)),
+    GradCase("param used n times", _reuse_make, ("p",), _reuse_loss, _reuse_grad, "uses"),
+    GradCase("recurrence of n steps", _rec_make, ("a", "h0"), _rec_loss, _rec_grad, "steps"),
     GradCase("MLP (GELU, LayerNorm)", _mlp_case_make, MLP_PARAMS, _mlp_case_loss, _mlp_case_grad),
 ]}
 
