@@ -10,10 +10,10 @@ float64 numpy oracle (``training_oracle.py``: independent of MLX and mlx_precise
    sigmoid / erf, matmul, conv1d, layer_norm, rms_norm, softmax, causal attention,
    cumsum, a parameter used n times, back-propagation through a recurrence of n
    steps (n = 2000, the issue's; ``--chain``), and the whole-model gradient of an
-   MLP (GELU, LayerNorm). Each is taken by ``mx.grad`` (the MLP by ``nn.value_and_grad``), plain and inside a block,
-   and scored normwise against the float64 gradient. The floor is the float64
-   gradient rounded once to float32; errors are printed as ratios to it. In the
-   block two values are read: the float32 arrays the user holds ("rounded") and
+   MLP (GELU, LayerNorm). Each is taken by ``mx.grad`` (the MLP by
+   ``nn.value_and_grad``), plain and inside a block, and scored normwise against
+   the float64 gradient. The floor is the float64 gradient rounded once to
+   float32; errors are printed as ratios to it. In the block two values are read: the float32 arrays the user holds ("rounded") and
    the value they carry (``astype(mx.float64)`` inside the block: high + low word;
    "carried"). The issue's target: rounded within 2x of the floor.
 2. Training (``run_training``): an MLP Linear(16, 32) - GELU - LayerNorm(32) -
@@ -146,7 +146,8 @@ MLX_CASES = {
     **{n: _unary(n) for n in oracle.UNARY},
     "matmul": _grad_of(lambda a: mx.sum(a["G"] * (a["A"] @ a["B"]))),
     "conv1d": _grad_of(lambda a: mx.sum(a["G"] * mx.conv1d(a["x"], a["w"], padding=CONV_PAD))),
-    "layer_norm": _grad_of(lambda a: mx.sum(a["G"] * mx.fast.layer_norm(a["x"], a["w"], a["b"], LN_EPS))),
+    "layer_norm": _grad_of(lambda a: mx.sum(
+        a["G"] * mx.fast.layer_norm(a["x"], a["w"], a["b"], LN_EPS))),
     "rms_norm": _grad_of(lambda a: mx.sum(a["G"] * mx.fast.rms_norm(a["x"], a["w"], RMS_EPS))),
     "softmax": _grad_of(lambda a: mx.sum(a["G"] * mx.softmax(a["x"], axis=-1))),
     "attention": _grad_of(lambda a: mx.sum(a["G"] * mx.fast.scaled_dot_product_attention(

@@ -422,11 +422,15 @@ def _mlp_case_make(seed=12):
     affine part is not trivial), plus the data."""
     s = MLP_SIZES
     rng = np.random.default_rng(seed)
-    u = lambda shape, fan: rng.uniform(-1, 1, shape).astype(np.float32) / np.float32(math.sqrt(fan))
-    p = {"l1.weight": u((s["hidden"], s["d_in"]), s["d_in"]), "l1.bias": u((s["hidden"],), s["d_in"]),
-         "ln.weight": (1 + 0.1 * _f32(rng, (s["hidden"],))).astype(np.float32),
-         "ln.bias": _f32(rng, (s["hidden"],), 0.1),
-         "l2.weight": u((s["d_out"], s["hidden"]), s["hidden"]), "l2.bias": u((s["d_out"],), s["hidden"])}
+
+    def u(shape, fan):
+        return rng.uniform(-1, 1, shape).astype(np.float32) / np.float32(math.sqrt(fan))
+
+    d_in, hidden, d_out = s["d_in"], s["hidden"], s["d_out"]
+    p = {"l1.weight": u((hidden, d_in), d_in), "l1.bias": u((hidden,), d_in),
+         "ln.weight": (1 + 0.1 * _f32(rng, (hidden,))).astype(np.float32),
+         "ln.bias": _f32(rng, (hidden,), 0.1),
+         "l2.weight": u((d_out, hidden), hidden), "l2.bias": u((d_out,), hidden)}
     x, y = mlp_data(s["samples"], s["d_in"], s["d_out"])
     return {**p, "x": x, "y": y}
 
