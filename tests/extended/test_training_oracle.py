@@ -236,3 +236,11 @@ def test_harness_returns_numbers_and_reports_failures(monkeypatch):
     assert "no rule for this" in r["cpu"]["error"] and "no rule" in r["plain"]["error"]
     table = bt.gradient_table({"tanh": r}, ("cpu",))
     assert "error: RuntimeError: no rule for this" in table
+
+
+def test_script_prints_the_training_table(capsys):
+    bt.main(["--backend", "cpu", "--only", "training", "--steps", "3"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and " cpu | 3 |" in line]
+    assert [r.split(" | ")[0] for r in rows] == [f"| {n}" for n in o.OPTIMIZERS]
+    assert all("error" not in r for r in rows)
