@@ -27,6 +27,7 @@ value: exactly what MLX computes with ``model.set_dtype(mx.float64)``.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -569,10 +570,13 @@ def make_optimizer(kind: str, **kw):
     return OPTIMIZER_CLASSES[kind](**kw)
 
 
-def trajectory(p0: dict, x, y, kind: str, kw: dict, steps: int, record=()) -> tuple[dict, list]:
+def trajectory(p0: dict, x, y, kind: str, kw: dict, steps: int, record=(),
+               store=None) -> tuple[dict, list]:
     """Full-batch training of the MLP from the float32 parameters ``p0`` (name ->
     array) in float64: ``steps`` updates of ``make_optimizer(kind, **kw)``. Returns
-    (final float64 parameters, losses at the steps in ``record``)."""
+    (final float64 parameters, losses at the steps in ``record``). ``store``: applied
+    to every parameter after each update (e.g. :func:`to_float32`: parameters kept in
+    float32 between steps, everything else exact)."""
     p = {k: np.asarray(v, dtype=np.float64) for k, v in p0.items()}
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     opt = make_optimizer(kind, **kw)
@@ -583,7 +587,28 @@ def trajectory(p0: dict, x, y, kind: str, kw: dict, steps: int, record=()) -> tu
         if t in record:
             losses.append(loss)
         p = opt.update(p, g)
+        if store is not None:
+            p = {k: store(v) for k, v in p.items()}
     return p, losses
+
+
+def to_float32(a):
+    """``a`` rounded to float32, held in float64."""
+    return np.asarray(a).astype(np.float32).astype(np.float64)
+
+
+def float32_hyperparameters(kind: str, kw: dict) -> dict:
+    """The optimizer's keyword arguments, its defaults included, with every float
+    rounded to float32: the constants plain float32 MLX computes with (a Python float
+    meets a float32 array as float32), against their float64 values inside a block."""
+    def r(v):
+        if isinstance(v, float):
+            return float(np.float32(v))
+        return type(v)(r(u) for u in v) if isinstance(v, (tuple, list)) else v
+    defaults = {k: q.default for k, q in
+                inspect.signature(OPTIMIZER_CLASSES[kind]).parameters.items()
+                if q.default is not inspect.Parameter.empty}
+    return {k: r(v) for k, v in {**defaults, **kw}.items()}
 
 
 def flat(tree: dict, keys=None) -> np.ndarray:

@@ -244,3 +244,19 @@ def test_script_prints_the_training_table(capsys):
     rows = [line for line in out.splitlines() if line.startswith("| ") and " cpu | 3 |" in line]
     assert [r.split(" | ")[0] for r in rows] == [f"| {n}" for n in o.OPTIMIZERS]
     assert all("error" not in r for r in rows)
+
+
+def test_diagnostic_trajectories(start):
+    """The oracle-only variants of the training table: float32 constants include the
+    optimizer's defaults; parameters stored in float32 stay float32 values."""
+    kw = o.float32_hyperparameters("Adam", dict(learning_rate=1e-3))
+    assert kw["betas"] == (float(np.float32(0.9)), float(np.float32(0.999)))
+    assert kw["eps"] == float(np.float32(1e-8)) != 1e-8 and kw["bias_correction"] is False
+    assert o.float32_hyperparameters("SGD", dict(learning_rate=0.1, momentum=0.9))["momentum"] \
+        == float(np.float32(0.9))
+    p0, x, y, keys = start
+    theta, _ = o.trajectory(p0, x, y, "Adam", dict(learning_rate=1e-3), 5, store=o.to_float32)
+    exact, _ = o.trajectory(p0, x, y, "Adam", dict(learning_rate=1e-3), 5)
+    for k in keys:
+        np.testing.assert_array_equal(theta[k], theta[k].astype(np.float32))
+    assert 0 < o.normwise(o.flat(theta, keys), o.flat(exact, keys)) < 1e-6
