@@ -13,8 +13,8 @@ float64 numpy oracle (``training_oracle.py``: independent of MLX and mlx_precise
    MLP (GELU, LayerNorm). Each is taken by ``mx.grad`` (the MLP by
    ``nn.value_and_grad``), plain and inside a block, and scored normwise against
    the float64 gradient. The floor is the float64 gradient rounded once to
-   float32; errors are printed as ratios to it. In the block two values are read: the float32 arrays the user holds ("rounded") and
-   the value they carry (``astype(mx.float64)`` inside the block: high + low word;
+   float32; errors are printed as ratios to it. In the block two values are read:
+   the float32 arrays the user holds ("rounded") and the value they carry (``astype(mx.float64)`` inside the block: high + low word;
    "carried"). The issue's target: rounded within 2x of the floor.
 2. Training (``run_training``): an MLP Linear(16, 32) - GELU - LayerNorm(32) -
    Linear(32, 4), 64 samples, MSE, full batch, ``steps`` updates of SGD with
@@ -273,8 +273,8 @@ def run_training(optimizer_name: str = "adam", steps: int = 1000, backend: str =
     "dw_err", "time", "burst_times", "float32"} or {"error"}}; errors normwise over all
     parameters; "params_float32": the error of the float64 trajectory with the
     parameters rounded to float32 after every step, "hyper_float32": with the
-    optimizer's float constants rounded to float32; "time" in s per step, "burst_times" each burst's s per step in order
-    (a rising series would show the step's cost growing along the run)."""
+    optimizer's float constants rounded to float32; "time" in s per step,
+    "burst_times" each burst's s per step in order (a rising series would show the step's cost growing along the run)."""
     import mlx_precise as mp
 
     kind, kw = OPTIMIZERS[optimizer_name]
@@ -290,8 +290,9 @@ def run_training(optimizer_name: str = "adam", steps: int = 1000, backend: str =
     # where float32 training loses accuracy, from the oracle alone: parameters stored
     # in float32 between steps (gradients and updates exact), and the optimizer's
     # Python-float constants at their float32 values (everything else exact)
+    hyper32 = oracle.float32_hyperparameters(kind, kw)
     for label, kind_kw, store in (("params_float32", kw, oracle.to_float32),
-                                  ("hyper_float32", oracle.float32_hyperparameters(kind, kw), None)):
+                                  ("hyper_float32", hyper32, None)):
         theta, _ = oracle.trajectory(p0, x, y, kind, kind_kw, steps, store=store)
         out[label] = normwise(flat(theta, keys), ref)
 
