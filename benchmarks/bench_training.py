@@ -14,8 +14,9 @@ float64 numpy oracle (``training_oracle.py``: independent of MLX and mlx_precise
    ``nn.value_and_grad``), plain and inside a block, and scored normwise against
    the float64 gradient. The floor is the float64 gradient rounded once to
    float32; errors are printed as ratios to it. In the block two values are read:
-   the float32 arrays the user holds ("rounded") and the value they carry (``astype(mx.float64)`` inside the block: high + low word;
-   "carried"). The issue's target: rounded within 2x of the floor.
+   the float32 arrays the user holds ("rounded") and the value they carry
+   (``astype(mx.float64)`` inside the block: high + low word; "carried"). The
+   issue's target: rounded within 2x of the floor.
 2. Training (``run_training``): an MLP Linear(16, 32) - GELU - LayerNorm(32) -
    Linear(32, 4), 64 samples, MSE, full batch, ``steps`` updates of SGD with
    momentum (lr 1e-2, momentum 0.9), Adam (lr 1e-3) and AdamW (lr 1e-3, weight
@@ -274,7 +275,8 @@ def run_training(optimizer_name: str = "adam", steps: int = 1000, backend: str =
     parameters; "params_float32": the error of the float64 trajectory with the
     parameters rounded to float32 after every step, "hyper_float32": with the
     optimizer's float constants rounded to float32; "time" in s per step,
-    "burst_times" each burst's s per step in order (a rising series would show the step's cost growing along the run)."""
+    "burst_times" each burst's s per step in order (a rising series would show the
+    step's cost growing along the run)."""
     import mlx_precise as mp
 
     kind, kw = OPTIMIZERS[optimizer_name]
