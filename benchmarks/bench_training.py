@@ -1,4 +1,4 @@
-"""Training in double-word (issue 28): gradients and optimizer trajectories, plain
+"""Training in double-word: gradients and optimizer trajectories, plain
 float32 MLX against the same code inside ``extended_precision()``, both against a
 float64 numpy oracle (``training_oracle.py``: independent of MLX and mlx_precise).
 
@@ -9,14 +9,14 @@ float64 numpy oracle (``training_oracle.py``: independent of MLX and mlx_precise
 1. Gradients (``run_gradient_cases``): arithmetic chain, exp / log / tanh /
    sigmoid / erf, matmul, conv1d, layer_norm, rms_norm, softmax, causal attention,
    cumsum, a parameter used n times, back-propagation through a recurrence of n
-   steps (n = 2000, the issue's; ``--chain``), and the whole-model gradient of an
+   steps (n = 2000 by default; ``--chain``), and the whole-model gradient of an
    MLP (GELU, LayerNorm). Each is taken by ``mx.grad`` (the MLP by
    ``nn.value_and_grad``), plain and inside a block, and scored normwise against
    the float64 gradient. The floor is the float64 gradient rounded once to
    float32; errors are printed as ratios to it. In the block two values are read:
    the float32 arrays the user holds ("rounded") and the value they carry
    (``astype(mx.float64)`` inside the block: high + low word; "carried"). The
-   issue's target: rounded within 2x of the floor.
+   target (docs/training.md): rounded within 2x of the floor.
 2. Training (``run_training``): an MLP Linear(16, 32) - GELU - LayerNorm(32) -
    Linear(32, 4), 64 samples, MSE, full batch, ``steps`` updates of SGD with
    momentum (lr 1e-2, momentum 0.9), Adam (lr 1e-3) and AdamW (lr 1e-3, weight
@@ -30,7 +30,7 @@ float64 numpy oracle (``training_oracle.py``: independent of MLX and mlx_precise
 
    (``--block per-burst``: one block around each burst of steps instead.) The
    parameters after the last step are scored against the float64 trajectory; the
-   floor is float32(theta64). The issue's target: within 3x of the floor. Two
+   floor is float32(theta64). The target: within 3x of the floor. Two
    oracle-only columns locate float32's loss: the float64 trajectory with the
    parameters stored in float32 between steps, and with the optimizer's float
    constants (betas, eps, momentum, weight decay) rounded to float32. Time per
@@ -170,7 +170,7 @@ def _error_text(e: BaseException) -> str:
 
 def case_inputs(name: str, chain: int | None = None) -> dict:
     """The float32 numpy inputs of a gradient case (fixed seeds); ``chain``: the length
-    of the long chains (None: the issue's 2000)."""
+    of the long chains (None: 2000)."""
     case = GRAD_CASES[name]
     return case.make(**({case.chain: chain} if chain and case.chain else {}))
 
@@ -433,7 +433,7 @@ def main(argv=None):
     p.add_argument("--chain", type=int, default=None,
                    help="length of the two long chains (default 2000; the emulator's time "
                         "grows faster than linearly with it)")
-    p.add_argument("--full", action="store_true", help="the issue's sizes (the default)")
+    p.add_argument("--full", action="store_true", help="the full sizes (the default)")
     p.add_argument("--only", choices=("gradients", "training"), default=None)
     a = p.parse_args(argv)
     import mlx_precise as mp
@@ -441,7 +441,7 @@ def main(argv=None):
     backends = a.backend or [mp.backend()]
     steps = a.steps or (50 if a.quick else 1000)
     chain = a.chain or (200 if a.quick else None)
-    print("Training in double-word (issue 28): errors as ratios to the floor (the float64 "
+    print("Training in double-word: errors as ratios to the floor (the float64 "
           "oracle rounded once to float32), normwise; float32 = plain MLX; rounded = the "
           "float32 arrays after the block; carried = astype(float64) inside the block\n")
     if a.only != "training":

@@ -1,5 +1,5 @@
-"""float64 numpy oracles for training in double-word (issue 28): gradients of the
-cases the issue names, and the float64 trajectory of a small MLP trained by SGD
+"""float64 numpy oracles for training in double-word: gradients of the
+cases of docs/training.md, and the float64 trajectory of a small MLP trained by SGD
 with momentum, Adam and AdamW.
 
 Independent of MLX and mlx_precise: plain numpy / scipy / math on float64 arrays,
@@ -39,7 +39,7 @@ from models._common import gelu, layer_norm  # float64 numpy, shared with the mo
 
 SQRT2 = math.sqrt(2.0)
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-CHAIN = 2000  # the issue's length of the two long chains (reuse, recurrence)
+CHAIN = 2000  # the length of the two long chains (reuse, recurrence)
 LN_EPS = 1e-5
 RMS_EPS = 1e-5
 

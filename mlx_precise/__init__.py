@@ -68,6 +68,7 @@ from .norms import Layout, block_cols, block_cyclic, block_rows, norm
 from .int8 import compute_azp_adj, int8_matmul, quantize_int8, scaled_mm
 from . import nn  # (mlx.nn layers: FFTConv, HyenaOperator, Int8Linear)
 from . import extended  # (the double-word flow of extended_precision())
+from .extended.checkpoint import load_extended, save_extended
 from .extended.intercept import install_from_env as _install_interception
 
 # MLX's own ops run extended inside extended_precision() (MLX_PRECISE_INTERCEPT=0: not)
@@ -90,6 +91,8 @@ __all__ = [
     "depthwise_conv",
     "depthwise_conv_extended",
     "extended_precision",
+    "load_extended",
+    "save_extended",
     "fft_scale",
     "fft_scale_extended",
     "fftconv",

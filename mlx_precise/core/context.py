@@ -47,6 +47,18 @@ def flow_suspended():
         flow.reset(token)
 
 
+# Set by the double-word flow (mlx_precise.extended): runs a function of a lower
+# layer (a precision-aware entry point) inside a block as one op, so that a gradient
+# being taken sees it whole (its MLX VJP runs), not the ops inside it.
+opaque_runner: list = []
+
+
+def run_opaque(name: str, fn: Callable, args, kwargs):
+    if opaque_runner:
+        return opaque_runner[0](name, fn, args, kwargs)
+    return fn(*args, **kwargs)
+
+
 def is_extended() -> bool:
     """True inside an enabled :func:`extended_precision` block."""
     return _extended.get()

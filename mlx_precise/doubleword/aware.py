@@ -16,7 +16,7 @@ from typing import Callable
 import mlx.core as mx
 
 from ..core import backends
-from ..core.context import is_extended
+from ..core.context import is_extended, run_opaque
 from .words import DoubleWord
 
 # name -> the precision-aware function (filled by @precision_aware).
@@ -70,7 +70,7 @@ def precision_aware(extended: Callable) -> Callable:
             except TypeError as e:  # Python's message lacks the function's name
                 raise TypeError(f"{plain.__name__}(): {e}") from None
             if is_extended():
-                return extended(*args, **kwargs)
+                return run_opaque(plain.__name__, extended, args, kwargs)
             opts = {k: bound.arguments.pop(k, sig.parameters[k].default) for k in own}
             if "backend" in opts and opts["backend"] is not None:
                 backends.validate(opts["backend"])

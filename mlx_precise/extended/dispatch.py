@@ -34,10 +34,10 @@ import types
 
 import mlx.core as mx
 
-from ..core import backends
+from ..core import backends, context
 from ..core.plain import plain
 from ..core.autodiff import TransformUnsupportedError
-from . import carry, registry, rules, scatter
+from . import autodiff, carry, registry, rules, scatter
 from .carry import suspended
 from .report import PrecisionDropError, Report, dropped
 
@@ -74,49 +74,83 @@ def _wrapper(entry):
     name, original, rule, kind = entry.op, entry.original, entry.rule, entry.kind
     if kind == "value-free":
         return original
-    inplace = kind == "in-place"
+    mutates = kind == "in-place" or name == "__setitem__"
 
     def call(*args, **kwargs):
         report = _report.get()
         if report is None:
             return original(*args, **kwargs)
         token = _report.set(None)  # the rule and MLX's op below see plain MLX
-        nested = carry.any_nested(args)
         try:
-            if rule is not None:
-                stream = kwargs.pop("stream", None)
-                backend = backends.backend()
-                try:
-                    with mx.stream(stream) if stream is not None else contextlib.nullcontext():
-                        out = rule(rules.Operands(backend, stream, report), original, *args,
-                                   **kwargs)
-                except ValueError as e:
-                    if "function transformations" not in str(e):
-                        raise
-                    raise _traced_on_host(e, name, backend) from e
-                if stream is not None:
-                    kwargs["stream"] = stream
-                if out is not NotImplemented:
-                    report.extended[name] += 1
-                    if nested:
-                        carry.tag_nested(out)
-                    return out
-            if _carries(args, kwargs):
-                dropped(report, name, "it has no double-word rule for these operands"
-                        if rule is not None else registry.WITHOUT_RULE.get(
-                            registry.canonical(name), "it has no double-word rule"))
-            elif rule is not None and _foreign(args):
-                report.plain[name] += 1
-            out = original(*args, **kwargs)
-            if inplace and args:
-                carry.attach(args[0], None)  # MLX's own update: the old low word is stale
-            if nested:
-                carry.tag_nested(out)
+            recording = autodiff.recording()
+            if recording and mutates and isinstance(args[0], mx.array):
+                return _mutate(entry, report, args, kwargs)
+            mark = autodiff.mark() if recording else None
+            out = _run(entry, report, args, kwargs)
+            if recording and autodiff.mark() == mark:  # a composite rule records its ops
+                autodiff.record(name, entry.vjp, original, args, kwargs, out, report)
             return out
         finally:
             _report.reset(token)
 
     return functools.update_wrapper(call, original) if callable(original) else call
+
+
+def _run(entry, report, args, kwargs):
+    """The op: its rule on the call's stream, else MLX's (reported when it consumes
+    a carried value)."""
+    name, original, rule = entry.op, entry.original, entry.rule
+    if rule is not None:
+        stream = kwargs.pop("stream", None)
+        backend = backends.backend()
+        try:
+            with mx.stream(stream) if stream is not None else contextlib.nullcontext():
+                out = rule(rules.Operands(backend, stream, report), original, *args, **kwargs)
+        except ValueError as e:
+            if "function transformations" not in str(e):
+                raise
+            raise _traced_on_host(e, name, backend) from e
+        if stream is not None:
+            kwargs["stream"] = stream
+        if out is not NotImplemented:
+            report.extended[name] += 1
+            if any(out is a for a in args) and entry.kind != "in-place":
+                out = autodiff.snapshot(out)  # MLX returns a new array, never an operand
+            return out
+    if _carries(args, kwargs):
+        dropped(report, name, "it has no double-word rule for these operands"
+                if rule is not None else registry.WITHOUT_RULE.get(
+                    registry.canonical(name), "it has no double-word rule"))
+    elif rule is not None and _foreign(args):
+        report.plain[name] += 1
+    out = original(*args, **kwargs)
+    if entry.kind == "in-place" and args:
+        carry.attach(args[0], None)  # MLX's own update: the old low word is stale
+    return out
+
+
+def _mutate(entry, report, args, kwargs):
+    """An in-place update while a gradient records: the ops that read the array's
+    old value keep reading it (an alias), the update is recorded as the function
+    (old value, operands) -> new value, and the array now stands for the result."""
+    x = args[0]
+    old = autodiff.snapshot(x)
+    autodiff.replace_input(x, old)
+    out = _run(entry, report, args, kwargs)
+    if entry.op == "__setitem__":
+        autodiff.record("__setitem__", rules.VJPS["array.__setitem__"], _assigned,
+                        (old, *args[1:]), {}, x, report)
+    else:
+        autodiff.record(entry.op, entry.vjp, entry.functional, (old, *args[1:]), kwargs, x,
+                        report)
+    return out
+
+
+def _assigned(x, index, value):
+    """``x[index] = value`` as a function (MLX's float32 VJP runs through it)."""
+    y = x * 1
+    y[index] = value
+    return y
 
 
 def _kernel_factory(entry):
@@ -134,7 +168,9 @@ def _kernel_factory(entry):
             report = _report.get()
             if report is not None and _carries(k.get("inputs", ()), {}):
                 dropped(report, name, "a custom kernel computes in the types it declares")
-            return kernel(*a, **k)
+            out = kernel(*a, **k)
+            autodiff.opaque(name, kernel, a, k, out, report)
+            return out
 
         return launch
 
@@ -152,31 +188,6 @@ def _at(entry):
         return scatter.At(x, getter, report)
 
     return property(at, doc=entry.original.__doc__)
-
-
-def _gradient_wrapper(name: str, original):
-    """``mx.grad`` & co. inside a block: their results, when computed inside an
-    enclosing gradient trace, are tagged (see carry.check_traceable)."""
-
-    def transform(*args, **kwargs):
-        if name in ("vjp", "jvp"):  # computes at once
-            return _traced(original, args, kwargs)
-        fn = original(*args, **kwargs)
-        return functools.update_wrapper(lambda *a, **k: _traced(fn, a, k), fn, updated=())
-
-    return functools.update_wrapper(transform, original)
-
-
-def _traced(fn, args, kwargs):
-    outer = carry.depth.get()
-    token = carry.depth.set(outer + 1)
-    try:
-        out = fn(*args, **kwargs)
-    finally:
-        carry.depth.reset(token)
-    if outer and _report.get() is not None:
-        carry.tag_nested(out)
-    return out
 
 
 # ---- paths around the module attributes ----------------------------------------------
@@ -213,11 +224,52 @@ def _compiled_function(transformed):
 
 
 def _call_transformed(self, *args, **kwargs):
-    if _report.get() is not None:
-        fn = _compiled_function(self)
-        if fn is not None:
-            return fn(*args, **kwargs)
-    return _transformed_call(self, *args, **kwargs)
+    report = _report.get()
+    if report is None:
+        return _transformed_call(self, *args, **kwargs)
+    fn = _compiled_function(self)
+    if fn is not None:
+        return fn(*args, **kwargs)
+    return _opaque_call("a transformed function (mx.vmap, or a gradient made before "
+                        "mlx_precise was imported)", _transformed_call, self, report, args,
+                        kwargs)
+
+
+_CUSTOM = type(plain.custom_function(lambda x: x))
+_custom_call = _CUSTOM.__call__
+
+
+def _call_custom(self, *args, **kwargs):
+    report = _report.get()
+    if report is None:
+        return _custom_call(self, *args, **kwargs)
+    return _opaque_call("mx.custom_function", _custom_call, self, report, args, kwargs)
+
+
+def _opaque_call(name, call, self, report, args, kwargs):
+    """A callable MLX runs on new arrays (its inputs' low words are not read):
+    reported when it reads a carried value, and recorded for a gradient being
+    taken (MLX's VJP of it). The ops inside still run through the flow (under
+    mx.vmap on a host backend they raise TransformUnsupportedError)."""
+    if _carries(args, kwargs):
+        dropped(report, name, "MLX runs it on new arrays, without their low words")
+    with autodiff.unrecorded():
+        out = call(self, *args, **kwargs)
+    autodiff.opaque(name, lambda *a, **k: call(self, *a, **k), args, kwargs, out, report)
+    return out
+
+
+def _run_opaque(name, fn, args, kwargs):
+    report = _report.get()
+    if report is None or not autodiff.recording():
+        return fn(*args, **kwargs)
+    with autodiff.unrecorded():
+        out = fn(*args, **kwargs)
+    autodiff.opaque(name, fn, args, kwargs, out, report)
+    return out
+
+
+context.opaque_runner.append(_run_opaque)
 
 
 # Names bound to MLX's functions before a block opens, in the globals of loaded
@@ -287,6 +339,8 @@ def _install() -> None:
         _saved.append((owner, name, original))
     _TRANSFORMED.__call__ = _call_transformed
     _saved.append((_TRANSFORMED, "__call__", _transformed_call))
+    _CUSTOM.__call__ = _call_custom
+    _saved.append((_CUSTOM, "__call__", _custom_call))
     originals = {id(o): (o, r) for owner, _, o, r in plan if owner is not mx.array}
     for module, name, original in _module_bindings(originals):
         if getattr(module, name, None) is original:
@@ -309,9 +363,7 @@ def _plan() -> list:
                                for owner, name, original, _ in _cached_plan):
         plan = []
         for e in registry.entries():
-            if e.kind == "gradient":
-                replacement = _gradient_wrapper(e.attr, e.original)
-            elif e.kind == "at":
+            if e.kind == "at":
                 replacement = _at(e)
             elif e.kind == "kernel factory":
                 replacement = _kernel_factory(e)

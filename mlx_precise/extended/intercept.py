@@ -6,6 +6,11 @@ blocks MLX computes as before, bit for bit):
   its ops, and its inputs keep their low words), and the compiled graph
   everywhere else; functions compiled before the import get the same treatment
   from the flow (:mod:`.dispatch`).
+* ``mx.grad``, ``mx.value_and_grad``, ``mx.vjp``, ``mx.jvp``, ``mx.checkpoint``: a
+  gradient computed while a double-word block is open in the calling thread / task
+  is the flow's own, in double-word (:mod:`.autodiff`), whenever the transformed
+  function was made (``nn.value_and_grad`` before the training loop included);
+  everywhere else MLX's transform, made when MLX would make it.
 * ``mx.array``'s in-place operators (``x[i] = v``, ``x += v``, ...): after MLX's
   own update they drop the low word the array carried, so no low word outlives a
   change of its value made outside a block.
@@ -26,12 +31,48 @@ from .. import extended as flow
 # The original MLX functions, captured before anything is replaced: the package's
 # own plain paths call these, never the dispatchers.
 from ..core.plain import plain
-from . import carry
+from . import autodiff, carry
 
 ENV_VAR = "MLX_PRECISE_INTERCEPT"
 
 _lock = threading.Lock()
 _installed = False
+
+
+def _gradient_dispatcher(name: str):
+    original = getattr(plain, name)
+
+    @functools.wraps(original)
+    def transform(fun, *a, **k):
+        made = original(fun, *a, **k)  # MLX's own (and its argument checks), eagerly
+
+        def call(*args, **kwargs):
+            report = flow.active()
+            if report is None:
+                return made(*args, **kwargs)
+            if name == "checkpoint":  # recomputation is MLX's memory trade: same values
+                return fun(*args, **kwargs)
+            argnums = a[0] if a else k.get("argnums")
+            argnames = a[1] if len(a) > 1 else k.get("argnames", ())
+            ours = autodiff.grad if name == "grad" else autodiff.value_and_grad
+            return ours(fun, argnums, argnames, report=report)(*args, **kwargs)
+
+        return functools.update_wrapper(call, fun, updated=())
+
+    return transform
+
+
+def _transform_now(name: str):
+    original = getattr(plain, name)
+
+    @functools.wraps(original)
+    def transform(fun, primals, tangents_or_cotangents):
+        report = flow.active()
+        if report is None:
+            return original(fun, primals, tangents_or_cotangents)
+        return getattr(autodiff, name)(fun, primals, tangents_or_cotangents, report=report)
+
+    return transform
 
 
 def _compile_dispatcher():
@@ -82,6 +123,10 @@ def install() -> None:
         if _installed:
             return
         mx.compile = _compile_dispatcher()
+        for name in ("grad", "value_and_grad", "checkpoint"):
+            setattr(mx, name, _gradient_dispatcher(name))
+        for name in ("vjp", "jvp"):
+            setattr(mx, name, _transform_now(name))
         _keep_low_words_current()
         _installed = True
 

@@ -173,9 +173,13 @@ def kind(name: str) -> str:
 
 class Entry(types.SimpleNamespace):
     """One stand-in to install: ``owner.attr`` is ``original``; ``op`` is the
-    qualified op name the report counts; ``rule`` its rule or None; ``kind`` as
-    :func:`kind` (``"property"`` for properties, ``"in-place"`` for ``__i<op>__``,
-    ``"at"`` for ``mx.array.at``, ``"kernel factory"``, ``"gradient"``)."""
+    qualified op name the report counts; ``rule`` its rule or None; ``vjp`` its VJP
+    rule or None; ``kind`` as :func:`kind` (``"property"`` for properties,
+    ``"in-place"`` for ``__i<op>__`` (``functional``: MLX's ``__<op>__``), ``"at"``
+    for ``mx.array.at``, ``"kernel factory"``)."""
+
+    def __init__(self, **kw):
+        super().__init__(**{"vjp": None, "functional": None, **kw})
 
 
 def _reflected(rule):
@@ -183,6 +187,23 @@ def _reflected(rule):
 
     def reflected(ctx, original, y, x, *rest, **kw):
         return rule(ctx, lambda a, b, *r, **k: original(b, a, *r, **k), x, y, *rest, **kw)
+
+    return reflected
+
+
+def _reflected_vjp(vjp):
+    """The VJP of ``y.__r<op>__(x)`` (recorded with arguments (y, x)) from the VJP
+    of ``x op y``."""
+    if vjp is None:
+        return None
+
+    def reflected(e, g):
+        view = types.SimpleNamespace(**{**vars(e), "args": (e.args[1], e.args[0], *e.args[2:])})
+        out = vjp(view, g)
+        if out is NotImplemented or out is None:
+            return out
+        out = list(out) + [None] * (2 - len(out))
+        return (out[1], out[0], *out[2:])
 
     return reflected
 
@@ -196,10 +217,12 @@ def _array_entry(attr: str, value) -> Entry | None:
             return Entry(owner=mx.array, attr=attr, original=value, op="array.at", rule=None,
                          kind="at")
         return Entry(owner=mx.array, attr=attr, original=value, op=f"array.{attr}",
-                     rule=rules.TABLE[f"array.{attr}"], kind="property")
+                     rule=rules.TABLE[f"array.{attr}"], kind="property",
+                     vjp=rules.VJPS.get(f"array.{attr}"))
     own = rules.TABLE.get(f"array.{attr}")
     if own is not None:
-        return Entry(owner=mx.array, attr=attr, original=value, op=attr, rule=own, kind="rule")
+        return Entry(owner=mx.array, attr=attr, original=value, op=attr, rule=own, kind="rule",
+                     vjp=rules.VJPS.get(f"array.{attr}"))
     op, how = attr, "method"
     if attr.startswith("__"):
         base = attr[2:-2]
@@ -213,14 +236,15 @@ def _array_entry(attr: str, value) -> Entry | None:
             raise KeyError(f"array.{attr}")
     op = canonical(op)
     k = kind(op)
-    rule = rules.TABLE.get(op)
+    rule, vjp, functional = rules.TABLE.get(op), rules.VJPS.get(op), None
     if rule is not None and how == "reflected":
-        rule = _reflected(rule)
+        rule, vjp = _reflected(rule), _reflected_vjp(vjp)
     if how == "in-place":
         functional = getattr(mx.array, f"__{attr[3:-2]}__")
         rule = None if rule is None else rules.inplace(rule, functional)
         k = "in-place"
-    return Entry(owner=mx.array, attr=attr, original=value, op=attr, rule=rule, kind=k)
+    return Entry(owner=mx.array, attr=attr, original=value, op=attr, rule=rule, kind=k,
+                 vjp=vjp, functional=functional)
 
 
 def entries() -> list[Entry]:
@@ -229,17 +253,14 @@ def entries() -> list[Entry]:
     for prefix, module in MODULES.items():
         for name in callables(module):
             op = prefix + name
-            if name in GRADIENTS and not prefix:
-                out.append(Entry(owner=module, attr=name, original=getattr(module, name),
-                                 op=op, rule=None, kind="gradient"))
-                continue
             k = kind(op)
             if k == "not an op":
                 continue
             if op in KERNEL_FACTORIES:
                 k = "kernel factory"
             out.append(Entry(owner=module, attr=name, original=getattr(module, name), op=op,
-                             rule=rules.TABLE.get(canonical(op)), kind=k))
+                             rule=rules.TABLE.get(canonical(op)), kind=k,
+                             vjp=rules.VJPS.get(canonical(op))))
     for attr in dir(mx.array):
         entry = _array_entry(attr, getattr(mx.array, attr))
         if entry is not None:

@@ -79,25 +79,33 @@ def depthwise(x, w, stride: int, padding: int, dilation: int, backend: str, stre
 
 
 
+def taps(x: mx.array, w: mx.array, stride: int, padding: int, dilation: int) -> mx.array:
+    """Depthwise ``conv1d`` as the sum over its K taps of strided slices of x (N, L,
+    C) times the tap weights of w (m C, K, 1) (channel multiplier m), in whatever
+    arithmetic the operands' ops run: float64 values on the CPU stream (the cpu
+    engine, :func:`depthwise64`), or carried float32 values through the flow (a
+    gradient differentiates each tap)."""
+    C, (Cout, K, _) = x.shape[2], w.shape
+    if Cout != C:  # channel multiplier m: output channel o reads input channel o // m
+        x = mx.repeat(x, Cout // C, axis=2)
+    if padding:
+        x = mx.pad(x, [(0, 0), (padding, padding), (0, 0)])
+    out = (x.shape[1] - dilation * (K - 1) - 1) // stride + 1
+    y = None
+    for k in range(K):
+        tap = x[:, k * dilation:k * dilation + (out - 1) * stride + 1:stride] * w[:, k, 0]
+        y = tap if y is None else y + tap
+    return y
+
+
 def depthwise64(x: mx.array, w: mx.array, stride: int, padding: int,
                 dilation: int) -> mx.array:
     """:func:`depthwise` in MLX float64 on the CPU (the cpu backend's engine):
-    x (N, L, C) and w (m C, K, 1) float64 values, the sum over the K taps of
-    strided slices times the tap weights, in float64 (error <= K u64 relative to
-    the sum of |terms|); lazy. (MLX's own float64 ``conv1d`` is only
-    float32-accurate.)"""
-    C, (Cout, K, _) = x.shape[2], w.shape
+    x (N, L, C) and w (m C, K, 1) float64 values, the sum over the K taps in float64
+    (error <= K u64 relative to the sum of |terms|); lazy. (MLX's own float64
+    ``conv1d`` is only float32-accurate.)"""
     with mx.stream(mx.cpu):
-        if Cout != C:  # channel multiplier m: output channel o reads input channel o // m
-            x = mx.repeat(x, Cout // C, axis=2)
-        if padding:
-            x = mx.pad(x, [(0, 0), (padding, padding), (0, 0)])
-        out = (x.shape[1] - dilation * (K - 1) - 1) // stride + 1
-        y = None
-        for k in range(K):
-            tap = x[:, k * dilation:k * dilation + (out - 1) * stride + 1:stride] * w[:, k, 0]
-            y = tap if y is None else y + tap
-        return y
+        return taps(x, w, stride, padding, dilation)
 
 
 def conv(words_forward: Callable, plain: Callable, x: mx.array, w: mx.array,

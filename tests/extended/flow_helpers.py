@@ -9,7 +9,16 @@ def rng_f32(shape, seed=0) -> np.ndarray:
 
 
 def f64(a) -> np.ndarray:
+    """The float32 array's own value in float64 (its high word)."""
     return np.array(a).astype(np.float64)
+
+
+def value64(a) -> np.ndarray:
+    """The value an array carries: its high and low words joined in float64."""
+    from mlx_precise.extended import low_word
+
+    lo = low_word(a)
+    return f64(a) if lo is None else f64(a) + f64(lo)
 
 
 def share(y, ref) -> float:

@@ -234,8 +234,8 @@ def test_depthwise_conv1d(backend):
         assert y.shape == plain.shape == ref.shape
         assert (y == ref.astype(np.float32)).mean() >= 0.999
         assert (plain == ref.astype(np.float32)).mean() < 1 or K == 1
-    # nn.Conv1d(groups=dim) is reached; its gradient is MLX's own float32 VJP
-    # (a linear loss: the cotangent does not depend on the forward value)
+    # nn.Conv1d(groups=dim) is reached, and so is its gradient, in double-word: a
+    # linear loss, against the float64 sums of exact products
     conv = nn.Conv1d(8, 8, 3, padding=2, groups=8, bias=False)
     x = mx.array(rng.standard_normal((2, 32, 8)).astype(np.float32))
     G = mx.array(rng.standard_normal((2, 34, 8)).astype(np.float32))
@@ -244,11 +244,20 @@ def test_depthwise_conv1d(backend):
         conv.weight = w
         return (conv(x) * G).sum()
 
-    g_plain = mx.grad(loss, argnums=(0, 1))(conv.weight, x)
+    w = conv.weight
+    g_plain = mx.grad(loss, argnums=(0, 1))(w, x)
     with mp.use_backend(backend), extended_precision():
-        g_ext = mx.grad(loss, argnums=(0, 1))(conv.weight, x)
-    for a, b in zip(g_ext, g_plain):
-        assert (bits(a) == bits(b)).all()
+        g_ext = mx.grad(loss, argnums=(0, 1))(w, x)
+    x64, G64, w64 = (np.array(v).astype(np.float64) for v in (x, G, w))
+    xp = np.pad(x64, [(0, 0), (2, 2), (0, 0)])
+    gw = np.stack([(G64 * xp[:, k:k + 34]).sum(axis=(0, 1)) for k in range(3)], axis=1)
+    gxp = np.zeros_like(xp)
+    for k in range(3):
+        gxp[:, k:k + 34] += G64 * w64[:, k, 0]
+    for got, plain_g, want in zip(g_ext, g_plain, (gw[:, :, None], gxp[:, 2:-2])):
+        want32 = want.astype(np.float32)
+        assert (np.array(got) == want32).mean() >= 0.99
+        assert (np.array(plain_g) == want32).mean() < (np.array(got) == want32).mean()
 
 
 def test_non_depthwise_conv_runs_plain_per_op_and_extended_in_the_flow():

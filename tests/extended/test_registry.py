@@ -18,7 +18,7 @@ import pytest
 
 import mlx_precise as mp
 from mlx_precise.extended import PrecisionDropError, low_word, registry, rules
-from flow_helpers import rng_f32
+from flow_helpers import rng_f32, value64
 
 BACKENDS = ["cpu", "emulate"]
 bound_before = mx.exp  # a module global bound before any block (this module's)
@@ -32,13 +32,6 @@ def carried(n=16, seed=0, shape=None):
         y = a / 3
     assert low_word(y) is not None
     return y, a.astype(mx.float64) / 3  # the carried value, and its float64 oracle
-
-
-def exact64(y) -> np.ndarray:
-    """The value an array carries (its words joined in float64)."""
-    lo = low_word(y)
-    hi = np.array(y).astype(np.float64)
-    return hi if lo is None else hi + np.array(lo).astype(np.float64)
 
 
 # ---- the table ----------------------------------------------------------------------
@@ -132,7 +125,7 @@ def test_aliases_are_their_canonical_op(backend, alias):
             a = getattr(mx, alias)(*args)
             b = getattr(mx, canonical)(*args)
     assert rep.extended[alias] == 1 and not rep.float32, rep
-    np.testing.assert_array_equal(exact64(a), exact64(b))
+    np.testing.assert_array_equal(value64(a), value64(b))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -154,7 +147,7 @@ def test_stream_keyword_never_decides_precision(backend):
             with mp.extended_precision() as rep:
                 a, b = f(x, mx.cpu), f(x, None)
             assert rep.extended[name] == 2 and not rep.float32, (name, rep)
-            np.testing.assert_array_equal(exact64(a), exact64(b), err_msg=name)
+            np.testing.assert_array_equal(value64(a), value64(b), err_msg=name)
 
 
 @pytest.mark.parametrize("op", ["zeros_like", "isnan", "sign", "isfinite", "any",
@@ -213,9 +206,9 @@ def test_a_low_word_never_outlives_a_change_made_outside_a_block(backend):
             d = y - 5.0
             v = w - 10.0
     assert np.array(z)[0] == 5 and np.array(d)[0] == 0.0 and low_word(d) is None or \
-        float(exact64(d)[0]) == 0.0
+        float(value64(d)[0]) == 0.0
     # w + 10 was rounded by MLX outside the block: its value is the float32 sum
-    np.testing.assert_array_equal(exact64(v), np.float32(np.float32(0.1) + 10) - 10.0)
+    np.testing.assert_array_equal(value64(v), np.float32(np.float32(0.1) + 10) - 10.0)
 
 
 @pytest.mark.parametrize("make", [lambda x: x.astype(mx.float32), lambda x: x ** 1,
@@ -223,13 +216,13 @@ def test_a_low_word_never_outlives_a_change_made_outside_a_block(backend):
                                   lambda x: mx.asarray(x)])
 def test_results_are_new_arrays(make):
     x, _ = carried(4, 8)
-    before = exact64(x)
+    before = value64(x)
     with mp.extended_precision():
         b = make(x)
         assert b is not x
-        np.testing.assert_array_equal(exact64(b), before)
+        np.testing.assert_array_equal(value64(b), before)
         b += 1
-    np.testing.assert_array_equal(exact64(x), before)  # x unchanged
+    np.testing.assert_array_equal(value64(x), before)  # x unchanged
 
 
 def test_arange_positional_dtype():
@@ -282,7 +275,7 @@ def test_in_place_update_of_an_array_without_a_low_word_is_exact(backend):
     with mp.use_backend(backend), mp.extended_precision() as rep:
         h = mx.array(a)
         h += mx.array(b)  # GPT-2's hidden += wpe(pos)
-    np.testing.assert_array_equal(exact64(h), a.astype(np.float64) + b.astype(np.float64))
+    np.testing.assert_array_equal(value64(h), a.astype(np.float64) + b.astype(np.float64))
     assert rep.extended["__iadd__"] == 1
 
 
@@ -299,7 +292,7 @@ def test_scatter_add_overlap_is_exact_on_cpu():
     assert rep.extended["array.at[].add"] == 1 and not rep.float32
     hi = np.array(buf)
     assert np.array_equal(hi, ref.astype(np.float32))  # exactly rounded
-    assert np.abs(exact64(buf) - ref).max() <= 2**-45 * np.abs(ref).max()
+    assert np.abs(value64(buf) - ref).max() <= 2**-45 * np.abs(ref).max()
     plain = np.array(mx.zeros((38,)).at[mx.array(idx)].add(mx.array(frames.reshape(-1))))
     assert not np.array_equal(plain, ref.astype(np.float32))  # float32 MLX is not
 
@@ -333,7 +326,7 @@ def test_pooling_layers_built_before_the_block(layer):
     assert not rep.float32 and low_word(y) is not None
     w = np.array(x64).reshape(1, 4, 2, 2)
     ref = w.mean(axis=2) if isinstance(layer, nn.AvgPool1d) else w.max(axis=2)
-    np.testing.assert_allclose(exact64(y), ref, rtol=2**-46)
+    np.testing.assert_allclose(value64(y), ref, rtol=2**-46)
 
 
 def test_functions_compiled_before_the_import_run_in_double_word(tmp_path):
@@ -398,19 +391,19 @@ def test_linalg_on_cpu_is_float64(op):
     assert rep.extended[f"linalg.{op}"] == 1 and not rep.float32
     m64, b64 = m.astype(np.float64), b.astype(np.float64)
     if op == "solve":
-        ref, got = np.linalg.solve(m64, b64), exact64(out)
+        ref, got = np.linalg.solve(m64, b64), value64(out)
     elif op == "inv":
-        ref, got = np.linalg.inv(m64), exact64(out)
+        ref, got = np.linalg.inv(m64), value64(out)
     elif op == "cholesky":
-        ref, got = np.linalg.cholesky(m64), exact64(out)
+        ref, got = np.linalg.cholesky(m64), value64(out)
     elif op == "norm":
-        ref, got = np.linalg.norm(m64), exact64(out)
+        ref, got = np.linalg.norm(m64), value64(out)
     elif op == "eigh":
-        ref, got = np.linalg.eigh(m64)[0], exact64(out[0])
+        ref, got = np.linalg.eigh(m64)[0], value64(out[0])
     elif op == "svd":
-        ref, got = np.linalg.svd(m64)[1], exact64(out[1])
+        ref, got = np.linalg.svd(m64)[1], value64(out[1])
     else:  # qr: reassemble
-        ref, got = m64, exact64(out[0]) @ exact64(out[1])
+        ref, got = m64, value64(out[0]) @ value64(out[1])
     assert np.abs(got - ref).max() <= 1e-12 * np.abs(ref).max(), op
 
 
@@ -428,8 +421,8 @@ def test_fftshift_and_cross_entropy_are_extended():
     with mp.use_backend("cpu"), mp.extended_precision() as rep:
         s = mx.fft.fftshift(x)
         ce = mx.fast.cross_entropy(logits, targets)
-    np.testing.assert_array_equal(exact64(s), np.fft.fftshift(exact64(x)))
-    L = exact64(logits)
+    np.testing.assert_array_equal(value64(s), np.fft.fftshift(value64(x)))
+    L = value64(logits)
     ref = np.log(np.exp(L).sum(-1)) - L[np.arange(3), [0, 4, 2]]
-    np.testing.assert_allclose(exact64(ce), ref, rtol=2**-44)
+    np.testing.assert_allclose(value64(ce), ref, rtol=2**-44)
     assert rep.extended["fast.cross_entropy"] == 1 and not rep.float32

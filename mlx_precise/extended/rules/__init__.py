@@ -37,4 +37,7 @@ def _join() -> dict:
 
 TABLE = _join()
 
-__all__ = ["TABLE", "Operands", "inplace", "is_word_array"]
+VJPS = {name: vjp for family in _FAMILIES for name, vjp in getattr(family, "VJPS", {}).items()}
+"""Op name -> VJP rule (:mod:`.base`): the derivative of the op in double-word."""
+
+__all__ = ["TABLE", "VJPS", "Operands", "inplace", "is_word_array"]

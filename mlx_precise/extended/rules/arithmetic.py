@@ -12,6 +12,7 @@ from ...doubleword.words import DoubleWord
 from .. import arith, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value
 from .base import (as64, carries, decomposed, floating_result, has_float64, is_word_array,
+                   movement, unbroadcast,
                    result, words)
 from .shape import _setitem
 
@@ -236,3 +237,71 @@ RULES = {
     "array.mT": _property(),
 }
 """Op name -> rule (``array.``: ``mx.array`` properties)."""
+
+
+# ---- derivatives ---------------------------------------------------------------------
+
+
+def _real_operands(e) -> bool:
+    """Real operands and result (complex ones: MLX's VJP, its conjugation rules)."""
+    return e.out.dtype != mx.complex64 and not any(
+        isinstance(a, complex) or isinstance(a, mx.array) and a.dtype == mx.complex64
+        for a in e.args)
+
+
+def _conj(v):
+    if isinstance(v, mx.array):
+        return mx.conj(v) if v.dtype == mx.complex64 else v
+    return v.conjugate() if isinstance(v, complex) else v
+
+
+def _binary_vjp(fx, fy, complex_ok=False):
+    """The VJP of ``x op y`` from the partial derivatives times g (``fx(g, x, y,
+    out)``), each summed to its operand's shape (a real operand of a complex op
+    takes the real part: MLX's convention). ``complex_ok``: the formulas hold for
+    complex values (holomorphic ops: ``g conj(f')``); otherwise MLX's VJP."""
+
+    def vjp(e, g):
+        if not (complex_ok or _real_operands(e)) or len(e.args) < 2:
+            return NotImplemented
+        x, y = e.args[:2]
+        return (unbroadcast(fx(g, x, y, e.out), x) if isinstance(x, mx.array) else None,
+                unbroadcast(fy(g, x, y, e.out), y) if isinstance(y, mx.array) else None)
+
+    return vjp
+
+
+def _unary_vjp(f):
+    def vjp(e, g):
+        return (f(g, e.args[0], e.out),) if _real_operands(e) else NotImplemented
+
+    return vjp
+
+
+VJPS = {
+    "add": _binary_vjp(lambda g, x, y, o: g, lambda g, x, y, o: g, True),
+    "subtract": _binary_vjp(lambda g, x, y, o: g, lambda g, x, y, o: -g, True),
+    "multiply": _binary_vjp(lambda g, x, y, o: g * _conj(y), lambda g, x, y, o: g * _conj(x),
+                            True),
+    "divide": _binary_vjp(lambda g, x, y, o: g / _conj(y),
+                          lambda g, x, y, o: -(g * _conj(o)) / _conj(y), True),
+    "conjugate": lambda e, g: (mx.conj(g),),
+    "real": lambda e, g: (g.astype(mx.complex64),) if e.args[0].dtype == mx.complex64
+    else (g,),
+    "imag": lambda e, g: (g * 1j,) if e.args[0].dtype == mx.complex64 else (g * 0.0,),
+    "maximum": _binary_vjp(lambda g, x, y, o: mx.where(x > y, g, 0.0),
+                           lambda g, x, y, o: mx.where(x > y, 0.0, g)),
+    "minimum": _binary_vjp(lambda g, x, y, o: mx.where(x < y, g, 0.0),
+                           lambda g, x, y, o: mx.where(x < y, 0.0, g)),
+    "negative": _unary_vjp(lambda g, x, o: -g),
+    "abs": _unary_vjp(lambda g, x, o: g * mx.sign(x)),
+    "square": _unary_vjp(lambda g, x, o: g * (x * 2.0)),
+    "nan_to_num": _unary_vjp(lambda g, x, o: mx.where(mx.isfinite(x), g, 0.0)),
+    "where": lambda e, g: (None, unbroadcast(mx.where(e.args[0], g, 0.0), e.args[1]),
+                           unbroadcast(mx.where(e.args[0], 0.0, g), e.args[2]))
+    if _real_operands(e) else NotImplemented,
+    "astype": lambda e, g: (g,) if e.out.dtype == e.args[0].dtype else NotImplemented,
+    "array.T": movement, "array.mT": movement,
+    "array.real": lambda e, g: VJPS["real"](e, g), "array.imag": lambda e, g: VJPS["imag"](e, g),
+}
+"""Op name -> VJP rule (see :mod:`.base`)."""

@@ -144,3 +144,64 @@ def operand_array(v):
         return v
     c = arith.constant(v)
     return attach(c.hi, c.lo)
+
+
+# ---- helpers of the VJP rules ---------------------------------------------------------
+# A VJP rule is called as ``vjp(entry, g)`` with the recorded op (``entry.args``,
+# ``entry.kwargs``, ``entry.out``, ``entry.original``) and the cotangent ``g`` of its
+# output (a list for several outputs); it returns the cotangents of ``entry.args``,
+# position by position (None: no gradient; a list for a list argument), computed
+# with ops of the flow (so in double-word), or NotImplemented (MLX's float32 VJP
+# then runs, reported).
+
+
+def unbroadcast(g, like):
+    """``g`` summed down to the shape of the operand ``like`` (numpy broadcasting);
+    None when ``like`` is not an array."""
+    if not isinstance(like, mx.array) or not mx.issubdtype(like.dtype, mx.inexact):
+        return None
+    if g.shape == like.shape:
+        return g
+    lead = g.ndim - like.ndim
+    axes = list(range(lead)) + [lead + i for i, s in enumerate(like.shape)
+                                if s == 1 and g.shape[lead + i] != 1]
+    return (mx.sum(g, axis=axes, keepdims=True) if axes else g).reshape(like.shape)
+
+
+def movement(e, g):
+    """The VJP of an op that only moves values (a permutation, a selection, zero
+    fill: reshape, transpose, slicing, concatenation, ...): MLX's VJP of the op on
+    the high and on the low words of the cotangent, each exact, joined."""
+    slots = [(i, j) for i, a in enumerate(e.args) for j, b in (
+        enumerate(a) if isinstance(a, (list, tuple)) else [(None, a)])
+        if isinstance(b, mx.array) and mx.issubdtype(b.dtype, mx.inexact)]
+    if not slots:
+        return [None] * len(e.args)
+    primals = [e.args[i] if j is None else e.args[i][j] for i, j in slots]
+
+    def f(*arrays):
+        args = list(e.args)
+        for (i, j), a in zip(slots, arrays):
+            if j is None:
+                args[i] = a
+            else:
+                items = list(args[i])
+                items[j] = a
+                args[i] = type(e.args[i])(items)
+        return e.original(*args, **e.kwargs)
+
+    gs = g if isinstance(g, (list, tuple)) else [g]
+    parts = [words(c) for c in gs]
+    with carry.suspended():
+        _, his = mx.vjp(f, primals, [w.hi for w in parts])
+        _, los = mx.vjp(f, primals, [w.lo for w in parts])
+    out = [None] * len(e.args)
+    for (i, j), h, l_ in zip(slots, his, los):
+        c = attach(h, l_)
+        if j is None:
+            out[i] = c
+        else:
+            if out[i] is None:
+                out[i] = [None] * len(e.args[i])
+            out[i][j] = c
+    return out

@@ -52,7 +52,7 @@ import math
 import mlx.core as mx
 
 from ...doubleword.words import from64, to64
-from .. import carry, spectral
+from .. import autodiff, carry, spectral
 from ..engine import words_op
 
 F32 = mx.float32
@@ -322,6 +322,9 @@ def _conv1d(ctx, original, input, weight, stride=1, padding=0, dilation=1, group
     if not spectral.is_depthwise(input, weight, groups):
         return _CONV1D(ctx, original, input, weight, stride, padding, dilation, groups)
     geometry = (int(stride), int(padding), int(dilation))
+    if autodiff.recording():  # the sum over the taps, in ops the tape differentiates
+        with carry.reporting(ctx.report):
+            return spectral.taps(input, weight, *geometry)
     plain = mx.conv1d if original is None else original
     if ctx.backend == "cpu":  # one float64 sum over the taps of the operands' values
         return words_op(

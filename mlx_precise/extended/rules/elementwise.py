@@ -13,6 +13,7 @@ from ...doubleword import functions
 from .. import arith, carry
 from ..engine import words_op
 from .base import (decomposed, floating_result, has_float64, is_word_array, operand_array,
+                   unbroadcast,
                    result, words)
 
 
@@ -163,3 +164,60 @@ RULES = {
         ("degrees", lambda x: x * _DEGREES), ("radians", lambda x: x * _RADIANS))},
 }
 """Op name -> rule."""
+
+
+# ---- derivatives ---------------------------------------------------------------------
+_TWO_OVER_SQRT_PI = 2 / math.sqrt(math.pi)
+_LN10 = math.log(10.0)
+
+_DERIVATIVES = {  # f'(x) times g, from x and the result o, in ops of the flow
+    "exp": lambda g, x, o: g * o,
+    "expm1": lambda g, x, o: g * (o + 1.0),
+    "log": lambda g, x, o: g / x,
+    "log1p": lambda g, x, o: g / (x + 1.0),
+    "log2": lambda g, x, o: g / (x * _LN2),
+    "log10": lambda g, x, o: g / (x * _LN10),
+    "sin": lambda g, x, o: g * mx.cos(x),
+    "cos": lambda g, x, o: -(g * mx.sin(x)),
+    "tanh": lambda g, x, o: g * (1.0 - o * o),
+    "sigmoid": lambda g, x, o: g * (o * (1.0 - o)),
+    "erf": lambda g, x, o: g * (mx.exp(-(x * x)) * _TWO_OVER_SQRT_PI),
+    "sqrt": lambda g, x, o: g * 0.5 / o,
+    "rsqrt": lambda g, x, o: -(g * 0.5) * o / x,
+    "reciprocal": lambda g, x, o: -(g * o) * o,
+}
+
+
+def _function_vjp(fn: str):
+    d = _DERIVATIVES[fn]
+
+    def vjp(e, g):
+        x = e.args[0]
+        if x.dtype != mx.float32:
+            return NotImplemented  # complex exp: MLX's
+        return (d(g, x, e.out),)
+
+    return vjp
+
+
+def _power_vjp(e, g):
+    x, y = e.args[:2]
+    if any(isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (x, y)):
+        return NotImplemented
+    gx = gy = None
+    if isinstance(x, mx.array) and mx.issubdtype(x.dtype, mx.inexact):
+        gx = unbroadcast(g * y * (x ** (y - 1)), x)
+    if isinstance(y, mx.array) and mx.issubdtype(y.dtype, mx.inexact):
+        gy = unbroadcast(g * e.out * mx.log(x), y)
+    return (gx, gy)
+
+
+def _arctan2_vjp(e, g):
+    a, b = e.args[:2]
+    r = a * a + b * b
+    return (unbroadcast(g * b / r, a), unbroadcast(-(g * a) / r, b))
+
+
+VJPS = {**{fn: _function_vjp(fn) for fn in _DERIVATIVES}, "power": _power_vjp,
+        "arctan2": _arctan2_vjp}
+"""Op name -> VJP rule (see :mod:`.base`)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 
 import mlx.core as mx
+import numpy as np
 
 from ...core.plain import FFT_NAMES, plain
 from .. import carry, spectral
@@ -89,3 +90,68 @@ def _transform(name: str):
 
 RULES = {f"fft.{name}": _transform(name) for name in FFT_NAMES}
 """Op name -> rule."""
+
+
+# ---- derivatives ---------------------------------------------------------------------
+# Each transform is linear; its VJP (MLX's convention: the cotangent of a complex value
+# is d/d re + i d/d im) is its adjoint, itself a transform of the flow:
+#   fft(norm)   -> ifft(dual norm), the result fitted back to the input's shape;
+#   rfft        -> the spectrum embedded in the full length (zeros above n/2), then
+#                  the real part of ifft(dual norm);
+#   irfft(norm) -> rfft(dual norm) with weight 2 on the bins counted twice by the
+#                  Hermitian extension (all but 0 and, for even n, n/2).
+# (backward <-> forward, ortho <-> ortho: the adjoint of F / n is F^H / n.)
+_DUAL = {"backward": "forward", "forward": "backward", "ortho": "ortho"}
+
+
+def _fit(v, shape, axes):
+    """``v`` truncated or zero-padded along ``axes`` to ``shape``'s sizes there."""
+    index = [slice(None)] * v.ndim
+    pads = [(0, 0)] * v.ndim
+    for ax in axes:
+        n = shape[ax]
+        if v.shape[ax] > n:
+            index[ax] = slice(0, n)
+        elif v.shape[ax] < n:
+            pads[ax] = (0, n - v.shape[ax])
+    v = v[tuple(index)]
+    return mx.pad(v, pads) if any(p != (0, 0) for p in pads) else v
+
+
+def _transform_vjp(name: str):
+    sig = _signature(name)
+    kind = name[:-1] if name[-1] in "2n" else name
+
+    def vjp(e, g):
+        b = sig.bind(*e.args, **e.kwargs)
+        b.apply_defaults()
+        b = b.arguments
+        a = b["a"]
+        if not isinstance(a, mx.array) or a.dtype not in (mx.float32, mx.complex64):
+            return NotImplemented
+        s, axes = _sizes(name, kind, _operand(a, kind), b)
+        dual = _DUAL[b.get("norm", "backward")]
+        if kind == "fft":
+            return (_fit(mx.fft.ifftn(g, axes=axes, norm=dual), a.shape, axes),)
+        if kind == "ifft":
+            return (_fit(mx.fft.fftn(g, axes=axes, norm=dual), a.shape, axes),)
+        if kind == "rfft":
+            full = _fit(g, tuple(s[axes.index(ax)] if ax in axes else g.shape[ax]
+                                 for ax in range(g.ndim)), axes[-1:])
+            return (_fit(mx.real(mx.fft.ifftn(full, axes=axes, norm=dual)), a.shape, axes),)
+        n, ax = s[-1], axes[-1]
+        spectrum = mx.fft.rfftn(g, axes=axes, norm=dual)
+        m = spectrum.shape[ax]
+        weight = np.full(m, 2.0, np.float32)
+        weight[0] = 1.0
+        if n % 2 == 0:
+            weight[-1] = 1.0
+        with carry.suspended():
+            w = mx.array(weight).reshape([m if d == ax else 1 for d in range(g.ndim)])
+        return (_fit(spectrum * w, a.shape, axes),)
+
+    return vjp
+
+
+VJPS = {f"fft.{name}": _transform_vjp(name) for name in FFT_NAMES}
+"""Op name -> VJP rule (see :mod:`.base`)."""

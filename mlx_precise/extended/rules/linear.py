@@ -10,7 +10,7 @@ import numpy as np
 from ...linalg import gemm
 from .. import carry
 from ..engine import words_op
-from .base import decomposed, is_word_array
+from .base import decomposed, is_word_array, unbroadcast
 
 
 def _matmul():
@@ -138,3 +138,28 @@ RULES = {
     "linalg.cross": decomposed(_cross),
 }
 """Op name -> rule."""
+
+
+# ---- derivatives ---------------------------------------------------------------------
+
+
+def _matmul_vjp(e, g):
+    """``a @ b``: g @ b^T and a^T @ g, vectors promoted to matrices as matmul
+    does, batch axes summed back to each operand's shape."""
+    a, b = e.args[:2]
+    if a.dtype != mx.float32 or b.dtype != mx.float32:
+        return NotImplemented
+    a2 = a[None] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    g2 = g
+    if a.ndim == 1:
+        g2 = mx.expand_dims(g2, -2)
+    if b.ndim == 1:
+        g2 = mx.expand_dims(g2, -1)
+    ga = unbroadcast(g2 @ mx.swapaxes(b2, -1, -2), a2)
+    gb = unbroadcast(mx.swapaxes(a2, -1, -2) @ g2, b2)
+    return (ga.reshape(a.shape), gb.reshape(b.shape))
+
+
+VJPS = {"matmul": _matmul_vjp}
+"""Op name -> VJP rule (see :mod:`.base`)."""

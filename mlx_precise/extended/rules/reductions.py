@@ -137,3 +137,77 @@ RULES = {
     "logsumexp": decomposed(_logsumexp),
 }
 """Op name -> rule."""
+
+
+# ---- derivatives ---------------------------------------------------------------------
+
+
+def _reduced(e):
+    """(x, the reduced axes, g reshaped with those axes kept) of a reduction."""
+    x = e.args[0]
+    axis = e.args[1] if len(e.args) > 1 else e.kwargs.get("axis")
+    return x, axes_of(x.ndim, axis)
+
+
+def _kept(v, x, axes, keepdims):
+    return v if keepdims or not axes else mx.expand_dims(v, axes)
+
+
+def _keepdims(e):
+    return e.args[2] if len(e.args) > 2 else e.kwargs.get("keepdims", False)
+
+
+def _sum_vjp(kind: str):
+    def vjp(e, g):
+        x, axes = _reduced(e)
+        if x.dtype != mx.float32:
+            return NotImplemented
+        g = mx.broadcast_to(_kept(g, x, axes, _keepdims(e)), x.shape)
+        if kind == "mean":
+            g = g / int(np.prod([x.shape[d] for d in axes]))
+        return (g,)
+
+    return vjp
+
+
+def _extreme_vjp(e, g):
+    """MLX's convention: the cotangent is shared equally among the elements that
+    hold the extreme value."""
+    x, axes = _reduced(e)
+    keep = _keepdims(e)
+    hit = x == _kept(e.out, x, axes, keep)
+    count = mx.sum(hit, axis=list(axes), keepdims=True)
+    return (mx.where(hit, _kept(g, x, axes, keep) / count, 0.0),)
+
+
+def _prod_vjp(e, g):
+    """Each element's cotangent is g times the product of the others (exclusive
+    products from both ends, so zeros need no division)."""
+    x, axes = _reduced(e)
+    if x.dtype != mx.float32 or not axes:
+        return NotImplemented
+    others = [d for d in range(x.ndim) if d not in axes]
+    xt = mx.transpose(x, others + list(axes))
+    flat = xt.reshape(*[x.shape[d] for d in others], -1)
+    rest = (mx.cumprod(flat, axis=-1, inclusive=False)
+            * mx.cumprod(flat, axis=-1, reverse=True, inclusive=False))
+    gk = _kept(g, x, axes, _keepdims(e))
+    gt = mx.transpose(mx.broadcast_to(gk, x.shape), others + list(axes)).reshape(flat.shape)
+    inverse = np.argsort(others + list(axes)).tolist()
+    return (mx.transpose((gt * rest).reshape(xt.shape), inverse),)
+
+
+def _cumsum_vjp(e, g):
+    x = e.args[0]
+    axis = e.args[1] if len(e.args) > 1 else e.kwargs.get("axis")
+    if x.dtype != mx.float32:
+        return NotImplemented
+    reverse, inclusive = e.kwargs.get("reverse", False), e.kwargs.get("inclusive", True)
+    if axis is None:
+        return (mx.cumsum(g, 0, reverse=not reverse, inclusive=inclusive).reshape(x.shape),)
+    return (mx.cumsum(g, axis, reverse=not reverse, inclusive=inclusive),)
+
+
+VJPS = {"sum": _sum_vjp("sum"), "mean": _sum_vjp("mean"), "prod": _prod_vjp,
+        "max": _extreme_vjp, "min": _extreme_vjp, "cumsum": _cumsum_vjp}
+"""Op name -> VJP rule (see :mod:`.base`)."""

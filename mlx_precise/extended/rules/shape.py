@@ -6,9 +6,9 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ...doubleword.words import DoubleWord
-from .. import arith
+from .. import arith, autodiff, carry
 from ..carry import attach, attach_words, has_words, low_word
-from .base import carries, is_word_array, words
+from .base import carries, is_word_array, movement, unbroadcast, words
 
 
 def _words(pos: int = 0, listed: bool = False):
@@ -68,6 +68,9 @@ def _setitem(ctx, original, x, index, value):
 
 
 def _iter(ctx, original, x):
+    if autodiff.recording() and is_word_array(x) and x.ndim:  # rows the tape sees
+        with carry.reporting(ctx.report):
+            return iter([x[i] for i in range(x.shape[0])])
     if not is_word_array(x) or not has_words(x) or x.ndim == 0:
         return NotImplemented
     lo = low_word(x)
@@ -148,3 +151,89 @@ RULES = {
 }
 """Op name -> rule (``fft.`` / ``array.`` prefixes: ``mx.fft`` functions and
 ``mx.array``-only methods)."""
+
+
+# ---- derivatives ---------------------------------------------------------------------
+
+
+def _basic(index) -> bool:
+    """An index of ints, slices, None and Ellipsis only: each element is read once."""
+    items = index if isinstance(index, tuple) else (index,)
+    return all(isinstance(i, (int, slice)) or i is None or i is Ellipsis for i in items)
+
+
+def _getitem_vjp(e, g):
+    x, index = e.args[:2]
+    if _basic(index):
+        return movement(e, g)
+    # an array index may read an element several times: its cotangents add up
+    return (mx.zeros_like(x).at[index].add(g), None)
+
+
+def _take_vjp(e, g):
+    x, indices = e.args[:2]
+    axis = e.args[2] if len(e.args) > 2 else e.kwargs.get("axis")
+    if axis is None:
+        flat = mx.zeros((x.size,), x.dtype).at[indices.reshape(-1)].add(g.reshape(-1))
+        return (flat.reshape(x.shape), None)
+    axis = axis % x.ndim
+    # the taken axis leads: x' = moveaxis(x, axis, 0), g' rows follow the indices
+    k = indices.ndim
+    order = [*range(axis, axis + k), *range(axis), *range(axis + k, g.ndim)]
+    gm = mx.transpose(g, order).reshape(indices.size, -1)
+    acc = mx.zeros((x.shape[axis], gm.shape[1]), x.dtype).at[indices.reshape(-1)].add(gm)
+    rest = [x.shape[d] for d in range(x.ndim) if d != axis]
+    return (mx.moveaxis(acc.reshape(x.shape[axis], *rest), 0, axis), None)
+
+
+def _broadcast_to_vjp(e, g):
+    return (unbroadcast(g, e.args[0]),)
+
+
+def _repeat_vjp(e, g):
+    x, repeats = e.args[:2]
+    axis = e.args[2] if len(e.args) > 2 else e.kwargs.get("axis")
+    if not isinstance(repeats, int):
+        return NotImplemented
+    if axis is None:
+        return (mx.sum(g.reshape(x.size, repeats), axis=1).reshape(x.shape),)
+    axis = axis % x.ndim
+    shape = list(x.shape)
+    shape.insert(axis + 1, repeats)
+    return (mx.sum(g.reshape(shape), axis=axis + 1),)
+
+
+def _tile_vjp(e, g):
+    x, reps = e.args[:2]
+    reps = [reps] if isinstance(reps, int) else list(reps)
+    nd = max(x.ndim, len(reps))
+    reps = [1] * (nd - len(reps)) + reps
+    xs = [1] * (nd - x.ndim) + list(x.shape)
+    g = g.reshape([v for r, s in zip(reps, xs) for v in (r, s)])
+    return (mx.sum(g, axis=list(range(0, 2 * nd, 2))).reshape(x.shape),)
+
+
+def _setitem_vjp(e, g):
+    """``x[index] = v`` as a function of (x, v): x's cotangent is g with the
+    assigned elements zeroed, v's is g there."""
+    x, index, value = e.args[:3]
+    gx = g * 1.0
+    gx[index] = 0.0
+    return (gx, None, unbroadcast(g[index], value) if isinstance(value, mx.array) else None)
+
+
+def _each_vjp(e, g):
+    return tuple(unbroadcast(gi, a) for gi, a in zip(g, e.args))
+
+
+VJPS = {
+    **{name: movement for name in SHAPE_OPS if name not in (
+        "take", "take_along_axis", "broadcast_to", "repeat", "tile", "stop_gradient")},
+    "take": _take_vjp, "take_along_axis": movement, "broadcast_to": _broadcast_to_vjp,
+    "repeat": _repeat_vjp, "tile": _tile_vjp, "stop_gradient": lambda e, g: (None,),
+    "concatenate": movement, "stack": movement, "pad": movement, "slice_update": movement,
+    "put_along_axis": movement, "broadcast_arrays": _each_vjp,
+    "array.__getitem__": _getitem_vjp, "array.__setitem__": _setitem_vjp,
+}
+"""Op name -> VJP rule (see :mod:`.base`). ``take_along_axis`` and
+``put_along_axis`` assume distinct indices along the axis (a selection)."""

@@ -1,0 +1,349 @@
+"""Gradients in double-word: the flow's own reverse mode.
+
+MLX's ``mx.grad`` traces a function with new arrays (tracers) that carry no low
+word, and sums the cotangents of a value used several times in float32. Inside a
+block the flow differentiates instead, as JAX keeps a derivative rule per
+primitive: while a gradient's function runs, every op that reads a value depending
+on the differentiated inputs is recorded on a tape (the op, its arguments, its
+outputs); then the tape is walked backwards, each op's cotangents computed by its
+VJP rule (declared next to its rule, :mod:`.rules`) out of flow ops, so in
+double-word, and the cotangents of a value used several times summed in
+double-word. The inputs are the caller's own arrays (their low words kept), and the
+gradients are arrays that carry low words like any other value.
+
+* Composite rules (a rule that runs ops of the flow, such as ``softmax`` or the
+  convolutions) are not recorded: their sub-ops are.
+* An op without a VJP rule (or without a rule) gets MLX's float32 VJP of its
+  high words, and the block reports it (``"<op> (gradient)"``; ``strict=True``
+  raises).
+* The VJP rules run with the flow on, so a gradient taken inside another gradient
+  records its own backward pass on the outer tape: higher-order derivatives.
+
+Public: :func:`grad`, :func:`value_and_grad`, :func:`vjp`, :func:`jvp` (what
+``mx.grad`` & co. become while a block is open in the calling thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import copy
+import types
+
+import mlx.core as mx
+
+from . import carry
+from .report import dropped
+
+# The tapes of the gradients being taken in this thread / task, innermost last.
+_tapes: contextvars.ContextVar[tuple] = contextvars.ContextVar("mlx_precise_tapes",
+                                                               default=())
+
+
+class Tape:
+    """The ops recorded while one gradient's function runs."""
+
+    def __init__(self):
+        self.entries: list = []
+        self.tracked: dict[int, mx.array] = {}  # id -> the array (kept alive)
+
+    def watch(self, a: mx.array) -> None:
+        self.tracked[id(a)] = a
+
+    def tracks(self, a) -> bool:
+        return isinstance(a, mx.array) and self.tracked.get(id(a)) is a
+
+
+def recording() -> bool:
+    return bool(_tapes.get())
+
+
+@contextlib.contextmanager
+def unrecorded():
+    """Run code whose ops no tape records (the caller records it as one op)."""
+    token = _tapes.set(())
+    try:
+        yield
+    finally:
+        _tapes.reset(token)
+
+
+def mark() -> int:
+    """How many ops the open tapes hold (a rule that recorded ops is composite)."""
+    return sum(len(t.entries) for t in _tapes.get())
+
+
+def arrays_in(value) -> list:
+    """The arrays in an argument (an array, or a list / tuple of them)."""
+    if isinstance(value, mx.array):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [a for v in value for a in arrays_in(v)]
+    return []
+
+
+def record(name: str, vjp, original, args, kwargs, out, report) -> None:
+    """Record one op on every tape whose differentiated inputs it reads."""
+    outs = [o for o in arrays_in(out) if mx.issubdtype(o.dtype, mx.inexact)]
+    if not outs:
+        return  # booleans and integers take no gradient
+    for tape in _tapes.get():
+        if any(tape.tracks(a) for v in (*args, *kwargs.values()) for a in arrays_in(v)):
+            tape.entries.append(types.SimpleNamespace(
+                name=name, vjp=vjp, original=original, args=args, kwargs=kwargs, out=out,
+                outs=arrays_in(out), report=report))
+            for o in outs:
+                tape.watch(o)
+
+
+def opaque(name: str, fn, args, kwargs, out, report) -> None:
+    """Record a call the flow cannot see into (a precision-aware function of this
+    package, a vmapped or custom function, ...): if it read a differentiated value,
+    its derivative is MLX's VJP of ``fn`` (reported when the backward pass runs)."""
+    if _tapes.get() and report is not None:
+        record(name, None, fn, args, kwargs, out, report)
+
+
+def replace_input(old: mx.array, new: mx.array) -> None:
+    """``old`` is about to change in place: the recorded ops that read it read
+    ``new`` (an alias of its current value) instead."""
+    for tape in _tapes.get():
+        if not tape.tracks(old):
+            continue
+        for e in tape.entries:
+            e.args = _swap(e.args, old, new)
+            if e.out is old or any(o is old for o in e.outs):
+                e.out = _swap(e.out, old, new)
+                e.outs = arrays_in(e.out)
+        tape.tracked.pop(id(old))
+        tape.watch(new)
+
+
+def _swap(value, old, new):
+    if value is old:
+        return new
+    if isinstance(value, (list, tuple)):
+        return type(value)(_swap(v, old, new) for v in value)
+    return value
+
+
+def snapshot(x: mx.array) -> mx.array:
+    """An alias of ``x``'s current value that an in-place update of ``x`` leaves
+    alone, carrying x's low word (MLX's copy shares the value)."""
+    return carry.copy(x, copy.copy(x))
+
+
+# ---- the reverse pass -------------------------------------------------------------
+
+
+def _float32_vjp(entry, gs):
+    """MLX's float32 VJP of an op's high words (no double-word rule for it)."""
+    positions = [(i, a) for i, a in enumerate(entry.args) if isinstance(a, mx.array)]
+    if not positions:
+        return [None] * len(entry.args)
+
+    def f(*arrs):
+        args = list(entry.args)
+        for (i, _), a in zip(positions, arrs):
+            args[i] = a
+        return entry.original(*args, **entry.kwargs)
+
+    cots = list(gs) if isinstance(entry.out, (list, tuple)) else [gs]
+    primals = [a for _, a in positions]
+
+    def pullback(*arrays):
+        with carry.suspended():
+            return mx.vjp(f, list(arrays[:len(primals)]), list(arrays[len(primals):]))[1]
+
+    grads = pullback(*primals, *cots)
+    # a gradient being taken of this backward pass (second order) sees it too
+    record(f"{entry.name} (gradient)", None, pullback, (*primals, *cots), {}, list(grads),
+           entry.report)
+    out = [None] * len(entry.args)
+    for (i, a), g in zip(positions, grads):
+        out[i] = g if mx.issubdtype(a.dtype, mx.inexact) else None
+    dropped(entry.report, f"{entry.name} (gradient)",
+            "its derivative has no double-word rule: MLX's float32 VJP ran")
+    return out
+
+
+def _accumulate(cot: dict, a: mx.array, g) -> None:
+    if g is None:
+        return
+    if g.shape != a.shape:  # a rule's cotangent in a broadcast shape
+        g = mx.broadcast_to(g, a.shape) if g.size < a.size else g.reshape(a.shape)
+    if g.dtype != a.dtype and mx.issubdtype(a.dtype, mx.floating) and a.dtype != mx.float64:
+        g = mx.real(g) if mx.issubdtype(g.dtype, mx.complexfloating) and not mx.issubdtype(
+            a.dtype, mx.complexfloating) else g.astype(a.dtype)
+    prev = cot.get(id(a))
+    cot[id(a)] = g if prev is None else prev + g  # double-word (the flow is on)
+
+
+def backward(tape: Tape, seeds: list, report) -> dict:
+    """Walk ``tape`` backwards from ``seeds`` ((array, cotangent) pairs); returns
+    id(array) -> cotangent (arrays carrying low words)."""
+    cot: dict = {}
+    with carry.reporting(report):
+        for a, g in seeds:
+            _accumulate(cot, a, g)
+        for e in reversed(tape.entries):
+            gs = [cot.get(id(o)) for o in e.outs]
+            if all(g is None for g in gs):
+                continue
+            gs = [mx.zeros_like(o) if g is None else g for o, g in zip(e.outs, gs)]
+            g = gs if isinstance(e.out, (list, tuple)) else gs[0]
+            grads = None
+            if e.vjp is not None:
+                grads = e.vjp(e, g)
+            if grads is None or grads is NotImplemented:
+                grads = _float32_vjp(e, g)
+            for arg, ga in zip(e.args, grads):
+                if ga is None:
+                    continue
+                if isinstance(arg, (list, tuple)):
+                    for a, gi in zip(arg, ga):
+                        if gi is not None and tape.tracks(a):
+                            _accumulate(cot, a, gi)
+                elif tape.tracks(arg):
+                    _accumulate(cot, arg, ga)
+    return cot
+
+
+# ---- the transforms --------------------------------------------------------------
+
+
+def _flatten(tree, out):
+    """Leaves of a tree of arrays (dicts, lists, tuples) in order."""
+    if isinstance(tree, mx.array):
+        out.append(tree)
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            _flatten(v, out)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            _flatten(v, out)
+    return out
+
+
+def _rebuild(tree, values):
+    if isinstance(tree, mx.array):
+        return next(values)
+    if isinstance(tree, dict):
+        return {k: _rebuild(v, values) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_rebuild(v, values) for v in tree)
+    return tree
+
+
+def _run(fun, args, kwargs, argnums, argnames, report):
+    """Run ``fun`` with a tape watching the leaves of the differentiated
+    arguments; returns (output, tape, leaves per argument).
+
+    As MLX's tracers, the differentiated leaves are new arrays (aliases of the
+    values, with their low words): the same array reached another way (a closure,
+    a global) stays a constant."""
+    tape = Tape()
+    args, kwargs = list(args), dict(kwargs)
+    for i in argnums:
+        args[i] = _rebuild(args[i], iter([snapshot(a) for a in _flatten(args[i], [])]))
+    for k in argnames:
+        kwargs[k] = _rebuild(kwargs[k], iter([snapshot(a) for a in _flatten(kwargs[k], [])]))
+    diff = {i: _flatten(args[i], []) for i in argnums}
+    named = {k: _flatten(kwargs[k], []) for k in argnames}
+    for leaves in (*diff.values(), *named.values()):
+        for leaf in leaves:
+            tape.watch(leaf)
+    token = _tapes.set((*_tapes.get(), tape))
+    try:
+        with carry.reporting(report):
+            out = fun(*args, **kwargs)
+    finally:
+        _tapes.reset(token)
+    return out, tape, args, kwargs, diff, named
+
+
+def _gradients(tape, seeds, args, kwargs, diff, named, report):
+    cot = backward(tape, seeds, report)
+
+    def grads_of(tree, leaves):
+        with carry.reporting(report):
+            gs = iter([cot.get(id(a), None) if cot.get(id(a)) is not None else
+                       mx.zeros_like(a) for a in leaves])
+        return _rebuild(tree, gs)
+
+    pos = tuple(grads_of(args[i], leaves) for i, leaves in diff.items())
+    kw = {k: grads_of(kwargs[k], leaves) for k, leaves in named.items()}
+    return pos, kw
+
+
+def _argnums(argnums, argnames, nargs):
+    if argnums is None:
+        argnums = () if argnames else 0
+    single = isinstance(argnums, int)
+    nums = (argnums,) if single else tuple(argnums)
+    for i in nums:
+        if not -nargs <= i < nargs:
+            raise ValueError(f"[grad] Invalid argument number {i} for a function of "
+                             f"{nargs} positional arguments")
+    return tuple(i % nargs for i in nums), single
+
+
+def value_and_grad(fun, argnums=None, argnames=(), *, report):
+    """``mx.value_and_grad`` in double-word (see the module docstring)."""
+    argnames = (argnames,) if isinstance(argnames, str) else tuple(argnames)
+
+    def wrapped(*args, **kwargs):
+        nums, single = _argnums(argnums, argnames, len(args))
+        out, tape, args, kwargs, diff, named = _run(fun, args, kwargs, nums, argnames, report)
+        value = out[0] if isinstance(out, (list, tuple)) else out
+        if not isinstance(value, mx.array) or value.size != 1:
+            raise ValueError("[value_and_grad] The return value of the function whose "
+                             "gradient we want to compute should be either a scalar array "
+                             "or a list with the first element being a scalar array.")
+        with carry.reporting(report):
+            seed = mx.ones_like(value)
+        pos, kw = _gradients(tape, [(value, seed)], args, kwargs, diff, named, report)
+        g = pos[0] if single else pos
+        return out, ((g, kw) if argnames else g)
+
+    return wrapped
+
+
+def grad(fun, argnums=None, argnames=(), *, report):
+    vg = value_and_grad(fun, argnums, argnames, report=report)
+
+    def wrapped(*args, **kwargs):
+        return vg(*args, **kwargs)[1]
+
+    return wrapped
+
+
+def vjp(fun, primals, cotangents, *, report):
+    """``mx.vjp``: (outputs, VJPs) of ``fun`` at ``primals`` (lists of arrays)."""
+    primals = list(primals)
+    out, tape, primals, _, diff, _ = _run(fun, primals, {}, tuple(range(len(primals))), (),
+                                          report)
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    pos, _ = _gradients(tape, list(zip(outs, cotangents)), primals, {}, diff, {}, report)
+    return outs, list(pos)
+
+
+def jvp(fun, primals, tangents, *, report):
+    """``mx.jvp`` as the transpose of the VJP: ``u -> vjp(fun)(primals, u)`` is
+    linear in ``u``; its own VJP at ``tangents`` is ``J t`` (two reverse passes,
+    the first one recorded)."""
+    primals = list(primals)
+    outs0 = None
+
+    def pullback(*us):
+        nonlocal outs0
+        outs, vjps = vjp(fun, primals, list(us), report=report)
+        outs0 = outs
+        return vjps
+
+    with carry.reporting(report):
+        probe = fun(*primals)
+        probe = list(probe) if isinstance(probe, (list, tuple)) else [probe]
+        us = [mx.zeros_like(o) for o in probe]
+    _, jvps = vjp(pullback, us, list(tangents), report=report)
+    return outs0, jvps

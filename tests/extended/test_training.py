@@ -1,0 +1,217 @@
+"""Training in double-word: gradients taken in a block differentiate the carried
+values (the caller's arrays, low words kept), in double-word, cotangents summed in
+double-word; parameters and optimizer state keep their low words across
+``optimizer.update`` and across blocks; checkpoints keep them too. Oracles: the
+independent float64 numpy implementation in benchmarks/training_oracle.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+import mlx_precise as mp
+from mlx_precise.extended import PrecisionDropError, low_word
+from flow_helpers import rng_f32, value64
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+import bench_training as bt  # noqa: E402
+import training_oracle as oracle  # noqa: E402
+
+BACKENDS = ["cpu", "emulate"]
+
+
+def test_value_and_grad_sees_the_carried_value():
+    w = mx.array([1.0])
+    with mp.extended_precision():
+        w = w + 2**-30
+        f = (lambda v: ((v - 1.0) * 2**30).sum())
+        value, g = mx.value_and_grad(f)(w)
+        assert float(value) == 1.0 and float(f(w)) == 1.0
+    assert float(g[0]) == 2**30
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["arith chain", "exp", "tanh", "sigmoid", "erf", "matmul",
+                                  "conv1d", "layer_norm", "rms_norm", "softmax", "attention",
+                                  "cumsum", "param used n times", "recurrence of n steps",
+                                  "MLP (GELU, LayerNorm)"])
+def test_gradients_at_the_floor(backend, case):
+    """Each gradient taken in the block is within 2x of the floor (the float64
+    gradient rounded once to float32, normwise), and its carried value far below."""
+    chain = 60 if backend == "emulate" else 300
+    r = bt.measure_case(case, backends=(backend,), chain=chain)
+    got = r[backend]
+    assert "error" not in got, got
+    assert got["err"] <= 2 * r["floor"], (case, got["err"] / r["floor"])
+    assert got["dw_err"] <= r["floor"] / 100, (case, got["dw_err"] / r["floor"])
+    assert not got["float32"], got["float32"]
+
+
+@pytest.mark.parametrize("name", ["sgd-momentum", "adam", "adamw"])
+def test_training_trajectory_at_the_floor(name):
+    r = bt.run_training(name, steps=60, backend="cpu", burst=30)
+    assert r["cpu"]["err"] <= 3 * r["floor"], r["cpu"]["err"] / r["floor"]
+    assert r["plain"]["err"] > 3 * r["floor"]  # float32 is not
+    assert not r["cpu"]["float32"]
+
+
+def test_training_trajectory_on_emulate():
+    r = bt.run_training("adam", steps=6, backend="emulate", burst=3)
+    assert r["emulate"]["err"] <= 3 * r["floor"], r["emulate"]["err"] / r["floor"]
+
+
+def _mlp():
+    mx.random.seed(3)
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2))
+    x, y = mx.array(rng_f32((16, 4), 1)), mx.array(rng_f32((16, 2), 2))
+    return model, x, y
+
+
+def _loss(model, x, y):
+    return nn.losses.mse_loss(model(x), y)
+
+
+def test_parameters_and_optimizer_state_keep_their_low_words():
+    model, x, y = _mlp()
+    opt = optim.Adam(learning_rate=1e-2)
+    step = nn.value_and_grad(model, _loss)  # made outside the block, as usual
+    for _ in range(3):
+        with mp.extended_precision() as rep:
+            before = dict(tree_flatten(model.parameters()))
+            loss, grads = step(model, x, y)
+            # the model's arrays now are the gradient's aliases: same values, low words
+            for k, a in tree_flatten(model.parameters()):
+                np.testing.assert_array_equal(value64(a), value64(before[k]))
+            opt.update(model, grads)
+        assert not rep.float32, rep
+    assert all(low_word(a) is not None for _, a in tree_flatten(model.parameters()))
+    assert all(low_word(a) is not None for k, a in tree_flatten(opt.state)
+               if k.endswith((".m", ".v")))
+
+
+def test_one_block_or_one_per_step_give_the_same_trajectory():
+    runs = []
+    for per_step in (True, False):
+        model, x, y = _mlp()
+        opt = optim.AdamW(learning_rate=1e-2)
+        step = nn.value_and_grad(model, _loss)
+        if per_step:
+            for _ in range(4):
+                with mp.extended_precision():
+                    opt.update(model, step(model, x, y)[1])
+        else:
+            with mp.extended_precision():
+                for _ in range(4):
+                    opt.update(model, step(model, x, y)[1])
+        runs.append({k: value64(a) for k, a in tree_flatten(model.parameters())})
+    for k in runs[0]:
+        np.testing.assert_array_equal(runs[0][k], runs[1][k])
+
+
+def test_bias_correction_power_is_extended():
+    t = mx.array(7)
+    with mp.extended_precision() as rep:
+        c = 1 - 0.999 ** t
+    assert rep.extended["__rpow__"] == 1 and not rep.float32
+    # 0.999 ** 7 to ~2^-48 relative; the subtraction from 1 is exact (float32 gives 1.2e-5)
+    assert abs(value64(c) - (1 - 0.999 ** 7)) <= 2**-46
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".npz"])
+def test_checkpoint_keeps_the_low_words(tmp_path, suffix):
+    model, x, y = _mlp()
+    opt = optim.Adam(learning_rate=1e-2)
+    with mp.extended_precision():
+        opt.update(model, nn.value_and_grad(model, _loss)(model, x, y)[1])
+    weights = dict(tree_flatten(model.parameters()))
+    mp.save_extended(tmp_path / f"w{suffix}", model.parameters())
+    mp.save_extended(tmp_path / f"s{suffix}", opt.state)
+    back = dict(tree_flatten(mp.load_extended(tmp_path / f"w{suffix}")))
+    state = dict(tree_flatten(mp.load_extended(tmp_path / f"s{suffix}")))
+    assert set(back) == set(weights)
+    for k in weights:
+        np.testing.assert_array_equal(value64(back[k]), value64(weights[k]))
+        assert low_word(back[k]) is not None
+    for k, a in tree_flatten(opt.state):
+        np.testing.assert_array_equal(value64(state[k]), value64(a))
+    with pytest.raises(ValueError, match="must end in"):
+        mp.save_extended(tmp_path / "w.bin", model.parameters())
+
+
+def test_gradient_without_a_double_word_rule_is_reported_and_strict_raises():
+    x = mx.array(rng_f32(8, 3))
+    f = (lambda a: mx.sort(a * 3.0)[-1] * 2.0)
+    with mp.extended_precision() as rep:
+        g = mx.grad(f)(x)
+    assert rep.float32["sort"] >= 1 and rep.float32["sort (gradient)"] == 1
+    np.testing.assert_array_equal(np.array(g), np.array(mx.grad(f)(x)))
+    with pytest.raises(PrecisionDropError):
+        with mp.extended_precision(strict=True):
+            mx.grad(f)(x)
+
+
+def test_gradients_outside_blocks_are_mlx_own():
+    x = mx.array(rng_f32(16, 4))
+    f = (lambda a: (mx.exp(a) * mx.sin(a)).sum())
+    from mlx_precise.core.plain import plain
+
+    for ours, theirs in ((mx.grad(f)(x), plain.grad(f)(x)),
+                         (mx.value_and_grad(f)(x)[1], plain.value_and_grad(f)(x)[1]),
+                         (mx.vjp(f, [x], [mx.array(1.0)])[1][0],
+                          plain.vjp(f, [x], [mx.array(1.0)])[1][0])):
+        assert np.array_equal(np.array(ours).view(np.uint32), np.array(theirs).view(np.uint32))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vjp_jvp_argnums_and_argnames(backend):
+    a, b = mx.array(rng_f32(6, 5)), mx.array(rng_f32(6, 6))
+
+    def f(p, q, *, r):
+        return (mx.sin(p) * q * r).sum()
+
+    r = mx.array(rng_f32(6, 7))
+    a64, b64, r64 = (np.array(v).astype(np.float64) for v in (a, b, r))
+    with mp.use_backend(backend), mp.extended_precision():
+        (ga, gb), kw = mx.grad(f, argnums=(0, 1), argnames="r")(a, b, r=r)
+        outs, (va,) = mx.vjp(lambda p: mx.sin(p) * b, [a], [mx.ones_like(a)])
+        _, (ja,) = mx.jvp(lambda p: mx.sin(p) * b, [a], [mx.ones_like(a)])
+    tol = 2**-44
+    np.testing.assert_allclose(value64(ga), np.cos(a64) * b64 * r64, rtol=tol)
+    np.testing.assert_allclose(value64(gb), np.sin(a64) * r64, rtol=tol)
+    np.testing.assert_allclose(value64(kw["r"]), np.sin(a64) * b64, rtol=tol)
+    np.testing.assert_allclose(value64(va), np.cos(a64) * b64, rtol=tol)
+    np.testing.assert_allclose(value64(ja), np.cos(a64) * b64, rtol=tol)
+
+
+def test_in_place_updates_inside_a_gradient():
+    """``h += e`` and ``h[i] = v`` in a differentiated function: the ops that read
+    h's old value keep it, and the update is differentiated."""
+    x = mx.array(rng_f32(6, 8))
+
+    def f(a):
+        h = a * 2.0
+        s = h * a  # reads h before the update
+        h += a * a
+        h[0] = a[1] * 3.0
+        return (h * s).sum()
+
+    x64 = np.array(x).astype(np.float64)
+    h = 2 * x64 + x64 ** 2
+    h[0] = 3 * x64[1]
+    s = 2 * x64 ** 2
+    # d/da of sum(h * s) by hand
+    dh = (2 + 2 * x64) * s
+    dh[0] = 0.0
+    g = dh + h * 4 * x64
+    g[1] += 3 * s[0]
+    with mp.use_backend("cpu"), mp.extended_precision() as rep:
+        got = mx.grad(f)(x)
+    assert not rep.float32, rep
+    np.testing.assert_allclose(value64(got), g, rtol=2**-44, atol=2**-44 * np.abs(g).max())
