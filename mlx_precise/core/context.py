@@ -21,13 +21,18 @@ import contextlib
 import contextvars
 from typing import Callable
 
-_extended: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "mlx_precise_extended", default=False
-)
+class _Block:
+    """The state of the innermost open block in a thread / task. ``open`` turns
+    False when the block ends, also where the context variable still names it (a
+    generator suspended inside its block, closed from another thread or task)."""
 
-_intercept: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "mlx_precise_intercept", default=False
-)
+    __slots__ = ("enabled", "intercept", "open")
+
+    def __init__(self, enabled: bool, intercept: bool):
+        self.enabled, self.intercept, self.open = enabled, intercept, True
+
+
+_block: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_block", default=None)
 
 
 # The open double-word flow's report in this thread / task (mlx_precise.extended);
@@ -59,15 +64,29 @@ def run_opaque(name: str, fn: Callable, args, kwargs):
     return fn(*args, **kwargs)
 
 
+def restore(var: contextvars.ContextVar, token) -> None:
+    """``var.reset(token)``, also when the block ends in another context than the
+    one it opened in (a generator suspended inside its block and closed from
+    another thread or task): there the variable is set back to its value before
+    the block instead of raising."""
+    try:
+        var.reset(token)
+    except ValueError:
+        var.set(token.old_value if token.old_value is not contextvars.Token.MISSING
+                else None)
+
+
 def is_extended() -> bool:
     """True inside an enabled :func:`extended_precision` block."""
-    return _extended.get()
+    b = _block.get()
+    return b is not None and b.open and b.enabled
 
 
 def intercepting() -> bool:
     """True where MLX's own FFTs and depthwise ``mx.conv1d`` run extended: inside
     an enabled :func:`extended_precision` block with ``intercept_mlx=True``."""
-    return _intercept.get()
+    b = _block.get()
+    return b is not None and b.open and b.intercept
 
 
 # Context managers that capabilities register to take part in every block (the
@@ -124,8 +143,8 @@ def extended_precision(enabled: bool = True, *, intercept_mlx: bool = True,
                     ("strict", strict)):
         if not isinstance(v, bool):
             raise TypeError(f"extended_precision({name}) takes a bool, got {type(v).__name__}")
-    token = _extended.set(enabled)
-    token_i = _intercept.set(enabled and intercept_mlx)
+    state = _Block(enabled, enabled and intercept_mlx)
+    token = _block.set(state)
     try:
         with contextlib.ExitStack() as stack:
             report = None
@@ -133,5 +152,5 @@ def extended_precision(enabled: bool = True, *, intercept_mlx: bool = True,
                 report = stack.enter_context(hook(enabled and intercept_mlx, strict))
             yield report
     finally:
-        _intercept.reset(token_i)
-        _extended.reset(token)
+        state.open = False
+        restore(_block, token)

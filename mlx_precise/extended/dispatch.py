@@ -78,7 +78,7 @@ def _wrapper(entry):
 
     def call(*args, **kwargs):
         report = _report.get()
-        if report is None:
+        if report is None or not report.open:
             return original(*args, **kwargs)
         token = _report.set(None)  # the rule and MLX's op below see plain MLX
         try:
@@ -328,40 +328,19 @@ class _Rebound:
 
 _lock = threading.Lock()
 _open = 0  # blocks open in all threads
-_saved: list = []  # (owner, name, original or _ABSENT) while installed
+_saved: list = []  # (owner, {name: original or _ABSENT}) while installed
 _ABSENT = object()
 
 
-def _install() -> None:
-    plan = _plan()
-    for owner, name, original, replacement in plan:
-        setattr(owner, name, replacement)
-        _saved.append((owner, name, original))
-    _TRANSFORMED.__call__ = _call_transformed
-    _saved.append((_TRANSFORMED, "__call__", _transformed_call))
-    _CUSTOM.__call__ = _call_custom
-    _saved.append((_CUSTOM, "__call__", _custom_call))
-    originals = {id(o): (o, r) for owner, _, o, r in plan if owner is not mx.array}
-    for module, name, original in _module_bindings(originals):
-        if getattr(module, name, None) is original:
-            setattr(module, name, originals[id(original)][1])
-            _saved.append((module, name, original))
-    from mlx.nn.layers import pooling
+class _Plan:
+    """The stand-ins, built once (wrappers for ~350 callables cost milliseconds):
+    per owner (a module or a class) the originals and their replacements, so that a
+    block installs and removes them in a few dictionary updates."""
 
-    _saved.append((pooling._Pool, "_pooling_function", _ABSENT))
-    pooling._Pool._pooling_function = _Rebound("_pooling_function", originals)
-
-
-_cached_plan: list = []  # (owner, name, original, replacement)
-
-
-def _plan() -> list:
-    """The stand-ins to install, built once (wrappers for ~350 callables cost
-    milliseconds) and rebuilt only when an attribute no longer is the original it
-    was built for (someone else replaced an MLX function)."""
-    if not _cached_plan or any(getattr(owner, name, None) is not original
-                               for owner, name, original, _ in _cached_plan):
-        plan = []
+    def __init__(self):
+        self.modules: list = []  # (module, names, originals, {name: replacement})
+        self.classes: list = []  # (class, {name: (original, replacement)})
+        by_owner: dict = {}
         for e in registry.entries():
             if e.kind == "at":
                 replacement = _at(e)
@@ -373,23 +352,71 @@ def _plan() -> list:
             else:
                 replacement = _wrapper(e)
             if replacement is not e.original:
-                plan.append((e.owner, e.attr, e.original, replacement))
-        _cached_plan[:] = plan
-    return _cached_plan
+                by_owner.setdefault(e.owner, {})[e.attr] = (e.original, replacement)
+        for owner, items in by_owner.items():
+            if isinstance(owner, type):
+                self.classes.append((owner, items))
+            else:
+                names = tuple(items)
+                self.modules.append((owner, names, tuple(o for o, _ in items.values()),
+                                     {n: r for n, (_, r) in items.items()}))
+        # original function -> (original, stand-in), for names bound elsewhere
+        self.functions = {id(o): (o, r) for _, names, originals, repl in self.modules
+                          for n, o in zip(names, originals) for r in (repl[n],)}
+
+
+
+_plans: list = []
+
+
+def _install() -> None:
+    # The plan is rebuilt when a module attribute no longer is the original it was
+    # built for (someone else replaced an MLX function since).
+    plan = _plans[0] if _plans else None
+    if plan is None or any(tuple(map(vars(m).get, names)) != originals
+                           for m, names, originals, _ in plan.modules):
+        plan = _Plan()
+        _plans[:] = [plan]
+    for module, names, originals, replacements in plan.modules:
+        vars(module).update(replacements)
+        _saved.append((module, dict(zip(names, originals))))
+    for cls, items in plan.classes:
+        for name, (_, replacement) in items.items():
+            setattr(cls, name, replacement)
+        _saved.append((cls, {name: original for name, (original, _) in items.items()}))
+    _TRANSFORMED.__call__ = _call_transformed
+    _CUSTOM.__call__ = _call_custom
+    _saved.append((_TRANSFORMED, {"__call__": _transformed_call}))
+    _saved.append((_CUSTOM, {"__call__": _custom_call}))
+    rebound: dict = {}
+    for module, name, original in _module_bindings(plan.functions):
+        if getattr(module, name, None) is original:
+            setattr(module, name, plan.functions[id(original)][1])
+            rebound.setdefault(module, {})[name] = original
+    _saved.extend(rebound.items())
+    pooling = sys.modules.get("mlx.nn.layers.pooling")
+    if pooling is not None:
+        pooling._Pool._pooling_function = _Rebound("_pooling_function", plan.functions)
+        _saved.append((pooling._Pool, {"_pooling_function": _ABSENT}))
 
 
 def _uninstall() -> None:
     while _saved:
-        owner, name, original = _saved.pop()
-        if original is _ABSENT:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, original)
+        owner, originals = _saved.pop()
+        if not isinstance(owner, type):
+            vars(owner).update(originals)
+            continue
+        for name, original in originals.items():
+            if original is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
 
 
 def active() -> Report | None:
     """The report of the open block in this thread / task (None: the flow is off)."""
-    return _report.get()
+    report = _report.get()
+    return report if report is not None and report.open else None
 
 
 @contextlib.contextmanager
@@ -410,8 +437,11 @@ def block(on: bool = True, strict: bool = False):
     try:
         yield report
     finally:
-        _report.reset(token)
-        with _lock:
-            _open -= 1
-            if _open == 0:
-                _uninstall()
+        report.open = False
+        try:
+            context.restore(_report, token)
+        finally:
+            with _lock:
+                _open -= 1
+                if _open == 0:
+                    _uninstall()

@@ -28,6 +28,7 @@ class Report:
         self.float32: collections.Counter = collections.Counter()
         self.plain: collections.Counter = collections.Counter()
         self.strict = strict
+        self.open = True  # False once its block ended (see core.context._Block)
 
     def __repr__(self) -> str:
         def fmt(c):

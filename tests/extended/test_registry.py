@@ -426,3 +426,34 @@ def test_fftshift_and_cross_entropy_are_extended():
     ref = np.log(np.exp(L).sum(-1)) - L[np.arange(3), [0, 4, 2]]
     np.testing.assert_allclose(value64(ce), ref, rtol=2**-44)
     assert rep.extended["fast.cross_entropy"] == 1 and not rep.float32
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_comparisons_with_scalars_follow_the_value(backend):
+    """One rule: a Python scalar compares at its float64 value, whether or not the
+    array carries a low word (so ``x == 0.1`` agrees with ``x - 0.1 != 0``)."""
+    x = mx.array(np.array([0.1, 0.5], np.float32))
+    with mp.use_backend(backend), mp.extended_precision():
+        y = x * 1.0
+        for a in (x, y):
+            assert (a == 0.1).tolist() == [False, False] and (a == 0.5).tolist() == [False, True]
+            assert (a > 0.1).tolist() == [float(np.float32(0.1)) > 0.1, True]
+            assert ((a - 0.1) != 0).tolist() == (a != 0.1).tolist()
+
+
+def test_a_generator_closed_in_another_thread_ends_its_block():
+    import threading
+
+    def gen():
+        with mp.extended_precision() as rep:
+            yield rep
+
+    g = gen()
+    rep = next(g)
+    t = threading.Thread(target=g.close)
+    t.start()
+    t.join()
+    assert type(mx.exp).__name__ == "nb_func"  # MLX's own functions are back
+    assert not mp.is_extended() and not rep.open
+    x = mx.array([1.0]) / 3  # the caller runs plain MLX again
+    assert low_word(x) is None

@@ -101,14 +101,16 @@ def _compare(name: str):
     the values is that of (high word, low word) taken lexicographically (equal
     values have equal high words, both being the same rounding), so a high-word
     comparison decides except on a tie, where the low words do. Python / numpy
-    scalars compare at their float64 value. Operands that carry nothing run MLX's
-    comparison unchanged."""
+    scalars compare at their float64 value, whether or not the array carries a low
+    word (``x == 0.1`` is False for the float32 value nearest 0.1, as ``x - 0.1`` is
+    not zero in a block). Operands that carry nothing (arrays without low words,
+    float32-exact scalars) run MLX's comparison unchanged."""
 
     def rule(ctx, original, x, y, **kw):
         if has_float64((x, y)):
             return NotImplemented
-        if not any(is_word_array(v) and has_words(v) for v in (x, y)):
-            return NotImplemented
+        if not any(carries(v) for v in (x, y)) or not any(is_word_array(v) for v in (x, y)):
+            return NotImplemented  # exact operands: MLX's comparison is the answer
         a, b = words(x), words(y)
         if a is None or b is None:
             return NotImplemented
