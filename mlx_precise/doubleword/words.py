@@ -190,11 +190,19 @@ class DoubleWord:
         w.hi, w._lo, w.wide = hi, None, wide
         return w
 
+    @classmethod
+    def exact(cls, hi: mx.array) -> "DoubleWord":
+        """``hi`` exactly (a zero low word, made only when read: a float64 step
+        converts ``hi`` alone, :func:`to64`)."""
+        w = cls.__new__(cls)
+        w.hi, w._lo, w.wide = hi, None, None
+        return w
+
     @property
     def lo(self) -> mx.array:
         """The low word (float32 / complex64, the shape of ``hi``)."""
         if self._lo is None:
-            self._lo = low_from_wide(self.wide)
+            self._lo = mx.zeros_like(self.hi) if self.wide is None else low_from_wide(self.wide)
         return self._lo
 
     @property
@@ -463,6 +471,10 @@ def to64(x: DoubleWord) -> tuple[mx.array, mx.array | None]:
     on the CPU stream (MLX has float64 there only)."""
     if x.wide is not None:
         return x.wide
+    if x._lo is None:  # exact (DoubleWord.exact): one conversion of the high word
+        if not x.is_complex:
+            return x.hi.astype(mx.float64), None
+        return mx.real(x.hi).astype(mx.float64), mx.imag(x.hi).astype(mx.float64)
 
     def join64(w: DoubleWord) -> mx.array:
         return w.hi.astype(mx.float64) + _zero_as_minus_zero(w.lo).astype(mx.float64)

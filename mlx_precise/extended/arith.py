@@ -43,8 +43,9 @@ C64 = mx.complex64
 # ---- words, parts, constants ---------------------------------------------------------
 
 def exact(x: mx.array) -> DoubleWord:
-    """A float32 / complex64 array as a DoubleWord with a zero low word."""
-    return DoubleWord(x, mx.zeros_like(x))
+    """A float32 / complex64 array as a DoubleWord with a zero low word (made only
+    where something reads it)."""
+    return DoubleWord.exact(x)
 
 
 def constant(v) -> DoubleWord:

@@ -64,6 +64,8 @@ def attach_words(hi: mx.array, w) -> mx.array:
     """Record the words ``w`` (a DoubleWord whose high word is ``hi``) as the value
     of ``hi``: with its float64 value where it has one (cpu; its low word is then
     built only when read). Returns ``hi``."""
+    if w.wide is None and w._lo is None:  # exact (DoubleWord.exact)
+        return attach(hi, None)
     return attach(hi, w.lo if w.wide is None else w._lo, w.wide)
 
 
