@@ -45,7 +45,7 @@ def test_value_and_grad_sees_the_carried_value():
 def test_gradients_at_the_floor(backend, case):
     """Each gradient taken in the block is within 2x of the floor (the float64
     gradient rounded once to float32, normwise), and its carried value far below."""
-    chain = 60 if backend == "emulate" else 300
+    chain = 16 if backend == "emulate" else 300
     r = bt.measure_case(case, backends=(backend,), chain=chain)
     got = r[backend]
     assert "error" not in got, got
@@ -63,7 +63,7 @@ def test_training_trajectory_at_the_floor(name):
 
 
 def test_training_trajectory_on_emulate():
-    r = bt.run_training("adam", steps=6, backend="emulate", burst=3)
+    r = bt.run_training("adam", steps=3, backend="emulate", burst=1)
     assert r["emulate"]["err"] <= 3 * r["floor"], r["emulate"]["err"] / r["floor"]
 
 
