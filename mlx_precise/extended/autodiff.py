@@ -136,42 +136,68 @@ def snapshot(x: mx.array) -> mx.array:
 # ---- the reverse pass -------------------------------------------------------------
 
 
-def _float32_vjp(entry, gs):
-    """MLX's float32 VJP of an op's high words (no double-word rule for it)."""
-    positions = [(i, a) for i, a in enumerate(entry.args) if isinstance(a, mx.array)]
-    if not positions:
-        return [None] * len(entry.args)
+def _slots(entry):
+    """Where the arrays of an op's arguments are: (position or keyword, index in a
+    list argument or None, the array)."""
+    out = []
+    for key, v in (*enumerate(entry.args), *entry.kwargs.items()):
+        if isinstance(v, mx.array):
+            out.append((key, None, v))
+        elif isinstance(v, (list, tuple)):
+            out.extend((key, j, a) for j, a in enumerate(v) if isinstance(a, mx.array))
+    return out
 
-    def f(*arrs):
-        args = list(entry.args)
-        for (i, _), a in zip(positions, arrs):
-            args[i] = a
-        return entry.original(*args, **entry.kwargs)
+
+def _float32_vjp(entry, gs):
+    """MLX's float32 VJP of an op's high words (no double-word rule for it):
+    cotangents of its positional arguments (a list for a list argument) and a dict
+    of those of its keyword arguments."""
+    slots = _slots(entry)
+
+    def f(*arrays):
+        args, kwargs = list(entry.args), dict(entry.kwargs)
+        for (key, j, _), a in zip(slots, arrays):
+            target = args if isinstance(key, int) else kwargs
+            if j is None:
+                target[key] = a
+            else:
+                items = list(target[key])
+                items[j] = a
+                target[key] = type(target[key])(items)
+        return entry.original(*args, **kwargs)
 
     cots = list(gs) if isinstance(entry.out, (list, tuple)) else [gs]
-    primals = [a for _, a in positions]
+    primals = [a for _, _, a in slots]
 
     def pullback(*arrays):
         with carry.suspended():
             return mx.vjp(f, list(arrays[:len(primals)]), list(arrays[len(primals):]))[1]
 
-    grads = pullback(*primals, *cots)
+    grads = pullback(*primals, *cots) if slots else []
     # a gradient being taken of this backward pass (second order) sees it too
     record(f"{entry.name} (gradient)", None, pullback, (*primals, *cots), {}, list(grads),
            entry.report)
-    out = [None] * len(entry.args)
-    for (i, a), g in zip(positions, grads):
-        out[i] = g if mx.issubdtype(a.dtype, mx.inexact) else None
+    out = [[None] * len(a) if isinstance(a, (list, tuple)) else None for a in entry.args]
+    named = {}
+    for (key, j, a), g in zip(slots, grads):
+        g = g if mx.issubdtype(a.dtype, mx.inexact) else None
+        if not isinstance(key, int):
+            named[key] = g
+        elif j is None:
+            out[key] = g
+        else:
+            out[key][j] = g
     dropped(entry.report, f"{entry.name} (gradient)",
             "its derivative has no double-word rule: MLX's float32 VJP ran")
-    return out
+    return out, named
 
 
 def _accumulate(cot: dict, a: mx.array, g) -> None:
     if g is None:
         return
-    if g.shape != a.shape:  # a rule's cotangent in a broadcast shape
-        g = mx.broadcast_to(g, a.shape) if g.size < a.size else g.reshape(a.shape)
+    if g.shape != a.shape:
+        raise AssertionError(f"mlx_precise: a VJP rule gave a cotangent of shape "
+                             f"{g.shape} for an operand of shape {a.shape}")
     if g.dtype != a.dtype and mx.issubdtype(a.dtype, mx.floating) and a.dtype != mx.float64:
         g = mx.real(g) if mx.issubdtype(g.dtype, mx.complexfloating) and not mx.issubdtype(
             a.dtype, mx.complexfloating) else g.astype(a.dtype)
@@ -192,11 +218,15 @@ def backward(tape: Tape, seeds: list, report) -> dict:
                 continue
             gs = [mx.zeros_like(o) if g is None else g for o, g in zip(e.outs, gs)]
             g = gs if isinstance(e.out, (list, tuple)) else gs[0]
-            grads = None
-            if e.vjp is not None:
+            grads, named = None, {}
+            if e.vjp is not None and not any(tape.tracks(a) for v in e.kwargs.values()
+                                             for a in arrays_in(v)):
                 grads = e.vjp(e, g)
             if grads is None or grads is NotImplemented:
-                grads = _float32_vjp(e, g)
+                grads, named = _float32_vjp(e, g)
+            for key, ga in named.items():
+                if ga is not None and tape.tracks(e.kwargs[key]):
+                    _accumulate(cot, e.kwargs[key], ga)
             for arg, ga in zip(e.args, grads):
                 if ga is None:
                     continue
