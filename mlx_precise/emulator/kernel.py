@@ -249,7 +249,7 @@ def _load(source: str, kname: str, label: str) -> ctypes.CDLL:
     with _libs_lock:
         lib = _libs.get(source)
         if lib is None:
-            path = compiler.build(source, kname, [SHIM_DIR], label)
+            path = compiler.build(source, kname, [SHIM_DIR], label, precompile="runtime.h")
             lib = ctypes.CDLL(str(path))
             lib.mpemu_tg_describe.restype = ctypes.c_int
             lib.mpemu_poison.restype = None
