@@ -99,8 +99,8 @@ def _layout(x: mx.array, contiguous: bool) -> tuple[np.ndarray, list[int], int]:
     reaches (< 0 with negative strides)."""
     _check_dtype(x.dtype)
     a = np.asarray(memoryview(x.view(mx.uint16) if x.dtype == mx.bfloat16 else x))
-    if contiguous:
-        return np.ascontiguousarray(a), _row_strides(x.shape), 0
+    if contiguous:  # (the view itself: _stage_input copies it row-contiguous)
+        return a, _row_strides(x.shape), 0
     strides = [s // a.itemsize for s in a.strides]
     first = sum(min(0, (n - 1) * s) for n, s in zip(a.shape, strides)) if a.size else 0
     return a, strides, first
@@ -123,7 +123,11 @@ def _stage_input(name: str, x: mx.array, contiguous: bool, checked: bool = True)
     last = sum(max(0, (n - 1) * s) for n, s in zip(a.shape, strides)) if a.size else -1
     span = (last - first + 1) * a.itemsize
     buf = memory.Guarded(name, "input", span, a.itemsize, first, slack=_slack(checked))
-    if span:
+    if not span:
+        return buf, strides
+    if contiguous and not a.flags.c_contiguous:  # one copy, straight into the buffer
+        np.copyto(buf.array.view(a.dtype).reshape(a.shape), a)
+    else:
         src = a.__array_interface__["data"][0] + first * a.itemsize
         ctypes.memmove(buf.ptr, src, span)
     return buf, strides
@@ -524,7 +528,9 @@ class MetalKernel:
         itemsize = np.dtype(_NP_DTYPES[dtype]).itemsize
         buf = memory.Guarded(name, "output", size * itemsize, itemsize, slack=_slack(checked))
         if init_value is not None:
-            buf.array[:] = _to_numpy(mx.full((size,), init_value, dtype=dtype)).view(np.uint8)
+            # (astype: mx.full of a real value with a complex dtype gives float32)
+            value = _to_numpy(mx.full((1,), init_value, dtype=dtype).astype(dtype))
+            buf.array.view(value.dtype)[:] = value[0]
         else:
             buf.array[:] = 0xFF
         return buf

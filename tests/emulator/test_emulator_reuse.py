@@ -134,3 +134,39 @@ def test_guards_hold_on_reused_mappings(repeat):
         with pytest.raises(RuntimeError, match=r"out-of-bounds write of output 'y' at element 1024"):
             shift(inputs=[x], grid=(1024, 1, 1), threadgroup=(32, 1, 1),
                   output_shapes=[(1024,)], output_dtypes=[mx.float32])
+
+
+COPY = """
+uint i = thread_position_in_grid.x;
+y[i] = x[i];
+"""
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.int16, mx.complex64])
+def test_strided_inputs_are_staged_row_contiguous(dtype):
+    """Transposed, reversed and broadcast views reach a row-contiguous kernel in
+    row order (numpy writes them straight into the guarded buffer)."""
+    k = metal_kernel("reuse_copy", ["x"], ["y"], COPY)
+    base = mx.arange(24).reshape(4, 6).astype(dtype)
+    views = [base.T, base[::-1, ::2], mx.broadcast_to(base[:1], (4, 6)), base[1:3]]
+    for v in views:
+        (y,) = k(inputs=[v], grid=(v.size, 1, 1), threadgroup=(32, 1, 1),
+                 output_shapes=[(v.size,)], output_dtypes=[dtype])
+        assert y.dtype == dtype
+        np.testing.assert_array_equal(np.array(y.astype(mx.float32) if dtype == mx.bfloat16 else y),
+                                      np.array(v.astype(mx.float32) if dtype == mx.bfloat16 else v).reshape(-1))
+
+
+@pytest.mark.parametrize("dtype,value", [(mx.float32, 0.1), (mx.float16, 0.1), (mx.bfloat16, 0.1),
+                                         (mx.int32, -7), (mx.uint8, 200), (mx.bool_, True),
+                                         (mx.complex64, 2.5)])
+def test_init_value_fills_every_element_as_mlx_converts_it(dtype, value):
+    k = metal_kernel("reuse_untouched", ["x"], ["y"], "uint i = thread_position_in_grid.x; (void)x; (void)i;")
+    (y,) = k(inputs=[mx.zeros((4,))], grid=(4, 1, 1), threadgroup=(4, 1, 1),
+             output_shapes=[(3, 5)], output_dtypes=[dtype], init_value=value)
+    expected = mx.full((3, 5), value, dtype=dtype).astype(dtype)  # (complex: see _new_output)
+    assert y.dtype == dtype and y.shape == expected.shape
+    def bits(a):
+        return np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a).tobytes()
+
+    assert bits(y) == bits(expected)
