@@ -114,8 +114,13 @@ def find_compiler() -> tuple[str, ...]:
     if clang:
         return (clang,)
     try:
-        import ziglang  # noqa: F401
+        import ziglang
 
+        # `python -m ziglang` execs this binary: calling it directly saves starting
+        # a Python per compile and per link.
+        zig = Path(ziglang.__file__).resolve().parent / "zig"
+        if os.name == "posix" and zig.is_file() and os.access(zig, os.X_OK):
+            return (str(zig), "c++")
         return (sys.executable, "-m", "ziglang", "c++")
     except ImportError:
         pass
