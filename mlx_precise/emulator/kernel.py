@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import math
 import os
 import re
 import signal
@@ -524,7 +525,7 @@ class MetalKernel:
         """A fenced output buffer: ``init_value`` everywhere, else all-ones bytes."""
         if dtype not in _NP_DTYPES:
             raise TypeError(f"unsupported output dtype for a Metal kernel: {dtype}")
-        size = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+        size = math.prod(int(s) for s in shape)
         itemsize = np.dtype(_NP_DTYPES[dtype]).itemsize
         buf = memory.Guarded(name, "output", size * itemsize, itemsize, slack=_slack(checked))
         if init_value is not None:
