@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import math
 import os
 import re
 import signal
@@ -99,8 +100,8 @@ def _layout(x: mx.array, contiguous: bool) -> tuple[np.ndarray, list[int], int]:
     reaches (< 0 with negative strides)."""
     _check_dtype(x.dtype)
     a = np.asarray(memoryview(x.view(mx.uint16) if x.dtype == mx.bfloat16 else x))
-    if contiguous:
-        return np.ascontiguousarray(a), _row_strides(x.shape), 0
+    if contiguous:  # (the view itself: _stage_input copies it row-contiguous)
+        return a, _row_strides(x.shape), 0
     strides = [s // a.itemsize for s in a.strides]
     first = sum(min(0, (n - 1) * s) for n, s in zip(a.shape, strides)) if a.size else 0
     return a, strides, first
@@ -129,7 +130,11 @@ def _stage_input(name: str, x: mx.array, contiguous: bool, checked: bool = True)
     last = sum(max(0, (n - 1) * s) for n, s in zip(a.shape, strides)) if a.size else -1
     span = (last - first + 1) * a.itemsize
     buf = memory.Guarded(name, "input", span, a.itemsize, first, slack=_slack(checked))
-    if span:
+    if not span:
+        return buf, strides
+    if contiguous and not a.flags.c_contiguous:  # one copy, straight into the buffer
+        np.copyto(buf.array.view(a.dtype).reshape(a.shape), a)
+    else:
         src = a.__array_interface__["data"][0] + first * a.itemsize
         ctypes.memmove(buf.ptr, src, span)
     return buf, strides
@@ -256,7 +261,7 @@ def _load(source: str, kname: str, label: str) -> ctypes.CDLL:
     with _libs_lock:
         lib = _libs.get(source)
         if lib is None:
-            path = compiler.build(source, kname, [SHIM_DIR], label)
+            path = compiler.build(source, kname, [SHIM_DIR], label, precompile="runtime.h")
             lib = ctypes.CDLL(str(path))
             lib.mpemu_tg_describe.restype = ctypes.c_int
             lib.mpemu_poison.restype = None
@@ -286,6 +291,34 @@ def _preload_libm() -> None:
         ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
 
 
+def _instance_key(inputs, output_dtypes, template) -> tuple:
+    """What the generated source of a kernel depends on besides the kernel itself:
+    per input its dtype and how MLX passes it (signature.input_form: a 0-d input is
+    ``const constant T&``, fewer than 8 elements ``const constant T*``, else
+    ``const device T*``; ``<name>_shape`` / ``_strides`` / ``_ndim`` parameters
+    exist for the last two, whatever the rank), the output dtypes and the template
+    (names, values and their kinds: ``True`` and ``1`` print alike but declare
+    ``bool`` and ``int`` parameters)."""
+    return (tuple((x.dtype, signature.input_form(x.shape)) for x in inputs),
+            tuple(output_dtypes),
+            tuple((n, type(v), v) for n, v in template))
+
+
+class _Instance:
+    """One instantiation of a kernel: MLX's kernel name, parameters and text, the
+    C++ unit, and (once built) its library."""
+
+    __slots__ = ("kname", "params", "text", "cpp", "lib")
+
+    def __init__(self, kname, params, text, cpp):
+        self.kname, self.params, self.text, self.cpp = kname, params, text, cpp
+        self.lib = None
+
+    def load(self, label: str) -> ctypes.CDLL:
+        self.lib = _load(self.cpp, self.kname, label)
+        return self.lib
+
+
 class MetalKernel:
     """A custom Metal kernel run by the emulator; see :func:`metal_kernel`."""
 
@@ -313,6 +346,9 @@ class MetalKernel:
         self.strict = (os.environ.get("MLX_PRECISE_STRICT", "0") not in ("", "0")
                        if strict is None else bool(strict))
         self._strict_passed: set[str] = set()
+        # Instantiations seen so far (see _instance_key): generating and scanning the
+        # source costs far more than a launch of a small grid.
+        self._instances: dict[tuple, _Instance] = {}
 
     def generate(self, inputs, output_dtypes, template=None):
         """Return ``(kernel_name, params, text)`` for these inputs: ``text`` is what
@@ -359,9 +395,13 @@ class MetalKernel:
                 f"threads per threadgroup ({MAX_THREADS_PER_THREADGROUP})."
             )
         template = list(template or [])
-        kname, params, text = self.generate(inputs, output_dtypes, template)
+        key = _instance_key(inputs, output_dtypes, template)
+        inst = self._instances.get(key)
+        if inst is None:
+            inst = self._instances.setdefault(key, self._instantiate(inputs, output_dtypes, template))
+        kname = inst.kname
         if verbose:
-            print(f"Generated source code for `{self.name}`:\n```\n{text}\n```")
+            print(f"Generated source code for `{self.name}`:\n```\n{inst.text}\n```")
         if self.strict and kname not in self._strict_passed:
             from . import strict
 
@@ -370,13 +410,11 @@ class MetalKernel:
                 inputs=inputs, output_dtypes=output_dtypes, header=self.header,
                 template=template, atomic_outputs=self.atomic_outputs)
             self._strict_passed.add(kname)
-        compile_text = signature.write_signature(kname, self.header, self.source, template, params)
-        cpp = _cpp_source(kname, compile_text, template, params, self._prelude)
-        lib = _load(cpp, kname, f"{self.name} ({kname})")
+        lib = inst.lib or inst.load(f"{self.name} ({kname})")
         line0 = self._prelude.count("\n")
 
         def launch(*arrays):
-            return self._launch(lib, params, list(arrays), output_shapes, output_dtypes,
+            return self._launch(lib, inst.params, list(arrays), output_shapes, output_dtypes,
                                 grid, threadgroup, init_value, line0)
 
         # Outputs depend on the inputs through a function whose derivatives raise
@@ -386,6 +424,14 @@ class MetalKernel:
         fn.vjp(_no_derivative("vjp"))
         fn.jvp(_no_derivative("jvp"))
         return fn(*inputs)
+
+    def _instantiate(self, inputs, output_dtypes, template) -> "_Instance":
+        """The generated text and C++ unit of one instantiation (not compiled yet:
+        the strict check, when on, runs first)."""
+        kname, params, text = self.generate(inputs, output_dtypes, template)
+        compile_text = signature.write_signature(kname, self.header, self.source, template, params)
+        cpp = _cpp_source(kname, compile_text, template, params, self._prelude)
+        return _Instance(kname, params, text, cpp)
 
     def _launch(self, lib, params, inputs, output_shapes, output_dtypes, grid, threadgroup,
                 init_value, line0):
@@ -430,6 +476,10 @@ class MetalKernel:
             ranges = (ctypes.c_uint64 * max(2 * len(poison), 1))(
                 *(v for b in poison for v in (b.base, b.base + b.size)))
             hits = (ctypes.c_uint64 * max(5 * len(poison), 1))()
+            # A poisoned read opens guard pages: such a mapping is not reused
+            # (memory.Guarded.tainted), nor is any whose launch did not finish.
+            for b in poison:
+                b.tainted = True
             with _launch_lock:
                 lib.mpemu_poison(ranges, len(poison), hits)
                 try:
@@ -437,6 +487,8 @@ class MetalKernel:
                                               int(self.checked), err, len(err), fault)
                 finally:
                     lib.mpemu_poison(ranges, 0, hits)
+            for k, b in enumerate(poison):
+                b.tainted = bool(hits[5 * k])
             self._warn_poison_reads(poison, hits)
             if status == 1:
                 raise RuntimeError(f"kernel {self.name!r}: {_name_lines(err.value.decode(), line0)}")
@@ -451,8 +503,9 @@ class MetalKernel:
                             f"at byte {off} (element {b.first + off // b.itemsize}; valid: "
                             f"{b.first}..{b.last}); the thread is unknown (the write missed "
                             "the guard pages)")
+            # mx.array copies the data out of the guarded memory (freed below).
             return [
-                _from_numpy(b.array.view(_NP_DTYPES[d]).copy().reshape(tuple(s)), d)
+                _from_numpy(b.array.view(_NP_DTYPES[d]).reshape(tuple(s)), d)
                 for b, s, d in zip(outs, output_shapes, output_dtypes)
             ]
         finally:
@@ -479,11 +532,13 @@ class MetalKernel:
         """A fenced output buffer: ``init_value`` everywhere, else all-ones bytes."""
         if dtype not in _NP_DTYPES:
             raise TypeError(f"unsupported output dtype for a Metal kernel: {dtype}")
-        size = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+        size = math.prod(int(s) for s in shape)
         itemsize = np.dtype(_NP_DTYPES[dtype]).itemsize
         buf = memory.Guarded(name, "output", size * itemsize, itemsize, slack=_slack(checked))
         if init_value is not None:
-            buf.array[:] = _to_numpy(mx.full((size,), init_value, dtype=dtype)).view(np.uint8)
+            # (astype: mx.full of a real value with a complex dtype gives float32)
+            value = _to_numpy(mx.full((1,), init_value, dtype=dtype).astype(dtype))
+            buf.array.view(value.dtype)[:] = value[0]
         else:
             buf.array[:] = 0xFF
         return buf

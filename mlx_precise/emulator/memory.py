@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import functools
 import mmap
+import threading
 
 import numpy as np
 
@@ -29,6 +30,57 @@ POISON = 0xFF  # what reads past the end return outside checked mode (NaN, -1)
 # Guards are address space only (no memory): wide enough that an index tens of
 # times the buffer's size still lands in one rather than in another mapping.
 _MIN_GUARD, _MAX_GUARD = 64 << 20, 4 << 30
+
+
+# Mappings of freed buffers, kept for reuse by the next buffer of as many data
+# pages (most launches repeat their shapes): mapping, protecting and unmapping, and
+# the page faults of fresh data pages, cost more than a launch of a small grid.
+# A kept mapping is exactly as a new one would be (guards PROT_NONE, data pages
+# read-write); its bytes are all rewritten on reuse (the slack by Guarded, the data
+# by its owner). Mappings whose guards a poisoned read opened (``tainted``) are
+# unmapped instead.
+_POOL_PER_SIZE = 8
+_POOL_MAX_BYTES = 64 << 20  # of data pages kept in all
+_pool: dict[int, list[tuple[int, int, int]]] = {}  # data bytes: [(base, size, guard)]
+_pool_bytes = 0
+_pool_lock = threading.Lock()
+
+
+def _pool_take(data_bytes: int):
+    global _pool_bytes
+    with _pool_lock:
+        kept = _pool.get(data_bytes)
+        if not kept:
+            return None
+        _pool_bytes -= data_bytes
+        return kept.pop()
+
+
+def _pool_put(data_bytes: int, mapping: tuple[int, int, int]) -> bool:
+    global _pool_bytes
+    with _pool_lock:
+        kept = _pool.setdefault(data_bytes, [])
+        if len(kept) >= _POOL_PER_SIZE or _pool_bytes + data_bytes > _POOL_MAX_BYTES:
+            return False
+        kept.append(mapping)
+        _pool_bytes += data_bytes
+        return True
+
+
+def release_pool() -> None:
+    """Unmap every kept mapping."""
+    global _pool_bytes
+    with _pool_lock:
+        for kept in _pool.values():
+            for base, size, _ in kept:
+                _libc().munmap(base, size)
+        _pool.clear()
+        _pool_bytes = 0
+
+
+@functools.lru_cache(maxsize=None)
+def _fill_pattern(byte: int) -> bytes:
+    return bytes((byte,)) * _PAGE
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,19 +111,26 @@ class Guarded:
         self.name, self.kind, self.itemsize = name, kind, itemsize
         self.first, self.last = first, first + nbytes // itemsize - 1
         self.nbytes = nbytes
+        self.tainted = False  # a guard page was opened (poison): never reuse the mapping
         padded = _round_up(max(nbytes, 1), _ALIGN)
         data_pages = _round_up(padded, _PAGE)
-        self.guard = max(_MIN_GUARD, min(_MAX_GUARD, _round_up(16 * data_pages, _PAGE)))
-        self.size = 2 * self.guard + data_pages
-        libc = _libc()
-        base = libc.mmap(None, self.size, _PROT_NONE, _MAP_FLAGS, -1, 0)
-        if base in (None, ctypes.c_void_p(-1).value):
-            raise MemoryError(f"cannot map {self.size} bytes for kernel buffer {name!r}")
-        self.base = base
-        page0 = base + self.guard
-        if libc.mprotect(page0, data_pages, _PROT_RW) != 0:
-            self.free()
-            raise MemoryError(f"cannot map kernel buffer {name!r}")
+        self.data_pages = data_pages
+        kept = _pool_take(data_pages)
+        if kept is not None:
+            self.base, self.size, self.guard = kept
+        else:
+            self.guard = max(_MIN_GUARD, min(_MAX_GUARD, _round_up(16 * data_pages, _PAGE)))
+            self.size = 2 * self.guard + data_pages
+            libc = _libc()
+            base = libc.mmap(None, self.size, _PROT_NONE, _MAP_FLAGS, -1, 0)
+            if base in (None, ctypes.c_void_p(-1).value):
+                raise MemoryError(f"cannot map {self.size} bytes for kernel buffer {name!r}")
+            self.base = base
+            if libc.mprotect(base + self.guard, data_pages, _PROT_RW) != 0:
+                self.tainted = True
+                self.free()
+                raise MemoryError(f"cannot map kernel buffer {name!r}")
+        page0 = self.base + self.guard
         self.lo = page0
         self.hi = page0 + data_pages  # first byte of the guard after the data
         self.ptr = self.hi - padded
@@ -85,8 +144,13 @@ class Guarded:
     def slack_write(self) -> int | None:
         """Byte offset from ``ptr`` of the first canary byte a kernel overwrote in the
         unguarded slack around the data, or None."""
-        whole = np.ctypeslib.as_array((ctypes.c_uint8 * (self.hi - self.lo)).from_address(self.lo))
         start, end = self.ptr - self.lo, self.ptr - self.lo + self.nbytes
+        fill = _fill_pattern(self.slack)  # each slack region is shorter than a page
+        after = self.hi - self.lo - end
+        if (ctypes.string_at(self.lo, start) == fill[:start]
+                and ctypes.string_at(self.lo + end, after) == fill[:after]):
+            return None  # (the common case, without numpy)
+        whole = np.ctypeslib.as_array((ctypes.c_uint8 * (self.hi - self.lo)).from_address(self.lo))
         for lo, hi in ((0, start), (end, len(whole))):
             bad = np.flatnonzero(whole[lo:hi] != self.slack)
             if bad.size:
@@ -94,9 +158,13 @@ class Guarded:
         return None
 
     def free(self):
+        """Give the memory back (kept for reuse unless ``tainted``). The numpy views
+        of the data must not be used afterwards."""
         if self.base is not None:
-            _libc().munmap(self.base, self.size)
+            mapping = (self.base, self.size, self.guard)
             self.base = None
+            if self.tainted or not _pool_put(self.data_pages, mapping):
+                _libc().munmap(*mapping[:2])
 
     def element(self, address: int) -> int | None:
         """Element index (relative to logical element 0) of an address inside this

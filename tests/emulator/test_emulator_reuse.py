@@ -1,0 +1,172 @@
+"""What the emulator keeps between launches: the generated source of each
+instantiation (generated once, regenerated for anything that changes MLX's
+signature) and the mappings of freed buffers (reused with their guards intact)."""
+
+import warnings
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_precise.emulator import (OutOfBoundsReadWarning, compiler, memory, metal_kernel,
+                                  signature)
+
+SCALE = """
+uint i = thread_position_in_grid.x;
+y[i] = x[i] * float(K);
+"""
+
+
+def _call(k, x, template, verbose=False):
+    (y,) = k(inputs=[x], grid=(max(x.size, 1), 1, 1), threadgroup=(32, 1, 1),
+             output_shapes=[(max(x.size, 1),)], output_dtypes=[mx.float32],
+             template=template, verbose=verbose)
+    return np.array(y)
+
+
+def test_source_generated_once_per_instantiation(monkeypatch, capsys):
+    calls = []
+    real = signature.generate
+    monkeypatch.setattr(signature, "generate",
+                        lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    k = metal_kernel("reuse_scale", ["x"], ["y"], SCALE)
+    # Each case changes the signature MLX writes: device (>= 8 elements), constant
+    # (< 8), another dtype, a bool instead of an int template value (same printed
+    # value, other parameter kind), another value.
+    cases = [
+        (mx.arange(16, dtype=mx.float32), [("K", 2)]),
+        (mx.arange(4, dtype=mx.float32), [("K", 2)]),
+        (mx.arange(16, dtype=mx.float16), [("K", 2)]),
+        (mx.arange(16, dtype=mx.float32), [("K", True)]),
+        (mx.arange(16, dtype=mx.float32), [("K", 3)]),
+    ]
+    for x, template in cases:
+        before = len(calls)
+        # Other sizes of the same form share the instantiation.
+        same_form = [x, x[::-1], mx.arange(x.size + 3, dtype=x.dtype) if x.size >= 8 else x]
+        for x2 in same_form:
+            got = _call(k, x2, template, verbose=True)
+            expected = np.array(x2.astype(mx.float32)).reshape(-1) * float(template[0][1])
+            np.testing.assert_array_equal(got, expected)
+        assert len(calls) == before + 1, (x, template)
+        # What verbose=True prints is still the text generated for these inputs.
+        printed = capsys.readouterr().out
+        for x2 in same_form:
+            assert k.generate([x2], [mx.float32], template)[2] in printed
+    kinds = {k.generate([x], [mx.float32], t)[2].split("\n")[0] for x, t in cases[::3]}
+    assert kinds == {"template <bool K>", "template <int K>"}
+
+
+def test_scalar_and_one_element_inputs_are_other_instantiations(tmp_path, monkeypatch):
+    """A 0-d input is a reference (``const constant float& x``), one of 1 element a
+    pointer: the body ``x * 2.0f`` compiles for the first only, so a launch with
+    the second must not reuse the first's library."""
+    monkeypatch.setenv("MLX_PRECISE_CACHE", str(tmp_path))
+    k = metal_kernel("reuse_scalar", ["x"], ["y"],
+                     "y[thread_position_in_grid.x] = x * 2.0f;")
+    args = dict(grid=(1, 1, 1), threadgroup=(1, 1, 1), output_shapes=[(1,)],
+                output_dtypes=[mx.float32])
+    for _ in range(2):
+        (y,) = k(inputs=[mx.array(3.0)], **args)
+        assert np.array(y).tolist() == [6.0]
+    with pytest.raises(compiler.KernelCompileError, match="custom_kernel_reuse_scalar_floatc_float"):
+        k(inputs=[mx.array([3.0])], **args)
+
+
+def test_reused_mapping_is_rewritten_and_keeps_its_guards():
+    memory.release_pool()
+    a = memory.Guarded("a", "input", 40, 4, slack=memory.POISON)
+    a.array[:] = 7
+    base = a.base
+    a.free()
+    b = memory.Guarded("b", "output", 36, 4, slack=memory.CANARY)
+    assert b.base == base  # same data pages: the mapping is reused
+    whole = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * (b.hi - b.lo)).from_address(b.lo))
+    start = b.ptr - b.lo
+    # The slack around the data is the new buffer's filler, not the old bytes.
+    assert np.all(whole[:start] == memory.CANARY)
+    assert np.all(whole[start + 36:] == memory.CANARY)
+    assert b.slack_write() is None
+    b.tainted = True  # a poisoned read opened a guard page: unmapped, not kept
+    b.free()
+    assert not memory._pool.get(b.data_pages)
+    memory.release_pool()
+
+
+def test_outputs_do_not_alias_reused_memory():
+    k = metal_kernel("reuse_scale", ["x"], ["y"], SCALE)
+    x = mx.arange(64, dtype=mx.float32)
+    first = mx.array(_call(k, x, [("K", 2)]))
+    ys = [k(inputs=[x], grid=(64, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(64,)],
+            output_dtypes=[mx.float32], template=[("K", v)])[0] for v in (1, 2, 3)]
+    for v, y in zip((1, 2, 3), ys):
+        np.testing.assert_array_equal(np.array(y), np.arange(64, dtype=np.float32) * v)
+    np.testing.assert_array_equal(np.array(first), np.arange(64, dtype=np.float32) * 2)
+
+
+NEIGHBOUR = """
+uint i = thread_position_in_grid.x;
+y[i] = x[i] + x[i + 1] * 0.0f;
+"""
+
+
+@pytest.mark.parametrize("repeat", range(3))
+def test_guards_hold_on_reused_mappings(repeat):
+    """The same sizes again and again (mappings come from the pool): a read past the
+    end still returns poison with a warning (each new kernel warns once), or raises
+    in checked mode; a write past the end still raises."""
+    x = mx.arange(1024, dtype=mx.float32)
+    for _ in range(2):
+        k = metal_kernel("reuse_neighbour", ["x"], ["y"], NEIGHBOUR, checked=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            (y,) = k(inputs=[x], grid=(1024, 1, 1), threadgroup=(32, 1, 1),
+                     output_shapes=[(1024,)], output_dtypes=[mx.float32])
+        y = np.array(y)
+        assert np.isnan(y[-1]) and np.all(y[:-1] == np.arange(1023))
+        assert any(issubclass(w.category, OutOfBoundsReadWarning) for w in caught)
+        checked = metal_kernel("reuse_neighbour", ["x"], ["y"], NEIGHBOUR, checked=True)
+        with pytest.raises(RuntimeError, match=r"out-of-bounds read of input 'x' at element 1024"):
+            checked(inputs=[x], grid=(1024, 1, 1), threadgroup=(32, 1, 1),
+                    output_shapes=[(1024,)], output_dtypes=[mx.float32])
+        shift = metal_kernel("reuse_shift", ["x"], ["y"],
+                             "uint i = thread_position_in_grid.x; y[i + 1] = x[i];")
+        with pytest.raises(RuntimeError, match=r"out-of-bounds write of output 'y' at element 1024"):
+            shift(inputs=[x], grid=(1024, 1, 1), threadgroup=(32, 1, 1),
+                  output_shapes=[(1024,)], output_dtypes=[mx.float32])
+
+
+COPY = """
+uint i = thread_position_in_grid.x;
+y[i] = x[i];
+"""
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.int16, mx.complex64])
+def test_strided_inputs_are_staged_row_contiguous(dtype):
+    """Transposed, reversed and broadcast views reach a row-contiguous kernel in
+    row order (numpy writes them straight into the guarded buffer)."""
+    k = metal_kernel("reuse_copy", ["x"], ["y"], COPY)
+    base = mx.arange(24).reshape(4, 6).astype(dtype)
+    views = [base.T, base[::-1, ::2], mx.broadcast_to(base[:1], (4, 6)), base[1:3]]
+    for v in views:
+        (y,) = k(inputs=[v], grid=(v.size, 1, 1), threadgroup=(32, 1, 1),
+                 output_shapes=[(v.size,)], output_dtypes=[dtype])
+        assert y.dtype == dtype
+        np.testing.assert_array_equal(np.array(y.astype(mx.float32) if dtype == mx.bfloat16 else y),
+                                      np.array(v.astype(mx.float32) if dtype == mx.bfloat16 else v).reshape(-1))
+
+
+@pytest.mark.parametrize("dtype,value", [(mx.float32, 0.1), (mx.float16, 0.1), (mx.bfloat16, 0.1),
+                                         (mx.int32, -7), (mx.uint8, 200), (mx.bool_, True),
+                                         (mx.complex64, 2.5)])
+def test_init_value_fills_every_element_as_mlx_converts_it(dtype, value):
+    k = metal_kernel("reuse_untouched", ["x"], ["y"], "uint i = thread_position_in_grid.x; (void)x; (void)i;")
+    (y,) = k(inputs=[mx.zeros((4,))], grid=(4, 1, 1), threadgroup=(4, 1, 1),
+             output_shapes=[(3, 5)], output_dtypes=[dtype], init_value=value)
+    expected = mx.full((3, 5), value, dtype=dtype).astype(dtype)  # (complex: see _new_output)
+    assert y.dtype == dtype and y.shape == expected.shape
+    def bits(a):
+        return np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a).tobytes()
+
+    assert bits(y) == bits(expected)
