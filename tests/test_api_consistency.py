@@ -356,3 +356,154 @@ def test_complex_division_special_values_follow_float32(backend):
     hi, lo = np.array(q.hi), np.array(q.lo)
     assert np.array_equal(hi, want, equal_nan=True), (hi, want)
     assert not np.any(lo)
+
+
+# ---- stream=: MLX's keyword on every op that computes --------------------------------
+
+
+def _stream_cases():
+    """(name, call(backend, **kw), takes backend) for every public op with ``stream``;
+    small shapes that other tests use (the emulator's kernels are cached)."""
+    rng = np.random.default_rng(20)
+    f32 = lambda *s: mx.array(rng.standard_normal(s).astype(np.float32))  # noqa: E731
+    u, k, D, w = f32(1, 2, 16), f32(2, 16), f32(2), f32(2, 3)
+    A, B = rng.standard_normal((8, 16)), rng.standard_normal((16, 8))
+    x = f32(4, 8)
+    q16 = mx.array(rng.integers(-2**15, 2**15, (4, 8)).astype(np.int16))
+    q32 = mx.array(rng.integers(-2**31, 2**31, (4, 8)).astype(np.int32))
+    a8 = mx.array(rng.integers(-128, 128, (4, 16)).astype(np.int8))
+    b8 = mx.array(rng.integers(-128, 128, (16, 8)).astype(np.int8))
+    dwa, dwb = DoubleWord.from_float64(A), DoubleWord.from_float64(B)
+
+    def in_block(fn):  # the extended twin through the precision-aware entry point
+        def call(**kw):
+            with mp.extended_precision():
+                return fn(**kw)
+        return call
+
+    def sf16_boundary(backend, **kw):
+        with mp.sf16(None, backend=backend):
+            return mp.sf16_boundary(x, **kw)
+
+    def sf16_matmul(backend, **kw):
+        with mp.sf16(None, backend=backend):
+            return mp.sf16_matmul(x, x.T, **kw)
+
+    return [
+        ("hyena_conv_extended", lambda b, **kw: mp.hyena_conv_extended(u, k, D, backend=b, **kw), 1),
+        ("fftconv", lambda b, **kw: mp.fftconv(u, k, D, **kw), 0),
+        ("fftconv (extended)", lambda b, **kw: in_block(mp.fftconv)(
+            u=u, k=k, D=D, backend=b, **kw), 1),
+        ("depthwise_conv_extended", lambda b, **kw: mp.depthwise_conv_extended(
+            u, w, D, backend=b, **kw), 1),
+        ("depthwise3_extended", lambda b, **kw: mp.depthwise3_extended(u, w, backend=b, **kw), 1),
+        ("depthwise_conv", lambda b, **kw: mp.depthwise_conv(u, w, D, **kw), 0),
+        ("depthwise3", lambda b, **kw: mp.depthwise3(u, w, **kw), 0),
+        ("norm", lambda b, **kw: mp.norm(A, backend=b, **kw), 1),
+        ("dgemm_emulated", lambda b, **kw: mp.dgemm_emulated(A, B, backend=b, **kw), 1),
+        ("esc", lambda b, **kw: mp.esc.esc(A, B, backend=b, **kw), 1),
+        ("esc_estimate", lambda b, **kw: mp.esc.esc_estimate(A, B, backend=b, **kw), 1),
+        ("slices_needed", lambda b, **kw: mp.esc.slices_needed(A, B, backend=b, **kw), 1),
+        ("float_to_q115", lambda b, **kw: mp.float_to_q115(x, backend=b, **kw), 1),
+        ("float_to_q131", lambda b, **kw: mp.float_to_q131(x, backend=b, **kw), 1),
+        ("q115_to_float", lambda b, **kw: mp.q115_to_float(q16, backend=b, **kw), 1),
+        ("q131_to_float", lambda b, **kw: mp.q131_to_float(q32, backend=b, **kw), 1),
+        ("simulate_q115", lambda b, **kw: mp.simulate_q115(x, backend=b, **kw), 1),
+        ("simulate_q131", lambda b, **kw: mp.simulate_q131(x, backend=b, **kw), 1),
+        ("sf16_boundary", sf16_boundary, 1),
+        ("sf16_matmul", sf16_matmul, 1),
+        ("quantize_int8", lambda b, **kw: mp.quantize_int8(x, **kw), 0),
+        ("compute_azp_adj", lambda b, **kw: mp.compute_azp_adj(b8, 3, **kw), 0),
+        ("int8_matmul", lambda b, **kw: mp.int8_matmul(a8, b8, backend=b, **kw), 1),
+        ("scaled_mm", lambda b, **kw: mp.scaled_mm(a8, b8, mx.array([0.5]), mx.array([0.25]),
+                                                    backend=b, **kw), 1),
+        ("linalg.matmul", lambda b, **kw: mp.linalg.matmul(dwa, dwb, backend=b, **kw), 1),
+    ]
+
+
+_STREAM_CASES = _stream_cases()
+
+
+def _flat(r):
+    """A result as a list of numpy arrays / Python values (bit-exact comparison)."""
+    if isinstance(r, DoubleWord):
+        return [np.array(r.hi), np.array(r.lo)]
+    if isinstance(r, (tuple, list)):
+        return [v for x in r for v in _flat(x)]
+    return [np.array(r)] if isinstance(r, mx.array) else [r]
+
+
+def _same(a, b) -> bool:
+    fa, fb = _flat(a), _flat(b)
+    return len(fa) == len(fb) and all(
+        np.array_equal(x, y, equal_nan=True) if isinstance(x, np.ndarray) else x == y
+        for x, y in zip(fa, fb))
+
+
+def _mlx_error(bad) -> type:
+    """The exception MLX's own ops raise for ``stream=bad``."""
+    try:
+        mx.add(mx.zeros(1), 1, stream=bad)
+    except Exception as e:  # noqa: BLE001 - we want MLX's class, whatever it is
+        return type(e)
+    raise AssertionError(f"MLX accepted stream={bad!r}")
+
+
+def _bad_streams():
+    bad = ["cpu", 2.5]
+    if not mp.metal_available():
+        bad.append(mx.gpu)  # MLX: ValueError, no GPU stream without a GPU backend
+    return bad
+
+
+@pytest.mark.parametrize("name,call,has_backend", _STREAM_CASES, ids=[c[0] for c in _STREAM_CASES])
+def test_stream_is_mlx_keyword_and_changes_nothing(name, call, has_backend):
+    """A given stream (mx.cpu, a CPU stream, a new CPU stream) gives the result of
+    none, bit for bit; a bad value raises the exception class MLX's ops raise,
+    naming the function and the argument."""
+    fn = name.split(" ")[0].split(".")[-1]
+    if name.endswith("(extended)"):  # inside the block the extended twin runs
+        fn = mp.precision_aware_functions()[fn].extended.__name__
+    for backend in (BACKENDS if has_backend else (None,)):
+        want = call(backend)
+        for s in (mx.cpu, mx.default_stream(mx.cpu), mx.new_stream(mx.cpu), mx.Device(mx.cpu)):
+            assert _same(call(backend, stream=s), want), (name, backend, s)
+        for bad in _bad_streams():
+            with pytest.raises(_mlx_error(bad), match=rf"{fn}\(\): stream"):
+                call(backend, stream=bad)
+
+
+def test_every_op_with_a_stream_is_tested():
+    """The cases above cover every public function that takes ``stream`` (less the
+    FFT family and the double-word elementwise ops, tested with their modules)."""
+    tested = {c[0].split(" ")[0].split(".")[-1] for c in _STREAM_CASES}
+    skip = {"complex_multiply", "complex_multiply_extended", "fft_scale", "fft_scale_extended"}
+    have = {n for n in mp.__all__ if callable(getattr(mp, n)) and not isinstance(getattr(mp, n), type)
+            and "stream" in inspect.signature(getattr(mp, n)).parameters} - skip
+    have |= {n for n in ("esc", "esc_estimate", "slices_needed")}
+    have -= {n for n in have if n.endswith("fft_extended")}
+    assert have <= tested, sorted(have - tested)
+
+
+@pytest.mark.parametrize("case", ["hyena_conv_extended", "int8_matmul", "simulate_q115", "esc"])
+def test_kernels_launch_on_the_given_stream(monkeypatch, case):
+    """The kernels (emulate here, metal alike) launch with the given stream as MLX's
+    default: what ``mx.fast.metal_kernel`` and the ops around it run on."""
+    from mlx_precise.core import kernels
+
+    seen = []
+    build = kernels._build
+
+    def spy(kernel, backend):
+        fn = build(kernel, backend)
+
+        def launch(**kw):
+            seen.append(mx.default_stream(mx.default_device()))
+            return fn(**kw)
+        return launch
+
+    monkeypatch.setattr(kernels, "_build", spy)
+    s = mx.new_stream(mx.cpu)
+    call = dict((c[0], c[1]) for c in _STREAM_CASES)[case]
+    mx.eval(*[v for v in _flat(call("emulate", stream=s)) if isinstance(v, mx.array)])
+    assert seen and all(x == s for x in seen), (seen, s)
