@@ -9,12 +9,18 @@
 * Every backend applies the same size limits, before allocating.
 * Array-likes everywhere; float64 data from lists keeps its precision.
 * DoubleWord prints its values and has arithmetic.
+* ``stream=`` as MLX takes it, on every op; the API table of docs/api.md is the
+  actual signatures (generated here: ``python tests/test_api_consistency.py``
+  rewrites it).
 
 Oracles: numpy float64 FFTs, exact ``fractions.Fraction`` arithmetic.
 """
 
 import inspect
+import re
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -507,3 +513,112 @@ def test_kernels_launch_on_the_given_stream(monkeypatch, case):
     call = dict((c[0], c[1]) for c in _STREAM_CASES)[case]
     mx.eval(*[v for v in _flat(call("emulate", stream=s)) if isinstance(v, mx.array)])
     assert seen and all(x == s for x in seen), (seen, s)
+
+
+# ---- docs/api.md's table of the public API: the signatures themselves ----------------
+
+API_MD = Path(__file__).resolve().parent.parent / "docs" / "api.md"
+TABLE_BEGIN = "<!-- api-table: generated from inspect.signature by tests/test_api_consistency.py -->"
+TABLE_END = "<!-- /api-table -->"
+_LAYERS_ON_BACKEND = {"FFTConv", "HyenaOperator", "Int8Linear"}  # call the ops below
+_FIXED_LAYOUT = {"nn.HyenaOperator": "NLC only: (batch, L, d_model)"}
+
+
+def _public_api() -> list[tuple[str, object]]:
+    """(name as written in the table, object) of the public operations and layers:
+    ``mlx_precise``'s functions outside its foundation (``core``), the flow
+    (``extended``) and the registry of twins (documented with the context), then ``mlx_precise.fft``,
+    ``mlx_precise.esc``, ``mlx_precise.linalg`` and ``mlx_precise.nn``."""
+    out = []
+    for name in mp.__all__:
+        obj = getattr(mp, name)
+        if inspect.isfunction(obj) and not obj.__module__.startswith(
+                ("mlx_precise.core", "mlx_precise.extended", "mlx_precise.doubleword.aware")):
+            out.append((name, obj))
+    for mod in ("fft", "esc", "linalg", "nn"):
+        m = getattr(mp, mod)
+        for name in m.__all__:
+            obj = getattr(m, name)
+            if inspect.isfunction(obj) or (mod == "nn" and inspect.isclass(obj)):
+                out.append((f"{mod}.{name}", obj))
+    return out
+
+
+def _arguments(obj) -> str:
+    sig = inspect.signature(obj)
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+
+
+def _row(name: str, obj) -> str:
+    params = inspect.signature(obj).parameters
+    from mlx_precise.conv.depthwise import LAYOUTS
+
+    default = params["layout"].default if "layout" in params else None
+    if default in LAYOUTS:  # (norm's layout= is a distributed Layout)
+        layouts = ", ".join(f"`{v}`" + (" (default)" if v == default else "") for v in LAYOUTS)
+    else:
+        layouts = _FIXED_LAYOUT.get(name, "")
+    stream = "yes" if "stream" in params else ""
+    aware = obj in precision_aware_functions().values()
+    if aware:
+        backends = "plain MLX; cpu, emulate, metal inside `extended_precision()`"
+    elif "backend" in params:
+        backends = "cpu, emulate, metal"
+    elif name.split(".")[-1] in _LAYERS_ON_BACKEND:
+        backends = "the active one"
+    else:
+        backends = "MLX ops" if stream else ""
+    args = _arguments(obj).replace("|", "\\|")
+    cells = [f"`{name}`", f"`{args}`", layouts, stream, backends]
+    return "| " + " | ".join(c or "-" for c in cells) + " |"
+
+
+def api_table() -> str:
+    rows = [_row(n, o) for n, o in _public_api()]
+    head = ["| function | arguments | layouts | stream | backends |", "|---|---|---|---|---|"]
+    return "\n".join([TABLE_BEGIN, *head, *rows, TABLE_END])
+
+
+def _documented_table() -> str:
+    text = API_MD.read_text()
+    m = re.search(re.escape(TABLE_BEGIN) + ".*?" + re.escape(TABLE_END), text, re.S)
+    assert m, f"docs/api.md has no generated API table ({TABLE_BEGIN})"
+    return m.group(0)
+
+
+def test_api_table_is_the_signatures():
+    """docs/api.md's table of the public API is generated from the signatures; a
+    changed signature fails here until ``python tests/test_api_consistency.py``
+    regenerates it."""
+    assert _documented_table() == api_table(), (
+        "docs/api.md's API table differs from the signatures: run "
+        "`python tests/test_api_consistency.py` to regenerate it")
+
+
+def test_api_table_rows():
+    """The generator itself: a function with each kind of column, and the table
+    lists every public op (so a new one cannot be left out)."""
+    rows = {r.split("`")[1]: r for r in api_table().splitlines()[3:-1]}
+    assert rows["hyena_conv_extended"] == (
+        "| `hyena_conv_extended` | `(u, k, D=None, *, fft_size=None, layout='NCL', "
+        "round_output=True, backend=None, stream=None)` | `NCL` (default), `NLC` | yes | "
+        "cpu, emulate, metal |")
+    assert rows["fftconv"].endswith("| yes | plain MLX; cpu, emulate, metal inside "
+                                    "`extended_precision()` |")
+    assert rows["quantize_int8"].endswith("| - | yes | MLX ops |")
+    assert rows["nn.HyenaOperator"].endswith("| NLC only: (batch, L, d_model) | - | the active one |")
+    for name in ("esc.slices_needed", "linalg.matmul", "fft.rfftn", "nn.FFTConv", "norm",
+                 "dgemm_emulated", "simulate_q131", "sf16_matmul", "int8_matmul", "scaled_mm"):
+        assert name in rows, name
+        assert ("stream" in rows[name]) == ("| yes |" in rows[name]), name
+
+
+if __name__ == "__main__":  # regenerate docs/api.md's table
+    text = API_MD.read_text()
+    new = re.sub(re.escape(TABLE_BEGIN) + ".*?" + re.escape(TABLE_END),
+                 lambda _: api_table(), text, flags=re.S)
+    if new == text and TABLE_BEGIN not in text:
+        sys.exit(f"{API_MD}: no {TABLE_BEGIN} marker to fill")
+    API_MD.write_text(new)
+    print(f"{API_MD}: API table regenerated")
