@@ -9,12 +9,18 @@
 * Every backend applies the same size limits, before allocating.
 * Array-likes everywhere; float64 data from lists keeps its precision.
 * DoubleWord prints its values and has arithmetic.
+* ``stream=`` as MLX takes it, on every op; the API table of docs/api.md is the
+  actual signatures (generated here: ``python tests/test_api_consistency.py``
+  rewrites it).
 
 Oracles: numpy float64 FFTs, exact ``fractions.Fraction`` arithmetic.
 """
 
 import inspect
+import re
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -356,3 +362,263 @@ def test_complex_division_special_values_follow_float32(backend):
     hi, lo = np.array(q.hi), np.array(q.lo)
     assert np.array_equal(hi, want, equal_nan=True), (hi, want)
     assert not np.any(lo)
+
+
+# ---- stream=: MLX's keyword on every op that computes --------------------------------
+
+
+def _stream_cases():
+    """(name, call(backend, **kw), takes backend) for every public op with ``stream``;
+    small shapes that other tests use (the emulator's kernels are cached)."""
+    rng = np.random.default_rng(20)
+    f32 = lambda *s: mx.array(rng.standard_normal(s).astype(np.float32))  # noqa: E731
+    u, k, D, w = f32(1, 2, 16), f32(2, 16), f32(2), f32(2, 3)
+    A, B = rng.standard_normal((8, 16)), rng.standard_normal((16, 8))
+    x = f32(4, 8)
+    q16 = mx.array(rng.integers(-2**15, 2**15, (4, 8)).astype(np.int16))
+    q32 = mx.array(rng.integers(-2**31, 2**31, (4, 8)).astype(np.int32))
+    a8 = mx.array(rng.integers(-128, 128, (4, 16)).astype(np.int8))
+    b8 = mx.array(rng.integers(-128, 128, (16, 8)).astype(np.int8))
+    dwa, dwb = DoubleWord.from_float64(A), DoubleWord.from_float64(B)
+
+    def in_block(fn):  # the extended twin through the precision-aware entry point
+        def call(**kw):
+            with mp.extended_precision():
+                return fn(**kw)
+        return call
+
+    def sf16_boundary(backend, **kw):
+        with mp.sf16(None, backend=backend):
+            return mp.sf16_boundary(x, **kw)
+
+    def sf16_matmul(backend, **kw):
+        with mp.sf16(None, backend=backend):
+            return mp.sf16_matmul(x, x.T, **kw)
+
+    return [
+        ("hyena_conv_extended", lambda b, **kw: mp.hyena_conv_extended(u, k, D, backend=b, **kw), 1),
+        ("fftconv", lambda b, **kw: mp.fftconv(u, k, D, **kw), 0),
+        ("fftconv (extended)", lambda b, **kw: in_block(mp.fftconv)(
+            u=u, k=k, D=D, backend=b, **kw), 1),
+        ("depthwise_conv_extended", lambda b, **kw: mp.depthwise_conv_extended(
+            u, w, D, backend=b, **kw), 1),
+        ("depthwise3_extended", lambda b, **kw: mp.depthwise3_extended(u, w, backend=b, **kw), 1),
+        ("depthwise_conv", lambda b, **kw: mp.depthwise_conv(u, w, D, **kw), 0),
+        ("depthwise3", lambda b, **kw: mp.depthwise3(u, w, **kw), 0),
+        ("norm", lambda b, **kw: mp.norm(A, backend=b, **kw), 1),
+        ("dgemm_emulated", lambda b, **kw: mp.dgemm_emulated(A, B, backend=b, **kw), 1),
+        ("esc", lambda b, **kw: mp.esc.esc(A, B, backend=b, **kw), 1),
+        ("esc_estimate", lambda b, **kw: mp.esc.esc_estimate(A, B, backend=b, **kw), 1),
+        ("slices_needed", lambda b, **kw: mp.esc.slices_needed(A, B, backend=b, **kw), 1),
+        ("float_to_q115", lambda b, **kw: mp.float_to_q115(x, backend=b, **kw), 1),
+        ("float_to_q131", lambda b, **kw: mp.float_to_q131(x, backend=b, **kw), 1),
+        ("q115_to_float", lambda b, **kw: mp.q115_to_float(q16, backend=b, **kw), 1),
+        ("q131_to_float", lambda b, **kw: mp.q131_to_float(q32, backend=b, **kw), 1),
+        ("simulate_q115", lambda b, **kw: mp.simulate_q115(x, backend=b, **kw), 1),
+        ("simulate_q131", lambda b, **kw: mp.simulate_q131(x, backend=b, **kw), 1),
+        ("sf16_boundary", sf16_boundary, 1),
+        ("sf16_matmul", sf16_matmul, 1),
+        ("quantize_int8", lambda b, **kw: mp.quantize_int8(x, **kw), 0),
+        ("compute_azp_adj", lambda b, **kw: mp.compute_azp_adj(b8, 3, **kw), 0),
+        ("int8_matmul", lambda b, **kw: mp.int8_matmul(a8, b8, backend=b, **kw), 1),
+        ("scaled_mm", lambda b, **kw: mp.scaled_mm(a8, b8, mx.array([0.5]), mx.array([0.25]),
+                                                    backend=b, **kw), 1),
+        ("linalg.matmul", lambda b, **kw: mp.linalg.matmul(dwa, dwb, backend=b, **kw), 1),
+    ]
+
+
+_STREAM_CASES = _stream_cases()
+
+
+def _flat(r):
+    """A result as a list of numpy arrays / Python values (bit-exact comparison)."""
+    if isinstance(r, DoubleWord):
+        return [np.array(r.hi), np.array(r.lo)]
+    if isinstance(r, (tuple, list)):
+        return [v for x in r for v in _flat(x)]
+    return [np.array(r)] if isinstance(r, mx.array) else [r]
+
+
+def _same(a, b) -> bool:
+    fa, fb = _flat(a), _flat(b)
+    return len(fa) == len(fb) and all(
+        np.array_equal(x, y, equal_nan=True) if isinstance(x, np.ndarray) else x == y
+        for x, y in zip(fa, fb))
+
+
+def _mlx_error(bad) -> type:
+    """The exception MLX's own ops raise for ``stream=bad``."""
+    try:
+        mx.add(mx.zeros(1), 1, stream=bad)
+    except Exception as e:  # noqa: BLE001 - we want MLX's class, whatever it is
+        return type(e)
+    raise AssertionError(f"MLX accepted stream={bad!r}")
+
+
+def _bad_streams():
+    bad = ["cpu", 2.5]
+    if not mp.metal_available():
+        bad.append(mx.gpu)  # MLX: ValueError, no GPU stream without a GPU backend
+    return bad
+
+
+@pytest.mark.parametrize("name,call,has_backend", _STREAM_CASES, ids=[c[0] for c in _STREAM_CASES])
+def test_stream_is_mlx_keyword_and_changes_nothing(name, call, has_backend):
+    """A given stream (mx.cpu, a CPU stream, a new CPU stream) gives the result of
+    none, bit for bit; a bad value raises the exception class MLX's ops raise,
+    naming the function and the argument."""
+    fn = name.split(" ")[0].split(".")[-1]
+    if name.endswith("(extended)"):  # inside the block the extended twin runs
+        fn = mp.precision_aware_functions()[fn].extended.__name__
+    for backend in (BACKENDS if has_backend else (None,)):
+        want = call(backend)
+        for s in (mx.cpu, mx.default_stream(mx.cpu), mx.new_stream(mx.cpu), mx.Device(mx.cpu)):
+            assert _same(call(backend, stream=s), want), (name, backend, s)
+        for bad in _bad_streams():
+            with pytest.raises(_mlx_error(bad), match=rf"{fn}\(\): stream"):
+                call(backend, stream=bad)
+
+
+def test_every_op_with_a_stream_is_tested():
+    """The cases above cover every public function that takes ``stream`` (less the
+    FFT family and the double-word elementwise ops, tested with their modules)."""
+    tested = {c[0].split(" ")[0].split(".")[-1] for c in _STREAM_CASES}
+    skip = {"complex_multiply", "complex_multiply_extended", "fft_scale", "fft_scale_extended"}
+    have = {n for n in mp.__all__ if callable(getattr(mp, n)) and not isinstance(getattr(mp, n), type)
+            and "stream" in inspect.signature(getattr(mp, n)).parameters} - skip
+    have |= {n for n in ("esc", "esc_estimate", "slices_needed")}
+    have -= {n for n in have if n.endswith("fft_extended")}
+    assert have <= tested, sorted(have - tested)
+
+
+@pytest.mark.parametrize("case", ["hyena_conv_extended", "int8_matmul", "simulate_q115", "esc"])
+def test_kernels_launch_on_the_given_stream(monkeypatch, case):
+    """The kernels (emulate here, metal alike) launch with the given stream as MLX's
+    default: what ``mx.fast.metal_kernel`` and the ops around it run on."""
+    from mlx_precise.core import kernels
+
+    seen = []
+    build = kernels._build
+
+    def spy(kernel, backend):
+        fn = build(kernel, backend)
+
+        def launch(**kw):
+            seen.append(mx.default_stream(mx.default_device()))
+            return fn(**kw)
+        return launch
+
+    monkeypatch.setattr(kernels, "_build", spy)
+    s = mx.new_stream(mx.cpu)
+    call = dict((c[0], c[1]) for c in _STREAM_CASES)[case]
+    mx.eval(*[v for v in _flat(call("emulate", stream=s)) if isinstance(v, mx.array)])
+    assert seen and all(x == s for x in seen), (seen, s)
+
+
+# ---- docs/api.md's table of the public API: the signatures themselves ----------------
+
+API_MD = Path(__file__).resolve().parent.parent / "docs" / "api.md"
+TABLE_BEGIN = "<!-- api-table: generated from inspect.signature by tests/test_api_consistency.py -->"
+TABLE_END = "<!-- /api-table -->"
+_LAYERS_ON_BACKEND = {"FFTConv", "HyenaOperator", "Int8Linear"}  # call the ops below
+_FIXED_LAYOUT = {"nn.HyenaOperator": "NLC only: (batch, L, d_model)"}
+
+
+def _public_api() -> list[tuple[str, object]]:
+    """(name as written in the table, object) of the public operations and layers:
+    ``mlx_precise``'s functions outside its foundation (``core``), the flow
+    (``extended``) and the registry of twins (documented with the context), then ``mlx_precise.fft``,
+    ``mlx_precise.esc``, ``mlx_precise.linalg`` and ``mlx_precise.nn``."""
+    out = []
+    for name in mp.__all__:
+        obj = getattr(mp, name)
+        if inspect.isfunction(obj) and not obj.__module__.startswith(
+                ("mlx_precise.core", "mlx_precise.extended", "mlx_precise.doubleword.aware")):
+            out.append((name, obj))
+    for mod in ("fft", "esc", "linalg", "nn"):
+        m = getattr(mp, mod)
+        for name in m.__all__:
+            obj = getattr(m, name)
+            if inspect.isfunction(obj) or (mod == "nn" and inspect.isclass(obj)):
+                out.append((f"{mod}.{name}", obj))
+    return out
+
+
+def _arguments(obj) -> str:
+    sig = inspect.signature(obj)
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+
+
+def _row(name: str, obj) -> str:
+    params = inspect.signature(obj).parameters
+    from mlx_precise.conv.depthwise import LAYOUTS
+
+    default = params["layout"].default if "layout" in params else None
+    if default in LAYOUTS:  # (norm's layout= is a distributed Layout)
+        layouts = ", ".join(f"`{v}`" + (" (default)" if v == default else "") for v in LAYOUTS)
+    else:
+        layouts = _FIXED_LAYOUT.get(name, "")
+    stream = "yes" if "stream" in params else ""
+    aware = obj in precision_aware_functions().values()
+    if aware:
+        backends = "plain MLX; cpu, emulate, metal inside `extended_precision()`"
+    elif "backend" in params:
+        backends = "cpu, emulate, metal"
+    elif name.split(".")[-1] in _LAYERS_ON_BACKEND:
+        backends = "the active one"
+    else:
+        backends = "MLX ops" if stream else ""
+    args = _arguments(obj).replace("|", "\\|")
+    cells = [f"`{name}`", f"`{args}`", layouts, stream, backends]
+    return "| " + " | ".join(c or "-" for c in cells) + " |"
+
+
+def api_table() -> str:
+    rows = [_row(n, o) for n, o in _public_api()]
+    head = ["| function | arguments | layouts | stream | backends |", "|---|---|---|---|---|"]
+    return "\n".join([TABLE_BEGIN, *head, *rows, TABLE_END])
+
+
+def _documented_table() -> str:
+    text = API_MD.read_text()
+    m = re.search(re.escape(TABLE_BEGIN) + ".*?" + re.escape(TABLE_END), text, re.S)
+    assert m, f"docs/api.md has no generated API table ({TABLE_BEGIN})"
+    return m.group(0)
+
+
+def test_api_table_is_the_signatures():
+    """docs/api.md's table of the public API is generated from the signatures; a
+    changed signature fails here until ``python tests/test_api_consistency.py``
+    regenerates it."""
+    assert _documented_table() == api_table(), (
+        "docs/api.md's API table differs from the signatures: run "
+        "`python tests/test_api_consistency.py` to regenerate it")
+
+
+def test_api_table_rows():
+    """The generator itself: a function with each kind of column, and the table
+    lists every public op (so a new one cannot be left out)."""
+    rows = {r.split("`")[1]: r for r in api_table().splitlines()[3:-1]}
+    assert rows["hyena_conv_extended"] == (
+        "| `hyena_conv_extended` | `(u, k, D=None, *, fft_size=None, layout='NCL', "
+        "round_output=True, backend=None, stream=None)` | `NCL` (default), `NLC` | yes | "
+        "cpu, emulate, metal |")
+    assert rows["fftconv"].endswith("| yes | plain MLX; cpu, emulate, metal inside "
+                                    "`extended_precision()` |")
+    assert rows["quantize_int8"].endswith("| - | yes | MLX ops |")
+    assert rows["nn.HyenaOperator"].endswith("| NLC only: (batch, L, d_model) | - | the active one |")
+    for name in ("esc.slices_needed", "linalg.matmul", "fft.rfftn", "nn.FFTConv", "norm",
+                 "dgemm_emulated", "simulate_q131", "sf16_matmul", "int8_matmul", "scaled_mm"):
+        assert name in rows, name
+        assert ("stream" in rows[name]) == ("| yes |" in rows[name]), name
+
+
+if __name__ == "__main__":  # regenerate docs/api.md's table
+    text = API_MD.read_text()
+    new = re.sub(re.escape(TABLE_BEGIN) + ".*?" + re.escape(TABLE_END),
+                 lambda _: api_table(), text, flags=re.S)
+    if new == text and TABLE_BEGIN not in text:
+        sys.exit(f"{API_MD}: no {TABLE_BEGIN} marker to fill")
+    API_MD.write_text(new)
+    print(f"{API_MD}: API table regenerated")

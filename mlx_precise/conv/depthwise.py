@@ -14,6 +14,7 @@ import numpy as np
 from ..core import backends
 from ..core.arrays import as_array
 from ..core.autodiff import host_guard
+from ..core.streams import on_stream, streamed
 from ..doubleword.aware import precision_aware
 from ..doubleword.words import DoubleWord, from_float64_result
 from ..core.plain import plain
@@ -32,6 +33,41 @@ DEPTHWISE = Kernel(
     grid=lambda arrays, t: elementwise_grid(arrays[0].size),
     variants={"TAPS": (0, 3), "HAS_BIAS": (False, True), "ROUND": (False, True), "out_hi": _F32, "out_lo": _F32},
 )
+
+
+LAYOUTS = ("NCL", "NLC")
+"""Signal layouts of the convolutions: ``"NCL"`` (batch, channels, L), the default,
+and ``"NLC"`` (batch, L, channels), MLX's channels-last layout (``mx.conv1d``,
+``nn.Conv1d``). Filters are (channels, taps) in both."""
+
+
+def check_layout(layout, fn: str) -> str:
+    """``layout`` if it is one of :data:`LAYOUTS`, else ValueError naming it."""
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ValueError(f"{fn}(): layout must be 'NCL' (batch, channels, L) or 'NLC' "
+                         f"(batch, L, channels), got {layout!r}")
+    return layout
+
+
+def to_ncl(x, layout: str, name: str):
+    """The signal ``x`` given in ``layout`` as (batch, channels, L) (a transposed
+    view for ``"NLC"``; checked there, array-likes read by ``as_array``)."""
+    if layout == "NCL":
+        return x
+    x = as_array(x, name)
+    if x.ndim != 3:
+        raise ValueError(f"{name} must be (batch, L, channels) with layout='NLC', "
+                         f"got shape {x.shape}")
+    return x.transpose(0, 2, 1)
+
+
+def from_ncl(y, layout: str):
+    """A (batch, channels, L) result (array or DoubleWord) back in ``layout``."""
+    if layout == "NCL":
+        return y
+    if isinstance(y, DoubleWord):
+        return DoubleWord(y.hi.transpose(0, 2, 1), y.lo.transpose(0, 2, 1))
+    return y.transpose(0, 2, 1)
 
 
 def check_conv_operands(x, w, bias, names=("x", "w", "bias"), taps: str = "K"):
@@ -80,13 +116,14 @@ def _depthwise_sum(xs: np.ndarray, ws: np.ndarray, bias) -> np.ndarray:
     return y
 
 
-def _depthwise(x, w, bias, taps: int, round_output: bool, backend, stream):
+def _depthwise(x, w, bias, taps: int, layout: str, round_output: bool, backend, fn: str):
+    x = to_ncl(x, check_layout(layout, fn), "x")
     x, w, bias = _check_depthwise(x, w, bias)
     name = backends.resolve(backend)
     if round_output:
         args = (x, w) if bias is None else (x, w, bias)
-        return _differentiable(taps, bias is not None, name)(*args)
-    return _depthwise_raw(x, w, bias, taps, False, name, stream)
+        return from_ncl(_differentiable(taps, bias is not None, name)(*args), layout)
+    return from_ncl(_depthwise_raw(x, w, bias, taps, False, name), layout)
 
 
 _custom: dict = {}
@@ -101,7 +138,7 @@ def _differentiable(taps: int, has_bias: bool, backend: str):
 
         @mx.custom_function
         def conv(x, w, *bias):
-            return _depthwise_raw(x, w, bias[0] if has_bias else None, taps, True, backend, None)
+            return _depthwise_raw(x, w, bias[0] if has_bias else None, taps, True, backend)
 
         @conv.vjp
         def conv_vjp(primals, cotangent, output):
@@ -112,7 +149,7 @@ def _differentiable(taps: int, has_bias: bool, backend: str):
     return _custom[key]
 
 
-def _depthwise_raw(x, w, bias, taps: int, round_output: bool, name: str, stream):
+def _depthwise_raw(x, w, bias, taps: int, round_output: bool, name: str):
     if name == "cpu":
         y = _depthwise_float64(x, w, bias)
         return from_float64_result(y, round_output)
@@ -121,47 +158,56 @@ def _depthwise_raw(x, w, bias, taps: int, round_output: bool, name: str, stream)
         inputs=[x, w, bias if bias is not None else mx.zeros((1,), mx.float32)],
         template={"TAPS": taps, "HAS_BIAS": bias is not None, "ROUND": round_output},
         output_shapes=[shape, (1,) if round_output else shape],
-        output_dtypes=[mx.float32, mx.float32], backend=name, stream=stream)
+        output_dtypes=[mx.float32, mx.float32], backend=name)  # on the caller's stream
     return hi if round_output else DoubleWord(hi, lo)
 
 
 @host_guard
-def depthwise_conv_extended(x, w, bias=None, *, round_output: bool = True,
+@streamed
+def depthwise_conv_extended(x, w, bias=None, *, layout: str = "NCL", round_output: bool = True,
                             backend: str | None = None, stream=None):
     """Causal depthwise convolution accumulated in double-word, rounded once.
 
     Args:
-        x: float32 (batch, channels, L).
+        x: float32 (batch, channels, L), or (batch, L, channels) with
+            ``layout="NLC"``.
         w: float32 (channels, K), K >= 1.
         bias: float32 (channels,) or None.
+        layout: ``"NCL"`` (default) or ``"NLC"`` (MLX's channels-last): the layout
+            of ``x`` and of the result; the same numbers either way.
         round_output: float32 result if True, else a DoubleWord.
         backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (active backend).
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) of the ops and
+            kernel launches; None: the default stream.
 
     Returns:
-        float32 (batch, channels, L) ``y[b,c,t] = bias[c] + sum_j w[c,j] x[b,c,t+j-(K-1)]``
+        float32 (batch, channels, L) (or ``x``'s NLC layout)
+        ``y[b,c,t] = bias[c] + sum_j w[c,j] x[b,c,t+j-(K-1)]``
         (x = 0 before t = 0), or a DoubleWord. Products are exact and the sum is
         compensated: error <= 2u^2 |y| + O(K u^3 sum |terms|) before the rounding,
         so y is faithful wherever |y| >= 2^-20 sum |terms|.
 
     Raises:
-        TypeError: non-float32 or non-array inputs. ValueError: wrong ranks, channel
-        mismatch, K < 1, wrong bias shape.
+        TypeError: non-float32 or non-array inputs, a ``stream`` that is not a
+        stream or device. ValueError: wrong ranks, channel mismatch, K < 1, wrong
+        bias shape, unknown ``layout``.
     """
-    return _depthwise(x, w, bias, 0, round_output, backend, stream)
+    return _depthwise(x, w, bias, 0, layout, round_output, backend, "depthwise_conv_extended")
 
 
 @host_guard
-def depthwise3_extended(x, w, bias=None, *, round_output: bool = True,
+@streamed
+def depthwise3_extended(x, w, bias=None, *, layout: str = "NCL", round_output: bool = True,
                         backend: str | None = None, stream=None):
     """:func:`depthwise_conv_extended` specialised to K = 3 taps (Hyena's default
     short filter, unrolled at compile time). ``w``: float32 (channels, 3)."""
     if isinstance(w, mx.array) and w.ndim == 2 and w.shape[1] != 3:
         raise ValueError(f"depthwise3_extended needs w of shape (channels, 3), got {w.shape}")
-    return _depthwise(x, w, bias, 3, round_output, backend, stream)
+    return _depthwise(x, w, bias, 3, layout, round_output, backend, "depthwise3_extended")
 
 
 def _depthwise_float32(x, w, bias=None, stream=None):
-    """Plain float32 MLX: ``mx.conv1d`` with groups = channels."""
+    """Plain float32 MLX: ``mx.conv1d`` with groups = channels; x (batch, channels, L)."""
     x, w, bias = _check_depthwise(x, w, bias)
     L, K = x.shape[2], w.shape[1]
     # MLX's own conv1d (never the extended_precision() dispatcher: this is the
@@ -172,18 +218,26 @@ def _depthwise_float32(x, w, bias=None, stream=None):
     return mx.add(y, bias[None, :, None], stream=stream) if bias is not None else y
 
 
+def _depthwise_plain(x, w, bias, layout: str, stream, fn: str, taps: int | None = None):
+    """The plain twins: ``x`` in ``layout``, on ``stream`` (both checked)."""
+    with on_stream(stream, fn):
+        x = to_ncl(x, check_layout(layout, fn), "x")
+        if taps is not None:
+            x, w, bias = _check_depthwise(x, w, bias)
+            if w.shape[1] != taps:
+                raise ValueError(f"{fn} needs w of shape (channels, {taps}), got {w.shape}")
+        return from_ncl(_depthwise_float32(x, w, bias, stream), layout)
+
+
 @precision_aware(depthwise_conv_extended)
-def depthwise_conv(x, w, bias=None, *, stream=None):
+def depthwise_conv(x, w, bias=None, *, layout: str = "NCL", stream=None):
     """Causal depthwise convolution: double-word inside
     :func:`~mlx_precise.extended_precision` (:func:`depthwise_conv_extended`), plain
-    float32 ``mx.conv1d`` outside (on ``stream``)."""
-    return _depthwise_float32(x, w, bias, stream)
+    float32 ``mx.conv1d`` outside (on ``stream``); ``layout`` as there."""
+    return _depthwise_plain(x, w, bias, layout, stream, "depthwise_conv")
 
 
 @precision_aware(depthwise3_extended)
-def depthwise3(x, w, bias=None, *, stream=None):
+def depthwise3(x, w, bias=None, *, layout: str = "NCL", stream=None):
     """The K = 3 case of :func:`depthwise_conv` (extended: :func:`depthwise3_extended`)."""
-    x, w, bias = _check_depthwise(x, w, bias)
-    if w.shape[1] != 3:
-        raise ValueError(f"depthwise3 needs w of shape (channels, 3), got {w.shape}")
-    return _depthwise_float32(x, w, bias, stream)
+    return _depthwise_plain(x, w, bias, layout, stream, "depthwise3", taps=3)

@@ -22,7 +22,8 @@ from ..doubleword import pow2scale
 from ..core.arrays import as_int
 from ..core.autodiff import guarded, host_guard
 from ..doubleword.aware import precision_aware
-from .depthwise import check_conv_operands
+from ..core.streams import on_stream, streamed
+from .depthwise import check_conv_operands, check_layout, from_ncl, to_ncl
 from ..doubleword.words import DoubleWord
 from ..doubleword.elementwise import complex_multiply_extended
 from ..fft import api as fft_api
@@ -74,8 +75,10 @@ def default_fft_size(L: int, Lk: int) -> int:
     return 1 << max(L + Lk - 2, 0).bit_length()
 
 
-def _check(u, k, D, fft_size):
-    """((u, k, D) as arrays, N) after checking the operands and the FFT size."""
+def _check(u, k, D, fft_size, layout: str, fn: str):
+    """((u, k, D) as arrays, u as (batch, channels, L), N) after checking the
+    operands, the layout and the FFT size."""
+    u = to_ncl(u, check_layout(layout, fn), "u")
     u, k, D = check_conv_operands(u, k, D, names=("u", "k", "D"), taps="Lk")
     N = _fft_size(u, k, fft_size)
     check_limits("rfft", u.shape, (N,), (2,))  # every backend, before allocating
@@ -250,50 +253,60 @@ def _differentiable(has_D: bool, N: int, backend: str):
 
 
 @host_guard
-def hyena_conv_extended(u, k, D=None, *, fft_size: int | None = None, round_output: bool = True,
-                        backend: str | None = None):
+@streamed
+def hyena_conv_extended(u, k, D=None, *, fft_size: int | None = None, layout: str = "NCL",
+                        round_output: bool = True, backend: str | None = None, stream=None):
     """Hyena long convolution in double-word, rounded once.
 
     Args:
-        u: float32 (batch, channels, L).
+        u: float32 (batch, channels, L), or (batch, L, channels) with
+            ``layout="NLC"``.
         k: float32 (channels, Lk), Lk <= fft_size.
         D: float32 (channels,) skip weights, or None.
         fft_size: FFT length N >= L (default: the smallest power of two >= L + Lk - 1,
             which makes the result the exact linear convolution).
+        layout: ``"NCL"`` (default) or ``"NLC"`` (MLX's channels-last): the layout
+            of ``u`` and of the result; the same numbers either way.
         round_output: float32 result if True (differentiable: gradients with
             respect to u, k and D use the same double-word kernels), else a
             DoubleWord (not differentiable).
         backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (active backend).
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) of the ops and
+            kernel launches; None: the default stream.
 
     Returns:
-        float32 (batch, channels, L): ``out[t] = sum_s k[s] u[t-s] + D u[t]`` (with
-        wrap-around when fft_size < L + Lk - 1), or a DoubleWord.
+        float32 (batch, channels, L) (or ``u``'s NLC layout):
+        ``out[t] = sum_s k[s] u[t-s] + D u[t]`` (with wrap-around when
+        fft_size < L + Lk - 1), or a DoubleWord.
 
     Raises:
-        TypeError: non-float32 inputs or a non-int fft_size. ValueError: wrong ranks,
-        channel mismatch, fft_size < L, Lk > fft_size, unsupported FFT size.
+        TypeError: non-float32 inputs, a non-int fft_size, a ``stream`` that is not
+        a stream or device. ValueError: wrong ranks, channel mismatch,
+        fft_size < L, Lk > fft_size, unsupported FFT size, unknown ``layout``.
     """
-    (u, k, D), N = _check(u, k, D, fft_size)
+    (u, k, D), N = _check(u, k, D, fft_size, layout, "hyena_conv_extended")
     name = backends.resolve(backend)
     if not round_output:
-        return _forward(u, k, D, N, False, name)
+        return from_ncl(_forward(u, k, D, N, False, name), layout)
     args = (u, k) if D is None else (u, k, D)
-    return _differentiable(D is not None, N, name)(*args)
+    return from_ncl(_differentiable(D is not None, N, name)(*args), layout)
 
 
-def _fftconv_float32(u, k, D=None, *, fft_size: int | None = None):
+def _fftconv_float32(u, k, D, fft_size, layout: str):
     """Plain float32 MLX: the safari formula with ``mx.fft``."""
-    (u, k, D), N = _check(u, k, D, fft_size)
+    (u, k, D), N = _check(u, k, D, fft_size, layout, "fftconv")
     L = u.shape[2]
     k_f = mx.fft.rfft(k, n=N) / N
     u_f = mx.fft.rfft(u, n=N)
     y = mx.fft.irfft(u_f * k_f[None], n=N)[..., :L] * N  # numpy-style irfft divides by N
-    return y + u * D[None, :, None] if D is not None else y
+    return from_ncl(y + u * D[None, :, None] if D is not None else y, layout)
 
 
 @precision_aware(hyena_conv_extended)
-def fftconv(u, k, D=None, *, fft_size: int | None = None):
+def fftconv(u, k, D=None, *, fft_size: int | None = None, layout: str = "NCL", stream=None):
     """Hyena FFT convolution: double-word inside
     :func:`~mlx_precise.extended_precision` (:func:`hyena_conv_extended`), plain
-    float32 ``mx.fft`` outside (the safari formula)."""
-    return _fftconv_float32(u, k, D, fft_size=fft_size)
+    float32 ``mx.fft`` outside (the safari formula, on ``stream``); ``layout`` as
+    there."""
+    with on_stream(stream, "fftconv"):
+        return _fftconv_float32(u, k, D, fft_size, layout)

@@ -26,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
+from ..core.streams import streamed
 from ..core.arrays import float64_data
 from ..core.autodiff import host_guard
 from ..core.cputhreads import map_runs, workers_for
@@ -408,12 +409,15 @@ def _no_nonfinite(s: Scan, name: str) -> None:
 
 
 @host_guard
-def esc(A, B, *, backend: str | None = None) -> mx.array:
+@streamed
+def esc(A, B, *, backend: str | None = None, stream=None) -> mx.array:
     """Exact ESC of every output of ``A @ B``.
 
     Args:
         A: float64 ``(M, K)``; B: float64 ``(K, N)`` (``mx.array`` or numpy).
         backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (active backend).
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) the op's MLX
+            ops and kernel launches run on; None: the default stream.
 
     Returns:
         int32 ``mx.array`` ``(M, N)``: ``e(max|a_i.|) + e(max|b_.j|) - max_k [e(a_ik) +
@@ -442,7 +446,9 @@ def esc(A, B, *, backend: str | None = None) -> mx.array:
 
 
 @host_guard
-def esc_estimate(A, B, block: int = DEFAULT_BLOCK, *, backend: str | None = None) -> mx.array:
+@streamed
+def esc_estimate(A, B, block: int = DEFAULT_BLOCK, *, backend: str | None = None,
+                 stream=None) -> mx.array:
     """Conservative ESC of every output of ``A @ B`` from k-block exponent summaries.
 
     Per k-block the scan keeps max/min exponent and nonzero count of each row of A
@@ -456,6 +462,8 @@ def esc_estimate(A, B, block: int = DEFAULT_BLOCK, *, backend: str | None = None
         A: float64 ``(M, K)``; B: float64 ``(K, N)``.
         block: k-block length (positive int; 64 as in cuBLAS).
         backend: as :func:`esc`.
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) the op's MLX
+            ops and kernel launches run on; None: the default stream.
 
     Returns:
         int32 ``mx.array`` ``(M, N)``; 0 for outputs of a zero row or column;
@@ -549,8 +557,9 @@ def rule_slices(method: str, A, B, sa: Scan, sb: Scan, est, slice_bits: int, bac
 
 
 @host_guard
+@streamed
 def slices_needed(A, B, method: str = "esc_estimate", slice_bits: int = 7,
-                  block: int = DEFAULT_BLOCK, *, backend: str | None = None):
+                  block: int = DEFAULT_BLOCK, *, backend: str | None = None, stream=None):
     """Slice count a rule asks for to emulate ``A @ B`` with ``slice_bits``-bit slices.
 
     Methods:
@@ -574,6 +583,8 @@ def slices_needed(A, B, method: str = "esc_estimate", slice_bits: int = 7,
         slice_bits: 2..8.
         block: k-block length of the estimate.
         backend: as :func:`esc`.
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) the op's MLX
+            ops and kernel launches run on; None: the default stream.
 
     Returns:
         int, or None when the estimate cannot bound the product (no k-block

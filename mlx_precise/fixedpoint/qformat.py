@@ -38,6 +38,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
+from ..core.streams import streamed
 from ..core.arrays import as_array
 from ..core.autodiff import host_guard
 from ..core.kernels import Kernel, elementwise_grid
@@ -255,8 +256,9 @@ def _simulate(x, threshold, rounding, storage_dtype, bits, backend, fn):
 
 
 @host_guard
+@streamed
 def float_to_q115(x, threshold: float = Q115_THRESHOLD, rounding: str = "half_even", *,
-                  backend: str | None = None) -> mx.array:
+                  backend: str | None = None, stream=None) -> mx.array:
     """Q1.15 codes of ``x``: clamp to +-threshold, multiply by 2^15, round, saturate
     to [-32768, 32767]. NaN -> 0; +-Inf -> the code of +-threshold.
 
@@ -265,6 +267,8 @@ def float_to_q115(x, threshold: float = Q115_THRESHOLD, rounding: str = "half_ev
         threshold: clamp bound, a real number in (0, 1], used as the nearest float32.
         rounding: ``"half_even"`` (default), ``"half_away"`` or ``"truncate"``.
         backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (the active backend).
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) the op's MLX
+            ops and kernel launches run on; None: the default stream.
 
     Returns:
         int16 ``mx.array`` of ``x``'s shape.
@@ -279,8 +283,9 @@ def float_to_q115(x, threshold: float = Q115_THRESHOLD, rounding: str = "half_ev
 
 
 @host_guard
+@streamed
 def float_to_q131(x, threshold: float = Q131_THRESHOLD, rounding: str = "half_even", *,
-                  backend: str | None = None) -> mx.array:
+                  backend: str | None = None, stream=None) -> mx.array:
     """Q1.31 codes of ``x``: clamp to +-threshold (default 1), multiply by 2^31,
     round, saturate to [-2^31, 2^31 - 1]. NaN -> 0; +-Inf -> the code of +-threshold.
 
@@ -293,12 +298,15 @@ def float_to_q131(x, threshold: float = Q131_THRESHOLD, rounding: str = "half_ev
 
 
 @host_guard
-def q115_to_float(q, *, backend: str | None = None) -> mx.array:
+@streamed
+def q115_to_float(q, *, backend: str | None = None, stream=None) -> mx.array:
     """Values ``q / 2^15`` of Q1.15 codes (exact in float32).
 
     Args:
         q: int16 ``mx.array``, any shape.
         backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (the active backend).
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) the op's MLX
+            ops and kernel launches run on; None: the default stream.
 
     Returns:
         float32 ``mx.array`` of ``q``'s shape.
@@ -311,13 +319,16 @@ def q115_to_float(q, *, backend: str | None = None) -> mx.array:
 
 
 @host_guard
-def q131_to_float(q, *, backend: str | None = None) -> mx.array:
+@streamed
+def q131_to_float(q, *, backend: str | None = None, stream=None) -> mx.array:
     """Values ``q / 2^31`` of Q1.31 codes, rounded to the nearest float32 (ties to
     even; exact for ``|q| < 2^24``). The code ``2^31 - 1`` reads as ``1.0``.
 
     Args:
         q: int32 ``mx.array``, any shape.
         backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (the active backend).
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) the op's MLX
+            ops and kernel launches run on; None: the default stream.
 
     Returns:
         float32 ``mx.array`` of ``q``'s shape.
@@ -330,8 +341,9 @@ def q131_to_float(q, *, backend: str | None = None) -> mx.array:
 
 
 @host_guard
+@streamed
 def simulate_q115(x, threshold: float = Q115_THRESHOLD, rounding: str = "half_even",
-                  storage_dtype=None, *, backend: str | None = None) -> mx.array:
+                  storage_dtype=None, *, backend: str | None = None, stream=None) -> mx.array:
     """Fused round trip ``q115_to_float(float_to_q115(x))`` in one pass (one read and
     one write per element), except that NaN stays NaN.
 
@@ -341,6 +353,8 @@ def simulate_q115(x, threshold: float = Q115_THRESHOLD, rounding: str = "half_ev
             value. ``mx.bfloat16`` or ``mx.float16``: that value rounded once more,
             to nearest even, as the reference stores activations in bf16 (with
             bf16, values near the threshold can round up to 1.0).
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) the op's MLX
+            ops and kernel launches run on; None: the default stream.
 
     Returns:
         ``mx.array`` of ``x``'s shape, dtype ``storage_dtype`` (float32 for None).
@@ -353,8 +367,9 @@ def simulate_q115(x, threshold: float = Q115_THRESHOLD, rounding: str = "half_ev
 
 
 @host_guard
+@streamed
 def simulate_q131(x, threshold: float = Q131_THRESHOLD, rounding: str = "half_even",
-                  storage_dtype=None, *, backend: str | None = None) -> mx.array:
+                  storage_dtype=None, *, backend: str | None = None, stream=None) -> mx.array:
     """Fused round trip ``q131_to_float(float_to_q131(x))`` in one pass, except that
     NaN stays NaN. For ``|x| >= 2^-8`` every float32 is already on the Q1.31 grid,
     so only clamping acts there; below, values round to multiples of 2^-31.

@@ -40,6 +40,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core import backends
+from ..core.streams import streamed
 from .qformat import (
     Q115_THRESHOLD,
     Q131_THRESHOLD,
@@ -202,7 +203,8 @@ def sf16(model=None, *, threshold: float = Q115_THRESHOLD, rounding: str = "half
     return SF16(model, threshold, rounding, storage_dtype, exclude, backend, observer)
 
 
-def sf16_boundary(x: mx.array, name: str = "boundary") -> mx.array:
+@streamed
+def sf16_boundary(x: mx.array, name: str = "boundary", *, stream=None) -> mx.array:
     """Mark a boundary tensor written in model code (a residual sum, the token +
     position embedding sum): quantized through Q1.15 (straight-through gradient)
     while an SF16 mode is active, returned unchanged otherwise.
@@ -210,13 +212,16 @@ def sf16_boundary(x: mx.array, name: str = "boundary") -> mx.array:
     Args:
         x: float32, float16 or bfloat16 ``mx.array``, any shape.
         name: label passed to the mode's observer.
+        stream: MLX stream or device the quantization runs on; None: the default.
     """
     mode = _ACTIVE.get()
     return x if mode is None else mode.quantize(x, "boundary", name)
 
 
-def sf16_matmul(a: mx.array, b: mx.array, name: str = "matmul") -> mx.array:
-    """``a @ b``, through Q1.31 then Q1.15 while an SF16 mode is active."""
+@streamed
+def sf16_matmul(a: mx.array, b: mx.array, name: str = "matmul", *, stream=None) -> mx.array:
+    """``a @ b``, through Q1.31 then Q1.15 while an SF16 mode is active; on
+    ``stream`` (an MLX stream or device; None: the default stream)."""
     mode = _ACTIVE.get()
     y = a @ b
     return y if mode is None else mode.quantize(y, "matmul", name)

@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
+from ..core.streams import streamed
 from ..core.arrays import as_array
 from ..core.autodiff import host_guard
 from ..core.kernels import Kernel
@@ -95,13 +96,16 @@ def check_k(k: int) -> None:
 
 
 @host_guard
-def int8_matmul(a: mx.array, b: mx.array, *, backend: str | None = None) -> mx.array:
+@streamed
+def int8_matmul(a: mx.array, b: mx.array, *, backend: str | None = None, stream=None) -> mx.array:
     """Exact integer matrix product of int8 matrices.
 
     Args:
         a: int8 ``[M, K]``, or ``[batches, M, K]``.
         b: int8 ``[K, N]`` (shared by every batch), or ``[batches, K, N]``.
         backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (the active one).
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) the op's MLX
+            ops and kernel launches run on; None: the default stream.
 
     Returns:
         int32 ``[M, N]`` (``[batches, M, N]`` when an input is batched): the exact

@@ -27,6 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
+from ..core.streams import streamed
 from ..core.arrays import as_array
 from ..core.autodiff import _TRACED, host_guard
 from .engine import check_k, device_buffer, gemm_grid, gemm_params
@@ -113,7 +114,8 @@ def _per_row(v, name: str, rows_shape: tuple, dtype, kind: str) -> mx.array:
     return v
 
 
-def quantize_int8(x: mx.array, *, scale=None, azp=None, symmetric: bool = True):
+@streamed
+def quantize_int8(x: mx.array, *, scale=None, azp=None, symmetric: bool = True, stream=None):
     """Quantize to int8, per tensor (static) or per token (dynamic, one scale per row).
 
     Static (``scale`` given), as vLLM's ``static_scaled_int8_quant``:
@@ -148,6 +150,8 @@ def quantize_int8(x: mx.array, *, scale=None, azp=None, symmetric: bool = True):
         azp: static zero point, int32 (or a Python int), one element or ``[..., 1]``;
             only with ``scale``.
         symmetric: dynamic mode only: False computes a zero point per row.
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) the op's MLX
+            ops and kernel launches run on; None: the default stream.
 
     Returns:
         ``(q, scale, azp)``: int8 of ``x``'s shape; float32 scale, one per row
@@ -211,7 +215,8 @@ def quantize_int8(x: mx.array, *, scale=None, azp=None, symmetric: bool = True):
     return q, s_rows, z
 
 
-def compute_azp_adj(b: mx.array, azp=None) -> mx.array:
+@streamed
+def compute_azp_adj(b: mx.array, azp=None, *, stream=None) -> mx.array:
     """The ``azp_adj`` term of the zero-point epilogues, from the int8 weight ``b``.
 
     Args:
@@ -219,6 +224,8 @@ def compute_azp_adj(b: mx.array, azp=None) -> mx.array:
         azp: None for the per-token epilogue (``azp_adj = column sums of b``), or the
             per-tensor zero point (int, or int32 ``mx.array`` with one element):
             ``azp_adj = azp * column sums of b``.
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) the op's MLX
+            ops and kernel launches run on; None: the default stream.
 
     Returns:
         int32 ``[N]``, exact.
@@ -292,10 +299,11 @@ def _round_once(y: np.ndarray, out_dtype) -> mx.array:
 
 
 @host_guard
+@streamed
 def scaled_mm(a: mx.array, b: mx.array, scale_a: mx.array, scale_b: mx.array, *,
               bias: mx.array | None = None, azp_adj: mx.array | None = None,
               azp: mx.array | None = None, out_dtype=mx.float32,
-              backend: str | None = None) -> mx.array:
+              backend: str | None = None, stream=None) -> mx.array:
     """Scaled int8 matrix product with a CUTLASS / vLLM epilogue, rounded once.
 
     ``acc = a @ b`` exactly (int32), then, by the arguments given:
@@ -320,6 +328,8 @@ def scaled_mm(a: mx.array, b: mx.array, scale_a: mx.array, scale_b: mx.array, *,
         azp: int32 ``[M]`` (or ``[M, 1]``), optional; needs ``azp_adj``.
         out_dtype: ``mx.float32``, ``mx.float16`` or ``mx.bfloat16``.
         backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (the active one).
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) the op's MLX
+            ops and kernel launches run on; None: the default stream.
 
     Returns:
         ``out_dtype`` ``[M, N]``.

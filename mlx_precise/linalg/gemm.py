@@ -28,7 +28,9 @@ with a zero low word.
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 
 import mlx.core as mx
 
@@ -36,6 +38,7 @@ from ..core import backends
 from ..doubleword import DoubleWord
 from ..doubleword.words import combine, from64, to64
 from ..core.kernels import Kernel
+from ..core.streams import on_stream
 
 F32, C64, F64 = mx.float32, mx.complex64, mx.float64
 
@@ -117,7 +120,39 @@ def _check(a, b, bias):
     return sa, sb, batch, out, a_vec, b_vec
 
 
-def matmul(a: DoubleWord, b: DoubleWord, backend: str | None = None, stream=None,
+# The options matmul once took positionally, in that order (now keyword-only).
+_FORMERLY_POSITIONAL = ("backend", "stream", "bias")
+
+
+def _keyword_only_options(fn):
+    """``fn(a, b, *, backend, stream, bias)`` that still accepts the old positional
+    options, with a DeprecationWarning (callers outside this package may pass
+    ``backend`` positionally)."""
+
+    @functools.wraps(fn)
+    def wrapper(a, b, *options, **kwargs):
+        if options:
+            if len(options) > len(_FORMERLY_POSITIONAL):
+                raise TypeError(
+                    f"matmul() takes 2 positional arguments (a, b) but {2 + len(options)} "
+                    "were given; backend, stream and bias are keyword-only")
+            names = _FORMERLY_POSITIONAL[:len(options)]
+            for n in names:
+                if n in kwargs:
+                    raise TypeError(f"matmul() got multiple values for argument {n!r}")
+            warnings.warn(
+                f"mlx_precise.linalg.matmul: passing {', '.join(names)} positionally is "
+                f"deprecated; write matmul(a, b, {names[0]}=...): backend, stream and "
+                "bias are keyword-only, as in every other function of the package",
+                DeprecationWarning, stacklevel=2)
+            kwargs.update(zip(names, options))
+        return fn(a, b, **kwargs)
+
+    return wrapper
+
+
+@_keyword_only_options
+def matmul(a: DoubleWord, b: DoubleWord, *, backend: str | None = None, stream=None,
            bias: DoubleWord | None = None) -> DoubleWord:
     """``bias + a @ b`` in double-word arithmetic.
 
@@ -126,8 +161,10 @@ def matmul(a: DoubleWord, b: DoubleWord, backend: str | None = None, stream=None
         b: DoubleWord ``[..., K, N]`` or ``[K]``. Batch dimensions ``...`` of ``a``
             and ``b`` broadcast; a 1-D ``a`` is a row ``[1, K]`` and a 1-D ``b`` a
             column ``[K, 1]``, the added dimension removed from the result (MLX).
-        backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (the active one).
-        stream: MLX stream of the kernel launch (metal / emulate).
+        backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (the active one);
+            keyword-only (positional use still works, with a DeprecationWarning).
+        stream: MLX stream or device of the kernel launch and the ops around it
+            (metal / emulate; the cpu path computes in float64 on the CPU stream).
         bias: optional DoubleWord broadcast to the output shape, added before the
             one rounding of each output (``mx.addmm(bias, a, b)``).
 
@@ -140,13 +177,19 @@ def matmul(a: DoubleWord, b: DoubleWord, backend: str | None = None, stream=None
         of subnormals, see ``doubleword.h``); cpu: ``<= 1.01 K 2^-53 (...) + 2^-48 |C|``.
 
     Raises:
-        TypeError: an operand is not a DoubleWord.
+        TypeError: an operand is not a DoubleWord; a ``stream`` that is not a
+            stream or device; more than two positional arguments.
         MatmulShapeError (ValueError): 0-d operands, mismatched K, batch shapes that
             do not broadcast, a bias that does not broadcast to the output.
         ValueError / BackendUnavailableError: unknown or unavailable backend.
     """
     sa, sb, batch, out, a_vec, b_vec = _check(a, b, bias)
     name = backends.resolve(backend)
+    with on_stream(stream, "matmul"):
+        return _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name, stream)
+
+
+def _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name: str, stream) -> DoubleWord:
     if name == "cpu":
         return _cpu(a, b, bias)
     a2 = _map(lambda w: w.reshape(sa), a)

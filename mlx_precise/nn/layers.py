@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core.arrays import as_array
-from ..conv.depthwise import depthwise3, depthwise_conv
+from ..conv.depthwise import check_layout, depthwise3, depthwise_conv
 from ..conv.hyena import fftconv
 
 
@@ -59,24 +59,38 @@ class FFTConv(nn.Module):
         channels: number of channels C.
         max_len: longest input length (filter length).
         skip: learn a per-channel skip weight D (``y += D u``).
+        layout: ``"NCL"`` (default): inputs (batch, C, L); ``"NLC"``: MLX's
+            channels-last (batch, L, C), as ``nn.Conv1d`` and :class:`HyenaOperator`
+            take. The same numbers either way.
 
-    Input ``u``: float32, float16 or bfloat16 (batch, C, L) with L <= max_len
-    (widened exactly to float32). Output: float32, same shape.
+    Input ``u``: float32, float16 or bfloat16 (batch, C, L) (or (batch, L, C)) with
+    L <= max_len (widened exactly to float32). Output: float32, same shape.
     """
 
-    def __init__(self, channels: int, max_len: int, skip: bool = True):
+    def __init__(self, channels: int, max_len: int, skip: bool = True, layout: str = "NCL"):
         super().__init__()
         self.channels = _positive_int("channels", channels)
         self.max_len = _positive_int("max_len", max_len)
+        self.layout = check_layout(layout, "FFTConv")
         # Decaying random filter: a long convolution that starts close to local.
         decay = mx.exp(-mx.arange(max_len, dtype=mx.float32) / max(max_len / 8, 1.0))
         self.k = mx.random.normal((channels, max_len)) * decay / math.sqrt(max_len)
         if skip:
             self.D = mx.random.normal((channels,))
 
+    def _extra_repr(self) -> str:
+        return (f"channels={self.channels}, max_len={self.max_len}, skip={'D' in self}, "
+                f"layout={self.layout!r}")
+
     def __call__(self, u: mx.array) -> mx.array:
-        u = _layer_input(u, "FFTConv", "(batch, channels, L)", 1, self.channels, self.max_len, 2)
-        return fftconv(u, self.k[:, : u.shape[2]], self.get("D"))
+        if self.layout == "NLC":
+            u = _layer_input(u, "FFTConv", "(batch, L, channels)", 2, self.channels,
+                             self.max_len, 1)
+        else:
+            u = _layer_input(u, "FFTConv", "(batch, channels, L)", 1, self.channels,
+                             self.max_len, 2)
+        L = u.shape[1 if self.layout == "NLC" else 2]
+        return fftconv(u, self.k[:, :L], self.get("D"), layout=self.layout)
 
 
 class Sin(nn.Module):
@@ -85,6 +99,9 @@ class Sin(nn.Module):
     def __init__(self, dim: int, w: float = 1.0):
         super().__init__()
         self.freq = w * mx.ones((dim,))
+
+    def _extra_repr(self) -> str:
+        return f"dim={self.freq.shape[0]}"
 
     def __call__(self, x: mx.array) -> mx.array:
         return mx.sin(self.freq * x)
@@ -115,6 +132,10 @@ class HyenaFilter(nn.Module):
         self.deltas = mx.linspace(min_decay, max_decay, channels)
         self.bias = mx.random.normal((order, channels))
         self.freeze(keys=["deltas"], recurse=False)
+
+    def _extra_repr(self) -> str:
+        return (f"channels={self.channels}, order={self.order}, max_len={self.max_len}, "
+                f"emb_dim={self.emb_dim}, filter_order={self.mlp.layers[0].weight.shape[0]}")
 
     def features(self, L: int) -> tuple[mx.array, mx.array]:
         """(t, z): t (L, 1) in [0, 1]; z (L, emb_dim): t and sin/cos bands."""
@@ -161,6 +182,11 @@ class HyenaOperator(nn.Module):
         self.short_w = mx.random.uniform(-scale, scale, (width, short_filter_order))
         self.short_b = mx.random.uniform(-scale, scale, (width,))
         self.filter = HyenaFilter(d_model, order - 1, max_len, filter_order=filter_order)
+
+    def _extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, max_len={self.max_len}, order={self.order}, "
+                f"filter_order={self.filter.mlp.layers[0].weight.shape[0]}, "
+                f"short_filter_order={self.short_w.shape[1]}")
 
     def __call__(self, u: mx.array) -> mx.array:
         """``u``: float32, float16 or bfloat16 (batch, L, d_model), L <= max_len

@@ -7,15 +7,17 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..core import backends
+from ..core.streams import streamed
 from ..core.autodiff import guarded, host_guard
 from .distributed import distributed_norm
 from .engine import _local_norm, as_matrix, check_tile, is_complex, make_spec
 
 
 @host_guard
+@streamed
 def norm(A, kind: str = "fro", *, structure: str = "general", uplo: str = "lower",
          diag: str = "nonunit", tile: int | None = None, group=None, layout=None,
-         backend: str | None = None) -> mx.array:
+         backend: str | None = None, stream=None) -> mx.array:
     """Matrix norm with LAPACK semantics (xLANGE / xLANTR / xLANSY / xLANHE).
 
     Args:
@@ -37,6 +39,8 @@ def norm(A, kind: str = "fro", *, structure: str = "general", uplo: str = "lower
         group, layout: an ``mx.distributed`` group and the
             :class:`~mlx_precise.norms.distributed.Layout` of ``A`` over it.
         backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (the active one).
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) the op's MLX
+            ops and kernel launches run on; None: the default stream.
 
     Returns:
         0-d ``mx.array``: float32 for float32/complex64 input, float64 otherwise.

@@ -40,6 +40,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
+from ..core.streams import streamed
 from ..esc import engine as _esc
 from ..core.autodiff import guarded, host_guard
 from ..core.cputhreads import map_runs, workers_for
@@ -592,8 +593,9 @@ def _emulate(A, B, sa: Scan, sb: Scan, S: int, b: int, name: str) -> mx.array:
 
 
 @host_guard
+@streamed
 def dgemm_emulated(A, B, *, slices="auto", slice_bits: int = 7, max_bits: int = 79,
-                   return_info: bool = False, backend: str | None = None):
+                   return_info: bool = False, backend: str | None = None, stream=None):
     """float64 ``A @ B`` from exact int8 slice products (Ozaki scheme on integers).
 
     Args:
@@ -611,6 +613,8 @@ def dgemm_emulated(A, B, *, slices="auto", slice_bits: int = 7, max_bits: int = 
             (largest estimated ESC over the outputs), ``width`` (bits the rule asked
             for), ``method``, ``fallback`` (bool), ``reason`` and ``backend``.
         backend: ``"metal"``, ``"emulate"``, ``"cpu"`` or None (the active backend).
+        stream: MLX stream or device (``mx.Stream``, ``mx.Device``) the op's MLX
+            ops and kernel launches run on; None: the default stream.
 
     Returns:
         float64 ``mx.array`` ``(M, N)``: each entry the correctly rounded (to

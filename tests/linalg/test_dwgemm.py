@@ -113,7 +113,7 @@ def check(c: DoubleWord, a, b, bias=None, slack=12):
 def test_random_real(backend, m, k, n):
     rng = np.random.default_rng(m * 1000 + k + n)
     a, b = dw(rand(rng, (m, k))), dw(rand(rng, (k, n)))
-    c = dwgemm.matmul(a, b, backend)
+    c = dwgemm.matmul(a, b, backend=backend)
     assert c.shape == (m, n) and c.dtype == mx.float32
     check(c, a, b)
 
@@ -123,7 +123,7 @@ def test_k_from_1_to_several_hundred(backend):
     rng = np.random.default_rng(1)
     for k in (1, 2, 15, 16, 17, 31, 33, 100, 257, 400):
         a, b = dw(rand(rng, (3, k), phi=2)), dw(rand(rng, (k, 4), phi=2))
-        check(dwgemm.matmul(a, b, backend), a, b)
+        check(dwgemm.matmul(a, b, backend=backend), a, b)
 
 
 def cancelling(rng, m, k, n, rel=2.0**-30):
@@ -139,7 +139,7 @@ def cancelling(rng, m, k, n, rel=2.0**-30):
 def test_cancellation(backend):
     rng = np.random.default_rng(2)
     a, b = cancelling(rng, 20, 60, 9)
-    c = dwgemm.matmul(a, b, backend)
+    c = dwgemm.matmul(a, b, backend=backend)
     check(c, a, b)
     # relative to |C| itself (~2^-30 of |A||B|): still ~2^-18 or better, where
     # float32 arithmetic loses every digit
@@ -154,7 +154,7 @@ def test_far_better_than_float32(backend):
     rng = np.random.default_rng(3)
     a, b = dw(rand(rng, (16, 200))), dw(rand(rng, (200, 16)))
     exact = a.to_float64() @ b.to_float64()
-    err = np.abs(dwgemm.matmul(a, b, backend).to_float64() - exact).max()
+    err = np.abs(dwgemm.matmul(a, b, backend=backend).to_float64() - exact).max()
     err32 = np.abs(np.array(mx.matmul(a.round(), b.round()), np.float64) - exact).max()
     assert err * 2.0**16 < err32
 
@@ -165,7 +165,7 @@ def test_bias(backend):
     a, b = dw(rand(rng, (6, 40))), dw(rand(rng, (40, 35)))
     for shape in [(35,), (6, 35), (6, 1), (1, 35), ()]:
         d = dw(rand(rng, shape, phi=3))
-        c = dwgemm.matmul(a, b, backend, bias=d)
+        c = dwgemm.matmul(a, b, backend=backend, bias=d)
         assert c.shape == (6, 35)
         check(c, a, b, d)
 
@@ -178,7 +178,7 @@ def test_batched_broadcast(backend):
     for sa, sb, sd in cases:
         a, b = dw(rand(rng, sa)), dw(rand(rng, sb))
         d = dw(rand(rng, sd)) if sd else None
-        c = dwgemm.matmul(a, b, backend, bias=d)
+        c = dwgemm.matmul(a, b, backend=backend, bias=d)
         want = mx.matmul(mx.zeros(sa), mx.zeros(sb)).shape
         assert c.shape == tuple(want)
         check(c, a, b, d)
@@ -190,11 +190,11 @@ def test_vectors(backend):
     for sa, sb in [((7,), (7,)), ((7,), (7, 5)), ((3, 7), (7,)), ((2, 3, 7), (7,)),
                    ((7,), (2, 7, 4))]:
         a, b = dw(rand(rng, sa)), dw(rand(rng, sb))
-        c = dwgemm.matmul(a, b, backend)
+        c = dwgemm.matmul(a, b, backend=backend)
         assert c.shape == tuple(mx.matmul(mx.zeros(sa), mx.zeros(sb)).shape)
         check(c, a, b)
     a, b, d = dw(rand(rng, (7,))), dw(rand(rng, (7, 5))), dw(rand(rng, (5,)))
-    check(dwgemm.matmul(a, b, backend, bias=d), a, b, d)
+    check(dwgemm.matmul(a, b, backend=backend, bias=d), a, b, d)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -206,7 +206,7 @@ def test_complex(backend):
     dc, dr = dw(rand(rng, (n,), cplx=True)), dw(rand(rng, (m, 1)))
     for a, b, d in [(ac, bc, None), (ac, bc, dc), (ac, bc, dr), (ar, bc, None), (ac, br, dc),
                     (ar, bc, dr), (ar, br, dc)]:
-        c = dwgemm.matmul(a, b, backend, bias=d)
+        c = dwgemm.matmul(a, b, backend=backend, bias=d)
         assert c.dtype == mx.complex64 and c.shape == (m, n)
         check(c, a, b, d)
 
@@ -216,12 +216,12 @@ def test_complex_batched_and_cancelling(backend):
     rng = np.random.default_rng(8)
     a = dw(rand(rng, (2, 1, 5, 20), cplx=True))
     b = dw(rand(rng, (3, 20, 6), cplx=True))
-    check(dwgemm.matmul(a, b, backend), a, b)
+    check(dwgemm.matmul(a, b, backend=backend), a, b)
     # (x + iy)(x - iy)-like rows: real parts cancel |x|^2 - |y|^2 ~ 0
     x = rand(rng, (4, 30))
     ac = dw(x + 1j * x)
     bc = dw((x + 1j * x * (1 + 2.0**-25)).T)
-    check(dwgemm.matmul(ac, bc, backend), ac, bc)
+    check(dwgemm.matmul(ac, bc, backend=backend), ac, bc)
 
 
 # ---- special values ------------------------------------------------------------------
@@ -247,7 +247,7 @@ def test_inf_nan_like_float32(backend):
     d = np.zeros((n,))
     d[4] = inf
     dd = DoubleWord(*(mx.array(w) for w in _split_keep(d)))
-    c = dwgemm.matmul(ad, bd, backend, bias=dd)
+    c = dwgemm.matmul(ad, bd, backend=backend, bias=dd)
     with np.errstate(invalid="ignore"):
         ref = (np.array(ad.hi, np.float64)[:, :, None] * np.array(bd.hi, np.float64)[None]
                ).sum(axis=1) + np.array(dd.hi, np.float64)
@@ -276,7 +276,7 @@ def _split_keep(x):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_overflow_gives_inf(backend):
     a = dw(np.full((2, 3), 2.0**100))
-    c = dwgemm.matmul(a, dw(np.full((3, 2), 2.0**100)), backend)
+    c = dwgemm.matmul(a, dw(np.full((3, 2), 2.0**100)), backend=backend)
     assert np.array_equal(np.array(c.hi), np.full((2, 2), np.inf, np.float32))
     assert (np.array(c.lo) == 0).all()
 
@@ -289,15 +289,16 @@ def test_empty_and_k0(backend):
     for sa, sb in [((0, 3), (3, 5)), ((4, 3), (3, 0)), ((0, 4, 3), (3, 2)), ((2, 0), (0, 3)),
                    ((0,), (0,)), ((2, 2, 0), (0, 5))]:
         a, b = dw(rand(rng, sa)), dw(rand(rng, sb))
-        c = dwgemm.matmul(a, b, backend)
+        c = dwgemm.matmul(a, b, backend=backend)
         want = mx.matmul(mx.zeros(sa), mx.zeros(sb)).shape
         assert c.shape == tuple(want) and c.dtype == mx.float32
         assert (np.array(c.hi) == 0).all() and (np.array(c.lo) == 0).all()
     d = dw(rand(rng, (3,)))
-    c = dwgemm.matmul(dw(np.zeros((2, 0))), dw(np.zeros((0, 3))), backend, bias=d)
+    c = dwgemm.matmul(dw(np.zeros((2, 0))), dw(np.zeros((0, 3))), backend=backend, bias=d)
     np.testing.assert_array_equal(c.to_float64(), np.broadcast_to(d.to_float64(), (2, 3)))
     dc = dw(rand(rng, (3,), cplx=True))
-    c = dwgemm.matmul(dw(np.zeros((2, 0))), dw(np.zeros((0, 3), complex)), backend, bias=dc)
+    c = dwgemm.matmul(dw(np.zeros((2, 0))), dw(np.zeros((0, 3), complex)), backend=backend,
+                      bias=dc)
     assert c.dtype == mx.complex64
     np.testing.assert_array_equal(c.to_float64(), np.broadcast_to(dc.to_float64(), (2, 3)))
 
@@ -315,15 +316,35 @@ def test_shape_errors_named_like_mlx(backend):
     ]
     for (a, b), msg in cases:
         with pytest.raises(ValueError, match=msg):
-            dwgemm.matmul(a, b, backend)
+            dwgemm.matmul(a, b, backend=backend)
     with pytest.raises(dwgemm.MatmulShapeError, match=r"\[addmm\] bias with shape \(3\)"):
-        dwgemm.matmul(z(2, 3), z(3, 5), backend, bias=z(3))
+        dwgemm.matmul(z(2, 3), z(3, 5), backend=backend, bias=z(3))
     with pytest.raises(ValueError, match=r"\[addmm\] bias with shape \(2,5\) must broadcast"):
-        dwgemm.matmul(z(3), z(3, 5), backend, bias=z(2, 5))
+        dwgemm.matmul(z(3), z(3, 5), backend=backend, bias=z(2, 5))
     with pytest.raises(TypeError, match="b must be a DoubleWord"):
-        dwgemm.matmul(z(2, 3), mx.zeros((3, 5)), backend)
+        dwgemm.matmul(z(2, 3), mx.zeros((3, 5)), backend=backend)
     with pytest.raises(ValueError, match="unknown backend"):
-        dwgemm.matmul(z(2, 3), z(3, 5), "gpu")
+        dwgemm.matmul(z(2, 3), z(3, 5), backend="gpu")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_options_are_keyword_only(backend):
+    """backend, stream and bias are keyword-only, as everywhere in the package; the
+    old positional form still works, bit for bit, with a DeprecationWarning."""
+    rng = np.random.default_rng(12)
+    a, b, d = dw(rand(rng, (3, 4))), dw(rand(rng, (4, 2))), dw(rand(rng, (2,)))
+    want = dwgemm.matmul(a, b, backend=backend, bias=d)
+    with pytest.warns(DeprecationWarning, match="passing backend, stream, bias positionally"):
+        old = dwgemm.matmul(a, b, backend, None, d)
+    for got in (old, dwgemm.matmul(a, b, backend=backend, bias=d, stream=mx.cpu)):
+        np.testing.assert_array_equal(np.array(got.hi), np.array(want.hi))
+        np.testing.assert_array_equal(np.array(got.lo), np.array(want.lo))
+    with pytest.raises(TypeError, match="takes 2 positional arguments"):
+        dwgemm.matmul(a, b, backend, None, d, 1)
+    with pytest.raises(TypeError, match="multiple values for argument 'backend'"):
+        dwgemm.matmul(a, b, backend, backend=backend)
+    with pytest.raises(TypeError, match="stream must be an mx.Stream"):
+        dwgemm.matmul(a, b, backend=backend, stream="cpu")
 
 
 @pytest.mark.parametrize("case", ["real", "complex", "mixed", "bias", "vector"])
@@ -339,7 +360,7 @@ def test_metal_glue_is_lazy(lazy_metal, case):
         x = DoubleWord(*words[:2])
         y = DoubleWord(*words[2:4])
         bias = DoubleWord(*words[4:]) if len(words) > 4 else None
-        c = dwgemm.matmul(x, y, "metal", bias=bias)
+        c = dwgemm.matmul(x, y, backend="metal", bias=bias)
         return c.hi, c.lo
 
     words = [a.hi, a.lo, b.hi, b.lo] + ([d.hi, d.lo] if d is not None else [])

@@ -57,3 +57,26 @@ def test_half_precision_inputs_are_widened_exactly():
             y = layer(u)
             assert y.dtype == mx.float32 and y.shape == shape
             np.testing.assert_array_equal(np.array(y), np.array(layer(u.astype(mx.float32))))
+
+
+def test_repr_shows_the_constructor_arguments_as_mlx_layers_do():
+    """``_extra_repr`` as in mlx.nn (``Linear(input_dims=4, output_dims=12, bias=True)``):
+    the arguments that shape the layer, children listed below."""
+    from mlx_precise.nn import HyenaFilter, Int8Linear, Sin
+
+    assert repr(FFTConv(4, 16)) == "FFTConv(channels=4, max_len=16, skip=True, layout='NCL')"
+    assert repr(FFTConv(2, 8, skip=False, layout="NLC")) == (
+        "FFTConv(channels=2, max_len=8, skip=False, layout='NLC')")
+    assert repr(Sin(5)) == "Sin(dim=5)"
+    assert repr(Int8Linear(3, 5, bias=False)) == (
+        "Int8Linear(input_dims=3, output_dims=5, bias=False, symmetric=True)")
+    f = HyenaFilter(4, 2, 16, filter_order=8)
+    assert repr(f).splitlines()[0] == (
+        "HyenaFilter(channels=4, order=2, max_len=16, emb_dim=3, filter_order=8")
+    h = HyenaOperator(4, 16, order=3, filter_order=8, short_filter_order=5)
+    lines = repr(h).splitlines()
+    assert lines[0] == ("HyenaOperator(d_model=4, max_len=16, order=3, filter_order=8, "
+                        "short_filter_order=5")
+    assert "  (in_proj): Linear(input_dims=4, output_dims=16, bias=True)" in lines
+    assert "  (filter): HyenaFilter(channels=4, order=2, max_len=16, emb_dim=3, filter_order=8" \
+        in lines
