@@ -49,7 +49,8 @@ def load(path: Path):
 def test_examples_present():
     names = {p.name for p in NOTEBOOKS}
     assert {"hyena_extended_precision.ipynb", "dgemm_emulation.ipynb", "sf16_training.ipynb",
-            "tile_norms.ipynb", "int8_w8a8.ipynb"} <= names, names
+            "tile_norms.ipynb", "int8_w8a8.ipynb",
+            "training_scientific_ml.ipynb"} <= names, names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
