@@ -97,7 +97,7 @@ def accuracy(quick: bool, backends: list[str]) -> None:
         a, b = DoubleWord.from_float64(av), DoubleWord.from_float64(bv)
         row = []
         for backend in backends:
-            rel, ok = exact_errors(dwgemm.matmul(a, b, backend), a, b)
+            rel, ok = exact_errors(dwgemm.matmul(a, b, backend=backend), a, b)
             row.append(f"{rel.max():.3f}")
         c32 = DoubleWord.from_float32(mx.matmul(a.round(), b.round()))
         rel32, ok32 = exact_errors(c32, a, b)
@@ -128,7 +128,7 @@ def split_integer_accuracy() -> None:
             c = np.array(ozaki.dgemm_emulated(a64, b64, slices=s, backend="cpu"))
             row.append(f"{exact_errors(DoubleWord.from_float64(c), a, b)[0].max():.3g}")
         print(f"| {s} | {s * (s + 1) // 2} | " + " | ".join(row) + " |", flush=True)
-    row = [f"{exact_errors(dwgemm.matmul(a, b, 'emulate'), a, b)[0].max():.3g}"
+    row = [f"{exact_errors(dwgemm.matmul(a, b, backend='emulate'), a, b)[0].max():.3g}"
            for a, b, _, _ in data]
     print("| tiled DW GEMM | - | " + " | ".join(row) + " |")
 
@@ -162,9 +162,9 @@ def timings(quick: bool, full: bool, backends: list[str]) -> None:
         a32, b32 = a.round(), b.round()
         mx.eval(a.hi, a.lo, b.hi, b.lo, a64, b64, a32, b32)
         fns = {
-            "cpu": lambda: (lambda c: (c.hi, c.lo))(dwgemm.matmul(a, b, "cpu")),
+            "cpu": lambda: (lambda c: (c.hi, c.lo))(dwgemm.matmul(a, b, backend="cpu")),
             "f32": lambda: mx.matmul(a32, b32, stream=mx.cpu),
-            "emulate": lambda: (lambda c: (c.hi, c.lo))(dwgemm.matmul(a, b, "emulate")),
+            "emulate": lambda: (lambda c: (c.hi, c.lo))(dwgemm.matmul(a, b, backend="emulate")),
             "ozaki": lambda: ozaki.dgemm_emulated(a64, b64, slices=8, backend="emulate"),
         }
         if "emulate" not in backends:
