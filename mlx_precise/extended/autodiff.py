@@ -139,12 +139,15 @@ def snapshot(x: mx.array) -> mx.array:
 def _slots(entry):
     """Where the arrays of an op's arguments are: (position or keyword, index in a
     list argument or None, the array)."""
+    def inexact(a):  # integer operands (indices) take no gradient: MLX refuses them
+        return isinstance(a, mx.array) and mx.issubdtype(a.dtype, mx.inexact)
+
     out = []
     for key, v in (*enumerate(entry.args), *entry.kwargs.items()):
-        if isinstance(v, mx.array):
+        if inexact(v):
             out.append((key, None, v))
         elif isinstance(v, (list, tuple)):
-            out.extend((key, j, a) for j, a in enumerate(v) if isinstance(a, mx.array))
+            out.extend((key, j, a) for j, a in enumerate(v) if inexact(a))
     return out
 
 

@@ -457,3 +457,42 @@ def test_a_generator_closed_in_another_thread_ends_its_block():
     assert not mp.is_extended() and not rep.open
     x = mx.array([1.0]) / 3  # the caller runs plain MLX again
     assert low_word(x) is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gather_mm_forward_and_gradient(backend):
+    """Mixture-of-experts layers (mlx-lm's SwitchLinear): gathered matrices, one
+    double-word matmul; the gradient with integer indices among the operands."""
+    a, b = rng_f32((3, 2, 4), 30), rng_f32((4, 4, 3), 31)
+    li = np.array([[0, 2], [1, 1]], np.uint32)
+    ri = np.array([[3, 0], [1, 2]], np.uint32)
+    ref = a.astype(np.float64)[li] @ b.astype(np.float64)[ri]
+    A, B = mx.array(a), mx.array(b)
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        y = mx.gather_mm(A, B, mx.array(li), mx.array(ri))
+        g = mx.grad(lambda w: mx.gather_mm(A[:2], w, rhs_indices=mx.array(ri[0])).sum())(B)
+    assert not rep.float32 or backend == "emulate", rep  # emulate: the scatter-add
+    assert np.abs(value64(y) - ref).max() <= 2**-44 * np.abs(ref).max()
+    want = np.zeros_like(b, np.float64)
+    # d/dB[k] sum(A[i] @ B[k]) over the batch entries i that use expert k
+    for i, k in enumerate(ri[0]):
+        want[k] += np.outer(a[i].astype(np.float64).sum(axis=0), np.ones(3))
+    np.testing.assert_allclose(value64(g), want, rtol=2**-40, atol=2**-40)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rope_with_an_offset_per_batch_element(backend):
+    x = rng_f32((2, 3, 5, 8), 32)
+    off = np.array([3, 0])
+    half = 4
+    inv = np.exp(-np.arange(half) * (np.log(1e4) / half))
+    theta = (np.arange(5)[None, :] + off[:, None])[:, None, :, None] * inv
+    x64 = x.astype(np.float64)
+    x1, x2 = x64[..., :half], x64[..., half:]
+    ref = np.concatenate([x1 * np.cos(theta) - x2 * np.sin(theta),
+                          x1 * np.sin(theta) + x2 * np.cos(theta)], axis=-1)
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        y = mx.fast.rope(mx.array(x), 8, traditional=False, base=1e4, scale=1.0,
+                         offset=mx.array(off))
+    assert rep.extended["fast.rope"] == 1 and not rep.float32
+    assert (np.array(y) == ref.astype(np.float32)).mean() >= 0.99

@@ -41,7 +41,8 @@ def _rope(a, dims, *, traditional, base, scale, offset, freqs=None, **kw):
     """``mx.fast.rope`` by its definition (MLX's reference form): positions
     ``(arange(T) + offset) scale`` along axis -2, inverse frequencies
     ``base^(-i / (dims/2))`` (in float64 on the host, two words) or ``1 / freqs``,
-    angles ``theta = positions x inverse frequencies`` and their double-word cos / sin,
+    angles ``theta = positions x inverse frequencies`` (an offset per batch element:
+    per-example angles) and their double-word cos / sin,
     then each pair (the halves of the first ``dims`` features, or neighbours with
     ``traditional``) rotated; features past ``dims`` pass through."""
     T, half = a.shape[-2], dims // 2
@@ -49,8 +50,12 @@ def _rope(a, dims, *, traditional, base, scale, offset, freqs=None, **kw):
         inv = grid(np.exp(-np.arange(half) * (math.log(base) / half)), None)
     else:
         inv = 1.0 / freqs
+    if isinstance(offset, mx.array) and offset.size > 1:
+        # one offset per batch element: positions (B, 1, ..., 1, T), angles
+        # broadcast over the axes between the batch and the sequence
+        offset = offset.reshape(-1, *([1] * (a.ndim - 2)))
     positions = (mx.arange(T, dtype=mx.float32) + offset) * scale
-    theta = positions[:, None] * inv[None, :]
+    theta = mx.expand_dims(positions, -1) * inv
     c, s = mx.cos(theta), mx.sin(theta)
     if traditional:
         x1, x2 = a[..., 0:dims:2], a[..., 1:dims:2]
@@ -69,11 +74,12 @@ def _rope_rule(ctx, original, a, dims, **kw):
     if not is_word_array(a) or a.dtype != mx.float32:
         return NotImplemented
     if dims % 2 or dims > a.shape[-1] or a.ndim < 2 or (
-            isinstance(offset, mx.array) and offset.size != 1):
-        return NotImplemented  # MLX's own errors / per-batch offsets: plain MLX
+            isinstance(offset, mx.array) and offset.size not in (1, a.shape[0])) or (
+            isinstance(offset, mx.array) and offset.size > 1 and a.ndim < 3):
+        return NotImplemented  # MLX's own errors
     if freqs is not None and not (is_word_array(freqs) and freqs.shape == (dims // 2,)):
         return NotImplemented
-    if isinstance(offset, mx.array):
+    if isinstance(offset, mx.array) and offset.size == 1:
         kw["offset"] = offset.reshape(())
     with carry.reporting(ctx.report):
         return _rope(a, dims, **kw)

@@ -110,6 +110,19 @@ def _einsum_rule(ctx, original, spec, *operands, **kw):
         return _einsum(spec, *operands)
 
 
+def _gather_mm(a, b, lhs_indices=None, rhs_indices=None, *, sorted_indices=False):
+    """``mx.gather_mm``: the matrices named by the flat batch indices, gathered
+    (exact), then one batched double-word matmul (broadcast over the indices)."""
+    A = a.reshape(-1, *a.shape[-2:])
+    B = b.reshape(-1, *b.shape[-2:])
+    with carry.suspended():  # the default indices: every batch entry in order
+        if lhs_indices is None:
+            lhs_indices = mx.arange(A.shape[0]).reshape(a.shape[:-2])
+        if rhs_indices is None:
+            rhs_indices = mx.arange(B.shape[0]).reshape(b.shape[:-2])
+    return mx.take(A, lhs_indices, axis=0) @ mx.take(B, rhs_indices, axis=0)
+
+
 def _trace(a, offset=0, axis1=0, axis2=1, dtype=None):
     if dtype is not None and dtype != a.dtype:
         return NotImplemented
@@ -135,6 +148,7 @@ RULES = {
     "matmul": _matmul(), "addmm": decomposed(_addmm), "tensordot": decomposed(_tensordot),
     "inner": decomposed(_inner), "outer": decomposed(_outer), "einsum": _einsum_rule,
     "trace": decomposed(_trace), "vecdot": decomposed(_vecdot),
+    "gather_mm": decomposed(_gather_mm),
     "linalg.cross": decomposed(_cross),
 }
 """Op name -> rule."""
