@@ -12,10 +12,11 @@ float32 words, ~48 significand bits) and return a normalised DoubleWord:
   into the header as exact float32 words (:func:`tables_source`).
 * ``cpu``: float64 on MLX's CPU stream where MLX 0.32's float64 function is
   accurate (expm1, log, log1p, log2, log10, tanh, sqrt, rsqrt, reciprocal,
-  power, arctan2, and tan, sinh, cosh as building blocks); MLX's float64 exp, sin,
-  cos, sigmoid and erf are only float32-accurate (measured: relative errors 2^-20,
-  2^-1 at |x| ~ 1000, 2^-20, 2^-13), so exp is cosh + sinh, sin and cos come from
-  tan by half-angle formulas, and erf is scipy's (math.erf without scipy). The
+  power, arctan2, and tan as a building block); MLX's float64 exp, sin, cos,
+  sigmoid and erf are only float32-accurate (measured: relative errors 2^-20,
+  2^-1 at |x| ~ 1000, 2^-20, 2^-13), so exp is 1 + expm1(|x|) (its reciprocal for
+  x < 0), sin and cos come from tan by half-angle formulas, sigmoid from that exp,
+  and erf is scipy's (math.erf without scipy). The
   float64 result is split back into two words (``hi = RN32(v)``,
   ``lo = RN32(v - hi)``, ``lo = 0`` where ``hi`` is not finite).
 

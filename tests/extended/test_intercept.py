@@ -262,7 +262,7 @@ def test_depthwise_conv1d(backend):
 
 def test_non_depthwise_conv_runs_plain_per_op_and_extended_in_the_flow():
     """The per-op interception extends only depthwise conv1d; the flow's rule
-    (mlx_precise.extended.convolution) extends grouped ones too."""
+    (mlx_precise.extended.rules.convolution) extends grouped ones too."""
     from mlx_precise import extended as flow
 
     rng = np.random.default_rng(7)
