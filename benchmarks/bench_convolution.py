@@ -1,5 +1,5 @@
 """Dense, grouped and transposed convolutions inside ``extended_precision()``
-(mlx_precise.extended.convolution) against plain float32 MLX.
+(mlx_precise.extended.rules.convolution) against plain float32 MLX.
 
 Layers of a convolutional vocoder / image network, each timed plain and inside a
 block on the active backend (or ``--backend``), in steady state (interleaved, the median of

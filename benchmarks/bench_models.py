@@ -202,53 +202,13 @@ def launches(name: str, size: str = "small", seed: int = 0) -> dict:
     return {**total, "by_kernel": counts, "outputs": int(np.prod(y.shape))}
 
 
-def lazy_metal_executor():
-    """A context manager standing in for Metal on a machine without it: the metal
-    backend is made available and every kernel launch returns lazy MLX ops on its
-    inputs (zeros of the output shapes), so the flow builds exactly the graph it
-    builds on a Mac, and the time to build it is the host's cost (the values are
-    meaningless). Uses the package's private kernel hooks; restores them."""
-    import contextlib
-
-    from mlx_precise.core import backends, kernels
-
-    def factory(_backend):
-        def build(**_):
-            def run(*, inputs, output_shapes, output_dtypes, **__):
-                # depends on every input, so nothing can be folded away
-                dep = sum(mx.sum(mx.abs(x).astype(mx.float32)) for x in inputs
-                          if isinstance(x, mx.array)) * 0
-                return [mx.zeros(tuple(sh), d) + dep.astype(d)
-                        for sh, d in zip(output_shapes, output_dtypes)]
-            return run
-        return build
-
-    @contextlib.contextmanager
-    def patched():
-        saved = (backends._why_unavailable, kernels._factory, dict(kernels._built),
-                 dict(kernels._checked))
-        why = saved[0]
-        backends._why_unavailable = lambda n: None if n == "metal" else why(n)
-        kernels._factory, kernels._built = factory, {}
-        kernels._checked["metal"] = None
-        try:
-            yield
-        finally:
-            backends._why_unavailable, kernels._factory = saved[0], saved[1]
-            kernels._built.clear()
-            kernels._built.update(saved[2])
-            kernels._checked.clear()
-            kernels._checked.update(saved[3])
-
-    return patched()
-
-
 def host_build(name: str, size: str = "small", repeat: int = 3, seed: int = 0) -> float:
     """Seconds of host work (Python and MLX graph building) per forward pass on the
     metal path, without ``mx.compile``: the flow's rules run on every call. (With
     the block inside an ``mx.compile``d function they run on the first call only,
     and later calls replay the traced graph.)"""
     import mlx_precise
+    from mlx_precise.testing import lazy_metal_executor  # a lazy stand-in for Metal
 
     mod = importlib.import_module(f"models.{name}")
     model, x = mod.build(size, seed)

@@ -1,4 +1,4 @@
-"""API consistency (issue 20, items 1, 2, 3, 10, 15).
+"""API consistency: every path of a function takes the same arguments and inputs.
 
 * The plain and extended twins of every precision-aware function take the same
   arguments (checked at registration and here), and each argument has MLX's
@@ -45,7 +45,7 @@ def _rel(y, ref):
     return float(np.linalg.norm(np.asarray(y) - ref) / np.linalg.norm(ref))
 
 
-# ---- item 1: the twins take the same arguments and honour them -------------------
+# ---- the twins take the same arguments and honour them ------------------------------
 
 
 def test_every_registered_pair_takes_the_same_arguments():
@@ -122,7 +122,7 @@ def test_plain_round_output_false_is_the_plain_result_exactly():
     assert not np.any(np.array(d.lo))
 
 
-# ---- item 2: float64 input at full precision, or refused ------------------------
+# ---- float64 input at full precision, or refused ------------------------------------
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -180,7 +180,7 @@ def test_plain_twin_reads_float64_as_the_extended_one_then_rounds():
     assert np.array_equal(np.array(y), np.array(mx.fft.fft(mx.array(x.astype(np.float32)))))
 
 
-# ---- item 3: one size check for every backend, before allocating ------------------
+# ---- one size check for every backend, before allocating ----------------------------
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -200,7 +200,7 @@ def test_size_limits_on_every_backend(backend):
         mp.fftconv(u, k, fft_size=2**31)  # the plain twin too
 
 
-# ---- item 10: array-likes ----------------------------------------------------------
+# ---- array-likes --------------------------------------------------------------------
 
 
 def test_array_likes_with_float64_data_keep_full_precision():
@@ -229,7 +229,7 @@ def test_integer_arguments_as_arrays(backend):
             mp.fft_scale_extended(x, bad, backend=backend)
 
 
-# ---- item 15: DoubleWord repr and arithmetic --------------------------------------
+# ---- DoubleWord repr and arithmetic -------------------------------------------------
 
 
 def test_repr_shows_values():

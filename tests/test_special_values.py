@@ -8,7 +8,7 @@ import warnings
 import mlx.core as mx
 import numpy as np
 import pytest
-from test_doubleword import run_cdw, run_dw
+from helpers import run_cdw, run_dw
 
 from mlx_precise import (
     complex_multiply_extended,

@@ -23,14 +23,14 @@
 //    TwoSum(2^-100, 2^-104 + 2^-127) returns (2^-100 + 2^-104, 0), losing the 2^-127
 //    residual, and TwoSum(1.25*2^-126, -2^-126) returns (0, 0), losing the whole
 //    (subnormal) sum 2^-128. Subnormal inputs read as zero (DAZ).
-//    (tests/test_doubleword.py asserts these outputs.)
+//    (tests/doubleword/test_doubleword.py asserts these outputs.)
 //  * dw_two_prod(a, b) is exact when exponent(a) + exponent(b) >= -80 (its residual
 //    is a multiple of 2^(ea+eb-46)), in particular whenever |a*b| >= 2^-78; the
 //    residual can be flushed for smaller products and is always lost (when nonzero)
 //    once |a*b| < 2^-103.
 //  * Products and quotients: every flushed intermediate moves the result r by at
 //    most ~2^-126, i.e. 2^-126/|r| relative, so their bounds hold (to that extra
-//    term) for |r| well above 2^-78; tests/test_doubleword.py checks them for
+//    term) for |r| well above 2^-78; tests/doubleword/test_doubleword.py checks them for
 //    |r| >= 2^-51 with low words >= 2^-35 |high word|. Below ~2^-78 the error
 //    terms (~u^2 |r|) fall under 2^-126 and accuracy decays, down to float32's
 //    around 2^-102, where the low word itself (~u |r|) is flushed.
@@ -189,8 +189,8 @@ METAL_FUNC dw dw_mul(dw x, dw y) {
 // exact (a multiple of ulp(y.hi)*ulp(t0) below 2^24 of those units), so t is the
 // single rounding of (1 - eps^2)/y.hi, |eps^2| < 4u^2. From t0 = RN(1/y.hi), t == t0.
 // From the other faithful neighbour, t == RN(1/y.hi) too, for all 2^23 significands
-// of y.hi but one (checked exhaustively in tests/test_doubleword.py; scaling y.hi by
-// 2^k and its sign change nothing while 1/y.hi is normal): y.hi =
+// of y.hi but one (checked exhaustively in tests/doubleword/test_doubleword.py;
+// scaling y.hi by 2^k and its sign change nothing while 1/y.hi is normal): y.hi =
 // +-(2 - 2^-23)*2^k, t0 = +-2^(-k-1), where (1 - eps^2)/y.hi is the midpoint
 // 2^(-k-1)(1 + 2^-24) and rounds to even, t = t0, |t*y.hi - 1| = u instead of
 // u - u^2. So JMP's hypothesis th = RN(1/yh) holds, up to that one O(u^2) change in

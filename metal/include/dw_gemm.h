@@ -1,5 +1,5 @@
 // Double-word matrix product: tile sizes and the per-output accumulator of
-// metal/kernels/dw_gemm.metal (mlx_precise/dwgemm.py; docs/dwgemm.md).
+// metal/kernels/dw_gemm.metal (mlx_precise/linalg/gemm.py; docs/dwgemm.md).
 //
 // One output c = d + sum_k a_k b_k (d: the bias, or 0) with double-word operands
 // a_k = ah + al, b_k = bh + bl is accumulated as Dot2 (Ogita, Rump, Oishi, "Accurate

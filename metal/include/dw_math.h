@@ -1,11 +1,12 @@
 // Double-word elementary functions: exp, expm1, log, log1p, log2, log10, sin, cos,
 // tanh, sigmoid, erf, sqrt, rsqrt, reciprocal, pow, atan2 and complex exp on `dw`
-// values (doubleword.h), for the kernel dw_math.metal (mlx_precise/dwmath.py).
+// values (doubleword.h), for the kernel dw_math.metal
+// (mlx_precise/doubleword/functions.py).
 //
 // Rules: double-word arithmetic only (TwoSum, TwoProdFMA and the JMP building blocks of
 // doubleword.h); no Metal transcendental function; every constant is computed on the
 // host with mpmath and written below as exact float32 words (tables_source() in
-// mlx_precise/dwmath.py; a test checks the block). One float32 division and
+// mlx_precise/doubleword/functions.py; a test checks the block). One float32 division and
 // precise::sqrt give starting values that Newton steps then correct, so they need
 // only be faithful.
 //

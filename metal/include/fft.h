@@ -57,7 +57,7 @@ METAL_FUNC void fft_store(device float* hi, device float* lo, uint i, cdw v, boo
 }
 
 // Twiddle w^e = exp(-2 pi i e / m) (conjugated when inverse) from the host table
-// (mlx_precise/twiddles.py): entries e < m/2 = half_m as (re hi, re lo, im hi,
+// (mlx_precise/fft/twiddles.py): entries e < m/2 = half_m as (re hi, re lo, im hi,
 // im lo), correctly rounded double-words of values exact to ~2^-100;
 // w^(e + m/2) = -w^e (exact negation). Needs e < m.
 METAL_FUNC cdw fft_twiddle(const device float* tab, uint e, uint half_m, bool inverse) {

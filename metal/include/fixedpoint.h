@@ -1,4 +1,4 @@
-// Q1.15 / Q1.31 fixed-point conversions (mlx_precise/fixedpoint.py, docs/fixedpoint.md).
+// Q1.15 / Q1.31 fixed-point conversions (mlx_precise/fixedpoint/qformat.py, docs/fixedpoint.md).
 //
 // A Q1.b code q (b = 15: int16, b = 31: int32) represents q / 2^b. Conversion from a
 // float x, the "SF16" semantics (docs/fixedpoint.md; CMSIS-DSP arm_float_to_q15):
@@ -16,7 +16,7 @@
 // the result does not depend on fast-math or contraction settings.
 #pragma once
 
-// Rounding modes: values shared with mlx_precise/fixedpoint.py (_ROUNDING).
+// Rounding modes: values shared with mlx_precise/fixedpoint/qformat.py (_ROUNDING).
 #define FX_HALF_EVEN 0u
 #define FX_HALF_AWAY 1u
 #define FX_TRUNCATE 2u

@@ -1,6 +1,6 @@
 // Integer helpers of the split-integer (Ozaki-style) DGEMM emulation
-// (mlx_precise/ozaki.py, mlx_precise/esc.py). float64 values arrive as raw bits
-// (two uint32 words, low word first); nothing here uses a floating-point type, so
+// (mlx_precise/ozaki/engine.py, mlx_precise/esc/engine.py). float64 values arrive as
+// raw bits (two uint32 words, low word first); nothing here uses a floating-point type, so
 // the results are the same on every device and in the emulator.
 //
 //   exponents     oz_exponent: floor(log2|x|) of a float64 (subnormals included),

@@ -1,5 +1,5 @@
 // C = D + A B in double-word, batched, real (CPLX = 0) or complex (CPLX = 1)
-// (metal/include/dw_gemm.h: accumulator and error bound; mlx_precise/dwgemm.py).
+// (metal/include/dw_gemm.h: accumulator and error bound; mlx_precise/linalg/gemm.py).
 // Inputs: ah, al (A's words), bh, bl (B's), dh, dl (the bias D's, any 8 floats when
 // there is none): float32 flat buffers; a complex value is two consecutive floats
 // (real, imaginary), as a complex64 array viewed as float32. p: int64 parameters

@@ -1,5 +1,5 @@
 // Elementwise double-word function selected by the template parameter FN
-// (metal/include/dw_math.h; codes in mlx_precise/dwmath.py FN_CODES):
+// (metal/include/dw_math.h; codes in mlx_precise/doubleword/functions.py FN_CODES):
 //   0 exp, 1 expm1, 2 log, 3 log1p, 4 log2, 5 log10, 6 sin, 7 cos, 8 tanh, 9 sigmoid,
 //   10 erf, 11 sqrt, 12 rsqrt, 13 reciprocal, 14 pow(a, b), 15 atan2(a, b) (a = y,
 //   b = x), 16 complex exp of a + ib.

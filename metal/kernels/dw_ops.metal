@@ -1,5 +1,6 @@
 // Elementwise double-word operation selected by the template parameter OP (test and
-// self-check kernel for metal/include/doubleword.h; see tests/test_doubleword.py).
+// self-check kernel for metal/include/doubleword.h; see
+// tests/doubleword/test_doubleword.py).
 // Inputs xh, xl, yh, yl: float32, length n; x = (xh, xl), y = (yh, yl) as given (not
 // renormalised). Outputs zh, zl: float32, length n.
 //   OP 0  TwoSum(xh, yh)            -> (s, t)

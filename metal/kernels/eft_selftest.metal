@@ -1,7 +1,7 @@
 // Device self-test of the error-free transforms that double-word arithmetic rests on
 // (metal/include/doubleword.h). The host passes a = [1, 2^-30, 1 + 2^-23, 1 - 2^-23]
 // (float32, length 4) so that the compiler cannot fold the results, and checks r
-// (float32, length 8) exactly (mlx_precise/doubleword.py: eft_selftest):
+// (float32, length 8) exactly (mlx_precise/core/kernels.py: eft_selftest):
 //   r[0..1] TwoSum(a0, a1)            = (1, 2^-30): dies under fast/relaxed math
 //   r[2..3] TwoProdFMA(a2, a3)        = (1, -2^-46): needs a true single-rounding fma
 //   r[4..5] TwoSum(a1, -a3)           = (-(1 - 2^-23), 2^-30): |a| < |b| order

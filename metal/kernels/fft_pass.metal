@@ -1,7 +1,7 @@
 // One pass of the double-word Stockham autosort FFT (radix-2/4 inside, any
 // power-of-two radix R <= FFT_TG_POINTS outside), batched over rows.
 //
-// A transform of length n = R_1 R_2 ... R_P runs as P passes (mlx_precise/fft.py
+// A transform of length n = R_1 R_2 ... R_P runs as P passes (mlx_precise/fft/engine.py
 // plans them). Pass p, with Ns = R_1 ... R_(p-1) and R = R_p, computes for every
 // row and every group j < n/R, with k = j mod Ns (the Stockham formulation of
 // Van Loan, "Computational Frameworks for the FFT", 1.7; also Govindaraju et

@@ -1,4 +1,4 @@
-// C = A B exactly in int32, batched (metal/include/int8_gemm.h; mlx_precise/int8_gemm.py).
+// C = A B exactly in int32, batched (metal/include/int8_gemm.h; mlx_precise/int8/engine.py).
 // Inputs: a, b int8, flat row-major (A_z [M, K] at a + z * p[5], leading dimension
 // p[3]; B_z [K, N] at b + z * p[6], leading dimension p[4]); p int32 [8] =
 // (M, N, K, lda, ldb, batch stride of a, batch stride of b, unused).

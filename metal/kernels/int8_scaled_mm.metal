@@ -1,6 +1,6 @@
 // D = epilogue(A B) for int8 A [M, K] and B [K, N], row-major and contiguous, with
 // the CUTLASS / vLLM scaled epilogue p[5] (Int8ScaledEpilogue in
-// metal/include/int8_gemm.h; mlx_precise/int8.py: scaled_mm), rounded once to T.
+// metal/include/int8_gemm.h; mlx_precise/int8/scaled.py: scaled_mm), rounded once to T.
 // Inputs: a, b int8 (flat); scale_a, scale_b float32 (index m * p[3], n * p[4]);
 // bias float32 [N]; azp_adj int32 [N]; azp int32 [M] (unused ones are zero
 // placeholders); p int32 [8] = (M, N, K, sa_step, sb_step, kind, has_bias, 0).

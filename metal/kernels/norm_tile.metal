@@ -1,4 +1,4 @@
-// Tile partials of a matrix norm (mlx_precise/norms.py), one threadgroup per
+// Tile partials of a matrix norm (mlx_precise/norms/engine.py), one threadgroup per
 // nb x nb tile as SLATE's tile kernels use one thread block per tile.
 //
 // Inputs:

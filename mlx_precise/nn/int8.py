@@ -8,7 +8,7 @@ epilogue of :func:`mlx_precise.int8.scaled_mm` (ScaledEpilogueBias, or
 ScaledEpilogueAzpPerToken for asymmetric activations), rounded once to the input's
 dtype.
 
-Error of one layer (derived in tests/test_int8.py, asserted there): with activation
+Error of one layer (derived in tests/int8/test_int8.py, asserted there): with activation
 scale ``s_x`` of a row and weight scale ``s_w[n]``, rounding to the nearest integer
 moves each activation by at most ``s_x / 2`` and each weight by at most
 ``s_w[n] / 2``, so ``|y_n - y8_n| <= (s_x / 2) sum_k |W[n, k]| + (s_w[n] / 2) sum_k |x8_k|``

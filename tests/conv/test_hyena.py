@@ -6,6 +6,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 import pytest
+from helpers import float64_gradients
 
 import mlx_precise as mp
 from mlx_precise import DoubleWord
@@ -71,19 +72,6 @@ def test_explicit_fft_size_wraps_like_the_formula(backend):
         direct[..., s:] += k[None, :, s, None].astype(np.longdouble) * u[..., :64 - s]
     direct += D[None, :, None] * u.astype(np.longdouble)
     assert (y == direct.astype(np.float32)).mean() >= 0.999
-
-
-def float64_gradients(u, k, D, g):
-    """Direct float64 sums: du[s] = sum_t g[t] k[t-s] + D g[s],
-    dk[j] = sum_{b,t} g[t] u[t-j], dD = sum_{b,t} g u."""
-    u, k, D, g = (a.astype(np.float64) for a in (u, k, D, g))
-    L, Lk = u.shape[-1], k.shape[-1]
-    du = D[None, :, None] * g
-    dk = np.zeros(k.shape)
-    for j in range(Lk):
-        du[..., :L - j] += k[None, :, j, None] * g[..., j:]
-        dk[:, j] = (g[..., j:] * u[..., :L - j]).sum(axis=(0, 2))
-    return du, dk, (g * u).sum(axis=(0, 2))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,4 +1,4 @@
-"""The cpu backend's block threads (mlx_precise/cputhreads.py)."""
+"""The cpu backend's block threads (mlx_precise/core/cputhreads.py)."""
 
 import os
 import threading

@@ -4,23 +4,11 @@ value): otherwise ``mx.compile`` fails, and every call synchronises the GPU. Lin
 has no Metal, so the metal executor is replaced here by a lazy stand-in (outputs
 that are MLX ops on the inputs) and each public op is traced by ``mx.compile``."""
 
-import sys
-from pathlib import Path
-
 import mlx.core as mx
 import pytest
 
 import mlx_precise as mp
 from mlx_precise.core import kernels
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from bench_models import lazy_metal_executor  # noqa: E402  (one stand-in for tests and bench)
-
-
-@pytest.fixture
-def lazy_metal():
-    with lazy_metal_executor():
-        yield
 
 
 mx.random.seed(0)

@@ -29,6 +29,7 @@ import mlx.core as mx
 import mpmath
 import numpy as np
 import pytest
+from helpers import run_cdw, run_dw
 from oracle import (
     U,
     U2,
@@ -45,7 +46,7 @@ from oracle import (
 
 import mlx_precise.core.kernels as kern
 from mlx_precise.core.kernels import eft_selftest
-from mlx_precise.doubleword.words import CDW_OPS, DW_OPS, join, split
+from mlx_precise.doubleword.words import DW_OPS, join, split
 from mlx_precise.core.kernels import DeviceCheckError
 
 N = 1_000_000
@@ -61,28 +62,6 @@ B_CMUL = Fraction(866, 100) * U2  # > (4 sqrt(2) + 3)u^2 + O(u^3); see doublewor
 
 
 # ---- running the kernels -----------------------------------------------------
-
-
-def run_dw(op, xh, xl, yh, yl):
-    """dw_ops kernel ``op`` on float32 numpy arrays; returns (zh, zl) as numpy."""
-    n = xh.size
-    zh, zl = DW_OPS(
-        inputs=[mx.array(np.ascontiguousarray(a, dtype=np.float32)) for a in (xh, xl, yh, yl)],
-        template={"OP": op}, output_shapes=[(n,), (n,)],
-        output_dtypes=[mx.float32, mx.float32], backend=BACKEND,
-    )
-    return np.array(zh), np.array(zl)
-
-
-def run_cdw(op, x, y):
-    """cdw_ops kernel ``op``; x, y: tuples (rh, rl, ih, il) of float32 arrays."""
-    n = x[0].size
-    outs = CDW_OPS(
-        inputs=[mx.array(np.ascontiguousarray(a, dtype=np.float32)) for a in (*x, *y)],
-        template={"OP": op}, output_shapes=[(n,)] * 4,
-        output_dtypes=[mx.float32] * 4, backend=BACKEND,
-    )
-    return tuple(np.array(o) for o in outs)
 
 
 def f32(*vals):

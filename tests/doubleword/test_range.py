@@ -1,6 +1,6 @@
 """The documented range holds: FFT-based paths do not overflow in intermediates when
 inputs and results are within float32's range (rows scaled by exact powers of two,
-mlx_precise/pow2scale.py). Oracle: numpy float64 (exact enough: its error ~1e-16
+mlx_precise/doubleword/pow2scale.py). Oracle: numpy float64 (exact enough: its error ~1e-16
 is far below the double-word 1e-13 asserted)."""
 
 import mlx.core as mx

@@ -32,7 +32,7 @@ def _python(script: str, env: dict | None = None, timeout: int = 600):
 
 # Every thread starts at once (a barrier) in a process that has run nothing yet, and
 # runs each operation; the results must match a serial run bit for bit. The first
-# operation is the issue's reproducer; the Bluestein size goes through the cached
+# operation (an rfft) is the case once reported to fail this way; the Bluestein size goes through the cached
 # chirp and kernel spectrum, the others through the other kernel families.
 _THREADS_SCRIPT = """
     import json, sys, threading

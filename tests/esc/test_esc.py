@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from oracle import dd_matmul, rel_err_dd
-from test_ozaki import PHIS, native, phi_matrix
+from helpers import PHIS, native, phi_matrix
 
 from mlx_precise.core import cputhreads
 from mlx_precise.esc import engine as escm

@@ -1,5 +1,5 @@
 """Dense, grouped and transposed convolutions inside extended_precision()
-(mlx_precise.extended.convolution): exactly rounded against float64 oracles, on
+(mlx_precise.extended.rules.convolution): exactly rounded against float64 oracles, on
 cpu and emulate, as functions and as mlx.nn layers, with gradients.
 
 Oracles: direct convolution loops in numpy float64 from the same float32 inputs

@@ -15,7 +15,6 @@ import pytest
 import mlx_precise as mp
 from flow_helpers import rng_f32, share, value64
 from mlx_precise.extended import PrecisionDropError, carried, low_word
-from test_lazy_glue import lazy_metal  # noqa: F401  (the lazy stand-in for Metal)
 
 LD = np.longdouble
 
@@ -39,7 +38,7 @@ def _rn32(fr: Fraction) -> np.float32:
     (lambda x: x + 1e-3, lambda f: f + Fraction(1e-3)),
     (lambda x: 0.5 * (x + x[::-1]), None),
     (lambda x: (x * 0.1 + 1e-3) / 3, lambda f: (f * Fraction(0.1) + Fraction(1e-3)) / 3),
-])
+], ids=["x*0.1", "x/3", "x+1e-3", "0.5*(x+reversed)", "(x*0.1+1e-3)/3"])
 def test_scalar_chains_round_once(backend, expr, exact):
     x = rng_f32(2000, seed=1)
     with mp.extended_precision() as rep:

@@ -22,7 +22,6 @@ from mlx_precise.extended import intercept
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import port_guide  # noqa: E402
 from mlx_fftconv_block import LongConvBlock, fftconv_ref  # noqa: E402
-from test_lazy_glue import lazy_metal  # noqa: E402,F401  (fixture: a lazy stand-in for Metal)
 
 BACKENDS = ("cpu", "emulate")
 
@@ -38,7 +37,8 @@ def bits(a) -> np.ndarray:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_unmodified_model_gains_accuracy(backend):
     """Both blocks (FFT along the last axis / along axis 1, batch 2) against the
-    longdouble oracle: wrapped beats plain float32 MLX by the issue's targets."""
+    longdouble oracle: wrapped, the normwise error is at least 3x smaller than plain
+    float32 MLX's and about 40% of the outputs are exactly rounded (plain: <= 20%)."""
     res = port_guide.measure(backend, batch=2, channels=8, L=2048)
     for key, (share, err) in sorted(res.items()):
         print(f"{backend} {key[0]:>13} {key[1]:>10}: {100 * share:5.1f}% exactly rounded, "
@@ -262,7 +262,7 @@ def test_depthwise_conv1d(backend):
 
 def test_non_depthwise_conv_runs_plain_per_op_and_extended_in_the_flow():
     """The per-op interception extends only depthwise conv1d; the flow's rule
-    (mlx_precise.extended.convolution) extends grouped ones too."""
+    (mlx_precise.extended.rules.convolution) extends grouped ones too."""
     from mlx_precise import extended as flow
 
     rng = np.random.default_rng(7)

@@ -45,7 +45,6 @@ from mlx_precise.extended import low_word
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
 from models._common import params64  # noqa: E402
-from test_lazy_glue import lazy_metal  # noqa: E402,F401  (fixture: a lazy stand-in for Metal)
 
 RULED = ["hyena", "s4d", "fno", "logmel", "transformer", "llama"]
 

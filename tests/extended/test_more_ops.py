@@ -274,7 +274,10 @@ def test_cumsum_over_the_flattened_array_keeps_the_low_words(backend):
     lambda a: mx.argmax(a, axis=5), lambda a: mx.max(a, axis=3),
     lambda a: mx.fast.rope(a, 7, traditional=False, base=1e4, scale=1.0, offset=0),
     lambda a: mx.fast.rope(a, 16, traditional=False, base=1e4, scale=1.0, offset=0),
-    lambda a: a < mx.ones((3,)), lambda a: mx.clip(a, mx.ones((5,)), None)])
+    lambda a: a < mx.ones((3,)), lambda a: mx.clip(a, mx.ones((5,)), None)],
+    ids=["sum-axis3", "mean-repeated-axis", "prod-axis-4", "cumprod-axis3", "cumsum-axis-5",
+         "var-axis7", "argmax-axis5", "max-axis3", "rope-odd-dims", "rope-dims-over-size",
+         "less-unbroadcastable", "clip-unbroadcastable"])
 def test_bad_arguments_raise_mlx_errors_in_a_block(backend, call):
     """Invalid axes (out of range or repeated), RoPE dims and shapes raise the
     error MLX raises outside a block (the rules decline; nothing wraps an axis)."""

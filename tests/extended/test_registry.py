@@ -213,7 +213,8 @@ def test_a_low_word_never_outlives_a_change_made_outside_a_block(backend):
 
 @pytest.mark.parametrize("make", [lambda x: x.astype(mx.float32), lambda x: x ** 1,
                                   lambda x: mx.power(x, 1), lambda x: copy.copy(x),
-                                  lambda x: mx.asarray(x)])
+                                  lambda x: mx.asarray(x)],
+                         ids=["astype", "pow-1", "power-1", "copy", "asarray"])
 def test_results_are_new_arrays(make):
     x, _ = carried(4, 8)
     before = value64(x)

@@ -28,7 +28,7 @@ BACKENDS = ("emulate", "cpu")
 EXTENDED = {"fft": fft_extended, "ifft": ifft_extended, "rfft": rfft_extended,
             "irfft": irfft_extended}
 PLAIN = {"fft": mx.fft.fft, "ifft": mx.fft.ifft, "rfft": mx.fft.rfft, "irfft": mx.fft.irfft}
-BOUND = 1e-13  # normwise, unrounded DoubleWord results (issue 4)
+BOUND = 1e-13  # normwise, unrounded DoubleWord results (the bound docs/fft.md states)
 
 
 def signal(shape, kind, seed):

@@ -1,4 +1,4 @@
-"""mlx_precise.fft reads like mx.fft (issue 32): every mx.fft transform with MLX's
+"""mlx_precise.fft reads like mx.fft: every mx.fft transform with MLX's
 argument names and defaults, precision-aware with a *_extended twin, numpy's s / axes
 semantics, MLX's error types, and the double-word accuracy of every N-D function on
 the emulate (Metal kernels) and cpu (float64) backends.

@@ -10,7 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from test_hyena import float64_gradients
+from helpers import float64_gradients
 
 import mlx_precise as mp
 from mlx_precise import DoubleWord, NotDifferentiableError, extended_precision
@@ -156,7 +156,7 @@ def test_non_differentiable_paths_raise(backend):
         mx.eval(f(x))  # the forward value itself is fine
 
 
-# mlx_precise.fft's N-D functions (issue 32): (name, kwargs, complex input?)
+# mlx_precise.fft's N-D functions, differentiable as mx.fft's are: (name, kwargs, complex input?)
 GRAD_CALLS = [("fft2", {"s": (4, 6), "norm": "ortho"}, False),
               ("fft2", {"axes": (0, 2)}, True),
               ("ifftn", {"axes": (0, 2), "norm": "forward"}, True),

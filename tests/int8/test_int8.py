@@ -25,7 +25,6 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from oracle import Exact, exact_f64, round_to, ulp_distance
-from test_lazy_glue import lazy_metal  # noqa: F401  (the lazy stand-in for Metal)
 
 import mlx_precise
 from mlx_precise.int8 import compute_azp_adj, quantize_int8, scaled_mm

@@ -11,7 +11,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from oracle import U2, Exact, is_normalised, rel_le, rel_u2
-from test_lazy_glue import lazy_metal  # noqa: F401  (the fixture)
 
 from mlx_precise.linalg import gemm as dwgemm
 from mlx_precise.doubleword import DoubleWord

@@ -17,7 +17,9 @@ from mlx_precise.nn import FFTConv, HyenaOperator
     (lambda: HyenaOperator(4.0, 8), "d_model must be a positive int"),
     (lambda: FFTConv(0, 8), "channels must be a positive int"),
     (lambda: FFTConv(2, 0), "max_len must be a positive int"),
-])
+], ids=["hyena-d_model-0", "hyena-max_len-0", "hyena-order-1", "hyena-filter_order-0",
+        "hyena-short_filter_order-0", "hyena-d_model-float", "fftconv-channels-0",
+        "fftconv-max_len-0"])
 def test_bad_arguments(make, match):
     with pytest.raises(ValueError, match=match):
         make()

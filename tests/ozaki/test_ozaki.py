@@ -29,6 +29,7 @@ from fractions import Fraction
 import mlx.core as mx
 import numpy as np
 import pytest
+from helpers import PHIS, native, phi_matrix
 from oracle import dd_matmul, exact_f64, exact_matmul, rel_err_dd, round_f64
 
 from mlx_precise.core import cputhreads
@@ -38,24 +39,9 @@ from mlx_precise.ozaki import checks as ozaki_checks
 from mlx_precise.ozaki import dgemm_emulated
 
 EMU = "emulate"
-PHIS = (-1, 0, 0.5, 1, 2, 4)
-
-
-def phi_matrix(phi, shape, rng):
-    """The field's test matrices; phi = -1 stands for plain N(0, 1)."""
-    if phi == -1:
-        return rng.standard_normal(shape)
-    return (rng.uniform(size=shape) - 0.5) * np.exp(phi * rng.standard_normal(shape))
-
-
 def exact_rn(A, B):
     """Correctly rounded exact product (Python integers)."""
     return round_f64(exact_matmul(exact_f64(A), exact_f64(B)))
-
-
-def native(A, B):
-    return np.array(mx.matmul(mx.array(A, dtype=mx.float64), mx.array(B, dtype=mx.float64),
-                              stream=mx.cpu))
 
 
 def run(A, B, backend, **kw):
