@@ -23,6 +23,54 @@ BACKENDS = ("metal", "emulate", "cpu")
 ENV_VAR = "MLX_PRECISE_BACKEND"
 
 
+class Backend(str):
+    """A backend: its name (the string value, so ``backend() == "cpu"`` holds) and
+    what it can do, which code asks instead of comparing names.
+
+    Attributes:
+        has_kernels: runs the package's Metal kernels (metal, emulate).
+        float64_engine: computes in native float64 (cpu: MLX float64 on the CPU
+            stream, numpy / scipy where MLX has no accurate float64 function).
+        host_evaluated: a kernel launch evaluates its inputs on the host at once
+            (the emulator), so it cannot be traced by mx.compile / mx.vmap /
+            mx.export_function, and cannot run inside an MLX gradient trace.
+        traceable: its ops are graph nodes MLX can compile and differentiate.
+    """
+
+    has_kernels: bool
+    float64_engine: bool
+    host_evaluated: bool
+
+    def __new__(cls, name: str, *, has_kernels: bool, float64_engine: bool,
+                host_evaluated: bool):
+        self = super().__new__(cls, name)
+        self.has_kernels, self.float64_engine = has_kernels, float64_engine
+        self.host_evaluated = host_evaluated
+        return self
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+    @property
+    def traceable(self) -> bool:
+        return not self.host_evaluated
+
+
+_OBJECTS = {
+    "metal": Backend("metal", has_kernels=True, float64_engine=False, host_evaluated=False),
+    "emulate": Backend("emulate", has_kernels=True, float64_engine=False,
+                       host_evaluated=True),
+    "cpu": Backend("cpu", has_kernels=False, float64_engine=True, host_evaluated=False),
+}
+
+
+def get(name: str) -> Backend:
+    """The :class:`Backend` object of a backend name (validated: see
+    :func:`validate`)."""
+    return _OBJECTS[validate(str(name))]
+
+
 class BackendUnavailableError(RuntimeError):
     """The requested backend cannot run on this machine."""
 
@@ -69,8 +117,8 @@ def validate(name: str) -> str:
         )
     why = _why_unavailable(name)
     if why is not None:
-        raise BackendUnavailableError(f"backend {name!r} cannot run here: {why}")
-    return name
+        raise BackendUnavailableError(f"backend {str(name)!r} cannot run here: {why}")
+    return _OBJECTS[name]
 
 
 def default_backend() -> str:
@@ -82,7 +130,7 @@ def default_backend() -> str:
             return validate(env.strip().lower())
         except ValueError as e:
             raise ValueError(f"{ENV_VAR}={env!r}: {e}") from None
-    return "metal" if metal_available() else "cpu"
+    return _OBJECTS["metal" if metal_available() else "cpu"]
 
 
 def backend() -> str:
