@@ -4,8 +4,10 @@
 An index may name one element several times (an overlap-add), so the update is a
 sum (product, extremum) of many values, rounded at every step by MLX. On the cpu
 backend the update runs in float64 on the operands' exact values and the result
-keeps its two words; elsewhere (no float64 on the GPU) MLX's float32 update runs
-and the block reports it (``strict=True`` raises)."""
+keeps its two words. Elsewhere (no float64 on the GPU) an ``add`` / ``subtract``
+at rows named by an integer array (an overlap-add) is a one-hot double-word GEMM
+while that matrix is small; otherwise MLX's float32 update runs and the block
+reports it (``strict=True`` raises)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ import mlx.core as mx
 
 from ..core import backends
 from ..doubleword.words import from64
+from . import carry
 from .carry import attach_words, has_words, suspended
 from .report import dropped
-from .rules.base import as64, is_word_array
+from .rules import shape
+from .rules.base import as64, carries, is_word_array, operand_array
 
 OPS = ("add", "subtract", "multiply", "divide", "maximum", "minimum")
 
@@ -42,7 +46,7 @@ class _Indexed:
         floating = is_word_array(value) or isinstance(value, (numbers.Real, numbers.Complex)) \
             and not isinstance(value, bool)
         exact_extremum = op in ("maximum", "minimum") and not (
-            has_words(x) or (isinstance(value, mx.array) and has_words(value)))
+            has_words(x) or carries(value))
         if x.dtype != mx.float32 or not floating or exact_extremum:
             with suspended():
                 return plain()  # no float32 rounding to lose
@@ -55,6 +59,19 @@ class _Indexed:
                 z = from64(wide)
             self._report.extended[name] += 1
             return attach_words(z.hi, z)
+        index = self._index
+        if op in ("add", "subtract") and isinstance(index, mx.array) and x.ndim >= 1 and (
+                mx.issubdtype(index.dtype, mx.integer)) and (
+                index.size * x.shape[0] <= shape._ONE_HOT_LIMIT):
+            # rows named by an integer array, possibly several times (an overlap-add):
+            # the sums by the one-hot double-word GEMM (exact products of 0 / 1)
+            with carry.reporting(self._report):
+                v = mx.broadcast_to(operand_array(value), (*index.shape, *x.shape[1:]))
+                rows = v.reshape(index.size, -1)
+                acc = shape._rows_add(x.shape[0], index.reshape(-1), rows).reshape(x.shape)
+                out = x + acc if op == "add" else x - acc
+            self._report.extended[name] += 1
+            return out
         dropped(self._report, name, "scatter updates run in float32 on this backend")
         with suspended():
             return plain()

@@ -298,13 +298,23 @@ def test_scatter_add_overlap_is_exact_on_cpu():
     assert not np.array_equal(plain, ref.astype(np.float32))  # float32 MLX is not
 
 
-def test_scatter_add_is_reported_on_emulate():
+def test_scatter_add_on_emulate():
+    """Rows named by an integer array (an overlap-add): a one-hot double-word GEMM,
+    exact; other scatter updates there are reported."""
+    frames = rng_f32((16, 8), 16)
+    idx = (np.arange(16)[:, None] * 2 + np.arange(8)[None, :]).reshape(-1)
+    ref = np.zeros(38)
+    np.add.at(ref, idx, frames.reshape(-1).astype(np.float64))
     with mp.use_backend("emulate"), mp.extended_precision() as rep:
-        mx.zeros((4,)).at[mx.array([0, 1, 1])].add(mx.array([0.1, 0.2, 0.3]))
-    assert rep.float32["array.at[].add"] == 1
+        buf = mx.zeros((38,)).at[mx.array(idx)].add(mx.array(frames.reshape(-1)))
+        small = mx.zeros((4,)).at[mx.array([0, 1, 1])].add(0.1)
+        mx.zeros((4,)).at[mx.array([0, 1, 1])].multiply(0.1)
+    assert rep.extended["array.at[].add"] == 2 and rep.float32["array.at[].multiply"] == 1
+    assert np.array_equal(np.array(buf), ref.astype(np.float32))
+    np.testing.assert_allclose(value64(small)[:2], [0.1, 0.2], rtol=2**-46)
     with pytest.raises(PrecisionDropError, match="scatter"):
         with mp.use_backend("emulate"), mp.extended_precision(strict=True):
-            mx.zeros((4,)).at[mx.array([0, 1, 1])].add(0.1)
+            mx.zeros((4,)).at[mx.array([0, 1, 1])].maximum(0.1)
 
 
 # ---- names bound before the block, layers, compiled functions -----------------------
