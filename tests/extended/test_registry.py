@@ -507,3 +507,30 @@ def test_rope_with_an_offset_per_batch_element(backend):
                          offset=mx.array(off))
     assert rep.extended["fast.rope"] == 1 and not rep.float32
     assert (np.array(y) == ref.astype(np.float32)).mean() >= 0.99
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pad_mode", ["reflect", "edge", "constant"])
+def test_stft_exactly_rounded(backend, pad_mode):
+    """mx.fft.stft by its definition in double-word, against numpy's float64 of the
+    same definition (pad, frames, window centred in n_fft, rfft); MLX's own shape
+    and, within float32 rounding, its values."""
+    x = rng_f32((2, 40), 33)
+    w = np.random.default_rng(34).uniform(0.2, 1.0, 6).astype(np.float32)
+    n_fft, hop = 8, 3
+    mode = {"reflect": "reflect", "edge": "edge", "constant": "constant"}[pad_mode]
+    xp = np.pad(x.astype(np.float64), [(0, 0), (4, 4)], mode=mode)
+    wp = np.pad(w.astype(np.float64), (1, 1))
+    frames = 1 + (xp.shape[-1] - n_fft) // hop
+    fr = np.stack([xp[:, k * hop:k * hop + n_fft] * wp for k in range(frames)], axis=1)
+    ref = np.swapaxes(np.fft.rfft(fr, axis=-1), -1, -2)
+    kw = dict(n_fft=n_fft, hop_length=hop, win_length=6, window=mx.array(w), pad_mode=pad_mode)
+    plain = mx.fft.stft(mx.array(x), **kw)
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        y = mx.fft.stft(mx.array(x), **kw)
+    assert rep.extended["fft.stft"] == 1 and not rep.float32
+    assert y.shape == plain.shape == ref.shape
+    got = np.array(y)
+    exact = (got.real == ref.real.astype(np.float32)) & (got.imag == ref.imag.astype(np.float32))
+    assert exact.mean() >= 0.99
+    np.testing.assert_allclose(got, np.array(plain), rtol=1e-5, atol=1e-5)

@@ -11,6 +11,7 @@ import numpy as np
 
 from ...core.plain import FFT_NAMES, plain
 from .. import carry, spectral
+from .base import decomposed
 
 
 def _signature(name: str) -> inspect.Signature:
@@ -88,7 +89,57 @@ def _transform(name: str):
     return rule
 
 
+def _stft(x, n_fft=2048, hop_length=None, win_length=None, window=None, center=True,
+          pad_mode="reflect", norm="backward", onesided=None):
+    """``mx.fft.stft`` by its definition, each step of the flow: the signal padded
+    at both ends (reflected, repeated or zeros: moved values, exact), the frames
+    gathered, times the window (centred and zero-padded to ``n_fft``), the FFT of
+    each frame; (..., n_freq, n_frames)."""
+    if not isinstance(x, mx.array) or x.ndim < 1 or pad_mode not in (
+            "reflect", "constant", "edge") or n_fft < 1:
+        return NotImplemented  # MLX's own errors
+    hop = n_fft // 4 if hop_length is None else hop_length
+    win = n_fft if win_length is None else win_length
+    onesided = x.dtype != mx.complex64 if onesided is None else onesided
+    if hop < 1 or not 0 < win <= n_fft:
+        return NotImplemented
+    if window is None:
+        with carry.suspended():
+            window = mx.ones((win,), mx.float32)
+    if window.shape != (win,):
+        return NotImplemented
+    if win < n_fft:
+        left = (n_fft - win) // 2
+        window = mx.pad(window, [(left, n_fft - win - left)])
+    if center:
+        p, L = n_fft // 2, x.shape[-1]
+        if pad_mode == "constant":
+            x = mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(p, p)])
+        else:
+            i = np.arange(-p, L + p)
+            if pad_mode == "reflect":
+                if p >= L:
+                    return NotImplemented
+                i = np.abs(i)
+                i = np.where(i > L - 1, 2 * (L - 1) - i, i)
+            else:
+                i = np.clip(i, 0, L - 1)
+            with carry.suspended():
+                i = mx.array(i.astype(np.int32))
+            x = mx.take(x, i, axis=-1)
+    frames = 1 + (x.shape[-1] - n_fft) // hop
+    if frames < 1:
+        return NotImplemented
+    with carry.suspended():
+        idx = mx.array((np.arange(frames)[:, None] * hop + np.arange(n_fft)[None, :])
+                       .astype(np.int32))
+    framed = mx.take(x, idx, axis=-1) * window  # (..., frames, n_fft)
+    spectrum = (mx.fft.rfft if onesided else mx.fft.fft)(framed, axis=-1, norm=norm)
+    return mx.swapaxes(spectrum, -1, -2)
+
+
 RULES = {f"fft.{name}": _transform(name) for name in FFT_NAMES}
+RULES["fft.stft"] = decomposed(_stft)
 """Op name -> rule."""
 
 
