@@ -81,12 +81,20 @@ _scoped: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 _global: str | None = None
 
 
+_metal_seen: dict = {}  # MLX's probe function -> its answer (asked once per function)
+
+
 def metal_available() -> bool:
-    """True when MLX can run Metal kernels here (an Apple GPU)."""
-    try:
-        return bool(mx.metal.is_available())
-    except Exception:
-        return False
+    """True when MLX can run Metal kernels here (an Apple GPU). Asked once (every
+    op of a block resolves the default backend); a replaced probe, as
+    ``check-kernels --as-metal`` installs, is asked again."""
+    probe = mx.metal.is_available
+    if probe not in _metal_seen:
+        try:
+            _metal_seen[probe] = bool(probe())
+        except Exception:
+            _metal_seen[probe] = False
+    return _metal_seen[probe]
 
 
 def _why_unavailable(name: str) -> str | None:
