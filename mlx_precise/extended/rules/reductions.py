@@ -128,6 +128,40 @@ def _std(a, axis=None, keepdims=False, ddof=0, **kw):
     return mx.sqrt(mx.var(a, axis=axis, keepdims=keepdims, ddof=ddof))
 
 
+def _lexicographic(a, axis):
+    """Indices that sort carried real values along ``axis`` (None: flattened):
+    by high word, ties broken by low word (the values' order, hi = RN(hi + lo)):
+    MLX's stable argsort by the low word, then by the high word."""
+    w = words(a)
+    hi, lo = w.hi, w.lo
+    with carry.suspended():
+        if axis is None:
+            hi, lo, axis = hi.reshape(-1), lo.reshape(-1), -1
+        first = mx.argsort(lo, axis=axis)
+        second = mx.argsort(mx.take_along_axis(hi, first, axis=axis), axis=axis)
+        return mx.take_along_axis(first, second, axis=axis)
+
+
+def _ordering(values: bool, kth: bool):
+    """``argsort`` / ``sort`` (and ``argpartition`` / ``partition``, for which a full
+    sort is a valid partition) of carried values, in the values' exact order."""
+
+    def rule(ctx, original, a, *args, **kw):
+        if not is_word_array(a) or a.dtype == mx.complex64 or not has_words(a):
+            return NotImplemented  # exact values: MLX's order is the answer
+        ref = original(a, *args, **kw)  # MLX's argument checks (kth, axis)
+        axis = (args[1] if len(args) > 1 else kw.get("axis", -1)) if kth else (
+            args[0] if args else kw.get("axis", -1))
+        idx = _lexicographic(a, axis)
+        if not values:
+            return idx.astype(ref.dtype)
+        with carry.reporting(ctx.report):
+            src = a.reshape(-1) if axis is None else a
+            return mx.take_along_axis(src, idx, axis=-1 if axis is None else axis)
+
+    return rule
+
+
 RULES = {
     "sum": _reduction("sum"), "mean": _reduction("mean"), "prod": _reduction("prod"),
     "max": _extreme_reduction(True), "min": _extreme_reduction(False),
@@ -135,6 +169,8 @@ RULES = {
     "cumsum": _scan("add"), "cumprod": _scan("mul"), "var": decomposed(_var),
     "std": decomposed(_std), "softmax": decomposed(_softmax),
     "logsumexp": decomposed(_logsumexp),
+    "argsort": _ordering(False, False), "sort": _ordering(True, False),
+    "argpartition": _ordering(False, True), "partition": _ordering(True, True),
 }
 """Op name -> rule."""
 
