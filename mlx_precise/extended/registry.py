@@ -77,7 +77,7 @@ _NOT_YET = "no double-word rule yet"
 _SAMPLING = "samples with its parameters in float32"
 
 WITHOUT_RULE = {
-    **dict.fromkeys(("topk", "median",
+    **dict.fromkeys(("median",
                      "minmax", "unique", "searchsorted", "cummax", "cummin", "array_equal",
                      "allclose", "isclose"), _ORDER),
     **dict.fromkeys(("floor", "ceil", "trunc", "round", "floor_divide", "remainder",

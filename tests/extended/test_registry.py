@@ -559,3 +559,15 @@ def test_ordering_follows_the_carried_values(backend, op):
     else:
         np.testing.assert_array_equal(np.sort(value64(out)) if op == "partition"
                                       else value64(out), np.sort(values))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_topk_of_carried_values(backend):
+    hi = np.array([[1.0, 1.0, 0.5, 1.0], [2.0, 3.0, 3.0, 1.0]], np.float32)
+    delta = np.array([[1e-9, -1e-9, 0.0, 0.0], [0.0, 1e-9, 0.0, 0.0]])
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        b = mx.array(hi) + mx.array(delta.astype(np.float32))
+        values = value64(b)
+        top = mx.topk(b, 2, axis=-1)
+    assert not rep.float32 and top.shape == (2, 2)
+    np.testing.assert_array_equal(value64(top), np.sort(values, axis=-1)[:, -2:])

@@ -162,6 +162,20 @@ def _ordering(values: bool, kth: bool):
     return rule
 
 
+def _topk(ctx, original, a, k, axis=-1, **kw):
+    """The ``k`` largest carried values along ``axis``, in increasing order (a
+    valid order of MLX's partition)."""
+    if not is_word_array(a) or a.dtype == mx.complex64 or not has_words(a):
+        return NotImplemented
+    original(a, k, axis, **kw)  # MLX's argument checks
+    idx = _lexicographic(a, axis)
+    with carry.reporting(ctx.report):
+        src = a.reshape(-1) if axis is None else a
+        ax = -1 if axis is None else axis
+        top = mx.take(idx, mx.arange(idx.shape[ax] - k, idx.shape[ax]), axis=ax)
+        return mx.take_along_axis(src, top, axis=ax)
+
+
 RULES = {
     "sum": _reduction("sum"), "mean": _reduction("mean"), "prod": _reduction("prod"),
     "max": _extreme_reduction(True), "min": _extreme_reduction(False),
@@ -171,6 +185,7 @@ RULES = {
     "logsumexp": decomposed(_logsumexp),
     "argsort": _ordering(False, False), "sort": _ordering(True, False),
     "argpartition": _ordering(False, True), "partition": _ordering(True, True),
+    "topk": _topk,
 }
 """Op name -> rule."""
 
