@@ -571,3 +571,21 @@ def test_topk_of_carried_values(backend):
         top = mx.topk(b, 2, axis=-1)
     assert not rep.float32 and top.shape == (2, 2)
     np.testing.assert_array_equal(value64(top), np.sort(values, axis=-1)[:, -2:])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["floor", "ceil", "trunc", "round"])
+def test_integer_parts_of_carried_values(backend, op):
+    """Against numpy on the exact float64 values (hi + lo): high words that are
+    integers or half-integers, where the low word decides, and large values."""
+    hi = np.array([1.0, 1.0, -1.0, 2.5, 2.5, 3.5, -2.5, 3.0, 2.0, 0.25, 2.0**24, 2.0**26, -7.0],
+                  np.float32)
+    lo = np.array([1e-9, -1e-9, -1e-9, 1e-8, -1e-8, 0.0, 1e-8, 0.0, 0.0, 1e-9, -0.5, 3.5,
+                   1e-7], np.float64)
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        x = mx.array(hi) + mx.array(lo.astype(np.float32))
+        v = value64(x)
+        out = getattr(mx, op)(x)
+    assert not rep.float32 and rep.extended[op] == 1
+    ref = {"floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "round": np.rint}[op](v)
+    np.testing.assert_array_equal(value64(out), ref)

@@ -226,6 +226,49 @@ def _diff(a, n=1, axis=-1, prepend=None, append=None):
     return a
 
 
+def _integer_part(kind: str):
+    """``floor`` / ``ceil`` / ``trunc`` / ``round`` (to an integer, half to even) of
+    carried real values, exactly. A high word that is not an integer lies at least
+    an ulp from every integer (and from every half-integer it is not), farther
+    than the low word reaches: its own rounding decides, but for a high word at a
+    half-integer, where the low word's sign does. An integer high word adds the
+    low word's own rounding (a half-integer low word, |hi| < 2^24: towards the even
+    neighbour). The result is the sum of two integers, in double-word (exact)."""
+
+    def rule(ctx, original, a, *rest, **kw):
+        if not is_word_array(a) or a.dtype == mx.complex64 or not has_words(a) or rest or kw:
+            return NotImplemented  # exact values (MLX's op), or decimals=...
+        w = words(a)
+        hi, lo = w.hi, w.lo
+        with carry.suspended():
+            if kind == "ceil":
+                hi, lo = -hi, -lo
+            if kind == "trunc":
+                neg = hi < 0
+                hi, lo = mx.where(neg, -hi, hi), mx.where(neg, -lo, lo)
+            integral = mx.floor(hi) == hi
+            if kind == "round":
+                r = mx.round(hi)
+                at_half = mx.abs(hi - mx.floor(hi) - 0.5) == 0
+                base = mx.where(at_half, mx.where(lo > 0, mx.floor(hi) + 1,
+                                                  mx.where(lo < 0, mx.floor(hi), r)), r)
+                odd = mx.remainder(hi, 2) != 0
+                fix = mx.where((mx.abs(lo) == 0.5) & odd, mx.sign(lo), 0.0)
+                extra = mx.where(integral, mx.round(lo) + fix, 0.0)
+            else:
+                base = mx.floor(hi)
+                extra = mx.where(integral, mx.floor(lo), 0.0)
+            finite = mx.abs(hi) < np.inf
+            extra = mx.where(finite, extra, 0.0)
+            base = mx.where(integral, hi, base)
+        z = arith.binary("add", arith.exact(base), arith.exact(extra), ctx.backend, ctx.stream)
+        if kind in ("ceil", "trunc"):
+            z = arith.neg(z) if kind == "ceil" else arith.where(neg, arith.neg(z), z)
+        return result(z)
+
+    return rule
+
+
 RULES = {
     "add": _arith("add"), "subtract": _arith("sub"), "multiply": _arith("mul"),
     "divide": _arith("div"), "negative": _exact1(arith.neg),
@@ -233,6 +276,7 @@ RULES = {
     "abs": _abs_rule, "square": _square, "maximum": _extremum(True),
     "minimum": _extremum(False), "where": _where, "astype": _astype,
     "clip": decomposed(_clip), "nan_to_num": _nan_to_num, "diff": decomposed(_diff),
+    **{kind: _integer_part(kind) for kind in ("floor", "ceil", "trunc", "round")},
     **{name: _compare(name) for name in ("less", "less_equal", "greater", "greater_equal",
                                          "equal", "not_equal")},
     "array.real": _property(_real), "array.imag": _property(_imag), "array.T": _property(),
@@ -303,6 +347,7 @@ VJPS = {
                            unbroadcast(mx.where(e.args[0], 0.0, g), e.args[2]))
     if _real_operands(e) else NotImplemented,
     "astype": lambda e, g: (g,) if e.out.dtype == e.args[0].dtype else NotImplemented,
+    **{kind: (lambda e, g: (mx.zeros_like(g),)) for kind in ("floor", "ceil", "trunc", "round")},
     "array.T": movement, "array.mT": movement,
     "array.real": lambda e, g: VJPS["real"](e, g), "array.imag": lambda e, g: VJPS["imag"](e, g),
 }
