@@ -138,7 +138,60 @@ def _stft(x, n_fft=2048, hop_length=None, win_length=None, window=None, center=T
     return mx.swapaxes(spectrum, -1, -2)
 
 
+def _istft(stft_matrix, n_fft=None, hop_length=None, win_length=None, window=None,
+           center=True, norm="backward", onesided=None, length=None):
+    """``mx.fft.istft`` by its definition, each step of the flow: the inverse FFT of
+    each frame, times the window, overlap-added (a hop dividing ``n_fft``: the
+    frames cut into ``n_fft / hop`` blocks, each block sequence shifted and added),
+    divided by the overlap-added squared window where it is not zero (0 there, as
+    MLX), from the centring offset on: to the end less that offset, or ``length``
+    samples (zero-padded past the end)."""
+    S = stft_matrix
+    onesided = True if onesided is None else onesided
+    if not isinstance(S, mx.array) or S.ndim < 2 or not onesided:
+        return NotImplemented  # two-sided (complex) inverses: MLX's
+    n_freq, frames = S.shape[-2], S.shape[-1]
+    n_fft = 2 * (n_freq - 1) if n_fft is None else n_fft
+    hop = n_fft // 4 if hop_length is None else hop_length
+    win = n_fft if win_length is None else win_length
+    if n_fft < 1 or hop < 1 or n_fft % hop or not 0 < win <= n_fft:
+        return NotImplemented
+    if window is None:
+        with carry.suspended():
+            window = mx.ones((win,), mx.float32)
+    if window.shape != (win,):
+        return NotImplemented
+    if win < n_fft:
+        left = (n_fft - win) // 2
+        window = mx.pad(window, [(left, n_fft - win - left)])
+    frame = mx.fft.irfft(mx.swapaxes(S, -1, -2), n=n_fft, axis=-1, norm=norm) * window
+    R = n_fft // hop
+
+    def overlap_add(v):  # v (..., frames, n_fft) -> (..., n_fft + hop (frames - 1))
+        blocks = v.reshape(*v.shape[:-1], R, hop)
+        out = None
+        for c in range(R):
+            part = blocks[..., c, :]  # (..., frames, hop) lands at blocks c .. c + frames
+            pads = [(0, 0)] * (part.ndim - 2) + [(c, R - 1 - c), (0, 0)]
+            shifted = mx.pad(part, pads)
+            out = shifted if out is None else out + shifted
+        return out.reshape(*out.shape[:-2], -1)
+
+    y = overlap_add(frame)
+    envelope = overlap_add(mx.broadcast_to(window * window, (frames, n_fft)))
+    with carry.suspended():
+        nonzero = envelope != 0
+    y = mx.where(nonzero, y / mx.where(nonzero, envelope, 1.0), 0.0)
+    start = n_fft // 2 if center else 0
+    stop = y.shape[-1] - start if length is None else start + length
+    y = y[..., start:stop]  # (``length`` counts from the centring offset, as MLX)
+    if length is not None and y.shape[-1] < length:
+        y = mx.pad(y, [(0, 0)] * (y.ndim - 1) + [(0, length - y.shape[-1])])
+    return y
+
+
 RULES = {f"fft.{name}": _transform(name) for name in FFT_NAMES}
+RULES["fft.istft"] = decomposed(_istft)
 RULES["fft.stft"] = decomposed(_stft)
 """Op name -> rule."""
 
