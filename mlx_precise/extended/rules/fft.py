@@ -89,6 +89,25 @@ def _transform(name: str):
     return rule
 
 
+def _frame_geometry(n_fft, hop_length, win_length, window):
+    """(hop, the window centred and zero-padded to ``n_fft``) of an STFT's
+    arguments with MLX's defaults; window None when they are not valid (MLX's
+    own errors then)."""
+    hop = n_fft // 4 if hop_length is None else hop_length
+    win = n_fft if win_length is None else win_length
+    if n_fft < 1 or hop < 1 or not 0 < win <= n_fft:
+        return hop, None
+    if window is None:
+        with carry.suspended():
+            window = mx.ones((win,), mx.float32)
+    if window.shape != (win,):
+        return hop, None
+    if win < n_fft:
+        left = (n_fft - win) // 2
+        window = mx.pad(window, [(left, n_fft - win - left)])
+    return hop, window
+
+
 def _stft(x, n_fft=2048, hop_length=None, win_length=None, window=None, center=True,
           pad_mode="reflect", norm="backward", onesided=None):
     """``mx.fft.stft`` by its definition, each step of the flow: the signal padded
@@ -98,19 +117,10 @@ def _stft(x, n_fft=2048, hop_length=None, win_length=None, window=None, center=T
     if not isinstance(x, mx.array) or x.ndim < 1 or pad_mode not in (
             "reflect", "constant", "edge") or n_fft < 1:
         return NotImplemented  # MLX's own errors
-    hop = n_fft // 4 if hop_length is None else hop_length
-    win = n_fft if win_length is None else win_length
-    onesided = x.dtype != mx.complex64 if onesided is None else onesided
-    if hop < 1 or not 0 < win <= n_fft:
-        return NotImplemented
+    hop, window = _frame_geometry(n_fft, hop_length, win_length, window)
     if window is None:
-        with carry.suspended():
-            window = mx.ones((win,), mx.float32)
-    if window.shape != (win,):
         return NotImplemented
-    if win < n_fft:
-        left = (n_fft - win) // 2
-        window = mx.pad(window, [(left, n_fft - win - left)])
+    onesided = x.dtype != mx.complex64 if onesided is None else onesided
     if center:
         p, L = n_fft // 2, x.shape[-1]
         if pad_mode == "constant":
@@ -152,18 +162,9 @@ def _istft(stft_matrix, n_fft=None, hop_length=None, win_length=None, window=Non
         return NotImplemented  # two-sided (complex) inverses: MLX's
     n_freq, frames = S.shape[-2], S.shape[-1]
     n_fft = 2 * (n_freq - 1) if n_fft is None else n_fft
-    hop = n_fft // 4 if hop_length is None else hop_length
-    win = n_fft if win_length is None else win_length
-    if n_fft < 1 or hop < 1 or n_fft % hop or not 0 < win <= n_fft:
+    hop, window = _frame_geometry(n_fft, hop_length, win_length, window)
+    if window is None or n_fft % hop:
         return NotImplemented
-    if window is None:
-        with carry.suspended():
-            window = mx.ones((win,), mx.float32)
-    if window.shape != (win,):
-        return NotImplemented
-    if win < n_fft:
-        left = (n_fft - win) // 2
-        window = mx.pad(window, [(left, n_fft - win - left)])
     frame = mx.fft.irfft(mx.swapaxes(S, -1, -2), n=n_fft, axis=-1, norm=norm) * window
     R = n_fft // hop
 
