@@ -623,3 +623,29 @@ def test_istft_exactly_rounded(backend, center):
     assert y.shape == plain.shape == ref.shape
     assert (np.array(y) == ref.astype(np.float32)).mean() >= 0.99
     np.testing.assert_allclose(np.array(y), np.array(plain), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kron_convolve_median(backend):
+    a, b = rng_f32((2, 3), 36), rng_f32((3, 2), 37)
+    s, v = rng_f32(11, 38), rng_f32(4, 39)
+    m = rng_f32((3, 6), 40)
+    a64, b64, s64, v64, m64 = (t.astype(np.float64) for t in (a, b, s, v, m))
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        k = mx.kron(mx.array(a), mx.array(b))
+        convs = {mode: mx.convolve(mx.array(s), mx.array(v), mode) for mode in
+                 ("full", "same", "valid")}
+        swapped = mx.convolve(mx.array(v), mx.array(s))
+        med = mx.median(mx.array(m) / 3, axis=1)
+        med_all = mx.median(mx.array(m) / 3, keepdims=True)
+    assert not rep.float32, rep
+    np.testing.assert_array_equal(value64(k), np.kron(a64, b64))  # exact products
+    for mode, c in convs.items():
+        ref = np.convolve(s64, v64, mode)
+        assert c.shape == mx.convolve(mx.array(s), mx.array(v), mode).shape == ref.shape
+        assert np.abs(value64(c) - ref).max() <= 2**-45 * np.abs(ref).max()
+    assert np.abs(value64(swapped) - np.convolve(v64, s64)).max() <= 2**-45 * 10
+    # median of m / 3: exact thirds in double-word (to ~2^-48)
+    np.testing.assert_allclose(value64(med), np.median(m64 / 3, axis=1), rtol=2**-46)
+    assert med_all.shape == (1, 1)
+    np.testing.assert_allclose(value64(med_all).ravel(), [np.median(m64 / 3)], rtol=2**-46)

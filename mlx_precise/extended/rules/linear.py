@@ -123,6 +123,39 @@ def _gather_mm(a, b, lhs_indices=None, rhs_indices=None, *, sorted_indices=False
     return mx.take(A, lhs_indices, axis=0) @ mx.take(B, rhs_indices, axis=0)
 
 
+def _kron(a, b):
+    """``kron(a, b)``: every product ``a[i] b[j]`` (exact in double-word), laid out
+    as numpy's: the axes of both, interleaved, merged pairwise."""
+    nd = max(a.ndim, b.ndim)
+    sa = [1] * (nd - a.ndim) + list(a.shape)
+    sb = [1] * (nd - b.ndim) + list(b.shape)
+    A = a.reshape([v for s in sa for v in (s, 1)])
+    B = b.reshape([v for s in sb for v in (1, s)])
+    return (A * B).reshape([x * y for x, y in zip(sa, sb)])
+
+
+def _convolve(a, v, mode="full"):
+    """``convolve(a, v, mode)`` of 1-D arrays: the sum over the taps of shifted
+    copies of the longer one times the taps of the shorter one, reversed."""
+    if a.ndim != 1 or v.ndim != 1 or mode not in ("full", "same", "valid") or not (
+            a.size and v.size):
+        return NotImplemented  # MLX's own errors
+    if v.shape[0] > a.shape[0]:
+        a, v = v, a
+    n, k = a.shape[0], v.shape[0]
+    padded = mx.pad(a, [(k - 1, k - 1)])
+    full = None
+    for j in range(k):  # full[t] = sum_j v[j] a[t - j]
+        term = padded[k - 1 - j:k - 1 - j + n + k - 1] * v[j]
+        full = term if full is None else full + term
+    if mode == "full":
+        return full
+    if mode == "valid":
+        return full[k - 1:n]
+    start = (k - 1) // 2
+    return full[start:start + n]
+
+
 def _trace(a, offset=0, axis1=0, axis2=1, dtype=None):
     if dtype is not None and dtype != a.dtype:
         return NotImplemented
@@ -148,7 +181,8 @@ RULES = {
     "matmul": _matmul(), "addmm": decomposed(_addmm), "tensordot": decomposed(_tensordot),
     "inner": decomposed(_inner), "outer": decomposed(_outer), "einsum": _einsum_rule,
     "trace": decomposed(_trace), "vecdot": decomposed(_vecdot),
-    "gather_mm": decomposed(_gather_mm),
+    "gather_mm": decomposed(_gather_mm), "kron": decomposed(_kron),
+    "convolve": decomposed(_convolve),
     "linalg.cross": decomposed(_cross),
 }
 """Op name -> rule."""

@@ -176,6 +176,25 @@ def _topk(ctx, original, a, k, axis=-1, **kw):
         return mx.take_along_axis(src, top, axis=ax)
 
 
+def _median(a, axis=None, keepdims=False):
+    """The middle value (the mean of the two middle values for an even count) of
+    the exactly ordered values along one axis, or all of them."""
+    if isinstance(axis, (list, tuple)):
+        return NotImplemented  # several axes: MLX's
+    if axis is None:
+        s, ax = mx.sort(a.reshape(-1)), 0
+    else:
+        s, ax = mx.sort(a, axis=axis), axis
+    n = s.shape[ax]
+    if n == 0:
+        return NotImplemented
+    lo_mid = mx.take(s, (n - 1) // 2, axis=ax)
+    m = lo_mid if n % 2 else (lo_mid + mx.take(s, n // 2, axis=ax)) * 0.5
+    if keepdims:
+        m = m.reshape([1] * a.ndim) if axis is None else mx.expand_dims(m, ax)
+    return m
+
+
 RULES = {
     "sum": _reduction("sum"), "mean": _reduction("mean"), "prod": _reduction("prod"),
     "max": _extreme_reduction(True), "min": _extreme_reduction(False),
@@ -185,7 +204,7 @@ RULES = {
     "logsumexp": decomposed(_logsumexp),
     "argsort": _ordering(False, False), "sort": _ordering(True, False),
     "argpartition": _ordering(False, True), "partition": _ordering(True, True),
-    "topk": _topk,
+    "topk": _topk, "median": decomposed(_median),
 }
 """Op name -> rule."""
 
