@@ -77,8 +77,7 @@ _NOT_YET = "no double-word rule yet"
 _SAMPLING = "samples with its parameters in float32"
 
 WITHOUT_RULE = {
-    **dict.fromkeys(("minmax", "unique", "searchsorted", "cummax", "cummin", "array_equal",
-                     "allclose", "isclose"), _ORDER),
+    **dict.fromkeys(("minmax", "unique", "searchsorted", "cummax", "cummin"), _ORDER),
     **dict.fromkeys(("floor_divide", "remainder", "divmod"), _TO_INTEGER),
     **dict.fromkeys(("quantize", "dequantize", "quantized_matmul", "gather_qmm", "qqmm",
                      "gather_qqmm", "to_fp8", "from_fp8"), _LOW_PRECISION),

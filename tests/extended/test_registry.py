@@ -649,3 +649,21 @@ def test_kron_convolve_median(backend):
     np.testing.assert_allclose(value64(med), np.median(m64 / 3, axis=1), rtol=2**-46)
     assert med_all.shape == (1, 1)
     np.testing.assert_allclose(value64(med_all).ravel(), [np.median(m64 / 3)], rtol=2**-46)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_closeness_of_carried_values(backend):
+    """isclose / allclose / array_equal compare the carried values: two arrays with
+    the same high words and different low words are not equal."""
+    x = mx.array(np.array([1.0, np.inf, np.nan, 2.0], np.float32))
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        a = x + 1e-9  # high words tie with x, low words differ
+        eq_self = mx.array_equal(a, a * 1.0)
+        eq_other = mx.array_equal(a, x)
+        eq_nan = mx.array_equal(a, a, equal_nan=True)
+        close = mx.isclose(a, x, rtol=0.0, atol=1e-10, equal_nan=True)
+        allc = mx.allclose(a, x, rtol=0.0, atol=2e-9, equal_nan=True)
+    assert not rep.float32, rep
+    assert not eq_self.item() and not eq_other.item() and eq_nan.item()
+    assert np.array(close).tolist() == [False, True, True, False]
+    assert allc.item()

@@ -269,6 +269,31 @@ def _integer_part(kind: str):
     return rule
 
 
+def _isclose(a, b, rtol=1e-05, atol=1e-08, *, equal_nan=False):
+    """``|a - b| <= atol + rtol |b|`` of the carried values (Python constants at
+    their float64 value); infinities equal when of one sign, NaN as ``equal_nan``."""
+    if any(isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (a, b)):
+        return NotImplemented
+    close = mx.abs(a - b) <= atol + rtol * mx.abs(b)
+    with carry.suspended():
+        same_inf = mx.isinf(a) & (a == b)
+        both_nan = mx.isnan(a) & mx.isnan(b) if equal_nan else mx.zeros_like(same_inf)
+    return close | same_inf | both_nan
+
+
+def _array_equal(a, b, equal_nan=False):
+    """Same shape and equal carried values (high words, then low words)."""
+    if not (isinstance(a, mx.array) and isinstance(b, mx.array)):
+        return NotImplemented
+    if a.shape != b.shape:
+        return mx.array(False)
+    same = a == b
+    if equal_nan:
+        with carry.suspended():
+            same = same | (mx.isnan(a) & mx.isnan(b))
+    return mx.all(same)
+
+
 RULES = {
     "add": _arith("add"), "subtract": _arith("sub"), "multiply": _arith("mul"),
     "divide": _arith("div"), "negative": _exact1(arith.neg),
@@ -277,6 +302,9 @@ RULES = {
     "minimum": _extremum(False), "where": _where, "astype": _astype,
     "clip": decomposed(_clip), "nan_to_num": _nan_to_num, "diff": decomposed(_diff),
     **{kind: _integer_part(kind) for kind in ("floor", "ceil", "trunc", "round")},
+    "isclose": decomposed(_isclose), "array_equal": decomposed(_array_equal),
+    "allclose": decomposed(lambda a, b, rtol=1e-05, atol=1e-08, *, equal_nan=False: mx.all(
+        _isclose(a, b, rtol, atol, equal_nan=equal_nan))),
     **{name: _compare(name) for name in ("less", "less_equal", "greater", "greater_equal",
                                          "equal", "not_equal")},
     "array.real": _property(_real), "array.imag": _property(_imag), "array.T": _property(),
