@@ -6,7 +6,11 @@ its (absent) cost outside.
    fresh process without mlx-precise and in one that imported it and opened and
    closed a block first. The two processes alternate; medians of the bursts.
    Results must also be bit-identical.
-2. Inside a block: a causal FFT convolution written in plain MLX (rfft, product,
+2. Host costs: opening and closing an empty block, and building one elementwise
+   op in a block (16 elements, graph building only) against plain MLX; one
+   elementwise op on 10^6 elements, evaluated, against plain float32 and MLX
+   float64 (the cpu backend's limit).
+3. Inside a block: a causal FFT convolution written in plain MLX (rfft, product,
    irfft, slice, skip term) and an FNO-style spectral layer, plain float32 against
    the same code inside ``extended_precision()`` on the active backend (or
    ``--backend``), with the share of outputs exactly rounded (oracle: float64).
@@ -146,6 +150,47 @@ def inside(backend: str, L: int, side: int, repeat: int):
     return rows
 
 
+def _median_us(fn, n: int, rounds: int) -> float:
+    """Median over ``rounds`` of the mean time of ``n`` calls, in microseconds."""
+    fn()
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - t) / n * 1e6)
+    return statistics.median(times)
+
+
+def host_costs(backend: str, rounds: int) -> dict:
+    import mlx_precise as mp
+
+    def empty():
+        with mp.extended_precision():
+            pass
+
+    small = [mx.array(np.linspace(-1, 1, 16, dtype=np.float32) + k) for k in range(2)]
+    big = [mx.array(np.random.default_rng(k).standard_normal(10**6).astype(np.float32))
+           for k in range(2)]
+    big64 = [v.astype(mx.float64) for v in big]
+    mx.eval(*big64)
+    out = {"empty block": _median_us(empty, 500, rounds),
+           "op, 16 elements, plain": _median_us(lambda: small[0] * small[1], 2000, rounds)}
+    with mp.use_backend(backend), mp.extended_precision():
+        out["op, 16 elements, in a block"] = _median_us(lambda: small[0] * small[1], 2000,
+                                                         rounds)
+
+    def ext():
+        with mp.use_backend(backend), mp.extended_precision():
+            return big[0] * big[1]
+
+    for name, fn in (("op, 1e6 elements, plain float32", lambda: big[0] * big[1]),
+                     ("op, 1e6 elements, MLX float64", lambda: big64[0] * big64[1]),
+                     ("op, 1e6 elements, in a block", ext)):
+        out[name] = _median_us(lambda: mx.eval(fn()), 5, rounds)
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default=None)
@@ -160,6 +205,10 @@ def main(argv=None):
     print("Outside every block: eager loop of small elementwise ops (2000 steps)")
     print(f"  without mlx-precise {t0 * 1e3:.1f} ms, after import and a block {t1 * 1e3:.1f} ms:"
           f" {100 * (t1 / t0 - 1):+.1f}%; results bit-identical: {same}")
+    costs = host_costs(backend, 1 if a.quick else 5)
+    print(f"\nHost costs on backend {backend} (medians):")
+    for name, us in costs.items():
+        print(f"  {name}: {us:.1f} us")
     L, side = (256, 32) if a.quick else (2**16, 256) if a.full else (4096, 64)
     repeat = 1 if a.quick else 3
     print(f"\nInside extended_precision() on backend {backend} "
