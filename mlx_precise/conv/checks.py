@@ -91,7 +91,7 @@ def check_hyena(backend: str) -> list[Check]:
 def selftest_checks(backend: str, done=()) -> list[Check]:
     """The extended ops and Hyena (skipped on ``metal`` when the checks before them,
     the device self-test's, failed)."""
-    if backend == "metal" and done and not done[-1].passed:
+    if backend.gpu and done and not done[-1].passed:
         return []
     return check_extended_ops(backend) + check_hyena(backend)
 

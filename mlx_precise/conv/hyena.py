@@ -126,7 +126,7 @@ def _correlate(a: DoubleWord, b: DoubleWord, N: int, length: int, backend) -> Do
 def _forward(u, k, D, N, round_output, backend):
     """The extended convolution on a resolved backend."""
     L = u.shape[2]
-    if backend == "cpu":
+    if not backend.has_kernels:
         return _forward_cpu(u, k, D, N, round_output)
     f = fft_api
     (u_s, a), (k_s, b) = _spectrum_range(u, N), _spectrum_range(k, N)
@@ -159,7 +159,7 @@ def _unscaled(y: DoubleWord, *exps) -> DoubleWord:
 def _backward(u, k, D, g, N, backend):
     """(du, dk, dD) for the cotangent g of the rounded output, in double-word."""
     L, Lk = u.shape[2], k.shape[1]
-    if backend == "cpu":
+    if not backend.has_kernels:
         return _backward_cpu(u, k, D, g, N)
     f = fft_api
     (g_s, c_e), (u_s, a), (k_s, b) = (_spectrum_range(x, N) for x in (g, u, k))

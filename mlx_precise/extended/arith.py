@@ -170,9 +170,9 @@ def binary(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream=None) -> 
     ("div") in double-word on ``backend``; real or complex, broadcasting."""
     if op == "sub":
         op, y = "add", neg(y)
-    if backend == "cpu":  # MLX float64 ops: differentiable as they are
+    if backend.float64_engine:  # MLX float64 ops: differentiable as they are
         return words.binary(op, x, y, backend)
-    if backend != "metal":  # the emulator evaluates its inputs
+    if backend.host_evaluated:  # the emulator evaluates its inputs
         check_traceable((x.hi, x.lo, y.hi, y.lo), f"double-word {op} on {backend!r}")
     return DoubleWord(*_differentiable(op, backend, stream)(x.hi, x.lo, y.hi, y.lo))
 
@@ -192,12 +192,12 @@ def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: st
     keep = [d for d in range(x.ndim) if d not in axes]
     out_shape = [1 if d in axes else x.shape[d] for d in range(x.ndim)] if keepdims else \
         [x.shape[d] for d in keep]
-    if backend == "cpu" and not (op == "mul" and is_complex(x)):
+    if backend.float64_engine and not (op == "mul" and is_complex(x)):
         with mx.stream(mx.cpu):
             f = getattr(mx, _REDUCE64[op])
             return from64(*(None if v is None else f(v, axis=list(axes), keepdims=keepdims)
                             for v in to64(x)))
-    if backend not in ("metal", "cpu"):  # the emulator evaluates its inputs
+    if backend.host_evaluated:  # the emulator evaluates its inputs
         check_traceable((x.hi, x.lo), f"double-word {_REDUCE64[op]} on {backend!r}")
     return _tree(x, axes, keep, out_shape, backend, stream, op)
 
@@ -241,13 +241,13 @@ def cumsum(x: DoubleWord, axis: int, reverse: bool, inclusive: bool, backend: st
         x = _map(lambda a: mx.flip(a, axis=axis), x)
     n = x.shape[axis]
     fill = _NEUTRAL[op]
-    if backend == "cpu" and not (op == "mul" and is_complex(x)):
+    if backend.float64_engine and not (op == "mul" and is_complex(x)):
         with mx.stream(mx.cpu):
             re, im = to64(x)
             f = getattr(mx, _SCAN64[op])
             s = from64(*(None if v is None else f(v, axis=axis) for v in (re, im)))
     else:
-        if backend != "cpu":
+        if backend.host_evaluated:  # the emulator evaluates its inputs
             check_traceable((x.hi, x.lo), f"double-word {_SCAN64[op]} on {backend!r}")
         s, d = x, 1
         while d < n:

@@ -36,7 +36,7 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array], what:
     """
     if host:
         check_traceable(operands, what)
-    if backend == "cpu":
+    if backend.float64_engine:
         return _wide_op(forward, plain, operands)
     n = len(operands)
     lows = [low_word(a) for a in operands]

@@ -190,7 +190,7 @@ def matmul(a: DoubleWord, b: DoubleWord, *, backend: str | None = None, stream=N
 
 
 def _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name: str, stream) -> DoubleWord:
-    if name == "cpu":
+    if not name.has_kernels:
         return _cpu(a, b, bias)
     a2 = _map(lambda w: w.reshape(sa), a)
     b2 = _map(lambda w: w.reshape(sb), b)

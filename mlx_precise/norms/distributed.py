@@ -199,7 +199,7 @@ def distributed_norm(A, spec: Spec, tile: int, backend: str, kernel_ok: bool,
     if empty is not None:
         return empty.astype(dtype)
     rows, cols = layout.row_map(rank), layout.col_map(rank)
-    kernel = kernel_ok and backend != "cpu"
+    kernel = kernel_ok and backend.has_kernels
     if kernel:
         part = kernel_partial(A, spec, tile, backend, layout.shape, rows, cols)
     else:

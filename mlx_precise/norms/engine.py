@@ -587,7 +587,7 @@ def _local_norm(A, spec: Spec, nb: int, name: str, kernel_ok: bool) -> mx.array:
     empty = check_global_shape(spec, m, n, f"A of shape ({m}, {n})")
     if empty is not None:
         return empty.astype(dtype)
-    if kernel_ok and name != "cpu":
+    if kernel_ok and name.has_kernels:
         return kernel_partial(A, spec, nb, name).result
     if kernel_ok and spec.structure == 0:  # cpu, float32 / complex64: one streaming pass
         fast = stream_norm_f32(np.asarray(A), spec.kind)
