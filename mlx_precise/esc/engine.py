@@ -31,6 +31,7 @@ from ..core.arrays import float64_data
 from ..core.autodiff import host_guard
 from ..core.cputhreads import map_runs, workers_for
 from ..core.kernels import Kernel
+from ..core.backends import Backend
 
 # Sentinels shared with metal/include/ozaki.h.
 NEG = -(1 << 20)  # exponent of zero; max over an empty set
@@ -296,7 +297,7 @@ def _scan_metal(bits: mx.array, R: int, C: int, block: int, backend: str) -> mx.
     return info
 
 
-def scan(A: mx.array, B: mx.array, block: int, backend: str, lowest: bool = True):
+def scan(A: mx.array, B: mx.array, block: int, backend: Backend, lowest: bool = True):
     """Scans of A's rows and B's columns on ``backend``. Returns ``(scanA, scanB,
     infoA, infoB)``; the raw ``info`` arrays (mx, int32) are None on cpu, where
     ``lowest=False`` skips the lowest-set-bit summary."""
@@ -390,7 +391,8 @@ def esc_exact_cpu(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return np.where(pmax < NEG_LIMIT, 0, amax + bmax - pmax)
 
 
-def _estimate(sa: Scan, sb: Scan, infoA, infoB, K: int, block: int, backend: str) -> np.ndarray:
+def _estimate(sa: Scan, sb: Scan, infoA, infoB, K: int, block: int,
+              backend: Backend) -> np.ndarray:
     if not backend.has_kernels:
         return esc_estimate_cpu(sa, sb)
     M, N = sa.maxe.shape[0], sb.maxe.shape[0]

@@ -36,6 +36,7 @@ from ..doubleword import words
 from ..doubleword.words import DoubleWord, as_complex, combine, from64, to64
 from ..doubleword.words import real_imag as parts  # noqa: F401  (rules read arith.parts)
 from .carry import check_traceable, suspended
+from ..core.backends import Backend
 
 C64 = mx.complex64
 
@@ -165,7 +166,8 @@ def _differentiable(op: str, backend: str, stream):
 
 # ---- the four operations ------------------------------------------------------------
 
-def binary(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream=None) -> DoubleWord:
+def binary(op: str, x: DoubleWord, y: DoubleWord, backend: Backend,
+           stream=None) -> DoubleWord:
     """``x + y`` (op "add"), ``x - y`` ("sub"), ``x * y`` ("mul") or ``x / y``
     ("div") in double-word on ``backend``; real or complex, broadcasting."""
     if op == "sub":
@@ -182,7 +184,7 @@ _REDUCE64 = {"add": "sum", "mul": "prod"}
 _SCAN64 = {"add": "cumsum", "mul": "cumprod"}
 
 
-def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: str,
+def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: Backend,
                stream=None, op: str = "add") -> DoubleWord:
     """The sum (``op="add"``) or product (``"mul"``) over ``axes`` (normalised,
     distinct): float64 on cpu (complex products: the tree below, in float64 steps);
@@ -230,7 +232,7 @@ def _shift(x: DoubleWord, d: int, axis: int, fill: float = 0.0) -> DoubleWord:
                       mx.pad(x.lo, widths)[tuple(cut)])
 
 
-def cumsum(x: DoubleWord, axis: int, reverse: bool, inclusive: bool, backend: str,
+def cumsum(x: DoubleWord, axis: int, reverse: bool, inclusive: bool, backend: Backend,
            stream=None, op: str = "add") -> DoubleWord:
     """The running sum (``op="add"``) or product (``"mul"``) along ``axis``
     (normalised): float64 on cpu; elsewhere the Hillis-Steele scan, ceil(log2 n)

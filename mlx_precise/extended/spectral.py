@@ -22,6 +22,7 @@ from ..fft import nd as fftn
 from . import arith
 from .carry import low_word
 from .engine import words_op
+from ..core.backends import Backend
 
 
 def _cast(x: DoubleWord, kind: str) -> DoubleWord:
@@ -31,7 +32,8 @@ def _cast(x: DoubleWord, kind: str) -> DoubleWord:
     return arith.as_complex(x)
 
 
-def transform(kind: str, a: mx.array, s, axes, norm: str, backend: str, stream) -> mx.array:
+def transform(kind: str, a: mx.array, s, axes, norm: str, backend: Backend,
+              stream) -> mx.array:
     """The double-word N-D transform ``kind`` of ``a`` (float32 / complex64, with
     or without a carried low word)."""
     s, axes = tuple(s), tuple(axes)

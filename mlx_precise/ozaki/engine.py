@@ -47,6 +47,7 @@ from ..core.cputhreads import map_runs, workers_for
 from ..esc.engine import DEFAULT_BLOCK, METHODS, NEG, Scan, check_operands, pad8, params
 from ..int8.engine import device_buffer, gemm_grid, gemm_params
 from ..core.kernels import Kernel
+from ..core.backends import Backend
 
 _I32 = (mx.int32,)
 _INT32_MAX = 2**31 - 1
@@ -579,7 +580,7 @@ def _native(A: mx.array, B: mx.array) -> mx.array:
     return out
 
 
-def _emulate(A, B, sa: Scan, sb: Scan, S: int, b: int, name: str) -> mx.array:
+def _emulate(A, B, sa: Scan, sb: Scan, S: int, b: int, name: Backend) -> mx.array:
     (M, K), N = A.shape, B.shape[1]
     tA = scale_exponents(sa.emax, b)
     tB = scale_exponents(sb.emax, b)
