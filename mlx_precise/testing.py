@@ -43,7 +43,7 @@ def lazy_metal_executor():
         saved = (backends._why_unavailable, kernels._factory, dict(kernels._built),
                  dict(kernels._checked))
         why = saved[0]
-        backends._why_unavailable = lambda n: None if n == "metal" else why(n)
+        backends._why_unavailable = lambda n: None if backends._OBJECTS[n].gpu else why(n)
         kernels._factory, kernels._built = factory, {}
         kernels._checked["metal"] = None
         try:

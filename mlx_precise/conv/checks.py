@@ -14,6 +14,7 @@ from ..doubleword.checks import rounded_fraction
 from ..doubleword.elementwise import complex_multiply_extended, fft_scale_extended
 from .depthwise import depthwise_conv_extended
 from .hyena import hyena_conv_extended
+from ..core.backends import Backend
 
 
 def check_extended_ops(backend: str, n: int = 2000) -> list[Check]:
@@ -88,10 +89,10 @@ def check_hyena(backend: str) -> list[Check]:
     return out
 
 
-def selftest_checks(backend: str, done=()) -> list[Check]:
+def selftest_checks(backend: Backend, done=()) -> list[Check]:
     """The extended ops and Hyena (skipped on ``metal`` when the checks before them,
     the device self-test's, failed)."""
-    if backend == "metal" and done and not done[-1].passed:
+    if backend.gpu and done and not done[-1].passed:
         return []
     return check_extended_ops(backend) + check_hyena(backend)
 

@@ -19,6 +19,7 @@ from ..doubleword.aware import precision_aware
 from ..doubleword.words import DoubleWord, from_float64_result
 from ..core.plain import plain
 from ..core.kernels import Kernel, elementwise_grid
+from ..core.backends import Backend
 
 _F32 = (mx.float32,)
 
@@ -129,7 +130,7 @@ def _depthwise(x, w, bias, taps: int, layout: str, round_output: bool, backend, 
 _custom: dict = {}
 
 
-def _differentiable(taps: int, has_bias: bool, backend: str):
+def _differentiable(taps: int, has_bias: bool, backend: Backend):
     """The rounded extended depthwise convolution as an ``mx.custom_function``. Its
     VJP is the float32 VJP of the same convolution (``mx.conv1d``): gradients are
     plain float32, the forward value double-word."""
@@ -149,8 +150,8 @@ def _differentiable(taps: int, has_bias: bool, backend: str):
     return _custom[key]
 
 
-def _depthwise_raw(x, w, bias, taps: int, round_output: bool, name: str):
-    if name == "cpu":
+def _depthwise_raw(x, w, bias, taps: int, round_output: bool, name: Backend):
+    if not name.has_kernels:
         y = _depthwise_float64(x, w, bias)
         return from_float64_result(y, round_output)
     shape = tuple(x.shape)

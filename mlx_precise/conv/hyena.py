@@ -30,6 +30,7 @@ from ..fft import api as fft_api
 from ..fft.cpu import fftconv_rows
 from ..fft.nd import check_limits
 from ..core.kernels import Kernel, elementwise_grid
+from ..core.backends import Backend
 
 _F32 = (mx.float32,)
 
@@ -123,10 +124,10 @@ def _correlate(a: DoubleWord, b: DoubleWord, N: int, length: int, backend) -> Do
     return DoubleWord(y.hi[..., :length], y.lo[..., :length])
 
 
-def _forward(u, k, D, N, round_output, backend):
+def _forward(u, k, D, N, round_output, backend: Backend):
     """The extended convolution on a resolved backend."""
     L = u.shape[2]
-    if backend == "cpu":
+    if not backend.has_kernels:
         return _forward_cpu(u, k, D, N, round_output)
     f = fft_api
     (u_s, a), (k_s, b) = _spectrum_range(u, N), _spectrum_range(k, N)
@@ -156,10 +157,10 @@ def _unscaled(y: DoubleWord, *exps) -> DoubleWord:
     return DoubleWord(hi, lo)
 
 
-def _backward(u, k, D, g, N, backend):
+def _backward(u, k, D, g, N, backend: Backend):
     """(du, dk, dD) for the cotangent g of the rounded output, in double-word."""
     L, Lk = u.shape[2], k.shape[1]
-    if backend == "cpu":
+    if not backend.has_kernels:
         return _backward_cpu(u, k, D, g, N)
     f = fft_api
     (g_s, c_e), (u_s, a), (k_s, b) = (_spectrum_range(x, N) for x in (g, u, k))
@@ -224,7 +225,7 @@ def _backward_cpu(u, k, D, g, N):
 _custom: dict = {}
 
 
-def _differentiable(has_D: bool, N: int, backend: str):
+def _differentiable(has_D: bool, N: int, backend: Backend):
     """The rounded extended convolution as an ``mx.custom_function`` whose VJP runs
     the same double-word kernels (one per (has_D, N, backend))."""
     key = (has_D, N, backend)

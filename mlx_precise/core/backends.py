@@ -34,18 +34,25 @@ class Backend(str):
         host_evaluated: a kernel launch evaluates its inputs on the host at once
             (the emulator), so it cannot be traced by mx.compile / mx.vmap /
             mx.export_function, and cannot run inside an MLX gradient trace.
+        host_functions: evaluates some functions on the host through numpy / scipy
+            where MLX has no accurate float64 version (cpu: erf, the FFTs); the
+            call sites name which, and those cannot be traced either.
+        gpu: runs on an Apple GPU through Metal (needs ``mx.metal.is_available()``).
         traceable: its ops are graph nodes MLX can compile and differentiate.
     """
 
     has_kernels: bool
     float64_engine: bool
     host_evaluated: bool
+    host_functions: bool
+    gpu: bool
 
     def __new__(cls, name: str, *, has_kernels: bool, float64_engine: bool,
-                host_evaluated: bool):
+                host_evaluated: bool, host_functions: bool, gpu: bool):
         self = super().__new__(cls, name)
         self.has_kernels, self.float64_engine = has_kernels, float64_engine
-        self.host_evaluated = host_evaluated
+        self.host_evaluated, self.host_functions = host_evaluated, host_functions
+        self.gpu = gpu
         return self
 
     @property
@@ -56,12 +63,21 @@ class Backend(str):
     def traceable(self) -> bool:
         return not self.host_evaluated
 
+    def __reduce__(self):  # pickle / copy give back the one object of the name
+        return _object, (str(self),)
+
+
+def _object(name: str) -> "Backend":
+    return _OBJECTS[name]
+
 
 _OBJECTS = {
-    "metal": Backend("metal", has_kernels=True, float64_engine=False, host_evaluated=False),
+    "metal": Backend("metal", has_kernels=True, float64_engine=False, host_evaluated=False,
+                     host_functions=False, gpu=True),
     "emulate": Backend("emulate", has_kernels=True, float64_engine=False,
-                       host_evaluated=True),
-    "cpu": Backend("cpu", has_kernels=False, float64_engine=True, host_evaluated=False),
+                       host_evaluated=True, host_functions=False, gpu=False),
+    "cpu": Backend("cpu", has_kernels=False, float64_engine=True, host_evaluated=False,
+                   host_functions=True, gpu=False),
 }
 
 
@@ -112,8 +128,8 @@ def _why_unavailable(name: str) -> str | None:
     return None
 
 
-def validate(name: str) -> str:
-    """Return ``name`` if it is a backend that can run here, else raise.
+def validate(name: str) -> Backend:
+    """Return the :class:`Backend` of ``name`` if it can run here, else raise.
 
     Raises:
         ValueError: ``name`` is not one of ``metal``, ``emulate``, ``cpu``.
@@ -129,7 +145,7 @@ def validate(name: str) -> str:
     return _OBJECTS[name]
 
 
-def default_backend() -> str:
+def default_backend() -> Backend:
     """The backend used when nothing was set: the environment variable
     ``MLX_PRECISE_BACKEND`` if present, else ``metal`` if available, else ``cpu``."""
     env = os.environ.get(ENV_VAR)
@@ -141,7 +157,7 @@ def default_backend() -> str:
     return _OBJECTS["metal" if metal_available() else "cpu"]
 
 
-def backend() -> str:
+def backend() -> Backend:
     """The active backend: a :func:`use_backend` scope, else :func:`set_backend`,
     else :func:`default_backend`."""
     return _scoped.get() or _global or default_backend()
@@ -174,6 +190,6 @@ def use_backend(name: str):
         _scoped.reset(token)
 
 
-def resolve(name: str | None) -> str:
+def resolve(name: str | None) -> Backend:
     """The backend to use for one call: ``name`` validated, or the active one."""
     return backend() if name is None else validate(name)

@@ -33,7 +33,8 @@ _REGISTRY: list[tuple[int, Callable]] = []
 
 def register(order: int, checks: Callable[[str, list], list]) -> None:
     """Add ``checks(backend, done) -> list[Check]`` to the self-test, run at
-    ``order`` (ascending; the foundation's number system first)."""
+    ``order`` (ascending; the foundation's number system first). ``backend`` is a
+    resolved :class:`~mlx_precise.core.backends.Backend` (ask its capabilities)."""
     if all(fn is not checks for _, fn in _REGISTRY):
         _REGISTRY.append((order, checks))
 

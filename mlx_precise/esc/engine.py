@@ -31,6 +31,7 @@ from ..core.arrays import float64_data
 from ..core.autodiff import host_guard
 from ..core.cputhreads import map_runs, workers_for
 from ..core.kernels import Kernel
+from ..core.backends import Backend
 
 # Sentinels shared with metal/include/ozaki.h.
 NEG = -(1 << 20)  # exponent of zero; max over an empty set
@@ -296,12 +297,12 @@ def _scan_metal(bits: mx.array, R: int, C: int, block: int, backend: str) -> mx.
     return info
 
 
-def scan(A: mx.array, B: mx.array, block: int, backend: str, lowest: bool = True):
+def scan(A: mx.array, B: mx.array, block: int, backend: Backend, lowest: bool = True):
     """Scans of A's rows and B's columns on ``backend``. Returns ``(scanA, scanB,
     infoA, infoB)``; the raw ``info`` arrays (mx, int32) are None on cpu, where
     ``lowest=False`` skips the lowest-set-bit summary."""
     (M, K), N = A.shape, B.shape[1]
-    if backend == "cpu":
+    if not backend.has_kernels:
         a, b = np.asarray(A), np.asarray(B)
         return scan_rows_cpu(a, block, lowest), scan_rows_cpu(b.T, block, lowest), None, None
     ia = _scan_metal(row_bits(A), M, K, block, backend)
@@ -390,8 +391,9 @@ def esc_exact_cpu(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return np.where(pmax < NEG_LIMIT, 0, amax + bmax - pmax)
 
 
-def _estimate(sa: Scan, sb: Scan, infoA, infoB, K: int, block: int, backend: str) -> np.ndarray:
-    if backend == "cpu":
+def _estimate(sa: Scan, sb: Scan, infoA, infoB, K: int, block: int,
+              backend: Backend) -> np.ndarray:
+    if not backend.has_kernels:
         return esc_estimate_cpu(sa, sb)
     M, N = sa.maxe.shape[0], sb.maxe.shape[0]
     nb = sa.maxe.shape[1]
@@ -433,7 +435,7 @@ def esc(A, B, *, backend: str | None = None, stream=None) -> mx.array:
     a, b = np.array(A), np.array(B)
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         raise ValueError("A or B contains Inf or NaN: the ESC is defined for finite inputs")
-    if name == "cpu" or M * N == 0:
+    if not name.has_kernels or M * N == 0:
         return mx.array(esc_exact_cpu(a, b).astype(np.int32).reshape(M, N))
     if K == 0:
         return mx.zeros((M, N), mx.int32)

@@ -36,6 +36,7 @@ from ..doubleword import words
 from ..doubleword.words import DoubleWord, as_complex, combine, from64, to64
 from ..doubleword.words import real_imag as parts  # noqa: F401  (rules read arith.parts)
 from .carry import check_traceable, suspended
+from ..core.backends import Backend
 
 C64 = mx.complex64
 
@@ -165,14 +166,15 @@ def _differentiable(op: str, backend: str, stream):
 
 # ---- the four operations ------------------------------------------------------------
 
-def binary(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream=None) -> DoubleWord:
+def binary(op: str, x: DoubleWord, y: DoubleWord, backend: Backend,
+           stream=None) -> DoubleWord:
     """``x + y`` (op "add"), ``x - y`` ("sub"), ``x * y`` ("mul") or ``x / y``
     ("div") in double-word on ``backend``; real or complex, broadcasting."""
     if op == "sub":
         op, y = "add", neg(y)
-    if backend == "cpu":  # MLX float64 ops: differentiable as they are
+    if backend.float64_engine:  # MLX float64 ops: differentiable as they are
         return words.binary(op, x, y, backend)
-    if backend != "metal":  # the emulator evaluates its inputs
+    if backend.host_evaluated:  # the emulator evaluates its inputs
         check_traceable((x.hi, x.lo, y.hi, y.lo), f"double-word {op} on {backend!r}")
     return DoubleWord(*_differentiable(op, backend, stream)(x.hi, x.lo, y.hi, y.lo))
 
@@ -182,7 +184,7 @@ _REDUCE64 = {"add": "sum", "mul": "prod"}
 _SCAN64 = {"add": "cumsum", "mul": "cumprod"}
 
 
-def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: str,
+def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: Backend,
                stream=None, op: str = "add") -> DoubleWord:
     """The sum (``op="add"``) or product (``"mul"``) over ``axes`` (normalised,
     distinct): float64 on cpu (complex products: the tree below, in float64 steps);
@@ -192,12 +194,12 @@ def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: st
     keep = [d for d in range(x.ndim) if d not in axes]
     out_shape = [1 if d in axes else x.shape[d] for d in range(x.ndim)] if keepdims else \
         [x.shape[d] for d in keep]
-    if backend == "cpu" and not (op == "mul" and is_complex(x)):
+    if backend.float64_engine and not (op == "mul" and is_complex(x)):
         with mx.stream(mx.cpu):
             f = getattr(mx, _REDUCE64[op])
             return from64(*(None if v is None else f(v, axis=list(axes), keepdims=keepdims)
                             for v in to64(x)))
-    if backend not in ("metal", "cpu"):  # the emulator evaluates its inputs
+    if backend.host_evaluated:  # the emulator evaluates its inputs
         check_traceable((x.hi, x.lo), f"double-word {_REDUCE64[op]} on {backend!r}")
     return _tree(x, axes, keep, out_shape, backend, stream, op)
 
@@ -230,7 +232,7 @@ def _shift(x: DoubleWord, d: int, axis: int, fill: float = 0.0) -> DoubleWord:
                       mx.pad(x.lo, widths)[tuple(cut)])
 
 
-def cumsum(x: DoubleWord, axis: int, reverse: bool, inclusive: bool, backend: str,
+def cumsum(x: DoubleWord, axis: int, reverse: bool, inclusive: bool, backend: Backend,
            stream=None, op: str = "add") -> DoubleWord:
     """The running sum (``op="add"``) or product (``"mul"``) along ``axis``
     (normalised): float64 on cpu; elsewhere the Hillis-Steele scan, ceil(log2 n)
@@ -241,13 +243,13 @@ def cumsum(x: DoubleWord, axis: int, reverse: bool, inclusive: bool, backend: st
         x = _map(lambda a: mx.flip(a, axis=axis), x)
     n = x.shape[axis]
     fill = _NEUTRAL[op]
-    if backend == "cpu" and not (op == "mul" and is_complex(x)):
+    if backend.float64_engine and not (op == "mul" and is_complex(x)):
         with mx.stream(mx.cpu):
             re, im = to64(x)
             f = getattr(mx, _SCAN64[op])
             s = from64(*(None if v is None else f(v, axis=axis) for v in (re, im)))
     else:
-        if backend != "cpu":
+        if backend.host_evaluated:  # the emulator evaluates its inputs
             check_traceable((x.hi, x.lo), f"double-word {_SCAN64[op]} on {backend!r}")
         s, d = x, 1
         while d < n:

@@ -10,10 +10,11 @@ import mlx.core as mx
 from ..core.plain import plain as originals  # MLX's own functions (mx.* dispatch in a block)
 from ..doubleword.words import DoubleWord, complex_from_parts, from64, to64
 from .carry import attach, attach_words, check_traceable, low_word, suspended, words_of
+from ..core.backends import Backend
 
 
 def words_op(forward: Callable, plain: Callable, operands: list[mx.array], what: str,
-             host: bool, backend: str | None = None) -> mx.array:
+             host: bool, backend: Backend) -> mx.array:
     """Run a double-word op on ``operands`` (float32 / complex64 arrays, each with
     its carried low word or exact) and attach the result's low word.
 
@@ -26,8 +27,9 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array], what:
         host: True where ``forward`` evaluates its operands on the host (the
             emulator, numpy): operands from a nested gradient are then refused
             (:func:`~mlx_precise.extended.carry.check_traceable`).
-        backend: the resolved backend; on ``"cpu"`` the operands enter as their
-            float64 values and the result leaves as one (:func:`_wide_op`).
+        backend: the resolved backend; on a float64 engine (cpu) the operands
+            enter as their float64 values and the result leaves as one
+            (:func:`_wide_op`).
 
     Returns:
         the high words of the result (MLX's shape and dtype), low words attached.
@@ -36,7 +38,7 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array], what:
     """
     if host:
         check_traceable(operands, what)
-    if backend == "cpu":
+    if backend.float64_engine:
         return _wide_op(forward, plain, operands)
     n = len(operands)
     lows = [low_word(a) for a in operands]

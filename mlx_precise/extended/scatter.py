@@ -50,7 +50,7 @@ class _Indexed:
         if x.dtype != mx.float32 or not floating or exact_extremum:
             with suspended():
                 return plain()  # no float32 rounding to lose
-        if backends.backend() == "cpu" and not (
+        if backends.backend().float64_engine and not (
                 isinstance(value, mx.array) and value.dtype == mx.complex64) and not isinstance(
                 value, complex):
             with suspended(), mx.stream(mx.cpu):

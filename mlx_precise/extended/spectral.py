@@ -22,6 +22,7 @@ from ..fft import nd as fftn
 from . import arith
 from .carry import low_word
 from .engine import words_op
+from ..core.backends import Backend
 
 
 def _cast(x: DoubleWord, kind: str) -> DoubleWord:
@@ -31,7 +32,8 @@ def _cast(x: DoubleWord, kind: str) -> DoubleWord:
     return arith.as_complex(x)
 
 
-def transform(kind: str, a: mx.array, s, axes, norm: str, backend: str, stream) -> mx.array:
+def transform(kind: str, a: mx.array, s, axes, norm: str, backend: Backend,
+              stream) -> mx.array:
     """The double-word N-D transform ``kind`` of ``a`` (float32 / complex64, with
     or without a carried low word)."""
     s, axes = tuple(s), tuple(axes)
@@ -39,7 +41,7 @@ def transform(kind: str, a: mx.array, s, axes, norm: str, backend: str, stream) 
     return words_op(
         lambda x: fftn.transform(kind, _cast(x, kind), s, axes, norm, round_output=False, **kw),
         lambda x: fftn.transform(kind, x, s, axes, norm, **kw), [a], f"mx.fft ({kind})",
-        backend != "metal", backend)
+        backend.host_evaluated or backend.host_functions, backend)
 
 
 def is_depthwise(x, w, groups) -> bool:
@@ -123,4 +125,5 @@ def conv(words_forward: Callable, plain: Callable, x: mx.array, w: mx.array,
                 y = arith.binary("add", y, words_forward(a, b), backend, stream)
         return y
 
-    return words_op(forward, plain, [x, w], "mx.conv1d", backend != "metal", backend)
+    return words_op(forward, plain, [x, w], "mx.conv1d",
+                    backend.host_evaluated or backend.host_functions, backend)

@@ -223,7 +223,7 @@ def _to_codes(x, threshold, rounding, bits, backend, fn):
     name = backends.resolve(backend)
     if x.size == 0:
         return mx.zeros(x.shape, _CODE_DTYPE[bits])
-    if name == "cpu":
+    if not name.has_kernels:
         return _cpu_codes(x, t, r, bits)
     return _launch(FX_QUANTIZE, x, _CODE_DTYPE[bits], name, params=_params(t, r, bits))
 
@@ -233,7 +233,7 @@ def _to_values(q, bits, backend, fn):
     name = backends.resolve(backend)
     if q.size == 0:
         return mx.zeros(q.shape, mx.float32)
-    if name == "cpu":
+    if not name.has_kernels:
         return _cpu_values(q, bits)
     return _launch(FX_DEQUANTIZE, q, mx.float32, name, template={"BITS": bits})
 
@@ -246,7 +246,7 @@ def _simulate(x, threshold, rounding, storage_dtype, bits, backend, fn):
     name = backends.resolve(backend)
     if x.size == 0:
         return mx.zeros(x.shape, storage)
-    if name == "cpu":
+    if not name.has_kernels:
         return _cpu_simulate(x, t, r, bits, storage)
     return _launch(FX_SIMULATE, x, storage, name, params=_params(t, r, bits),
                    template={"T": storage})

@@ -367,7 +367,7 @@ def scaled_mm(a: mx.array, b: mx.array, scale_a: mx.array, scale_b: mx.array, *,
             else EPI_BIAS if bias is not None else EPI_SCALED)
 
     name = backends.resolve(backend)
-    if name == "cpu":
+    if not name.has_kernels:
         return _scaled_mm_cpu(a, b, sa, sb, bias, azp_adj, azp, kind, out_dtype)
     if m * n == 0:
         return mx.zeros((m, n), dtype=out_dtype)

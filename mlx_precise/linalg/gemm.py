@@ -39,6 +39,7 @@ from ..doubleword import DoubleWord
 from ..doubleword.words import combine, from64, to64
 from ..core.kernels import Kernel
 from ..core.streams import on_stream
+from ..core.backends import Backend
 
 F32, C64, F64 = mx.float32, mx.complex64, mx.float64
 
@@ -189,8 +190,9 @@ def matmul(a: DoubleWord, b: DoubleWord, *, backend: str | None = None, stream=N
         return _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name, stream)
 
 
-def _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name: str, stream) -> DoubleWord:
-    if name == "cpu":
+def _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name: Backend,
+            stream) -> DoubleWord:
+    if not name.has_kernels:
         return _cpu(a, b, bias)
     a2 = _map(lambda w: w.reshape(sa), a)
     b2 = _map(lambda w: w.reshape(sb), b)

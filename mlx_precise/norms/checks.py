@@ -11,6 +11,7 @@ import numpy as np
 from ..core.selftest import Check, register
 from .api import norm
 from .engine import _KIND_NAMES, Spec, make_spec
+from ..core.backends import Backend
 
 
 def _ref_norm(a: np.ndarray, spec: Spec):
@@ -64,13 +65,13 @@ def _ulp_error(got: float, ref, squared: bool, dtype) -> float:
     return rel * abs(float(got)) / float(np.spacing(dtype(abs(got))))
 
 
-def selftest_checks(backend: str, done=()) -> list:
+def selftest_checks(backend: Backend, done=()) -> list:
     """Every norm kind at small sizes against exact definitions: float32 and
     complex64 through the kernels on ``metal``/``emulate``, float64 through the cpu
     path on ``cpu``; plus Inf/NaN propagation and entries whose squares leave
     float32's range. Each check passes within 1 ulp (float32) / 4 ulps (float64)."""
     rng = np.random.default_rng(2024)
-    kernels = backend in ("metal", "emulate")
+    kernels = backend.has_kernels
     cases = (("general", "lower", "nonunit", (11, 7)), ("trapezoid", "upper", "unit", (7, 11)),
              ("symmetric", "lower", "nonunit", (9, 9)), ("hermitian", "upper", "nonunit", (9, 9)))
     dtypes = (np.float32, np.complex64) if kernels else (np.float64, np.complex128)

@@ -38,6 +38,7 @@ from .engine import (
     out_dtype,
     reduce_partials,
 )
+from ..core.backends import Backend
 
 __all__ = ["Layout", "block_rows", "block_cols", "block_cyclic", "numroc"]
 
@@ -172,7 +173,7 @@ def combine(values: mx.array, kind: int, nprocs: int, dtype, backend: str,
     return finish_cpu_result(kind, stacked, dtype)
 
 
-def distributed_norm(A, spec: Spec, tile: int, backend: str, kernel_ok: bool,
+def distributed_norm(A, spec: Spec, tile: int, backend: Backend, kernel_ok: bool,
                      group, layout) -> mx.array:
     """:func:`mlx_precise.norms.norm` of the global matrix whose local block on this
     process is ``A``; collective over ``group`` (default: ``mx.distributed.init()``)."""
@@ -199,7 +200,7 @@ def distributed_norm(A, spec: Spec, tile: int, backend: str, kernel_ok: bool,
     if empty is not None:
         return empty.astype(dtype)
     rows, cols = layout.row_map(rank), layout.col_map(rank)
-    kernel = kernel_ok and backend != "cpu"
+    kernel = kernel_ok and backend.has_kernels
     if kernel:
         part = kernel_partial(A, spec, tile, backend, layout.shape, rows, cols)
     else:

@@ -33,6 +33,7 @@ import numpy as np
 from ..core.arrays import float64_data
 from ..core.cputhreads import map_runs, workers_for
 from ..core.kernels import Kernel
+from ..core.backends import Backend
 
 __all__ = ["NORM_TILE", "NORM_REDUCE", "DEFAULT_TILE"]
 
@@ -580,14 +581,14 @@ def finish_cpu_result(kind: int, values: np.ndarray, dtype) -> mx.array:
     return mx.array(r)
 
 
-def _local_norm(A, spec: Spec, nb: int, name: str, kernel_ok: bool) -> mx.array:
+def _local_norm(A, spec: Spec, nb: int, name: Backend, kernel_ok: bool) -> mx.array:
     """The norm of one process's matrix on a resolved backend."""
     m, n = A.shape
     dtype = out_dtype(A)
     empty = check_global_shape(spec, m, n, f"A of shape ({m}, {n})")
     if empty is not None:
         return empty.astype(dtype)
-    if kernel_ok and name != "cpu":
+    if kernel_ok and name.has_kernels:
         return kernel_partial(A, spec, nb, name).result
     if kernel_ok and spec.structure == 0:  # cpu, float32 / complex64: one streaming pass
         fast = stream_norm_f32(np.asarray(A), spec.kind)

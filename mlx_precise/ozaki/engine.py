@@ -47,6 +47,7 @@ from ..core.cputhreads import map_runs, workers_for
 from ..esc.engine import DEFAULT_BLOCK, METHODS, NEG, Scan, check_operands, pad8, params
 from ..int8.engine import device_buffer, gemm_grid, gemm_params
 from ..core.kernels import Kernel
+from ..core.backends import Backend
 
 _I32 = (mx.int32,)
 _INT32_MAX = 2**31 - 1
@@ -579,11 +580,11 @@ def _native(A: mx.array, B: mx.array) -> mx.array:
     return out
 
 
-def _emulate(A, B, sa: Scan, sb: Scan, S: int, b: int, name: str) -> mx.array:
+def _emulate(A, B, sa: Scan, sb: Scan, S: int, b: int, name: Backend) -> mx.array:
     (M, K), N = A.shape, B.shape[1]
     tA = scale_exponents(sa.emax, b)
     tB = scale_exponents(sb.emax, b)
-    if name == "cpu":
+    if not name.has_kernels:
         return mx.array(product_cpu(np.asarray(A), np.asarray(B), tA, tB, S, b),
                         dtype=mx.float64)
     slA = _slice_metal(_esc.row_bits(A), tA, M, K, S, b, name)
@@ -659,7 +660,7 @@ def dgemm_emulated(A, B, *, slices="auto", slice_bits: int = 7, max_bits: int = 
         return done(_native(A, B))
     if method != "fixed" or return_info:
         # the rules read only the largest estimate: on cpu, no (M, N) array for it
-        est = (_esc.esc_estimate_max_cpu(sa, sb) if name == "cpu"
+        est = (_esc.esc_estimate_max_cpu(sa, sb) if not name.has_kernels
                else _esc._estimate(sa, sb, ia, ib, K, DEFAULT_BLOCK, name))
         info["esc"] = int(np.max(est))
     if method == "fixed":

@@ -18,7 +18,7 @@ import pytest
 from oracle import dd_matmul, rel_err_dd
 from helpers import PHIS, native, phi_matrix
 
-from mlx_precise.core import cputhreads
+from mlx_precise.core import backends, cputhreads
 from mlx_precise.esc import engine as escm
 from mlx_precise.ozaki import dgemm_emulated
 
@@ -70,7 +70,7 @@ def test_scan_matches_direct_evaluation(backend, monkeypatch):
     X[5, 3], X[6, 100] = np.inf, np.nan
     block = 64
     A = mx.array(X, dtype=mx.float64)
-    s = escm.scan(A, mx.zeros((150, 1), mx.float64), block, backend)[0]
+    s = escm.scan(A, mx.zeros((150, 1), mx.float64), block, backends.get(backend))[0]
     for r in range(7):
         for q in range(3):
             vals = [v for v in X[r, q * block:(q + 1) * block]]

@@ -41,7 +41,7 @@ from oracle import (
     ulps_f64,
 )
 
-from mlx_precise.core import cputhreads
+from mlx_precise.core import backends, cputhreads
 from mlx_precise.norms import checks as norms_checks
 from mlx_precise.norms import engine as norms
 from mlx_precise.norms import distributed as nd
@@ -578,7 +578,7 @@ def test_uplo_is_ignored_for_general():
 
 def test_selftest_checks():
     for backend in (BACKEND, "cpu"):
-        checks = norms_checks.selftest_checks(backend)
+        checks = norms_checks.selftest_checks(backends.get(backend))
         assert len(checks) == 10 and all(c.passed for c in checks), [c.line() for c in checks]
 
 

@@ -32,7 +32,7 @@ import pytest
 from helpers import PHIS, native, phi_matrix
 from oracle import dd_matmul, exact_f64, exact_matmul, rel_err_dd, round_f64
 
-from mlx_precise.core import cputhreads
+from mlx_precise.core import backends, cputhreads
 from mlx_precise.esc import engine as escm
 from mlx_precise.ozaki import engine as ozaki
 from mlx_precise.ozaki import checks as ozaki_checks
@@ -254,7 +254,7 @@ def test_slice_kernel_digits(b):
     X[2] = -(2.0 - 2.0**-52)  # all-ones significands
     S = 7
     Xm = mx.array(X, dtype=mx.float64)
-    sc = escm.scan(Xm, mx.zeros((40, 1), mx.float64), 64, "cpu")[0]
+    sc = escm.scan(Xm, mx.zeros((40, 1), mx.float64), 64, backends.get("cpu"))[0]
     t = ozaki.scale_exponents(sc.emax, b)
     d = np.array(ozaki._slice_metal(escm.row_bits(Xm), t, 5, 40, S, b, EMU)).astype(np.int64)
     np.testing.assert_array_equal(d, ozaki.slice_cpu(X, t, S, b))

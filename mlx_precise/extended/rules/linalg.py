@@ -27,7 +27,7 @@ def _wide(value):
 
 def _linalg(ctx, original, *args, **kw):
     arrays = [a for a in (*args, *kw.values()) if isinstance(a, mx.array)]
-    if ctx.backend != "cpu" or not any(a.dtype == mx.float32 for a in arrays) or any(
+    if not ctx.backend.float64_engine or not any(a.dtype == mx.float32 for a in arrays) or any(
             a.dtype not in (mx.float32, mx.float64) for a in arrays):
         return NotImplemented
     wide = (lambda v: as64(v) if is_word_array(v) else v)

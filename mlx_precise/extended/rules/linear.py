@@ -22,7 +22,7 @@ def _matmul():
         if not (is_word_array(a) and is_word_array(b)):
             return NotImplemented
         return words_op(lambda A, B: gemm.matmul(A, B, backend=ctx.backend), original, [a, b], "matmul",
-                        ctx.backend == "emulate", ctx.backend)
+                        ctx.backend.host_evaluated, ctx.backend)
 
     return rule
 

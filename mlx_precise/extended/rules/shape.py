@@ -179,7 +179,7 @@ def _rows_add(rows: int, indices, values):
     double-word: on cpu a float64 scatter; elsewhere, while the one-hot matrix is
     small, its transpose times the values by the double-word GEMM (exact products
     of 0 / 1, double-word sums); else MLX's scatter (reported)."""
-    if backends.backend() != "cpu" and indices.size * rows <= _ONE_HOT_LIMIT:
+    if not backends.backend().float64_engine and indices.size * rows <= _ONE_HOT_LIMIT:
         with carry.suspended():
             hot = (indices[:, None] == mx.arange(rows)[None, :]).astype(mx.float32)
         return mx.swapaxes(hot, 0, 1) @ values
