@@ -16,51 +16,8 @@ import numpy as np
 
 from ..core import backends, context
 from ..core.arrays import as_array, float64_data, is_wide
-from ..core.kernels import Kernel, elementwise_grid, same_shape
 from ..core.plain import plain
-
-_F32 = (mx.float32,)
-
-
-def _elementwise(inputs, template):
-    """One thread per element of the first input."""
-    return elementwise_grid(inputs[0].size)
-
-
-DW_OPS = Kernel(
-    name="dw_ops",
-    body="dw_ops.metal",
-    headers=("doubleword.h",),
-    inputs=("xh", "xl", "yh", "yl"),
-    outputs=("zh", "zl"),
-    template=("OP",),
-    input_dtypes={k: _F32 for k in ("xh", "xl", "yh", "yl")},
-    input_shapes=same_shape(ndim=1),
-    grid=_elementwise,
-    extended=True,
-    variants={"OP": tuple(range(10)), "zh": _F32, "zl": _F32},
-)
-"""Elementwise double-word operation ``OP`` (see ``metal/kernels/dw_ops.metal``):
-0 TwoSum, 1 Fast2Sum, 2 TwoProdFMA, 3 DW+FP, 4 DW+DW, 5 DW*FP, 6 DW*DW, 7 DW/DW,
-8 DW/DW from a faithful, not correctly rounded, reciprocal, 9 the reciprocal
-refinement step alone. Inputs ``xh, xl, yh, yl`` and outputs ``zh, zl``: float32,
-shape ``(n,)``; the grid is one thread per element."""
-
-CDW_OPS = Kernel(
-    name="cdw_ops",
-    body="cdw_ops.metal",
-    headers=("doubleword.h",),
-    inputs=("xrh", "xrl", "xih", "xil", "yrh", "yrl", "yih", "yil"),
-    outputs=("zrh", "zrl", "zih", "zil"),
-    template=("OP",),
-    input_dtypes={k: _F32 for k in ("xrh", "xrl", "xih", "xil", "yrh", "yrl", "yih", "yil")},
-    input_shapes=same_shape(ndim=1),
-    grid=_elementwise,
-    extended=True,
-    variants={"OP": (0, 1), **{k: _F32 for k in ("zrh", "zrl", "zih", "zil")}},
-)
-"""Elementwise complex double-word operation ``OP``: 0 add, 1 multiply. Inputs and
-outputs: float32, shape ``(n,)`` (real hi, real lo, imaginary hi, imaginary lo)."""
+from .dw_kernels import CDW_OP, CDW_OPS, DW_OP, DW_OPS  # noqa: F401  (DW_OPS, CDW_OPS: re-exported)
 
 def _as_numpy(x, name: str, dtype: str) -> np.ndarray:
     """``x`` (an ``mx.array`` or numpy data of exactly ``dtype``, "float32" or
@@ -417,8 +374,6 @@ def _arith_operand(v, name: str) -> DoubleWord:
 
 # ---- the double-word engine: + - * / of DoubleWords on every backend --------------
 
-_DW_OP = {"add": 4, "mul": 6, "div": 7}  # OP numbers of metal/kernels/dw_ops.metal
-_CDW_OP = {"add": 0, "mul": 1}  # ... and of cdw_ops.metal
 
 
 def real_imag(x: DoubleWord) -> tuple[DoubleWord, DoubleWord]:
@@ -567,19 +522,19 @@ def _binary_kernels(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream)
     real = (lambda code, a, b: DoubleWord(*_launch(DW_OPS, code, [a.hi, a.lo, b.hi, b.lo], 2,
                                                    backend, stream)))
     if not x.is_complex and not y.is_complex:
-        return real(_DW_OP[op], x, y)
+        return real(DW_OP[op], x, y)
     if op == "add" or (op == "mul" and x.is_complex and y.is_complex):
         (xr, xi), (yr, yi) = real_imag(as_complex(x)), real_imag(as_complex(y))
         words = [w for p in (xr, xi, yr, yi) for w in (p.hi, p.lo)]
-        rh, rl, ih, il = _launch(CDW_OPS, _CDW_OP[op], words, 4, backend, stream)
+        rh, rl, ih, il = _launch(CDW_OPS, CDW_OP[op], words, 4, backend, stream)
         return combine(DoubleWord(rh, rl), DoubleWord(ih, il))
     if op == "mul":  # complex times real: each part times the real factor
         c, r = (x, y) if x.is_complex else (y, x)
         re, im = real_imag(c)
-        return combine(real(_DW_OP["mul"], re, r), real(_DW_OP["mul"], im, r))
+        return combine(real(DW_OP["mul"], re, r), real(DW_OP["mul"], im, r))
     if not y.is_complex:  # complex / real
         re, im = real_imag(x)
-        return combine(real(_DW_OP["div"], re, y), real(_DW_OP["div"], im, y))
+        return combine(real(DW_OP["div"], re, y), real(DW_OP["div"], im, y))
     return _complex_div(x, y, real, backend, stream)
 
 
@@ -620,10 +575,10 @@ def _complex_div(x: DoubleWord, y: DoubleWord, real, backend: str, stream) -> Do
     ex, ey = _exponent(x), _exponent(y)
     xs, ys = _scale(as_complex(x), -ex, 2), _scale(y, -ey, 2)
     yr, yi = real_imag(ys)
-    d = real(_DW_OP["add"], real(_DW_OP["mul"], yr, yr), real(_DW_OP["mul"], yi, yi))
+    d = real(DW_OP["add"], real(DW_OP["mul"], yr, yr), real(DW_OP["mul"], yi, yi))
     conj_y = DoubleWord(mx.conj(ys.hi), mx.conj(ys.lo))
     nr, ni = real_imag(_binary_kernels("mul", xs, conj_y, backend, stream))
-    q = combine(real(_DW_OP["div"], nr, d), real(_DW_OP["div"], ni, d))
+    q = combine(real(DW_OP["div"], nr, d), real(DW_OP["div"], ni, d))
     return _scale(q, ex - ey, 3)
 
 
