@@ -36,7 +36,8 @@ import numpy as np
 
 from ..core import backends
 from ..doubleword import pow2scale
-from ..doubleword.words import DoubleWord, as_words, from_float64_result
+from ..doubleword.engine64 import from_float64_result
+from ..doubleword.types import DoubleWord, as_words
 from ..doubleword.elementwise import complex_multiply_extended, reciprocal_words
 from ..core.kernels import Kernel, ParamLayout, generated_block
 from .twiddles import chirp_words, twiddle_table
@@ -163,7 +164,7 @@ def _check_n(n, default: int, what: str = "n") -> int:
 # ---- host-side layout: words as (rows, n) arrays --------------------------------
 
 
-def _words(x, complex_out: bool):
+def _hi_lo(x, complex_out: bool):
     """(hi, lo or None) words; lo is None for plain arrays (its words are 0)."""
     hi, lo = (x.hi, x.lo) if isinstance(x, DoubleWord) else (x, None)
     if complex_out and hi.dtype != mx.complex64:
@@ -487,7 +488,7 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
         return _cpu_result(_np_fft("ifft" if inverse else "fft", _float64(x), n, ax),
                            round_output)
     real_in = x.dtype == mx.float32
-    hi, lo = _words(x, complex_out=inverse)
+    hi, lo = _hi_lo(x, complex_out=inverse)
     lead, rows = _batch(hi, ax)
     if rows == 0:
         return _empty(lead, n, mx.complex64, ax, round_output)
@@ -512,7 +513,7 @@ def _rfft_words(x, n, axis, round_output, backend, stream):
     name = backends.resolve(backend)
     if name == "cpu":
         return _cpu_result(_np_fft("rfft", _float64(x), n, ax), round_output)
-    hi, lo = _words(x, complex_out=False)
+    hi, lo = _hi_lo(x, complex_out=False)
     lead, rows = _batch(hi, ax)
     if rows == 0:
         return _empty(lead, n // 2 + 1, mx.complex64, ax, round_output)
@@ -530,7 +531,7 @@ def _irfft_words(X, n, axis, round_output, backend, stream):
     name = backends.resolve(backend)
     if name == "cpu":
         return _cpu_result(_np_fft("irfft", _float64(X), n, ax), round_output)
-    hi, lo = _words(X, complex_out=True)
+    hi, lo = _hi_lo(X, complex_out=True)
     lead, rows = _batch(hi, ax)
     if rows == 0:
         return _empty(lead, n, mx.float32, ax, round_output)
