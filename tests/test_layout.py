@@ -126,8 +126,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_graph_sees_every_kind_of_import(tmp_path):
     """The reader itself: relative, absolute, function-level, ``from . import sub``."""
     g = import_graph()
-    assert f"{NAME}.core.kernels" in g[f"{NAME}.doubleword.words"]
-    assert f"{NAME}.core" not in g[f"{NAME}.doubleword.words"]
+    assert f"{NAME}.core.kernels" in g[f"{NAME}.doubleword.dw_kernels"]
+    assert f"{NAME}.core" not in g[f"{NAME}.doubleword.dw_kernels"]
     # function-level imports count (tools/__main__ import lazily)
     assert any(t.startswith(f"{NAME}.tools") for t in g[f"{NAME}.__main__"])
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -1,49 +1,49 @@
-// Elementwise double-word function selected by the template parameter FN
-// (metal/include/dw_math.h; codes in mlx_precise/doubleword/functions.py FN_CODES):
-//   0 exp, 1 expm1, 2 log, 3 log1p, 4 log2, 5 log10, 6 sin, 7 cos, 8 tanh, 9 sigmoid,
-//   10 erf, 11 sqrt, 12 rsqrt, 13 reciprocal, 14 pow(a, b), 15 atan2(a, b) (a = y,
-//   b = x), 16 complex exp of a + ib.
+// Elementwise double-word function selected by the template parameter FN, a code
+// of dw_math.h (generated from FN in mlx_precise/doubleword/functions.py):
+// DWM_FN_EXP, _EXPM1, _LOG, _LOG1P, _LOG2, _LOG10, _SIN, _COS, _TANH, _SIGMOID,
+// _ERF, _SQRT, _RSQRT, _RECIPROCAL, _POWER (pow(a, b)), _ARCTAN2 (atan2(a, b),
+// a = y, b = x), _CEXP (complex exp of a + ib).
 // Inputs ah, al, bh, bl: float32, length n (b unused by unary functions). Outputs
-// zh, zl: the result (real part for FN 16), length n; wh, wl: the imaginary part for
-// FN 16 (length n), not written otherwise.
-static_assert(FN >= 0 && FN <= 16, "dw_math: FN must be 0..16");
+// zh, zl: the result (real part for DWM_FN_CEXP), length n; wh, wl: the imaginary
+// part for DWM_FN_CEXP (length n), not written otherwise.
+static_assert(FN >= 0 && FN < DWM_FN_COUNT, "dw_math: FN must be a DWM_FN code (dw_math.h)");
 uint i = thread_position_in_grid.x;
 if (i >= uint(ah_shape[0])) return;
 dw a = dw_make(ah[i], al[i]);
 dw z;
-if (FN == 0) {
+if (FN == DWM_FN_EXP) {
   z = dwm_exp(a);
-} else if (FN == 1) {
+} else if (FN == DWM_FN_EXPM1) {
   z = dwm_expm1(a);
-} else if (FN == 2) {
+} else if (FN == DWM_FN_LOG) {
   z = dwm_log(a, 0);
-} else if (FN == 3) {
+} else if (FN == DWM_FN_LOG1P) {
   z = dwm_log1p(a);
-} else if (FN == 4) {
+} else if (FN == DWM_FN_LOG2) {
   z = dwm_log(a, 2);
-} else if (FN == 5) {
+} else if (FN == DWM_FN_LOG10) {
   z = dwm_log(a, 10);
-} else if (FN == 6) {
+} else if (FN == DWM_FN_SIN) {
   z = dwm_sincos1(a, false);
-} else if (FN == 7) {
+} else if (FN == DWM_FN_COS) {
   z = dwm_sincos1(a, true);
-} else if (FN == 8) {
+} else if (FN == DWM_FN_TANH) {
   z = dwm_tanh(a);
-} else if (FN == 9) {
+} else if (FN == DWM_FN_SIGMOID) {
   z = dwm_sigmoid(a);
-} else if (FN == 10) {
+} else if (FN == DWM_FN_ERF) {
   z = dwm_erf(a);
-} else if (FN == 11) {
+} else if (FN == DWM_FN_SQRT) {
   z = dwm_sqrt(a);
-} else if (FN == 12) {
+} else if (FN == DWM_FN_RSQRT) {
   z = dwm_rsqrt(a);
-} else if (FN == 13) {
+} else if (FN == DWM_FN_RECIPROCAL) {
   z = dw_div(dw_make(1.0f, 0.0f), a);
-} else if (FN == 14) {
+} else if (FN == DWM_FN_POWER) {
   z = dwm_pow(a, dw_make(bh[i], bl[i]));
-} else if (FN == 15) {
+} else if (FN == DWM_FN_ARCTAN2) {
   z = dwm_atan2(a, dw_make(bh[i], bl[i]));
-} else {
+} else {  // DWM_FN_CEXP
   cdw c = dwm_cexp(a, dw_make(bh[i], bl[i]));
   z = c.re;
   wh[i] = c.im.hi;

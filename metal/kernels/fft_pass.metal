@@ -16,22 +16,23 @@
 // DWTimesDW3 products, twiddles split from values exact to ~2^-100.
 //
 // Inputs:  x_hi, x_lo float32 interleaved (re, im) words of rows x n points
-//          (x_lo unread unless LO_IN); tab float32 twiddle table of order
-//          NT = 2^logNT (fft.h); params int32 (16,), below.
-// Outputs: y_hi, y_lo float32, rows x n points (y_lo unwritten unless LO_OUT).
+//          (x_lo unread unless lo_in); tab float32 twiddle table of order
+//          NT = 2^logNT (fft.h); params int32 (16,): the fields FFT_PASS_* of
+//          fft.h (generated from FFT_PASS_PARAMS in mlx_precise/fft/engine.py).
+// Outputs: y_hi, y_lo float32, rows x n points (y_lo unwritten unless lo_out).
 // Grid: threadgroup t handles groups g = t C ... t C + C - 1 (g = row n/R + j,
 // out-of-range groups are skipped); any threadgroup size works (loops).
-uint logn = uint(params[0]);
-uint logR = uint(params[1]);
-uint logNs = uint(params[2]);
-uint logC = uint(params[3]);
-uint G = uint(params[4]);            // rows * n / R
-uint logNT = uint(params[5]);
-bool inverse = params[6] != 0;
-bool lo_in = params[7] != 0;
-bool lo_out = params[8] != 0;
-bool scaled = params[9] != 0;
-dw sc = dw_make(as_type<float>(params[10]), as_type<float>(params[11]));
+uint logn = uint(params[FFT_PASS_LOGN]);
+uint logR = uint(params[FFT_PASS_LOG_R]);
+uint logNs = uint(params[FFT_PASS_LOG_NS]);
+uint logC = uint(params[FFT_PASS_LOG_C]);
+uint G = uint(params[FFT_PASS_GROUPS]);  // rows * n / R
+uint logNT = uint(params[FFT_PASS_LOG_NT]);
+bool inverse = params[FFT_PASS_INVERSE] != 0;
+bool lo_in = params[FFT_PASS_LO_IN] != 0;
+bool lo_out = params[FFT_PASS_LO_OUT] != 0;
+bool scaled = params[FFT_PASS_SCALED] != 0;
+dw sc = dw_make(as_type<float>(params[FFT_PASS_SCALE_HI]), as_type<float>(params[FFT_PASS_SCALE_LO]));
 
 threadgroup float4 buf_a[FFT_TG_POINTS];
 threadgroup float4 buf_b[FFT_TG_POINTS];

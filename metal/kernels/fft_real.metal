@@ -16,17 +16,18 @@
 // (used when N = 1, where no complex FFT runs).
 //
 // Inputs:  x_hi, x_lo float32 interleaved words, rows x (N or N+1) points (x_lo
-//          unread unless LO_IN); tab float32 twiddle table of order n (fft.h);
-//          params int32 (16,), below.
-// Outputs: y_hi, y_lo float32, rows x (N+1 or N) points (y_lo unless LO_OUT).
+//          unread unless lo_in); tab float32 twiddle table of order n (fft.h);
+//          params int32 (16,): the fields FFT_REAL_* of fft.h (generated from
+//          FFT_REAL_PARAMS in mlx_precise/fft/engine.py).
+// Outputs: y_hi, y_lo float32, rows x (N+1 or N) points (y_lo unless lo_out).
 // Grid: one thread per output point.
-uint N = uint(params[0]);
-uint rows = uint(params[1]);
-bool pre = params[2] != 0;
-bool lo_in = params[3] != 0;
-bool lo_out = params[4] != 0;
-bool scaled = params[5] != 0;
-dw sc = dw_make(as_type<float>(params[6]), as_type<float>(params[7]));
+uint N = uint(params[FFT_REAL_N_HALF]);
+uint rows = uint(params[FFT_REAL_ROWS]);
+bool pre = params[FFT_REAL_PRE] != 0;
+bool lo_in = params[FFT_REAL_LO_IN] != 0;
+bool lo_out = params[FFT_REAL_LO_OUT] != 0;
+bool scaled = params[FFT_REAL_SCALED] != 0;
+dw sc = dw_make(as_type<float>(params[FFT_REAL_SCALE_HI]), as_type<float>(params[FFT_REAL_SCALE_LO]));
 
 uint i = thread_position_in_grid.x;
 uint per_row = pre ? N : N + 1u;

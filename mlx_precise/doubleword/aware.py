@@ -17,7 +17,7 @@ import mlx.core as mx
 
 from ..core import backends
 from ..core.context import is_extended, run_opaque
-from .words import DoubleWord
+from .types import DoubleWord
 
 # name -> the precision-aware function (filled by @precision_aware).
 _REGISTRY: dict[str, Callable] = {}

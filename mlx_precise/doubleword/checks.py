@@ -14,7 +14,8 @@ import numpy as np
 from ..core.kernels import DeviceCheckError, eft_selftest
 from ..core.selftest import Check, register
 from .elementwise import rn32_rational
-from .words import CDW_OPS, DW_OPS, join, split
+from .dw_kernels import CDW_OPS, DW_OP, DW_OPS
+from .hostsplit import join, split
 
 U = Fraction(1, 2**24)  # unit roundoff of float32
 
@@ -37,40 +38,37 @@ def _operands(n: int, seed: int, ordered: bool):
     return xh, xl, yh, yl
 
 
-def _exact(op: int, x: Fraction, y_hi: Fraction, y: Fraction) -> Fraction:
-    if op in (0, 1):
+def _exact(op: str, x: Fraction, y_hi: Fraction, y: Fraction) -> Fraction:
+    """The exact result of ``dw_ops`` operation ``op`` (a name of :data:`DW_OP`)."""
+    if op in ("two_sum", "fast_two_sum", "add_fp"):
         return x + y_hi
-    if op == 2:
+    if op in ("two_prod", "mul_fp"):
         return x * y_hi
-    if op == 3:
-        return x + y_hi
-    if op == 4:
+    if op == "add":
         return x + y
-    if op == 5:
-        return x * y_hi
-    if op == 6:
+    if op == "mul":
         return x * y
     return x / y
 
 
-# (OP code of the dw_ops kernel, name, bound in units of u^2; 0 = exact)
+# (operation of the dw_ops kernel, name, bound in units of u^2; 0 = exact)
 _DW_CHECKS = (
-    (0, "TwoSum", 0),
-    (1, "Fast2Sum", 0),
-    (2, "TwoProdFMA", 0),
-    (3, "DW+FP (JMP alg 4)", 2),
-    (4, "DW+DW (JMP alg 6)", 3 + 13 * U),
-    (5, "DW*FP (JMP alg 9)", 2),
-    (6, "DW*DW (JMP alg 12)", 4),
-    (7, "DW/DW (JMP alg 18)", Fraction(98, 10)),
+    ("two_sum", "TwoSum", 0),
+    ("fast_two_sum", "Fast2Sum", 0),
+    ("two_prod", "TwoProdFMA", 0),
+    ("add_fp", "DW+FP (JMP alg 4)", 2),
+    ("add", "DW+DW (JMP alg 6)", 3 + 13 * U),
+    ("mul_fp", "DW*FP (JMP alg 9)", 2),
+    ("mul", "DW*DW (JMP alg 12)", 4),
+    ("div", "DW/DW (JMP alg 18)", Fraction(98, 10)),
 )
 
 
 def check_doubleword_ops(backend: str, n: int = 2000) -> list[Check]:
     out = []
     for op, name, bound in _DW_CHECKS:
-        xh, xl, yh, yl = _operands(n, seed=op, ordered=op == 1)
-        if op in (0, 1, 2):  # error-free transforms take plain floats
+        xh, xl, yh, yl = _operands(n, seed=DW_OP[op], ordered=op == "fast_two_sum")
+        if op in ("two_sum", "fast_two_sum", "two_prod"):  # EFTs take plain floats
             xl = np.zeros_like(xl)
         zh, zl = DW_OPS(
             inputs=[mx.array(a) for a in (xh, xl, yh, yl)], template={"OP": op},
@@ -102,7 +100,8 @@ def check_complex_ops(backend: str, n: int = 1000) -> list[Check]:
     xrh, xrl, yrh, yrl, xih, xil, yih, yil = parts
     ins = [xrh, xrl, xih, xil, yrh, yrl, yih, yil]
     out = []
-    for op, name, bound in ((0, "complex DW add", 3 + 13 * U), (1, "complex DW mul", Fraction(866, 100))):
+    for op, name, bound in (("add", "complex DW add", 3 + 13 * U),
+                            ("mul", "complex DW mul", Fraction(866, 100))):
         z = CDW_OPS(inputs=[mx.array(a) for a in ins], template={"OP": op},
                     grid=(n, 1, 1), threadgroup=(256, 1, 1), output_shapes=[(n,)] * 4,
                     output_dtypes=[mx.float32] * 4, backend=backend)
@@ -114,9 +113,9 @@ def check_complex_ops(backend: str, n: int = 1000) -> list[Check]:
         worst = Fraction(0)
         for i in range(n):
             xr, xi, yr, yi = f(xrh, xrl, i), f(xih, xil, i), f(yrh, yrl, i), f(yih, yil, i)
-            er, ei = (xr + yr, xi + yi) if op == 0 else (xr * yr - xi * yi, xr * yi + xi * yr)
+            er, ei = (xr + yr, xi + yi) if op == "add" else (xr * yr - xi * yi, xr * yi + xi * yr)
             gr, gi = f(zrh, zrl, i), f(zih, zil, i)
-            if op == 0:  # per component
+            if op == "add":  # per component
                 for g, e in ((gr, er), (gi, ei)):
                     if e:
                         worst = max(worst, (abs(g - e) / abs(e)) ** 2)

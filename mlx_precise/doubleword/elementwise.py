@@ -18,8 +18,9 @@ from ..core import backends
 from ..core.arrays import as_int
 from ..core.autodiff import guarded, host_guard
 from .aware import precision_aware
-from .words import DoubleWord, from_float64_result
-from .words import operand as _operand
+from .engine64 import from_float64_result
+from .types import DoubleWord
+from .types import operand as _operand
 from ..core.kernels import Kernel, elementwise_grid
 
 _C64 = (mx.complex64,)

@@ -36,9 +36,10 @@ import numpy as np
 
 from ..core import backends
 from ..doubleword import pow2scale
-from ..doubleword.words import DoubleWord, as_words, from_float64_result
+from ..doubleword.engine64 import from_float64_result
+from ..doubleword.types import DoubleWord, as_words
 from ..doubleword.elementwise import complex_multiply_extended, reciprocal_words
-from ..core.kernels import Kernel
+from ..core.kernels import Kernel, ParamLayout, generated_block
 from .twiddles import chirp_words, twiddle_table
 
 _F32 = (mx.float32,)
@@ -49,6 +50,43 @@ _LOG_TG = TG_POINTS.bit_length() - 1  # log2 of the largest radix of a pass
 _MAX_POINTS = 2**30  # rows * n (and Bluestein's padded length): 32-bit word indices
 _THREADS = 256
 
+FFT_PASS_PARAMS = ParamLayout("FFT_PASS", (
+    "logn",      # log2 n, the transform length
+    "log_r",     # log2 R, the radix of this pass
+    "log_ns",    # log2 Ns = R_1 ... R_(p-1), the product of the earlier radices
+    "log_c",     # log2 C, groups per threadgroup
+    "groups",    # G = rows * n / R
+    "log_nt",    # log2 of the twiddle table's order
+    "inverse",   # conjugate twiddles (inverse transform)
+    "lo_in",     # x_lo holds low words (else they are 0 and x_lo is not read)
+    "lo_out",    # write y_lo
+    "scaled",    # multiply by the double-word (scale_hi, scale_lo)
+    "scale_hi",  # int32 bits of the float32 words of the scale
+    "scale_lo",
+))
+"""The ``params`` buffer of ``fft_pass`` (named ``FFT_PASS_LOGN`` ... in
+``metal/include/fft.h``)."""
+
+FFT_REAL_PARAMS = ParamLayout("FFT_REAL", (
+    "n_half",    # N = n / 2, the length of the complex FFT
+    "rows",
+    "pre",       # irfft pre-processing (else rfft post-processing)
+    "lo_in",
+    "lo_out",
+    "scaled",
+    "scale_hi",
+    "scale_lo",
+))
+"""The ``params`` buffer of ``fft_real`` (``FFT_REAL_N_HALF`` ... in ``fft.h``)."""
+
+
+def codes_source() -> str:
+    """The generated block of ``metal/include/fft.h`` (a test checks that the header
+    holds exactly this text)."""
+    return generated_block("mlx_precise.fft.engine.codes_source()", FFT_PASS_PARAMS,
+                           FFT_REAL_PARAMS)
+
+
 FFT_PASS = Kernel(
     name="fft_pass",
     body="fft_pass.metal",
@@ -57,11 +95,12 @@ FFT_PASS = Kernel(
     outputs=("y_hi", "y_lo"),
     input_dtypes={"x_hi": _F32, "x_lo": _F32, "tab": _F32, "params": _I32},
     variants={"y_hi": _F32, "y_lo": _F32},
-    # _flat, _dummy, twiddle_table and _params give every input >= 8 elements
+    # _flat, _dummy, twiddle_table and FFT_PASS_PARAMS give every input >= 8 elements
     input_forms=dict.fromkeys(("x_hi", "x_lo", "tab", "params"), ("device",)),
 )
 """One Stockham pass (see the kernel's header comment): inputs ``x_hi``, ``x_lo``
-float32 interleaved words, ``tab`` twiddle table, ``params`` int32 (16,); outputs
+float32 interleaved words, ``tab`` twiddle table, ``params`` int32
+(:data:`FFT_PASS_PARAMS`); outputs
 ``y_hi``, ``y_lo`` float32. Grid: ``C`` groups of one radix-R transform per
 threadgroup (planned by :func:`_plan`)."""
 
@@ -125,7 +164,7 @@ def _check_n(n, default: int, what: str = "n") -> int:
 # ---- host-side layout: words as (rows, n) arrays --------------------------------
 
 
-def _words(x, complex_out: bool):
+def _hi_lo(x, complex_out: bool):
     """(hi, lo or None) words; lo is None for plain arrays (its words are 0)."""
     hi, lo = (x.hi, x.lo) if isinstance(x, DoubleWord) else (x, None)
     if complex_out and hi.dtype != mx.complex64:
@@ -177,12 +216,6 @@ def _dummy() -> mx.array:
     so it holds data from the start: every thread shares this cached array, and MLX
     evaluates an unevaluated array only on the thread whose stream built it."""
     return mx.array(np.zeros(8, np.float32))
-
-
-def _params(values) -> mx.array:
-    p = np.zeros(16, np.int32)
-    p[: len(values)] = values
-    return mx.array(p)
 
 
 def _scale_bits(k: int):
@@ -268,10 +301,11 @@ def _fft_pow2(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_ou
         npts = 1 << (log_r + log_c)
         threads = min(_THREADS, max(npts // 4, 1))
         tgs = -(-groups // (1 << log_c))
-        params = _params([logn, log_r, log_ns, log_c, groups, nt.bit_length() - 1,
-                          int(inverse), int(lo is not None), int(lo_out or not last),
-                          int(last and scale_den != 1), s_hi if last else 0,
-                          s_lo if last else 0])
+        params = FFT_PASS_PARAMS.pack(
+            logn=logn, log_r=log_r, log_ns=log_ns, log_c=log_c, groups=groups,
+            log_nt=nt.bit_length() - 1, inverse=inverse, lo_in=lo is not None,
+            lo_out=lo_out or not last, scaled=last and scale_den != 1,
+            scale_hi=s_hi if last else 0, scale_lo=s_lo if last else 0)
         size = max(2 * rows * n, 8)
         hi, lo_new = FFT_PASS(
             inputs=[hi, lo if lo is not None else _dummy(), tab, params],
@@ -365,8 +399,9 @@ def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo
     returns complex64 (rows, N + 1) [post] or (rows, N) [pre] words."""
     per_row = big_n if pre else big_n + 1
     s_hi, s_lo = _scale_bits(scale_den)
-    params = _params([big_n, rows, int(pre), int(lo is not None), int(lo_out),
-                      int(scale_den != 1), s_hi, s_lo])
+    params = FFT_REAL_PARAMS.pack(n_half=big_n, rows=rows, pre=pre, lo_in=lo is not None,
+                                  lo_out=lo_out, scaled=scale_den != 1, scale_hi=s_hi,
+                                  scale_lo=s_lo)
     size = max(2 * rows * per_row, 8)
     total = rows * per_row
     y_hi, y_lo = FFT_REAL(
@@ -453,7 +488,7 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
         return _cpu_result(_np_fft("ifft" if inverse else "fft", _float64(x), n, ax),
                            round_output)
     real_in = x.dtype == mx.float32
-    hi, lo = _words(x, complex_out=inverse)
+    hi, lo = _hi_lo(x, complex_out=inverse)
     lead, rows = _batch(hi, ax)
     if rows == 0:
         return _empty(lead, n, mx.complex64, ax, round_output)
@@ -478,7 +513,7 @@ def _rfft_words(x, n, axis, round_output, backend, stream):
     name = backends.resolve(backend)
     if name == "cpu":
         return _cpu_result(_np_fft("rfft", _float64(x), n, ax), round_output)
-    hi, lo = _words(x, complex_out=False)
+    hi, lo = _hi_lo(x, complex_out=False)
     lead, rows = _batch(hi, ax)
     if rows == 0:
         return _empty(lead, n // 2 + 1, mx.complex64, ax, round_output)
@@ -496,7 +531,7 @@ def _irfft_words(X, n, axis, round_output, backend, stream):
     name = backends.resolve(backend)
     if name == "cpu":
         return _cpu_result(_np_fft("irfft", _float64(X), n, ax), round_output)
-    hi, lo = _words(X, complex_out=True)
+    hi, lo = _hi_lo(X, complex_out=True)
     lead, rows = _batch(hi, ax)
     if rows == 0:
         return _empty(lead, n, mx.float32, ax, round_output)

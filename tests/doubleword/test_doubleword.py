@@ -259,7 +259,7 @@ def assert_eft(z, S, name):
 
 def test_two_sum_exact(add_operands):
     o = add_operands
-    z = run_dw(0, o.xh, o.xl, o.yh, o.yl)
+    z = run_dw("two_sum", o.xh, o.xl, o.yh, o.yl)
     assert_eft(z, o.Xh + o.Yh, "TwoSum")
 
 
@@ -269,7 +269,7 @@ def test_fast_two_sum_exact_when_ordered(add_operands):
     swap = np.abs(o.xh) < np.abs(o.yh)
     a = np.where(swap, o.yh, o.xh)
     b = np.where(swap, o.xh, o.yh)
-    z = run_dw(1, a, o.xl, b, o.yl)
+    z = run_dw("fast_two_sum", a, o.xl, b, o.yl)
     assert_eft(z, o.Xh + o.Yh, "Fast2Sum")
 
 
@@ -280,7 +280,7 @@ def test_two_prod_exact():
     ea = rng.integers(-100, 101, N)
     eb = uniform_int(rng, np.maximum(-100, -80 - ea), np.minimum(100, 125 - ea))
     a, b = rand_hi(rng, ea), rand_hi(rng, eb)
-    z = run_dw(2, a, np.zeros_like(a), b, np.zeros_like(b))
+    z = run_dw("two_prod", a, np.zeros_like(a), b, np.zeros_like(b))
     assert_eft(z, Exact.f32(a) * Exact.f32(b), "TwoProdFMA")
 
 
@@ -292,7 +292,7 @@ def test_eft_adversarial():
             2.0**-103, big, 3.4028234663852886e38, 2.0**-30)
     b = f32(2**-24, 2**-24, -(2**-25), -0.0, -0.0, 0.0, -(1 - 2**-23), 3, 3,
             2.0**-103 * (1 + 2**-23), -(2.0**-80), -big / 3, -3.4028234663852886e38, 1)
-    zs = run_dw(0, a, 0 * a, b, 0 * b)
+    zs = run_dw("two_sum", a, 0 * a, b, 0 * b)
     S = Exact.f32(a) + Exact.f32(b)
     assert (Exact.dw(*zs) - S).is_zero().all() and is_normalised(*zs).all()
     # Ties round to even: 1 + 2^-24 -> (1, 2^-24); (1 + 2^-23) + 2^-24 -> (1 + 2^-22, -2^-24).
@@ -305,16 +305,16 @@ def test_eft_adversarial():
     assert zs[0][7] == 6 and zs[1][7] == 0 and bits(zs[0][8]) == 0 and bits(zs[1][8]) == 0
     # Fast2Sum on the ordered subset (|a| >= |b|).
     ordered = np.abs(a) >= np.abs(b)
-    zf = run_dw(1, a[ordered], 0 * a[ordered], b[ordered], 0 * b[ordered])
+    zf = run_dw("fast_two_sum", a[ordered], 0 * a[ordered], b[ordered], 0 * b[ordered])
     assert (Exact.dw(*zf) - S[np.flatnonzero(ordered)]).is_zero().all()
     # Fast2Sum outside its precondition is not exact: Fast2Sum(2^-30, 1) = (1, 0).
-    zf = run_dw(1, f32(2**-30), f32(0), f32(1), f32(0))
+    zf = run_dw("fast_two_sum", f32(2**-30), f32(0), f32(1), f32(0))
     assert zf[0][0] == 1 and zf[1][0] == 0
     # TwoProd: (1 + 2^-23)(1 - 2^-23) = 1 - 2^-46 -> (1, -2^-46); huge: (2^63 (2 - 2^-23))^2.
     h = np.float32(2.0**63 * (2 - 2**-23))
     p = f32(1 + 2**-23, h, -0.0, 3.0)
     q = f32(1 - 2**-23, h, 5.0, -0.0)
-    zp = run_dw(2, p, 0 * p, q, 0 * q)
+    zp = run_dw("two_prod", p, 0 * p, q, 0 * q)
     assert (Exact.dw(*zp) - Exact.f32(p) * Exact.f32(q)).is_zero().all()
     assert zp[0][0] == 1 and zp[1][0] == -(2.0**-46)
     assert bits(zp[0][2]) == 0x80000000 and bits(zp[0][3]) == 0x80000000
@@ -324,14 +324,14 @@ def test_flush_to_zero_behaviour():
     """What happens below the flush-to-zero range, as the header documents it: the
     emulator's exact outputs (Apple GPUs flush float32 subnormals the same way)."""
     # TwoSum loses a residual that would be subnormal: 2^-127 here.
-    z = run_dw(0, f32(2.0**-100), f32(0), f32(2.0**-104 + 2.0**-127), f32(0))
+    z = run_dw("two_sum", f32(2.0**-100), f32(0), f32(2.0**-104 + 2.0**-127), f32(0))
     assert z[0][0] == np.float32(2.0**-100 + 2.0**-104) and z[1][0] == 0
     # ... and a whole subnormal sum: 1.25*2^-126 - 2^-126 = 2^-128 -> (0, 0).
-    z = run_dw(0, f32(1.25 * 2.0**-126), f32(0), f32(-(2.0**-126)), f32(0))
+    z = run_dw("two_sum", f32(1.25 * 2.0**-126), f32(0), f32(-(2.0**-126)), f32(0))
     assert z[0][0] == 0 and z[1][0] == 0
     # Subnormal inputs read as zero (DAZ): TwoSum(2^-130, 1) = (1, 0),
     # TwoSum(2^-130, 2^-131) = (0, 0) although the stored bits are nonzero.
-    z = run_dw(0, f32(2.0**-130, 2.0**-130), f32(0, 0), f32(1, 2.0**-131), f32(0, 0))
+    z = run_dw("two_sum", f32(2.0**-130, 2.0**-130), f32(0, 0), f32(1, 2.0**-131), f32(0, 0))
     assert list(z[0]) == [1, 0] and list(z[1]) == [0, 0]
     # TwoProd below the guarantee (ea + eb < -80): the high part is RN(ab) (0 when
     # that is subnormal) and the residual is exact when normal and 0 when subnormal.
@@ -341,7 +341,7 @@ def test_flush_to_zero_behaviour():
     eb = rng.integers(-70, -40, n)
     keep = (ea + eb < -80) & (ea + eb >= -140)
     a, b = rand_hi(rng, ea[keep]), rand_hi(rng, eb[keep])
-    p, e = run_dw(2, a, 0 * a, b, 0 * b)
+    p, e = run_dw("two_prod", a, 0 * a, b, 0 * b)
     P = Exact.f32(a) * Exact.f32(b)
     rp = round_f32(P)
     tiny = np.float32(2.0**-126)
@@ -355,10 +355,10 @@ def test_flush_to_zero_behaviour():
     assert lost.sum() > 1000  # the residual really is flushed in many cases
     assert (e[~normal_p] == 0).all()
     # Double-word operations on tiny values: x*y with |xy| ~ 2^-140 is flushed to 0.
-    z = run_dw(6, f32(2.0**-70 * 1.5), f32(2.0**-95), f32(2.0**-70 * 1.25), f32(0))
+    z = run_dw("mul", f32(2.0**-70 * 1.5), f32(2.0**-95), f32(2.0**-70 * 1.25), f32(0))
     assert z[0][0] == 0 and z[1][0] == 0
     # Just above 2^-103 everything is exact again (all words multiples of 2^-126).
-    z = run_dw(4, f32(2.0**-79 * 1.5), f32(2.0**-104), f32(-(2.0**-79) * 1.5), f32(2.0**-103))
+    z = run_dw("add", f32(2.0**-79 * 1.5), f32(2.0**-104), f32(-(2.0**-79) * 1.5), f32(2.0**-103))
     assert z[0][0] == np.float32(3 * 2.0**-104) and z[1][0] == 0
 
 
@@ -389,29 +389,29 @@ def check_op(name, op, o, bound, exact_of, *, in_quotient=False, min_seen=0.5):
 
 
 def test_dw_plus_fp(add_operands):
-    check_op("DW+FP (JMP alg 4)", 3, add_operands, B_ADD_FP, lambda o: o.X + o.Yh)
+    check_op("DW+FP (JMP alg 4)", "add_fp", add_operands, B_ADD_FP, lambda o: o.X + o.Yh)
 
 
 def test_dw_plus_dw(add_operands):
-    check_op("DW+DW (JMP alg 6)", 4, add_operands, B_ADD, lambda o: o.X + o.Y)
+    check_op("DW+DW (JMP alg 6)", "add", add_operands, B_ADD, lambda o: o.X + o.Y)
 
 
 def test_dw_times_fp(mul_operands):
-    check_op("DW*FP (JMP alg 9)", 5, mul_operands, B_MUL_FP, lambda o: o.X * o.Yh)
+    check_op("DW*FP (JMP alg 9)", "mul_fp", mul_operands, B_MUL_FP, lambda o: o.X * o.Yh)
 
 
 def test_dw_times_dw(mul_operands):
-    check_op("DW*DW (JMP alg 12)", 6, mul_operands, B_MUL, lambda o: o.X * o.Y)
+    check_op("DW*DW (JMP alg 12)", "mul", mul_operands, B_MUL, lambda o: o.X * o.Y)
 
 
 def test_dw_div_dw(div_operands):
-    check_op("DW/DW (JMP alg 18)", 7, div_operands, B_DIV, None, in_quotient=True)
+    check_op("DW/DW (JMP alg 18)", "div", div_operands, B_DIV, None, in_quotient=True)
 
 
 def test_dw_div_dw_from_faithful_reciprocal(div_operands):
-    """The bound holds when the starting reciprocal is only faithful: OP 8 starts
+    """The bound holds when the starting reciprocal is only faithful: "div_faithful" starts
     from the neighbour of RN(1/yh) on the other side of 1/yh."""
-    check_op("DW/DW from a faithful reciprocal", 8, div_operands, B_DIV, None,
+    check_op("DW/DW from a faithful reciprocal", "div_faithful", div_operands, B_DIV, None,
              in_quotient=True)
 
 
@@ -423,7 +423,7 @@ def test_reciprocal_refinement_exhaustive():
     normal reciprocal; a random sample of scaled, signed yh confirms it."""
     yh = (np.uint32(0x3F800000) + np.arange(1 << 23, dtype=np.uint32)).view(np.float32)
     z0 = np.zeros_like(yh)
-    from_rn, from_other = run_dw(9, z0, z0, yh, z0)
+    from_rn, from_other = run_dw("recip_refine", z0, z0, yh, z0)
     rn = np.float32(1) / yh  # numpy: IEEE correctly rounded division
     np.testing.assert_array_equal(from_rn, rn)
     diff = np.flatnonzero(from_other != rn)
@@ -432,7 +432,7 @@ def test_reciprocal_refinement_exhaustive():
     rng = np.random.default_rng(9)
     y = rand_hi(rng, rng.integers(-120, 121, 200000))
     z0 = np.zeros_like(y)
-    from_rn, from_other = run_dw(9, z0, z0, y, z0)
+    from_rn, from_other = run_dw("recip_refine", z0, z0, y, z0)
     rn = np.float32(1) / y
     np.testing.assert_array_equal(from_rn, rn)
     odd = (bits(np.abs(y)) & 0x7FFFFF) == 0x7FFFFF
@@ -461,14 +461,14 @@ def test_dw_div_faithful_start_adversarial():
     assert is_normalised(yh, yl).all()
     X, Y = Exact.dw(xh, xl), Exact.dw(yh, yl)
     worst = {}
-    for op in (7, 8):
+    for op in ("div", "div_faithful"):
         zh, zl = run_dw(op, xh, xl, yh, yl)
         ok, err = check_rel(Exact.dw(zh, zl) * Y - X, X, B_DIV)
         assert ok.all()
         worst[op] = err.max()
-    print(f"\nDW/DW, adversarial faithful starts: max error {worst[8]:.4f} u^2 "
-          f"(from RN(1/yh): {worst[7]:.4f} u^2)")
-    assert worst[8] <= worst[7] + 1.0
+    print(f"\nDW/DW, adversarial faithful starts: max error {worst['div_faithful']:.4f} u^2 "
+          f"(from RN(1/yh): {worst['div']:.4f} u^2)")
+    assert worst["div_faithful"] <= worst["div"] + 1.0
 
 
 # ---- double-word operations: adversarial cases -------------------------------
@@ -479,23 +479,24 @@ def test_near_worst_cases():
     [1, 2)): each error is pinned close to its bound, showing the bounds are nearly
     attained and that the computed results did not change."""
     cases = [  # op, xh, xl, yh, yl, error in u^2 (to 1e-6), bound
-        (3, "0x1p+0", "0x1.000002p-25", "-0x1.fffffep-2", "0x0p+0", 1.999999762, B_ADD_FP),
-        (4, "-0x1p+0", "-0x1.600002p-25", "0x1.fffffep-2", "-0x1.000004p-28", 2.499999627,
+        ("add_fp", "0x1p+0", "0x1.000002p-25", "-0x1.fffffep-2", "0x0p+0", 1.999999762, B_ADD_FP),
+        ("add", "-0x1p+0", "-0x1.600002p-25", "0x1.fffffep-2", "-0x1.000004p-28", 2.499999627,
          B_ADD),
-        (5, "0x1.02p+0", "0x1.fffffcp-25", "0x1.00008p+0", "0x0p+0", 1.984466, B_MUL_FP),
-        (6, "-0x1.000002p+0", "-0x1.fffffap-25", "-0x1.000002p+0", "-0x1.fffffcp-25",
+        ("mul_fp", "0x1.02p+0", "0x1.fffffcp-25", "0x1.00008p+0", "0x0p+0", 1.984466, B_MUL_FP),
+        ("mul", "-0x1.000002p+0", "-0x1.fffffap-25", "-0x1.000002p+0", "-0x1.fffffcp-25",
          3.999997675, B_MUL),
-        (7, "0x1.042ff8p+0", "0x1.fffffcp-25", "-0x1.ffffbep+0", "-0x1.f9f79cp-25", 6.061931,
+        ("div", "0x1.042ff8p+0", "0x1.fffffcp-25", "-0x1.ffffbep+0", "-0x1.f9f79cp-25", 6.061931,
          B_DIV),
     ]
     for op, *hexes, want, bound in cases:
         xh, xl, yh, yl = (f32(float.fromhex(h)) for h in hexes)
         zh, zl = run_dw(op, xh, xl, yh, yl)
         X, Y, Z = Exact.dw(xh, xl), Exact.dw(yh, yl), Exact.dw(zh, zl)
-        if op == 7:
+        if op == "div":
             err, ref = Z * Y - X, X
         else:
-            ref = {3: X + Exact.f32(yh), 4: X + Y, 5: X * Exact.f32(yh), 6: X * Y}[op]
+            ref = {"add_fp": X + Exact.f32(yh), "add": X + Y, "mul_fp": X * Exact.f32(yh),
+                   "mul": X * Y}[op]
             err = Z - ref
         ok, u2 = check_rel(err, ref, bound)
         assert ok.all()
@@ -511,7 +512,7 @@ def test_adversarial_sums():
     yl = f32(-(2**-30) + 2**-53, -(2**-25) - 2**-48, 2**-26 + 2**-49, -(2**15) + 2**-8,
              2**101, 2**100 + 2**77, 2**-23, -(2**-23), 2**-24)
     assert is_normalised(xh, xl).all() and is_normalised(yh, yl).all()
-    zh, zl = run_dw(4, xh, xl, yh, yl)
+    zh, zl = run_dw("add", xh, xl, yh, yl)
     X, Y = Exact.dw(xh, xl), Exact.dw(yh, yl)
     ok, err = check_rel(Exact.dw(zh, zl) - (X + Y), X + Y, B_ADD)
     assert ok.all(), err
@@ -521,7 +522,7 @@ def test_adversarial_sums():
     assert (zl[[0, 1, 2, 3, 5]] == 0).all()
     assert (zh[6], zl[6]) == (10, np.float32(2**-22)) and zh[7] == 0 and zl[7] == 0
     assert (zh[8], zl[8]) == (2, np.float32(2**-23))  # ties in both words
-    zh, zl = run_dw(3, xh, xl, yh, yl)
+    zh, zl = run_dw("add_fp", xh, xl, yh, yl)
     ok, err = check_rel(Exact.dw(zh, zl) - (X + Exact.f32(yh)), X + Exact.f32(yh), B_ADD_FP)
     assert ok.all(), err
     # Signed zeros: every combination sums to exactly 0 in both words, and the high
@@ -529,14 +530,14 @@ def test_adversarial_sums():
     # (-0) + (-0)), in DW+DW and DW+FP alike.
     sz = np.array([0.0, -0.0], np.float32)
     g = np.array(np.meshgrid(sz, sz, sz, sz, indexing="ij")).reshape(4, -1)
-    for op in (4, 3):
+    for op in ("add", "add_fp"):
         zh, zl = run_dw(op, *g)
         assert (zh == 0).all() and (zl == 0).all()
         assert np.array_equal(np.signbit(zh), np.signbit(g[0] + g[2])), op
     # Overflow gives float32's Inf with a zero low word (not the NaN residual of a
     # plain TwoSum): TwoSum(max, max) -> (inf, 0). tests/test_special_values.py has more.
     m = f32(3.4028234663852886e38)
-    zh, zl = run_dw(0, m, 0 * m, m, 0 * m)
+    zh, zl = run_dw("two_sum", m, 0 * m, m, 0 * m)
     assert zh[0] == np.inf and zl[0] == 0
 
 
@@ -550,24 +551,24 @@ def test_adversarial_products_and_quotients():
     yl = f32(-h * 2**-25, -(2.0**-57), 2**-26, 0, 2**-49, 2**39, 0, 0)
     assert is_normalised(xh, xl).all() and is_normalised(yh, yl).all()
     X, Y = Exact.dw(xh, xl), Exact.dw(yh, yl)
-    for op, bound, ref in ((5, B_MUL_FP, X * Exact.f32(yh)), (6, B_MUL, X * Y)):
+    for op, bound, ref in (("mul_fp", B_MUL_FP, X * Exact.f32(yh)), ("mul", B_MUL, X * Y)):
         zh, zl = run_dw(op, xh, xl, yh, yl)
         ok, err = check_rel(Exact.dw(zh, zl) - ref, ref, bound)
         assert ok.all(), (op, err)
         assert zh[3] == 1.5 and zl[3] == 0  # exact product
-    zh, zl = run_dw(7, xh, xl, yh, yl)
+    zh, zl = run_dw("div", xh, xl, yh, yl)
     ok, err = check_rel(Exact.dw(zh, zl) * Y - X, X, B_DIV)
     assert ok.all(), err
     assert zh[3] == 6 and zl[3] == 0  # 3 / 0.5 exactly
     # Signed zeros: 0 * y and 0 / y are zero in both words.
     zx = f32(0, -0.0, 0, -0.0)
     zy = f32(3, 3, -3, -3)
-    for op in (5, 6, 7):
+    for op in ("mul_fp", "mul", "div"):
         zh, zl = run_dw(op, zx, zx, zy, 0 * zy)
         assert (zh == 0).all() and (zl == 0).all()
     # Documented limits: |yh| > 2^126 makes 1/yh subnormal, flushed: the quotient
     # comes out 0; y == 0 gives inf/NaN.
-    zh, zl = run_dw(7, f32(1.5 * 2**127, 1), f32(0, 0), f32(1.5 * 2**126, 0), f32(0, 0))
+    zh, zl = run_dw("div", f32(1.5 * 2**127, 1), f32(0, 0), f32(1.5 * 2**126, 0), f32(0, 0))
     assert zh[0] == 0 and zl[0] == 0
     assert not np.isfinite(zh[1])
 
@@ -602,7 +603,7 @@ def complex_operands():
 def test_complex_add(complex_operands):
     """Each component within 3u^2 + 13u^3 (JMP alg 6), hence also normwise."""
     x, y, (Xr, Xi, Yr, Yi) = complex_operands
-    zrh, zrl, zih, zil = run_cdw(0, x, y)
+    zrh, zrl, zih, zil = run_cdw("add", x, y)
     worst = 0.0
     for Z, E in ((Exact.dw(zrh, zrl), Xr + Yr), (Exact.dw(zih, zil), Xi + Yi)):
         ok, err = check_rel(Z - E, E, B_ADD)
@@ -618,7 +619,7 @@ def test_complex_multiply(complex_operands):
     Components alone are not bounded relatively under cancellation: the printout
     shows how large the componentwise error of Re(x^2) gets."""
     x, y, (Xr, Xi, Yr, Yi) = complex_operands
-    zrh, zrl, zih, zil = run_cdw(1, x, y)
+    zrh, zrl, zih, zil = run_cdw("mul", x, y)
     Er = Xr * Yr - Xi * Yi
     Ei = Xr * Yi + Xi * Yr
     Zr, Zi = Exact.dw(zrh, zrl), Exact.dw(zih, zil)
@@ -639,12 +640,12 @@ def test_one_element_and_partial_threadgroups():
     unwritten outputs with NaN)."""
     for n in (0, 1, 1000):
         a = np.linspace(1, 2, n, dtype=np.float32)
-        zh, zl = run_dw(4, a, 0 * a, a, 0 * a)
+        zh, zl = run_dw("add", a, 0 * a, a, 0 * a)
         np.testing.assert_array_equal(zh, 2 * a)
         np.testing.assert_array_equal(zl, 0 * a)
     # An explicit grid larger than n: threads past the end return.
     a, z = mx.ones(10), mx.zeros(10)
-    zh, zl = DW_OPS(inputs=[a, z, a, z], template={"OP": 6}, grid=(64, 1, 1),
+    zh, zl = DW_OPS(inputs=[a, z, a, z], template={"OP": "mul"}, grid=(64, 1, 1),
                     threadgroup=(32, 1, 1), output_shapes=[(10,), (10,)],
                     output_dtypes=[mx.float32] * 2, backend=BACKEND)
     np.testing.assert_array_equal(np.array(zh), np.ones(10, np.float32))

@@ -321,3 +321,22 @@ def test_non_finite_inputs_stay_in_their_row(backend):
     assert np.isnan(y[0]).all() and not np.isfinite(y[2]).all()
     ref = reference(x[1:2], "fft")
     assert normwise_error(y[1:2], ref) < 1e-7 and fraction_exactly_rounded(y[1:2], ref) > 0.99
+
+
+def test_params_layouts_are_generated_into_fft_h():
+    """The params buffers of fft_pass / fft_real: one definition by name in
+    engine.py, generated into fft.h (checked here), packed by name, read by name."""
+    from mlx_precise.core.kernels import METAL_DIR
+    from mlx_precise.fft import engine
+
+    assert engine.codes_source() in (METAL_DIR / "include" / "fft.h").read_text()
+    for layout, body in ((engine.FFT_PASS_PARAMS, "fft_pass.metal"),
+                         (engine.FFT_REAL_PARAMS, "fft_real.metal")):
+        src = (METAL_DIR / "kernels" / body).read_text()
+        assert "params[" in src and not __import__("re").search(r"params\[\d", src)
+        for name in layout.names:
+            assert f"params[{layout.metal_name(name)}]" in src
+    p = engine.FFT_REAL_PARAMS.pack(n_half=4, rows=3, pre=True, lo_in=False, lo_out=True,
+                                    scaled=False, scale_hi=7, scale_lo=-1)
+    assert np.array(p)[engine.FFT_REAL_PARAMS.index("rows")] == 3
+    assert np.array(p)[engine.FFT_REAL_PARAMS.index("scale_lo")] == -1

@@ -1,0 +1,155 @@
+"""The kernel codes of the double-word kernels, shared with Metal by name: the
+generated blocks of the headers are exactly what Python generates, the kernels
+compare with the names (never a bare number), and each name selects the operation
+it names (checked against numpy, not against a position)."""
+
+import re
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_precise.core.kernels import METAL_DIR
+from mlx_precise.doubleword import dw_kernels
+from mlx_precise.doubleword import functions as dwmath
+from mlx_precise.doubleword.dw_kernels import CDW_OP, CDW_OPS, DW_OP, DW_OPS
+
+
+def _header(name):
+    return (METAL_DIR / "include" / name).read_text()
+
+
+def _body(name):
+    return (METAL_DIR / "kernels" / name).read_text()
+
+
+def test_generated_blocks_are_in_the_headers():
+    assert dw_kernels.codes_source() in _header("dw_ops.h")
+    assert dwmath.codes_source() in _header("dw_math.h")
+    assert "constant constexpr int DW_OP_ADD = %d;" % DW_OP["add"] in dw_kernels.codes_source()
+
+
+@pytest.mark.parametrize("body, param", [("dw_ops.metal", "OP"), ("cdw_ops.metal", "OP"),
+                                         ("dw_math.metal", "FN")])
+def test_kernels_compare_codes_by_name(body, param):
+    src = _body(body)
+    assert not re.search(rf"\b{param}\s*[=!<>]=?\s*\d", src.replace(f"{param} >= 0", ""))
+    assert re.search(rf"\b{param} == [A-Z_]+", src)
+
+
+def test_every_code_has_a_branch_in_its_kernel():
+    for codes, body in ((DW_OP, "dw_ops.metal"), (CDW_OP, "cdw_ops.metal"), (dwmath.FN, "dw_math.metal")):
+        src = _body(body)
+        missing = [codes.metal_name(n) for n in codes.names if codes.metal_name(n) not in src]
+        assert not missing, f"{body} never names {missing}"
+
+
+def _f32(v):
+    return mx.array(np.asarray(v, np.float32))
+
+
+X = np.array([0.3, 0.7, 1.5, 2.25, 0.125, 0.9, 1.1, 3.0], np.float32)
+Y = np.array([1.25, 0.5, 0.75, 1.5, 2.0, 0.6, 1.9, 0.4], np.float32)
+NUMPY = {
+    "exp": np.exp, "expm1": np.expm1, "log": np.log, "log1p": np.log1p, "log2": np.log2,
+    "log10": np.log10, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "erf": lambda x: np.array([__import__("math").erf(v) for v in x]),
+    "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x), "reciprocal": lambda x: 1 / x,
+    "power": np.power, "arctan2": np.arctan2,
+}
+
+
+@pytest.mark.parametrize("fn", dwmath.FN.names)
+def test_each_function_code_computes_its_function(fn):
+    """dw_math with FN = the code of ``fn`` (given by name) computes ``fn``."""
+    x, y = X.astype(np.float64), Y.astype(np.float64)
+    z = np.zeros_like(X)
+    two = fn == "cexp"
+    (zh, zl, wh, wl) = dwmath.DW_MATH(
+        inputs=[_f32(X), _f32(z), _f32(Y), _f32(z)], template={"FN": fn},
+        output_shapes=[X.shape] * 2 + [X.shape if two else (1,)] * 2,
+        output_dtypes=[mx.float32] * 4, backend="emulate")
+    got = np.array(zh, np.float64) + np.array(zl, np.float64)
+    if two:
+        got = got + 1j * (np.array(wh, np.float64) + np.array(wl, np.float64))
+        want = np.exp(x + 1j * y)
+    else:
+        want = NUMPY[fn](x, y) if fn in dwmath.BINARY else NUMPY[fn](x)
+    assert np.max(np.abs(got - want) / np.abs(want)) < 1e-13
+
+
+@pytest.mark.parametrize("op", DW_OP.names)
+def test_each_dw_op_code_computes_its_operation(op):
+    rng = np.random.default_rng(DW_OP[op])
+    xh = rng.uniform(1, 2, 16).astype(np.float32)
+    yh = rng.uniform(0.25, 0.5, 16).astype(np.float32)  # |xh| >= |yh| for Fast2Sum
+    xl = (xh * rng.uniform(-2**-25, 2**-25, 16)).astype(np.float32)
+    yl = (yh * rng.uniform(-2**-25, 2**-25, 16)).astype(np.float32)
+    if op in ("two_sum", "fast_two_sum", "two_prod"):
+        xl = np.zeros_like(xl)
+    zh, zl = DW_OPS(inputs=[_f32(a) for a in (xh, xl, yh, yl)], template={"OP": op},
+                    output_shapes=[(16,), (16,)], output_dtypes=[mx.float32] * 2,
+                    backend="emulate")
+    zh, zl = np.array(zh, np.float64), np.array(zl, np.float64)
+    x = xh.astype(np.float64) + xl
+    y = yh.astype(np.float64) + yl
+    if op == "recip_refine":  # step 0 of DW / DW from each faithful 1/yh: RN(1/yh)
+        np.testing.assert_array_equal(zh, np.float32(1) / yh)
+        assert np.max(np.abs(zl * yh - 1)) < 2.0**-23
+        return
+    want = {"two_sum": x + yh, "fast_two_sum": x + yh, "two_prod": x * yh, "add_fp": x + yh,
+            "add": x + y, "mul_fp": x * yh, "mul": x * y, "div": x / y,
+            "div_faithful": x / y}[op]
+    assert np.max(np.abs(zh + zl - want) / np.abs(want)) < 2.0**-45
+
+
+@pytest.mark.parametrize("op", CDW_OP.names)
+def test_each_cdw_op_code_computes_its_operation(op):
+    rng = np.random.default_rng(CDW_OP[op])
+    parts = [rng.uniform(-2, 2, 16).astype(np.float32) for _ in range(4)]
+    z = np.zeros(16, np.float32)
+    ins = [parts[0], z, parts[1], z, parts[2], z, parts[3], z]
+    rh, rl, ih, il = CDW_OPS(inputs=[_f32(a) for a in ins], template={"OP": op},
+                             output_shapes=[(16,)] * 4, output_dtypes=[mx.float32] * 4,
+                             backend="emulate")
+    got = (np.array(rh, np.float64) + np.array(rl)) + 1j * (np.array(ih, np.float64) + np.array(il))
+    x = parts[0].astype(np.float64) + 1j * parts[1]
+    y = parts[2].astype(np.float64) + 1j * parts[3]
+    want = x + y if op == "add" else x * y
+    assert np.max(np.abs(got - want) / np.abs(want)) < 2.0**-44
+
+
+def test_template_values_by_name_and_code():
+    from mlx_precise.core.kernels import KernelInputError
+
+    assert DW_OPS._template_args({"OP": "mul"}) == [("OP", DW_OP["mul"])]
+    assert DW_OPS._template_args({"OP": 6}) == [("OP", 6)]
+    with pytest.raises(KernelInputError, match="not a name of DW_OP"):
+        DW_OPS._template_args({"OP": "pow"})
+    with pytest.raises(KernelInputError, match="not a code of DW_OP"):
+        DW_OPS._template_args({"OP": len(DW_OP.names)})
+    assert DW_OPS.variants["OP"] == DW_OP.values
+    assert dwmath.DW_MATH.variants["FN"] == dwmath.FN.values
+
+
+def test_codes_and_layouts_by_name():
+    from mlx_precise.core.kernels import Codes, ParamLayout, generated_block
+
+    c = Codes("T_OP", ("first", "second"))
+    assert c["second"] == 1 and c.metal_name("second") == "T_OP_SECOND"
+    assert c.source() == ("constant constexpr int T_OP_FIRST = 0;\n"
+                          "constant constexpr int T_OP_SECOND = 1;\n"
+                          "constant constexpr int T_OP_COUNT = 2;\n")
+    with pytest.raises(KeyError, match="unknown name 'third'"):
+        c["third"]
+    for bad in (("a", "a"), ("Upper",), ("count",)):
+        with pytest.raises(ValueError):
+            Codes("T", bad)
+    lay = ParamLayout("T_P", ("n", "flag"), size=8)
+    assert np.array(lay.pack(flag=True, n=5)).tolist() == [5, 1, 0, 0, 0, 0, 0, 0]
+    with pytest.raises(KeyError, match="missing fields"):
+        lay.pack(n=5)
+    with pytest.raises(KeyError, match="unknown"):
+        lay.pack(n=5, flag=0, extra=1)
+    assert "constant constexpr int T_P_FLAG = 1;" in generated_block("f()", c, lay)
