@@ -81,6 +81,11 @@ _OBJECTS = {
 }
 
 
+def of(backend) -> Backend:
+    """``backend`` itself when it is a :class:`Backend`, else :func:`get` of it."""
+    return backend if isinstance(backend, Backend) else get(backend)
+
+
 def get(name: str) -> Backend:
     """The :class:`Backend` object of a backend name (validated: see
     :func:`validate`)."""

@@ -365,7 +365,7 @@ class Kernel:
         ``backend`` is ``"metal"``, ``"emulate"`` or None (the active backend,
         which must then not be ``"cpu"``)."""
         name = backends.resolve(backend)
-        if name == "cpu":
+        if not name.has_kernels:
             raise backends.BackendUnavailableError(
                 f"kernel {self.name!r} is a Metal kernel: run it with backend "
                 "'metal' or 'emulate' (the cpu backend has native float64 code instead)"
@@ -404,7 +404,7 @@ _checked: dict[str, BaseException | None] = {}
 
 
 def _factory(backend: str) -> Callable:
-    if backend == "metal":
+    if backends.of(backend).gpu:
         return _metal_kernel_safe
     from ..emulator import metal_kernel
 

@@ -36,7 +36,8 @@ def operate(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream=None) ->
     8.66u^2 normwise (u = 2^-24, JMP / MR bounds); cpu: float64 then split."""
     if op == "sub":
         op, y = "add", -y  # exact negation: x - y = x + (-y)
-    z = arith64(op, x, y) if backend == "cpu" else arith_kernels(op, x, y, backend, stream)
+    z = (arith64(op, x, y) if backends.of(backend).float64_engine
+         else arith_kernels(op, x, y, backend, stream))
     if op == "div" and y.is_complex:
         z = _complex_div_specials(x, y, z)
     return z

@@ -11,6 +11,7 @@ from fractions import Fraction
 import mlx.core as mx
 import numpy as np
 
+from ..core import backends
 from ..core.kernels import DeviceCheckError, eft_selftest
 from ..core.selftest import Check, register
 from .elementwise import rn32_rational
@@ -162,7 +163,7 @@ def selftest_checks(backend: str, done=()) -> list[Check]:
     """Host split/join; on a kernel backend the device EFT self-test and, when it
     passes, every double-word operation."""
     checks = [check_split_join()]
-    if backend in ("metal", "emulate"):
+    if backends.of(backend).has_kernels:
         checks.append(check_eft(backend))
         if checks[-1].passed:
             checks += check_doubleword_ops(backend)

@@ -135,7 +135,7 @@ def _sum_to(g: mx.array, shape: tuple) -> mx.array:
 
 def _cmul(a, b, shape: tuple, round_output: bool, name: str, stream):
     """The product on a resolved backend (no autodiff)."""
-    if name == "cpu":
+    if name.float64_engine:
         fa = a.to_float64() if isinstance(a, DoubleWord) else np.array(a).astype(np.complex128)
         fb = b.to_float64() if isinstance(b, DoubleWord) else np.array(b).astype(np.complex128)
         with np.errstate(invalid="ignore", over="ignore"):  # Inf/NaN as IEEE gives them
@@ -254,7 +254,7 @@ def _scale(x, s_hi: float, s_lo: float, cpu_op, round_output, backend, stream):
 def _scale_raw(x, s_hi, s_lo, cpu_op, name, stream, round_output):
     dw_in = isinstance(x, DoubleWord)
     shape, dtype = tuple(x.shape), x.dtype
-    if name == "cpu":
+    if name.float64_engine:
         fx = x.to_float64() if dw_in else np.array(x).astype(np.float64 if dtype == mx.float32 else np.complex128)
         return from_float64_result(cpu_op(fx), round_output)
     hi, lo = _words(x) if dw_in else (x, None)

@@ -259,11 +259,11 @@ def unary(fn: str, x: DoubleWord, backend: str | None = None, stream=None) -> Do
     name = _backend(backend)
     if x.is_complex:
         re, im = x.parts()
-        if name == "cpu":
+        if name.float64_engine:
             return _cpu_cexp(re, im)
         zr, zi = _launch("cexp", re, im, name, stream)
         return combine(zr, zi)
-    if name == "cpu":
+    if name.float64_engine:
         return _cpu_unary(fn, x)
     return _launch(fn, x, None, name, stream)
 
@@ -291,7 +291,7 @@ def binary(fn: str, x: DoubleWord, y: DoubleWord, backend: str | None = None,
     x = _operand(x, "x", complex_ok=False)
     y = _operand(y, "y", complex_ok=False)
     name = _backend(backend)
-    if name == "cpu":
+    if name.float64_engine:
         with mx.stream(mx.cpu):
             a, b = to64(x)[0], to64(y)[0]
             v = mx.power(a, b) if fn == "power" else mx.arctan2(a, b)

@@ -484,7 +484,7 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
     ax = _check_axis(x.ndim, axis, "x")
     n = _check_n(n, x.shape[ax])
     name = backends.resolve(backend)
-    if name == "cpu":
+    if name.float64_engine:
         return _cpu_result(_np_fft("ifft" if inverse else "fft", _float64(x), n, ax),
                            round_output)
     real_in = x.dtype == mx.float32
@@ -511,7 +511,7 @@ def _rfft_words(x, n, axis, round_output, backend, stream):
     ax = _check_axis(x.ndim, axis, "x")
     n = _check_n(n, x.shape[ax])
     name = backends.resolve(backend)
-    if name == "cpu":
+    if name.float64_engine:
         return _cpu_result(_np_fft("rfft", _float64(x), n, ax), round_output)
     hi, lo = _hi_lo(x, complex_out=False)
     lead, rows = _batch(hi, ax)
@@ -529,7 +529,7 @@ def _irfft_words(X, n, axis, round_output, backend, stream):
     ax = _check_axis(X.ndim, axis, "X")
     n = _check_n(n, 2 * (X.shape[ax] - 1))
     name = backends.resolve(backend)
-    if name == "cpu":
+    if name.float64_engine:
         return _cpu_result(_np_fft("irfft", _float64(X), n, ax), round_output)
     hi, lo = _hi_lo(X, complex_out=True)
     lead, rows = _batch(hi, ax)
