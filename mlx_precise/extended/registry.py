@@ -69,15 +69,12 @@ VALUE_FREE = frozenset({
     "random.key", "random.seed", "random.split",
 })
 
-_ORDER = "orders or compares values: the high words decide except on ties, where " \
-         "the low words would (no rule yet)"
 _TO_INTEGER = "rounds to an integer (no double-word rule yet)"
 _LOW_PRECISION = "a low-precision format (float32 or narrower by design)"
 _NOT_YET = "no double-word rule yet"
 _SAMPLING = "samples with its parameters in float32"
 
 WITHOUT_RULE = {
-    **dict.fromkeys(("minmax", "unique", "searchsorted", "cummax", "cummin"), _ORDER),
     **dict.fromkeys(("floor_divide", "remainder", "divmod"), _TO_INTEGER),
     **dict.fromkeys(("quantize", "dequantize", "quantized_matmul", "gather_qmm", "qqmm",
                      "gather_qqmm", "to_fp8", "from_fp8"), _LOW_PRECISION),

@@ -167,13 +167,13 @@ def test_ops_without_a_rule_are_reported_and_strict_raises(backend):
     with mp.use_backend(backend):
         x, _ = carried(8, 6)
         with mp.extended_precision() as rep:
-            mx.cummax(x)
+            mx.logcumsumexp(x)
             mx.random.normal((3,), loc=x[0])
             mx.remainder(x, 0.25)
-        assert rep.float32["cummax"] == rep.float32["random.normal"] == rep.float32["remainder"] == 1
-        with pytest.raises(PrecisionDropError, match="cummax"):
+        assert rep.float32["logcumsumexp"] == rep.float32["random.normal"] == rep.float32["remainder"] == 1
+        with pytest.raises(PrecisionDropError, match="logcumsumexp"):
             with mp.extended_precision(strict=True):
-                mx.cummax(x)
+                mx.logcumsumexp(x)
 
 
 def test_a_custom_kernel_reading_a_carried_value_is_reported():
@@ -667,3 +667,34 @@ def test_closeness_of_carried_values(backend):
     assert not eq_self.item() and not eq_other.item() and eq_nan.item()
     assert np.array(close).tolist() == [False, True, True, False]
     assert allc.item()
+
+
+@pytest.mark.parametrize("op", ["cummax", "cummin", "minmax", "searchsorted", "unique"])
+def test_exact_in_float64_on_cpu(op):
+    """Running extrema, minmax, searchsorted and unique of carried values run in
+    float64 on the exact values on cpu (reported on emulate)."""
+    hi = np.array([1.0, 1.0, 0.5, 1.0, 2.0, 1.0], np.float32)
+    delta = np.array([1e-9, -1e-9, 0.0, 2e-9, 0.0, 0.0])
+    for backend in ("cpu", "emulate"):
+        with mp.use_backend(backend), mp.extended_precision() as rep:
+            b = mx.array(hi) + mx.array(delta.astype(np.float32))
+            v = value64(b)
+            if op == "searchsorted":
+                out = mx.searchsorted(mx.sort(b), b)
+            elif op == "unique":
+                out = mx.unique(b, size=6)
+            else:
+                out = getattr(mx, op)(b)
+        if backend == "emulate":
+            assert rep.float32[op] == 1
+            continue
+        assert not rep.float32, rep
+        if op in ("cummax", "cummin"):
+            ref = (np.maximum if op == "cummax" else np.minimum).accumulate(v)
+            np.testing.assert_array_equal(value64(out), ref)
+        elif op == "minmax":
+            assert [float(value64(o)) for o in out] == [v.min(), v.max()]
+        elif op == "searchsorted":
+            np.testing.assert_array_equal(np.array(out), np.searchsorted(np.sort(v), v))
+        else:
+            assert sorted(value64(out).tolist()) == sorted(np.unique(v).tolist())

@@ -1,7 +1,8 @@
-"""``mx.linalg`` on the cpu backend: LAPACK in float64 on the operands' exact
-values (MLX's own float64 linear algebra, which runs on the CPU), each float64
-result kept in two words. On ``metal`` / ``emulate`` there is no float64 to run
-it in: the rule declines and the dispatcher reports the float32 op."""
+"""Ops the cpu backend runs in MLX float64 on the operands' exact values, each
+float64 result kept in two words: ``mx.linalg`` (LAPACK, which MLX runs on the CPU),
+and ops whose float64 form is exact on the values (running extrema, ``minmax``,
+``unique``, ``searchsorted``). On ``metal`` / ``emulate`` there is no float64 to
+run them in: the rule declines and the dispatcher reports the float32 op."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _wide(value):
     return value
 
 
-def _linalg(ctx, original, *args, **kw):
+def _float64(ctx, original, *args, **kw):
     arrays = [a for a in (*args, *kw.values()) if isinstance(a, mx.array)]
     if not ctx.backend.float64_engine or not any(a.dtype == mx.float32 for a in arrays) or any(
             a.dtype not in (mx.float32, mx.float64) for a in arrays):
@@ -35,5 +36,8 @@ def _linalg(ctx, original, *args, **kw):
         return _wide(original(*map(wide, args), **{k: wide(v) for k, v in kw.items()}))
 
 
-RULES = {**{f"linalg.{name}": _linalg for name in _NAMES}, "matrix_norm": _linalg}
+_EXACT64 = ("cummax", "cummin", "minmax", "unique", "searchsorted")
+
+RULES = {**{f"linalg.{name}": _float64 for name in _NAMES}, "matrix_norm": _float64,
+         **{name: _float64 for name in _EXACT64}}
 """Op name -> rule."""
