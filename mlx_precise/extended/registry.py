@@ -78,7 +78,7 @@ WITHOUT_RULE = {
     **dict.fromkeys(("floor_divide", "remainder", "divmod"), _TO_INTEGER),
     **dict.fromkeys(("quantize", "dequantize", "quantized_matmul", "gather_qmm", "qqmm",
                      "gather_qqmm", "to_fp8", "from_fp8"), _LOW_PRECISION),
-    **dict.fromkeys(("erfinv", "logcumsumexp", "block_masked_mm", "segmented_mm", "hadamard_transform", "as_strided",
+    **dict.fromkeys(("logcumsumexp", "block_masked_mm", "segmented_mm", "hadamard_transform", "as_strided",
                      "depends", "fast.gated_delta_update"),
                     _NOT_YET),
     **dict.fromkeys(("linalg.eig", "linalg.eigvals"),

@@ -698,3 +698,24 @@ def test_exact_in_float64_on_cpu(op):
             np.testing.assert_array_equal(np.array(out), np.searchsorted(np.sort(v), v))
         else:
             assert sorted(value64(out).tolist()) == sorted(np.unique(v).tolist())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_erfinv_against_mpmath(backend):
+    import mpmath
+
+    x = np.concatenate([np.linspace(-0.999, 0.999, 40), [0.0, 1e-6, -0.5, 0.9999]])
+    x32 = x.astype(np.float32)
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        xs = mx.array(x32) / 3  # carried values (thirds)
+        v = value64(xs)
+        y = mx.erfinv(xs)
+        specials = mx.erfinv(mx.array([1.0, -1.0, 2.0, np.nan], mx.float32) * 1.0)
+    assert rep.extended["erfinv"] == 2 and not rep.float32
+    with mpmath.workdps(40):
+        ref = np.array([float(mpmath.erfinv(mpmath.mpf(float(t)))) for t in v])
+    err = np.abs(value64(y) - ref) / np.maximum(np.abs(ref), 1e-30)
+    assert err.max() <= 2**-40, err.max()
+    assert (np.array(y) == ref.astype(np.float32)).mean() >= 0.97
+    s = np.array(specials)
+    assert s[0] == np.inf and s[1] == -np.inf and np.isnan(s[2]) and np.isnan(s[3])
