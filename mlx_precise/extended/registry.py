@@ -69,13 +69,11 @@ VALUE_FREE = frozenset({
     "random.key", "random.seed", "random.split",
 })
 
-_TO_INTEGER = "rounds to an integer (no double-word rule yet)"
 _LOW_PRECISION = "a low-precision format (float32 or narrower by design)"
 _NOT_YET = "no double-word rule yet"
 _SAMPLING = "samples with its parameters in float32"
 
 WITHOUT_RULE = {
-    **dict.fromkeys(("floor_divide", "remainder", "divmod"), _TO_INTEGER),
     **dict.fromkeys(("quantize", "dequantize", "quantized_matmul", "gather_qmm", "qqmm",
                      "gather_qqmm", "to_fp8", "from_fp8"), _LOW_PRECISION),
     **dict.fromkeys(("logcumsumexp", "block_masked_mm", "segmented_mm", "hadamard_transform", "as_strided",

@@ -169,8 +169,8 @@ def test_ops_without_a_rule_are_reported_and_strict_raises(backend):
         with mp.extended_precision() as rep:
             mx.logcumsumexp(x)
             mx.random.normal((3,), loc=x[0])
-            mx.remainder(x, 0.25)
-        assert rep.float32["logcumsumexp"] == rep.float32["random.normal"] == rep.float32["remainder"] == 1
+            mx.quantize(mx.tile(x, (8, 8)), group_size=64, bits=8)
+        assert rep.float32["logcumsumexp"] == rep.float32["random.normal"] == rep.float32["quantize"] == 1
         with pytest.raises(PrecisionDropError, match="logcumsumexp"):
             with mp.extended_precision(strict=True):
                 mx.logcumsumexp(x)
@@ -719,3 +719,31 @@ def test_erfinv_against_mpmath(backend):
     assert (np.array(y) == ref.astype(np.float32)).mean() >= 0.97
     s = np.array(specials)
     assert s[0] == np.inf and s[1] == -np.inf and np.isnan(s[2]) and np.isnan(s[3])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_floor_divide_and_remainder_of_carried_values(backend):
+    """numpy's convention on the exact values, including quotients that are (or are
+    within 2^-47 of) integers, both signs, and MLX's special values."""
+    a = np.array([7.0, -7.0, 7.0, -7.0, 6.0, 0.3, 1e6, 2.5, 5.0, 1.0, np.inf], np.float32)
+    b = np.array([3.0, 3.0, -3.0, -3.0, 3.0, 0.1, 0.7, 0.5, 0.0, np.inf, 2.0], np.float32)
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        A, B = mx.array(a) * 1.0, mx.array(b) / 1.0
+        carried_a = mx.array(a[:8]) / 3
+        q, r = mx.floor_divide(A, B), mx.remainder(A, B)
+        q3, r3 = mx.divmod(carried_a, mx.array(b[:8]))
+        va = value64(carried_a)
+        mod_op = carried_a % 0.25
+    assert not rep.float32, rep
+    with np.errstate(all="ignore"):
+        ref_q = np.floor_divide(a.astype(np.float64), b.astype(np.float64))
+        ref_r = np.remainder(a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_array_equal(value64(q)[:8], ref_q[:8])
+    np.testing.assert_allclose(value64(r)[:8], ref_r[:8], rtol=0, atol=2**-40)
+    np.testing.assert_array_equal(np.array(q)[8:], np.array(mx.floor_divide(mx.array(a), mx.array(b)))[8:])
+    b64 = b[:8].astype(np.float64)
+    np.testing.assert_array_equal(value64(q3), np.floor(va / b64))
+    r_ref = va - np.floor(va / b64) * b64
+    # a small remainder of a large value: double-word precision relative to |a|
+    np.testing.assert_allclose(value64(r3), r_ref, rtol=0, atol=2**-45 * np.abs(va).max())
+    assert np.all((value64(mod_op) >= 0) & (value64(mod_op) < 0.25))

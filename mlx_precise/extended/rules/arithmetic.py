@@ -269,6 +269,38 @@ def _integer_part(kind: str):
     return rule
 
 
+def _divmod_words(a, b):
+    """(floor(a / b), a - b floor(a / b)) of real carried values, numpy's
+    convention (the remainder has b's sign): the double-word quotient's floor,
+    then one correction each way, decided by exact comparisons of the remainder,
+    since a quotient within 2^-47 of an integer may floor to its neighbour.
+    Non-finite operands and b = 0 give MLX's values."""
+    if any(isinstance(v, mx.array) and v.dtype == mx.complex64 or isinstance(v, complex)
+           for v in (a, b)):
+        return NotImplemented
+    q = mx.floor(a / b)
+    r = a - q * b
+    positive = b > 0
+    low = mx.where(positive, r < 0, r > 0)  # the quotient was one too large
+    q, r = mx.where(low, q - 1, q), mx.where(low, r + b, r)
+    high = mx.where(positive, r >= b, r <= b)  # one too small
+    q, r = mx.where(high, q + 1, q), mx.where(high, r - b, r)
+    with carry.suspended():
+        ordinary = mx.isfinite(a) & mx.isfinite(b) & (b != 0)
+        q_mlx, r_mlx = mx.floor_divide(a, b), mx.remainder(a, b)
+    return mx.where(ordinary, q, q_mlx), mx.where(ordinary, r, r_mlx)
+
+
+def _floor_divide(a, b):
+    out = _divmod_words(a, b)
+    return out if out is NotImplemented else out[0]
+
+
+def _remainder(a, b):
+    out = _divmod_words(a, b)
+    return out if out is NotImplemented else out[1]
+
+
 def _isclose(a, b, rtol=1e-05, atol=1e-08, *, equal_nan=False):
     """``|a - b| <= atol + rtol |b|`` of the carried values (Python constants at
     their float64 value); infinities equal when of one sign, NaN as ``equal_nan``."""
@@ -303,6 +335,9 @@ RULES = {
     "clip": decomposed(_clip), "nan_to_num": _nan_to_num, "diff": decomposed(_diff),
     **{kind: _integer_part(kind) for kind in ("floor", "ceil", "trunc", "round")},
     "isclose": decomposed(_isclose), "array_equal": decomposed(_array_equal),
+    "floor_divide": decomposed(_floor_divide), "remainder": decomposed(_remainder),
+    "divmod": decomposed(lambda a, b: (lambda out: out if out is NotImplemented else list(out))(
+        _divmod_words(a, b))),
     "allclose": decomposed(lambda a, b, rtol=1e-05, atol=1e-08, *, equal_nan=False: mx.all(
         _isclose(a, b, rtol, atol, equal_nan=equal_nan))),
     **{name: _compare(name) for name in ("less", "less_equal", "greater", "greater_equal",
