@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib
-import re
 from pathlib import Path
-
-import pytest
 
 import mlx_precise
 
@@ -188,24 +185,3 @@ def test_public_names_importable():
         assert hasattr(mlx_precise, name), name
 
 
-def _documented_modules() -> list[str]:
-    text = (ROOT / "docs" / "api.md").read_text()
-    names = set(re.findall(r"\bmlx_precise(?:\.[A-Za-z_][A-Za-z0-9_]*)+", text))
-    return sorted(names)
-
-
-@pytest.mark.parametrize("dotted", _documented_modules())
-def test_names_in_api_md_importable(dotted):
-    """Every ``mlx_precise.X[.Y]`` docs/api.md names: a module, or an attribute of
-    one (``mlx_precise.esc.esc_estimate``)."""
-    parts = dotted.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for attr in parts[i:]:
-            assert hasattr(obj, attr), f"{dotted}: {'.'.join(parts[:i])} has no {attr}"
-            obj = getattr(obj, attr)
-        return
-    pytest.fail(f"{dotted} is not importable")

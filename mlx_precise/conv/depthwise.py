@@ -18,7 +18,7 @@ from ..core.streams import on_stream, streamed
 from ..doubleword.aware import precision_aware
 from ..doubleword.words import DoubleWord, from_float64_result
 from ..core.plain import plain
-from ..core.kernels import Kernel, elementwise_grid
+from ..core.kernels import Kernel, per_element_of_first_input
 from ..core.backends import Backend
 
 _F32 = (mx.float32,)
@@ -31,7 +31,7 @@ DEPTHWISE = Kernel(
     outputs=("out_hi", "out_lo"),
     template=("TAPS", "HAS_BIAS", "ROUND"),
     input_dtypes={"x": _F32, "w": _F32, "bias": _F32},
-    grid=lambda arrays, t: elementwise_grid(arrays[0].size),
+    grid=per_element_of_first_input,
     variants={"TAPS": (0, 3), "HAS_BIAS": (False, True), "ROUND": (False, True), "out_hi": _F32, "out_lo": _F32},
 )
 

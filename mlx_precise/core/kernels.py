@@ -100,6 +100,11 @@ def elementwise_grid(n: int, threads: int = 256):
     return (n, 1, 1), (min(threads, n), 1, 1)
 
 
+def per_element_of_first_input(inputs, template) -> tuple:
+    """Grid rule: one thread per element of the first input (elementwise kernels)."""
+    return elementwise_grid(inputs[0].size)
+
+
 def same_shape(ndim: int | None = None) -> Callable:
     """Shape rule: every input has the same shape (and ``ndim`` dimensions if given)."""
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..core.kernels import Codes, Kernel, elementwise_grid, generated_block, same_shape
+from ..core.kernels import (Codes, Kernel, generated_block, per_element_of_first_input,
+                            same_shape)
 
 _F32 = (mx.float32,)
 
@@ -41,11 +42,6 @@ def codes_source() -> str:
     return generated_block("mlx_precise.doubleword.dw_kernels.codes_source()", DW_OP, CDW_OP)
 
 
-def _elementwise(inputs, template):
-    """One thread per element of the first input."""
-    return elementwise_grid(inputs[0].size)
-
-
 DW_OPS = Kernel(
     name="dw_ops",
     body="dw_ops.metal",
@@ -56,7 +52,7 @@ DW_OPS = Kernel(
     codes={"OP": DW_OP},
     input_dtypes={k: _F32 for k in ("xh", "xl", "yh", "yl")},
     input_shapes=same_shape(ndim=1),
-    grid=_elementwise,
+    grid=per_element_of_first_input,
     extended=True,
     variants={"zh": _F32, "zl": _F32},
 )
@@ -75,7 +71,7 @@ CDW_OPS = Kernel(
     codes={"OP": CDW_OP},
     input_dtypes={k: _F32 for k in _CDW_IN},
     input_shapes=same_shape(ndim=1),
-    grid=_elementwise,
+    grid=per_element_of_first_input,
     extended=True,
     variants={k: _F32 for k in ("zrh", "zrl", "zih", "zil")},
 )

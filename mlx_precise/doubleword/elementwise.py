@@ -21,7 +21,7 @@ from .aware import precision_aware
 from .engine64 import from_float64_result
 from .types import DoubleWord
 from .types import operand as _operand
-from ..core.kernels import Kernel, elementwise_grid
+from ..core.kernels import Kernel, elementwise_grid, per_element_of_first_input
 
 _C64 = (mx.complex64,)
 _F32 = (mx.float32,)
@@ -49,7 +49,7 @@ SCALE = Kernel(
     outputs=("out_hi", "out_lo"),
     template=("ROUND", "DW_IN"),
     input_dtypes={"x_hi": _F32, "x_lo": _F32, "s": _F32},
-    grid=lambda arrays, t: elementwise_grid(arrays[0].size),
+    grid=per_element_of_first_input,
     variants={"ROUND": (False, True), "DW_IN": (False, True), "out_hi": _F32, "out_lo": _F32},
 )
 

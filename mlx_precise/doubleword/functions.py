@@ -51,7 +51,8 @@ import numpy as np
 from .engine64 import from64, to64
 from .types import DoubleWord, combine
 from ..core import backends
-from ..core.kernels import Codes, Kernel, elementwise_grid, generated_block, same_shape
+from ..core.kernels import (Codes, Kernel, generated_block, per_element_of_first_input,
+                            same_shape)
 
 F32, C64, F64 = mx.float32, mx.complex64, mx.float64
 
@@ -77,10 +78,6 @@ class DwMathError(ValueError):
     """A double-word function was called with an unknown name or unusable operands."""
 
 
-def _grid(inputs, template):
-    return elementwise_grid(inputs[0].size)
-
-
 _IN = ("ah", "al", "bh", "bl")
 DW_MATH = Kernel(
     name="dw_math",
@@ -92,7 +89,7 @@ DW_MATH = Kernel(
     codes={"FN": FN},
     input_dtypes={k: (F32,) for k in _IN},
     input_shapes=same_shape(ndim=1),
-    grid=_grid,
+    grid=per_element_of_first_input,
     extended=True,
     variants={k: (F32,) for k in ("zh", "zl", "wh", "wl")},
 )

@@ -41,7 +41,7 @@ from ..core import backends
 from ..core.streams import streamed
 from ..core.arrays import as_array
 from ..core.autodiff import host_guard
-from ..core.kernels import Kernel, elementwise_grid
+from ..core.kernels import Kernel, per_element_of_first_input
 
 Q115_THRESHOLD = 0.999
 """Default clamp of the Q1.15 conversions (the reference's ``Q115_OVERFLOW_THRESHOLD``)."""
@@ -57,10 +57,6 @@ _STORAGE = (mx.float32, mx.bfloat16, mx.float16)
 _CODE_DTYPE = {15: mx.int16, 31: mx.int32}
 
 
-def _elementwise(inputs, template):
-    return elementwise_grid(inputs[0].size)
-
-
 FX_QUANTIZE = Kernel(
     name="fixedpoint_quantize",
     body="fixedpoint_quantize.metal",
@@ -68,7 +64,7 @@ FX_QUANTIZE = Kernel(
     inputs=("x", "params"),
     outputs=("q",),
     input_dtypes={"x": _FLOAT_IN, "params": (mx.uint32,)},
-    grid=_elementwise,
+    grid=per_element_of_first_input,
     extended=False,
     variants={"q": (mx.int16, mx.int32)},
 )
@@ -84,7 +80,7 @@ FX_DEQUANTIZE = Kernel(
     outputs=("y",),
     template=("BITS",),
     input_dtypes={"q": (mx.int16, mx.int32)},
-    grid=_elementwise,
+    grid=per_element_of_first_input,
     extended=False,
     variants={"BITS": (15, 31), "y": (mx.float32,)},
 )
@@ -99,7 +95,7 @@ FX_SIMULATE = Kernel(
     outputs=("y",),
     template=("T",),
     input_dtypes={"x": _FLOAT_IN, "params": (mx.uint32,)},
-    grid=_elementwise,
+    grid=per_element_of_first_input,
     extended=False,
     variants={"T": _FLOAT_IN, "y": "T"},
 )
