@@ -35,7 +35,7 @@ import numpy as np
 from ..doubleword import words
 from ..doubleword.words import DoubleWord, as_complex, combine, from64, to64
 from ..doubleword.words import real_imag as parts  # noqa: F401  (rules read arith.parts)
-from .carry import check_traceable, suspended
+from .carry import suspended
 from ..core.backends import Backend
 
 C64 = mx.complex64
@@ -174,8 +174,6 @@ def binary(op: str, x: DoubleWord, y: DoubleWord, backend: Backend,
         op, y = "add", neg(y)
     if backend.float64_engine:  # MLX float64 ops: differentiable as they are
         return words.binary(op, x, y, backend)
-    if backend.host_evaluated:  # the emulator evaluates its inputs
-        check_traceable((x.hi, x.lo, y.hi, y.lo), f"double-word {op} on {backend!r}")
     return DoubleWord(*_differentiable(op, backend, stream)(x.hi, x.lo, y.hi, y.lo))
 
 
@@ -199,8 +197,6 @@ def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: Ba
             f = getattr(mx, _REDUCE64[op])
             return from64(*(None if v is None else f(v, axis=list(axes), keepdims=keepdims)
                             for v in to64(x)))
-    if backend.host_evaluated:  # the emulator evaluates its inputs
-        check_traceable((x.hi, x.lo), f"double-word {_REDUCE64[op]} on {backend!r}")
     return _tree(x, axes, keep, out_shape, backend, stream, op)
 
 
@@ -249,8 +245,6 @@ def cumsum(x: DoubleWord, axis: int, reverse: bool, inclusive: bool, backend: Ba
             f = getattr(mx, _SCAN64[op])
             s = from64(*(None if v is None else f(v, axis=axis) for v in (re, im)))
     else:
-        if backend.host_evaluated:  # the emulator evaluates its inputs
-            check_traceable((x.hi, x.lo), f"double-word {_SCAN64[op]} on {backend!r}")
         s, d = x, 1
         while d < n:
             s = binary(op, s, _shift(s, d, axis, fill), backend, stream)

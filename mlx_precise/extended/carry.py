@@ -116,62 +116,6 @@ def wide_value(x) -> tuple | None:
     return None if cell is None else cell[1]
 
 
-# ---- values computed by a gradient nested in another gradient ------------------------
-# MLX detaches the graph of a gradient's output when it is evaluated inside an
-# enclosing gradient trace, so a host engine (numpy on cpu, the Metal emulator) that
-# evaluates such a value would make the enclosing derivative silently zero. The
-# flow tags those values (and everything computed from them inside a block) and the
-# host engines refuse them (check_traceable).
-_nested: dict[int, weakref.ref] = {}
-depth: contextvars.ContextVar[int] = contextvars.ContextVar("mlx_precise_grad_depth",
-                                                           default=0)
-
-
-def tag_nested(value) -> None:
-    """Tag the arrays in ``value`` (an array or nested lists / tuples / dicts)."""
-    if isinstance(value, mx.array):
-        key = id(value)
-
-        def drop(_ref, key=key):
-            _nested.pop(key, None)
-
-        _nested[key] = weakref.ref(value, drop)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            tag_nested(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            tag_nested(v)
-
-
-def is_nested(x) -> bool:
-    ref = _nested.get(id(x))
-    return ref is not None and ref() is x
-
-
-def any_nested(values) -> bool:
-    for v in values:
-        if isinstance(v, (list, tuple)):
-            if any_nested(v):
-                return True
-        elif isinstance(v, mx.array) and is_nested(v):
-            return True
-    return False
-
-
-def check_traceable(operands, what: str) -> None:
-    """Refuse to evaluate, on the host, a value computed by a gradient nested in
-    another one (its enclosing derivative would come back as zeros)."""
-    if any_nested(operands):
-        from ..core.autodiff import TransformUnsupportedError
-
-        raise TransformUnsupportedError(
-            f"{what} computes on the host on this backend, and its operand comes from "
-            "a gradient taken inside another gradient: evaluating it there would cut the "
-            "outer derivative (MLX detaches it) and return zeros. Compute nested "
-            "derivatives outside extended_precision(), or on the 'metal' backend")
-
-
 def any_carried() -> bool:
     return bool(_table)
 

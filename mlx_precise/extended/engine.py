@@ -9,12 +9,12 @@ import mlx.core as mx
 
 from ..core.plain import plain as originals  # MLX's own functions (mx.* dispatch in a block)
 from ..doubleword.words import DoubleWord, complex_from_parts, from64, to64
-from .carry import attach, attach_words, check_traceable, low_word, suspended, words_of
+from .carry import attach, attach_words, low_word, suspended, words_of
 from ..core.backends import Backend
 
 
-def words_op(forward: Callable, plain: Callable, operands: list[mx.array], what: str,
-             host: bool, backend: Backend) -> mx.array:
+def words_op(forward: Callable, plain: Callable, operands: list[mx.array],
+             backend: Backend) -> mx.array:
     """Run a double-word op on ``operands`` (float32 / complex64 arrays, each with
     its carried low word or exact) and attach the result's low word.
 
@@ -23,10 +23,6 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array], what:
         plain: ``plain(*mx.array) -> mx.array``, a differentiable form of the same
             op on the high words (its VJP is the op's VJP).
         operands: the op's array operands.
-        what: the op's name (errors name it).
-        host: True where ``forward`` evaluates its operands on the host (the
-            emulator, numpy): operands from a nested gradient are then refused
-            (:func:`~mlx_precise.extended.carry.check_traceable`).
         backend: the resolved backend; on a float64 engine (cpu) the operands
             enter as their float64 values and the result leaves as one
             (:func:`_wide_op`).
@@ -36,8 +32,6 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array], what:
         ``mx.grad`` through it gives ``plain``'s VJP for the high words (the low
         words are constants of relative size u).
     """
-    if host:
-        check_traceable(operands, what)
     if backend.float64_engine:
         return _wide_op(forward, plain, operands)
     n = len(operands)

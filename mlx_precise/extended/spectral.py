@@ -40,8 +40,7 @@ def transform(kind: str, a: mx.array, s, axes, norm: str, backend: Backend,
     kw = dict(backend=backend, stream=stream)
     return words_op(
         lambda x: fftn.transform(kind, _cast(x, kind), s, axes, norm, round_output=False, **kw),
-        lambda x: fftn.transform(kind, x, s, axes, norm, **kw), [a], f"mx.fft ({kind})",
-        backend.host_evaluated or backend.host_functions, backend)
+        lambda x: fftn.transform(kind, x, s, axes, norm, **kw), [a], backend)
 
 
 def is_depthwise(x, w, groups) -> bool:
@@ -125,5 +124,4 @@ def conv(words_forward: Callable, plain: Callable, x: mx.array, w: mx.array,
                 y = arith.binary("add", y, words_forward(a, b), backend, stream)
         return y
 
-    return words_op(forward, plain, [x, w], "mx.conv1d",
-                    backend.host_evaluated or backend.host_functions, backend)
+    return words_op(forward, plain, [x, w], backend)

@@ -28,9 +28,8 @@ def function(fn: str):
         if x.dtype == mx.complex64 and fn != "exp":
             return NotImplemented
         # the emulator evaluates; on cpu, erf is scipy's (host)
-        host = ctx.backend.host_evaluated or (ctx.backend.host_functions and fn == "erf")
         return words_op(lambda X: functions.unary(fn, X, ctx.backend), original, [x],
-                        f"mx.{fn}", host, ctx.backend)
+                        ctx.backend)
 
     return rule
 
@@ -60,7 +59,7 @@ def _power(ctx, original, x, y, **kw):
             return function("reciprocal")(ctx, mx.reciprocal, x)
     a, b = operand_array(x), operand_array(y)
     return words_op(lambda X, Y: functions.binary("power", X, Y, ctx.backend), original,
-                    [a, b], "power", ctx.backend.host_evaluated, ctx.backend)
+                    [a, b], ctx.backend)
 
 
 def _arctan2(ctx, original, a, b, **kw):
@@ -70,8 +69,7 @@ def _arctan2(ctx, original, a, b, **kw):
             isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (a, b)):
         return NotImplemented
     return words_op(lambda X, Y: functions.binary("arctan2", X, Y, ctx.backend), original,
-                    [operand_array(a), operand_array(b)], "arctan2", ctx.backend.host_evaluated,
-                    ctx.backend)
+                    [operand_array(a), operand_array(b)], ctx.backend)
 
 
 _LN2 = math.log(2.0)  # its float64 value enters in two words

@@ -21,8 +21,8 @@ def _matmul():
     def rule(ctx, original, a, b, **kw):
         if not (is_word_array(a) and is_word_array(b)):
             return NotImplemented
-        return words_op(lambda A, B: gemm.matmul(A, B, backend=ctx.backend), original, [a, b], "matmul",
-                        ctx.backend.host_evaluated, ctx.backend)
+        return words_op(lambda A, B: gemm.matmul(A, B, backend=ctx.backend), original, [a, b],
+                        ctx.backend)
 
     return rule
 
