@@ -4,7 +4,7 @@ Families: :mod:`.arithmetic` (``+ - * /``, comparisons, ``where``, ``abs``,
 ``astype``, in-place operators), :mod:`.shape` (shape and movement ops,
 indexing, assignment, functional updates), :mod:`.reductions`,
 :mod:`.elementwise` (elementary functions), :mod:`.linear` (matrix products,
-contractions), :mod:`.linalg` (``mx.linalg`` in float64 on cpu), :mod:`.fft`,
+contractions), :mod:`.float64` (``mx.linalg`` and the ops exact in float64, on cpu), :mod:`.fft`,
 :mod:`.convolution`, :mod:`.fast` (``mx.fast``), :mod:`.constructors`. What a
 rule receives and returns: :mod:`.base`.
 
@@ -16,12 +16,12 @@ are derived from it by :mod:`..registry`.
 
 from __future__ import annotations
 
-from . import (arithmetic, constructors, convolution, elementwise, fast, fft, linalg, linear,
+from . import (arithmetic, constructors, convolution, elementwise, fast, fft, float64, linear,
                reductions, shape)
 from .arithmetic import inplace
 from .base import Operands, is_word_array
 
-_FAMILIES = (arithmetic, shape, reductions, elementwise, linear, linalg, fft, convolution,
+_FAMILIES = (arithmetic, shape, reductions, elementwise, linear, float64, fft, convolution,
              fast, constructors)
 
 
