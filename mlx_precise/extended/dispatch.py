@@ -361,8 +361,8 @@ class _Plan:
                 self.modules.append((owner, names, tuple(o for o, _ in items.values()),
                                      {n: r for n, (_, r) in items.items()}))
         # original function -> (original, stand-in), for names bound elsewhere
-        self.functions = {id(o): (o, r) for _, names, originals, repl in self.modules
-                          for n, o in zip(names, originals) for r in (repl[n],)}
+        self.functions = {id(o): (o, repl[n]) for _, names, originals, repl in self.modules
+                          for n, o in zip(names, originals)}
 
 
 

@@ -62,13 +62,13 @@ class _Indexed:
         index = self._index
         if op in ("add", "subtract") and isinstance(index, mx.array) and x.ndim >= 1 and (
                 mx.issubdtype(index.dtype, mx.integer)) and (
-                index.size * x.shape[0] <= shape._ONE_HOT_LIMIT):
+                index.size * x.shape[0] <= shape.ONE_HOT_LIMIT):
             # rows named by an integer array, possibly several times (an overlap-add):
             # the sums by the one-hot double-word GEMM (exact products of 0 / 1)
             with carry.reporting(self._report):
                 v = mx.broadcast_to(operand_array(value), (*index.shape, *x.shape[1:]))
                 rows = v.reshape(index.size, -1)
-                acc = shape._rows_add(x.shape[0], index.reshape(-1), rows).reshape(x.shape)
+                acc = shape.rows_add(x.shape[0], index.reshape(-1), rows).reshape(x.shape)
                 out = x + acc if op == "add" else x - acc
             self._report.extended[name] += 1
             return out

@@ -171,15 +171,15 @@ def _getitem_vjp(e, g):
     return (mx.zeros_like(x).at[index].add(g), None)
 
 
-_ONE_HOT_LIMIT = 2**22  # index entries x rows of the one-hot matrix (~16 MB float32)
+ONE_HOT_LIMIT = 2**22  # index entries x rows of the one-hot matrix (~16 MB float32)
 
 
-def _rows_add(rows: int, indices, values):
+def rows_add(rows: int, indices, values):
     """``zeros((rows, m)).at[indices].add(values)`` (values (len(indices), m)) in
     double-word: on cpu a float64 scatter; elsewhere, while the one-hot matrix is
     small, its transpose times the values by the double-word GEMM (exact products
     of 0 / 1, double-word sums); else MLX's scatter (reported)."""
-    if not backends.backend().float64_engine and indices.size * rows <= _ONE_HOT_LIMIT:
+    if not backends.backend().float64_engine and indices.size * rows <= ONE_HOT_LIMIT:
         with carry.suspended():
             hot = (indices[:, None] == mx.arange(rows)[None, :]).astype(mx.float32)
         return mx.swapaxes(hot, 0, 1) @ values
@@ -190,14 +190,14 @@ def _take_vjp(e, g):
     x, indices = e.args[:2]
     axis = e.args[2] if len(e.args) > 2 else e.kwargs.get("axis")
     if axis is None:
-        flat = _rows_add(x.size, indices.reshape(-1), g.reshape(-1, 1))
+        flat = rows_add(x.size, indices.reshape(-1), g.reshape(-1, 1))
         return (flat.reshape(x.shape), None)
     axis = axis % x.ndim
     # the taken axis leads: x' = moveaxis(x, axis, 0), g' rows follow the indices
     k = indices.ndim
     order = [*range(axis, axis + k), *range(axis), *range(axis + k, g.ndim)]
     gm = mx.transpose(g, order).reshape(indices.size, -1)
-    acc = _rows_add(x.shape[axis], indices.reshape(-1), gm)
+    acc = rows_add(x.shape[axis], indices.reshape(-1), gm)
     rest = [x.shape[d] for d in range(x.ndim) if d != axis]
     return (mx.moveaxis(acc.reshape(x.shape[axis], *rest), 0, axis), None)
 
