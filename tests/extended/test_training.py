@@ -215,3 +215,18 @@ def test_in_place_updates_inside_a_gradient():
         got = mx.grad(f)(x)
     assert not rep.float32, rep
     np.testing.assert_allclose(value64(got), g, rtol=2**-44, atol=2**-44 * np.abs(g).max())
+
+
+def test_checkpoint_bad_input(tmp_path):
+    """Clear errors: a key ending in the low-word suffix, a non-array leaf, a low
+    word without its array or of another shape."""
+    with pytest.raises(ValueError, match="ends in '@lo'"):
+        mp.save_extended(tmp_path / "a.npz", {"w@lo": mx.zeros((2,))})
+    with pytest.raises(ValueError, match="not an mx.array"):
+        mp.save_extended(tmp_path / "a.npz", {"w": 3.0})
+    mx.savez(str(tmp_path / "orphan.npz"), **{"w@lo": mx.zeros((2,))})
+    with pytest.raises(ValueError, match="without their arrays"):
+        mp.load_extended(tmp_path / "orphan.npz")
+    mx.savez(str(tmp_path / "shape.npz"), **{"w": mx.zeros((2,)), "w@lo": mx.zeros((3,))})
+    with pytest.raises(ValueError, match="low word of 'w'"):
+        mp.load_extended(tmp_path / "shape.npz")
