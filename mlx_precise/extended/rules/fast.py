@@ -18,7 +18,9 @@ _LOWEST = float(np.finfo(np.float32).min)
 
 def _sdpa(q, k, v, *, scale, mask=None, sinks=None, force_fused=False, stream=None):
     """``mx.fast.scaled_dot_product_attention``: ``softmax(q k^T scale + mask) v``
-    with grouped-query heads repeated (MLX's definition), each op double-word."""
+    with grouped-query heads repeated (MLX's definition), each op double-word.
+    ``sinks`` (one logit per head, gpt-oss): an extra key that takes part in the
+    softmax's normalization and contributes no value."""
     heads, kv_heads = q.shape[-3], k.shape[-3]
     if heads != kv_heads:
         k, v = (mx.repeat(t, heads // kv_heads, axis=-3) for t in (k, v))
@@ -34,6 +36,9 @@ def _sdpa(q, k, v, *, scale, mask=None, sinks=None, force_fused=False, stream=No
         s = mx.where(mask, s, _LOWEST)
     elif mask is not None:
         s = s + mask
+    if sinks is not None:
+        column = mx.broadcast_to(sinks.reshape(-1, 1, 1), (*s.shape[:-1], 1))
+        return mx.softmax(mx.concatenate([column, s], axis=-1), axis=-1)[..., 1:] @ v
     return mx.softmax(s, axis=-1) @ v
 
 
@@ -87,8 +92,11 @@ def _rope_rule(ctx, original, a, dims, **kw):
 
 def _sdpa_rule(ctx, original, q, k, v, **kw):
     mask = kw.get("mask")
-    if kw.get("sinks") is not None or not (mask is None or isinstance(mask, mx.array) or (
-            isinstance(mask, str) and mask == "causal")):
+    sinks = kw.get("sinks")
+    if not (mask is None or isinstance(mask, mx.array) or (
+            isinstance(mask, str) and mask == "causal")) or not (sinks is None or (
+            isinstance(sinks, mx.array) and sinks.dtype == mx.float32 and
+            sinks.shape == (q.shape[-3],))):
         return NotImplemented
     if not all(is_word_array(t) and t.dtype == mx.float32 for t in (q, k, v)):
         return NotImplemented

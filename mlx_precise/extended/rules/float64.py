@@ -2,18 +2,21 @@
 float64 result kept in two words: ``mx.linalg`` (LAPACK, which MLX runs on the CPU),
 and ops whose float64 form is exact on the values (running extrema, ``minmax``,
 ``unique``, ``searchsorted``). On ``metal`` / ``emulate`` there is no float64 to
-run them in: the rule declines and the dispatcher reports the float32 op."""
+run them in: the rule declines and the dispatcher reports the float32 op, but for
+``linalg.norm``, which is MLX's composition of ops of the flow (:func:`_norm`)."""
 
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 from ...doubleword.words import from64
+from .. import autodiff, carry
 from ..carry import attach_words
 from .base import as64, is_word_array
 
 _NAMES = ("cholesky", "cholesky_inv", "det", "eigh", "eigvalsh", "inv", "lu", "lu_factor",
-          "norm", "pinv", "qr", "slogdet", "solve", "solve_triangular", "svd", "tri_inv")
+          "pinv", "qr", "slogdet", "solve", "solve_triangular", "svd", "tri_inv")
 
 
 def _wide(value):
@@ -36,8 +39,88 @@ def _float64(ctx, original, *args, **kw):
         return _wide(original(*map(wide, args), **{k: wide(v) for k, v in kw.items()}))
 
 
+def _norm_axes(a, ord, axis):
+    """The axes ``linalg.norm(a, ord, axis)`` reduces, or None where
+    :func:`_norm` has no composition (MLX's errors; matrix 2 / -2 / 'nuc' norms,
+    which need singular values)."""
+    if axis is None and ord is not None:
+        if a.ndim not in (1, 2):
+            return None
+        axis = tuple(range(a.ndim))
+    axes = tuple(range(a.ndim)) if axis is None else (
+        (axis,) if isinstance(axis, int) else tuple(axis))
+    if not 1 <= len(axes) <= 2 or any(not -a.ndim <= d < a.ndim for d in axes) or (
+            len(set(d % a.ndim for d in axes)) < len(axes)):
+        return None
+    if isinstance(ord, bool) or (isinstance(ord, str) and (ord != "fro" or len(axes) != 2)):
+        return None
+    if len(axes) == 2 and ord not in (None, "fro", 1, -1, np.inf, -np.inf):
+        return None
+    return tuple(d % a.ndim for d in axes)
+
+
+def _norm(a, ord=None, axis=None, keepdims=False):
+    """``mx.linalg.norm`` as MLX composes it (mlx/linalg.cpp): the 2-norm
+    ``sqrt(sum(a^2))``, ``sum |a|``, ``max |a|``, ``min |a|``, ``sum(a != 0)``, the
+    p-norm ``sum(|a|^p)^(1/p)``, and the matrix 1 / inf norms (the extreme column /
+    row sum of ``|a|``); each an op of the flow, so its derivative is the
+    composition's, with MLX's conventions (nan at 0 for the 2-norm, ties shared).
+    Only for the cases :func:`_norm_axes` accepts."""
+    axes = _norm_axes(a, ord, axis)
+    if ord is None or ord == "fro" or (ord == 2 and len(axes) == 1):
+        x = a.reshape(-1) if axis is None else a
+        out = mx.sqrt(mx.sum(mx.square(x), axis=0 if axis is None else list(axes),
+                             keepdims=keepdims))
+        return out.reshape([1] * a.ndim) if axis is None and keepdims else out
+    ord = float(ord)
+    if len(axes) == 2:
+        # |a| summed over the rows (1-norms: column sums) or over the columns
+        # (inf-norms), then the extreme over the other axis
+        inner, outer = axes if abs(ord) == 1 else axes[::-1]
+        sums = mx.sum(mx.abs(a), axis=inner, keepdims=True)
+        ext = (mx.max if ord > 0 else mx.min)(sums, axis=outer, keepdims=True)
+        return ext if keepdims else mx.squeeze(ext, axes)
+    if ord == 0:
+        return mx.sum(a != 0, axis=list(axes), keepdims=keepdims).astype(a.dtype)
+    if ord in (np.inf, -np.inf):
+        return (mx.max if ord > 0 else mx.min)(mx.abs(a), axis=list(axes), keepdims=keepdims)
+    if ord == 1:
+        return mx.sum(mx.abs(a), axis=list(axes), keepdims=keepdims)
+    return mx.power(mx.sum(mx.power(mx.abs(a), ord), axis=list(axes), keepdims=keepdims),
+                    1.0 / ord)
+
+
+def _norm_args(a, ord=None, axis=None, keepdims=False):
+    return ord, axis, keepdims
+
+
+def _norm_rule(ctx, original, a, *args, **kw):
+    """``linalg.norm``: in float64 on the exact value (cpu), else :func:`_norm`."""
+    out = _float64(ctx, original, a, *args, **kw)
+    if out is not NotImplemented or not (is_word_array(a) and a.dtype == mx.float32) or (
+            _norm_axes(a, *_norm_args(a, *args, **kw)[:2]) is None):
+        return out
+    with carry.reporting(ctx.report):
+        return _norm(a, *args, **kw)
+
+
+def _norm_vjp(e, g):
+    """The derivative of :func:`_norm` at the recorded operand (the flow's reverse
+    mode through the composition)."""
+    a = e.args[0]
+    if not (is_word_array(a) and a.dtype == mx.float32) or (
+            _norm_axes(a, *_norm_args(*e.args, **e.kwargs)[:2]) is None):
+        return NotImplemented
+    _, (ga,) = autodiff.vjp(lambda x: _norm(x, *e.args[1:], **e.kwargs), [a], [g],
+                            report=e.report)
+    return (ga,)
+
+
 _EXACT64 = ("cummax", "cummin", "minmax", "unique", "searchsorted")
 
 RULES = {**{f"linalg.{name}": _float64 for name in _NAMES}, "matrix_norm": _float64,
-         **{name: _float64 for name in _EXACT64}}
+         **{name: _float64 for name in _EXACT64}, "linalg.norm": _norm_rule}
 """Op name -> rule."""
+
+VJPS = {"linalg.norm": _norm_vjp}
+"""Op name -> VJP rule (see :mod:`.base`)."""
