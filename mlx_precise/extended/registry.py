@@ -76,8 +76,7 @@ _SAMPLING = "samples with its parameters in float32"
 WITHOUT_RULE = {
     **dict.fromkeys(("quantize", "dequantize", "quantized_matmul", "gather_qmm", "qqmm",
                      "gather_qqmm", "to_fp8", "from_fp8"), _LOW_PRECISION),
-    **dict.fromkeys(("logcumsumexp", "block_masked_mm", "segmented_mm", "hadamard_transform", "as_strided",
-                     "depends", "fast.gated_delta_update"),
+    **dict.fromkeys(("fast.gated_delta_update",),
                     _NOT_YET),
     **dict.fromkeys(("linalg.eig", "linalg.eigvals"),
                     "complex float64 results (MLX has no complex128)"),

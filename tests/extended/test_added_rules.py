@@ -4,20 +4,33 @@ float64 oracle (numpy), on both host backends, with an empty report."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import mlx.core as mx
+import mpmath
 import numpy as np
 import pytest
 
 import mlx_precise as mp
+from mlx_precise.extended import carry
 from flow_helpers import rng_f32, share, value64
+from oracle import round_f32_fraction
+
+
+def exact(x) -> np.ndarray:
+    """The value ``x`` carries in float64: the cpu backend's float64 value where it
+    keeps one, else its two words joined."""
+    wide = carry.wide_value(x)
+    return value64(x) if wide is None else np.array(wide[0])
 
 
 def _carried(shape, seed=0, scale=3.0):
-    """A float32 array carrying a low word (x / 3) and its exact value in float64."""
+    """A float32 array carrying a low word (x / 3) and the value it carries, in
+    float64 (the oracle's input)."""
     a = rng_f32(shape, seed)
     with mp.extended_precision():
         x = mx.array(a) / scale
-    return x, a.astype(np.float64) / scale
+    return x, exact(x)
 
 
 # ---- linalg.norm: double-word on every backend, and its derivative ---------------------
@@ -99,3 +112,158 @@ def test_attention_sinks(backend, causal):
     assert np.max(np.abs(got - ref)) <= 2 ** -44 * np.max(np.abs(ref))
     gref = -np.sum(p_sink * np.sum(ref * cot, axis=-1), axis=(0, 2))
     assert np.max(np.abs(g64 - gref)) <= 2 ** -42 * np.max(np.abs(gref))
+
+
+# ---- logcumsumexp, hadamard_transform ------------------------------------------------
+
+
+@pytest.mark.parametrize("kw", [{"axis": 1}, {"axis": 0, "reverse": True},
+                                {"axis": -1, "inclusive": False}, {},
+                                {"axis": 1, "reverse": True, "inclusive": False}])
+def test_logcumsumexp(backend, kw):
+    """Against numpy's float64 ``logaddexp.accumulate``; a prefix far below the row's
+    maximum (-200 / 3) stays finite. Its gradient (the softmax weights of each
+    prefix, summed) against float64."""
+    x, X = _carried((3, 9), seed=7)
+    with mp.extended_precision():
+        x[0, 0] = -200.0 / 3
+    X[0, 0] = exact(x)[0, 0]
+    axis = kw.get("axis")
+    flat = axis is None
+    A = X.ravel() if flat else X
+    ax = 0 if flat else axis % 2
+    if kw.get("reverse"):
+        A = np.flip(A, ax)
+    ref = np.logaddexp.accumulate(A, axis=ax)
+    if not kw.get("inclusive", True):
+        ref = np.concatenate([np.full_like(np.take(ref, [0], axis=ax), -np.inf),
+                              np.take(ref, range(ref.shape[ax] - 1), axis=ax)], axis=ax)
+    if kw.get("reverse"):
+        ref = np.flip(ref, ax)
+    with mp.extended_precision() as report:
+        y = mx.logcumsumexp(x, **kw)
+        g = mx.grad(lambda v: mx.logcumsumexp(v, **kw).sum())(x)
+        got, g64 = value64(y), value64(g)
+    assert not report.float32, report
+    assert share(y, ref) == 1.0
+    finite = np.isfinite(ref)
+    assert np.max(np.abs(got[finite] - ref[finite]) / np.abs(ref[finite])) <= 2 ** -45
+    # d/dx_j sum_i y_i = sum over the prefixes i holding j of e^(x_j - y_i)
+    n = A.shape[ax]
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    rev = bool(kw.get("reverse"))
+    holds = (j >= i if rev else j <= i) if kw.get("inclusive", True) else (
+        j > i if rev else j < i)
+    Xa = np.moveaxis(X.ravel() if flat else X, ax, -1)
+    Ya = np.moveaxis(np.asarray(ref).reshape(-1) if flat else ref, ax, -1)
+    inv = np.where(np.isfinite(Ya), np.exp(-np.where(np.isfinite(Ya), Ya, 0)), 0)
+    gref = np.moveaxis(np.exp(Xa) * (inv @ holds), -1, ax)
+    assert np.max(np.abs(g64 - gref.reshape(X.shape)) / np.abs(gref).max()) <= 2 ** -44
+
+
+def _fraction(v) -> Fraction:
+    """An mpmath number as the exact rational it is."""
+    sign, man, exp, _ = v._mpf_
+    return (-1) ** sign * Fraction(int(man)) * Fraction(2) ** int(exp) if man else Fraction(0)
+
+
+def _midpoint_distance(v: Fraction, r: np.float32) -> Fraction:
+    """Distance from v to the nearest midpoint between r (its float32 rounding) and
+    a neighbour."""
+    below, above = (np.nextafter(r, np.float32(t)) for t in (-np.inf, np.inf))
+    return min(abs(v - (Fraction(float(r)) + Fraction(float(n))) / 2) for n in (below, above))
+
+
+@pytest.mark.parametrize("n", [1, 2, 16, 12, 40, 112])
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_hadamard_transform(backend, n, scale):
+    """``x @ R`` with R MLX's +-1 matrix (its transform of the identity: Sylvester
+    for powers of two, with its order-12 / 20 / 28 factors otherwise), scaled by
+    1/sqrt(n) (float64) or the given scale: against exact sums (fractions) times
+    the scale (mpmath, 200 bits), rounded once to float32 (ties occur: sums of
+    +-x/3 land on float32 midpoints)."""
+    x, X = _carried((3, n), seed=n)
+    R = np.array(mx.hadamard_transform(mx.eye(n), scale=1.0)).astype(int)
+    with mp.extended_precision() as report:
+        y = mx.hadamard_transform(x, scale=scale)
+        got = value64(y)
+    assert not report.float32, report
+    with mpmath.workprec(200):
+        factor = 1 / mpmath.sqrt(n) if scale is None else mpmath.mpf(scale)
+        sums = [[sum(Fraction(float(X[r, k])) * int(R[k, c]) for k in range(n))
+                 for c in range(n)] for r in range(3)]
+        exact_ref = [[_fraction(mpmath.mpf(s.numerator) / s.denominator * factor)
+                      for s in row] for row in sums]
+    flat = [v for row in exact_ref for v in row]
+    rounded = np.array([round_f32_fraction(v) for v in flat])
+    # exactly rounded wherever the error bound (2^-45 relative) cannot reach a
+    # float32 midpoint: sums of +-x/3 come within 2^-50 of midpoints
+    clear = np.array([_midpoint_distance(v, r) > Fraction(1, 2 ** 45) * abs(v)
+                      for v, r in zip(flat, rounded)])
+    assert clear.mean() > 0.9
+    assert np.array_equal(np.array(y).ravel()[clear], rounded[clear])
+    ref = np.array([[float(v) for v in row] for row in exact_ref])
+    assert np.max(np.abs(got - ref)) <= 2 ** -46 * np.sqrt(n) * np.max(np.abs(ref))
+
+
+# ---- block_masked_mm, segmented_mm (the matmul rule), as_strided, depends ---------------
+
+
+def _matmul_ref(a, b):
+    """float64 operands multiplied and summed in long double (64-bit significand)."""
+    return (np.asarray(a, np.longdouble) @ np.asarray(b, np.longdouble)).astype(np.float64)
+
+
+@pytest.mark.parametrize("masks", ["lhs", "rhs", "out", "all"])
+def test_block_masked_mm(backend, masks):
+    """Boolean masks zero blocks, floating ones scale them (MLX's definition, checked
+    against MLX's own op to float32 accuracy); the double-word result against long
+    double."""
+    bs = 32
+    a, A = _carried((2, 70, 40), seed=10)
+    b, B = _carried((2, 40, 36), seed=11)
+    rng = np.random.default_rng(12)
+    lhs = rng.random((2, 3, 2)) > 0.4
+    rhs = rng.standard_normal((2, 2, 2)).astype(np.float32)
+    out = rng.random((2, 3, 2)) > 0.3
+    kw = {"lhs": {"mask_lhs": lhs}, "rhs": {"mask_rhs": rhs}, "out": {"mask_out": out},
+          "all": {"mask_lhs": lhs, "mask_rhs": rhs, "mask_out": out}}[masks]
+    expand = (lambda m, r, c: np.repeat(np.repeat(m, bs, -2), bs, -1)[..., :r, :c])
+    A2 = A * expand(lhs, 70, 40) if "mask_lhs" in kw else A
+    B2 = B * expand(rhs, 40, 36) if "mask_rhs" in kw else B
+    ref = _matmul_ref(A2, B2) * (expand(out, 70, 36) if "mask_out" in kw else 1)
+    mkw = {k: mx.array(v) for k, v in kw.items()}
+    plain = np.array(mx.block_masked_mm(mx.array(A.astype(np.float32)),
+                                        mx.array(B.astype(np.float32)), bs, **mkw))
+    assert np.max(np.abs(plain - ref)) <= 1e-5 * np.max(np.abs(ref))  # MLX's definition
+    with mp.extended_precision() as report:
+        y = mx.block_masked_mm(a, b, bs, **mkw)
+    assert not report.float32, report
+    assert share(y, ref) == 1.0
+
+
+def test_segmented_mm(backend):
+    """One product per segment of the inner dimension (an empty one gives zeros)."""
+    a, A = _carried((20, 50), seed=13)
+    b, B = _carried((50, 12), seed=14)
+    segs = [[0, 17], [17, 50], [9, 9], [5, 44]]
+    with mp.extended_precision() as report:
+        y = mx.segmented_mm(a, b, mx.array(segs, dtype=mx.int32))
+    assert not report.float32, report
+    ref = np.stack([_matmul_ref(A[:, s:e], B[s:e]) for s, e in segs])
+    assert y.shape == (4, 20, 12)
+    assert share(y, ref) == 1.0
+
+
+def test_as_strided_and_depends_keep_the_words(backend):
+    """Movement: the carried value's elements, words and all."""
+    x, X = _carried((3, 4), seed=15)
+    with mp.extended_precision() as report:
+        y = mx.as_strided(x, (2, 3), (1, 4), 1)
+        z, w = mx.depends([x, x * 2.0], [y])
+        got_y, got_z, got_w = exact(y), exact(z), exact(w)
+    assert not report.float32, report
+    flat = X.ravel()
+    assert np.array_equal(got_y, np.array([[flat[1 + i + 4 * j] for j in range(3)]
+                                           for i in range(2)]))
+    assert np.array_equal(got_z, X) and np.array_equal(got_w, 2 * X)

@@ -270,15 +270,18 @@ def test_outside_the_block_nothing_changes():
 
 def test_unsupported_ops_are_reported_and_strict_raises(backend):
     x = mx.array(rng_f32(8, 19))
+    key = mx.random.key(19)
     with mp.extended_precision() as rep:
-        y = mx.logcumsumexp(x / 3)  # no double-word rule (yet): rounded once, then float32
+        # no double-word rule: the bounds rounded once, then float32
+        y = mx.random.truncated_normal(x / 3, 2.0, key=key)
         h = mx.array(np.ones(8, np.float16)) * 0.1
-    assert rep.float32["logcumsumexp"] == 1 and rep.plain["__mul__"] == 1
+    assert rep.float32["random.truncated_normal"] == 1 and rep.plain["__mul__"] == 1
     assert h.dtype == mx.float16 and low_word(h) is None
-    np.testing.assert_array_equal(np.array(y), np.array(mx.logcumsumexp(mx.array(np.array(x / 3)))))
-    with pytest.raises(PrecisionDropError, match="logcumsumexp"):
+    np.testing.assert_array_equal(np.array(y), np.array(mx.random.truncated_normal(
+        mx.array(np.array(x / 3)), 2.0, key=key)))
+    with pytest.raises(PrecisionDropError, match="truncated_normal"):
         with mp.extended_precision(strict=True):
-            mx.logcumsumexp(x / 3)
+            mx.random.truncated_normal(x / 3, 2.0, key=key)
 
 
 def test_nested_off_block_and_threads():

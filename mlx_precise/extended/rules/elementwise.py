@@ -10,7 +10,7 @@ import math
 import mlx.core as mx
 
 from ...doubleword import functions
-from .. import arith, carry
+from .. import arith, autodiff, carry
 from ..engine import words_op
 from .base import (decomposed, floating_result, has_float64, is_word_array, operand_array,
                    unbroadcast,
@@ -143,9 +143,20 @@ def _arccosh(x, **kw):
 
 
 def _logaddexp(a, b, **kw):
-    """``log(e^a + e^b) = max + log1p(e^(-|a - b|))``."""
+    """``log(e^a + e^b) = max + log1p(e^(-|a - b|))`` (equal infinities: ``a``, as
+    MLX, not ``inf - inf``)."""
     m = mx.maximum(a, b)
-    return m + mx.log1p(mx.exp(-mx.abs(a - b)))
+    return m + mx.log1p(mx.exp(-mx.abs(mx.where(a == b, 0.0, a - b))))
+
+
+def _logaddexp_rule(ctx, original, a, b, **kw):
+    """``logaddexp`` recorded as one op: the composition's derivative at ``a == b``
+    would be (0, 1) (``max`` and ``|.|`` pick sides); its own, MLX's, is the pair of
+    softmax weights (1/2, 1/2 there)."""
+    if not (is_word_array(a) or is_word_array(b)):
+        return NotImplemented
+    with carry.reporting(ctx.report), autodiff.unrecorded():
+        return _logaddexp(a, b)
 
 
 _HALF_SQRT_PI = math.sqrt(math.pi) / 2
@@ -177,9 +188,10 @@ RULES = {
     **{name: decomposed(fn) for name, fn in (
         ("sinh", _sinh), ("cosh", _cosh), ("tan", _tan), ("arctan", _arctan),
         ("arcsin", _arcsin), ("arccos", _arccos), ("arctanh", _arctanh),
-        ("arcsinh", _arcsinh), ("arccosh", _arccosh), ("logaddexp", _logaddexp),
+        ("arcsinh", _arcsinh), ("arccosh", _arccosh),
         ("degrees", lambda x: x * _DEGREES), ("radians", lambda x: x * _RADIANS),
         ("erfinv", _erfinv))},
+    "logaddexp": _logaddexp_rule,
 }
 """Op name -> rule."""
 
@@ -236,6 +248,13 @@ def _arctan2_vjp(e, g):
     return (unbroadcast(g * b / r, a), unbroadcast(-(g * a) / r, b))
 
 
+def _logaddexp_vjp(e, g):
+    """``d/da = sigmoid(a - b)``, ``d/db = sigmoid(b - a)`` (MLX's form)."""
+    a, b = e.args[:2]
+    s = mx.sigmoid(a - b)
+    return (unbroadcast(g * s, a), unbroadcast(g * (1.0 - s), b))
+
+
 VJPS = {**{fn: _function_vjp(fn) for fn in _DERIVATIVES}, "power": _power_vjp,
-        "arctan2": _arctan2_vjp}
+        "arctan2": _arctan2_vjp, "logaddexp": _logaddexp_vjp}
 """Op name -> VJP rule (see :mod:`.base`)."""

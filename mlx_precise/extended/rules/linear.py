@@ -4,6 +4,8 @@ two-operand ``einsum``."""
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import numpy as np
 
@@ -123,6 +125,41 @@ def _gather_mm(a, b, lhs_indices=None, rhs_indices=None, *, sorted_indices=False
     return mx.take(A, lhs_indices, axis=0) @ mx.take(B, rhs_indices, axis=0)
 
 
+def _block_mask(mask, block_size, rows, cols):
+    """A block mask (..., ceil(rows / bs), ceil(cols / bs)) expanded to elements
+    (..., rows, cols): each block's value repeated (exact)."""
+    m = mx.repeat(mx.repeat(mask, block_size, axis=-2), block_size, axis=-1)
+    return m[..., :rows, :cols]
+
+
+def _block_masked_mm(a, b, block_size=64, mask_out=None, mask_lhs=None, mask_rhs=None):
+    """``mx.block_masked_mm``: the operands' blocks multiplied by their masks
+    (boolean: kept or zeroed; floating: scaled), one double-word matmul, the
+    output's blocks multiplied by theirs."""
+    if a.ndim < 2 or b.ndim < 2 or block_size not in (32, 64):
+        return NotImplemented  # MLX's errors
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    if mask_lhs is not None:
+        a = a * _block_mask(mask_lhs, block_size, m, k)
+    if mask_rhs is not None:
+        b = b * _block_mask(mask_rhs, block_size, k, n)
+    out = a @ b
+    return out if mask_out is None else out * _block_mask(mask_out, block_size, m, n)
+
+
+def _segmented_mm(a, b, segments):
+    """``mx.segmented_mm``: per segment ``[start, end)`` of the inner dimension,
+    ``a[..., start:end] @ b[start:end]``, as one batched double-word matmul of a
+    masked by each segment (exact 0 / 1 factors): no segment bound is read on the
+    host."""
+    k = a.shape[-1]
+    with carry.suspended():
+        pos = mx.arange(k)
+        start, end = segments[..., :1], segments[..., 1:]
+        inside = ((pos >= start) & (pos < end)).astype(mx.float32)  # (..., S, K)
+    return (mx.expand_dims(a, -3) * mx.expand_dims(inside, -2)) @ mx.expand_dims(b, -3)
+
+
 def _kron(a, b):
     """``kron(a, b)``: every product ``a[i] b[j]`` (exact in double-word), laid out
     as numpy's: the axes of both, interleaved, merged pairwise."""
@@ -177,13 +214,48 @@ def _cross(a, b, axis=-1):
                      x[0] * y[1] - x[1] * y[0]], axis=axis % a.ndim)
 
 
+def _hadamard_factor(n: int):
+    """``n = m 2^k`` with m in (1, 12, 20, 28) (MLX's sizes): (m, 2^k), or None."""
+    for m in (1, 12, 20, 28):
+        if n % m == 0 and n // m & (n // m - 1) == 0 and n // m <= 8192:
+            return m, n // m
+    return None
+
+
+def _hadamard_transform(a, scale=None):
+    """``mx.hadamard_transform`` along the last axis: ``y = x @ R``, ``R = kron(R_m,
+    S)`` with S the Sylvester matrix of order 2^k, applied by k butterfly stages
+    (each a double-word sum and difference), and R_m (m = 12, 20, 28) MLX's own
+    +-1 matrix (its transform of the identity, exact), by one double-word matmul;
+    then the scale, 1/sqrt(n) by default (in float64, two words)."""
+    n = a.shape[-1] if a.ndim else 1
+    factor = _hadamard_factor(n)
+    if a.dtype != mx.float32 or factor is None:
+        return NotImplemented  # MLX's error, or another dtype
+    m, p = factor
+    x = a.reshape(*a.shape[:-1], m, p)
+    h = 1
+    while h < p:  # Sylvester: [[S, S], [S, -S]]
+        x = x.reshape(*a.shape[:-1], m, p // (2 * h), 2, h)
+        u, v = x[..., 0, :], x[..., 1, :]
+        x = mx.stack([u + v, u - v], axis=-2).reshape(*a.shape[:-1], m, p)
+        h *= 2
+    if m > 1:
+        with carry.suspended():
+            rm = mx.hadamard_transform(mx.eye(m), scale=1.0)
+        x = mx.swapaxes(mx.swapaxes(x, -1, -2) @ rm, -1, -2)
+    y = x.reshape(a.shape)
+    return y * (1 / math.sqrt(n) if scale is None else scale)
+
+
 RULES = {
     "matmul": _matmul(), "addmm": decomposed(_addmm), "tensordot": decomposed(_tensordot),
     "inner": decomposed(_inner), "outer": decomposed(_outer), "einsum": _einsum_rule,
     "trace": decomposed(_trace), "vecdot": decomposed(_vecdot),
     "gather_mm": decomposed(_gather_mm), "kron": decomposed(_kron),
     "convolve": decomposed(_convolve),
-    "linalg.cross": decomposed(_cross),
+    "linalg.cross": decomposed(_cross), "hadamard_transform": decomposed(_hadamard_transform),
+    "block_masked_mm": decomposed(_block_masked_mm), "segmented_mm": decomposed(_segmented_mm),
 }
 """Op name -> rule."""
 

@@ -176,6 +176,35 @@ def _topk(ctx, original, a, k, axis=-1, **kw):
         return mx.take_along_axis(src, top, axis=ax)
 
 
+def _logcumsumexp(a, axis=None, *, reverse=False, inclusive=True):
+    """``logcumsumexp``: a Hillis-Steele scan of double-word ``logaddexp`` (each
+    prefix combined with the one 2^k before it, k = 0, 1, ...: ceil(log2 n) steps),
+    so no prefix is scaled by a maximum it does not contain (``exp(x - max)`` of
+    a whole row would underflow the early prefixes to -inf)."""
+    if a.dtype != mx.float32:
+        return NotImplemented
+    if axis is None:
+        a, axis = a.reshape(-1), 0
+    if not -a.ndim <= axis < a.ndim:
+        return NotImplemented  # MLX's error
+    axis %= a.ndim
+    n = a.shape[axis]
+    at = (lambda s: (slice(None),) * axis + (s,))
+    y = a[at(slice(None, None, -1))] if reverse else a
+
+    def shifted(v, k):  # v moved k places along the axis, -inf (log 0) in front
+        front = mx.full([k if d == axis else v.shape[d] for d in range(v.ndim)], -np.inf)
+        return mx.concatenate([front, v[at(slice(0, n - k))]], axis=axis)
+
+    k = 1
+    while k < n:
+        y = mx.logaddexp(y, shifted(y, k))
+        k *= 2
+    if not inclusive and n:
+        y = shifted(y, 1)
+    return y[at(slice(None, None, -1))] if reverse else y
+
+
 def _median(a, axis=None, keepdims=False):
     """The middle value (the mean of the two middle values for an even count) of
     the exactly ordered values along one axis, or all of them."""
@@ -204,7 +233,7 @@ RULES = {
     "logsumexp": decomposed(_logsumexp),
     "argsort": _ordering(False, False), "sort": _ordering(True, False),
     "argpartition": _ordering(False, True), "partition": _ordering(True, True),
-    "topk": _topk, "median": decomposed(_median),
+    "topk": _topk, "median": decomposed(_median), "logcumsumexp": decomposed(_logcumsumexp),
 }
 """Op name -> rule."""
 

@@ -109,6 +109,19 @@ def _each(ctx, original, *arrays, **kw):
     return type(hi)(attach(h, l_) for h, l_ in zip(hi, lo))
 
 
+def _depends(ctx, original, inputs, dependencies, **kw):
+    """``mx.depends``: MLX's outputs (the inputs' values, ordered after the
+    dependencies), each with the words of its input."""
+    items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+    if not any(isinstance(a, mx.array) and has_words(a) for a in items):
+        return NotImplemented
+    out = original(inputs, dependencies, **kw)
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    for a, o in zip(items, outs):
+        carry.copy(a, o)
+    return out
+
+
 def _update(*positions):
     """A functional update (``slice_update``, ``put_along_axis``): the arrays at
     ``positions`` (the target and the values) by their words, the same update on
@@ -141,12 +154,13 @@ SHAPE_OPS = ("reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squ
              "atleast_2d", "atleast_3d", "repeat", "tile", "roll", "flip", "unflatten",
              "diagonal", "diag", "permute_dims", "matrix_transpose", "tril", "triu", "split",
              "unstack", "contiguous", "stop_gradient", "positive", "slice", "asarray",
-             "fft.fftshift", "fft.ifftshift", "array.__copy__", "array.__deepcopy__")
+             "fft.fftshift", "fft.ifftshift", "array.__copy__", "array.__deepcopy__",
+             "as_strided")
 
 RULES = {
     **{name: _words() for name in SHAPE_OPS},
     "concatenate": _words(listed=True), "stack": _words(listed=True),
-    "broadcast_arrays": _each, "meshgrid": _each, "pad": _pad,
+    "broadcast_arrays": _each, "meshgrid": _each, "pad": _pad, "depends": _depends,
     "slice_update": _update(0, 1), "put_along_axis": _update(0, 2),
     "array.__getitem__": _getitem, "array.__setitem__": _setitem, "array.__iter__": _iter,
 }
