@@ -110,6 +110,10 @@ class DoubleWord:
     # so every DoubleWord has them).
 
     def __neg__(self) -> "DoubleWord":
+        if self.wide is not None:  # cpu: the float64 value itself (all its bits)
+            with mx.stream(mx.cpu):
+                wide = tuple(None if v is None else -v for v in self.wide)
+            return DoubleWord.from_wide(-self.hi, wide)
         return DoubleWord(-self.hi, -self.lo)  # exact: both words change sign
 
     @classmethod

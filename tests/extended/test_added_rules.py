@@ -267,3 +267,39 @@ def test_as_strided_and_depends_keep_the_words(backend):
     assert np.array_equal(got_y, np.array([[flat[1 + i + 4 * j] for j in range(3)]
                                            for i in range(2)]))
     assert np.array_equal(got_z, X) and np.array_equal(got_w, 2 * X)
+
+
+def test_logaddexp_equal_infinities_and_its_derivative_at_a_tie(backend):
+    """``logaddexp(-inf, -inf)`` is -inf and ``(inf, inf)`` inf as in MLX (the flow
+    gave NaN: inf - inf); at ``a == b`` each operand's derivative is 1/2 (the
+    composition max + log1p(e^-|a-b|) gave 0 and 1), elsewhere sigmoid(a - b)."""
+    inf = float("inf")
+    a = mx.array([-inf, inf, -inf, 1.0, inf, 0.25])
+    b = mx.array([-inf, inf, 2.0, -inf, -inf, 0.25])
+    with mp.extended_precision() as report:
+        y = mx.logaddexp(a, b)
+        p, P = _carried((6,), seed=16)
+        q = mx.concatenate([p[:3], p[3:] * 2.0])
+        Q = exact(q)
+        ga, gb = mx.grad(lambda u, v: mx.logaddexp(u, v).sum(), argnums=(0, 1))(p, q)
+        ga, gb = value64(ga), value64(gb)
+    assert not report.float32, report
+    np.testing.assert_array_equal(np.array(y), np.array(mx.logaddexp(a, b)))
+    s = 1 / (1 + np.exp(Q - P))
+    np.testing.assert_allclose(ga, s, rtol=2 ** -44)
+    np.testing.assert_allclose(gb, 1 - s, rtol=2 ** -44)
+    assert np.array_equal(ga[:3], np.full(3, 0.5)) and np.array_equal(gb[:3], np.full(3, 0.5))
+
+
+def test_equal_carried_values_subtract_to_zero(backend):
+    """On cpu a value keeps its float64 bits through indexing and negation: ``x - y``
+    of equal values is 0 (indexing and ``-y`` kept only the two words' 48 bits, so
+    ``x[:3] - x[:3]`` through two paths gave 2.8e-16)."""
+    x, X = _carried((6,), seed=16)
+    with mp.extended_precision() as report:
+        y = mx.concatenate([x[:3], x[3:]])
+        d = exact(x - y)
+        e = exact(-x + x[::-1][::-1])
+    assert not report.float32
+    assert np.array_equal(d, np.zeros(6)) and np.array_equal(e, np.zeros(6))
+    assert np.array_equal(exact(x), X)

@@ -78,10 +78,7 @@ def _iter(ctx, original, x):
     return iter([attach(x[i], lo[i]) for i in range(x.shape[0])])
 
 
-def _getitem(ctx, original, x, index):
-    if not is_word_array(x) or not has_words(x):
-        return NotImplemented
-    return attach(original(x, index), original(low_word(x), index))
+_getitem = _words()  # on cpu the float64 value is indexed: x[i] keeps all its bits
 
 
 def _pad(ctx, original, a, pad_width, mode="constant", constant_values=0, **kw):
