@@ -65,13 +65,12 @@ VALUE_FREE = frozenset({
     # refuse floating operands (MLX raises): no carried value reaches them
     "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_invert", "left_shift",
     "right_shift", "bitwise_left_shift", "bitwise_right_shift",
-    # random keys and seeds are integers
-    "random.key", "random.seed", "random.split",
+    # random keys and seeds are integers; gumbel reads a shape and a key
+    "random.key", "random.seed", "random.split", "random.gumbel",
 })
 
 _LOW_PRECISION = "a low-precision format (float32 or narrower by design)"
 _NOT_YET = "no double-word rule yet"
-_SAMPLING = "samples with its parameters in float32"
 
 WITHOUT_RULE = {
     **dict.fromkeys(("quantize", "dequantize", "quantized_matmul", "gather_qmm", "qqmm",
@@ -80,10 +79,10 @@ WITHOUT_RULE = {
                     _NOT_YET),
     **dict.fromkeys(("linalg.eig", "linalg.eigvals"),
                     "complex float64 results (MLX has no complex128)"),
-    **dict.fromkeys(("random.bernoulli", "random.categorical", "random.gumbel",
-                     "random.laplace", "random.multivariate_normal", "random.normal",
-                     "random.permutation", "random.randint", "random.truncated_normal",
-                     "random.uniform"), _SAMPLING),
+    "random.bernoulli": "compares MLX's raw 32-bit draw (out of Python's reach) with p in "
+                        "float32",
+    "random.multivariate_normal": "the covariance's square root is MLX's float32 SVD",
+    "random.randint": "integer samples with their bounds in float32",
     # the fused kernels of mx.fast run in float32 (their inputs are reported)
     **dict.fromkeys(("fast.metal_kernel", "fast.cuda_kernel",
                      "fast.precompiled_cuda_kernel"),

@@ -4,6 +4,7 @@ float64 oracle (numpy), on both host backends, with an empty report."""
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import mlx.core as mx
@@ -303,3 +304,72 @@ def test_equal_carried_values_subtract_to_zero(backend):
     assert not report.float32
     assert np.array_equal(d, np.zeros(6)) and np.array_equal(e, np.zeros(6))
     assert np.array_equal(exact(x), X)
+
+
+# ---- mx.random with carried parameters -------------------------------------------------
+
+_BELOW_MINUS_ONE = float(np.nextafter(np.float32(-1), np.float32(0)))
+
+
+def _uniform_draw(low, high, shape, key):
+    """MLX's float32 uniform draw (the bits every sampler transforms), in float64."""
+    return np.array(mx.random.uniform(low, high, shape, key=key)).astype(np.float64)
+
+
+def test_random_samplers_with_carried_parameters(backend):
+    """``normal(loc=, scale=)``, ``uniform(low, high)``, ``laplace`` and
+    ``truncated_normal`` of carried parameters: MLX's draw (same key, same bits)
+    transformed in double-word, against mpmath (erfinv, erf) and float64. They
+    were float32 ops, reported."""
+    loc, L = _carried((5,), seed=17)
+    key = mx.random.key(7)
+    with mp.extended_precision() as report:
+        normal = mx.random.normal((4, 5), loc=loc, scale=1.7, key=key)
+        uniform = mx.random.uniform(loc, 2.0, (4, 5), key=key)
+        laplace = mx.random.laplace((4, 5), loc=0.1, scale=1.3, key=key)
+        trunc = mx.random.truncated_normal(loc - 1.0, loc + 1.0, key=key)
+        lo, hi = exact(loc - 1.0), exact(loc + 1.0)
+    assert not report.float32, report
+    sym = _uniform_draw(_BELOW_MINUS_ONE, 1.0, (4, 5), key)
+    u01 = _uniform_draw(0.0, 1.0, (4, 5), key)
+    with mpmath.workprec(120):
+        erfinv = np.vectorize(lambda v: float(mpmath.erfinv(mpmath.mpf(v))))
+        assert share(normal, L + 1.7 * math.sqrt(2) * erfinv(sym)) == 1.0
+        a = np.vectorize(lambda v: mpmath.erf(mpmath.mpf(v) / mpmath.sqrt(2)), otypes=[object])
+        A, B = a(lo), a(hi)
+        U = _uniform_draw(0.0, 1.0, (5,), key)
+        ref = [float(mpmath.sqrt(2) * mpmath.erfinv(A[i] + (B[i] - A[i]) * mpmath.mpf(U[i])))
+               for i in range(5)]
+        assert share(trunc, np.clip(ref, lo, hi)) == 1.0
+    assert share(uniform, L + (2.0 - L) * u01) == 1.0
+    assert share(laplace, 0.1 + 1.3 * np.sign(sym) * np.log1p(-np.abs(sym))) == 1.0
+
+
+def test_random_categorical_and_permutation_of_carried_values(backend):
+    """``categorical``: argmax of MLX's Gumbel draw plus the carried logits (exact
+    in double-word); ``permutation`` moves whole values."""
+    logits, L = _carried((3, 50), seed=18)
+    key = mx.random.key(8)
+    with mp.extended_precision() as report:
+        c = mx.random.categorical(logits, key=key)
+        p = mx.random.permutation(logits, axis=1, key=key)
+        moved = exact(p)
+    assert not report.float32, report
+    g = np.array(mx.random.gumbel((3, 50), key=key)).astype(np.float64)
+    assert np.array_equal(np.array(c), np.argmax(g + L, axis=-1))
+    order = np.array(mx.random.permutation(50, key=key))
+    assert np.array_equal(moved, L[:, order])
+
+
+def test_random_with_carried_parameters_takes_one_key_as_mlx():
+    """Without a key, the sampler takes one key from the global sequence, as MLX's
+    own call does: the draws after it are MLX's."""
+    loc, _ = _carried((4,), seed=19)
+    mx.random.seed(3)
+    mx.random.normal((4,))
+    after = np.array(mx.random.uniform(shape=(6,)))
+    mx.random.seed(3)
+    with mp.extended_precision() as report:
+        mx.random.normal((4,), loc=loc)
+    assert report.extended["random.normal"] == 1
+    assert np.array_equal(np.array(mx.random.uniform(shape=(6,))), after)

@@ -272,16 +272,16 @@ def test_unsupported_ops_are_reported_and_strict_raises(backend):
     x = mx.array(rng_f32(8, 19))
     key = mx.random.key(19)
     with mp.extended_precision() as rep:
-        # no double-word rule: the bounds rounded once, then float32
-        y = mx.random.truncated_normal(x / 3, 2.0, key=key)
+        # no double-word rule: p rounded once, then float32
+        y = mx.random.bernoulli(x / 3, key=key)
         h = mx.array(np.ones(8, np.float16)) * 0.1
-    assert rep.float32["random.truncated_normal"] == 1 and rep.plain["__mul__"] == 1
+    assert rep.float32["random.bernoulli"] == 1 and rep.plain["__mul__"] == 1
     assert h.dtype == mx.float16 and low_word(h) is None
-    np.testing.assert_array_equal(np.array(y), np.array(mx.random.truncated_normal(
-        mx.array(np.array(x / 3)), 2.0, key=key)))
-    with pytest.raises(PrecisionDropError, match="truncated_normal"):
+    np.testing.assert_array_equal(np.array(y), np.array(mx.random.bernoulli(
+        mx.array(np.array(x / 3)), key=key)))
+    with pytest.raises(PrecisionDropError, match="bernoulli"):
         with mp.extended_precision(strict=True):
-            mx.random.truncated_normal(x / 3, 2.0, key=key)
+            mx.random.bernoulli(x / 3, key=key)
 
 
 def test_nested_off_block_and_threads():
