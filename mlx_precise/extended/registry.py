@@ -77,8 +77,6 @@ WITHOUT_RULE = {
                      "gather_qqmm", "to_fp8", "from_fp8"), _LOW_PRECISION),
     **dict.fromkeys(("fast.gated_delta_update",),
                     _NOT_YET),
-    **dict.fromkeys(("linalg.eig", "linalg.eigvals"),
-                    "complex float64 results (MLX has no complex128)"),
     "random.bernoulli": "compares MLX's raw 32-bit draw (out of Python's reach) with p in "
                         "float32",
     "random.multivariate_normal": "the covariance's square root is MLX's float32 SVD",

@@ -373,3 +373,35 @@ def test_random_with_carried_parameters_takes_one_key_as_mlx():
         mx.random.normal((4,), loc=loc)
     assert report.extended["random.normal"] == 1
     assert np.array_equal(np.array(mx.random.uniform(shape=(6,))), after)
+
+
+# ---- linalg.eig / eigvals on cpu -----------------------------------------------------------
+
+
+def test_eig_in_float64_on_cpu():
+    """Eigenvalues of the carried value against mpmath (60 digits), each complex64
+    part exactly rounded; eigenvectors: unit norm, residual ``A v - lambda v`` at
+    float64 level, MLX's order and signs (its float32 eig of the high words). On
+    cpu eig and eigvals were float32 ops (reported)."""
+    a, A = _carried((2, 6, 6), seed=20)
+    with mp.use_backend("cpu"), mp.extended_precision() as report:
+        w, v = mx.linalg.eig(a)
+        ev = mx.linalg.eigvals(a)
+        W, V = (np.array(carry.wide_value(t)[0]) + 1j * np.array(carry.wide_value(t)[1])
+                for t in (w, v))
+    assert not report.float32, report
+    assert np.array_equal(np.array(ev), np.array(w))
+    w32, v32 = (np.array(t) for t in mx.linalg.eig(mx.array(np.array(a)), stream=mx.cpu))
+    assert np.max(np.abs(np.array(w) - w32)) < 1e-5 and np.max(np.abs(np.array(v) - v32)) < 1e-4
+    with mpmath.workdps(60):
+        for b in range(2):
+            E = mpmath.eig(mpmath.matrix(A[b].tolist()), left=False, right=False)
+            for lam, hi in zip(W[b], np.array(w)[b]):
+                exact_lam = min(E, key=lambda e: abs(e - complex(lam)))
+                assert np.float32(float(exact_lam.real)) == hi.real
+                assert np.float32(float(exact_lam.imag)) == hi.imag
+            M = mpmath.matrix(A[b].tolist())
+            for j in range(6):
+                col = mpmath.matrix([complex(z) for z in V[b][:, j]])
+                res = mpmath.norm(M * col - complex(W[b][j]) * col)
+                assert res < 1e-14 and abs(mpmath.norm(col) - 1) < 1e-15

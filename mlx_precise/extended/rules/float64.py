@@ -116,10 +116,75 @@ def _norm_vjp(e, g):
     return (ga,)
 
 
+def _eig(values_only: bool):
+    """``linalg.eig`` / ``eigvals`` on cpu: LAPACK's ``geev`` in float64 (numpy's)
+    on the exact value, the complex128 results in two complex64 words. MLX has no
+    complex128 (its eig computes in float32 whatever the input), so MLX's float32
+    call on the high words gives the order and the signs: each float64 eigenvalue
+    is matched to the nearest of MLX's, each eigenvector's sign to MLX's. Where
+    that is ambiguous (repeated or clustered eigenvalues: eigenvectors are not
+    unique), the rule declines (reported)."""
+
+    def rule(ctx, original, a, **kw):
+        if not ctx.backend.float64_engine or not is_word_array(a) or a.dtype != mx.float32 or (
+                a.ndim < 2 or a.shape[-1] != a.shape[-2]):
+            return NotImplemented
+        with mx.stream(mx.cpu):
+            ref = original(a, **kw)
+            A = np.array(as64(a)).reshape(-1, *a.shape[-2:])
+        w_ref = np.array(ref if values_only else ref[0]).reshape(-1, a.shape[-1])
+        w, v = (np.linalg.eigvals(A), None) if values_only else np.linalg.eig(A)
+        order = np.array([_match(x, r) for x, r in zip(w, w_ref)])
+        if order.size and (order < 0).any():
+            return NotImplemented
+        w = np.take_along_axis(w, order, axis=-1)
+        if v is not None:
+            v = np.take_along_axis(v, order[:, None, :], axis=-1)
+            sign = _signs(v, np.array(ref[1]).reshape(v.shape))
+            if sign is None:
+                return NotImplemented
+            v = v * sign[:, None, :]
+        values = _complex_words(w.reshape(a.shape[:-1]))
+        return values if values_only else (values, _complex_words(v.reshape(a.shape)))
+
+    return rule
+
+
+def _match(w, ref) -> np.ndarray:
+    """Indices of the float64 eigenvalues ``w`` in the order of MLX's float32 ones
+    ``ref``; -1s when an eigenvalue of ``ref`` has no clearly nearest one."""
+    free, out = list(range(len(w))), []
+    scale = max(np.abs(w).max(initial=0), 1e-30)
+    for r in ref:
+        d = np.sort(np.abs(w[free] - r))
+        if d[0] > 1e-3 * scale or (len(d) > 1 and d[1] <= 8 * d[0] + 1e-6 * scale):
+            return -np.ones(len(w), int)
+        j = free[int(np.argmin(np.abs(w[free] - r)))]
+        free.remove(j)
+        out.append(j)
+    return np.array(out, int)
+
+
+def _signs(v, ref):
+    """+-1 per eigenvector (batch, n, n columns) making it MLX's (LAPACK builds
+    differ in sign), or None when one is not a sign away (not unique)."""
+    c = np.sum(np.conj(v) * ref, axis=-2)
+    sign = np.where(c.real < 0, -1.0, 1.0)
+    return sign if np.all(np.abs(c - sign) < 1e-3) else None
+
+
+def _complex_words(z: np.ndarray) -> mx.array:
+    """A complex128 numpy array as a complex64 array carrying its low word."""
+    with mx.stream(mx.cpu):
+        w = from64(mx.array(z.real, dtype=mx.float64), mx.array(z.imag, dtype=mx.float64))
+    return attach_words(w.hi, w)
+
+
 _EXACT64 = ("cummax", "cummin", "minmax", "unique", "searchsorted")
 
 RULES = {**{f"linalg.{name}": _float64 for name in _NAMES}, "matrix_norm": _float64,
-         **{name: _float64 for name in _EXACT64}, "linalg.norm": _norm_rule}
+         **{name: _float64 for name in _EXACT64}, "linalg.norm": _norm_rule,
+         "linalg.eig": _eig(False), "linalg.eigvals": _eig(True)}
 """Op name -> rule."""
 
 VJPS = {"linalg.norm": _norm_vjp}
