@@ -36,6 +36,7 @@ from ..doubleword import words
 from ..doubleword.words import DoubleWord, as_complex, combine, from64, to64
 from ..doubleword.words import real_imag as parts  # noqa: F401  (rules read arith.parts)
 from .carry import suspended
+from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from ..core.backends import Backend
 
 C64 = mx.complex64
@@ -60,8 +61,8 @@ def constant(v) -> DoubleWord:
         out.wide = (re.wide[0], im.wide[0])
         return out
     hi, lo, value = _split_scalar(float(v), math.copysign(1.0, float(v)))
-    out = DoubleWord(mx.array(hi, dtype=mx.float32), mx.array(lo, dtype=mx.float32))
-    out.wide = (mx.array(value, dtype=mx.float64), None)
+    out = DoubleWord(ARRAY(hi, dtype=mx.float32), ARRAY(lo, dtype=mx.float32))
+    out.wide = (ARRAY(value, dtype=mx.float64), None)
     return out
 
 

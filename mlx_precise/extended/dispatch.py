@@ -37,7 +37,7 @@ import mlx.core as mx
 from ..core import backends, context
 from ..core.plain import plain
 from ..core.autodiff import TransformUnsupportedError
-from . import autodiff, carry, registry, rules, scatter
+from . import autodiff, carry, constructor, registry, rules, scatter
 from .carry import suspended
 from .report import PrecisionDropError, Report, dropped
 
@@ -49,14 +49,14 @@ def _carries(args, kwargs) -> bool:
     """A non-empty array among the operands (or in a list of them) carries a low word."""
     for a in (*args, *kwargs.values()):
         for b in (a if isinstance(a, (list, tuple)) else (a,)):
-            if isinstance(b, mx.array) and b.size and carry.has_words(b):
+            if isinstance(b, constructor.ARRAY) and b.size and carry.has_words(b):
                 return True
     return False
 
 
 def _foreign(args) -> bool:
     """A non-float32 / complex64 array among the operands."""
-    return any(isinstance(a, mx.array) and not rules.is_word_array(a) for a in args)
+    return any(isinstance(a, constructor.ARRAY) and not rules.is_word_array(a) for a in args)
 
 
 def _traced_on_host(e: Exception, name: str, backend: str):
@@ -346,6 +346,8 @@ class _Plan:
                 replacement = _at(e)
             elif e.kind == "kernel factory":
                 replacement = _kernel_factory(e)
+            elif e.kind == "constructor":
+                replacement = constructor.Constructor(_wrapper(e))
             elif e.kind == "property":
                 replacement = property(_wrapper(types.SimpleNamespace(
                     **{**vars(e), "original": e.original.__get__})), doc=e.original.__doc__)
@@ -384,6 +386,7 @@ def _install() -> None:
         for name, (_, replacement) in items.items():
             setattr(cls, name, replacement)
         _saved.append((cls, {name: original for name, (original, _) in items.items()}))
+    constructor.install()
     _TRANSFORMED.__call__ = _call_transformed
     _CUSTOM.__call__ = _call_custom
     _saved.append((_TRANSFORMED, {"__call__": _transformed_call}))
@@ -401,6 +404,7 @@ def _install() -> None:
 
 
 def _uninstall() -> None:
+    constructor.uninstall()
     while _saved:
         owner, originals = _saved.pop()
         if not isinstance(owner, type):

@@ -16,6 +16,8 @@ block is open. What it does with one is decided here, in one table:
   MLX runs it, nothing is reported;
 * **without a rule**, with the reason: MLX runs it in float32, and a call that
   consumes a carried value is reported (``strict=True`` raises);
+* the class ``mx.array``: ``mx.array(x)`` copies a carried value with its words
+  (:mod:`.constructor`);
 * **not an op** (transforms, streams, memory, files, constructors from shapes) or an
   **exit** (``item``, ``tolist``, ``np.array(x)``, printing): not wrapped; a value
   leaving there is the float32 rounding of the double-word value, rounded once.
@@ -30,7 +32,9 @@ import types
 
 import mlx.core as mx
 
-from . import rules
+from . import constructor, rules
+
+_ARRAY = constructor.ARRAY  # the class (mx.array is a stand-in while blocks are open)
 
 MODULES = {"": mx, "fast.": mx.fast, "fft.": mx.fft, "linalg.": mx.linalg,
            "random.": mx.random}
@@ -127,7 +131,7 @@ whose answer is decided by the high word (``bool(x)``)."""
 ARRAY_NOT_OPS = frozenset({
     "__class__", "__delattr__", "__dir__", "__doc__", "__getattribute__", "__init__",
     "__init_subclass__", "__module__", "__new__", "__setattr__", "__sizeof__",
-    "__subclasshook__", "__weakref__", "__nb_signature__",
+    "__subclasshook__", "__weakref__", "__nb_signature__", "__annotations__",
     # properties read from the shape and dtype
     "shape", "dtype", "ndim", "size", "itemsize", "nbytes",
 })
@@ -201,14 +205,14 @@ def _array_entry(attr: str, value) -> Entry | None:
         return None
     if isinstance(value, property):
         if attr == "at":
-            return Entry(owner=mx.array, attr=attr, original=value, op="array.at", rule=None,
+            return Entry(owner=_ARRAY, attr=attr, original=value, op="array.at", rule=None,
                          kind="at")
-        return Entry(owner=mx.array, attr=attr, original=value, op=f"array.{attr}",
+        return Entry(owner=_ARRAY, attr=attr, original=value, op=f"array.{attr}",
                      rule=rules.TABLE[f"array.{attr}"], kind="property",
                      vjp=rules.VJPS.get(f"array.{attr}"))
     own = rules.TABLE.get(f"array.{attr}")
     if own is not None:
-        return Entry(owner=mx.array, attr=attr, original=value, op=attr, rule=own, kind="rule",
+        return Entry(owner=_ARRAY, attr=attr, original=value, op=attr, rule=own, kind="rule",
                      vjp=rules.VJPS.get(f"array.{attr}"))
     op, how = attr, "method"
     if attr.startswith("__"):
@@ -227,16 +231,18 @@ def _array_entry(attr: str, value) -> Entry | None:
     if rule is not None and how == "reflected":
         rule, vjp = _reflected(rule), _reflected_vjp(vjp)
     if how == "in-place":
-        functional = getattr(mx.array, f"__{attr[3:-2]}__")
+        functional = getattr(_ARRAY, f"__{attr[3:-2]}__")
         rule = None if rule is None else rules.inplace(rule, functional)
         k = "in-place"
-    return Entry(owner=mx.array, attr=attr, original=value, op=attr, rule=rule, kind=k,
+    return Entry(owner=_ARRAY, attr=attr, original=value, op=attr, rule=rule, kind=k,
                  vjp=vjp, functional=functional)
 
 
 def entries() -> list[Entry]:
-    """Every stand-in the flow installs, from the modules as they are now."""
-    out = []
+    """Every stand-in the flow installs, from the modules as they are now; the
+    class ``mx.array`` itself too (kind ``"constructor"``: ``mx.array(x)``)."""
+    out = [Entry(owner=mx, attr="array", original=constructor.ARRAY, op="array",
+                 rule=rules.TABLE["array"], kind="constructor", vjp=rules.VJPS["array"])]
     for prefix, module in MODULES.items():
         for name in callables(module):
             op = prefix + name
@@ -248,8 +254,8 @@ def entries() -> list[Entry]:
             out.append(Entry(owner=module, attr=name, original=getattr(module, name), op=op,
                              rule=rules.TABLE.get(canonical(op)), kind=k,
                              vjp=rules.VJPS.get(canonical(op))))
-    for attr in dir(mx.array):
-        entry = _array_entry(attr, getattr(mx.array, attr))
+    for attr in dir(_ARRAY):
+        entry = _array_entry(attr, getattr(_ARRAY, attr))
         if entry is not None:
             out.append(entry)
     return out

@@ -26,6 +26,7 @@ import numpy as np
 from ...doubleword.words import DoubleWord
 from .. import arith, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value, words_of
+from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 
 WORD_DTYPES = (mx.float32, mx.complex64)
@@ -45,11 +46,11 @@ class Operands:
 
 
 def is_word_array(x) -> bool:
-    return isinstance(x, mx.array) and x.dtype in WORD_DTYPES
+    return isinstance(x, ARRAY) and x.dtype in WORD_DTYPES
 
 
 def is_integer_array(x) -> bool:
-    return isinstance(x, mx.array) and (mx.issubdtype(x.dtype, mx.integer) or x.dtype == mx.bool_)
+    return isinstance(x, ARRAY) and (mx.issubdtype(x.dtype, mx.integer) or x.dtype == mx.bool_)
 
 
 def words(x) -> DoubleWord | None:
@@ -103,13 +104,13 @@ def as64(x):
 
 
 def has_float64(args) -> bool:
-    return any(isinstance(a, mx.array) and a.dtype == mx.float64 for a in args)
+    return any(isinstance(a, ARRAY) and a.dtype == mx.float64 for a in args)
 
 
 def carries(v) -> bool:
     """True when ``v`` holds more than its float32 / complex64 value: an array with
     a low word, or a scalar that float32 does not represent."""
-    if isinstance(v, mx.array):
+    if isinstance(v, ARRAY):
         return has_words(v)
     return isinstance(v, SCALARS) and not arith.is_float32(v)
 
@@ -140,7 +141,7 @@ def decomposed(fn):
 def operand_array(v):
     """An operand of an engine rule as an array: a scalar becomes a 0-d constant
     carrying its second word."""
-    if isinstance(v, mx.array):
+    if isinstance(v, ARRAY):
         return v
     c = arith.constant(v)
     return attach(c.hi, c.lo)
@@ -158,7 +159,7 @@ def operand_array(v):
 def unbroadcast(g, like):
     """``g`` summed down to the shape of the operand ``like`` (numpy broadcasting);
     None when ``like`` is not an array."""
-    if not isinstance(like, mx.array) or not mx.issubdtype(like.dtype, mx.inexact):
+    if not isinstance(like, ARRAY) or not mx.issubdtype(like.dtype, mx.inexact):
         return None
     if g.shape == like.shape:
         return g
@@ -174,7 +175,7 @@ def movement(e, g):
     the high and on the low words of the cotangent, each exact, joined."""
     slots = [(i, j) for i, a in enumerate(e.args) for j, b in (
         enumerate(a) if isinstance(a, (list, tuple)) else [(None, a)])
-        if isinstance(b, mx.array) and mx.issubdtype(b.dtype, mx.inexact)]
+        if isinstance(b, ARRAY) and mx.issubdtype(b.dtype, mx.inexact)]
     if not slots:
         return [None] * len(e.args)
     primals = [e.args[i] if j is None else e.args[i][j] for i, j in slots]

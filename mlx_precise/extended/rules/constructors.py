@@ -1,12 +1,15 @@
 """Constructors whose values float32 cannot hold exactly: ``linspace`` and
-``arange`` with float steps, computed in float64 and kept in two words."""
+``arange`` with float steps, computed in float64 and kept in two words; and
+``mx.array(x)`` of a carried array, a copy that keeps the words."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
 
-from ..carry import attach
+from .. import carry
+from ..carry import attach, has_words
+from .base import is_word_array
 
 
 def grid(values: np.ndarray, dtype) -> mx.array | object:
@@ -53,6 +56,27 @@ def _frequencies(kind: str):
     return rule
 
 
-RULES = {"linspace": _linspace, "arange": _arange, "fft.fftfreq": _frequencies("fftfreq"),
+def _array(ctx, original, val, dtype=None, **kw):
+    """``mx.array(x)`` of a carried array: MLX's copy with x's words, or with
+    another dtype ``x.astype(dtype)`` (its rule: the exact value in float64, a
+    reported rounding to a narrower type); carried arrays inside a list: declines
+    (reported)."""
+    if not (is_word_array(val) and has_words(val)):
+        return NotImplemented
+    if dtype is None or dtype == val.dtype:
+        return carry.copy(val, original(val, **kw))
+    with carry.reporting(ctx.report):
+        return val.astype(dtype)
+
+
+def _array_vjp(e, g):
+    val = e.args[0]
+    return (g,) if isinstance(val, mx.array) and e.out.dtype == val.dtype else NotImplemented
+
+
+RULES = {"array": _array, "linspace": _linspace, "arange": _arange, "fft.fftfreq": _frequencies("fftfreq"),
          "fft.rfftfreq": _frequencies("rfftfreq")}
 """Op name -> rule."""
+
+VJPS = {"array": _array_vjp}
+"""Op name -> VJP rule (see :mod:`.base`)."""

@@ -1,0 +1,66 @@
+"""``mx.array(x)`` of a carried array inside a block: the copy carries the words
+(MLX's class cannot be wrapped, so ``mx.array`` is a stand-in while blocks are open:
+isinstance, attributes and pickling still behave as the class)."""
+
+from __future__ import annotations
+
+import pickle
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+import mlx_precise as mp
+from mlx_precise.extended import low_word
+from flow_helpers import rng_f32, value64
+
+
+def test_a_copy_carries_the_words(backend):
+    """``mx.array(y)`` was the float32 value only: ``z - y`` gave y's low word
+    (-1e-8), not 0, and ``z * 3`` missed the exact result."""
+    a = rng_f32(16, 30)
+    with mp.extended_precision() as report:
+        y = mx.array(a) / 3
+        z = mx.array(y)
+        assert z is not y and low_word(z) is not None
+        diff, triple = value64(z - y), value64(z * 3)
+        z += 1.0  # the copy is its own array
+        after = value64(y)
+        wide = mx.array(y, dtype=mx.float64)
+    assert not report.float32, report
+    assert np.array_equal(diff, np.zeros(16))
+    np.testing.assert_allclose(triple, a.astype(np.float64), rtol=2 ** -46, atol=0)
+    np.testing.assert_allclose(after, a.astype(np.float64) / 3, rtol=2 ** -46)
+    np.testing.assert_allclose(np.array(wide), a.astype(np.float64) / 3, rtol=2 ** -46)
+
+
+def test_narrowing_or_lists_are_reported():
+    y = mx.array(rng_f32(4, 31))
+    with mp.extended_precision() as report:
+        c = y / 3
+        h = mx.array(c, dtype=mx.float16)
+        mx.array([c, c])
+    assert h.dtype == mx.float16
+    assert report.float32["astype"] == 1 and report.float32["array"] == 1
+
+
+def test_the_stand_in_behaves_as_the_class_and_pickles(backend):
+    a = rng_f32((3, 4), 32)
+    plain_bytes = pickle.dumps(mx.array(a))
+    with mp.extended_precision() as report:
+        x = mx.array(a) / 3
+        assert isinstance(x, mx.array) and issubclass(type(x), mx.array)
+        assert isinstance(x, (np.ndarray, mx.array)) and mx.array.__name__ == "array"
+        assert mx.array.__add__ is type(x).__add__
+        layer = nn.Linear(4, 2)  # mlx.nn checks parameters with isinstance
+        out = layer(mx.array(x))
+        assert isinstance(out, mx.array) and low_word(out) is not None
+        back = pickle.loads(pickle.dumps(mx.array(a)))
+        grad = mx.grad(lambda v: (mx.array(v) * v).sum())(x)
+        g64 = value64(grad)
+    assert not report.float32, report
+    assert np.array_equal(np.array(back), a)
+    np.testing.assert_allclose(g64, 2 * a.astype(np.float64) / 3, rtol=2 ** -46)
+    # outside every block: MLX's class and MLX's pickle, unchanged
+    assert type(mx.array(a)) is mx.array and mx.array.__module__ == "mlx.core"
+    assert pickle.dumps(mx.array(a)) == plain_bytes
