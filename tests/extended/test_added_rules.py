@@ -326,7 +326,7 @@ def test_random_samplers_with_carried_parameters(backend):
     with mp.extended_precision() as report:
         normal = mx.random.normal((4, 5), loc=loc, scale=1.7, key=key)
         uniform = mx.random.uniform(loc, 2.0, (4, 5), key=key)
-        laplace = mx.random.laplace((4, 5), loc=0.1, scale=1.3, key=key)
+        laplace = mx.random.laplace((4, 5), loc=loc[0], scale=1.3, key=key)
         trunc = mx.random.truncated_normal(loc - 1.0, loc + 1.0, key=key)
         lo, hi = exact(loc - 1.0), exact(loc + 1.0)
     assert not report.float32, report
@@ -342,7 +342,7 @@ def test_random_samplers_with_carried_parameters(backend):
                for i in range(5)]
         assert share(trunc, np.clip(ref, lo, hi)) == 1.0
     assert share(uniform, L + (2.0 - L) * u01) == 1.0
-    assert share(laplace, 0.1 + 1.3 * np.sign(sym) * np.log1p(-np.abs(sym))) == 1.0
+    assert share(laplace, L[0] + 1.3 * np.sign(sym) * np.log1p(-np.abs(sym))) == 1.0
 
 
 def test_random_categorical_and_permutation_of_carried_values(backend):
@@ -359,6 +359,20 @@ def test_random_categorical_and_permutation_of_carried_values(backend):
     assert np.array_equal(np.array(c), np.argmax(g + L, axis=-1))
     order = np.array(mx.random.permutation(50, key=key))
     assert np.array_equal(moved, L[:, order])
+
+
+def test_random_with_python_scalar_parameters_is_mlx():
+    """mlx.nn's initialisers (``uniform(-s, s)``, ``normal(scale=0.02)``) inside a
+    block: MLX's own samples, bit for bit (no array parameter carries a word)."""
+    key = mx.random.key(9)
+    plain = [np.array(f()) for f in (lambda: mx.random.uniform(-0.1, 0.1, (64,), key=key),
+                                     lambda: mx.random.normal((64,), scale=0.02, key=key))]
+    with mp.extended_precision() as report:
+        ours = [np.array(mx.random.uniform(-0.1, 0.1, (64,), key=key)),
+                np.array(mx.random.normal((64,), scale=0.02, key=key))]
+    assert not report.extended and not report.float32
+    for a, b in zip(plain, ours):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 def test_random_with_carried_parameters_takes_one_key_as_mlx():

@@ -12,7 +12,8 @@ import mlx.core as mx
 import numpy as np
 
 from .. import carry
-from .base import carries, operand_array
+from ..carry import has_words
+from .base import ARRAY, operand_array
 
 _BELOW_MINUS_ONE = float(np.nextafter(np.float32(-1), np.float32(0)))
 _SQRT2 = math.sqrt(2.0)  # float64, two words
@@ -32,11 +33,13 @@ def _symmetric(shape, key):
 
 def _sampler(fn):
     """A rule from ``fn(*args, **kw)`` (the sampler's transform in ops of the flow,
-    NotImplemented for a dtype other than float32); it runs when a parameter
-    carries more than float32 holds."""
+    NotImplemented for a dtype other than float32); it runs when an array
+    parameter carries a low word (Python scalars then enter at their float64
+    value). Scalar parameters alone (``uniform(-s, s)`` in mlx.nn's initialisers):
+    MLX's sampler, as outside blocks."""
 
     def rule(ctx, original, *args, **kw):
-        if not any(carries(v) for v in (*args, *kw.values())):
+        if not any(isinstance(v, ARRAY) and has_words(v) for v in (*args, *kw.values())):
             return NotImplemented
         with carry.reporting(ctx.report):
             return fn(*args, **kw)
