@@ -419,3 +419,19 @@ def test_eig_in_float64_on_cpu():
                 col = mpmath.matrix([complex(z) for z in V[b][:, j]])
                 res = mpmath.norm(M * col - complex(W[b][j]) * col)
                 assert res < 1e-14 and abs(mpmath.norm(col) - 1) < 1e-15
+
+
+def test_searchsorted_of_carried_values_off_cpu(backend):
+    """mlx-lm's categorical sampling of one row (the inverse CDF) calls searchsorted:
+    on emulate / metal it was a float32 op (reported); now exact comparisons. Values
+    that tie in the high word are ordered by their low words."""
+    a, A = _carried((64,), seed=21)
+    with mp.extended_precision() as report:
+        seq = mx.sort(a)
+        v = mx.concatenate([seq[::7], seq[::5] + 1e-12, seq[3:9] - 1e-12])
+        left, right = (mx.searchsorted(seq, v, side=s) for s in ("left", "right"))
+        S, V = exact(seq), exact(v)
+    assert not report.float32, report
+    assert left.dtype == right.dtype == mx.uint32
+    assert np.array_equal(np.array(left), np.searchsorted(S, V, side="left"))
+    assert np.array_equal(np.array(right), np.searchsorted(S, V, side="right"))

@@ -180,10 +180,31 @@ def _complex_words(z: np.ndarray) -> mx.array:
     return attach_words(w.hi, w)
 
 
-_EXACT64 = ("cummax", "cummin", "minmax", "unique", "searchsorted")
+_COUNT_LIMIT = 2 ** 22  # comparisons searchsorted may materialise off cpu
+
+
+def _searchsorted(ctx, original, a, v, side="left", **kw):
+    """``searchsorted``: in float64 on cpu; elsewhere the count of the sequence's
+    elements below ``v`` (``side="right"``: not above), each an exact comparison of
+    the flow, while that comparison matrix has at most 2^22 entries (more:
+    declines, reported). MLX's index dtype (uint32)."""
+    out = _float64(ctx, original, a, v, side, **kw)
+    if out is not NotImplemented or not (is_word_array(a) or is_word_array(v)):
+        return out
+    if not isinstance(a, mx.array) or a.ndim != 1 or side not in ("left", "right") or (
+            a.dtype == mx.complex64 or a.size * max(getattr(v, "size", 1), 1) > _COUNT_LIMIT):
+        return NotImplemented
+    with carry.reporting(ctx.report):
+        vv = mx.expand_dims(v, -1) if isinstance(v, mx.array) else v
+        below = (a < vv) if side == "left" else (a <= vv)
+        return mx.sum(below, axis=-1).astype(mx.uint32)
+
+
+_EXACT64 = ("cummax", "cummin", "minmax", "unique")
 
 RULES = {**{f"linalg.{name}": _float64 for name in _NAMES}, "matrix_norm": _float64,
          **{name: _float64 for name in _EXACT64}, "linalg.norm": _norm_rule,
+         "searchsorted": _searchsorted,
          "linalg.eig": _eig(False), "linalg.eigvals": _eig(True)}
 """Op name -> rule."""
 
