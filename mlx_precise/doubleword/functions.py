@@ -358,22 +358,26 @@ def _erf64(v: mx.array) -> mx.array:
     return mx.array(r, dtype=F64)
 
 
+def unary64(fn: str, v: mx.array) -> mx.array:
+    """``fn(v)`` (one of :data:`UNARY`) of MLX float64 values ``v``, to float64
+    accuracy (where MLX's own float64 function is only float32-accurate, one of
+    the functions above). Call on the CPU stream."""
+    if fn == "exp":
+        return _exp64(v)
+    if fn in ("sin", "cos"):
+        return _sincos64(v)[fn == "cos"]
+    if fn == "sigmoid":
+        e = _exp64(-mx.abs(v))
+        s = 1.0 / (1.0 + e)
+        return mx.where(v >= 0, s, e * s)
+    if fn == "erf":
+        return _erf64(v)
+    return getattr(mx, fn)(v)
+
+
 def _cpu_unary(fn: str, x: DoubleWord) -> DoubleWord:
     with mx.stream(mx.cpu):
-        v = to64(x)[0]
-        if fn == "exp":
-            r = _exp64(v)
-        elif fn in ("sin", "cos"):
-            r = _sincos64(v)[fn == "cos"]
-        elif fn == "sigmoid":
-            e = _exp64(-mx.abs(v))
-            s = 1.0 / (1.0 + e)
-            r = mx.where(v >= 0, s, e * s)
-        elif fn == "erf":
-            r = _erf64(v)
-        else:
-            r = getattr(mx, fn)(v)
-        return from64(r)
+        return from64(unary64(fn, to64(x)[0]))
 
 
 def _cpu_cexp(re: DoubleWord, im: DoubleWord) -> DoubleWord:

@@ -17,7 +17,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 import mlx_precise as mp
-from mlx_precise.extended import PrecisionDropError, low_word
+from mlx_precise.extended import PrecisionDropError, autodiff, low_word
 from flow_helpers import rng_f32, value64
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
@@ -37,14 +37,19 @@ def test_value_and_grad_sees_the_carried_value():
     assert float(g[0]) == 2**30
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "cpu, flow pass"])
 @pytest.mark.parametrize("case", ["arith chain", "exp", "tanh", "sigmoid", "erf", "matmul",
                                   "conv1d", "layer_norm", "rms_norm", "softmax", "attention",
                                   "cumsum", "param used n times", "recurrence of n steps",
                                   "MLP (GELU, LayerNorm)"])
-def test_gradients_at_the_floor(backend, case):
+def test_gradients_at_the_floor(backend, case, monkeypatch):
     """Each gradient taken in the block is within 2x of the floor (the float64
-    gradient rounded once to float32, normwise), and its carried value far below."""
+    gradient rounded once to float32, normwise), and its carried value far below.
+    On cpu the backward pass runs in float64; "flow pass": the double-word pass
+    that metal / emulate run (and a gradient inside a gradient, on cpu too)."""
+    if backend == "cpu, flow pass":
+        monkeypatch.setattr(autodiff, "FLOAT64_PASS", False)
+        backend = "cpu"
     chain = 16 if backend == "emulate" else 300
     r = bt.measure_case(case, backends=(backend,), chain=chain)
     got = r[backend]

@@ -10,7 +10,7 @@ import numpy as np
 from ...linalg import gemm
 from .. import carry
 from ..engine import words_op
-from .base import decomposed, is_word_array, unbroadcast
+from .base import REAL, decomposed, is_word_array, unbroadcast
 
 
 def _matmul():
@@ -195,7 +195,7 @@ def _matmul_vjp(e, g):
     """``a @ b``: g @ b^T and a^T @ g, vectors promoted to matrices as matmul
     does, batch axes summed back to each operand's shape."""
     a, b = e.args[:2]
-    if a.dtype != mx.float32 or b.dtype != mx.float32:
+    if a.dtype not in REAL or b.dtype not in REAL:
         return NotImplemented
     a2 = a[None] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
