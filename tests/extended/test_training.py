@@ -235,3 +235,28 @@ def test_checkpoint_bad_input(tmp_path):
     mx.savez(str(tmp_path / "shape.npz"), **{"w": mx.zeros((2,)), "w@lo": mx.zeros((3,))})
     with pytest.raises(ValueError, match="low word of 'w'"):
         mp.load_extended(tmp_path / "shape.npz")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_complex_matmul_and_exp_gradients(backend):
+    """Complex matmul and exp (the FNO's and S4D's) have double-word VJPs: MLX's
+    convention, the conjugate of the holomorphic derivative (closed forms in
+    complex128)."""
+    rng = np.random.default_rng(5)
+
+    def c64(*shape):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(
+            np.complex64)
+
+    a, b, g = c64(3, 4), c64(4, 2), c64(3, 2)
+    a128, b128, g128 = (v.astype(np.complex128) for v in (a, b, g))
+    G = mx.array(g)
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        ga, gb = mx.grad(lambda p, q: mx.sum(mx.real(G * (p @ q))), argnums=(0, 1))(
+            mx.array(a), mx.array(b))
+        ge = mx.grad(lambda p: mx.sum(mx.real(G[:, :1] * mx.exp(p * 0.3))))(mx.array(a))
+    assert not rep.float32, rep
+    for got, want in ((ga, np.conj(g128 @ b128.T)), (gb, np.conj(a128.T @ g128)),
+                      (ge, np.conj(g128[:, :1] * 0.3 * np.exp(0.3 * a128)))):
+        value = np.array(got).astype(np.complex128) + np.array(low_word(got))
+        np.testing.assert_allclose(value, want, rtol=0, atol=2**-44 * np.abs(want).max())

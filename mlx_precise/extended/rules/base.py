@@ -171,6 +171,14 @@ def elementary(fn: str, x: mx.array) -> mx.array:
     return getattr(mx, fn)(x)
 
 
+def conj(v):
+    """The complex conjugate of an array or scalar (real ones unchanged): a VJP of
+    a holomorphic op is ``g conj(f')`` (MLX's convention for complex values)."""
+    if isinstance(v, mx.array):
+        return mx.conj(v) if v.dtype == mx.complex64 else v
+    return v.conjugate() if isinstance(v, complex) else v
+
+
 def unbroadcast(g, like):
     """``g`` summed down to the shape of the operand ``like`` (numpy broadcasting);
     None when ``like`` is not an array."""

@@ -12,7 +12,7 @@ import mlx.core as mx
 from ...doubleword import functions
 from .. import arith, carry
 from ..engine import words_op
-from .base import (REAL, decomposed, elementary, floating_result, has_float64, is_word_array,
+from .base import (REAL, conj, decomposed, elementary, floating_result, has_float64, is_word_array,
                    operand_array, result, unbroadcast, words)
 
 
@@ -188,7 +188,7 @@ _TWO_OVER_SQRT_PI = 2 / math.sqrt(math.pi)
 _LN10 = math.log(10.0)
 
 _DERIVATIVES = {  # f'(x) times g, from x and the result o, in ops of the flow
-    "exp": lambda g, x, o: g * o,
+    "exp": lambda g, x, o: g * conj(o),  # exp also takes complex values
     "expm1": lambda g, x, o: g * (o + 1.0),
     "log": lambda g, x, o: g / x,
     "log1p": lambda g, x, o: g / (x + 1.0),
@@ -210,8 +210,8 @@ def _function_vjp(fn: str):
 
     def vjp(e, g):
         x = e.args[0]
-        if x.dtype not in REAL:
-            return NotImplemented  # complex exp: MLX's
+        if x.dtype not in REAL and not (fn == "exp" and x.dtype == mx.complex64):
+            return NotImplemented
         return (d(g, x, e.out),)
 
     return vjp
