@@ -6,9 +6,6 @@ independent float64 numpy implementation in benchmarks/training_oracle.py."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
@@ -16,13 +13,11 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+import bench_training as bt
 import mlx_precise as mp
 from mlx_precise.extended import PrecisionDropError, autodiff, low_word
 from flow_helpers import rng_f32, value64
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-import bench_training as bt  # noqa: E402
-import training_oracle as oracle  # noqa: E402
 
 BACKENDS = ["cpu", "emulate"]
 
