@@ -157,15 +157,71 @@ def test_gradient_without_a_double_word_rule_is_reported_and_strict_raises():
             mx.grad(f)(x)
 
 
+def _cumprod_loss(a):
+    return mx.cumprod(a / 3).sum()  # cumprod has a rule, not a double-word VJP
+
+
+@mx.custom_function
+def _doubled(a):
+    return a * 2  # the flow cannot see into it: MLX's float32 VJP
+
+
+def _update_through_an_op_without_a_rule(a):
+    return a - 0.1 * mx.logcumsumexp(a / 3)
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "cpu, flow pass"])
+@pytest.mark.parametrize("case", ["VJP without a rule", "custom function",
+                                  "update without a rule"])
+def test_strict_raises_where_training_would_pass_through_float32(backend, case, monkeypatch):
+    """Under ``strict=True`` a gradient through an op without a double-word VJP, a
+    gradient through a function the flow cannot see into, and a parameter update
+    through an op without a rule raise PrecisionDropError; without strict each is
+    reported under float32."""
+    if backend == "cpu, flow pass":
+        monkeypatch.setattr(autodiff, "FLOAT64_PASS", False)
+        backend = "cpu"
+    x = mx.array(np.linspace(0.1, 1, 8, dtype=np.float32))
+    run, name = {
+        "VJP without a rule": (lambda: mx.grad(_cumprod_loss)(x), "cumprod (gradient)"),
+        "custom function": (lambda: mx.grad(lambda a: _doubled(a / 3).sum())(x),
+                            "mx.custom_function (gradient)"),
+        "update without a rule": (lambda: _update_through_an_op_without_a_rule(x / 3),
+                                  "logcumsumexp"),
+    }[case]
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        mx.eval(run())
+    assert rep.float32[name] >= 1, rep
+    with pytest.raises(PrecisionDropError):
+        with mp.use_backend(backend), mp.extended_precision(strict=True):
+            run()
+
+
 def test_gradients_outside_blocks_are_mlx_own():
+    """Outside any block (after one was opened and closed), every transform is
+    MLX's: the same bits as MLX's own functions."""
     x = mx.array(rng_f32(16, 4))
     f = (lambda a: (mx.exp(a) * mx.sin(a)).sum())
+    g = (lambda a: mx.exp(a) * mx.sin(a))
     from mlx_precise.core.plain import plain
 
-    for ours, theirs in ((mx.grad(f)(x), plain.grad(f)(x)),
-                         (mx.value_and_grad(f)(x)[1], plain.value_and_grad(f)(x)[1]),
-                         (mx.vjp(f, [x], [mx.array(1.0)])[1][0],
-                          plain.vjp(f, [x], [mx.array(1.0)])[1][0])):
+    with mp.extended_precision():
+        mx.grad(f)(x)
+    model, xs, ys = _mlp()
+    ours_nn = nn.value_and_grad(model, _loss)(model, xs, ys)
+    vg = plain.value_and_grad(lambda p: (model.update(p), _loss(model, xs, ys))[1])
+    theirs_nn = vg(model.trainable_parameters())
+    pairs = [(mx.grad(f)(x), plain.grad(f)(x)),
+             (mx.value_and_grad(f)(x)[1], plain.value_and_grad(f)(x)[1]),
+             (mx.vjp(g, [x], [x])[1][0], plain.vjp(g, [x], [x])[1][0]),
+             (mx.jvp(g, [x], [x])[1][0], plain.jvp(g, [x], [x])[1][0]),
+             (mx.grad(mx.checkpoint(f))(x), plain.grad(plain.checkpoint(f))(x)),
+             (mx.compile(mx.grad(f))(x), plain.compile(plain.grad(f))(x)),
+             (ours_nn[0], theirs_nn[0])]
+    pairs += [(a, b) for (_, a), (_, b) in zip(tree_flatten(ours_nn[1]),
+                                               tree_flatten(theirs_nn[1]))]
+    assert len(pairs) >= 10
+    for ours, theirs in pairs:
         assert np.array_equal(np.array(ours).view(np.uint32), np.array(theirs).view(np.uint32))
 
 
