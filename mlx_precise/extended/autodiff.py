@@ -86,7 +86,8 @@ def unrecorded():
 
 def mark() -> int:
     """How many ops the open tapes hold (a rule that recorded ops is composite)."""
-    return sum(len(t.entries) for t in _tapes.get())
+    tapes = _tapes.get()
+    return len(tapes[0].entries) if len(tapes) == 1 else sum(len(t.entries) for t in tapes)
 
 
 def arrays_in(value) -> list:
@@ -103,7 +104,9 @@ _INEXACT = (mx.float32, mx.float64, mx.complex64, mx.float16, mx.bfloat16)
 
 def record(name: str, vjp, original, args, kwargs, out, report) -> None:
     """Record one op on every tape whose differentiated inputs it reads."""
-    ins = [a for v in (*args, *kwargs.values()) for a in arrays_in(v)]
+    ins = [a for a in args if isinstance(a, mx.array)]
+    if len(ins) < len(args) or kwargs:  # lists of arrays, keyword arguments
+        ins = [a for v in (*args, *kwargs.values()) for a in arrays_in(v)]
     for tape in _tapes.get():
         tracked = tape.tracked
         if not any(tracked.get(id(a)) is a for a in ins):
