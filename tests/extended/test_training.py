@@ -311,3 +311,22 @@ def test_complex_matmul_and_exp_gradients(backend):
                       (ge, np.conj(g128[:, :1] * 0.3 * np.exp(0.3 * a128)))):
         value = np.array(got).astype(np.complex128) + np.array(low_word(got))
         np.testing.assert_allclose(value, want, rtol=0, atol=2**-44 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("axis", [-1, 0, None])
+def test_sort_gradient_is_the_permutation_undone(backend, axis):
+    """d/dx sum(sort(x) * c) puts c back where each value came from, keeping c's
+    low word (c = w / 3 carries one), for x exact and x carrying a low word."""
+    x0, w0 = rng_f32((3, 7), 21), rng_f32((3, 7) if axis is not None else 21, 22)
+    ax = -1 if axis is None else axis
+    for scale in (1.0, 3.0):
+        with mp.use_backend(backend), mp.extended_precision() as rep:
+            c = mx.array(w0) / 3
+            g = mx.grad(lambda a: (mx.sort(a / scale, axis=axis) * c).sum())(mx.array(x0))
+        assert not rep.float32, rep
+        xs = x0 if axis is not None else x0.reshape(-1)
+        want = np.zeros(w0.shape)
+        np.put_along_axis(want, np.argsort(xs, axis=ax, kind="stable"),
+                          w0.astype(np.float64) / 3 / scale, axis=ax)
+        np.testing.assert_allclose(value64(g), want.reshape(x0.shape), rtol=2**-44, atol=0)

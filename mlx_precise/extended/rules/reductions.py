@@ -280,6 +280,19 @@ def _cumsum_vjp(e, g):
     return (mx.cumsum(g, axis, reverse=not reverse, inclusive=inclusive),)
 
 
+def _sort_vjp(e, g):
+    """The sort's permutation undone: g put back where each value came from (the
+    sort of values that carry a low word is recorded as its gather instead)."""
+    x = e.args[0]
+    axis = e.args[1] if len(e.args) > 1 else e.kwargs.get("axis", -1)
+    if x.dtype not in REAL:
+        return NotImplemented
+    src = x.reshape(-1) if axis is None else x
+    ax = -1 if axis is None else axis
+    back = mx.put_along_axis(mx.zeros_like(g), mx.argsort(src, axis=ax), g, axis=ax)
+    return (back.reshape(x.shape),)
+
+
 VJPS = {"sum": _sum_vjp("sum"), "mean": _sum_vjp("mean"), "prod": _prod_vjp,
-        "max": _extreme_vjp, "min": _extreme_vjp, "cumsum": _cumsum_vjp}
+        "max": _extreme_vjp, "min": _extreme_vjp, "cumsum": _cumsum_vjp, "sort": _sort_vjp}
 """Op name -> VJP rule (see :mod:`.base`)."""
