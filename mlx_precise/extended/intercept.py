@@ -4,8 +4,9 @@ blocks MLX computes as before, bit for bit):
 * ``mx.compile``: a function compiled after the import runs its Python function
   while a double-word block is open in the calling thread / task (the flow sees
   its ops, and its inputs keep their low words), and the compiled graph
-  everywhere else; functions compiled before the import get the same treatment
-  from the flow (:mod:`.dispatch`).
+  everywhere else, through which the low words of its state and results pass when
+  it opens a block inside (:class:`_CarriedWords`); functions compiled before the
+  import get the first treatment from the flow (:mod:`.dispatch`).
 * ``mx.grad``, ``mx.value_and_grad``, ``mx.vjp``, ``mx.jvp``, ``mx.checkpoint``: a
   gradient computed while a double-word block is open in the calling thread / task
   is the flow's own, in double-word (:mod:`.autodiff`), whenever the transformed
