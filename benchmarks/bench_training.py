@@ -28,13 +28,17 @@ float64 numpy oracle (``training_oracle.py``: independent of MLX and mlx_precise
            optimizer.update(model, grads)
            mx.eval(model.parameters(), optimizer.state)
 
-   (``--block per-burst``: one block around each burst of steps instead.) The
+   (``--block per-burst``: one block around each burst of steps instead.) Beside
+   them, the same step compiled as MLX documents it (``mx.compile(step,
+   inputs=state, outputs=state)``), plain and with the block inside the compiled
+   function (its low words carried through the compiled graph; backends that
+   compute on the host other than cpu cannot be traced: the table says so). The
    parameters after the last step are scored against the float64 trajectory; the
    floor is float32(theta64). The target: within 3x of the floor. Two
    oracle-only columns locate float32's loss: the float64 trajectory with the
    parameters stored in float32 between steps, and with the optimizer's float
    constants (betas, eps, momentum, weight decay) rounded to float32. Time per
-   step: plain and in-block trajectories advance in interleaved bursts, and each
+   step: the four trajectories advance in interleaved bursts, and each
    gets the median over bursts (the first burst, warm-up, left out) of the time per
    step; the numpy float64 oracle's time per step is printed beside them.
 
@@ -164,6 +168,8 @@ MLX_CASES = {
 
 
 def _error_text(e: BaseException) -> str:
+    if type(e).__name__ == "TransformUnsupportedError":
+        return "TransformUnsupportedError (this backend computes on the host: no trace)"
     text = f"{type(e).__name__}: {e}".replace("\n", " ").replace("|", "/")
     return text if len(text) <= 160 else text[:157] + "..."
 
@@ -300,10 +306,13 @@ def run_training(optimizer_name: str = "adam", steps: int = 1000, backend: str =
 
     xm, ym = mx.array(x), mx.array(y)
     runs = {}
-    for who in ("plain", backend):
-        model = model_from(p0)
-        runs[who] = dict(model=model, opt=mlx_optimizer(optimizer_name),
-                         step=nn.value_and_grad(model, mse), times=[], error=None, report=None)
+    for who in ("plain", "plain compiled", backend, f"{backend} compiled"):
+        model, opt = model_from(p0), mlx_optimizer(optimizer_name)
+        opt.init(model.trainable_parameters())
+        runs[who] = dict(model=model, opt=opt, step=_compiled_step(
+            model, opt, backend if who != "plain compiled" else None)
+            if who.endswith("compiled") else nn.value_and_grad(model, mse),
+            times=[], error=None, report=None)
 
     def advance(who, n):
         r = runs[who]
@@ -313,6 +322,10 @@ def run_training(optimizer_name: str = "adam", steps: int = 1000, backend: str =
             r["opt"].update(r["model"], g)
             mx.eval(r["model"].parameters(), r["opt"].state)
 
+        if who.endswith("compiled"):
+            for _ in range(n):
+                mx.eval(r["step"](xm, ym), r["model"].parameters(), r["opt"].state)
+            return
         if who == "plain":
             for _ in range(n):
                 one()
@@ -353,7 +366,7 @@ def run_training(optimizer_name: str = "adam", steps: int = 1000, backend: str =
         params = dict(tree_flatten(r["model"].parameters()))
         row = {"err": normwise(flat({k: np.array(v) for k, v in params.items()}, keys), ref),
                "time": per_step(r["times"]), "burst_times": r["times"]}
-        if who != "plain":
+        if not who.startswith("plain"):
             row["float32"] = dict(r["report"].float32) if r["report"] is not None else {}
             try:
                 with mp.use_backend(backend), mp.extended_precision():
@@ -363,6 +376,27 @@ def run_training(optimizer_name: str = "adam", steps: int = 1000, backend: str =
                 row["dw_error"] = _error_text(e)
         out[who] = row
     return out
+
+
+def _compiled_step(model, opt, backend: str | None):
+    """A training step compiled as MLX documents it (``mx.compile`` with the model's
+    and optimizer's state as ``inputs`` and ``outputs``), the block inside it on
+    ``backend`` (None: plain float32). Returns ``step(x, y) -> loss``."""
+    import mlx_precise as mp
+
+    loss_and_grad = nn.value_and_grad(model, mse)
+
+    def step(x, y):
+        loss, grads = loss_and_grad(model, x, y)
+        opt.update(model, grads)
+        return loss
+
+    def step_in_block(x, y):
+        with mp.use_backend(backend), mp.extended_precision():
+            return step(x, y)
+
+    state = [model.state, opt.state]
+    return mx.compile(step if backend is None else step_in_block, inputs=state, outputs=state)
 
 
 # ---- the tables -----------------------------------------------------------------------
@@ -400,26 +434,32 @@ def gradient_table(results: dict, backends, chain: int | None = None) -> str:
                      + [gradient_row(n, r, backends, chain) for n, r in results.items()])
 
 
+def _times(base: dict, run: dict) -> list[str]:
+    """Time per step of ``base`` and ``run`` and their ratio (table cells)."""
+    t0, t1 = base.get("time"), run.get("time")
+    return [f"{1e3 * t0:.2f} ms" if t0 else "-", f"{1e3 * t1:.2f} ms" if t1 else "-",
+            f"{t1 / t0:.1f}x" if t0 and t1 else "-"]
+
+
 def training_row(name: str, backend: str, r: dict) -> str:
     fl = r["floor"]
     ext = r.get(backend, {"error": "not run"})
-    t_plain = r["plain"].get("time")
-    t_ext = ext.get("time")
-    times = (f"{1e3 * t_plain:.2f} ms" if t_plain else "-",
-             f"{1e3 * t_ext:.2f} ms" if t_ext else "-",
-             f"{t_ext / t_plain:.1f}x" if t_plain and t_ext else "-")
-    return (f"| {name} | {backend} | {r['steps']} | {r['loss0']:.4g} -> {r['loss64']:.4g} "
-            f"| {fl:.2e} | {_ratio(r['plain'], 'err', fl)} | {r['params_float32'] / fl:.3g}x "
-            f"| {r['hyper_float32'] / fl:.3g}x | {_ratio(ext, 'err', fl)} "
-            f"| {'' if 'error' in ext else _ratio(ext, 'dw_err', fl)} "
-            f"| {times[0]} | {times[1]} | {times[2]} | {1e3 * r['float64_time']:.2f} ms "
-            f"| {', '.join(sorted(ext.get('float32', {}))) or '-'} |")
+    comp = r.get(f"{backend} compiled", {"error": "not run"})
+    cells = [name, backend, str(r["steps"]), f"{r['loss0']:.4g} -> {r['loss64']:.4g}",
+             f"{fl:.2e}", _ratio(r["plain"], "err", fl), f"{r['params_float32'] / fl:.3g}x",
+             f"{r['hyper_float32'] / fl:.3g}x", _ratio(ext, "err", fl),
+             "" if "error" in ext else _ratio(ext, "dw_err", fl), _ratio(comp, "err", fl),
+             *_times(r["plain"], ext), *_times(r.get("plain compiled", {}), comp),
+             f"{1e3 * r['float64_time']:.2f} ms",
+             ", ".join(sorted(ext.get("float32", {}))) or "-"]
+    return "| " + " | ".join(cells) + " |"
 
 
 TRAINING_HEAD = ("| optimizer | backend | steps | loss (float64) | floor | float32 "
                  "| float64, params stored float32 | float64, float32 constants | in block: "
-                 "rounded | in block: carried | time/step float32 | in block | ratio "
-                 "| numpy float64 | consumed in float32 |\n" + "|---" * 15 + "|")
+                 "rounded | in block: carried | compiled step, block inside: rounded "
+                 "| time/step float32 | in block | ratio | float32 compiled | in block compiled "
+                 "| ratio | numpy float64 | consumed in float32 |\n" + "|---" * 19 + "|")
 
 
 def main(argv=None):

@@ -819,9 +819,5 @@ def round_f64(x: Exact) -> np.ndarray:
 
 
 # The double-double matmul reference lives with the benchmarks, which the wheel ships
-# (bench_ozaki uses it there too).
-import sys as _sys  # noqa: E402
-from pathlib import Path as _Path  # noqa: E402
-
-_sys.path.insert(0, str(_Path(__file__).resolve().parents[1] / "benchmarks"))
+# (bench_ozaki uses it there too); benchmarks/ is on the tests' path (pyproject.toml).
 from dd_reference import dd_matmul, rel_err_dd  # noqa: E402,F401

@@ -28,7 +28,13 @@ def test_no_test_module_imports_another():
 
 
 def test_only_tests_folder_on_the_path():
-    """Helpers are found under tests/ alone, not through every test folder."""
+    """Helpers are found under tests/ alone, not through every test folder; the
+    benchmarks' and examples' scripts the tests check are on the path by the one
+    declaration in pyproject.toml, never by a test module's own sys.path insert."""
     tomllib = __import__("pytest").importorskip("tomllib")
     conf = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())
-    assert conf["tool"]["pytest"]["ini_options"]["pythonpath"] == ["tests"]
+    assert conf["tool"]["pytest"]["ini_options"]["pythonpath"] == [
+        "tests", "benchmarks", "examples"]
+    inserts = [str(p.relative_to(TESTS)) for p in TESTS.rglob("*.py")
+               if "sys.path.insert" in p.read_text() and p.name != Path(__file__).name]
+    assert not inserts, inserts

@@ -53,8 +53,10 @@ class CacheDirError(RuntimeError):
 _CXX_ENV = "MLX_PRECISE_CXX"
 _CACHE_ENV = "MLX_PRECISE_CACHE"
 _MIN_GCC = 12  # first GCC with _Float16 (Metal's half) in C++ on x86-64
-_INSTALL_HINT = ("clang++ on PATH, `pip install 'mlx-precise[emulate]'` (the ziglang "
-                 f"package's clang; or `pip install ziglang`), or g++ >= {_MIN_GCC}")
+# ziglang (what the `emulate` extra names) by its own name: mlx-precise is not on
+# the package index yet, so its extras do not resolve there.
+_INSTALL_HINT = ("clang++ on PATH, `pip install ziglang` (its clang; the `emulate` "
+                 f"extra of a checkout: `pip install -e \".[emulate]\"`), or g++ >= {_MIN_GCC}")
 
 
 # Metal semantics the flags enforce: IEEE float32 with no contraction of a*b+c into

@@ -111,8 +111,8 @@ def frontend() -> tuple[str, ...]:
     if clang:
         return (clang,)
     raise CheckerNotFoundError(
-        "the strict Metal check needs clang (>= 14): pip install \"mlx-precise[emulate]\" "
-        "(the ziglang package's clang), or clang on PATH, or set MLX_PRECISE_CLANG"
+        "the strict Metal check needs clang (>= 14): pip install ziglang (its clang; the "
+        "`emulate` extra of a checkout), or clang on PATH, or set MLX_PRECISE_CLANG"
     )
 
 

@@ -28,12 +28,17 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
-import types
 
 import mlx.core as mx
 
+from ..core import backends
+from ..doubleword.words import from64
 from . import carry
 from .report import dropped
+
+# False: the backward pass runs with the flow on on every backend (tests compare
+# the two passes on cpu; :func:`backward`).
+FLOAT64_PASS = True
 
 # The tapes of the gradients being taken in this thread / task, innermost last.
 _tapes: contextvars.ContextVar[tuple] = contextvars.ContextVar("mlx_precise_tapes",
@@ -46,12 +51,23 @@ class Tape:
     def __init__(self):
         self.entries: list = []
         self.tracked: dict[int, mx.array] = {}  # id -> the array (kept alive)
+        self.complex = False  # a complex value was recorded (no float64 pass)
 
     def watch(self, a: mx.array) -> None:
         self.tracked[id(a)] = a
+        self.complex = self.complex or a.dtype == mx.complex64
 
     def tracks(self, a) -> bool:
         return isinstance(a, mx.array) and self.tracked.get(id(a)) is a
+
+
+class Entry:
+    """One recorded op: its name, VJP rule (None: MLX's float32 VJP of
+    ``original``), arguments, output (``outs``: its arrays) and block report."""
+
+    def __init__(self, name, vjp, original, args, kwargs, out, outs, report):
+        self.name, self.vjp, self.original, self.report = name, vjp, original, report
+        self.args, self.kwargs, self.out, self.outs = args, kwargs, out, outs
 
 
 def recording() -> bool:
@@ -70,7 +86,8 @@ def unrecorded():
 
 def mark() -> int:
     """How many ops the open tapes hold (a rule that recorded ops is composite)."""
-    return sum(len(t.entries) for t in _tapes.get())
+    tapes = _tapes.get()
+    return len(tapes[0].entries) if len(tapes) == 1 else sum(len(t.entries) for t in tapes)
 
 
 def arrays_in(value) -> list:
@@ -82,18 +99,26 @@ def arrays_in(value) -> list:
     return []
 
 
+_INEXACT = (mx.float32, mx.float64, mx.complex64, mx.float16, mx.bfloat16)
+
+
 def record(name: str, vjp, original, args, kwargs, out, report) -> None:
     """Record one op on every tape whose differentiated inputs it reads."""
-    outs = [o for o in arrays_in(out) if mx.issubdtype(o.dtype, mx.inexact)]
-    if not outs:
-        return  # booleans and integers take no gradient
+    ins = [a for a in args if isinstance(a, mx.array)]
+    if len(ins) < len(args) or kwargs:  # lists of arrays, keyword arguments
+        ins = [a for v in (*args, *kwargs.values()) for a in arrays_in(v)]
     for tape in _tapes.get():
-        if any(tape.tracks(a) for v in (*args, *kwargs.values()) for a in arrays_in(v)):
-            tape.entries.append(types.SimpleNamespace(
-                name=name, vjp=vjp, original=original, args=args, kwargs=kwargs, out=out,
-                outs=arrays_in(out), report=report))
-            for o in outs:
-                tape.watch(o)
+        tracked = tape.tracked
+        if not any(tracked.get(id(a)) is a for a in ins):
+            continue
+        outs = arrays_in(out)
+        if not any(o.dtype in _INEXACT for o in outs):
+            return  # booleans and integers take no gradient
+        tape.entries.append(Entry(name, vjp, original, args, kwargs, out, outs, report))
+        tape.complex = tape.complex or any(a.dtype == mx.complex64 for a in (*outs, *ins))
+        for o in outs:
+            if o.dtype in _INEXACT:
+                tracked[id(o)] = o
 
 
 def opaque(name: str, fn, args, kwargs, out, report) -> None:
@@ -129,8 +154,13 @@ def _swap(value, old, new):
 
 def snapshot(x: mx.array) -> mx.array:
     """An alias of ``x``'s current value that an in-place update of ``x`` leaves
-    alone, carrying x's low word (MLX's copy shares the value)."""
-    return carry.copy(x, copy.copy(x))
+    alone, carrying x's low word (MLX's copy shares the value). With the flow on,
+    an enclosing gradient records the copy (a leaf of a gradient inside a
+    gradient depends on the outer one's)."""
+    if _tapes.get():
+        return carry.copy(x, copy.copy(x))
+    with carry.suspended():
+        return carry.copy(x, copy.copy(x))
 
 
 # ---- the reverse pass -------------------------------------------------------------
@@ -195,51 +225,123 @@ def _float32_vjp(entry, gs):
     return out, named
 
 
-def _accumulate(cot: dict, a: mx.array, g) -> None:
+def _accumulate(cot: dict, a: mx.array, g, wide: bool) -> None:
+    """Add ``g`` to the cotangent of ``a`` (in float64 for a float32 ``a`` on the
+    float64 pass, else in ``a``'s dtype)."""
     if g is None:
         return
     if g.shape != a.shape:
         raise AssertionError(f"mlx_precise: a VJP rule gave a cotangent of shape "
                              f"{g.shape} for an operand of shape {a.shape}")
-    if g.dtype != a.dtype and mx.issubdtype(a.dtype, mx.floating) and a.dtype != mx.float64:
+    want = mx.float64 if wide and a.dtype == mx.float32 else a.dtype
+    if g.dtype != want and mx.issubdtype(a.dtype, mx.floating) and a.dtype != mx.float64:
         g = mx.real(g) if mx.issubdtype(g.dtype, mx.complexfloating) and not mx.issubdtype(
-            a.dtype, mx.complexfloating) else g.astype(a.dtype)
+            a.dtype, mx.complexfloating) else g.astype(want)
     prev = cot.get(id(a))
-    cot[id(a)] = g if prev is None else prev + g  # double-word (the flow is on)
+    cot[id(a)] = g if prev is None else prev + g  # double-word, or float64
+
+
+def _float64_pass(tape: Tape) -> bool:
+    """Whether ``tape``'s backward pass runs in MLX float64 with the flow off: on a
+    float64 engine (cpu, where the values are carried as float64 anyway), with no
+    enclosing gradient recording (an outer tape must see the backward's ops:
+    higher order, jvp), and real values only (MLX has no complex128)."""
+    return (FLOAT64_PASS and not tape.complex and not _tapes.get()
+            and backends.backend().float64_engine)
+
+
+class _Float64Values:
+    """float32 arrays -> their exact float64 values (high + low word), each array
+    converted once per backward pass; other values as they are."""
+
+    def __init__(self):
+        from .rules.base import as64  # the rules import this module
+
+        self.as64, self.seen = as64, {}
+
+    def __call__(self, v):
+        if isinstance(v, mx.array):
+            if v.dtype != mx.float32:
+                return v
+            hit = self.seen.get(id(v))
+            if hit is None or hit[0] is not v:
+                hit = self.seen[id(v)] = (v, self.as64(v))
+            return hit[1]
+        if isinstance(v, (list, tuple)):
+            return type(v)(map(self, v))
+        if isinstance(v, dict):
+            return {k: self(x) for k, x in v.items()} if v else v
+        return v
+
+
+def _zeros_for(o: mx.array, wide: bool) -> mx.array:
+    return mx.zeros(o.shape, mx.float64) if wide and o.dtype == mx.float32 else mx.zeros_like(o)
 
 
 def backward(tape: Tape, seeds: list, report) -> dict:
     """Walk ``tape`` backwards from ``seeds`` ((array, cotangent) pairs); returns
-    id(array) -> cotangent (arrays carrying low words)."""
+    id(array) -> cotangent.
+
+    Two ways, with the same VJP rules: on the cpu backend (outside any enclosing
+    gradient, real values) the rules run with the flow off on the float64 values
+    of the operands, and the cotangents are float64 arrays (MLX's float64 ops, 53
+    bits, where the flow's would be ~48: no per-op dispatch, no split into words
+    between steps); elsewhere they run with the flow on, in double-word, and the
+    pass is itself recorded by an enclosing gradient. :func:`narrowed` turns a
+    float64 cotangent into the array the user gets."""
+    wide = _float64_pass(tape)
     cot: dict = {}
-    with carry.reporting(report):
+    with contextlib.ExitStack() as stack:
+        if wide:
+            stack.enter_context(carry.suspended())
+            stack.enter_context(mx.stream(mx.cpu))
+            value = _Float64Values()
+        else:
+            stack.enter_context(carry.reporting(report))
+            value = None
         for a, g in seeds:
-            _accumulate(cot, a, g)
+            _accumulate(cot, a, g if value is None else value(g), wide)
         for e in reversed(tape.entries):
             gs = [cot.get(id(o)) for o in e.outs]
             if all(g is None for g in gs):
                 continue
-            gs = [mx.zeros_like(o) if g is None else g for o, g in zip(e.outs, gs)]
+            gs = [_zeros_for(o, wide) if g is None else g for o, g in zip(e.outs, gs)]
             g = gs if isinstance(e.out, (list, tuple)) else gs[0]
             grads, named = None, {}
             if e.vjp is not None and not any(tape.tracks(a) for v in e.kwargs.values()
                                              for a in arrays_in(v)):
-                grads = e.vjp(e, g)
+                grads = e.vjp(e if value is None else Entry(
+                    e.name, e.vjp, e.original, value(e.args), value(e.kwargs), value(e.out),
+                    None, e.report), g)
             if grads is None or grads is NotImplemented:
+                if wide:  # MLX's float32 VJP reads the float32 values (reported)
+                    g = [x.astype(o.dtype) for x, o in zip(gs, e.outs)] if isinstance(
+                        e.out, (list, tuple)) else g.astype(e.out.dtype)
                 grads, named = _float32_vjp(e, g)
             for key, ga in named.items():
                 if ga is not None and tape.tracks(e.kwargs[key]):
-                    _accumulate(cot, e.kwargs[key], ga)
+                    _accumulate(cot, e.kwargs[key], ga, wide)
             for arg, ga in zip(e.args, grads):
                 if ga is None:
                     continue
                 if isinstance(arg, (list, tuple)):
                     for a, gi in zip(arg, ga):
                         if gi is not None and tape.tracks(a):
-                            _accumulate(cot, a, gi)
+                            _accumulate(cot, a, gi, wide)
                 elif tape.tracks(arg):
-                    _accumulate(cot, arg, ga)
+                    _accumulate(cot, arg, ga, wide)
     return cot
+
+
+def narrowed(g, like: mx.array):
+    """A cotangent from :func:`backward` as the gradient of ``like``: a float64
+    cotangent of a float32 array becomes float32 high words carrying the float64
+    value (as the cpu engine's results do)."""
+    if g.dtype != mx.float64 or like.dtype != mx.float32:
+        return g
+    with mx.stream(mx.cpu):
+        z = from64(g)
+    return carry.attach_words(z.hi, z)
 
 
 # ---- the transforms --------------------------------------------------------------
@@ -300,8 +402,8 @@ def _gradients(tape, seeds, args, kwargs, diff, named, report):
 
     def grads_of(tree, leaves):
         with carry.reporting(report):
-            gs = iter([cot.get(id(a), None) if cot.get(id(a)) is not None else
-                       mx.zeros_like(a) for a in leaves])
+            gs = iter([mx.zeros_like(a) if cot.get(id(a)) is None else
+                       narrowed(cot[id(a)], a) for a in leaves])
         return _rebuild(tree, gs)
 
     pos = tuple(grads_of(args[i], leaves) for i, leaves in diff.items())

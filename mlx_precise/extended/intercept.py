@@ -4,8 +4,9 @@ blocks MLX computes as before, bit for bit):
 * ``mx.compile``: a function compiled after the import runs its Python function
   while a double-word block is open in the calling thread / task (the flow sees
   its ops, and its inputs keep their low words), and the compiled graph
-  everywhere else; functions compiled before the import get the same treatment
-  from the flow (:mod:`.dispatch`).
+  everywhere else, through which the low words of its state and results pass when
+  it opens a block inside (:class:`_CarriedWords`); functions compiled before the
+  import get the first treatment from the flow (:mod:`.dispatch`).
 * ``mx.grad``, ``mx.value_and_grad``, ``mx.vjp``, ``mx.jvp``, ``mx.checkpoint``: a
   gradient computed while a double-word block is open in the calling thread / task
   is the flow's own, in double-word (:mod:`.autodiff`), whenever the transformed
@@ -30,7 +31,9 @@ import mlx.core as mx
 from .. import extended as flow
 # The original MLX functions, captured before anything is replaced: the package's
 # own plain paths call these, never the dispatchers.
+from ..core import backends
 from ..core.plain import plain
+from ..doubleword.words import DoubleWord, to64
 from . import autodiff, carry
 
 ENV_VAR = "MLX_PRECISE_INTERCEPT"
@@ -81,15 +84,95 @@ def _compile_dispatcher():
     @functools.wraps(original)
     def compile(fun, inputs=None, outputs=None, shapeless=False):
         graph = original(fun, inputs, outputs, shapeless)
+        carried = _CarriedWords(fun, inputs, outputs, shapeless, original)
 
         def compiled(*args, **kwargs):
             if flow.active() is not None:  # the double-word flow runs the Python ops
                 return fun(*args, **kwargs)
-            return graph(*args, **kwargs)
+            if carried.plain:
+                return graph(*args, **kwargs)
+            return carried(*args, **kwargs)
 
         return functools.update_wrapper(compiled, fun, updated=())
 
     return compile
+
+
+def _word_leaves(tree) -> list:
+    """The float32 / complex64 arrays of a tree (dicts, lists, tuples), in order."""
+    if isinstance(tree, mx.array):
+        return [tree] if tree.dtype in (mx.float32, mx.complex64) else []
+    if isinstance(tree, dict):
+        return [a for v in tree.values() for a in _word_leaves(v)]
+    if isinstance(tree, (list, tuple)):
+        return [a for v in tree for a in _word_leaves(v)]
+    return []
+
+
+class _CarriedWords:
+    """What a compiled function's arrays carry, through its compiled graph.
+
+    A function that opens a block inside (``@mx.compile def step(...): with
+    extended_precision(): ...``) is traced once; later calls replay the graph, whose
+    inputs and outputs are new arrays: the low words of the state it reads and
+    updates (``inputs`` / ``outputs``, the model's and optimizer's state as MLX
+    documents for ``mx.compile``) and of its results would be lost at every call.
+    So the compiled graph takes, beside the function's arguments, the carried value
+    of each float32 / complex64 array of ``inputs`` that carries one, attached to
+    its tracer before the function runs, and returns the carried value of each such
+    array of its result and of ``outputs``, attached to the arrays MLX returns and
+    writes back.
+    On a float64 engine (cpu) the carried value is the float64 value the flow
+    carries (the replay then computes what the uncompiled step computes); elsewhere
+    the low word.
+
+    The first call decides: a function whose trace leaves no low word on what it
+    returns or updates (it opens no block) runs MLX's own compiled graph from then
+    on (:attr:`plain`)."""
+
+    def __init__(self, fun, inputs, outputs, shapeless, compile_):
+        self.fun, self.inputs, self.outputs = fun, inputs, outputs
+        self.plain = False
+        self.graph = compile_(self._traced, inputs, outputs, shapeless)
+
+    def _traced(self, wide, carried_in, values, *args, **kwargs):
+        leaves = [a for a, c in zip(_word_leaves(self.inputs), carried_in) if c]
+        for a, v in zip(leaves, values):
+            _attach(a, v, wide)
+        out = self.fun(*args, **kwargs)
+        leaves = _word_leaves(out) + _word_leaves(self.outputs)
+        self.plain = not any(carry.has_words(a) for a in leaves)
+        return out, [_carried(a, wide) for a in leaves]
+
+    def __call__(self, *args, **kwargs):
+        wide = backends.backend().float64_engine
+        leaves = _word_leaves(self.inputs)
+        # which inputs carry a value: a constant of the trace (a change retraces)
+        carried_in = tuple(carry.has_words(a) for a in leaves)
+        values = [_carried(a, wide) for a, c in zip(leaves, carried_in) if c]
+        out, carried = self.graph(wide, carried_in, values, *args, **kwargs)
+        if not self.plain:
+            for a, v in zip(_word_leaves(out) + _word_leaves(self.outputs), carried):
+                _attach(a, v, wide)
+        return out
+
+
+def _carried(a: mx.array, wide: bool):
+    """The value ``a`` carries: its float64 value (``wide``: a list, the real and
+    imaginary parts of a complex64 array) or its low word (zeros when exact)."""
+    w = carry.words_of(a)
+    if wide:
+        with mx.stream(mx.cpu):
+            re, im = to64(DoubleWord.exact(a) if w is None else w)
+        return [re] if im is None else [re, im]
+    return mx.zeros_like(a) if w is None else w.lo
+
+
+def _attach(a: mx.array, v, wide: bool) -> None:
+    if wide:
+        carry.attach_words(a, DoubleWord.from_wide(a, (v[0], v[1] if len(v) > 1 else None)))
+    else:
+        carry.attach(a, v)
 
 
 _IN_PLACE = ("__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",

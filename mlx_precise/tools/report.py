@@ -1,7 +1,7 @@
 """``python -m mlx_precise report``: regenerate the accuracy tables and plots of docs/.
 
 Writes ``<out>/accuracy.md`` (markdown tables) and, when matplotlib is installed
-(``pip install "mlx-precise[plots]"``), PNG plots in ``<out>/img/``; without matplotlib
+(``pip install matplotlib``; the ``plots`` extra of a checkout), PNG plots in ``<out>/img/``; without matplotlib
 the plots are skipped, and one line on stderr and a note in the page say so. Without
 ``--out`` the page goes to the ``docs/`` folder of the source checkout that this
 package runs from (an editable install); an installed package has no such folder, so
@@ -59,7 +59,7 @@ def _have_matplotlib() -> bool:
 
 
 _NO_PLOTS = ("matplotlib is not installed, so the plots were skipped "
-             '(pip install "mlx-precise[plots]" draws them)')
+             '(pip install matplotlib draws them)')
 
 
 def _loglog(fname: str, title: str, xlabel: str, ylabel: str, xs, series: dict):

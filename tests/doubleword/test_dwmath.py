@@ -4,8 +4,6 @@ near multiples of pi/2, exp near overflow, log near 1, erf tails, tanh near 0, p
 near overflow with x near 1, complex exp with |b| up to 2^20, and random ones)."""
 
 import math
-import sys
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -15,8 +13,7 @@ from mlx_precise import DoubleWord
 from mlx_precise.doubleword import functions as dwmath
 from mlx_precise.doubleword import complex_from_parts
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import bench_dwmath as bench  # noqa: E402
+import bench_dwmath as bench
 
 BACKENDS = ("cpu", "emulate")
 

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -19,9 +18,8 @@ import mlx_precise as mp
 from mlx_precise import TransformUnsupportedError, extended_precision
 from mlx_precise.extended import intercept
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-import port_guide  # noqa: E402
-from mlx_fftconv_block import LongConvBlock, fftconv_ref  # noqa: E402
+import port_guide
+from mlx_fftconv_block import LongConvBlock, fftconv_ref
 
 BACKENDS = ("cpu", "emulate")
 

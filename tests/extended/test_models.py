@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import os
-import sys
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -42,9 +40,8 @@ from mlx.utils import tree_flatten
 import mlx_precise as mp
 from mlx_precise.extended import low_word
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
-from models._common import params64  # noqa: E402
+from models._common import params64
 
 RULED = ["hyena", "s4d", "fno", "logmel", "transformer", "llama"]
 

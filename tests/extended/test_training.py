@@ -6,9 +6,6 @@ independent float64 numpy implementation in benchmarks/training_oracle.py."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
@@ -16,13 +13,11 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+import bench_training as bt
 import mlx_precise as mp
-from mlx_precise.extended import PrecisionDropError, low_word
+from mlx_precise.extended import PrecisionDropError, autodiff, low_word
 from flow_helpers import rng_f32, value64
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-import bench_training as bt  # noqa: E402
-import training_oracle as oracle  # noqa: E402
 
 BACKENDS = ["cpu", "emulate"]
 
@@ -37,14 +32,19 @@ def test_value_and_grad_sees_the_carried_value():
     assert float(g[0]) == 2**30
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "cpu, flow pass"])
 @pytest.mark.parametrize("case", ["arith chain", "exp", "tanh", "sigmoid", "erf", "matmul",
                                   "conv1d", "layer_norm", "rms_norm", "softmax", "attention",
                                   "cumsum", "param used n times", "recurrence of n steps",
                                   "MLP (GELU, LayerNorm)"])
-def test_gradients_at_the_floor(backend, case):
+def test_gradients_at_the_floor(backend, case, monkeypatch):
     """Each gradient taken in the block is within 2x of the floor (the float64
-    gradient rounded once to float32, normwise), and its carried value far below."""
+    gradient rounded once to float32, normwise), and its carried value far below.
+    On cpu the backward pass runs in float64; "flow pass": the double-word pass
+    that metal / emulate run (and a gradient inside a gradient, on cpu too)."""
+    if backend == "cpu, flow pass":
+        monkeypatch.setattr(autodiff, "FLOAT64_PASS", False)
+        backend = "cpu"
     chain = 16 if backend == "emulate" else 300
     r = bt.measure_case(case, backends=(backend,), chain=chain)
     got = r[backend]
@@ -157,15 +157,71 @@ def test_gradient_without_a_double_word_rule_is_reported_and_strict_raises():
             mx.grad(f)(x)
 
 
+def _cumprod_loss(a):
+    return mx.cumprod(a / 3).sum()  # cumprod has a rule, not a double-word VJP
+
+
+@mx.custom_function
+def _doubled(a):
+    return a * 2  # the flow cannot see into it: MLX's float32 VJP
+
+
+def _update_through_an_op_without_a_rule(a):
+    return a - 0.1 * mx.logcumsumexp(a / 3)
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "cpu, flow pass"])
+@pytest.mark.parametrize("case", ["VJP without a rule", "custom function",
+                                  "update without a rule"])
+def test_strict_raises_where_training_would_pass_through_float32(backend, case, monkeypatch):
+    """Under ``strict=True`` a gradient through an op without a double-word VJP, a
+    gradient through a function the flow cannot see into, and a parameter update
+    through an op without a rule raise PrecisionDropError; without strict each is
+    reported under float32."""
+    if backend == "cpu, flow pass":
+        monkeypatch.setattr(autodiff, "FLOAT64_PASS", False)
+        backend = "cpu"
+    x = mx.array(np.linspace(0.1, 1, 8, dtype=np.float32))
+    run, name = {
+        "VJP without a rule": (lambda: mx.grad(_cumprod_loss)(x), "cumprod (gradient)"),
+        "custom function": (lambda: mx.grad(lambda a: _doubled(a / 3).sum())(x),
+                            "mx.custom_function (gradient)"),
+        "update without a rule": (lambda: _update_through_an_op_without_a_rule(x / 3),
+                                  "logcumsumexp"),
+    }[case]
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        mx.eval(run())
+    assert rep.float32[name] >= 1, rep
+    with pytest.raises(PrecisionDropError):
+        with mp.use_backend(backend), mp.extended_precision(strict=True):
+            run()
+
+
 def test_gradients_outside_blocks_are_mlx_own():
+    """Outside any block (after one was opened and closed), every transform is
+    MLX's: the same bits as MLX's own functions."""
     x = mx.array(rng_f32(16, 4))
     f = (lambda a: (mx.exp(a) * mx.sin(a)).sum())
+    g = (lambda a: mx.exp(a) * mx.sin(a))
     from mlx_precise.core.plain import plain
 
-    for ours, theirs in ((mx.grad(f)(x), plain.grad(f)(x)),
-                         (mx.value_and_grad(f)(x)[1], plain.value_and_grad(f)(x)[1]),
-                         (mx.vjp(f, [x], [mx.array(1.0)])[1][0],
-                          plain.vjp(f, [x], [mx.array(1.0)])[1][0])):
+    with mp.extended_precision():
+        mx.grad(f)(x)
+    model, xs, ys = _mlp()
+    ours_nn = nn.value_and_grad(model, _loss)(model, xs, ys)
+    vg = plain.value_and_grad(lambda p: (model.update(p), _loss(model, xs, ys))[1])
+    theirs_nn = vg(model.trainable_parameters())
+    pairs = [(mx.grad(f)(x), plain.grad(f)(x)),
+             (mx.value_and_grad(f)(x)[1], plain.value_and_grad(f)(x)[1]),
+             (mx.vjp(g, [x], [x])[1][0], plain.vjp(g, [x], [x])[1][0]),
+             (mx.jvp(g, [x], [x])[1][0], plain.jvp(g, [x], [x])[1][0]),
+             (mx.grad(mx.checkpoint(f))(x), plain.grad(plain.checkpoint(f))(x)),
+             (mx.compile(mx.grad(f))(x), plain.compile(plain.grad(f))(x)),
+             (ours_nn[0], theirs_nn[0])]
+    pairs += [(a, b) for (_, a), (_, b) in zip(tree_flatten(ours_nn[1]),
+                                               tree_flatten(theirs_nn[1]))]
+    assert len(pairs) >= 10
+    for ours, theirs in pairs:
         assert np.array_equal(np.array(ours).view(np.uint32), np.array(theirs).view(np.uint32))
 
 
@@ -230,3 +286,47 @@ def test_checkpoint_bad_input(tmp_path):
     mx.savez(str(tmp_path / "shape.npz"), **{"w": mx.zeros((2,)), "w@lo": mx.zeros((3,))})
     with pytest.raises(ValueError, match="low word of 'w'"):
         mp.load_extended(tmp_path / "shape.npz")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_complex_matmul_and_exp_gradients(backend):
+    """Complex matmul and exp (the FNO's and S4D's) have double-word VJPs: MLX's
+    convention, the conjugate of the holomorphic derivative (closed forms in
+    complex128)."""
+    rng = np.random.default_rng(5)
+
+    def c64(*shape):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(
+            np.complex64)
+
+    a, b, g = c64(3, 4), c64(4, 2), c64(3, 2)
+    a128, b128, g128 = (v.astype(np.complex128) for v in (a, b, g))
+    G = mx.array(g)
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        ga, gb = mx.grad(lambda p, q: mx.sum(mx.real(G * (p @ q))), argnums=(0, 1))(
+            mx.array(a), mx.array(b))
+        ge = mx.grad(lambda p: mx.sum(mx.real(G[:, :1] * mx.exp(p * 0.3))))(mx.array(a))
+    assert not rep.float32, rep
+    for got, want in ((ga, np.conj(g128 @ b128.T)), (gb, np.conj(a128.T @ g128)),
+                      (ge, np.conj(g128[:, :1] * 0.3 * np.exp(0.3 * a128)))):
+        value = np.array(got).astype(np.complex128) + np.array(low_word(got))
+        np.testing.assert_allclose(value, want, rtol=0, atol=2**-44 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("axis", [-1, 0, None])
+def test_sort_gradient_is_the_permutation_undone(backend, axis):
+    """d/dx sum(sort(x) * c) puts c back where each value came from, keeping c's
+    low word (c = w / 3 carries one), for x exact and x carrying a low word."""
+    x0, w0 = rng_f32((3, 7), 21), rng_f32((3, 7) if axis is not None else 21, 22)
+    ax = -1 if axis is None else axis
+    for scale in (1.0, 3.0):
+        with mp.use_backend(backend), mp.extended_precision() as rep:
+            c = mx.array(w0) / 3
+            g = mx.grad(lambda a: (mx.sort(a / scale, axis=axis) * c).sum())(mx.array(x0))
+        assert not rep.float32, rep
+        xs = x0 if axis is not None else x0.reshape(-1)
+        want = np.zeros(w0.shape)
+        np.put_along_axis(want, np.argsort(xs, axis=ax, kind="stable"),
+                          w0.astype(np.float64) / 3 / scale, axis=ax)
+        np.testing.assert_allclose(value64(g), want.reshape(x0.shape), rtol=2**-44, atol=0)

@@ -21,8 +21,6 @@ and reports a failing case instead of raising.
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import mlx.core as mx
 import mlx.optimizers as optim
@@ -30,10 +28,8 @@ import mpmath
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-
-import bench_training as bt  # noqa: E402
-import training_oracle as o  # noqa: E402
+import bench_training as bt
+import training_oracle as o
 
 CASES = list(o.GRAD_CASES)
 

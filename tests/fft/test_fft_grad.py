@@ -4,8 +4,6 @@ the Jacobian of numpy's longdouble transform, built column by column. MLX's
 convention for complex values: the VJP of y = f(x) for cotangent g is the
 gradient d/dRe x + i d/dIm x of the real loss Re(sum conj(g) y)."""
 
-import sys
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -15,8 +13,7 @@ from helpers import float64_gradients
 import mlx_precise as mp
 from mlx_precise import DoubleWord, NotDifferentiableError, extended_precision
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from mlx_fftconv_block import fftconv_ref  # noqa: E402
+from mlx_fftconv_block import fftconv_ref
 
 BACKENDS = ("cpu", "emulate")
 LD, CLD = np.longdouble, np.clongdouble

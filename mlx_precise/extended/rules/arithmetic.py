@@ -11,9 +11,8 @@ import numpy as np
 from ...doubleword.words import DoubleWord
 from .. import arith, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value
-from .base import (as64, carries, decomposed, floating_result, has_float64, is_word_array,
-                   movement, unbroadcast,
-                   result, words)
+from .base import (as64, carries, conj, decomposed, floating_result, has_float64,
+                   is_word_array, movement, result, unbroadcast, words)
 from .shape import _setitem
 
 
@@ -358,12 +357,6 @@ def _real_operands(e) -> bool:
         for a in e.args)
 
 
-def _conj(v):
-    if isinstance(v, mx.array):
-        return mx.conj(v) if v.dtype == mx.complex64 else v
-    return v.conjugate() if isinstance(v, complex) else v
-
-
 def _binary_vjp(fx, fy, complex_ok=False):
     """The VJP of ``x op y`` from the partial derivatives times g (``fx(g, x, y,
     out)``), each summed to its operand's shape (a real operand of a complex op
@@ -390,10 +383,10 @@ def _unary_vjp(f):
 VJPS = {
     "add": _binary_vjp(lambda g, x, y, o: g, lambda g, x, y, o: g, True),
     "subtract": _binary_vjp(lambda g, x, y, o: g, lambda g, x, y, o: -g, True),
-    "multiply": _binary_vjp(lambda g, x, y, o: g * _conj(y), lambda g, x, y, o: g * _conj(x),
+    "multiply": _binary_vjp(lambda g, x, y, o: g * conj(y), lambda g, x, y, o: g * conj(x),
                             True),
-    "divide": _binary_vjp(lambda g, x, y, o: g / _conj(y),
-                          lambda g, x, y, o: -(g * _conj(o)) / _conj(y), True),
+    "divide": _binary_vjp(lambda g, x, y, o: g / conj(y),
+                          lambda g, x, y, o: -(g * conj(o)) / conj(y), True),
     "conjugate": lambda e, g: (mx.conj(g),),
     "real": lambda e, g: (g.astype(mx.complex64),) if e.args[0].dtype == mx.complex64
     else (g,),

@@ -23,6 +23,7 @@ import numbers
 import mlx.core as mx
 import numpy as np
 
+from ...doubleword import functions
 from ...doubleword.words import DoubleWord
 from .. import arith, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value, words_of
@@ -151,9 +152,32 @@ def operand_array(v):
 # A VJP rule is called as ``vjp(entry, g)`` with the recorded op (``entry.args``,
 # ``entry.kwargs``, ``entry.out``, ``entry.original``) and the cotangent ``g`` of its
 # output (a list for several outputs); it returns the cotangents of ``entry.args``,
-# position by position (None: no gradient; a list for a list argument), computed
-# with ops of the flow (so in double-word), or NotImplemented (MLX's float32 VJP
-# then runs, reported).
+# position by position (None: no gradient; a list for a list argument), or
+# NotImplemented (MLX's float32 VJP then runs, reported). It is called two ways
+# (:mod:`..autodiff`): with the flow on and the op's own arrays (its ops are then
+# double-word), or, on the cpu backend, with the flow off and every float32 array
+# replaced by its float64 value (its ops are then MLX's float64 ops, and
+# :func:`elementary` the engine's accurate float64 functions).
+
+REAL = (mx.float32, mx.float64)  # a real operand's dtype in either call
+
+
+def elementary(fn: str, x: mx.array) -> mx.array:
+    """``mx.<fn>(x)`` (``fn`` one of the double-word functions) in a VJP rule:
+    float64 values (the float64 backward) by the cpu engine's float64 function
+    (MLX's float64 exp, sin, cos, erf are only float32-accurate), others by the
+    flow's rule."""
+    if x.dtype == mx.float64:
+        return functions.unary64(fn, x)
+    return getattr(mx, fn)(x)
+
+
+def conj(v):
+    """The complex conjugate of an array or scalar (real ones unchanged): a VJP of
+    a holomorphic op is ``g conj(f')`` (MLX's convention for complex values)."""
+    if isinstance(v, mx.array):
+        return mx.conj(v) if v.dtype == mx.complex64 else v
+    return v.conjugate() if isinstance(v, complex) else v
 
 
 def unbroadcast(g, like):
@@ -192,13 +216,16 @@ def movement(e, g):
         return e.original(*args, **e.kwargs)
 
     gs = g if isinstance(g, (list, tuple)) else [g]
-    parts = [words(c) for c in gs]
     with carry.suspended():
-        _, his = mx.vjp(f, primals, [w.hi for w in parts])
-        _, los = mx.vjp(f, primals, [w.lo for w in parts])
+        if all(c.dtype == mx.float64 for c in gs):  # the float64 backward: one pass
+            _, cots = mx.vjp(f, primals, list(gs))
+        else:
+            parts = [words(c) for c in gs]
+            _, his = mx.vjp(f, primals, [w.hi for w in parts])
+            _, los = mx.vjp(f, primals, [w.lo for w in parts])
+            cots = [attach(h, l_) for h, l_ in zip(his, los)]
     out = [None] * len(e.args)
-    for (i, j), h, l_ in zip(slots, his, los):
-        c = attach(h, l_)
+    for (i, j), c in zip(slots, cots):
         if j is None:
             out[i] = c
         else:

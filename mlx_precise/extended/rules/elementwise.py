@@ -12,9 +12,8 @@ import mlx.core as mx
 from ...doubleword import functions
 from .. import arith, autodiff, carry
 from ..engine import words_op
-from .base import (decomposed, floating_result, has_float64, is_word_array, operand_array,
-                   unbroadcast,
-                   result, words)
+from .base import (REAL, conj, decomposed, elementary, floating_result, has_float64, is_word_array,
+                   operand_array, result, unbroadcast, words)
 
 
 def function(fn: str):
@@ -201,17 +200,17 @@ _TWO_OVER_SQRT_PI = 2 / math.sqrt(math.pi)
 _LN10 = math.log(10.0)
 
 _DERIVATIVES = {  # f'(x) times g, from x and the result o, in ops of the flow
-    "exp": lambda g, x, o: g * o,
+    "exp": lambda g, x, o: g * conj(o),  # exp also takes complex values
     "expm1": lambda g, x, o: g * (o + 1.0),
     "log": lambda g, x, o: g / x,
     "log1p": lambda g, x, o: g / (x + 1.0),
     "log2": lambda g, x, o: g / (x * _LN2),
     "log10": lambda g, x, o: g / (x * _LN10),
-    "sin": lambda g, x, o: g * mx.cos(x),
-    "cos": lambda g, x, o: -(g * mx.sin(x)),
+    "sin": lambda g, x, o: g * elementary("cos", x),
+    "cos": lambda g, x, o: -(g * elementary("sin", x)),
     "tanh": lambda g, x, o: g * (1.0 - o * o),
     "sigmoid": lambda g, x, o: g * (o * (1.0 - o)),
-    "erf": lambda g, x, o: g * (mx.exp(-(x * x)) * _TWO_OVER_SQRT_PI),
+    "erf": lambda g, x, o: g * (elementary("exp", -(x * x)) * _TWO_OVER_SQRT_PI),
     "sqrt": lambda g, x, o: g * 0.5 / o,
     "rsqrt": lambda g, x, o: -(g * 0.5) * o / x,
     "reciprocal": lambda g, x, o: -(g * o) * o,
@@ -223,8 +222,8 @@ def _function_vjp(fn: str):
 
     def vjp(e, g):
         x = e.args[0]
-        if x.dtype != mx.float32:
-            return NotImplemented  # complex exp: MLX's
+        if x.dtype not in REAL and not (fn == "exp" and x.dtype == mx.complex64):
+            return NotImplemented
         return (d(g, x, e.out),)
 
     return vjp

@@ -12,7 +12,7 @@ import numpy as np
 from ...linalg import gemm
 from .. import carry
 from ..engine import words_op
-from .base import decomposed, is_word_array, unbroadcast
+from .base import REAL, conj, decomposed, is_word_array, unbroadcast
 
 
 def _matmul():
@@ -264,11 +264,13 @@ RULES = {
 
 
 def _matmul_vjp(e, g):
-    """``a @ b``: g @ b^T and a^T @ g, vectors promoted to matrices as matmul
-    does, batch axes summed back to each operand's shape."""
+    """``a @ b``: g @ b^H and a^H @ g (conjugate transposes: MLX's convention for
+    complex values), vectors promoted to matrices as matmul does, batch axes summed
+    back to each operand's shape."""
     a, b = e.args[:2]
-    if a.dtype != mx.float32 or b.dtype != mx.float32:
+    if a.dtype not in (*REAL, mx.complex64) or b.dtype not in (*REAL, mx.complex64):
         return NotImplemented
+    a, b = conj(a), conj(b)
     a2 = a[None] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
     g2 = g

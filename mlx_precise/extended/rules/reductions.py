@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import numpy as np
 
 from .. import arith, carry
 from ..carry import attach, has_words, low_word
-from .base import axes_of, decomposed, is_word_array, result, words
+from .base import REAL, axes_of, decomposed, is_word_array, result, words
 
 
 def _arg_extreme(larger: bool):
@@ -259,11 +261,11 @@ def _keepdims(e):
 def _sum_vjp(kind: str):
     def vjp(e, g):
         x, axes = _reduced(e)
-        if x.dtype != mx.float32:
+        if x.dtype not in REAL:
             return NotImplemented
         g = mx.broadcast_to(_kept(g, x, axes, _keepdims(e)), x.shape)
         if kind == "mean":
-            g = g / int(np.prod([x.shape[d] for d in axes]))
+            g = g / math.prod(x.shape[d] for d in axes)
         return (g,)
 
     return vjp
@@ -283,7 +285,7 @@ def _prod_vjp(e, g):
     """Each element's cotangent is g times the product of the others (exclusive
     products from both ends, so zeros need no division)."""
     x, axes = _reduced(e)
-    if x.dtype != mx.float32 or not axes:
+    if x.dtype not in REAL or not axes:
         return NotImplemented
     others = [d for d in range(x.ndim) if d not in axes]
     xt = mx.transpose(x, others + list(axes))
@@ -299,7 +301,7 @@ def _prod_vjp(e, g):
 def _cumsum_vjp(e, g):
     x = e.args[0]
     axis = e.args[1] if len(e.args) > 1 else e.kwargs.get("axis")
-    if x.dtype != mx.float32:
+    if x.dtype not in REAL:
         return NotImplemented
     reverse, inclusive = e.kwargs.get("reverse", False), e.kwargs.get("inclusive", True)
     if axis is None:
@@ -307,6 +309,19 @@ def _cumsum_vjp(e, g):
     return (mx.cumsum(g, axis, reverse=not reverse, inclusive=inclusive),)
 
 
+def _sort_vjp(e, g):
+    """The sort's permutation undone: g put back where each value came from (the
+    sort of values that carry a low word is recorded as its gather instead)."""
+    x = e.args[0]
+    axis = e.args[1] if len(e.args) > 1 else e.kwargs.get("axis", -1)
+    if x.dtype not in REAL:
+        return NotImplemented
+    src = x.reshape(-1) if axis is None else x
+    ax = -1 if axis is None else axis
+    back = mx.put_along_axis(mx.zeros_like(g), mx.argsort(src, axis=ax), g, axis=ax)
+    return (back.reshape(x.shape),)
+
+
 VJPS = {"sum": _sum_vjp("sum"), "mean": _sum_vjp("mean"), "prod": _prod_vjp,
-        "max": _extreme_vjp, "min": _extreme_vjp, "cumsum": _cumsum_vjp}
+        "max": _extreme_vjp, "min": _extreme_vjp, "cumsum": _cumsum_vjp, "sort": _sort_vjp}
 """Op name -> VJP rule (see :mod:`.base`)."""

@@ -21,7 +21,8 @@ def _words(pos: int = 0, listed: bool = False):
         if len(args) <= pos:
             return NotImplemented
         arg = args[pos]
-        items = list(arg) if listed and isinstance(arg, (list, tuple)) else [arg]
+        listed_ = listed and isinstance(arg, (list, tuple))  # mx.stack(x) iterates x
+        items = list(arg) if listed_ else [arg]
         if not any(is_word_array(a) and has_words(a) for a in items):
             return NotImplemented  # nothing carried: MLX's op is the exact answer
         if not all(is_word_array(a) for a in items) or len({a.dtype for a in items}) > 1:
@@ -30,7 +31,7 @@ def _words(pos: int = 0, listed: bool = False):
 
         def call(new):
             a = list(args)
-            a[pos] = new if listed else new[0]
+            a[pos] = new if listed_ else new[0]
             return original(*a, **kw)
 
         hi = call([w.hi for w in ws])

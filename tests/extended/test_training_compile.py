@@ -1,0 +1,300 @@
+"""mx.compile and the block: a compiled function that opens the block inside (the
+compiled-block pattern) computes what the uncompiled one computes, bit for bit, or
+raises TransformUnsupportedError (never MLX's own evaluation error), for every op
+with a rule and its gradient; a compiled training step that takes and returns the
+model's and optimizer's state keeps their low words across calls. Oracles: the
+uncompiled calls (themselves tested against float64 elsewhere)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+import bench_training as bt
+import mlx_precise as mp
+import training_oracle as oracle
+from mlx_precise import TransformUnsupportedError
+from mlx_precise.core.plain import plain
+from mlx_precise.extended import low_word, registry
+
+BACKENDS = ["cpu", "emulate"]
+
+_rng = np.random.default_rng(0)
+
+
+def _f32(*shape, shift=0.5):
+    return mx.array(_rng.random(shape).astype(np.float32) + shift)
+
+
+X, Y = _f32(3, 4), _f32(3, 4)
+_M = _rng.random((4, 4))
+SPD = mx.array((_M @ _M.T + 4 * np.eye(4)).astype(np.float32))
+IDX = mx.array(np.array([[0, 2, 1, 0]] * 3, dtype=np.int32))
+Q = _f32(1, 2, 5, 8)
+# Ops whose generic argument patterns (below) do not fit: one call each.
+SPECIAL = {
+    "addmm": ((X @ Y.T, X, Y.T), {}), "matmul": ((X, Y.T), {}), "gather_mm": ((X, Y.T), {}),
+    "einsum": (("ij,kj->ik", X, Y), {}), "arange": ((3,), {}),
+    "fft.fftfreq": ((8, 0.5), {}), "fft.rfftfreq": ((8, 0.5), {}),
+    "conv1d": ((_f32(2, 8, 3), _f32(5, 3, 3)), {}),
+    "conv_general": ((_f32(2, 8, 3), _f32(5, 3, 3)), {}),
+    "conv_transpose1d": ((_f32(2, 8, 3), _f32(5, 3, 3)), {}),
+    "conv2d": ((_f32(1, 6, 6, 2), _f32(3, 3, 3, 2)), {}),
+    "conv_transpose2d": ((_f32(1, 6, 6, 2), _f32(3, 3, 3, 2)), {}),
+    "conv3d": ((_f32(1, 4, 4, 4, 2), _f32(3, 2, 2, 2, 2)), {}),
+    "conv_transpose3d": ((_f32(1, 4, 4, 4, 2), _f32(3, 2, 2, 2, 2)), {}),
+    "convolve": ((X[0], Y[0]), {}),
+    "fast.layer_norm": ((X, Y[0], Y[1], 1e-5), {}), "fast.rms_norm": ((X, Y[0], 1e-5), {}),
+    "fast.rope": ((Q, 8), {"traditional": False, "base": 10000.0, "scale": 1.0, "offset": 0}),
+    "fast.scaled_dot_product_attention": ((Q, Q, Q), {"scale": 0.5}),
+    "fft.stft": ((X[0],), {}), "put_along_axis": ((X, IDX, Y, 1), {}),
+    "take_along_axis": ((X, IDX, 1), {}),
+    "slice": ((X, mx.array([1]), [1], [2]), {}),
+    "slice_update": ((X, Y[:1], mx.array([0, 0]), [0, 1]), {}),
+    "linalg.cross": ((X[:, :3], Y[:, :3]), {}), "searchsorted": ((mx.sort(X[0]), Y[0]), {}),
+    "meshgrid": ((X[0], Y[0]), {}), "broadcast_to": ((X[0], (3, 4)), {}),
+    "reshape": ((X, (4, 3)), {}), "unflatten": ((X, 1, (2, 2)), {}),
+    "moveaxis": ((X, 0, 1), {}), "swapaxes": ((X, 0, 1), {}), "pad": ((X, 1), {}),
+    "linspace": ((0.1, 0.7, 5), {}), "where": ((X > 1.0, X, Y), {}),
+    "permute_dims": ((X, (1, 0)), {}), "astype": ((X, mx.float32), {}),
+}
+
+
+UNORDERED = ("partition", "argpartition")  # MLX leaves the order around the kth open
+
+
+def _patterns(op):
+    if op in SPECIAL:
+        return [SPECIAL[op]]
+    if op.startswith("linalg."):
+        return [((SPD,), {}), ((SPD, Y.T), {})]
+    return [((X,), {}), ((X, Y), {}), ((X,), {"axis": -1}), ((X, 1), {}), ((X, 2), {})]
+
+
+def _ops_with_rules() -> dict:
+    """op name -> (owner, attribute) of every MLX function with a rule."""
+    return {e.op: (e.owner, e.attr) for e in registry.entries()
+            if e.kind == "rule" and e.owner is not mx.array and not e.op.startswith("random.")}
+
+
+def _is_float(a) -> bool:
+    return isinstance(a, mx.array) and mx.issubdtype(a.dtype, mx.floating)
+
+
+def _floats(args):
+    return [a for a in args if _is_float(a)]
+
+
+def _call(fn, args, kw, gradient, arrays):
+    """fn on ``args`` with its float arrays replaced by ``arrays``; ``gradient``:
+    the gradient of the sum of its float outputs with respect to the first one."""
+    it = iter(arrays)
+    real = [next(it) if _is_float(a) else a for a in args]
+    if not gradient:
+        return fn(*real, **kw)
+    k = next(j for j, a in enumerate(args) if _is_float(a))
+
+    def loss(v):
+        r = list(real)
+        r[k] = v
+        out = fn(*r, **kw)
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        return sum(mx.sum(mx.real(o) if o.dtype == mx.complex64 else o) for o in outs
+                   if mx.issubdtype(o.dtype, mx.floating) or o.dtype == mx.complex64)
+
+    return mx.grad(loss)(real[k])
+
+
+def _bits(v):
+    return [np.array(a) for a in (v if isinstance(v, (list, tuple)) else [v])]
+
+
+@pytest.mark.parametrize("gradient", [False, True], ids=["forward", "gradient"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_block_for_every_op(backend, gradient):
+    """For every op with a rule (and its gradient): ``mx.compile`` of a function
+    that opens the block and calls it gives the uncompiled call's bits, or raises
+    TransformUnsupportedError; any other error fails. On cpu only the FFTs (numpy
+    on the host) cannot be traced."""
+    same, unsupported, exercised = [], [], 0
+    for op, (owner, attr) in sorted(_ops_with_rules().items()):
+        for args, kw in _patterns(op):
+            arrays = _floats(args)
+            if gradient and not arrays:
+                break
+
+            def run(*a, args=args, kw=kw):
+                with mp.use_backend(backend), mp.extended_precision():
+                    return _call(getattr(owner, attr), args, kw, gradient, a)
+
+            try:
+                want = run(*arrays)
+                mx.eval(want)
+            except Exception:  # noqa: BLE001  (a pattern the op does not take)
+                continue
+            exercised += 1
+            try:
+                got = mx.compile(run)(*arrays)
+                mx.eval(got)
+            except TransformUnsupportedError:
+                unsupported.append(op)
+                break
+            w, g = _bits(want), _bits(got)
+            if op in UNORDERED:  # only the kth place is defined: compare it
+                w, g = [v[..., args[1]] for v in w], [v[..., args[1]] for v in g]
+            if not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(w, g)):
+                same.append(op)
+            break
+    assert not same, f"compiled != uncompiled: {same}"
+    assert exercised >= (140 if gradient else 180), exercised
+    if backend == "cpu":
+        assert all(op.startswith("fft.") for op in unsupported), unsupported
+    else:  # the emulator runs kernels eagerly: anything that launches one raises
+        assert "exp" in unsupported and "add" in unsupported
+
+
+def test_stack_of_one_array_iterates_it():
+    """``mx.stack(x)`` of an array (MLX iterates it) once x carries a low word, as
+    ``mx.real`` of a float32 array leaves it (found by the sweep above)."""
+    x = _f32(3, 4)
+    with mp.extended_precision():
+        mx.real(x)
+        y = x / 3
+        assert mx.stack(x).shape == (3, 4) and mx.stack(y).shape == (3, 4)
+    np.testing.assert_array_equal(np.array(mx.stack(y)), np.array(y))
+
+
+# ---- training steps --------------------------------------------------------------------
+
+
+def _trainer(optimizer="adam"):
+    _, p0 = bt.initial_model(0)
+    model, opt = bt.model_from(p0), bt.mlx_optimizer(optimizer)
+    opt.init(model.trainable_parameters())
+    return model, opt, nn.value_and_grad(model, bt.mse)
+
+
+def _data():
+    s = oracle.MLP_SIZES
+    x, y = oracle.mlp_data(s["samples"], s["d_in"], s["d_out"])
+    return mx.array(x), mx.array(y)
+
+
+def _carried(tree):
+    """Each float32 array's carried value in float64 (read inside a block)."""
+    with mp.use_backend("cpu"), mp.extended_precision():
+        return {k: np.array(v.astype(mx.float64)) for k, v in tree_flatten(tree)
+                if isinstance(v, mx.array) and v.dtype == mx.float32}
+
+
+def _train(compiled: bool, steps: int, block_outside: bool = False):
+    model, opt, loss_and_grad = _trainer()
+    x, y = _data()
+    traced = []
+
+    def step(x, y):
+        traced.append(1)
+        with mp.extended_precision():
+            loss, grads = loss_and_grad(model, x, y)
+            opt.update(model, grads)
+        return loss
+
+    if compiled:
+        state = [model.state, opt.state]
+        step = mx.compile(step, inputs=state, outputs=state)
+    losses = []
+    for _ in range(steps):
+        if block_outside:
+            with mp.extended_precision():
+                loss = step(x, y)
+        else:
+            loss = step(x, y)
+        mx.eval(loss, model.parameters(), opt.state)
+        losses.append(_carried({"loss": loss})["loss"])
+    return model, opt, losses, len(traced)
+
+
+@pytest.mark.parametrize("block_outside", [False, True], ids=["block inside", "block outside"])
+def test_compiled_training_step_follows_the_uncompiled_trajectory(block_outside):
+    """``mx.compile(step, inputs=state, outputs=state)`` of a step that opens the
+    block (traced twice: for the fresh float32 state, then for the state carrying
+    low words; replayed without Python after), or a compiled step called inside an
+    open block (its Python runs): the parameters, the optimizer's moments and the
+    loss carry the uncompiled run's values, bit for bit, at every step."""
+    steps = 12
+    m0, o0, l0, _ = _train(False, steps)
+    m1, o1, l1, traced = _train(True, steps, block_outside)
+    assert traced == (steps if block_outside else 2)
+    np.testing.assert_array_equal(np.array(l1), np.array(l0))
+    for a, b in ((m0.parameters(), m1.parameters()), (o0.state, o1.state)):
+        want, got = _carried(a), _carried(b)
+        assert set(want) == set(got) and len(want) >= 6
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+    assert all(low_word(v) is not None for _, v in tree_flatten(m1.parameters()))
+
+
+def test_compiled_training_step_on_emulate_raises_the_named_error():
+    """The emulator runs its kernels eagerly: tracing a step raises
+    TransformUnsupportedError, not MLX's evaluation error."""
+    model, opt, loss_and_grad = _trainer()
+    x, y = _data()
+
+    def step(x, y):
+        with mp.use_backend("emulate"), mp.extended_precision():
+            loss, grads = loss_and_grad(model, x, y)
+            opt.update(model, grads)
+        return loss
+
+    state = [model.state, opt.state]
+    with pytest.raises(TransformUnsupportedError):
+        mx.compile(step, inputs=state, outputs=state)(x, y)
+
+
+def test_compiled_functions_without_a_block_are_mlx_own():
+    """A compiled function with state that never opens a block: MLX's bits on every
+    call (the first, which learns that nothing is carried, and the later ones)."""
+    runs = []
+    for compile_ in (plain.compile, mx.compile):
+        model, opt, loss_and_grad = _trainer("sgd-momentum")
+        x, y = _data()
+
+        def step(x, y):
+            loss, grads = loss_and_grad(model, x, y)
+            opt.update(model, grads)
+            return loss
+
+        state = [model.state, opt.state]
+        f = compile_(step, inputs=state, outputs=state)
+        runs.append([np.array(f(x, y)) for _ in range(3)]
+                    + [np.array(v) for _, v in tree_flatten(model.parameters())])
+        assert all(low_word(v) is None for _, v in tree_flatten(model.parameters()))
+    for a, b in zip(*runs):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_compiled_training_step_on_metal_replays_without_python(lazy_metal):
+    """On metal the kernels are graph nodes: the step's Python runs on the first
+    two calls only (fresh state, then state with low words), and the state's low
+    words are outputs of the replayed graph (the lazy stand-in's values are
+    meaningless: only the structure is checked)."""
+    model, opt, loss_and_grad = _trainer()
+    x, y = _data()
+    ran = []
+
+    def step(x, y):
+        ran.append(1)
+        with mp.use_backend("metal"), mp.extended_precision():
+            loss, grads = loss_and_grad(model, x, y)
+            opt.update(model, grads)
+        return loss
+
+    state = [model.state, opt.state]
+    f = mx.compile(step, inputs=state, outputs=state)
+    for _ in range(4):
+        mx.eval(f(x, y), model.parameters(), opt.state)
+    assert len(ran) == 2
+    assert all(low_word(v) is not None for _, v in tree_flatten(model.parameters()))
