@@ -117,8 +117,8 @@ def _bits(v):
 def test_compiled_block_for_every_op(backend, gradient):
     """For every op with a rule (and its gradient): ``mx.compile`` of a function
     that opens the block and calls it gives the uncompiled call's bits, or raises
-    TransformUnsupportedError; any other error fails. On cpu only the FFTs (numpy
-    on the host) cannot be traced."""
+    TransformUnsupportedError; any other error fails. On cpu only the FFTs and eig /
+    eigvals (numpy on the host) cannot be traced."""
     same, unsupported, exercised = [], [], 0
     for op, (owner, attr) in sorted(_ops_with_rules().items()):
         for args, kw in _patterns(op):
@@ -151,7 +151,8 @@ def test_compiled_block_for_every_op(backend, gradient):
     assert not same, f"compiled != uncompiled: {same}"
     assert exercised >= (140 if gradient else 180), exercised
     if backend == "cpu":
-        assert all(op.startswith("fft.") for op in unsupported), unsupported
+        host = [op for op in unsupported if not op.startswith("fft.")]
+        assert host in ([], ["linalg.eig", "linalg.eigvals"]), host
     else:  # the emulator runs kernels eagerly: anything that launches one raises
         assert "exp" in unsupported and "add" in unsupported
 

@@ -250,7 +250,8 @@ def _arctan2_vjp(e, g):
 def _logaddexp_vjp(e, g):
     """``d/da = sigmoid(a - b)``, ``d/db = sigmoid(b - a)`` (MLX's form)."""
     a, b = e.args[:2]
-    s = mx.sigmoid(a - b)
+    d = a - b
+    s = elementary("sigmoid", d if isinstance(d, mx.array) else mx.array(d))
     return (unbroadcast(g * s, a), unbroadcast(g * (1.0 - s), b))
 
 

@@ -105,15 +105,17 @@ def _norm_rule(ctx, original, a, *args, **kw):
 
 
 def _norm_vjp(e, g):
-    """The derivative of :func:`_norm` at the recorded operand (the flow's reverse
-    mode through the composition)."""
+    """The derivative of :func:`_norm` at the recorded operand: the flow's reverse
+    mode through the composition, or in the float64 backward (float64 operands,
+    flow off) MLX's own through the same composition (its ops are float64-exact)."""
     a = e.args[0]
-    if not (is_word_array(a) and a.dtype == mx.float32) or (
+    if a.dtype not in (mx.float32, mx.float64) or (
             _norm_axes(a, *_norm_args(*e.args, **e.kwargs)[:2]) is None):
         return NotImplemented
-    _, (ga,) = autodiff.vjp(lambda x: _norm(x, *e.args[1:], **e.kwargs), [a], [g],
-                            report=e.report)
-    return (ga,)
+    norm = (lambda x: _norm(x, *e.args[1:], **e.kwargs))
+    if a.dtype == mx.float64:
+        return tuple(mx.vjp(norm, [a], [g])[1])
+    return tuple(autodiff.vjp(norm, [a], [g], report=e.report)[1])
 
 
 def _eig(values_only: bool):
