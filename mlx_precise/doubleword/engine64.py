@@ -1,15 +1,28 @@
 """The cpu engine of double-word arithmetic: DoubleWords to MLX float64 values and
 back (:func:`to64`, :func:`from64`, lazily, keeping the float64 value for the next
-cpu step), cpu results computed in float64 (:func:`from_float64_result`), and
-``+ * /`` in float64 (:func:`arith64`)."""
+cpu step), cpu results computed in float64 (:func:`from_float64_result`), fused
+float64 steps (:func:`step`), and ``+ * /`` in float64 (:func:`arith64`).
+
+A cpu step is a float64 formula of its operands' float64 values. :func:`step`
+runs it as one MLX function compiled with ``mx.compile`` (MLX's cpu backend fuses
+an elementwise graph into one loop): each operand is read once, in whatever form
+it has (its float64 value; its float32 word alone, converted inside the loop; or
+its two words, joined inside), and the float64 result written once; the high
+word, its float32 rounding, is a lazy array of its own, so a chain of steps
+writes no high word that nothing reads."""
 
 from __future__ import annotations
+
+import functools
 
 import mlx.core as mx
 import numpy as np
 
+from ..core.plain import plain
 from .hostsplit import complex_from_parts
-from .types import DoubleWord, real_imag
+from .types import DoubleWord
+
+F32, F64 = mx.float32, mx.float64
 
 
 def from_float64_result(y: np.ndarray, round_output: bool):
@@ -36,20 +49,10 @@ def _zero_as_minus_zero(v: mx.array) -> mx.array:
 def to64(x: DoubleWord) -> tuple[mx.array, mx.array | None]:
     """``hi + lo`` as MLX float64 arrays (re, im; im None for real words), lazy:
     exact for normalised pairs, and -0 stays -0; ``x.wide`` itself when ``x`` was
-    made by :func:`from64` (the same value, without a pass over the words). Call
-    on the CPU stream (MLX has float64 there only)."""
-    if x.wide is not None:
-        return x.wide
-    if x._lo is None:  # exact (DoubleWord.exact): one conversion of the high word
-        if not x.is_complex:
-            return x.hi.astype(mx.float64), None
-        return mx.real(x.hi).astype(mx.float64), mx.imag(x.hi).astype(mx.float64)
-
-    def join64(w: DoubleWord) -> mx.array:
-        return w.hi.astype(mx.float64) + _zero_as_minus_zero(w.lo).astype(mx.float64)
-
-    re, im = real_imag(x)
-    return join64(re), (join64(im) if x.is_complex else None)
+    made by :func:`from64` (the same value, without a pass over the words); one
+    conversion of the high word for an exact ``x``. Call on the CPU stream (MLX has
+    float64 there only)."""
+    return _read(*_reading(x))
 
 
 def from64(re: mx.array, im: mx.array | None = None) -> DoubleWord:
@@ -58,32 +61,162 @@ def from64(re: mx.array, im: mx.array | None = None) -> DoubleWord:
     rule of the kernels); complex when ``im`` is given. The result keeps ``(re,
     im)`` as its ``wide`` value, and builds its low word only when it is read.
     The low word takes no gradient (:func:`_low64`)."""
-    hi = re.astype(mx.float32)
+    hi = re.astype(F32)
     if im is not None:
-        hi = complex_from_parts(hi, im.astype(mx.float32))
+        hi = complex_from_parts(hi, im.astype(F32))
     return DoubleWord.from_wide(hi, (re, im))
 
 
-def arith64(op: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:
-    """``x + y``, ``x * y`` or ``x / y`` (op "add", "mul", "div") by MLX float64 on the CPU stream (complex as pairs of float64
-    arrays: MLX has no complex128), split back into two words."""
+# ---- fused float64 steps ---------------------------------------------------------------
+# How a step reads an operand: "w" / "W" its float64 value (real / complex: the real
+# and imaginary parts), "h" / "H" its high word alone (an exact value: converted in
+# the loop), "j" / "J" its two words (joined in the loop), "a" an array as it is (a
+# condition, an index).
+_ARRAYS = {"w": 1, "W": 2, "h": 1, "H": 1, "j": 2, "J": 2, "a": 1}
+
+FUSE_MIN = 1 << 14
+"""Elements from which a cheap step (``cheap=True``: one float64 operation) runs
+compiled; smaller ones run as separate MLX ops, whose host cost is the same,
+without compiling a kernel for each new shape pattern. Steps of many operations
+(the elementary functions) always run compiled."""
+
+
+def _reading(x) -> tuple[str, tuple]:
+    """(kind, arrays): how a step reads ``x`` (a DoubleWord or an ``mx.array``)."""
+    if not isinstance(x, DoubleWord):
+        return "a", (x,)
+    if x.wide is not None:
+        re, im = x.wide
+        return ("w", (re,)) if im is None else ("W", (re, im))
+    kind = "H" if x.is_complex else "h"
+    if x._lo is None:
+        return kind, (x.hi,)
+    return kind.replace("h", "j").replace("H", "J"), (x.hi, x._lo)
+
+
+def _join64(hi: mx.array, lo: mx.array) -> mx.array:
+    return hi.astype(F64) + _zero_as_minus_zero(lo).astype(F64)
+
+
+def _read(kind: str, arrays: tuple):
+    """The float64 value (re, im or None) of an operand read as ``kind`` (an "a"
+    operand: the array)."""
+    if kind == "a":
+        return arrays[0]
+    if kind == "w":
+        return arrays[0], None
+    if kind == "W":
+        return arrays
+    if kind == "h":
+        return arrays[0].astype(F64), None
+    if kind == "H":
+        return plain.real(arrays[0]).astype(F64), plain.imag(arrays[0]).astype(F64)
+    if kind == "j":
+        return _join64(*arrays), None
+    hi, lo = arrays
+    return (_join64(plain.real(hi), plain.real(lo)), _join64(plain.imag(hi), plain.imag(lo)))
+
+
+def _evaluate(formula, kinds: tuple, rounded: bool, arrays: tuple) -> tuple:
+    values, k = [], 0
+    for kind in kinds:
+        values.append(_read(kind, arrays[k:k + _ARRAYS[kind]]))
+        k += _ARRAYS[kind]
+    re, im = formula(*values)
+    if rounded:
+        return re.astype(F32)
+    return (re,) if im is None else (re, im)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(formula, kinds: tuple, rounded: bool):
+    """``formula`` on operands read as ``kinds``, compiled once per formula and
+    kinds (MLX compiles a kernel per shape pattern on first use and caches it on
+    disk). ``rounded``: the float32 rounding of its (real) result."""
+    return plain.compile(lambda *arrays: _evaluate(formula, kinds, rounded, arrays))
+
+
+def _fused(formula, operands, cheap: bool):
+    """(outputs, the compiled function and its arguments, or None when the formula
+    ran as separate MLX ops)."""
+    readings = [_reading(x) for x in operands]
+    kinds = tuple(k for k, _ in readings)
+    arrays = tuple(a for _, group in readings for a in group)
     with mx.stream(mx.cpu):
-        (xr, xi), (yr, yi) = to64(x), to64(y)
-        if op == "add":
-            re = xr + yr
-            im = None if xi is None and yi is None else (
-                yi if xi is None else xi if yi is None else xi + yi)
-        elif op == "mul":
-            if xi is None or yi is None:
-                s, (a, b) = (xr, (yr, yi)) if xi is None else (yr, (xr, xi))
-                re, im = a * s, None if b is None else b * s
-            else:
-                re, im = xr * yr - xi * yi, xr * yi + xi * yr
-        else:  # div
-            if yi is None:
-                re, im = xr / yr, None if xi is None else xi / yr
-            else:
-                d = yr * yr + yi * yi
-                xi0 = mx.zeros_like(xr) if xi is None else xi
-                re, im = (xr * yr + xi0 * yi) / d, (xi0 * yr - xr * yi) / d
-        return from64(re, im)
+        if cheap and max(a.size for a in arrays) < FUSE_MIN:
+            return _evaluate(formula, kinds, False, arrays), None
+        return tuple(_compiled(formula, kinds, False)(*arrays)), (kinds, arrays)
+
+
+def apply(formula, *operands, cheap: bool = False) -> tuple:
+    """``formula`` of the operands' float64 values, fused into one loop (see the
+    module's docstring): ``(re,)`` or ``(re, im)``, MLX arrays (lazy).
+
+    Args:
+        formula: ``formula(*values) -> (re, im or None)``; a DoubleWord operand
+            comes in as its value ``(re, im or None)`` (MLX float64 arrays; they
+            broadcast), an ``mx.array`` operand as it is. Made of MLX ops only, and
+            a module-level function (kernels are cached per formula); the Python
+            numbers in it are constants of the kernel, so numbers that vary from
+            call to call must come in as operands.
+        operands: DoubleWords and ``mx.array``\ s.
+        cheap: one float64 operation: below :data:`FUSE_MIN` elements it runs as
+            separate MLX ops.
+    """
+    return _fused(formula, operands, cheap)[0]
+
+
+def step(formula, *operands, cheap: bool = False) -> DoubleWord:
+    """One cpu step: :func:`apply`, the result a DoubleWord that keeps its float64
+    value (its low word built only when read, its high word a lazy array).
+
+    ``cheap`` (one float64 operation, real): compiled, the high word comes from a
+    kernel of its own that reads the operands (one rounding of the same operation:
+    equal to the rounding of the float64 result), so that reading the high word
+    writes no float64 result, and a next step reading the float64 result writes
+    no high word.
+
+    Returns:
+        The DoubleWord of the result (float32 words, or complex64 where the formula
+        returns an imaginary part).
+    """
+    wide, kernel = _fused(formula, operands, cheap)
+    if not cheap or kernel is None or len(wide) == 2:
+        return from64(*wide)
+    kinds, arrays = kernel
+    with mx.stream(mx.cpu):
+        hi = _compiled(formula, kinds, True)(*arrays)
+    return DoubleWord.from_wide(hi, (wide[0], None))
+
+
+def _add(x, y):
+    (xr, xi), (yr, yi) = x, y
+    return xr + yr, (None if xi is None and yi is None else
+                     yi if xi is None else xi if yi is None else xi + yi)
+
+
+def _mul(x, y):
+    (xr, xi), (yr, yi) = x, y
+    if xi is None or yi is None:
+        s, (a, b) = (xr, (yr, yi)) if xi is None else (yr, (xr, xi))
+        return a * s, None if b is None else b * s
+    return xr * yr - xi * yi, xr * yi + xi * yr
+
+
+def _div(x, y):
+    (xr, xi), (yr, yi) = x, y
+    if yi is None:
+        return xr / yr, None if xi is None else xi / yr
+    d = yr * yr + yi * yi
+    xi = mx.zeros_like(xr) if xi is None else xi  # (+0: the signs of zero parts)
+    return (xr * yr + xi * yi) / d, (xi * yr - xr * yi) / d
+
+
+_ARITH = {"add": _add, "mul": _mul, "div": _div}
+
+
+def arith64(op: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:
+    """``x + y``, ``x * y`` or ``x / y`` (op "add", "mul", "div") by MLX float64 on
+    the CPU stream (complex as pairs of float64 arrays: MLX has no complex128), one
+    fused step (:func:`step`)."""
+    return step(_ARITH[op], x, y, cheap=not (x.is_complex or y.is_complex))
