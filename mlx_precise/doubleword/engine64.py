@@ -225,22 +225,16 @@ def arith64(op: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:
 # ---- float64 elementary functions ----------------------------------------------------
 # MLX 0.32's float64 exp, sin, cos, sigmoid and erf are only float32-accurate (relative
 # errors near 2^-20, and 2^-1 for sin at |x| ~ 1000), and its accurate ones (expm1,
-# tan, ...) call the C library one element at a time. These are single float64
-# evaluations made of MLX arithmetic, fused by mx.compile: exp by Cody and Waite's
-# reduction x = k ln2 + r (ln 2 in two parts, the first exact times any k in range),
-# e^r by its Taylor polynomial to r^13 (|r| <= ln2 / 2: truncation below 2^-57), and
-# 2^k as exponent bits; sin and cos by the reduction x = k pi/2 + r carried in two
-# doubles (pi/2 in four parts of which the first three are exact times k < 2^20, the
-# differences by Knuth's TwoSum) and Taylor polynomials to r^19 / r^20 on |r| <= pi/4,
-# cos's leading 1 - r^2/2 with its rounding error added back (as fdlibm's __kernel_cos
-# does); arguments of 2^20 and more (where k pi/2 would need more parts) take the
-# half-angle formulas of MLX's correctly reduced float64 tan.
+# tan, ...) call the C library one element at a time. These are float64 evaluations
+# made of MLX arithmetic, fused by mx.compile: exp by Cody and Waite's reduction
+# x = k ln2 + r (ln 2 in two parts, the first exact times any k in range), e^r by its
+# Taylor polynomial to r^13 (|r| <= ln2 / 2: truncation below 2^-57) by Estrin's
+# scheme, and 2^k as exponent bits; sin and cos by half-angle formulas of MLX's
+# correctly reduced float64 tan.
 # References: W. J. Cody, W. Waite, "Software Manual for the Elementary Functions",
-# 1980; D. E. Knuth, TAOCP vol. 2, 4.2.2; K. C. Ng, "Argument reduction for huge
-# arguments: good to the last bit", Sun Microsystems, 1992 (fdlibm).
+# 1980; G. Estrin, "Organization of computer systems", 1960.
 
 _MAGIC = 6755399441055744.0  # 1.5 * 2^52: (y + M) - M is y rounded to an integer (|y| < 2^51)
-_TRIG_LIMIT = 2.0**20
 
 
 def _split_bits(v, bits: int) -> float:
@@ -253,116 +247,95 @@ def _split_bits(v, bits: int) -> float:
 
 @functools.lru_cache(maxsize=None)
 def _constants() -> dict:
-    """ln 2 and pi/2 in parts, 2/pi, 1/ln 2 and the Taylor coefficients (mpmath, 200
+    """ln 2 in two parts, 1/ln 2 and the Taylor coefficients of e^r (mpmath, 200
     bits, rounded once to float64)."""
     import mpmath as mp
 
     with mp.workprec(200):
-        ln2, pio2 = mp.log(2), mp.pi / 2
+        ln2 = mp.log(2)
         ln2_hi = _split_bits(ln2, 32)  # k ln2_hi is exact for |k| < 2^21
-        parts, rest = [], pio2
-        for _ in range(3):  # k * part exact for |k| < 2^20
-            parts.append(_split_bits(rest, 33))
-            rest -= mp.mpf(parts[-1])
-        fact = mp.factorial
         return {
             "inv_ln2": float(1 / ln2), "ln2": (ln2_hi, float(ln2 - mp.mpf(ln2_hi))),
-            "two_over_pi": float(2 / mp.pi), "pio2": (*parts, float(rest)),
-            # e^r = 1 + r + r^2 (1/2 + r/6 + ... + r^11/13!)
-            "exp": [float(1 / fact(n)) for n in range(13, 1, -1)],
-            # sin r = r + r^3 S(r^2), S = -1/3! + r^2/5! - ... (to r^19)
-            "sin": [float((-1) ** n / fact(2 * n + 1)) for n in range(9, 0, -1)],
-            # cos r = 1 - r^2/2 + r^4 C(r^2), C = 1/4! - r^2/6! + ... (to r^20)
-            "cos": [float((-1) ** n / fact(2 * n)) for n in range(10, 1, -1)],
+            # e^r = 1 + r + r^2 (1/2 + r/6 + ... + r^11/13!), highest degree first
+            "exp": [float(1 / mp.factorial(n)) for n in range(13, 1, -1)],
         }
 
 
-def _horner(coefficients, z):
-    p = coefficients[0]
-    for c in coefficients[1:]:
-        p = p * z + c
-    return p
+def _estrin(coefficients, z):
+    """The polynomial with ``coefficients`` (highest degree first) at z, by
+    Estrin's scheme: depth about 2 log2(degree) instead of Horner's 2 degree (MLX
+    fuses at most 11 levels of operations into one loop)."""
+    p = list(coefficients[::-1])
+    while len(p) > 1:
+        p = [p[i] + p[i + 1] * z if i + 1 < len(p) else p[i] for i in range(0, len(p), 2)]
+        z = z * z
+    return p[0]
 
 
 def _round_to_integer(y):
     return (y + _MAGIC) - _MAGIC
 
 
-def _exp_parts(x):
-    """(m, bits): e^x = m * 2^j with bits = the float64 bits of 2^j (a normal number;
-    a result near the ends of the range moves a power of two into m, exactly)."""
-    c = _constants()
-    x = mx.clip(x, -746.0, 710.0)  # beyond: 0 and Inf (NaN propagates)
-    k = _round_to_integer(x * c["inv_ln2"])
-    r = (x - k * c["ln2"][0]) - k * c["ln2"][1]
-    m = 1.0 + (r + r * r * _horner(c["exp"], r))
-    high, low = k > 1023, k < -1021  # 2^k itself would not be a normal number
-    m = m * mx.where(high, 2.0, mx.where(low, 2.0**-54, 1.0))
-    j = k - mx.where(high, 1.0, mx.where(low, -54.0, 0.0))
-    return m, (j + 1023.0).astype(mx.int64) << 52
+# e^x = m 2^j is four loops of at most 11 levels, each with one output (MLX fuses a
+# graph in pieces of at most 11 levels, and materialises every value that crosses
+# from one piece to another): k, r, m and the bits of 2^j, where j is k brought into
+# the normal exponents and m carries the rest, 2^(k - j), exactly.
+
+def _exp_k(x):
+    """k = round(x / ln 2) of x clipped to [-746, 710] (beyond: 0 and Inf; NaN
+    propagates)."""
+    return _round_to_integer(mx.clip(x, -746.0, 710.0) * _constants()["inv_ln2"])
 
 
-_exp_kernel = functools.lru_cache(maxsize=None)(lambda: plain.compile(_exp_parts))
+def _exp_r(x, k):
+    """r = x - k ln 2, |r| <= ln2 / 2 (ln 2 in two parts, the first exact times k)."""
+    c = _constants()["ln2"]
+    x = mx.clip(x, -746.0, 710.0)
+    return (x - k * c[0]) - k * c[1]
+
+
+def _exp_j(k):
+    return mx.clip(k, -1021.0, 1023.0)
+
+
+def _exp_m(r, k):
+    """e^r 2^(k - j): the Taylor polynomial of e^r (to r^13) and the exact power of
+    two that j leaves (k - j in [-55, 1])."""
+    m = 1.0 + (r + r * r * _estrin(_constants()["exp"], r))
+    d = (k - _exp_j(k) + 55.0).astype(mx.int64)
+    return m * ((mx.array(1, mx.int64) << d).astype(F64) * 2.0**-55)
+
+
+def _exp_bits(k):
+    """The float64 bits of 2^j."""
+    return (_exp_j(k) + 1023.0).astype(mx.int64) << 52
+
+
+_EXP = {f.__name__: plain.compile(f) for f in (_exp_k, _exp_r, _exp_m, _exp_bits)}
 
 
 def exp64(x: mx.array) -> mx.array:
-    """e^x of MLX float64 values (lazy, CPU stream): within about one ulp; NaN stays
+    """e^x of MLX float64 values (lazy, CPU stream): within one ulp; NaN stays
     NaN, overflow is Inf, underflow gradual (subnormal, then 0)."""
-    m, bits = _exp_kernel()(x)
-    return m * bits.view(F64)
+    k = _EXP["_exp_k"](x)
+    m = _EXP["_exp_m"](_EXP["_exp_r"](x, k), k)
+    return m * _EXP["_exp_bits"](k).view(F64)
 
 
-def _sincos_reduced(x):
-    """(sin x, cos x) for |x| < 2^20."""
-    c = _constants()
-    p1, p2, p3, p4 = c["pio2"]
-    k = _round_to_integer(x * c["two_over_pi"])
-    a = x - k * p1  # exact (Sterbenz): k p1 is exact and within a factor 2 of x
-
-    def two_sum(u, v):
-        s = u + v
-        t = s - u
-        return s, (u - (s - t)) + (v - t)
-
-    s, e = two_sum(a, -(k * p2))
-    s, e2 = two_sum(s, -(k * p3))
-    e = (e + e2) - k * p4
-    rh = s + e  # r = rh + rl, |rl| <= ulp(rh) / 2
-    rl = (s - rh) + e
-    z = rh * rh
-    sin_r = rh + (rl * (1.0 - 0.5 * z) + rh * z * _horner(c["sin"], z))
-    hz = 0.5 * z
-    w = 1.0 - hz
-    cos_r = w + (((1.0 - w) - hz) + (z * z * _horner(c["cos"], z) - rh * rl))
-    q = k - 4.0 * _round_to_integer(k * 0.25 - 0.375)  # the quadrant, 0 .. 3
-    odd = (q == 1.0) | (q == 3.0)
-    sin_x, cos_x = mx.where(odd, cos_r, sin_r), mx.where(odd, sin_r, cos_r)
-    return (mx.where(q >= 2.0, -sin_x, sin_x),
-            mx.where((q == 1.0) | (q == 2.0), -cos_x, cos_x))
-
-
-def _sincos_half_angle(x):
-    """(sin x, cos x) from MLX's float64 tan: t = tan(x/2), sin = 2t / (1 + t^2)
-    (relative accuracy everywhere, -0 gives -0); cos = (1 - t^2) / (1 + t^2) where
-    |t| is away from 1, sin x / tan x near the zeros of cos (|t| in [1/2, 2], where
-    |sin x| >= 0.8). Inf and NaN give NaN."""
+def sincos64_formula(x):
+    """(sin x, cos x) of MLX float64 values from MLX's accurate float64 tan (its
+    sin and cos are float32-accurate): with t = tan(x/2), sin = 2t / (1 + t^2)
+    (relative accuracy everywhere, including near multiples of pi; -0 gives -0);
+    cos = (1 - t^2) / (1 + t^2) where |t| is away from 1, and sin x / tan x near the
+    zeros of cos (|t| in [1/2, 2], where |sin x| >= 0.8). No finite double lies close
+    enough to an odd multiple of pi for t^2 to overflow, and Inf / NaN give NaN
+    throughout. (Within about 2.5 ulp against mpmath.)"""
     t = mx.tan(0.5 * x)
     t2 = t * t
     d = 1.0 + t2
     s = 2.0 * t / d
     a = mx.abs(t)
     return s, mx.where((a >= 0.5) & (a <= 2.0), s / mx.tan(x), (1.0 - t2) / d)
-
-
-def sincos64_formula(x):
-    """(sin x, cos x) of MLX float64 values: the reduction for |x| < 2^20, the
-    half-angle formulas beyond and for Inf (evaluated on 0 elsewhere: the C
-    library's tan returns at once); NaN stays NaN."""
-    big = mx.abs(x) >= _TRIG_LIMIT
-    s, c = _sincos_reduced(mx.where(big, 0.0, x))
-    sb, cb = _sincos_half_angle(mx.where(big, x, 0.0))
-    s = mx.where(x == 0.0, x, s)  # sin(-0) = -0 (the reduction's sums give +0)
-    return mx.where(big, sb, s), mx.where(big, cb, c)
 
 
 def _erf64(v: mx.array) -> mx.array:
