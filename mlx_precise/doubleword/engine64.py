@@ -311,15 +311,103 @@ def _exp_bits(k):
     return (_exp_j(k) + 1023.0).astype(mx.int64) << 52
 
 
-_EXP = {f.__name__: plain.compile(f) for f in (_exp_k, _exp_r, _exp_m, _exp_bits)}
+def _exp_k_shifted(x, shift):
+    return _exp_k(x - shift)
 
 
-def exp64(x: mx.array) -> mx.array:
-    """e^x of MLX float64 values (lazy, CPU stream): within one ulp; NaN stays
-    NaN, overflow is Inf, underflow gradual (subnormal, then 0)."""
-    k = _EXP["_exp_k"](x)
-    m = _EXP["_exp_m"](_EXP["_exp_r"](x, k), k)
-    return m * _EXP["_exp_bits"](k).view(F64)
+def _exp_r_shifted(x, shift, k):
+    return _exp_r(x - shift, k)
+
+
+_EXP = {f.__name__: plain.compile(f) for f in (_exp_k, _exp_r, _exp_m, _exp_bits,
+                                                _exp_k_shifted, _exp_r_shifted)}
+
+
+def exp64(x: mx.array, shift: mx.array | None = None) -> mx.array:
+    """e^x (or e^(x - shift), the difference rounded once and never written out)
+    of MLX float64 values (lazy, CPU stream): within one ulp; NaN stays NaN,
+    overflow is Inf, underflow gradual (subnormal, then 0)."""
+    if shift is None:
+        k = _EXP["_exp_k"](x)
+        r = _EXP["_exp_r"](x, k)
+    else:
+        k = _EXP["_exp_k_shifted"](x, shift)
+        r = _EXP["_exp_r_shifted"](x, shift, k)
+    return _EXP["_exp_m"](r, k) * _EXP["_exp_bits"](k).view(F64)
+
+
+# ---- normalisations: the flow's decompositions as float64 formulas ----------------------
+# The same operations in the same order as the rules' decompositions (so the same
+# bits), with the elementwise parts fused and the full-size intermediates never
+# written: only what a reduction reads is.
+
+def _float32_shift(v, axes):
+    """The float32 maximum of the high words along ``axes`` (= the rounding of the
+    float64 maximum), 0 where it is not finite: softmax's and logsumexp's shift."""
+    m = mx.max(v, axis=axes, keepdims=True).astype(F32).astype(F64)
+    return mx.where(mx.isfinite(m), m, 0.0)
+
+
+def softmax64(x: DoubleWord, axes) -> DoubleWord:
+    """``e / sum(e)``, ``e = exp(x - shift)`` along ``axes``."""
+    with mx.stream(mx.cpu):
+        v = to64(x)[0]
+        e = exp64(v, _float32_shift(v, axes))
+        return from64(e / mx.sum(e, axis=axes, keepdims=True))
+
+
+def logsumexp64(x: DoubleWord, axes, keepdims: bool) -> DoubleWord:
+    """``log(sum(exp(x - shift))) + shift`` along ``axes``."""
+    with mx.stream(mx.cpu):
+        v = to64(x)[0]
+        shift = _float32_shift(v, axes)
+        s = mx.log(mx.sum(exp64(v, shift), axis=axes, keepdims=True)) + shift
+        return from64(s if keepdims else mx.squeeze(s, axis=axes))
+
+
+def _square_of_difference(v, mean):
+    d = v - mean
+    return d * d
+
+
+def _scaled(v, mean, r):
+    return (v - mean) * r
+
+
+def _scaled_affine(v, mean, r, w, b):
+    return ((v - mean) * r) * w + b
+
+
+def _scaled_weighted(v, mean, r, w):
+    return ((v - mean) * r) * w
+
+
+def _scaled_shifted(v, mean, r, b):
+    return (v - mean) * r + b
+
+
+_NORM = {f.__name__: plain.compile(f) for f in (_square_of_difference, _scaled,
+                                                 _scaled_affine, _scaled_weighted,
+                                                 _scaled_shifted)}
+
+
+def norm64(x: DoubleWord, weight: DoubleWord | None, bias: DoubleWord | None, eps: float,
+           centred: bool) -> DoubleWord:
+    """``mx.fast.layer_norm`` (``centred``: ``(x - mean) rsqrt(mean((x - mean)^2) +
+    eps)``, two passes) or ``mx.fast.rms_norm`` (``x rsqrt(mean(x^2) + eps)``) over
+    the last axis, times ``weight``, plus ``bias`` (either may be None)."""
+    with mx.stream(mx.cpu):
+        v = to64(x)[0]
+        n = float(v.shape[-1])
+        mean = mx.sum(v, axis=-1, keepdims=True) / n if centred else mx.zeros((1,), F64)
+        sq = _NORM["_square_of_difference"](v, mean)
+        r = mx.rsqrt(mx.sum(sq, axis=-1, keepdims=True) / n + eps)
+        args = [to64(a)[0] for a in (weight, bias) if a is not None]
+        name = {(False, False): "_scaled", (True, True): "_scaled_affine",
+                (True, False): "_scaled_weighted", (False, True): "_scaled_shifted"}[
+            (weight is not None, bias is not None)]
+        return from64(_NORM[name](v, mean, r, *args))
+
 
 
 def sincos64_formula(x):

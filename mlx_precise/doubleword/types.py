@@ -110,7 +110,15 @@ class DoubleWord:
     # so every DoubleWord has them).
 
     def __neg__(self) -> "DoubleWord":
-        return DoubleWord(-self.hi, -self.lo)  # exact: both words change sign
+        """-x, exact: both words change sign (and the float64 value, where the words
+        carry one: it is the more precise value)."""
+        if self.wide is not None:
+            with mx.stream(mx.cpu):
+                wide = tuple(None if v is None else -v for v in self.wide)
+            return DoubleWord.from_wide(-self.hi, wide)
+        if self._lo is None:
+            return DoubleWord.exact(-self.hi)
+        return DoubleWord(-self.hi, -self._lo)
 
     @classmethod
     def _exact(cls, x, dtype, what: str) -> "DoubleWord":

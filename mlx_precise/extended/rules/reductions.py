@@ -7,9 +7,10 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from ...doubleword import engine64
 from .. import arith, carry
 from ..carry import attach, has_words, low_word
-from .base import axes_of, decomposed, is_word_array, result, words
+from .base import axes_of, decomposed, float64_form, is_word_array, result, words
 
 
 def _arg_extreme(larger: bool):
@@ -124,6 +125,20 @@ def _logsumexp(x, axis=None, keepdims=False, **kw):
     return s if keepdims else mx.squeeze(s, axis=axis) if axis is not None else s.reshape(())
 
 
+def _softmax64(x, axis=None, precise=False, **kw):
+    axes = axes_of(x.ndim, axis) if isinstance(x, mx.array) else None
+    if not axes or x.dtype != mx.float32 or x.size == 0:
+        return NotImplemented
+    return result(engine64.softmax64(words(x), axes))
+
+
+def _logsumexp64(x, axis=None, keepdims=False, **kw):
+    axes = axes_of(x.ndim, axis) if isinstance(x, mx.array) else None
+    if not axes or x.dtype != mx.float32 or x.size == 0:
+        return NotImplemented
+    return result(engine64.logsumexp64(words(x), axes, keepdims))
+
+
 def _std(a, axis=None, keepdims=False, ddof=0, **kw):
     return mx.sqrt(mx.var(a, axis=axis, keepdims=keepdims, ddof=ddof))
 
@@ -200,8 +215,8 @@ RULES = {
     "max": _extreme_reduction(True), "min": _extreme_reduction(False),
     "argmax": _arg_extreme(True), "argmin": _arg_extreme(False),
     "cumsum": _scan("add"), "cumprod": _scan("mul"), "var": decomposed(_var),
-    "std": decomposed(_std), "softmax": decomposed(_softmax),
-    "logsumexp": decomposed(_logsumexp),
+    "std": decomposed(_std), "softmax": float64_form(_softmax64, _softmax),
+    "logsumexp": float64_form(_logsumexp64, _logsumexp),
     "argsort": _ordering(False, False), "sort": _ordering(True, False),
     "argpartition": _ordering(False, True), "partition": _ordering(True, True),
     "topk": _topk, "median": decomposed(_median),
