@@ -212,6 +212,64 @@ def _div(x, y):
     return (xr * yr + xi * yi) / d, (xi * yr - xr * yi) / d
 
 
+def _select(c, x, y):
+    (xr, xi), (yr, yi) = x, y
+    if xi is None and yi is None:
+        return mx.where(c, xr, yr), None
+    xi = mx.zeros_like(xr) if xi is None else xi
+    yi = mx.zeros_like(yr) if yi is None else yi
+    return mx.where(c, xr, yr), mx.where(c, xi, yi)
+
+
+def _maximum(x, y):
+    return mx.maximum(x[0], y[0]), None
+
+
+def _minimum(x, y):
+    return mx.minimum(x[0], y[0]), None
+
+
+def _abs(x):
+    return mx.abs(x[0]), None
+
+
+def _comparison(name: str):
+    f = getattr(mx, name)
+
+    def compare(x, y):
+        (xr, xi), (yr, yi) = x, y
+        if xi is None and yi is None:
+            return f(xr, yr), None
+        xi = mx.zeros_like(xr) if xi is None else xi
+        yi = mx.zeros_like(yr) if yi is None else yi
+        same = mx.equal(xr, yr) & mx.equal(xi, yi)  # (complex: == and != only)
+        return (same if name == "equal" else mx.logical_not(same)), None
+
+    compare.__name__ = f"_{name}"
+    return compare
+
+
+COMPARISONS = {name: _comparison(name) for name in ("less", "less_equal", "greater",
+                                                     "greater_equal", "equal", "not_equal")}
+"""Exact comparisons of the values (``apply(COMPARISONS[name], x, y)``)."""
+
+
+def select(cond: mx.array, x: DoubleWord, y: DoubleWord) -> DoubleWord:
+    """``where(cond, x, y)`` of the values (exact)."""
+    return step(_select, cond, x, y, cheap=not (x.is_complex or y.is_complex))
+
+
+def extremum(x: DoubleWord, y: DoubleWord, larger: bool) -> DoubleWord:
+    """``maximum`` / ``minimum`` of real values (exact; NaN propagates, as MLX's
+    does: the high word of the result is the extremum of the high words)."""
+    return step(_maximum if larger else _minimum, x, y, cheap=True)
+
+
+def absolute(x: DoubleWord) -> DoubleWord:
+    """``|x|`` of a real value (exact)."""
+    return step(_abs, x, cheap=True)
+
+
 _ARITH = {"add": _add, "mul": _mul, "div": _div}
 
 

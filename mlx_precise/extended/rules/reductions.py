@@ -24,6 +24,9 @@ def _arg_extreme(larger: bool):
         if a.dtype == mx.complex64:
             return NotImplemented
         w = words(a)
+        if ctx.backend.float64_engine:  # the order of the float64 values
+            with mx.stream(mx.cpu):
+                return original(engine64.to64(w)[0], axis=axis, keepdims=keepdims, **kw)
         hi, lo = (w.hi, w.lo) if axis is not None else (w.hi.reshape(-1), w.lo.reshape(-1))
         ax = axis if axis is not None else 0
         m = (mx.max if larger else mx.min)(hi, axis=ax, keepdims=True)
@@ -64,6 +67,10 @@ def _extreme_reduction(larger: bool):
     def rule(ctx, original, a, axis=None, keepdims=False, **kw):
         if not is_word_array(a) or a.dtype == mx.complex64 or not has_words(a) or kw:
             return NotImplemented
+        if ctx.backend.float64_engine:  # the extreme float64 value (its rounding: MLX's hi)
+            with mx.stream(mx.cpu):
+                v = original(engine64.to64(words(a))[0], axis=axis, keepdims=keepdims)
+            return result(engine64.from64(v))
         hi = original(a, axis=axis, keepdims=True)
         fill = -np.inf if larger else np.inf
         lo = original(mx.where(a == hi, low_word(a), fill), axis=axis, keepdims=True)
