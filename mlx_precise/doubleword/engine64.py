@@ -288,7 +288,7 @@ def arith64(op: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:
 # x = k ln2 + r (ln 2 in two parts, the first exact times any k in range), e^r by its
 # Taylor polynomial to r^13 (|r| <= ln2 / 2: truncation below 2^-57) by Estrin's
 # scheme, and 2^k as exponent bits; sin and cos by half-angle formulas of MLX's
-# correctly reduced float64 tan.
+# correctly reduced (and accurate) float64 tan.
 # References: W. J. Cody, W. Waite, "Software Manual for the Elementary Functions",
 # 1980; G. Estrin, "Organization of computer systems", 1960.
 
@@ -468,20 +468,40 @@ def norm64(x: DoubleWord, weight: DoubleWord | None, bias: DoubleWord | None, ep
 
 
 
-def sincos64_formula(x):
-    """(sin x, cos x) of MLX float64 values from MLX's accurate float64 tan (its
-    sin and cos are float32-accurate): with t = tan(x/2), sin = 2t / (1 + t^2)
-    (relative accuracy everywhere, including near multiples of pi; -0 gives -0);
-    cos = (1 - t^2) / (1 + t^2) where |t| is away from 1, and sin x / tan x near the
-    zeros of cos (|t| in [1/2, 2], where |sin x| >= 0.8). No finite double lies close
-    enough to an odd multiple of pi for t^2 to overflow, and Inf / NaN give NaN
-    throughout. (Within about 2.5 ulp against mpmath.)"""
-    t = mx.tan(0.5 * x)
+# sin and cos from t = tan(x/2): one loop writes t, one each sin and cos (a single
+# loop for both would be split by MLX where its outputs share values, writing those).
+
+def _tan_half(x):
+    return mx.tan(0.5 * x)
+
+
+def _sin_from_tan_half(t):
+    return 2.0 * t / (1.0 + t * t)
+
+
+def _cos_from_tan_half(x, t):
     t2 = t * t
     d = 1.0 + t2
-    s = 2.0 * t / d
     a = mx.abs(t)
-    return s, mx.where((a >= 0.5) & (a <= 2.0), s / mx.tan(x), (1.0 - t2) / d)
+    return mx.where((a >= 0.5) & (a <= 2.0), (2.0 * t / d) / mx.tan(x), (1.0 - t2) / d)
+
+
+_TRIG = {f.__name__: plain.compile(f) for f in (_tan_half, _sin_from_tan_half,
+                                                 _cos_from_tan_half)}
+
+
+def sincos64(x: mx.array, which: tuple = ("sin", "cos")) -> tuple:
+    """sin x and / or cos x (``which``) of MLX float64 values (CPU stream), from
+    MLX's accurate float64 tan (its sin and cos are float32-accurate): with
+    t = tan(x/2), sin = 2t / (1 + t^2) (relative accuracy everywhere, including near
+    multiples of pi; -0 gives -0); cos = (1 - t^2) / (1 + t^2) where |t| is away
+    from 1, and sin x / tan x near the zeros of cos (|t| in [1/2, 2], where
+    |sin x| >= 0.8). No finite double lies close enough to an odd multiple of pi for
+    t^2 to overflow, and Inf / NaN give NaN throughout. (Within about 2.5 ulp
+    against mpmath.)"""
+    t = _TRIG["_tan_half"](x)
+    return tuple(_TRIG["_sin_from_tan_half"](t) if name == "sin" else
+                 _TRIG["_cos_from_tan_half"](x, t) for name in which)
 
 
 def _erf64(v: mx.array) -> mx.array:
@@ -505,21 +525,17 @@ def _sigmoid(x, e):
     return mx.where(v >= 0.0, s, e * s), None
 
 
-def _cexp(b, e):
-    """e^(a + ib) = e^a (cos b + i sin b) from b and e = e^a; b = 0 gives e^a and
-    b exactly (the signs of zeros, and Inf * 0 avoided)."""
+def _cexp(b, e, s, c):
+    """e^(a + ib) = e^a (cos b + i sin b) from b, e = e^a, s = sin b and c = cos b;
+    b = 0 gives e^a and b exactly (the signs of zeros, and Inf * 0 avoided)."""
     b = b[0]
-    s, c = sincos64_formula(b)
     return mx.where(b == 0.0, e, e * c), mx.where(b == 0.0, b, e * s)
 
 
 @functools.lru_cache(maxsize=None)
 def _function(name: str):
-    """The formula of the elementwise function ``name`` on one operand's value:
-    sin / cos by :func:`sincos64_formula`, the rest MLX's accurate float64 ones."""
-    if name in ("sin", "cos"):
-        i = name == "cos"
-        return lambda x: (sincos64_formula(x[0])[i], None)
+    """The formula of the elementwise function ``name`` (one of MLX's accurate
+    float64 ones) on one operand's value."""
     f = getattr(mx, name)
     return lambda x: (f(x[0]), None)
 
@@ -540,9 +556,10 @@ def unary64(fn: str, x: DoubleWord) -> DoubleWord:
     if fn == "sigmoid":
         with mx.stream(mx.cpu):
             return step(_sigmoid, x, exp64(-mx.abs(to64(x)[0])))
-    if fn == "erf":
+    if fn in ("sin", "cos", "erf"):
         with mx.stream(mx.cpu):
-            return from64(_erf64(to64(x)[0]))
+            v = to64(x)[0]
+            return from64(_erf64(v) if fn == "erf" else sincos64(v, (fn,))[0])
     return step(_function(fn), x)
 
 
@@ -555,4 +572,4 @@ def binary64(fn: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:
 def cexp64(re: DoubleWord, im: DoubleWord) -> DoubleWord:
     """e^(re + i im) of real DoubleWords: a complex DoubleWord."""
     with mx.stream(mx.cpu):
-        return step(_cexp, im, exp64(to64(re)[0]))
+        return step(_cexp, im, exp64(to64(re)[0]), *sincos64(to64(im)[0]))

@@ -184,8 +184,7 @@ class DoubleWord:
         """Real and imaginary parts of a complex DoubleWord (exact)."""
         if not self.is_complex:
             raise TypeError("parts() needs a complex DoubleWord")
-        return (DoubleWord(mx.real(self.hi), mx.real(self.lo)),
-                DoubleWord(mx.imag(self.hi), mx.imag(self.lo)))
+        return real_imag(self)
 
 
 def as_words(x, name: str):
@@ -218,9 +217,12 @@ def real_imag(x: DoubleWord) -> tuple[DoubleWord, DoubleWord]:
     """Real and imaginary parts (exact; a real x has a zero imaginary part)."""
     if not x.is_complex:
         return x, DoubleWord(mx.zeros_like(x.hi), mx.zeros_like(x.lo))
-    if x.wide is not None:  # the parts of the float64 value (cpu)
-        return (DoubleWord.from_wide(mx.real(x.hi), (x.wide[0], None)),
-                DoubleWord.from_wide(mx.imag(x.hi), (x.wide[1], None)))
+    if x.wide is not None:  # the parts of the float64 value (cpu), their own roundings
+        with mx.stream(mx.cpu):
+            return tuple(DoubleWord.from_wide(v.astype(mx.float32), (v, None))
+                         for v in x.wide)
+    if x._lo is None:  # exact: the parts of the high word
+        return DoubleWord.exact(mx.real(x.hi)), DoubleWord.exact(mx.imag(x.hi))
     return (DoubleWord(mx.real(x.hi), mx.real(x.lo)),
             DoubleWord(mx.imag(x.hi), mx.imag(x.lo)))
 
