@@ -75,10 +75,24 @@ def from64(re: mx.array, im: mx.array | None = None) -> DoubleWord:
 _ARRAYS = {"w": 1, "W": 2, "h": 1, "H": 1, "j": 2, "J": 2, "a": 1}
 
 FUSE_MIN = 1 << 14
-"""Elements from which a cheap step (``cheap=True``: one float64 operation) runs
-compiled; smaller ones run as separate MLX ops, whose host cost is the same,
-without compiling a kernel for each new shape pattern. Steps of many operations
-(the elementary functions) always run compiled."""
+"""Elements from which a step runs compiled (one loop; MLX compiles a kernel for
+each new shape pattern the first time, about a second); smaller ones run as
+separate MLX ops (host-bound either way), with the same operations in the same
+order, so the same bits where the compiler does not contract a * b + c into an
+FMA (it does not on x86-64 and Apple silicon: one operation per statement)."""
+
+
+class _Loop:
+    """``fn`` (a function of MLX arrays made of elementwise ops) compiled, or run
+    as separate ops when its largest argument has fewer than :data:`FUSE_MIN`
+    elements."""
+
+    def __init__(self, fn):
+        self.fn, self.compiled = fn, plain.compile(fn)
+
+    def __call__(self, *arrays):
+        fn = self.compiled if max(a.size for a in arrays) >= FUSE_MIN else self.fn
+        return fn(*arrays)
 
 
 def _reading(x) -> tuple[str, tuple]:
@@ -136,21 +150,22 @@ def _compiled(formula, kinds: tuple, rounded: bool):
     return plain.compile(lambda *arrays: _evaluate(formula, kinds, rounded, arrays))
 
 
-def _fused(formula, operands, cheap: bool):
-    """(outputs, the compiled function and its arguments, or None when the formula
-    ran as separate MLX ops)."""
+def _fused(formula, operands):
+    """(outputs, the compiled function's kinds and arguments, or None when the
+    formula ran as separate MLX ops)."""
     readings = [_reading(x) for x in operands]
     kinds = tuple(k for k, _ in readings)
     arrays = tuple(a for _, group in readings for a in group)
     with mx.stream(mx.cpu):
-        if cheap and max(a.size for a in arrays) < FUSE_MIN:
+        if max(a.size for a in arrays) < FUSE_MIN:
             return _evaluate(formula, kinds, False, arrays), None
         return tuple(_compiled(formula, kinds, False)(*arrays)), (kinds, arrays)
 
 
-def apply(formula, *operands, cheap: bool = False) -> tuple:
+def apply(formula, *operands) -> tuple:
     """``formula`` of the operands' float64 values, fused into one loop (see the
-    module's docstring): ``(re,)`` or ``(re, im)``, MLX arrays (lazy).
+    module's docstring; below :data:`FUSE_MIN` elements, separate MLX ops):
+    ``(re,)`` or ``(re, im)``, MLX arrays (lazy).
 
     Args:
         formula: ``formula(*values) -> (re, im or None)``; a DoubleWord operand
@@ -160,10 +175,8 @@ def apply(formula, *operands, cheap: bool = False) -> tuple:
             numbers in it are constants of the kernel, so numbers that vary from
             call to call must come in as operands.
         operands: DoubleWords and ``mx.array`` values.
-        cheap: one float64 operation: below :data:`FUSE_MIN` elements it runs as
-            separate MLX ops.
     """
-    return _fused(formula, operands, cheap)[0]
+    return _fused(formula, operands)[0]
 
 
 def step(formula, *operands, cheap: bool = False) -> DoubleWord:
@@ -180,7 +193,7 @@ def step(formula, *operands, cheap: bool = False) -> DoubleWord:
         The DoubleWord of the result (float32 words, or complex64 where the formula
         returns an imaginary part).
     """
-    wide, kernel = _fused(formula, operands, cheap)
+    wide, kernel = _fused(formula, operands)
     if not cheap or kernel is None or len(wide) == 2:
         return from64(*wide)
     kinds, arrays = kernel
@@ -377,7 +390,7 @@ def _exp_r_shifted(x, shift, k):
     return _exp_r(x - shift, k)
 
 
-_EXP = {f.__name__: plain.compile(f) for f in (_exp_k, _exp_r, _exp_m, _exp_bits,
+_EXP = {f.__name__: _Loop(f) for f in (_exp_k, _exp_r, _exp_m, _exp_bits,
                                                 _exp_k_shifted, _exp_r_shifted)}
 
 
@@ -444,7 +457,7 @@ def _scaled_shifted(v, mean, r, b):
     return (v - mean) * r + b
 
 
-_NORM = {f.__name__: plain.compile(f) for f in (_square_of_difference, _scaled,
+_NORM = {f.__name__: _Loop(f) for f in (_square_of_difference, _scaled,
                                                  _scaled_affine, _scaled_weighted,
                                                  _scaled_shifted)}
 
@@ -486,7 +499,7 @@ def _cos_from_tan_half(x, t):
     return mx.where((a >= 0.5) & (a <= 2.0), (2.0 * t / d) / mx.tan(x), (1.0 - t2) / d)
 
 
-_TRIG = {f.__name__: plain.compile(f) for f in (_tan_half, _sin_from_tan_half,
+_TRIG = {f.__name__: _Loop(f) for f in (_tan_half, _sin_from_tan_half,
                                                  _cos_from_tan_half)}
 
 

@@ -121,7 +121,7 @@ def _compare(name: str):
             return NotImplemented
         if ctx.backend.float64_engine and (name in ("equal", "not_equal") or not (
                 arith.is_complex(a) or arith.is_complex(b))):
-            return engine64.apply(engine64.COMPARISONS[name], a, b, cheap=True)[0]
+            return engine64.apply(engine64.COMPARISONS[name], a, b)[0]
         if name in ("equal", "not_equal"):
             same = mx.equal(a.hi, b.hi) & mx.equal(a.lo, b.lo)
             return same if name == "equal" else mx.logical_not(same)
