@@ -134,8 +134,9 @@ def _read(kind: str, arrays: tuple):
 def _evaluate(formula, kinds: tuple, rounded: bool, arrays: tuple) -> tuple:
     values, k = [], 0
     for kind in kinds:
-        values.append(_read(kind, arrays[k:k + _ARRAYS[kind]]))
-        k += _ARRAYS[kind]
+        n = _ARRAYS[kind]
+        values.append(_read(kind, arrays[k:k + n]))
+        k += n
     re, im = formula(*values)
     if rounded:
         return re.astype(F32)
@@ -153,9 +154,12 @@ def _compiled(formula, kinds: tuple, rounded: bool):
 def _fused(formula, operands):
     """(outputs, the compiled function's kinds and arguments, or None when the
     formula ran as separate MLX ops)."""
-    readings = [_reading(x) for x in operands]
-    kinds = tuple(k for k, _ in readings)
-    arrays = tuple(a for _, group in readings for a in group)
+    kinds, arrays = [], []
+    for x in operands:
+        kind, group = _reading(x)
+        kinds.append(kind)
+        arrays.extend(group)
+    kinds, arrays = tuple(kinds), tuple(arrays)
     with mx.stream(mx.cpu):
         if max(a.size for a in arrays) < FUSE_MIN:
             return _evaluate(formula, kinds, False, arrays), None
@@ -290,7 +294,7 @@ def arith64(op: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:
     """``x + y``, ``x * y`` or ``x / y`` (op "add", "mul", "div") by MLX float64 on
     the CPU stream (complex as pairs of float64 arrays: MLX has no complex128), one
     fused step (:func:`step`)."""
-    return step(_ARITH[op], x, y, cheap=not (x.is_complex or y.is_complex))
+    return step(_ARITH[op], x, y, cheap=x.hi.dtype == F32 and y.hi.dtype == F32)
 
 
 # ---- float64 elementary functions ----------------------------------------------------
