@@ -173,7 +173,15 @@ class DoubleWord:
         return self.hi + self.lo
 
     def to_float64(self) -> np.ndarray:
-        """``hi + lo`` in float64 (complex128 for complex words), on the CPU."""
+        """``hi + lo`` in float64 (complex128 for complex words), on the CPU (the
+        float64 value itself where the words carry one)."""
+        if self.wide is not None:
+            re, im = (None if v is None else np.array(v) for v in self.wide)
+            if im is None:
+                return re
+            z = np.empty(re.shape, np.complex128)
+            z.real, z.imag = re, im  # (re + 1j im would make 0 * inf a NaN)
+            return z
         if not self.is_complex:
             return join(self.hi, self.lo)
         # complex64 -> complex128 is exact per part, and one complex128 addition
@@ -228,8 +236,14 @@ def real_imag(x: DoubleWord) -> tuple[DoubleWord, DoubleWord]:
 
 
 def combine(re: DoubleWord, im: DoubleWord) -> DoubleWord:
-    """The complex DoubleWord ``re + i im`` (exact)."""
-    return DoubleWord(complex_from_parts(re.hi, im.hi), complex_from_parts(re.lo, im.lo))
+    """The complex DoubleWord ``re + i im`` (exact; with the parts' float64 values
+    where both carry one, exact where both are)."""
+    hi = complex_from_parts(re.hi, im.hi)
+    if re.wide is not None and im.wide is not None:
+        return DoubleWord.from_wide(hi, (re.wide[0], im.wide[0]))
+    if re.wide is None and im.wide is None and re._lo is None and im._lo is None:
+        return DoubleWord.exact(hi)
+    return DoubleWord(hi, complex_from_parts(re.lo, im.lo))
 
 
 def as_complex(x: DoubleWord) -> DoubleWord:
@@ -237,4 +251,7 @@ def as_complex(x: DoubleWord) -> DoubleWord:
     if x.is_complex:
         return x
     zero = mx.zeros_like(x.hi)
-    return combine(x, DoubleWord(zero, zero))
+    if x.wide is not None:  # a zero imaginary part of its float64 value
+        with mx.stream(mx.cpu):
+            return combine(x, DoubleWord.from_wide(zero, (mx.zeros_like(x.wide[0]), None)))
+    return combine(x, DoubleWord.exact(zero))
