@@ -14,8 +14,14 @@ its (absent) cost outside.
    irfft, slice, skip term) and an FNO-style spectral layer, plain float32 against
    the same code inside ``extended_precision()`` on the active backend (or
    ``--backend``), with the share of outputs exactly rounded (oracle: float64).
+4. ``--models``: the whole models of benchmarks/models/ at their large size (or
+   ``--size``), one forward pass plain float32, in MLX float64 on the CPU (the
+   model and input cast with ``set_dtype``: the cpu backend's limit) and in a block
+   on cpu, interleaved; and each run's peak memory (MLX's allocator, above what was
+   held before the call).
 
     python benchmarks/bench_flow.py [--backend cpu|emulate|metal] [--full | --quick]
+    python benchmarks/bench_flow.py --models [hyena s4d ...] [--size large]
 """
 
 from __future__ import annotations
@@ -191,13 +197,82 @@ def host_costs(backend: str, rounds: int) -> dict:
     return out
 
 
+def _peak_mb(fn) -> float:
+    """MLX's peak allocation of one evaluated call of ``fn`` above what was held
+    before it, in MB (after a warm-up call)."""
+    import gc
+
+    mx.eval(fn())
+    gc.collect()
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    base = mx.get_active_memory()
+    mx.eval(fn())
+    return (mx.get_peak_memory() - base) / 1e6
+
+
+def models(names, size: str, rounds: int) -> list:
+    """Rows (model, times {run: seconds}, peak MB {run: MB}) for plain float32, MLX
+    float64 (absent where MLX refuses the model in float64) and the cpu flow."""
+    import importlib
+    import os
+
+    import mlx_precise as mp
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    rows = []
+    for name in names:
+        mod = importlib.import_module(f"models.{name}")
+        model, x = mod.build(size, 0)
+        model64, _ = mod.build(size, 0)
+        model64.set_dtype(mx.float64)
+        x64 = x.astype(mx.float64)
+
+        def extended():
+            with mp.use_backend("cpu"), mp.extended_precision():
+                y = model(x)
+                mx.eval(y)
+            return y
+
+        runs = {"float32": lambda: model(x), "cpu flow": extended}
+        try:
+            mx.eval(model64(x64))
+            runs["MLX float64"] = lambda: model64(x64)
+        except (ValueError, RuntimeError):  # e.g. no float64 convolutions
+            pass
+        times, _ = steady(runs, rounds)
+        rows.append((name, times, {k: _peak_mb(f) for k, f in runs.items()}))
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default=None)
     p.add_argument("--full", action="store_true", help="L = 2^16, 256x256 layer")
     p.add_argument("--quick", action="store_true", help="small sizes, one run: a smoke test")
+    p.add_argument("--models", nargs="*", default=None,
+                   help="whole models against MLX float64 (all of benchmarks/models by default)")
+    p.add_argument("--size", default="large", help="the models' size (--models)")
     a = p.parse_args(argv)
     import mlx_precise as mp
+
+    if a.models is not None:
+        from models import MODELS
+
+        print(f"Whole models, size {a.size!r}, one forward pass (median of interleaved rounds); "
+              "peak MB above what was held before the call\n")
+        print("| model | float32 | MLX float64 | cpu flow | flow / float32 | flow / float64 "
+              "| peak MB float32 / float64 / flow |")
+        print("|---|---|---|---|---|---|---|")
+        for name, t, mb in models(a.models or MODELS, a.size, 1 if a.quick else 5):
+            f64 = t.get("MLX float64")
+            cell = (lambda v: "-" if v is None else f"{v * 1e3:.1f} ms")
+            ratio = "-" if f64 is None else f"{t['cpu flow'] / f64:.2f}x"
+            mem = " / ".join("-" if k not in mb else f"{mb[k]:.1f}"
+                             for k in ("float32", "MLX float64", "cpu flow"))
+            print(f"| {name} | {cell(t['float32'])} | {cell(f64)} | {cell(t['cpu flow'])} "
+                  f"| {t['cpu flow'] / t['float32']:.2f}x | {ratio} | {mem} |")
+        return
 
     backend = a.backend or mp.backend()
     bursts, rounds = (1, 1) if a.quick else (5, 3)

@@ -21,17 +21,6 @@ import contextlib
 import contextvars
 from typing import Callable
 
-class _Block:
-    """The state of the innermost open block in a thread / task. ``open`` turns
-    False when the block ends, also where the context variable still names it (a
-    generator suspended inside its block, closed from another thread or task)."""
-
-    __slots__ = ("enabled", "intercept", "open")
-
-    def __init__(self, enabled: bool, intercept: bool):
-        self.enabled, self.intercept, self.open = enabled, intercept, True
-
-
 _block: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_block", default=None)
 
 
@@ -103,7 +92,56 @@ def register_block_hook(hook: Callable) -> None:
         _block_hooks.append(hook)
 
 
-@contextlib.contextmanager
+class _Block(contextlib.ContextDecorator):
+    """One ``extended_precision()`` block: its context manager (a class rather than
+    a generator, so that opening and closing an empty block costs microseconds),
+    and the state of the innermost open block in a thread / task. ``open`` turns
+    False when the block ends, also where the context variable still names it (a
+    generator suspended inside its block, closed from another thread or task)."""
+
+    __slots__ = ("enabled", "intercept", "strict", "open", "_token", "_exits")
+
+    def __init__(self, enabled: bool, intercept: bool, strict: bool):
+        self.enabled, self.intercept, self.strict = enabled, intercept, strict
+        self.open, self._token, self._exits = False, None, None
+
+    def _recreate_cm(self):  # each use as a decorator opens a block of its own
+        return _Block(self.enabled, self.intercept, self.strict)
+
+    def __enter__(self):
+        if self._exits is not None:
+            raise RuntimeError("this extended_precision() block is already open")
+        self.open, self._exits = True, []
+        self._token = _block.set(self)
+        report = None
+        try:
+            for hook in _block_hooks:
+                cm = hook(self.intercept, self.strict)
+                report = cm.__enter__()
+                self._exits.append(cm.__exit__)
+        except BaseException as e:
+            self.__exit__(type(e), e, e.__traceback__)
+            raise
+        return report
+
+    def __exit__(self, kind, value, tb):
+        exits, self._exits = self._exits, None
+        raised = value
+        try:
+            while exits:  # the hooks in reverse order, each seeing what is in flight
+                try:
+                    if exits.pop()(kind, value, tb):
+                        kind = value = tb = None
+                except BaseException as e:
+                    kind, value, tb = type(e), e, e.__traceback__
+            if value is not None and value is not raised:
+                raise value
+        finally:
+            self.open = False
+            restore(_block, self._token)
+        return raised is not None and value is None
+
+
 def extended_precision(enabled: bool = True, *, intercept_mlx: bool = True,
                        strict: bool = False):
     """Run the enclosed code in double-word (``enabled=True``) or plain float32
@@ -143,14 +181,4 @@ def extended_precision(enabled: bool = True, *, intercept_mlx: bool = True,
                     ("strict", strict)):
         if not isinstance(v, bool):
             raise TypeError(f"extended_precision({name}) takes a bool, got {type(v).__name__}")
-    state = _Block(enabled, enabled and intercept_mlx)
-    token = _block.set(state)
-    try:
-        with contextlib.ExitStack() as stack:
-            report = None
-            for hook in _block_hooks:
-                report = stack.enter_context(hook(enabled and intercept_mlx, strict))
-            yield report
-    finally:
-        state.open = False
-        restore(_block, token)
+    return _Block(enabled, enabled and intercept_mlx, strict)

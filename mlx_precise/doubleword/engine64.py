@@ -1,15 +1,28 @@
 """The cpu engine of double-word arithmetic: DoubleWords to MLX float64 values and
 back (:func:`to64`, :func:`from64`, lazily, keeping the float64 value for the next
-cpu step), cpu results computed in float64 (:func:`from_float64_result`), and
-``+ * /`` in float64 (:func:`arith64`)."""
+cpu step), cpu results computed in float64 (:func:`from_float64_result`), fused
+float64 steps (:func:`step`), and ``+ * /`` in float64 (:func:`arith64`).
+
+A cpu step is a float64 formula of its operands' float64 values. :func:`step`
+runs it as one MLX function compiled with ``mx.compile`` (MLX's cpu backend fuses
+an elementwise graph into one loop): each operand is read once, in whatever form
+it has (its float64 value; its float32 word alone, converted inside the loop; or
+its two words, joined inside), and the float64 result written once; the high
+word, its float32 rounding, is a lazy array of its own, so a chain of steps
+writes no high word that nothing reads."""
 
 from __future__ import annotations
+
+import functools
 
 import mlx.core as mx
 import numpy as np
 
+from ..core.plain import plain
 from .hostsplit import complex_from_parts
-from .types import DoubleWord, real_imag
+from .types import DoubleWord
+
+F32, F64 = mx.float32, mx.float64
 
 
 def from_float64_result(y: np.ndarray, round_output: bool):
@@ -36,20 +49,10 @@ def _zero_as_minus_zero(v: mx.array) -> mx.array:
 def to64(x: DoubleWord) -> tuple[mx.array, mx.array | None]:
     """``hi + lo`` as MLX float64 arrays (re, im; im None for real words), lazy:
     exact for normalised pairs, and -0 stays -0; ``x.wide`` itself when ``x`` was
-    made by :func:`from64` (the same value, without a pass over the words). Call
-    on the CPU stream (MLX has float64 there only)."""
-    if x.wide is not None:
-        return x.wide
-    if x._lo is None:  # exact (DoubleWord.exact): one conversion of the high word
-        if not x.is_complex:
-            return x.hi.astype(mx.float64), None
-        return mx.real(x.hi).astype(mx.float64), mx.imag(x.hi).astype(mx.float64)
-
-    def join64(w: DoubleWord) -> mx.array:
-        return w.hi.astype(mx.float64) + _zero_as_minus_zero(w.lo).astype(mx.float64)
-
-    re, im = real_imag(x)
-    return join64(re), (join64(im) if x.is_complex else None)
+    made by :func:`from64` (the same value, without a pass over the words); one
+    conversion of the high word for an exact ``x``. Call on the CPU stream (MLX has
+    float64 there only)."""
+    return _read(*_reading(x))
 
 
 def from64(re: mx.array, im: mx.array | None = None) -> DoubleWord:
@@ -58,32 +61,518 @@ def from64(re: mx.array, im: mx.array | None = None) -> DoubleWord:
     rule of the kernels); complex when ``im`` is given. The result keeps ``(re,
     im)`` as its ``wide`` value, and builds its low word only when it is read.
     The low word takes no gradient (:func:`_low64`)."""
-    hi = re.astype(mx.float32)
+    hi = re.astype(F32)
     if im is not None:
-        hi = complex_from_parts(hi, im.astype(mx.float32))
+        hi = complex_from_parts(hi, im.astype(F32))
     return DoubleWord.from_wide(hi, (re, im))
 
 
-def arith64(op: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:
-    """``x + y``, ``x * y`` or ``x / y`` (op "add", "mul", "div") by MLX float64 on the CPU stream (complex as pairs of float64
-    arrays: MLX has no complex128), split back into two words."""
+# ---- fused float64 steps ---------------------------------------------------------------
+# How a step reads an operand: "w" / "W" its float64 value (real / complex: the real
+# and imaginary parts), "h" / "H" its high word alone (an exact value: converted in
+# the loop), "j" / "J" its two words (joined in the loop), "a" an array as it is (a
+# condition, an index).
+_ARRAYS = {"w": 1, "W": 2, "h": 1, "H": 1, "j": 2, "J": 2, "a": 1}
+
+FUSE_MIN = 1 << 14
+"""Elements from which a step runs compiled (one loop; MLX compiles a kernel for
+each new shape pattern the first time, about a second); smaller ones run as
+separate MLX ops (host-bound either way), with the same operations in the same
+order, so the same bits where the compiler does not contract a * b + c into an
+FMA (it does not on x86-64 and Apple silicon: one operation per statement)."""
+
+
+class _Loop:
+    """``fn`` (a function of MLX arrays made of elementwise ops) compiled, or run
+    as separate ops when its largest argument has fewer than :data:`FUSE_MIN`
+    elements."""
+
+    def __init__(self, fn):
+        self.fn, self.compiled = fn, plain.compile(fn)
+
+    def __call__(self, *arrays):
+        fn = self.compiled if max(a.size for a in arrays) >= FUSE_MIN else self.fn
+        return fn(*arrays)
+
+
+def _reading(x) -> tuple[str, tuple]:
+    """(kind, arrays): how a step reads ``x`` (a DoubleWord or an ``mx.array``)."""
+    if not isinstance(x, DoubleWord):
+        return "a", (x,)
+    if x.wide is not None:
+        re, im = x.wide
+        return ("w", (re,)) if im is None else ("W", (re, im))
+    kind = "H" if x.is_complex else "h"
+    if x._lo is None:
+        return kind, (x.hi,)
+    return kind.replace("h", "j").replace("H", "J"), (x.hi, x._lo)
+
+
+def _join64(hi: mx.array, lo: mx.array) -> mx.array:
+    return hi.astype(F64) + _zero_as_minus_zero(lo).astype(F64)
+
+
+def _read(kind: str, arrays: tuple):
+    """The float64 value (re, im or None) of an operand read as ``kind`` (an "a"
+    operand: the array)."""
+    if kind == "a":
+        return arrays[0]
+    if kind == "w":
+        return arrays[0], None
+    if kind == "W":
+        return arrays
+    if kind == "h":
+        return arrays[0].astype(F64), None
+    if kind == "H":
+        return plain.real(arrays[0]).astype(F64), plain.imag(arrays[0]).astype(F64)
+    if kind == "j":
+        return _join64(*arrays), None
+    hi, lo = arrays
+    return (_join64(plain.real(hi), plain.real(lo)), _join64(plain.imag(hi), plain.imag(lo)))
+
+
+def _evaluate(formula, kinds: tuple, rounded: bool, arrays: tuple) -> tuple:
+    values, k = [], 0
+    for kind in kinds:
+        n = _ARRAYS[kind]
+        values.append(_read(kind, arrays[k:k + n]))
+        k += n
+    re, im = formula(*values)
+    if rounded:
+        return re.astype(F32)
+    return (re,) if im is None else (re, im)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(formula, kinds: tuple, rounded: bool):
+    """``formula`` on operands read as ``kinds``, compiled once per formula and
+    kinds (MLX compiles a kernel per shape pattern on first use and caches it on
+    disk). ``rounded``: the float32 rounding of its (real) result."""
+    return plain.compile(lambda *arrays: _evaluate(formula, kinds, rounded, arrays))
+
+
+def _fused(formula, operands):
+    """(outputs, the compiled function's kinds and arguments, or None when the
+    formula ran as separate MLX ops)."""
+    kinds, arrays = [], []
+    for x in operands:
+        kind, group = _reading(x)
+        kinds.append(kind)
+        arrays.extend(group)
+    kinds, arrays = tuple(kinds), tuple(arrays)
     with mx.stream(mx.cpu):
-        (xr, xi), (yr, yi) = to64(x), to64(y)
-        if op == "add":
-            re = xr + yr
-            im = None if xi is None and yi is None else (
-                yi if xi is None else xi if yi is None else xi + yi)
-        elif op == "mul":
-            if xi is None or yi is None:
-                s, (a, b) = (xr, (yr, yi)) if xi is None else (yr, (xr, xi))
-                re, im = a * s, None if b is None else b * s
-            else:
-                re, im = xr * yr - xi * yi, xr * yi + xi * yr
-        else:  # div
-            if yi is None:
-                re, im = xr / yr, None if xi is None else xi / yr
-            else:
-                d = yr * yr + yi * yi
-                xi0 = mx.zeros_like(xr) if xi is None else xi
-                re, im = (xr * yr + xi0 * yi) / d, (xi0 * yr - xr * yi) / d
-        return from64(re, im)
+        if max(a.size for a in arrays) < FUSE_MIN:
+            return _evaluate(formula, kinds, False, arrays), None
+        return tuple(_compiled(formula, kinds, False)(*arrays)), (kinds, arrays)
+
+
+def apply(formula, *operands) -> tuple:
+    """``formula`` of the operands' float64 values, fused into one loop (see the
+    module's docstring; below :data:`FUSE_MIN` elements, separate MLX ops):
+    ``(re,)`` or ``(re, im)``, MLX arrays (lazy).
+
+    Args:
+        formula: ``formula(*values) -> (re, im or None)``; a DoubleWord operand
+            comes in as its value ``(re, im or None)`` (MLX float64 arrays; they
+            broadcast), an ``mx.array`` operand as it is. Made of MLX ops only, and
+            a module-level function (kernels are cached per formula); the Python
+            numbers in it are constants of the kernel, so numbers that vary from
+            call to call must come in as operands.
+        operands: DoubleWords and ``mx.array`` values.
+    """
+    return _fused(formula, operands)[0]
+
+
+def step(formula, *operands, cheap: bool = False) -> DoubleWord:
+    """One cpu step: :func:`apply`, the result a DoubleWord that keeps its float64
+    value (its low word built only when read, its high word a lazy array).
+
+    ``cheap`` (one float64 operation, real): compiled, the high word comes from a
+    kernel of its own that reads the operands (one rounding of the same operation:
+    equal to the rounding of the float64 result), so that reading the high word
+    writes no float64 result, and a next step reading the float64 result writes
+    no high word.
+
+    Returns:
+        The DoubleWord of the result (float32 words, or complex64 where the formula
+        returns an imaginary part).
+    """
+    wide, kernel = _fused(formula, operands)
+    if not cheap or kernel is None or len(wide) == 2:
+        return from64(*wide)
+    kinds, arrays = kernel
+    with mx.stream(mx.cpu):
+        hi = _compiled(formula, kinds, True)(*arrays)
+    return DoubleWord.from_wide(hi, (wide[0], None))
+
+
+def _add(x, y):
+    (xr, xi), (yr, yi) = x, y
+    return xr + yr, (None if xi is None and yi is None else
+                     yi if xi is None else xi if yi is None else xi + yi)
+
+
+def _mul(x, y):
+    (xr, xi), (yr, yi) = x, y
+    if xi is None or yi is None:
+        s, (a, b) = (xr, (yr, yi)) if xi is None else (yr, (xr, xi))
+        return a * s, None if b is None else b * s
+    return xr * yr - xi * yi, xr * yi + xi * yr
+
+
+def _div(x, y):
+    (xr, xi), (yr, yi) = x, y
+    if yi is None:
+        return xr / yr, None if xi is None else xi / yr
+    d = yr * yr + yi * yi
+    xi = mx.zeros_like(xr) if xi is None else xi  # (+0: the signs of zero parts)
+    return (xr * yr + xi * yi) / d, (xi * yr - xr * yi) / d
+
+
+def _select(c, x, y):
+    (xr, xi), (yr, yi) = x, y
+    if xi is None and yi is None:
+        return mx.where(c, xr, yr), None
+    xi = mx.zeros_like(xr) if xi is None else xi
+    yi = mx.zeros_like(yr) if yi is None else yi
+    return mx.where(c, xr, yr), mx.where(c, xi, yi)
+
+
+def _maximum(x, y):
+    return mx.maximum(x[0], y[0]), None
+
+
+def _minimum(x, y):
+    return mx.minimum(x[0], y[0]), None
+
+
+def _abs(x):
+    return mx.abs(x[0]), None
+
+
+def _comparison(name: str):
+    f = getattr(mx, name)
+
+    def compare(x, y):
+        (xr, xi), (yr, yi) = x, y
+        if xi is None and yi is None:
+            return f(xr, yr), None
+        xi = mx.zeros_like(xr) if xi is None else xi
+        yi = mx.zeros_like(yr) if yi is None else yi
+        same = mx.equal(xr, yr) & mx.equal(xi, yi)  # (complex: == and != only)
+        return (same if name == "equal" else mx.logical_not(same)), None
+
+    compare.__name__ = f"_{name}"
+    return compare
+
+
+COMPARISONS = {name: _comparison(name) for name in ("less", "less_equal", "greater",
+                                                     "greater_equal", "equal", "not_equal")}
+"""Exact comparisons of the values (``apply(COMPARISONS[name], x, y)``)."""
+
+
+def select(cond: mx.array, x: DoubleWord, y: DoubleWord) -> DoubleWord:
+    """``where(cond, x, y)`` of the values (exact)."""
+    return step(_select, cond, x, y, cheap=not (x.is_complex or y.is_complex))
+
+
+def extremum(x: DoubleWord, y: DoubleWord, larger: bool) -> DoubleWord:
+    """``maximum`` / ``minimum`` of real values (exact; NaN propagates, as MLX's
+    does: the high word of the result is the extremum of the high words)."""
+    return step(_maximum if larger else _minimum, x, y, cheap=True)
+
+
+def absolute(x: DoubleWord) -> DoubleWord:
+    """``|x|`` of a real value (exact)."""
+    return step(_abs, x, cheap=True)
+
+
+_ARITH = {"add": _add, "mul": _mul, "div": _div}
+
+
+def arith64(op: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:
+    """``x + y``, ``x * y`` or ``x / y`` (op "add", "mul", "div") by MLX float64 on
+    the CPU stream (complex as pairs of float64 arrays: MLX has no complex128), one
+    fused step (:func:`step`)."""
+    return step(_ARITH[op], x, y, cheap=x.hi.dtype == F32 and y.hi.dtype == F32)
+
+
+# ---- float64 elementary functions ----------------------------------------------------
+# MLX 0.32's float64 exp, sin, cos, sigmoid and erf are only float32-accurate (relative
+# errors near 2^-20, and 2^-1 for sin at |x| ~ 1000), and its accurate ones (expm1,
+# tan, ...) call the C library one element at a time. These are float64 evaluations
+# made of MLX arithmetic, fused by mx.compile: exp by Cody and Waite's reduction
+# x = k ln2 + r (ln 2 in two parts, the first exact times any k in range), e^r by its
+# Taylor polynomial to r^13 (|r| <= ln2 / 2: truncation below 2^-57) by Estrin's
+# scheme, and 2^k as exponent bits; sin and cos by half-angle formulas of MLX's
+# correctly reduced (and accurate) float64 tan.
+# References: W. J. Cody, W. Waite, "Software Manual for the Elementary Functions",
+# 1980; G. Estrin, "Organization of computer systems", 1960.
+
+_MAGIC = 6755399441055744.0  # 1.5 * 2^52: (y + M) - M is y rounded to an integer (|y| < 2^51)
+
+
+def _split_bits(v, bits: int) -> float:
+    """The float64 with the leading ``bits`` significant bits of the mpmath value v."""
+    import mpmath as mp
+
+    e = int(mp.floor(mp.log(abs(v), 2)))
+    return float(mp.floor(v * mp.mpf(2) ** (bits - 1 - e)) * mp.mpf(2) ** (e + 1 - bits))
+
+
+@functools.lru_cache(maxsize=None)
+def _constants() -> dict:
+    """ln 2 in two parts, 1/ln 2 and the Taylor coefficients of e^r (mpmath, 200
+    bits, rounded once to float64)."""
+    import mpmath as mp
+
+    with mp.workprec(200):
+        ln2 = mp.log(2)
+        ln2_hi = _split_bits(ln2, 32)  # k ln2_hi is exact for |k| < 2^21
+        return {
+            "inv_ln2": float(1 / ln2), "ln2": (ln2_hi, float(ln2 - mp.mpf(ln2_hi))),
+            # e^r = 1 + r + r^2 (1/2 + r/6 + ... + r^11/13!), highest degree first
+            "exp": [float(1 / mp.factorial(n)) for n in range(13, 1, -1)],
+        }
+
+
+def _estrin(coefficients, z):
+    """The polynomial with ``coefficients`` (highest degree first) at z, by
+    Estrin's scheme: depth about 2 log2(degree) instead of Horner's 2 degree (MLX
+    fuses at most 11 levels of operations into one loop)."""
+    p = list(coefficients[::-1])
+    while len(p) > 1:
+        p = [p[i] + p[i + 1] * z if i + 1 < len(p) else p[i] for i in range(0, len(p), 2)]
+        z = z * z
+    return p[0]
+
+
+def _round_to_integer(y):
+    return (y + _MAGIC) - _MAGIC
+
+
+# e^x = m 2^j is four loops of at most 11 levels, each with one output (MLX fuses a
+# graph in pieces of at most 11 levels, and materialises every value that crosses
+# from one piece to another): k, r, m and the bits of 2^j, where j is k brought into
+# the normal exponents and m carries the rest, 2^(k - j), exactly.
+
+def _exp_k(x):
+    """k = round(x / ln 2) of x clipped to [-746, 710] (beyond: 0 and Inf; NaN
+    propagates)."""
+    return _round_to_integer(mx.clip(x, -746.0, 710.0) * _constants()["inv_ln2"])
+
+
+def _exp_r(x, k):
+    """r = x - k ln 2, |r| <= ln2 / 2 (ln 2 in two parts, the first exact times k)."""
+    c = _constants()["ln2"]
+    x = mx.clip(x, -746.0, 710.0)
+    return (x - k * c[0]) - k * c[1]
+
+
+def _exp_j(k):
+    return mx.clip(k, -1021.0, 1023.0)
+
+
+def _exp_m(r, k):
+    """e^r 2^(k - j): the Taylor polynomial of e^r (to r^13) and the exact power of
+    two that j leaves (k - j in [-55, 1])."""
+    m = 1.0 + (r + r * r * _estrin(_constants()["exp"], r))
+    d = (k - _exp_j(k) + 55.0).astype(mx.int64)
+    return m * ((mx.array(1, mx.int64) << d).astype(F64) * 2.0**-55)
+
+
+def _exp_bits(k):
+    """The float64 bits of 2^j."""
+    return (_exp_j(k) + 1023.0).astype(mx.int64) << 52
+
+
+def _exp_k_shifted(x, shift):
+    return _exp_k(x - shift)
+
+
+def _exp_r_shifted(x, shift, k):
+    return _exp_r(x - shift, k)
+
+
+_EXP = {f.__name__: _Loop(f) for f in (_exp_k, _exp_r, _exp_m, _exp_bits,
+                                                _exp_k_shifted, _exp_r_shifted)}
+
+
+def exp64(x: mx.array, shift: mx.array | None = None) -> mx.array:
+    """e^x (or e^(x - shift), the difference rounded once and never written out)
+    of MLX float64 values (lazy, CPU stream): within one ulp; NaN stays NaN,
+    overflow is Inf, underflow gradual (subnormal, then 0)."""
+    if shift is None:
+        k = _EXP["_exp_k"](x)
+        r = _EXP["_exp_r"](x, k)
+    else:
+        k = _EXP["_exp_k_shifted"](x, shift)
+        r = _EXP["_exp_r_shifted"](x, shift, k)
+    return _EXP["_exp_m"](r, k) * _EXP["_exp_bits"](k).view(F64)
+
+
+# ---- normalisations: the flow's decompositions as float64 formulas ----------------------
+# The same operations in the same order as the rules' decompositions (so the same
+# bits), with the elementwise parts fused and the full-size intermediates never
+# written: only what a reduction reads is.
+
+def _float32_shift(v, axes):
+    """The float32 maximum of the high words along ``axes`` (= the rounding of the
+    float64 maximum), 0 where it is not finite: softmax's and logsumexp's shift."""
+    m = mx.max(v, axis=axes, keepdims=True).astype(F32).astype(F64)
+    return mx.where(mx.isfinite(m), m, 0.0)
+
+
+def softmax64(x: DoubleWord, axes) -> DoubleWord:
+    """``e / sum(e)``, ``e = exp(x - shift)`` along ``axes``."""
+    with mx.stream(mx.cpu):
+        v = to64(x)[0]
+        e = exp64(v, _float32_shift(v, axes))
+        return from64(e / mx.sum(e, axis=axes, keepdims=True))
+
+
+def logsumexp64(x: DoubleWord, axes, keepdims: bool) -> DoubleWord:
+    """``log(sum(exp(x - shift))) + shift`` along ``axes``."""
+    with mx.stream(mx.cpu):
+        v = to64(x)[0]
+        shift = _float32_shift(v, axes)
+        s = mx.log(mx.sum(exp64(v, shift), axis=axes, keepdims=True)) + shift
+        return from64(s if keepdims else mx.squeeze(s, axis=axes))
+
+
+def _square_of_difference(v, mean):
+    d = v - mean
+    return d * d
+
+
+def _scaled(v, mean, r):
+    return (v - mean) * r
+
+
+def _scaled_affine(v, mean, r, w, b):
+    return ((v - mean) * r) * w + b
+
+
+def _scaled_weighted(v, mean, r, w):
+    return ((v - mean) * r) * w
+
+
+def _scaled_shifted(v, mean, r, b):
+    return (v - mean) * r + b
+
+
+_NORM = {f.__name__: _Loop(f) for f in (_square_of_difference, _scaled,
+                                                 _scaled_affine, _scaled_weighted,
+                                                 _scaled_shifted)}
+
+
+def norm64(x: DoubleWord, weight: DoubleWord | None, bias: DoubleWord | None, eps: float,
+           centred: bool) -> DoubleWord:
+    """``mx.fast.layer_norm`` (``centred``: ``(x - mean) rsqrt(mean((x - mean)^2) +
+    eps)``, two passes) or ``mx.fast.rms_norm`` (``x rsqrt(mean(x^2) + eps)``) over
+    the last axis, times ``weight``, plus ``bias`` (either may be None)."""
+    with mx.stream(mx.cpu):
+        v = to64(x)[0]
+        n = float(v.shape[-1])
+        mean = mx.sum(v, axis=-1, keepdims=True) / n if centred else mx.zeros((1,), F64)
+        sq = _NORM["_square_of_difference"](v, mean)
+        r = mx.rsqrt(mx.sum(sq, axis=-1, keepdims=True) / n + eps)
+        args = [to64(a)[0] for a in (weight, bias) if a is not None]
+        name = {(False, False): "_scaled", (True, True): "_scaled_affine",
+                (True, False): "_scaled_weighted", (False, True): "_scaled_shifted"}[
+            (weight is not None, bias is not None)]
+        return from64(_NORM[name](v, mean, r, *args))
+
+
+
+# sin and cos from t = tan(x/2): one loop writes t, one each sin and cos (a single
+# loop for both would be split by MLX where its outputs share values, writing those).
+
+def _tan_half(x):
+    return mx.tan(0.5 * x)
+
+
+def _sin_from_tan_half(t):
+    return 2.0 * t / (1.0 + t * t)
+
+
+def _cos_from_tan_half(x, t):
+    t2 = t * t
+    d = 1.0 + t2
+    a = mx.abs(t)
+    return mx.where((a >= 0.5) & (a <= 2.0), (2.0 * t / d) / mx.tan(x), (1.0 - t2) / d)
+
+
+_TRIG = {f.__name__: _Loop(f) for f in (_tan_half, _sin_from_tan_half,
+                                                 _cos_from_tan_half)}
+
+
+def sincos64(x: mx.array, which: tuple = ("sin", "cos")) -> tuple:
+    """sin x and / or cos x (``which``) of MLX float64 values (CPU stream), from
+    MLX's accurate float64 tan (its sin and cos are float32-accurate): with
+    t = tan(x/2), sin = 2t / (1 + t^2) (relative accuracy everywhere, including near
+    multiples of pi; -0 gives -0); cos = (1 - t^2) / (1 + t^2) where |t| is away
+    from 1, and sin x / tan x near the zeros of cos (|t| in [1/2, 2], where
+    |sin x| >= 0.8). No finite double lies close enough to an odd multiple of pi for
+    t^2 to overflow, and Inf / NaN give NaN throughout. (Within about 2.5 ulp
+    against mpmath.)"""
+    t = _TRIG["_tan_half"](x)
+    return tuple(_TRIG["_sin_from_tan_half"](t) if name == "sin" else
+                 _TRIG["_cos_from_tan_half"](x, t) for name in which)
+
+
+def _sigmoid(x, e):
+    """1 / (1 + e^-x) from e = e^-|x|, without overflow."""
+    v = x[0]
+    s = 1.0 / (1.0 + e)
+    return mx.where(v >= 0.0, s, e * s), None
+
+
+def _cexp(b, e, s, c):
+    """e^(a + ib) = e^a (cos b + i sin b) from b, e = e^a, s = sin b and c = cos b;
+    b = 0 gives e^a and b exactly (the signs of zeros, and Inf * 0 avoided)."""
+    b = b[0]
+    return mx.where(b == 0.0, e, e * c), mx.where(b == 0.0, b, e * s)
+
+
+@functools.lru_cache(maxsize=None)
+def _function(name: str):
+    """The formula of the elementwise function ``name`` (one of MLX's accurate
+    float64 ones) on one operand's value."""
+    f = getattr(mx, name)
+    return lambda x: (f(x[0]), None)
+
+
+@functools.lru_cache(maxsize=None)
+def _binary_function(name: str):
+    f = getattr(mx, name)
+    return lambda x, y: (f(x[0], y[0]), None)
+
+
+def unary64(fn: str, x: DoubleWord) -> DoubleWord:
+    """The elementwise function ``fn`` (one of
+    :data:`mlx_precise.doubleword.functions.UNARY`) of a real DoubleWord in float64
+    but erf (:func:`mlx_precise.doubleword.functions.unary` evaluates it with the
+    kernels' tables) in float64, lazily."""
+    if fn == "exp":
+        with mx.stream(mx.cpu):
+            return from64(exp64(to64(x)[0]))
+    if fn == "sigmoid":
+        with mx.stream(mx.cpu):
+            return step(_sigmoid, x, exp64(-mx.abs(to64(x)[0])))
+    if fn in ("sin", "cos"):
+        with mx.stream(mx.cpu):
+            return from64(sincos64(to64(x)[0], (fn,))[0])
+    return step(_function(fn), x)
+
+
+def binary64(fn: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:
+    """``mx.power`` or ``mx.arctan2`` (``fn``) of real DoubleWords in float64 (both
+    accurate in MLX 0.32)."""
+    return step(_binary_function(fn), x, y)
+
+
+def cexp64(re: DoubleWord, im: DoubleWord) -> DoubleWord:
+    """e^(re + i im) of real DoubleWords: a complex DoubleWord."""
+    with mx.stream(mx.cpu):
+        return step(_cexp, im, exp64(to64(re)[0]), *sincos64(to64(im)[0]))

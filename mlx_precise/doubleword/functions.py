@@ -10,16 +10,14 @@ float32 words, ~48 significand bits) and return a normalised DoubleWord:
   the Joldes-Muller-Popescu building blocks of ``doubleword.h``); no Metal
   transcendental function; every constant computed here with mpmath and written
   into the header as exact float32 words (:func:`tables_source`).
-* ``cpu``: float64 on MLX's CPU stream where MLX 0.32's float64 function is
-  accurate (expm1, log, log1p, log2, log10, tanh, sqrt, rsqrt, reciprocal,
-  power, arctan2, and tan as a building block); MLX's float64 exp, sin, cos,
-  sigmoid and erf are only float32-accurate (measured: relative errors 2^-20,
-  2^-1 at |x| ~ 1000, 2^-20, 2^-13), so exp is 1 + expm1(|x|) (its reciprocal for
-  x < 0), sin and cos come from tan by half-angle formulas, sigmoid from that exp,
-  and erf is the kernels' scheme (series and Taylor polynomials about 22 centers)
-  in float64 MLX ops, so every cpu function is lazy and traceable. The
-  float64 result is split back into two words (``hi = RN32(v)``,
-  ``lo = RN32(v - hi)``, ``lo = 0`` where ``hi`` is not finite).
+* ``cpu``: float64 on MLX's CPU stream (:mod:`.engine64`): MLX 0.32's float64
+  expm1, log, log1p, log2, log10, tanh, sqrt, rsqrt, reciprocal, power and arctan2
+  (accurate); exp, sin and cos by reductions and polynomials of the engine's own
+  (MLX's float64 exp, sin, cos, sigmoid and erf are only float32-accurate), sigmoid
+  from that exp, and erf is the kernels' scheme (series and Taylor polynomials
+  about 22 centers) in float64 MLX ops, so every cpu function is lazy and
+  traceable. The float64 result is split back into two words (``hi = RN32(v)``, ``lo = RN32(v - hi)``, ``lo = 0``
+  where ``hi`` is not finite).
 
 Accuracy (relative error against mpmath; measured bounds asserted in
 tests/doubleword/test_dwmath.py, algorithms and tables in docs/dwmath.md): <= 2^-44 for every
@@ -50,7 +48,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from .engine64 import from64, to64
+from . import engine64
 from .types import DoubleWord, combine
 from ..core import backends
 from ..core.plain import plain
@@ -260,11 +258,14 @@ def unary(fn: str, x: DoubleWord, backend: str | None = None, stream=None) -> Do
     if x.is_complex:
         re, im = x.parts()
         if name.float64_engine:
-            return _cpu_cexp(re, im)
+            return engine64.cexp64(re, im)
         zr, zi = _launch("cexp", re, im, name, stream)
         return combine(zr, zi)
     if name.float64_engine:
-        return _cpu_unary(fn, x)
+        if fn == "erf":
+            with mx.stream(mx.cpu):
+                return engine64.from64(_erf64(engine64.to64(x)[0]))
+        return engine64.unary64(fn, x)
     return _launch(fn, x, None, name, stream)
 
 
@@ -292,10 +293,7 @@ def binary(fn: str, x: DoubleWord, y: DoubleWord, backend: str | None = None,
     y = _operand(y, "y", complex_ok=False)
     name = _backend(backend)
     if name.float64_engine:
-        with mx.stream(mx.cpu):
-            a, b = to64(x)[0], to64(y)[0]
-            v = mx.power(a, b) if fn == "power" else mx.arctan2(a, b)
-        return from64(v)
+        return engine64.binary64(fn, x, y)
     return _launch(fn, x, y, name, stream)
 
 
@@ -323,31 +321,7 @@ def _launch(fn: str, a: DoubleWord, b: DoubleWord | None, backend: str, stream):
     return (z, DoubleWord(wh.reshape(shape), wl.reshape(shape))) if two else z
 
 
-# ---- cpu: float64 -------------------------------------------------------------------
-
-def _exp64(v: mx.array) -> mx.array:
-    """exp in float64: 1 + expm1(|v|) (no cancellation: expm1(|v|) >= 0), its
-    reciprocal for v < 0 (MLX's float64 exp is only float32-accurate; its expm1 is
-    the C library's). NaN stays NaN, -0 gives 1, overflow Inf, and underflow 0."""
-    e = 1.0 + mx.expm1(mx.abs(v))
-    return mx.where(v >= 0, e, 1.0 / e)
-
-
-def _sincos64(v: mx.array):
-    """(sin v, cos v) in float64 from MLX's accurate float64 tan (MLX's sin and cos
-    are float32-accurate): with t = tan(v/2), sin = 2t / (1 + t^2) (relative accuracy
-    everywhere, including near multiples of pi; -0 gives -0); cos = (1 - t^2) /
-    (1 + t^2) where |t| is away from 1, and sin v / tan v near the zeros of cos
-    (|t| in [1/2, 2], where |sin v| >= 0.8). No finite double lies close enough to
-    an odd multiple of pi for t^2 to overflow, and Inf / NaN give NaN throughout."""
-    t = mx.tan(0.5 * v)
-    t2 = t * t
-    d = 1.0 + t2
-    s = 2.0 * t / d
-    a = mx.abs(t)
-    near = (a >= 0.5) & (a <= 2.0)
-    return s, mx.where(near, s / mx.tan(v), (1.0 - t2) / d)
-
+# ---- cpu: float64 erf (the kernels' scheme in MLX float64 ops, so traceable) ---------
 
 @functools.cache
 def _erf64_tables() -> tuple[mx.array, mx.array]:
@@ -408,33 +382,19 @@ def _erf64_body(v, series, table):
     return mx.where(a < 0.5, v * p, mx.where(v < 0, -q, q))
 
 
-def unary64(fn: str, v: mx.array) -> mx.array:
+def value64(fn: str, v: mx.array) -> mx.array:
     """``fn(v)`` (one of :data:`UNARY`) of MLX float64 values ``v``, to float64
-    accuracy (where MLX's own float64 function is only float32-accurate, one of
-    the functions above). Call on the CPU stream."""
+    accuracy: the cpu engine's functions (:mod:`.engine64`) where MLX's own float64
+    function is only float32-accurate (exp, sin, cos, sigmoid), erf above. Call on
+    the CPU stream (the float64 backward's VJP rules read it)."""
     if fn == "exp":
-        return _exp64(v)
+        return engine64.exp64(v)
     if fn in ("sin", "cos"):
-        return _sincos64(v)[fn == "cos"]
+        return engine64.sincos64(v, (fn,))[0]
     if fn == "sigmoid":
-        e = _exp64(-mx.abs(v))
+        e = engine64.exp64(-mx.abs(v))
         s = 1.0 / (1.0 + e)
         return mx.where(v >= 0, s, e * s)
     if fn == "erf":
         return _erf64(v)
     return getattr(mx, fn)(v)
-
-
-def _cpu_unary(fn: str, x: DoubleWord) -> DoubleWord:
-    with mx.stream(mx.cpu):
-        return from64(unary64(fn, to64(x)[0]))
-
-
-def _cpu_cexp(re: DoubleWord, im: DoubleWord) -> DoubleWord:
-    with mx.stream(mx.cpu):
-        a, b = to64(re)[0], to64(im)[0]
-        s, c = _sincos64(b)
-        e = _exp64(a)
-        real = mx.where(b == 0, e, e * c)
-        imag = mx.where(b == 0, b, e * s)
-        return from64(real, imag)

@@ -112,11 +112,15 @@ class DoubleWord:
     # so every DoubleWord has them).
 
     def __neg__(self) -> "DoubleWord":
-        if self.wide is not None:  # cpu: the float64 value itself (all its bits)
+        """-x, exact: both words change sign (and the float64 value, where the words
+        carry one: it is the more precise value)."""
+        if self.wide is not None:
             with mx.stream(mx.cpu):
                 wide = tuple(None if v is None else -v for v in self.wide)
             return DoubleWord.from_wide(-self.hi, wide)
-        return DoubleWord(-self.hi, -self.lo)  # exact: both words change sign
+        if self._lo is None:
+            return DoubleWord.exact(-self.hi)
+        return DoubleWord(-self.hi, -self._lo)
 
     @classmethod
     def _exact(cls, x, dtype, what: str) -> "DoubleWord":
@@ -171,7 +175,15 @@ class DoubleWord:
         return self.hi + self.lo
 
     def to_float64(self) -> np.ndarray:
-        """``hi + lo`` in float64 (complex128 for complex words), on the CPU."""
+        """``hi + lo`` in float64 (complex128 for complex words), on the CPU (the
+        float64 value itself where the words carry one)."""
+        if self.wide is not None:
+            re, im = (None if v is None else np.array(v) for v in self.wide)
+            if im is None:
+                return re
+            z = np.empty(re.shape, np.complex128)
+            z.real, z.imag = re, im  # (re + 1j im would make 0 * inf a NaN)
+            return z
         if not self.is_complex:
             return join(self.hi, self.lo)
         # complex64 -> complex128 is exact per part, and one complex128 addition
@@ -182,8 +194,7 @@ class DoubleWord:
         """Real and imaginary parts of a complex DoubleWord (exact)."""
         if not self.is_complex:
             raise TypeError("parts() needs a complex DoubleWord")
-        return (DoubleWord(mx.real(self.hi), mx.real(self.lo)),
-                DoubleWord(mx.imag(self.hi), mx.imag(self.lo)))
+        return real_imag(self)
 
 
 def as_words(x, name: str):
@@ -216,16 +227,25 @@ def real_imag(x: DoubleWord) -> tuple[DoubleWord, DoubleWord]:
     """Real and imaginary parts (exact; a real x has a zero imaginary part)."""
     if not x.is_complex:
         return x, DoubleWord(mx.zeros_like(x.hi), mx.zeros_like(x.lo))
-    if x.wide is not None:  # the parts of the float64 value (cpu)
-        return (DoubleWord.from_wide(mx.real(x.hi), (x.wide[0], None)),
-                DoubleWord.from_wide(mx.imag(x.hi), (x.wide[1], None)))
+    if x.wide is not None:  # the parts of the float64 value (cpu), their own roundings
+        with mx.stream(mx.cpu):
+            return tuple(DoubleWord.from_wide(v.astype(mx.float32), (v, None))
+                         for v in x.wide)
+    if x._lo is None:  # exact: the parts of the high word
+        return DoubleWord.exact(mx.real(x.hi)), DoubleWord.exact(mx.imag(x.hi))
     return (DoubleWord(mx.real(x.hi), mx.real(x.lo)),
             DoubleWord(mx.imag(x.hi), mx.imag(x.lo)))
 
 
 def combine(re: DoubleWord, im: DoubleWord) -> DoubleWord:
-    """The complex DoubleWord ``re + i im`` (exact)."""
-    return DoubleWord(complex_from_parts(re.hi, im.hi), complex_from_parts(re.lo, im.lo))
+    """The complex DoubleWord ``re + i im`` (exact; with the parts' float64 values
+    where both carry one, exact where both are)."""
+    hi = complex_from_parts(re.hi, im.hi)
+    if re.wide is not None and im.wide is not None:
+        return DoubleWord.from_wide(hi, (re.wide[0], im.wide[0]))
+    if re.wide is None and im.wide is None and re._lo is None and im._lo is None:
+        return DoubleWord.exact(hi)
+    return DoubleWord(hi, complex_from_parts(re.lo, im.lo))
 
 
 def as_complex(x: DoubleWord) -> DoubleWord:
@@ -233,4 +253,7 @@ def as_complex(x: DoubleWord) -> DoubleWord:
     if x.is_complex:
         return x
     zero = mx.zeros_like(x.hi)
-    return combine(x, DoubleWord(zero, zero))
+    if x.wide is not None:  # a zero imaginary part of its float64 value
+        with mx.stream(mx.cpu):
+            return combine(x, DoubleWord.from_wide(zero, (mx.zeros_like(x.wide[0]), None)))
+    return combine(x, DoubleWord.exact(zero))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import operator
 import sys
 import threading
 import types
@@ -285,7 +286,8 @@ def _module_bindings(originals: dict) -> list:
     """The bindings found so far; ``__main__`` (a script, a notebook) is scanned at
     every block, other modules once."""
     main = sys.modules.get("__main__")
-    found = [] if main is None else _scan(main, originals)
+    found = [] if main is None or originals.keys().isdisjoint(
+        map(id, vars(main).values())) else _scan(main, originals)
     if len(_scanned) != len(sys.modules):
         for mod_name, module in list(sys.modules.items()):
             if mod_name in _scanned:
@@ -332,14 +334,39 @@ _saved: list = []  # (owner, {name: original or _ABSENT}) while installed
 _ABSENT = object()
 
 
+def _namespace(cls: type):
+    """The dictionary a class's attributes live in (``cls.__dict__`` is a read-only
+    view of it), or None where the interpreter does not expose it. Writing to it
+    and then calling ``PyType_Modified`` (which drops the type's attribute caches)
+    changes the class as ``setattr`` would, but for the special methods: their C
+    slots must already dispatch through the dictionary, which one ``setattr``
+    round trip leaves them doing (CPython installs the generic slot function for a
+    method that is not one of its own slot wrappers, as MLX's nanobind methods
+    are not)."""
+    refs = gc.get_referents(cls.__dict__)
+    return refs[0] if len(refs) == 1 and type(refs[0]) is dict and (
+        refs[0].items() == cls.__dict__.items()) else None
+
+
+try:
+    import ctypes
+
+    _type_modified = ctypes.pythonapi.PyType_Modified
+    _type_modified.argtypes, _type_modified.restype = [ctypes.py_object], None
+except (ImportError, AttributeError):  # pragma: no cover - not CPython
+    _type_modified = None
+
+
 class _Plan:
     """The stand-ins, built once (wrappers for ~350 callables cost milliseconds):
     per owner (a module or a class) the originals and their replacements, so that a
-    block installs and removes them in a few dictionary updates."""
+    block installs and removes them in a few dictionary updates (about 10 us for
+    ~330 names; ``setattr`` on ``mx.array`` alone costs 0.2 us per name)."""
 
-    def __init__(self):
-        self.modules: list = []  # (module, names, originals, {name: replacement})
-        self.classes: list = []  # (class, {name: (original, replacement)})
+    def __init__(self, previous: "_Plan | None" = None):
+        # (owner, namespace or None (a class without one: setattr), {name: stand-in},
+        # {name: original})
+        self.swaps: list = []
         by_owner: dict = {}
         for e in registry.entries():
             if e.kind == "at":
@@ -355,46 +382,67 @@ class _Plan:
                 replacement = _wrapper(e)
             if replacement is not e.original:
                 by_owner.setdefault(e.owner, {})[e.attr] = (e.original, replacement)
+        by_owner[_TRANSFORMED] = {"__call__": (_transformed_call, _call_transformed)}
+        by_owner[_CUSTOM] = {"__call__": (_custom_call, _call_custom)}
         for owner, items in by_owner.items():
-            if isinstance(owner, type):
-                self.classes.append((owner, items))
-            else:
-                names = tuple(items)
-                self.modules.append((owner, names, tuple(o for o, _ in items.values()),
-                                     {n: r for n, (_, r) in items.items()}))
-        # original function -> (original, stand-in), for names bound elsewhere
-        self.functions = {id(o): (o, repl[n]) for _, names, originals, repl in self.modules
-                          for n, o in zip(names, originals)}
+            replace = {n: r for n, (_, r) in items.items()}
+            restore = {n: o for n, (o, _) in items.items()}
+            if not isinstance(owner, type):
+                self.swaps.append((owner, vars(owner), replace, restore))
+                continue
+            for name, value in (*replace.items(), *restore.items()):
+                setattr(owner, name, value)  # the slots now read the class dictionary
+            namespace = _namespace(owner) if _type_modified is not None else None
+            self.swaps.append((owner, namespace, replace, restore))
+        self.held: list = []  # (namespace, a getter of the names, their originals)
+        for owner, namespace, _, restore in self.swaps:
+            namespace = vars(owner) if namespace is None else namespace
+            get = operator.itemgetter(*restore)
+            self.held.append((namespace, get, get(namespace)))
+        # original function -> (original, stand-in), for names bound elsewhere (those
+        # of an earlier plan kept: a module may still hold an original replaced since)
+        self.functions = {**(previous.functions if previous is not None else {}),
+                          **{id(restore[n]): (restore[n], r) for owner, _, replace, restore
+                             in self.swaps if not isinstance(owner, type)
+                             for n, r in replace.items()}}
 
+    def current(self) -> bool:
+        """Every owner still holds the originals the plan was built for (nobody
+        replaced an MLX function since)."""
+        try:
+            return all(get(namespace) == originals for namespace, get, originals in self.held)
+        except KeyError:  # a name was deleted
+            return False
+
+    def swap(self, install: bool) -> None:
+        for owner, namespace, replace, restore in self.swaps:
+            values = replace if install else restore
+            if namespace is None:
+                for name, value in values.items():
+                    setattr(owner, name, value)
+                continue
+            namespace.update(values)
+            if isinstance(owner, type):
+                _type_modified(owner)
 
 
 _plans: list = []
 
 
 def _install() -> None:
-    # The plan is rebuilt when a module attribute no longer is the original it was
-    # built for (someone else replaced an MLX function since).
+    # The plan is rebuilt when an owner no longer holds the original it was built
+    # for (someone else replaced an MLX function since).
     plan = _plans[0] if _plans else None
-    if plan is None or any(tuple(map(vars(m).get, names)) != originals
-                           for m, names, originals, _ in plan.modules):
-        plan = _Plan()
+    if plan is None or not plan.current():
+        plan = _Plan(plan)
         _plans[:] = [plan]
-    for module, names, originals, replacements in plan.modules:
-        vars(module).update(replacements)
-        _saved.append((module, dict(zip(names, originals))))
-    for cls, items in plan.classes:
-        for name, (_, replacement) in items.items():
-            setattr(cls, name, replacement)
-        _saved.append((cls, {name: original for name, (original, _) in items.items()}))
+    plan.swap(True)
     constructor.install()
-    _TRANSFORMED.__call__ = _call_transformed
-    _CUSTOM.__call__ = _call_custom
-    _saved.append((_TRANSFORMED, {"__call__": _transformed_call}))
-    _saved.append((_CUSTOM, {"__call__": _custom_call}))
     rebound: dict = {}
     for module, name, original in _module_bindings(plan.functions):
-        if getattr(module, name, None) is original:
-            setattr(module, name, plan.functions[id(original)][1])
+        hit = plan.functions.get(id(original))
+        if hit is not None and hit[0] is original and getattr(module, name, None) is original:
+            setattr(module, name, hit[1])
             rebound.setdefault(module, {})[name] = original
     _saved.extend(rebound.items())
     pooling = sys.modules.get("mlx.nn.layers.pooling")
@@ -415,6 +463,7 @@ def _uninstall() -> None:
                 delattr(owner, name)
             else:
                 setattr(owner, name, original)
+    _plans[0].swap(False)
 
 
 def active() -> Report | None:
@@ -423,29 +472,42 @@ def active() -> Report | None:
     return report if report is not None and report.open else None
 
 
-@contextlib.contextmanager
-def block(on: bool = True, strict: bool = False):
-    """Open a double-word block (``on``) and yield its :class:`Report`, or switch
-    the flow off for a nested block (yields None)."""
-    global _open
-    if not on:
-        with suspended():
-            yield None
-        return
-    with _lock:
-        if _open == 0:
-            _install()
-        _open += 1
-    report = Report(strict)
-    token = _report.set(report)
-    try:
-        yield report
-    finally:
-        report.open = False
+class _FlowBlock:
+    """The flow's part of one block (:func:`block`)."""
+
+    __slots__ = ("on", "strict", "report", "token")
+
+    def __init__(self, on: bool, strict: bool):
+        self.on, self.strict, self.report, self.token = on, strict, None, None
+
+    def __enter__(self):
+        global _open
+        if self.on:
+            with _lock:
+                if _open == 0:
+                    _install()
+                _open += 1
+            self.report = Report(self.strict)
+        self.token = _report.set(self.report)  # None: the flow is off inside
+        return self.report
+
+    def __exit__(self, *exc):
+        global _open
+        if self.report is None:
+            context.restore(_report, self.token)
+            return False
+        self.report.open = False
         try:
-            context.restore(_report, token)
+            context.restore(_report, self.token)
         finally:
             with _lock:
                 _open -= 1
                 if _open == 0:
                     _uninstall()
+        return False
+
+
+def block(on: bool = True, strict: bool = False) -> _FlowBlock:
+    """A context manager that opens a double-word block (``on``) and yields its
+    :class:`Report`, or switches the flow off for a nested block (yields None)."""
+    return _FlowBlock(on, strict)

@@ -7,8 +7,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from ..core.plain import plain as originals  # MLX's own functions (mx.* dispatch in a block)
-from ..doubleword.words import DoubleWord, complex_from_parts, from64, to64
+from ..doubleword.words import DoubleWord
 from .carry import attach, attach_words, low_word, suspended, words_of
 from ..core.backends import Backend
 
@@ -29,11 +28,14 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array],
 
     Returns:
         the high words of the result (MLX's shape and dtype), low words attached.
-        ``mx.grad`` through it gives ``plain``'s VJP for the high words (the low
-        words are constants of relative size u).
+        ``mx.grad`` through it (MLX's, where a block opens inside a function it
+        differentiates; inside a block gradients are the flow's) gives ``plain``'s
+        VJP for the high words on the kernel backends (the low words are constants
+        of relative size u), and MLX's derivative of the float64 computation on
+        cpu.
     """
     if backend.float64_engine:
-        return _wide_op(forward, plain, operands)
+        return _wide_op(forward, operands)
     n = len(operands)
     lows = [low_word(a) for a in operands]
     lows = [mx.zeros_like(a) if lo is None else lo for a, lo in zip(operands, lows)]
@@ -53,54 +55,10 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array],
     return attach(hi, lo)
 
 
-def _wide_op(forward: Callable, plain: Callable, operands: list[mx.array]) -> mx.array:
-    """The cpu form of :func:`words_op`: a custom function from the operands'
-    float64 values (real and imaginary parts) to the result's, whose VJP is
-    ``plain``'s in float32 / complex64 (MLX's convention: the cotangent of a
-    complex value is ``d/d re + i d/d im``). The result's words are split from its
-    float64 value lazily, so a next float64 step that reads the value never
-    evaluates them."""
-    ops = []
+def _wide_op(forward: Callable, operands: list[mx.array]) -> mx.array:
+    """The cpu form of :func:`words_op`: ``forward`` on the operands' words (their
+    float64 values where they carry them), the result's float64 value kept."""
+    args = [words_of(a) for a in operands]
     with mx.stream(mx.cpu):
-        for a in operands:
-            w = words_of(a)
-            if w is not None:
-                ops.append(to64(w))  # its float64 value, or its words joined
-            else:  # exact: the float64 value of the word itself
-                ops.append((a.astype(mx.float64), None) if a.dtype != mx.complex64 else
-                           (originals.real(a).astype(mx.float64),
-                            originals.imag(a).astype(mx.float64)))
-    counts = [1 if im is None else 2 for _, im in ops]
-    flat = [v for re, im in ops for v in ((re,) if im is None else (re, im))]
-
-    @mx.custom_function
-    def f(*values):
-        with mx.stream(mx.cpu):
-            args, k = [], 0
-            for c in counts:
-                args.append(from64(*values[k:k + c]))
-                k += c
-            re, im = to64(forward(*args))
-        return (re,) if im is None else (re, im)
-
-    @f.vjp
-    def f_vjp(primals, cotangents, outputs):
-        with suspended():
-            g = (cotangents[0].astype(mx.float32) if len(cotangents) == 1 else
-                 complex_from_parts(cotangents[0].astype(mx.float32),
-                                    cotangents[1].astype(mx.float32)))
-            _, grads = mx.vjp(plain, list(operands), [g])
-            out = []
-            for grad, c in zip(grads, counts):
-                if c == 1:
-                    out.append((originals.real(grad) if grad.dtype == mx.complex64 else grad)
-                               .astype(mx.float64))
-                else:
-                    out += [originals.real(grad).astype(mx.float64),
-                            originals.imag(grad).astype(mx.float64)]
-            return tuple(out)
-
-    values = f(*flat)
-    with mx.stream(mx.cpu):
-        z = from64(*values)
+        z = forward(*(DoubleWord.exact(a) if w is None else w for a, w in zip(operands, args)))
     return attach_words(z.hi, z)

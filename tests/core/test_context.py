@@ -44,6 +44,24 @@ def test_nesting_and_exceptions():
             pass
 
 
+def test_decorator_and_reuse():
+    @extended_precision()
+    def inside():
+        return is_extended()
+
+    assert inside() and inside() and not is_extended()  # each call opens its own block
+    block = extended_precision()
+    with block:
+        with pytest.raises(RuntimeError, match="already open"):
+            with block:
+                pass
+        assert is_extended()  # the refused re-entry left the open block alone
+    assert not is_extended()
+    with block:  # closed: it opens again
+        assert is_extended()
+    assert not is_extended()
+
+
 def test_per_thread_and_per_task():
     seen = {}
     with extended_precision():

@@ -122,3 +122,78 @@ def test_low_word_built_on_demand_matches_the_split():
         z = from64(mx.array(np.array([1 / 3, -1e-3]), dtype=mx.float64), None)
     assert z._lo is None  # not built yet
     assert np.array_equal(np.array(z.lo), _split_numpy(np.array([1 / 3, -1e-3]))[1])
+
+
+# ---- the fused float64 steps and exp (doubleword.engine64) -------------------------
+
+def _ulps(got: np.ndarray, x: np.ndarray, f) -> np.ndarray:
+    """|got - f(x)| in units of the last place of the exact value (mpmath, 120 bits)."""
+    import mpmath
+
+    out = []
+    with mpmath.workprec(120):
+        for g, v in zip(got, x):
+            ref = f(mpmath.mpf(float(v)))
+            ulp = mpmath.mpf(2) ** max(int(mpmath.floor(mpmath.log(ref, 2))) - 52, -1074)
+            out.append(float(abs(mpmath.mpf(float(g)) - ref) / ulp))
+    return np.array(out)
+
+
+def test_exp64_within_one_ulp_and_its_special_values():
+    import mpmath
+
+    from mlx_precise.doubleword.engine64 import exp64
+
+    rng = np.random.default_rng(11)
+    x = np.concatenate([rng.uniform(-1, 1, 3000), rng.uniform(-745, 709.7, 3000),
+                        rng.uniform(-745.1, -708, 500)])  # the last: subnormal results
+    with mx.stream(mx.cpu):
+        got = np.array(exp64(mx.array(x, dtype=mx.float64)))
+    assert _ulps(got, x, mpmath.exp).max() <= 1.0  # (1 + expm1(|x|) reached 1.9 ulp)
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 709.78, 709.79, -745.1, -745.2,
+                        -1e300, 1e300])
+    with mx.stream(mx.cpu):
+        got = np.array(exp64(mx.array(special, dtype=mx.float64)))
+    with np.errstate(over="ignore"):
+        ref = np.exp(special)
+    assert np.array_equal(got, ref, equal_nan=True)
+
+
+@pytest.mark.parametrize("op", ["add", "div"])
+def test_fused_steps_give_the_bits_of_separate_ops(op):
+    """A step compiled into one loop (>= FUSE_MIN elements) and the same step as
+    separate MLX ops give the same bits, with every way an operand is read (its
+    float64 value, its high word alone, its two words, a scalar constant), and the
+    high word computed from the operands is the rounding of the float64 result."""
+    from mlx_precise.doubleword import engine64
+    from mlx_precise.extended.arith import constant
+
+    rng = np.random.default_rng(12)
+    n = engine64.FUSE_MIN
+    v = np.concatenate([SPECIALS, rng.standard_normal(n) * 10.0 ** rng.integers(-20, 20, n)])
+    w = rng.standard_normal(v.size) * 3.0
+    hi, lo = _split_numpy(v)
+    with mx.stream(mx.cpu):
+        forms = {"wide": from64(mx.array(v, dtype=mx.float64)),
+                 "exact": DoubleWord.exact(mx.array(w.astype(np.float32))),
+                 "words": DoubleWord(mx.array(hi), mx.array(lo)), "scalar": constant(0.1)}
+
+    def head(x):  # the first 100 elements, read the same way
+        if x.size == 1:
+            return x
+        if x.wide is not None:
+            return DoubleWord.from_wide(x.hi[:100], (x.wide[0][:100], None))
+        return DoubleWord.exact(x.hi[:100]) if x._lo is None else DoubleWord(x.hi[:100],
+                                                                             x.lo[:100])
+
+    # (each compiled pair costs a kernel build the first time: a few pairs that read
+    # every form on each side)
+    for a, b in (("wide", "exact"), ("exact", "words"), ("words", "scalar")):
+        fused = engine64.arith64(op, forms[a], forms[b])
+        small = engine64.arith64(op, head(forms[a]), head(forms[b]))
+        with mx.stream(mx.cpu):
+            f64, rounded = np.array(fused.wide[0]), np.array(fused.hi)
+            assert np.array_equal(np.array(small.wide[0]), f64[:100], equal_nan=True)
+        with np.errstate(all="ignore"):
+            assert np.array_equal(rounded.view(np.uint32),
+                                  f64.astype(np.float32).view(np.uint32)), (a, b)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import types
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -88,6 +89,45 @@ def test_plain_mlx_unchanged_outside_and_in_other_threads():
     for got in (other["out"], opt_out, off, after):
         assert all((g == b).all() for g, b in zip(got, before))
     assert all((g != b).any() for g, b in zip(inside["out"], before))
+
+
+def test_mlx_functions_replaced_between_blocks():
+    """A replacement of an MLX function or mx.array method made between blocks
+    stays in place after the next block (the stand-ins are rebuilt over it, not the
+    old originals put back), and the flow still extends the op inside."""
+    x = mx.array(np.array([0.1, 2.0, -3.5], np.float32))
+    bound = types.ModuleType("bound_before")  # a module that bound mx.exp by name
+    bound.exp = mx.exp
+    sys.modules[bound.__name__] = bound
+    with extended_precision():
+        pass
+    original_exp, original_neg = mx.exp, mx.array.__neg__
+    calls = []
+
+    def exp(a, **kw):
+        calls.append("exp")
+        return original_exp(a, **kw)
+
+    def neg(a):
+        calls.append("neg")
+        return original_neg(a)
+
+    try:
+        mx.exp, mx.array.__neg__ = exp, neg
+        with mp.use_backend("cpu"), extended_precision() as report:
+            assert mx.exp is not exp and mx.array.__neg__ is not neg  # the flow's stand-ins
+            -mx.exp(x)
+            bound.exp(x)  # MLX's own exp, bound before the replacement: extended too
+        assert report.extended["exp"] == 2 and report.extended["__neg__"] == 1
+        assert mx.exp is exp and mx.array.__neg__ is neg  # the replacements stay
+        assert np.array_equal(np.array(-mx.exp(x)), -np.array(original_exp(x)))
+        assert calls[-2:] == ["exp", "neg"]  # (inside, the rules call the replacements too)
+    finally:
+        mx.exp, mx.array.__neg__ = original_exp, original_neg
+        del sys.modules[bound.__name__]
+    with extended_precision():
+        assert mx.exp is not original_exp
+    assert mx.exp is original_exp and mx.array.__neg__ is original_neg
 
 
 def test_plain_mlx_unchanged_in_other_async_tasks():

@@ -94,6 +94,37 @@ def test_normalisation_and_softmax(backend):
     assert not rep.float32
 
 
+def test_cpu_normalisations_equal_their_decompositions():
+    """On cpu, softmax, logsumexp, layer_norm and rms_norm run as fused float64
+    formulas; they give the bits of the same decompositions written as separate
+    ops of the flow (and keep the float64 value the flow carries)."""
+    from mlx_precise.extended.carry import wide_value
+
+    x = mx.array(rng_f32((3, 5, 40), 21) * 4)
+    w, b = mx.array(rng_f32(40, 22)), mx.array(rng_f32(40, 23))
+
+    def shift(v, axis):
+        with mp.extended_precision(False):
+            m = mx.stop_gradient(mx.max(v, axis=axis, keepdims=True))
+            return mx.where(mx.isfinite(m), m, 0.0)
+
+    with mp.use_backend("cpu"), mp.extended_precision() as rep:
+        v = x * 1.1 + 0.3  # a carried value
+        e = mx.exp(v - shift(v, -1))
+        layer = v - mx.mean(v, axis=-1, keepdims=True)
+        layer = layer * mx.rsqrt(mx.mean(layer * layer, axis=-1, keepdims=True) + 1e-5)
+        pairs = [(mx.softmax(v, axis=-1), e / mx.sum(e, axis=-1, keepdims=True)),
+                 (mx.logsumexp(v, axis=1), mx.log(mx.sum(mx.exp(v - shift(v, 1)), axis=1,
+                                                           keepdims=True))[:, 0]
+                  + shift(v, 1)[:, 0]),
+                 (mx.fast.layer_norm(v, w, b, 1e-5), layer * w + b),
+                 (mx.fast.rms_norm(v, w, eps=1e-6),
+                  v * mx.rsqrt(mx.mean(v * v, axis=-1, keepdims=True) + 1e-6) * w)]
+    assert not rep.float32 and rep.extended["softmax"] == 1
+    for fused, ops in pairs:
+        assert np.array_equal(np.array(wide_value(fused)[0]), np.array(wide_value(ops)[0]))
+
+
 class MLP(nn.Module):
     """A transformer-style feed-forward block in plain mlx.nn."""
 

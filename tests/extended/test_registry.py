@@ -747,3 +747,25 @@ def test_floor_divide_and_remainder_of_carried_values(backend):
     # a small remainder of a large value: double-word precision relative to |a|
     np.testing.assert_allclose(value64(r3), r_ref, rtol=0, atol=2**-45 * np.abs(va).max())
     assert np.all((value64(mod_op) >= 0) & (value64(mod_op) < 0.25))
+
+
+def test_cpu_exact_ops_read_the_float64_value():
+    """On cpu a carried value is its float64 value: comparisons, where, maximum,
+    max and argmax decide by it, also between values whose words are equal (they
+    differ below the low word's 24 bits)."""
+    from mlx_precise.extended.carry import wide_value
+
+    one = mx.array([1.0, 2.0])
+    big, small = 1 + 2.0**-25 + 2.0**-52, 1 + 2.0**-25  # float64 values, equal words
+    with mp.use_backend("cpu"), mp.extended_precision() as rep:
+        a, b = one * big, one * small
+        checks = [bool((a > b).all()), not bool((a == b).any()), bool((b <= a).all())]
+        m = mx.maximum(b, a)
+        w = mx.where(mx.array([True, False]), b, a)
+        top = mx.max(mx.stack([b, a]), axis=0)
+        i = mx.argmax(mx.stack([b, a]), axis=0)
+    assert all(checks) and not rep.float32
+    assert np.array(wide_value(m)[0]).tolist() == [big, 2 * big]
+    assert np.array(wide_value(w)[0]).tolist() == [small, 2 * big]
+    assert np.array(wide_value(top)[0]).tolist() == [big, 2 * big]
+    assert np.array(i).tolist() == [1, 1]

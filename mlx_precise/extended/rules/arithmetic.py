@@ -8,6 +8,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from ...doubleword import engine64
 from ...doubleword.words import DoubleWord
 from .. import arith, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value
@@ -73,6 +74,8 @@ def _where(ctx, original, cond, x, y, **kw):
     a, b = words(x), words(y)
     if a is None or b is None:
         return NotImplemented
+    if ctx.backend.float64_engine:
+        return result(engine64.select(cond, a, b))
     return result(arith.where(cond, a, b))
 
 
@@ -83,6 +86,8 @@ def _extremum(larger: bool):
         a, b = words(x), words(y)
         if a is None or b is None or arith.is_complex(a) or arith.is_complex(b):
             return NotImplemented
+        if ctx.backend.float64_engine:
+            return result(engine64.extremum(a, b, larger))
         return result(arith.extremum(a, b, larger))
 
     return rule
@@ -113,6 +118,9 @@ def _compare(name: str):
         a, b = words(x), words(y)
         if a is None or b is None:
             return NotImplemented
+        if ctx.backend.float64_engine and (name in ("equal", "not_equal") or not (
+                arith.is_complex(a) or arith.is_complex(b))):
+            return engine64.apply(engine64.COMPARISONS[name], a, b)[0]
         if name in ("equal", "not_equal"):
             same = mx.equal(a.hi, b.hi) & mx.equal(a.lo, b.lo)
             return same if name == "equal" else mx.logical_not(same)
@@ -191,7 +199,8 @@ def _abs_rule(ctx, original, x, **kw):
     if not is_word_array(x):
         return NotImplemented
     if x.dtype != mx.complex64:
-        return result(arith.abs(words(x)))
+        w = words(x)
+        return result(engine64.absolute(w) if ctx.backend.float64_engine else arith.abs(w))
     with carry.reporting(ctx.report):
         return _complex_abs(x)
 

@@ -24,8 +24,8 @@ import mlx.core as mx
 import numpy as np
 
 from ...doubleword import functions
-from ...doubleword.words import DoubleWord
-from .. import arith, carry
+from ...doubleword.words import DoubleWord, to64
+from .. import arith, autodiff, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value, words_of
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
@@ -90,6 +90,28 @@ def result(z: DoubleWord) -> mx.array:
     return attach_words(z.hi, z)
 
 
+def moved(ctx, call, ws: list) -> mx.array | list:
+    """The result of an op that only moves or selects values (the same op on any
+    dtype, exact), ``call(parts)`` with one array per operand, on the DoubleWords
+    ``ws`` (of one dtype): MLX's op on the high words (its result and its errors),
+    and on cpu on the float64 values (exact operands converted once), elsewhere on
+    the low words. One array or a list of them, the low words attached."""
+    hi = call([w.hi for w in ws])
+    many = isinstance(hi, (list, tuple))
+    if ctx.backend.float64_engine:
+        with mx.stream(mx.cpu):
+            values = [to64(w) for w in ws]
+            re = call([v[0] for v in values])
+            im = call([v[1] for v in values]) if ws[0].is_complex else (
+                [None] * len(hi) if many else None)
+        if many:
+            return type(hi)(attach_words(h, DoubleWord.from_wide(h, (r, i)))
+                            for h, r, i in zip(hi, re, im))
+        return attach_words(hi, DoubleWord.from_wide(hi, (re, im)))
+    lo = call([w.lo for w in ws])
+    return type(hi)(attach(h, l_) for h, l_ in zip(hi, lo)) if many else attach(hi, lo)
+
+
 def as64(x):
     """An operand as MLX's float64 would see it, double-word arrays at their exact
     value ``hi + lo``."""
@@ -139,6 +161,25 @@ def decomposed(fn):
     return rule
 
 
+def float64_form(fast, decomposition):
+    """The rule of an op defined by ``decomposition`` (see :func:`decomposed`) that
+    the cpu backend computes by ``fast(*args, **kw)`` instead, a float64 formula
+    of the same operations in the same order (the same bits, without the
+    decomposition's full-size intermediates), while no gradient is being recorded
+    (the tape differentiates the decomposition's ops). ``fast`` returns
+    NotImplemented for the operands it does not take."""
+    slow = decomposed(decomposition)
+
+    def rule(ctx, original, *args, **kw):
+        if ctx.backend.float64_engine and not autodiff.recording():
+            out = fast(*args, **kw)
+            if out is not NotImplemented:
+                return out
+        return slow(ctx, original, *args, **kw)
+
+    return rule
+
+
 def operand_array(v):
     """An operand of an engine rule as an array: a scalar becomes a 0-d constant
     carrying its second word."""
@@ -168,7 +209,7 @@ def elementary(fn: str, x: mx.array) -> mx.array:
     (MLX's float64 exp, sin, cos, erf are only float32-accurate), others by the
     flow's rule."""
     if x.dtype == mx.float64:
-        return functions.unary64(fn, x)
+        return functions.value64(fn, x)
     return getattr(mx, fn)(x)
 
 

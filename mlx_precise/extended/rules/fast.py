@@ -8,8 +8,9 @@ import math
 import mlx.core as mx
 import numpy as np
 
+from ...doubleword import engine64
 from .. import carry
-from .base import decomposed, is_word_array
+from .base import decomposed, float64_form, is_word_array, result, words
 from .constructors import grid
 
 
@@ -126,7 +127,24 @@ def _cross_entropy(logits, targets):
     return mx.logsumexp(logits, axis=-1) - mx.squeeze(picked, -1)
 
 
-RULES = {"fast.layer_norm": decomposed(_layer_norm), "fast.rms_norm": decomposed(_rms_norm),
+def _norm64(x, weight, bias, eps, centred: bool):
+    if not all(v is None or is_word_array(v) and v.dtype == mx.float32
+               for v in (x, weight, bias)) or x.ndim == 0 or x.size == 0:
+        return NotImplemented
+    w, b = (None if v is None else words(v) for v in (weight, bias))
+    return result(engine64.norm64(words(x), w, b, float(eps), centred))
+
+
+def _layer_norm64(x, weight, bias, eps):
+    return _norm64(x, weight, bias, eps, True)
+
+
+def _rms_norm64(x, weight, eps):
+    return _norm64(x, weight, None, eps, False)
+
+
+RULES = {"fast.layer_norm": float64_form(_layer_norm64, _layer_norm),
+         "fast.rms_norm": float64_form(_rms_norm64, _rms_norm),
          "fast.scaled_dot_product_attention": _sdpa_rule, "fast.rope": _rope_rule,
          "fast.cross_entropy": decomposed(_cross_entropy)}
 """Op name -> rule."""

@@ -9,9 +9,10 @@ import math
 import mlx.core as mx
 import numpy as np
 
+from ...doubleword import engine64
 from .. import arith, carry
 from ..carry import attach, has_words, low_word
-from .base import REAL, axes_of, decomposed, is_word_array, result, words
+from .base import REAL, axes_of, decomposed, float64_form, is_word_array, result, words
 
 
 def _arg_extreme(larger: bool):
@@ -25,6 +26,9 @@ def _arg_extreme(larger: bool):
         if a.dtype == mx.complex64:
             return NotImplemented
         w = words(a)
+        if ctx.backend.float64_engine:  # the order of the float64 values
+            with mx.stream(mx.cpu):
+                return original(engine64.to64(w)[0], axis=axis, keepdims=keepdims, **kw)
         hi, lo = (w.hi, w.lo) if axis is not None else (w.hi.reshape(-1), w.lo.reshape(-1))
         ax = axis if axis is not None else 0
         m = (mx.max if larger else mx.min)(hi, axis=ax, keepdims=True)
@@ -65,6 +69,10 @@ def _extreme_reduction(larger: bool):
     def rule(ctx, original, a, axis=None, keepdims=False, **kw):
         if not is_word_array(a) or a.dtype == mx.complex64 or not has_words(a) or kw:
             return NotImplemented
+        if ctx.backend.float64_engine:  # the extreme float64 value (its rounding: MLX's hi)
+            with mx.stream(mx.cpu):
+                v = original(engine64.to64(words(a))[0], axis=axis, keepdims=keepdims)
+            return result(engine64.from64(v))
         hi = original(a, axis=axis, keepdims=True)
         fill = -np.inf if larger else np.inf
         lo = original(mx.where(a == hi, low_word(a), fill), axis=axis, keepdims=True)
@@ -124,6 +132,20 @@ def _logsumexp(x, axis=None, keepdims=False, **kw):
     m = mx.where(mx.isfinite(_stopped_max(x, axis)), _stopped_max(x, axis), 0.0)
     s = mx.log(mx.sum(mx.exp(x - m), axis=axis, keepdims=True)) + m
     return s if keepdims else mx.squeeze(s, axis=axis) if axis is not None else s.reshape(())
+
+
+def _softmax64(x, axis=None, precise=False, **kw):
+    axes = axes_of(x.ndim, axis) if isinstance(x, mx.array) else None
+    if not axes or x.dtype != mx.float32 or x.size == 0:
+        return NotImplemented
+    return result(engine64.softmax64(words(x), axes))
+
+
+def _logsumexp64(x, axis=None, keepdims=False, **kw):
+    axes = axes_of(x.ndim, axis) if isinstance(x, mx.array) else None
+    if not axes or x.dtype != mx.float32 or x.size == 0:
+        return NotImplemented
+    return result(engine64.logsumexp64(words(x), axes, keepdims))
 
 
 def _std(a, axis=None, keepdims=False, ddof=0, **kw):
@@ -231,8 +253,8 @@ RULES = {
     "max": _extreme_reduction(True), "min": _extreme_reduction(False),
     "argmax": _arg_extreme(True), "argmin": _arg_extreme(False),
     "cumsum": _scan("add"), "cumprod": _scan("mul"), "var": decomposed(_var),
-    "std": decomposed(_std), "softmax": decomposed(_softmax),
-    "logsumexp": decomposed(_logsumexp),
+    "std": decomposed(_std), "softmax": float64_form(_softmax64, _softmax),
+    "logsumexp": float64_form(_logsumexp64, _logsumexp),
     "argsort": _ordering(False, False), "sort": _ordering(True, False),
     "argpartition": _ordering(False, True), "partition": _ordering(True, True),
     "topk": _topk, "median": decomposed(_median), "logcumsumexp": decomposed(_logcumsumexp),

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ...doubleword.words import DoubleWord
+from ...doubleword.words import DoubleWord, to64
 from ...core import backends
 from .. import arith, autodiff, carry
 from ..carry import attach, attach_words, has_words, low_word
-from .base import carries, is_word_array, movement, unbroadcast, words
+from .base import carries, is_word_array, moved, movement, unbroadcast, words
 
 
 def _words(pos: int = 0, listed: bool = False):
@@ -34,20 +34,7 @@ def _words(pos: int = 0, listed: bool = False):
             a[pos] = new if listed_ else new[0]
             return original(*a, **kw)
 
-        hi = call([w.hi for w in ws])
-        if all(w.wide is not None for w in ws):  # cpu: move the float64 values instead
-            with mx.stream(mx.cpu):
-                re = call([w.wide[0] for w in ws])
-                im = None if ws[0].wide[1] is None else call([w.wide[1] for w in ws])
-            if isinstance(hi, (list, tuple)):
-                ims = [None] * len(hi) if im is None else im
-                return type(hi)(attach_words(h, DoubleWord.from_wide(h, (r, i)))
-                                for h, r, i in zip(hi, re, ims))
-            return attach_words(hi, DoubleWord.from_wide(hi, (re, im)))
-        lo = call([w.lo for w in ws])
-        if isinstance(hi, (list, tuple)):
-            return type(hi)(attach(h, l_) for h, l_ in zip(hi, lo))
-        return attach(hi, lo)
+        return moved(ctx, call, ws)
 
     return rule
 
@@ -79,9 +66,6 @@ def _iter(ctx, original, x):
     return iter([attach(x[i], lo[i]) for i in range(x.shape[0])])
 
 
-_getitem = _words()  # on cpu the float64 value is indexed: x[i] keeps all its bits
-
-
 def _pad(ctx, original, a, pad_width, mode="constant", constant_values=0, **kw):
     if not is_word_array(a) or mode != "constant" or isinstance(constant_values, mx.array):
         return NotImplemented
@@ -90,6 +74,13 @@ def _pad(ctx, original, a, pad_width, mode="constant", constant_values=0, **kw):
         c = arith.as_complex(c)
     if not has_words(a) and arith.is_float32(constant_values):
         return NotImplemented  # exact data, exact constant: MLX's op is the answer
+    if ctx.backend.float64_engine:  # the constant's float64 value pads the float64 value
+        with mx.stream(mx.cpu):
+            value, fill = to64(w), to64(c)
+            wide = tuple(None if v is None else original(v, pad_width, mode, f, **kw)
+                         for v, f in zip(value, fill))
+        hi = original(w.hi, pad_width, mode, c.hi, **kw)
+        return attach_words(hi, DoubleWord.from_wide(hi, wide))
     return attach(original(w.hi, pad_width, mode, c.hi, **kw),
                   original(w.lo, pad_width, mode, c.lo, **kw))
 
@@ -101,10 +92,7 @@ def _each(ctx, original, *arrays, **kw):
         return NotImplemented
     if not all(is_word_array(a) for a in arrays) or len({a.dtype for a in arrays}) > 1:
         return NotImplemented
-    ws = [words(a) for a in arrays]
-    hi = original(*(w.hi for w in ws), **kw)
-    lo = original(*(w.lo for w in ws), **kw)
-    return type(hi)(attach(h, l_) for h, l_ in zip(hi, lo))
+    return moved(ctx, lambda parts: original(*parts, **kw), [words(a) for a in arrays])
 
 
 def _depends(ctx, original, inputs, dependencies, **kw):
@@ -136,13 +124,13 @@ def _update(*positions):
                for w in ws):
             return NotImplemented
 
-        def call(part):
+        def call(parts):
             a = list(args)
-            for p, w in zip(positions, ws):
-                a[p] = getattr(w, part)
+            for p, part in zip(positions, parts):
+                a[p] = part
             return original(*a, **kw)
 
-        return attach(call("hi"), call("lo"))
+        return moved(ctx, call, ws)
 
     return rule
 
@@ -160,7 +148,7 @@ RULES = {
     "concatenate": _words(listed=True), "stack": _words(listed=True),
     "broadcast_arrays": _each, "meshgrid": _each, "pad": _pad, "depends": _depends,
     "slice_update": _update(0, 1), "put_along_axis": _update(0, 2),
-    "array.__getitem__": _getitem, "array.__setitem__": _setitem, "array.__iter__": _iter,
+    "array.__getitem__": _words(), "array.__setitem__": _setitem, "array.__iter__": _iter,
 }
 """Op name -> rule (``fft.`` / ``array.`` prefixes: ``mx.fft`` functions and
 ``mx.array``-only methods)."""
