@@ -19,6 +19,7 @@ import mlx.core as mx
 
 from ..core import context
 from ..doubleword.words import DoubleWord, low_from_wide
+from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 # The open block's report (mlx_precise.extended.dispatch.Report) in this thread /
 # task; None outside blocks, inside rules and inside the package's internals.
@@ -123,3 +124,17 @@ def any_carried() -> bool:
 def carried() -> int:
     """How many arrays carry a low word now (for leak tests)."""
     return len(_table)
+
+
+def as64(x):
+    """An operand as MLX's float64 would see it: a float32 array at its exact value
+    ``hi + lo`` (its carried float64 value on cpu), other values as they are."""
+    if isinstance(x, ARRAY) and x.dtype == mx.float32:
+        wide = wide_value(x)
+        if wide is not None:
+            return wide[0]
+        lo = low_word(x)
+        with mx.stream(mx.cpu):
+            return x.astype(mx.float64) if lo is None else x.astype(mx.float64) + lo.astype(
+                mx.float64)
+    return x

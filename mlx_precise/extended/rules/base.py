@@ -26,7 +26,9 @@ import numpy as np
 from ...doubleword import functions
 from ...doubleword.words import DoubleWord, to64
 from .. import arith, autodiff, carry
-from ..carry import attach, attach_words, has_words, low_word, wide_value, words_of
+# (as64, low_word, wide_value: imported by the rule families from here)
+from ..carry import (as64, attach, attach_words, has_words, low_word,  # noqa: F401
+                     wide_value, words_of)
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 
@@ -110,20 +112,6 @@ def moved(ctx, call, ws: list) -> mx.array | list:
         return attach_words(hi, DoubleWord.from_wide(hi, (re, im)))
     lo = call([w.lo for w in ws])
     return type(hi)(attach(h, l_) for h, l_ in zip(hi, lo)) if many else attach(hi, lo)
-
-
-def as64(x):
-    """An operand as MLX's float64 would see it, double-word arrays at their exact
-    value ``hi + lo``."""
-    if is_word_array(x) and x.dtype == mx.float32:
-        wide = wide_value(x)
-        if wide is not None:
-            return wide[0]
-        lo = low_word(x)
-        with mx.stream(mx.cpu):
-            return x.astype(mx.float64) if lo is None else x.astype(mx.float64) + lo.astype(
-                mx.float64)
-    return x
 
 
 def has_float64(args) -> bool:
