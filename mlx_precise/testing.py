@@ -12,11 +12,15 @@ the wheel, so the benchmarks run from an installed package too.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import os
+import re
+import tempfile
 
 import mlx.core as mx
 
-__all__ = ["lazy_metal_executor"]
+__all__ = ["graph_counts", "lazy_metal_executor"]
 
 
 def lazy_metal_executor():
@@ -24,17 +28,20 @@ def lazy_metal_executor():
     backend is made available and every kernel launch returns lazy MLX ops on its
     inputs (zeros of the output shapes), so the flow builds exactly the graph it
     builds on a Mac, and the time to build it is the host's cost (the values are
-    meaningless). Uses the package's private kernel hooks; restores them."""
+    meaningless). Each launch is one ``Depends`` node of the graph (its outputs are
+    broadcast views), which :func:`graph_counts` counts as a launch. Uses the
+    package's private kernel hooks; restores them."""
     from .core import backends, kernels
 
     def factory(_backend):
         def build(**_):
             def run(*, inputs, output_shapes, output_dtypes, **__):
-                # depends on every input, so nothing can be folded away
-                dep = sum(mx.sum(mx.abs(x).astype(mx.float32)) for x in inputs
-                          if isinstance(x, mx.array)) * 0
-                return [mx.zeros(tuple(sh), d) + dep.astype(d)
+                # one graph node per launch, as a kernel is on a Mac: the outputs
+                # (broadcast zeros, views) depend on every input (nothing folds away)
+                outs = [mx.broadcast_to(mx.array(0, d), tuple(sh))
                         for sh, d in zip(output_shapes, output_dtypes)]
+                deps = [x for x in inputs if isinstance(x, mx.array)]
+                return mx.depends(outs, deps) if deps else outs
             return run
         return build
 
@@ -56,3 +63,43 @@ def lazy_metal_executor():
             kernels._checked.update(saved[3])
 
     return patched()
+
+
+# Primitives that make no GPU dispatch of their own: views of their input's buffer
+# (MLX shares the data and changes strides / offset / dtype), and the autodiff and
+# dependency wrappers that hand their inputs through. Reshape copies when its input
+# is not contiguous; counted as a view here (a lower bound).
+VIEWS = frozenset({
+    "Broadcast", "BroadcastAxes", "Reshape", "Slice", "Transpose", "AsStrided",
+    "ExpandDims", "Squeeze", "Flatten", "Unflatten", "View", "StopGradient", "Split",
+    "CustomTransforms",
+})
+
+
+def _primitive(label: str) -> str:
+    """The primitive's name in a graph label (``View float32``: ``View``)."""
+    return label.split(" ", 1)[0]
+
+_NODE_RE = re.compile(r'^\{ (\d+) \[label ="([^"]+)"', re.M)
+
+
+def graph_counts(*outputs) -> dict:
+    """The primitives of the lazy graph that computes ``outputs`` (unevaluated
+    arrays), from MLX's own graph export (``mx.export_to_dot``): ``{"launches"``
+    (the stand-in kernels of :func:`lazy_metal_executor`, ``Depends`` nodes),
+    ``"glue"`` (other primitives that dispatch: not in :data:`VIEWS`), ``"views"``,
+    ``"by_primitive"`` (name -> count)}. Evaluated arrays are leaves (their
+    primitives are gone), so count before ``mx.eval``."""
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        mx.export_to_dot(path, *outputs)
+        with open(path) as f:
+            text = f.read()
+    finally:
+        os.remove(path)
+    names = collections.Counter(_primitive(label) for _, label in _NODE_RE.findall(text))
+    launches = names.get("Depends", 0)
+    views = sum(n for k, n in names.items() if k in VIEWS)
+    return {"launches": launches, "glue": sum(names.values()) - launches - views,
+            "views": views, "by_primitive": dict(names)}
