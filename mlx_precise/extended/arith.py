@@ -32,10 +32,9 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from ..doubleword import words
+from ..doubleword import fusion, words
 from ..doubleword.words import DoubleWord, as_complex, combine, from64, to64
 from ..doubleword.words import real_imag as parts  # noqa: F401  (rules read arith.parts)
-from .carry import suspended
 from ..core.backends import Backend
 
 C64 = mx.complex64
@@ -62,7 +61,7 @@ def constant(v) -> DoubleWord:
     hi, lo, value = _split_scalar(float(v), math.copysign(1.0, float(v)))
     out = DoubleWord(mx.array(hi, dtype=mx.float32), mx.array(lo, dtype=mx.float32))
     out.wide = (mx.array(value, dtype=mx.float64), None)
-    return out
+    return fusion.note_constant(out, hi, lo)  # fused kernels hold it in their program
 
 
 @functools.lru_cache(maxsize=1024)
@@ -125,56 +124,17 @@ def extremum(x: DoubleWord, y: DoubleWord, larger: bool) -> DoubleWord:
     return DoubleWord(*mx.broadcast_arrays(hi, mx.where(mx.isfinite(hi), lo, 0.0)))
 
 
-def _sum_to(g: mx.array, like: mx.array) -> mx.array:
-    """A cotangent summed over the axes broadcasting added to ``like``, real where
-    ``like`` is real (MLX's convention for a real operand of a complex op)."""
-    lead = g.ndim - like.ndim
-    axes = list(range(lead)) + [lead + i for i, n in enumerate(like.shape)
-                                if n == 1 and g.shape[lead + i] != 1]
-    if axes:
-        g = mx.sum(g, axis=axes, keepdims=True)
-    g = g.reshape(like.shape)
-    return mx.real(g) if like.dtype != C64 and g.dtype == C64 else g.astype(like.dtype)
-
-
-def _differentiable(op: str, backend: str, stream):
-    """The kernel path of ``op`` on words ``(xh, xl, yh, yl) -> (zh, zl)`` with the
-    float32 derivative of the high words as its VJP (MLX's conventions for complex
-    values: d(x y) = g conj(y); the low words are constants of size u |x|)."""
-
-    @mx.custom_function
-    def f(xh, xl, yh, yl):
-        z = words.binary(op, DoubleWord(xh, xl), DoubleWord(yh, yl), backend, stream)
-        return z.hi, z.lo
-
-    @f.vjp
-    def f_vjp(primals, cotangents, outputs):
-        xh, xl, yh, yl = primals
-        g = cotangents[0]
-        with suspended():
-            if op == "add":
-                gx, gy = g, g
-            elif op == "mul":
-                gx, gy = g * mx.conj(yh), g * mx.conj(xh)
-            else:
-                gx = g / mx.conj(yh)
-                gy = -gx * mx.conj(outputs[0])  # d(x/y)/dy = -z/y: -g conj(z / y)
-            return (_sum_to(gx, xh), mx.zeros_like(xl), _sum_to(gy, yh), mx.zeros_like(yl))
-
-    return f
-
-
 # ---- the four operations ------------------------------------------------------------
 
 def binary(op: str, x: DoubleWord, y: DoubleWord, backend: Backend,
            stream=None) -> DoubleWord:
     """``x + y`` (op "add"), ``x - y`` ("sub"), ``x * y`` ("mul") or ``x / y``
     ("div") in double-word on ``backend``; real or complex, broadcasting."""
+    if not backend.float64_engine:  # kernels, fused chains, MLX-differentiable
+        return fusion.binary(op, x, y, backend, stream)
     if op == "sub":
         op, y = "add", neg(y)
-    if backend.float64_engine:  # MLX float64 ops: differentiable as they are
-        return words.binary(op, x, y, backend)
-    return DoubleWord(*_differentiable(op, backend, stream)(x.hi, x.lo, y.hi, y.lo))
+    return words.binary(op, x, y, backend)  # MLX float64 ops: differentiable as they are
 
 
 _NEUTRAL = {"add": 0.0, "mul": 1.0}

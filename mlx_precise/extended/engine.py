@@ -8,7 +8,8 @@ from typing import Callable
 import mlx.core as mx
 
 from ..core.plain import plain as originals  # MLX's own functions (mx.* dispatch in a block)
-from ..doubleword.words import DoubleWord, complex_from_parts, from64, to64
+from ..doubleword.fusion import words_op as kernel_words_op
+from ..doubleword.words import complex_from_parts, from64, to64
 from .carry import attach, attach_words, low_word, suspended, words_of
 from ..core.backends import Backend
 
@@ -34,23 +35,7 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array],
     """
     if backend.float64_engine:
         return _wide_op(forward, plain, operands)
-    n = len(operands)
-    lows = [low_word(a) for a in operands]
-    lows = [mx.zeros_like(a) if lo is None else lo for a, lo in zip(operands, lows)]
-
-    @mx.custom_function
-    def f(*w):
-        z = forward(*(DoubleWord(w[i], w[n + i]) for i in range(n)))
-        return z.hi, z.lo
-
-    @f.vjp
-    def f_vjp(primals, cotangents, outputs):
-        with suspended():
-            _, grads = mx.vjp(plain, list(primals[:n]), [cotangents[0]])
-            return (*grads, *(mx.zeros_like(lo) for lo in primals[n:]))
-
-    hi, lo = f(*operands, *lows)
-    return attach(hi, lo)
+    return attach(*kernel_words_op(forward, plain, operands, [low_word(a) for a in operands]))
 
 
 def _wide_op(forward: Callable, plain: Callable, operands: list[mx.array]) -> mx.array:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mlx_precise.core.kernels import METAL_DIR
-from mlx_precise.doubleword import dw_kernels
+from mlx_precise.doubleword import dw_kernels, fusion
 from mlx_precise.doubleword import functions as dwmath
 from mlx_precise.doubleword.dw_kernels import CDW_OP, CDW_OPS, DW_OP, DW_OPS
 
@@ -26,6 +26,7 @@ def _body(name):
 def test_generated_blocks_are_in_the_headers():
     assert dw_kernels.codes_source() in _header("dw_ops.h")
     assert dwmath.codes_source() in _header("dw_math.h")
+    assert fusion.codes_source() in _header("dw_fused.h")
     assert "constant constexpr int DW_OP_ADD = %d;" % DW_OP["add"] in dw_kernels.codes_source()
 
 
@@ -37,11 +38,19 @@ def test_kernels_compare_codes_by_name(body, param):
     assert re.search(rf"\b{param} == [A-Z_]+", src)
 
 
+def _dwm_apply():
+    """dwm_apply of dw_math.h: the branch of each real function (dw_math.metal and
+    dw_fused.metal call it)."""
+    text = _header("dw_math.h")
+    return text[text.index("METAL_FUNC dw dwm_apply("):]
+
+
 def test_every_code_has_a_branch_in_its_kernel():
-    for codes, body in ((DW_OP, "dw_ops.metal"), (CDW_OP, "cdw_ops.metal"), (dwmath.FN, "dw_math.metal")):
-        src = _body(body)
+    for codes, src in ((DW_OP, _body("dw_ops.metal")), (CDW_OP, _body("cdw_ops.metal")),
+                       (dwmath.FN, _body("dw_math.metal") + _dwm_apply()),
+                       (fusion.OP, _body("dw_fused.metal"))):
         missing = [codes.metal_name(n) for n in codes.names if codes.metal_name(n) not in src]
-        assert not missing, f"{body} never names {missing}"
+        assert not missing, f"never named: {missing}"
 
 
 def _f32(v):

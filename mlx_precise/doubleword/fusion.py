@@ -1,0 +1,566 @@
+"""Fused chains of elementwise double-word operations on the kernel backends (metal,
+emulate): one ``dw_fused`` launch per result a graph consumes.
+
+MLX evaluates lazily: an array is computed only when an evaluated graph needs it.
+The result of an elementwise double-word operation here keeps, beside its words,
+its *expression*: the operations that made it from leaf arrays (inputs, results of
+other kernels, anything without an expression) and constants. The next elementwise
+operation composes the expressions of its operands and launches one kernel for the
+whole chain, reading the leaves; so ``x * 0.5 * (1 + erf(x / sqrt(2)))`` is one
+launch that reads ``x``, and the intermediate results are computed only if something
+else reads them (then by their own launch). Broadcast operands are read through
+their strides (never expanded), float32 operands enter without a low word (none is
+made), Python constants are part of the program.
+
+The kernel interprets its program (``metal/kernels/dw_fused.metal``; the program is
+an int32 buffer): every chain runs on the same two instantiations (with and without
+the elementary functions of ``dw_math.h``), so chains cost no Metal compilation of
+their own and the emulator compiles two kernels for all of them. Each operation of a
+program is the one the single-operation kernels run (``dw_add``, ``dw_mul``,
+``dw_div``, ``dwm_apply``), in the same order, so a fused result has exactly the bits
+of the unfused chain.
+
+Bounds: an expression has at most ``DWF_MAX_INSTRUCTIONS`` instructions (loads,
+constants, operations), ``DWF_SLOTS`` word arrays and ``DWF_REGISTERS`` values live at
+once, over at most ``DWF_MAX_NDIM`` axes; an operand whose expression would exceed
+them enters as a leaf (its own launch). A value read by several consumers is
+recomputed by each (at most that many instructions), never stored in between.
+
+Gradients (MLX's own autodiff, when a function that opens a block is differentiated
+from outside every block): a fused result is a custom function of its leaves whose
+VJP replays the chain one operation at a time, each with the float32 derivative of
+the high words that the unfused operation has, so the gradient is the unfused
+chain's. (Inside a block gradients are the flow's own, made of fused operations.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import weakref
+from collections import OrderedDict
+
+import mlx.core as mx
+import numpy as np
+
+from ..core.context import flow_suspended
+from ..core.kernels import Codes, Constants, Kernel, generated_block, per_element_of_first_input
+from ..core.plain import plain as _mlx
+from .functions import FN
+from .types import DoubleWord
+
+F32 = mx.float32
+
+OP = Codes("DWF_OP", ("load", "const", "neg", "add", "sub", "mul", "div", "fn"))
+"""Operation codes of a ``dw_fused`` program (``metal/include/dw_fused.h``)."""
+
+LIMITS = Constants("DWF", {"slots": 12, "registers": 8, "max_ndim": 8,
+                           "max_instructions": 32, "header": 8, "instr": 5,
+                           "prog_count": 0, "prog_out": 1})
+"""The program layout and the bounds of an expression, shared with the kernel: word
+array slots, registers, axes, instructions; the header's length and its fields, the
+words per instruction (op, dst, x, y, fn)."""
+
+
+def codes_source() -> str:
+    """The generated block of ``metal/include/dw_fused.h`` (a test checks that the
+    header holds exactly this text)."""
+    return generated_block("mlx_precise.doubleword.fusion.codes_source()", OP, LIMITS)
+
+
+_SLOT_NAMES = tuple(f"a{k}" for k in range(LIMITS.slots))
+
+DW_FUSED = Kernel(
+    name="dw_fused",
+    body="dw_fused.metal",
+    headers=("dw_fused.h",),
+    inputs=_SLOT_NAMES + ("prog",),
+    outputs=("zh", "zl"),
+    template=("MATH",),
+    input_dtypes={**{s: (F32,) for s in _SLOT_NAMES}, "prog": (mx.int32,)},
+    # every slot is a view of the output's shape (8 elements at least) and the
+    # program has its header: all are device buffers, one signature for every chain
+    input_forms={n: ("device",) for n in _SLOT_NAMES + ("prog",)},
+    grid=per_element_of_first_input,
+    ensure_row_contiguous=False,  # views are read through their strides
+    variants={"MATH": (False, True), "zh": (F32,), "zl": (F32,)},
+)
+"""A double-word expression over up to ``DWF_SLOTS`` float32 word arrays ``a0 ..
+a11`` (views of the output's shape, read through their strides), by the program
+``prog`` (int32, see :func:`program`); outputs ``zh, zl`` (float32, the output's
+shape): the result's words. ``MATH``: the program calls elementary functions."""
+
+_LOAD, _CONST, _NEG, _SUB, _FN = OP["load"], OP["const"], OP["neg"], OP["sub"], OP["fn"]
+_BINARY = {name: OP[name] for name in ("add", "sub", "mul", "div")}
+_ARITY2 = {FN["power"], FN["arctan2"]}
+
+
+# ---- expressions ------------------------------------------------------------------------
+
+class Expr:
+    """An elementwise double-word expression in SSA form over leaf word arrays.
+
+    ``code[k] = (op, x, y, fn)``: a load (``x``, ``y``: the slots of the high and
+    low words in ``leaves``, ``y = -1`` for a float32 operand), a constant (``x``,
+    ``y``: the int32 bits of its float32 words) or an operation of earlier
+    instructions ``x``, ``y`` (``y = x`` for one operand; ``fn``: the ``DWM_FN``
+    code of a function). ``root``: the instruction of the value; ``shape``: its
+    broadcast shape. Equal instructions are stored once (``index``)."""
+
+    __slots__ = ("leaves", "code", "index", "root", "shape", "_key")
+
+    def __init__(self, leaves: tuple, code: tuple, index: dict, root: int, shape: tuple):
+        self.leaves, self.code, self.index, self.root, self.shape = (
+            leaves, code, index, root, shape)
+        self._key = None
+
+    @property
+    def key(self) -> tuple:
+        """What the program depends on (the arrays are not part of it)."""
+        if self._key is None:
+            self._key = (self.code, self.root)
+        return self._key
+
+    @classmethod
+    def leaf(cls, hi: mx.array, lo: mx.array | None) -> "Expr":
+        ins = (_LOAD, 0, -1 if lo is None else 1, 0)
+        return cls((hi,) if lo is None else (hi, lo), (ins,), {ins: 0}, 0, tuple(hi.shape))
+
+    @classmethod
+    def constant(cls, hi: float, lo: float) -> "Expr":
+        bits = np.array([hi, lo], np.float32).view(np.int32)
+        ins = (_CONST, int(bits[0]), int(bits[1]), 0)
+        return cls((), (ins,), {ins: 0}, 0, ())
+
+    def fits(self) -> bool:
+        # (fewer than 8 outputs add an axis: see _run)
+        return (len(self.leaves) <= LIMITS.slots and len(self.code) <= LIMITS.max_instructions
+                and len(self.shape) < LIMITS.max_ndim)
+
+
+def _broadcast(shapes) -> tuple | None:
+    """numpy's broadcast shape, or None when the shapes do not broadcast."""
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return first
+    n = max(len(s) for s in shapes)
+    out = []
+    for d in range(n):
+        size = 1
+        for s in shapes:
+            k = d - (n - len(s))
+            if k >= 0 and s[k] != 1:
+                if size not in (1, s[k]):
+                    return None
+                size = s[k]
+        out.append(size)
+    return tuple(out)
+
+
+def _compose(op: int, fn: int, operands: list[Expr]) -> Expr | None:
+    """``op`` (a code of :data:`OP`; ``fn``: a function's code) of the operands'
+    expressions, leaves and equal instructions shared."""
+    shape = _broadcast([e.shape for e in operands])
+    if shape is None:
+        return None
+    first = operands[0]
+    leaves, code, index = list(first.leaves), list(first.code), dict(first.index)
+    roots = [first.root]
+    for e in operands[1:]:
+        if e is first:
+            roots.append(first.root)
+            continue
+        slots = []
+        for a in e.leaves:
+            for k, b in enumerate(leaves):
+                if b is a:
+                    slots.append(k)
+                    break
+            else:
+                slots.append(len(leaves))
+                leaves.append(a)
+        where = []
+        for o, x, y, f in e.code:
+            if o == _LOAD:
+                ins = (o, slots[x], -1 if y < 0 else slots[y], f)
+            elif o == _CONST:
+                ins = (o, x, y, f)
+            else:
+                ins = (o, where[x], where[y], f)
+            pos = index.get(ins)
+            if pos is None:
+                pos = index[ins] = len(code)
+                code.append(ins)
+            where.append(pos)
+        roots.append(where[e.root])
+    ins = (op, roots[0], roots[-1], fn)
+    root = index.get(ins)
+    if root is None:
+        root = index[ins] = len(code)
+        code.append(ins)
+    return Expr(tuple(leaves), tuple(code), index, root, shape)
+
+
+# ---- the expressions of arrays ----------------------------------------------------------
+# id(hi) -> (weak reference to hi, its low word, Expr). An entry holds while hi is alive
+# and the words read with hi still include that very low word (an in-place update of hi
+# attaches another one, or none: then hi is a leaf again).
+_table: dict[int, tuple] = {}
+
+
+def _remember(hi: mx.array, lo: mx.array | None, e: Expr) -> None:
+    key = id(hi)
+
+    def drop(_ref, key=key):
+        _table.pop(key, None)
+
+    _table[key] = (weakref.ref(hi, drop), lo, e)
+
+
+def note_constant(w: DoubleWord, hi: float, lo: float) -> DoubleWord:
+    """Record that the 0-d words of ``w`` are the constant ``hi + lo`` (host floats),
+    so that fused programs hold it instead of reading arrays. Returns ``w``."""
+    _remember(w.hi, w._lo, Expr.constant(hi, lo))
+    return w
+
+
+def expression(w: DoubleWord) -> Expr | None:
+    """The expression of ``w``: the one recorded with its words, else ``w`` as a leaf
+    (float32 words only; None for complex words)."""
+    hi = w.hi
+    if hi.dtype != F32:
+        return None
+    entry = _table.get(id(hi))
+    if entry is not None and entry[0]() is hi and entry[1] is w._lo:
+        return entry[2]
+    lo = w._lo
+    if lo is None and w.wide is not None:
+        lo = w.lo
+    return Expr.leaf(hi, lo)
+
+
+def _fuse(op: int, fn: int, operands: list[DoubleWord]) -> Expr | None:
+    """The expression of ``op`` on the operands within the bounds (the largest
+    composite operand made a leaf while it does not fit), or None: complex words,
+    shapes that do not broadcast, too many axes."""
+    exprs = [expression(w) for w in operands]
+    if any(e is None for e in exprs):
+        return None
+    while True:
+        e = _compose(op, fn, exprs)
+        if e is None:
+            return None
+        if e.fits() and program(e.key) is not None:
+            return e
+        composite = [k for k, x in enumerate(exprs) if len(x.code) > 1]
+        if not composite:
+            return None
+        k = max(composite, key=lambda k: len(exprs[k].code))
+        w = operands[k]
+        exprs[k] = Expr.leaf(w.hi, w.lo)
+
+
+# ---- programs and launches --------------------------------------------------------------
+
+_PROGRAMS: OrderedDict = OrderedDict()
+_CACHE_SIZE = 4096
+
+
+def program(key: tuple) -> tuple[mx.array, bool] | None:
+    """``(prog, math)`` for an expression's :attr:`Expr.key`: the int32 program of
+    ``dw_fused`` with registers assigned (each freed after its last read, reused at
+    once), and whether it calls an elementary function; None when it needs more
+    than ``DWF_REGISTERS`` registers. Cached (least recently used first out)."""
+    hit = _PROGRAMS.get(key)
+    if hit is not None:
+        _PROGRAMS.move_to_end(key)
+        return hit
+    code, root = key
+    last = {}
+    for k, (o, x, y, f) in enumerate(code):
+        if o not in (_LOAD, _CONST):
+            last[x] = last[y] = k
+    free = list(range(LIMITS.registers - 1, -1, -1))  # pop() gives the lowest
+    reg = [0] * len(code)
+    words = [0] * LIMITS.header
+    words[LIMITS.prog_count] = len(code)
+    math_ = False
+    for k, (o, sx, sy, f) in enumerate(code):
+        x, y = sx, sy
+        if o not in (_LOAD, _CONST):
+            x, y = reg[sx], reg[sy]
+            # operands read for the last time free their registers before the result
+            # takes one (the kernel reads both operands first)
+            for r, src in ((x, sx), (y, sy)):
+                if last[src] == k and r not in free:
+                    free.append(r)
+            free.sort(reverse=True)
+            math_ = math_ or o == _FN
+        if not free:
+            return None
+        reg[k] = free.pop()
+        if k == root:
+            words[LIMITS.prog_out] = reg[k]
+        words += [o, reg[k], x, y, f]
+    hit = (mx.array(np.array(words, np.int32)), math_)
+    _PROGRAMS[key] = hit
+    if len(_PROGRAMS) > _CACHE_SIZE:
+        _PROGRAMS.popitem(last=False)
+    return hit
+
+
+def _run(key: tuple, leaves, shape: tuple, backend, stream) -> tuple[mx.array, mx.array]:
+    """The words of an expression (its :attr:`Expr.key`) over ``leaves`` (no
+    autodiff): one ``dw_fused`` launch."""
+    n = math.prod(shape)
+    if n == 0:
+        return mx.zeros(shape, F32), mx.zeros(shape, F32)
+    # fewer than 8 outputs: 8 copies, so that every input is a device buffer
+    kshape = shape if n >= 8 else (8,) + shape
+    arrays = [a if tuple(a.shape) == kshape else mx.broadcast_to(a, kshape) for a in leaves]
+    if not arrays:  # constants only
+        arrays = [mx.broadcast_to(mx.array(0.0, F32), kshape)]
+    prog, math_ = program(key)
+    zh, zl = DW_FUSED(inputs=arrays + [arrays[0]] * (LIMITS.slots - len(arrays)) + [prog],
+                      template={"MATH": math_}, output_shapes=[kshape, kshape],
+                      output_dtypes=[F32, F32], backend=backend, stream=stream)
+    if kshape != shape:
+        zh, zl = zh[:1].reshape(shape), zl[:1].reshape(shape)
+    return zh, zl
+
+
+# The custom functions of fused expressions (MLX autodiff), by (key, backend, stream).
+_DIFFERENTIABLE: OrderedDict = OrderedDict()
+
+
+def _differentiable(key: tuple, backend, stream):
+    """The words of the expression ``key`` as a custom function of its leaves whose
+    VJP is the unfused chain's (:func:`_replay`)."""
+    cache_key = (key, backend, stream)
+    f = _DIFFERENTIABLE.get(cache_key)
+    if f is not None:
+        _DIFFERENTIABLE.move_to_end(cache_key)
+        return f
+
+    @mx.custom_function
+    def f(*leaves):
+        shape = _broadcast([tuple(a.shape) for a in leaves])
+        return _run(key, leaves, shape, backend, stream)
+
+    @f.vjp
+    def f_vjp(primals, cotangents, outputs):
+        with flow_suspended():
+            _, grads = _mlx.vjp(_replay(key, backend, stream), list(primals), list(cotangents))
+        return tuple(grads)
+
+    _DIFFERENTIABLE[cache_key] = f
+    if len(_DIFFERENTIABLE) > _CACHE_SIZE:
+        _DIFFERENTIABLE.popitem(last=False)
+    return f
+
+
+_mode: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_fused_vjp",
+                                                             default=False)
+
+
+@contextlib.contextmanager
+def differentiable():
+    """Fused results made inside are custom functions of their leaves with the
+    unfused chain's VJP (as :func:`binary` makes them)."""
+    token = _mode.set(True)
+    try:
+        yield
+    finally:
+        _mode.reset(token)
+
+
+def apply(op: str, operands: list[DoubleWord], backend, stream=None, fn: str | None = None,
+          vjp: bool = False) -> DoubleWord | None:
+    """``op`` ("add", "sub", "mul", "div", "neg", or "fn" with the function ``fn`` of
+    :data:`~.functions.FN`) of real DoubleWords (broadcasting), fused with the
+    expressions of the operands: one ``dw_fused`` launch, the result's expression
+    recorded. With ``vjp`` (or inside :func:`differentiable`) MLX differentiates
+    the result as the unfused chain. None when the operands cannot be fused
+    (complex words, too many axes): the caller runs the single-operation kernels."""
+    code = _FN if op == "fn" else OP[op]
+    e = _fuse(code, FN[fn] if fn is not None else 0, operands)
+    if e is None:
+        return None
+    if (vjp or _mode.get()) and e.leaves:
+        hi, lo = _differentiable(e.key, backend, stream)(*e.leaves)
+    else:
+        hi, lo = _run(e.key, e.leaves, e.shape, backend, stream)
+    _remember(hi, lo, e)
+    return DoubleWord(hi, lo)
+
+
+def binary(op: str, x: DoubleWord, y: DoubleWord, backend, stream=None) -> DoubleWord:
+    """``x op y`` ("add", "sub", "mul", "div") on a kernel backend, differentiable by
+    MLX (the float32 derivative of the high words): fused with the operands'
+    expressions where they are real, else by the single-operation kernels."""
+    z = apply(op, [x, y], backend, stream, vjp=True) if enabled() else None
+    if z is not None:
+        return z
+    if op == "sub":
+        op, y = "add", -y  # exact negation
+    return DoubleWord(*single(op, backend, stream)(x.hi, x.lo, y.hi, y.lo))
+
+
+def words_op(forward, plain, operands: list[mx.array], lows: list) -> tuple[mx.array, mx.array]:
+    """The kernel-backend form of a double-word op on arrays: ``forward(*DoubleWord)
+    -> DoubleWord`` on the operands (``lows``: their low words, None for float32
+    values: no zero word is made), differentiable by MLX with ``plain``'s VJP of the
+    high words. A fused result (an elementary function) is already differentiable
+    as its chain; any other result is wrapped in a custom function of the operands.
+    Returns the result's words."""
+    words = [DoubleWord.exact(a) if lo is None else DoubleWord(a, lo)
+             for a, lo in zip(operands, lows)]
+    with differentiable():
+        z = forward(*words)
+    entry = _table.get(id(z.hi))
+    if entry is not None and entry[0]() is z.hi and entry[1] is z._lo:
+        return z.hi, z.lo
+    n = len(operands)
+    given = [lo for lo in lows if lo is not None]
+
+    @mx.custom_function
+    def f(*_):
+        return z.hi, z.lo
+
+    @f.vjp
+    def f_vjp(primals, cotangents, outputs):
+        with flow_suspended():
+            _, grads = _mlx.vjp(plain, list(primals[:n]), [cotangents[0]])
+        return (*grads, *(mx.zeros_like(lo) for lo in primals[n:]))
+
+    return f(*operands, *given)
+
+
+# ---- the unfused chain: one operation at a time, each with its own VJP --------------------
+
+def _sum_to(g: mx.array, like: mx.array) -> mx.array:
+    """A cotangent summed over the axes broadcasting added to ``like``, real where
+    ``like`` is real (MLX's convention for a real operand of a complex op)."""
+    lead = g.ndim - like.ndim
+    axes = list(range(lead)) + [lead + i for i, n in enumerate(like.shape)
+                                if n == 1 and g.shape[lead + i] != 1]
+    if axes:
+        g = mx.sum(g, axis=axes, keepdims=True)
+    g = g.reshape(like.shape)
+    return mx.real(g) if like.dtype != mx.complex64 and g.dtype == mx.complex64 else (
+        g.astype(like.dtype))
+
+
+def single(op: str, backend, stream):
+    """``x op y`` ("add", "mul", "div") of words ``(xh, xl, yh, yl) -> (zh, zl)`` by one
+    kernel launch, with the float32 derivative of the high words as its VJP (MLX's
+    conventions for complex values: d(x y) = g conj(y); the low words are
+    constants of size u |x|)."""
+    from .arithmetic import operate  # the engines (arithmetic imports this module)
+
+    @mx.custom_function
+    def f(xh, xl, yh, yl):
+        with _unfused():
+            z = operate(op, DoubleWord(xh, xl), DoubleWord(yh, yl), backend, stream)
+        return z.hi, z.lo
+
+    @f.vjp
+    def f_vjp(primals, cotangents, outputs):
+        xh, xl, yh, yl = primals
+        g = cotangents[0]
+        with flow_suspended():
+            if op == "add":
+                gx, gy = g, g
+            elif op == "mul":
+                gx, gy = g * mx.conj(yh), g * mx.conj(xh)
+            else:
+                gx = g / mx.conj(yh)
+                gy = -gx * mx.conj(outputs[0])  # d(x/y)/dy = -z/y: -g conj(z / y)
+            return (_sum_to(gx, xh), mx.zeros_like(xl), _sum_to(gy, yh), mx.zeros_like(yl))
+
+    return f
+
+
+def _single_fn(fn: str, backend, stream):
+    """The function ``fn`` of words ``(xh, xl[, yh, yl])`` by one launch, with MLX's
+    float32 derivative of the function of the high words as its VJP."""
+    from .functions import binary, unary
+
+    plain_fn = getattr(mx, fn)
+
+    @mx.custom_function
+    def f(*w):
+        with _unfused():
+            z = (unary(fn, DoubleWord(w[0], w[1]), backend, stream) if len(w) == 2 else
+                 binary(fn, DoubleWord(w[0], w[1]), DoubleWord(w[2], w[3]), backend, stream))
+        return z.hi, z.lo
+
+    @f.vjp
+    def f_vjp(primals, cotangents, outputs):
+        his = list(primals[::2])
+        with flow_suspended():
+            _, grads = _mlx.vjp(plain_fn, his, [cotangents[0]])
+            out = []
+            for grad, lo in zip(grads, primals[1::2]):
+                out += [grad, mx.zeros_like(lo)]
+            return tuple(out)
+
+    return f
+
+
+_fusing: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_fusing",
+                                                               default=True)
+
+
+@contextlib.contextmanager
+def _unfused():
+    """The engines run their single-operation kernels inside (the replay)."""
+    token = _fusing.set(False)
+    try:
+        yield
+    finally:
+        _fusing.reset(token)
+
+
+def enabled() -> bool:
+    """False inside the unfused replay of a chain."""
+    return _fusing.get()
+
+
+_FN_NAMES = {code: name for name, code in FN.items()}
+_OP_NAMES = {code: name for name, code in _BINARY.items()}
+
+
+def _replay(key: tuple, backend, stream):
+    """The expression ``key`` as a function of its leaves made of single-operation
+    custom functions (:func:`single`, :func:`_single_fn`): the graph of the unfused
+    chain, whose VJP MLX composes as it did before fusion."""
+    code, root = key
+
+    def run(*leaves):
+        vals = []
+        for o, x, y, f in code:
+            if o == _LOAD:
+                hi = leaves[x]
+                v = DoubleWord(hi, leaves[y] if y >= 0 else mx.zeros_like(hi))
+            elif o == _CONST:
+                hi, lo = np.array([x, y], np.int32).view(np.float32)
+                v = DoubleWord(mx.array(hi), mx.array(lo))
+            elif o == _NEG:
+                v = -vals[x]
+            elif o == _FN:
+                name = _FN_NAMES[f]
+                args = [vals[x]] + ([vals[y]] if f in _ARITY2 else [])
+                v = DoubleWord(*_single_fn(name, backend, stream)(
+                    *(w for a in args for w in (a.hi, a.lo))))
+            else:
+                a, b = vals[x], vals[y]
+                if o == _SUB:  # x - y = x + (-y), the negation exact
+                    b = -b
+                name = "add" if o == _SUB else _OP_NAMES[o]
+                v = DoubleWord(*single(name, backend, stream)(a.hi, a.lo, b.hi, b.lo))
+            vals.append(v)
+        return vals[root].hi, vals[root].lo
+
+    return run
