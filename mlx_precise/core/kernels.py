@@ -428,6 +428,25 @@ class Kernel:
         return _build(self, name)(**kwargs)
 
 
+    def unchecked(self, *, inputs: list, template: list, grid: tuple, threadgroup: tuple,
+                  output_shapes: list, output_dtypes: list, backend: str, stream=None
+                  ) -> list[mx.array]:
+        """:meth:`__call__` without its per-call checks, for a wrapper whose inputs
+        meet the declaration by construction (arrays of the declared dtypes and
+        forms: the strict Metal check covers those only), on a resolved ``backend``
+        (a :class:`~mlx_precise.core.backends.Backend` with kernels); ``template``
+        as MLX takes it, ``[(name, value), ...]`` in declaration order, codes as
+        numbers. The host cost of a launch is then MLX's (a fused chain launches
+        once per consumed result: :mod:`mlx_precise.doubleword.fusion`)."""
+        if self.extended:
+            _device_check(backend)
+        kwargs = dict(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
+                      output_shapes=output_shapes, output_dtypes=output_dtypes)
+        if stream is not None:
+            kwargs["stream"] = stream
+        return _build(self, backend)(**kwargs)
+
+
 _lock = threading.Lock()
 _built: dict[tuple[str, str], Callable] = {}
 # Threads that reach their first extended kernel together wait for one self-test

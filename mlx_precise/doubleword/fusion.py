@@ -44,8 +44,10 @@ from collections import OrderedDict
 import mlx.core as mx
 import numpy as np
 
+from ..core import backends
 from ..core.context import flow_suspended
-from ..core.kernels import Codes, Constants, Kernel, generated_block, per_element_of_first_input
+from ..core.kernels import (Codes, Constants, Kernel, elementwise_grid, generated_block,
+                            per_element_of_first_input)
 from ..core.plain import plain as _mlx
 from .functions import FN
 from .types import DoubleWord
@@ -69,7 +71,9 @@ def codes_source() -> str:
     return generated_block("mlx_precise.doubleword.fusion.codes_source()", OP, LIMITS)
 
 
-_SLOT_NAMES = tuple(f"a{k}" for k in range(LIMITS.slots))
+_SLOTS, _REGISTERS, _MAX_NDIM, _MAX_INSTRUCTIONS = (
+    LIMITS.slots, LIMITS.registers, LIMITS.max_ndim, LIMITS.max_instructions)
+_SLOT_NAMES = tuple(f"a{k}" for k in range(_SLOTS))
 
 DW_FUSED = Kernel(
     name="dw_fused",
@@ -135,8 +139,8 @@ class Expr:
 
     def fits(self) -> bool:
         # (fewer than 8 outputs add an axis: see _run)
-        return (len(self.leaves) <= LIMITS.slots and len(self.code) <= LIMITS.max_instructions
-                and len(self.shape) < LIMITS.max_ndim)
+        return (len(self.leaves) <= _SLOTS and len(self.code) <= _MAX_INSTRUCTIONS
+                and len(self.shape) < _MAX_NDIM)
 
 
 def _broadcast(shapes) -> tuple | None:
@@ -281,7 +285,7 @@ def program(key: tuple) -> tuple[mx.array, bool] | None:
     for k, (o, x, y, f) in enumerate(code):
         if o not in (_LOAD, _CONST):
             last[x] = last[y] = k
-    free = list(range(LIMITS.registers - 1, -1, -1))  # pop() gives the lowest
+    free = list(range(_REGISTERS - 1, -1, -1))  # pop() gives the lowest
     reg = [0] * len(code)
     words = [0] * LIMITS.header
     words[LIMITS.prog_count] = len(code)
@@ -322,10 +326,14 @@ def _run(key: tuple, leaves, shape: tuple, backend, stream) -> tuple[mx.array, m
     if not arrays:  # constants only
         arrays = [mx.broadcast_to(mx.array(0.0, F32), kshape)]
     prog, math_ = program(key)
-    zh, zl = DW_FUSED(inputs=arrays + [arrays[0]] * (LIMITS.slots - len(arrays)) + [prog],
-                      template={"MATH": math_}, output_shapes=[kshape, kshape],
-                      output_dtypes=[F32, F32], backend=backend, stream=stream)
-    if kshape != shape:
+    grid, threadgroup = elementwise_grid(n if kshape is shape else 8 * n)
+    # every input is float32 / int32 with 8 elements at least: the declared forms
+    zh, zl = DW_FUSED.unchecked(
+        inputs=arrays + [arrays[0]] * (_SLOTS - len(arrays)) + [prog],
+        template=[("MATH", math_)], grid=grid, threadgroup=threadgroup,
+        output_shapes=[kshape, kshape], output_dtypes=[F32, F32],
+        backend=backends.of(backend), stream=stream)
+    if kshape is not shape:
         zh, zl = zh[:1].reshape(shape), zl[:1].reshape(shape)
     return zh, zl
 
@@ -360,34 +368,40 @@ def _differentiable(key: tuple, backend, stream):
     return f
 
 
-_mode: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_fused_vjp",
-                                                             default=False)
+# True while MLX's own autodiff may differentiate the graph being built (a function
+# that opens a block, differentiated from outside every block: extended.intercept
+# sets it around MLX's transforms). Only then do kernel results need custom
+# functions (a kernel has no derivative of its own; MLX raises for one, never
+# returns a wrong gradient); elsewhere they would only cost host time and graph nodes.
+_traced: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_mlx_autodiff",
+                                                               default=False)
 
 
 @contextlib.contextmanager
-def differentiable():
-    """Fused results made inside are custom functions of their leaves with the
-    unfused chain's VJP (as :func:`binary` makes them)."""
-    token = _mode.set(True)
+def mlx_gradients():
+    """Kernel results made inside are differentiable by MLX's autodiff: custom
+    functions of their leaves (fused results: with the unfused chain's VJP,
+    :func:`_replay`; other kernels: with their op's float32 VJP, :func:`words_op`)."""
+    token = _traced.set(True)
     try:
         yield
     finally:
-        _mode.reset(token)
+        _traced.reset(token)
 
 
-def apply(op: str, operands: list[DoubleWord], backend, stream=None, fn: str | None = None,
-          vjp: bool = False) -> DoubleWord | None:
+def apply(op: str, operands: list[DoubleWord], backend, stream=None,
+          fn: str | None = None) -> DoubleWord | None:
     """``op`` ("add", "sub", "mul", "div", "neg", or "fn" with the function ``fn`` of
     :data:`~.functions.FN`) of real DoubleWords (broadcasting), fused with the
     expressions of the operands: one ``dw_fused`` launch, the result's expression
-    recorded. With ``vjp`` (or inside :func:`differentiable`) MLX differentiates
-    the result as the unfused chain. None when the operands cannot be fused
+    recorded. Inside :func:`mlx_gradients` MLX differentiates the result as the
+    unfused chain. None when the operands cannot be fused
     (complex words, too many axes): the caller runs the single-operation kernels."""
     code = _FN if op == "fn" else OP[op]
     e = _fuse(code, FN[fn] if fn is not None else 0, operands)
     if e is None:
         return None
-    if (vjp or _mode.get()) and e.leaves:
+    if _traced.get() and e.leaves:
         hi, lo = _differentiable(e.key, backend, stream)(*e.leaves)
     else:
         hi, lo = _run(e.key, e.leaves, e.shape, backend, stream)
@@ -397,27 +411,33 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None, fn: str | N
 
 def binary(op: str, x: DoubleWord, y: DoubleWord, backend, stream=None) -> DoubleWord:
     """``x op y`` ("add", "sub", "mul", "div") on a kernel backend, differentiable by
-    MLX (the float32 derivative of the high words): fused with the operands'
-    expressions where they are real, else by the single-operation kernels."""
-    z = apply(op, [x, y], backend, stream, vjp=True) if enabled() else None
+    MLX inside :func:`mlx_gradients` (the float32 derivative of the high words):
+    fused with the operands' expressions where they are real, else by the
+    single-operation kernels."""
+    z = apply(op, [x, y], backend, stream) if enabled() else None
     if z is not None:
         return z
     if op == "sub":
         op, y = "add", -y  # exact negation
+    if not _traced.get():
+        from .arithmetic import operate  # (arithmetic imports this module)
+
+        return operate(op, x, y, backend, stream)
     return DoubleWord(*single(op, backend, stream)(x.hi, x.lo, y.hi, y.lo))
 
 
 def words_op(forward, plain, operands: list[mx.array], lows: list) -> tuple[mx.array, mx.array]:
     """The kernel-backend form of a double-word op on arrays: ``forward(*DoubleWord)
     -> DoubleWord`` on the operands (``lows``: their low words, None for float32
-    values: no zero word is made), differentiable by MLX with ``plain``'s VJP of the
-    high words. A fused result (an elementary function) is already differentiable
-    as its chain; any other result is wrapped in a custom function of the operands.
-    Returns the result's words."""
+    values: no zero word is made). Inside :func:`mlx_gradients` the result is
+    differentiable by MLX with ``plain``'s VJP of the high words (a fused result,
+    an elementary function, already is, as its chain; any other is wrapped in a
+    custom function of the operands). Returns the result's words."""
     words = [DoubleWord.exact(a) if lo is None else DoubleWord(a, lo)
              for a, lo in zip(operands, lows)]
-    with differentiable():
-        z = forward(*words)
+    z = forward(*words)
+    if not _traced.get():
+        return z.hi, z.lo
     entry = _table.get(id(z.hi))
     if entry is not None and entry[0]() is z.hi and entry[1] is z._lo:
         return z.hi, z.lo

@@ -1,0 +1,218 @@
+"""Fused elementwise chains (mlx_precise.doubleword.fusion): on emulate (the Metal
+kernel dw_fused run by the emulator) every fused chain gives exactly the bits of the
+same chain run one operation at a time, and the value the mpmath oracle gives to the
+chain's bound; on the metal path (lazy stand-in: counts only) a chain launches once,
+broadcast operands and float32 operands are read as they are."""
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+import mpmath
+import numpy as np
+import pytest
+
+import mlx_precise as mp
+from mlx_precise.doubleword import DoubleWord, fusion
+from mlx_precise.extended import low_word
+from mlx_precise.testing import graph_counts
+
+mpmath.mp.prec = 200
+
+
+def _f32(rng, shape, scale=1.0):
+    return mx.array((rng.standard_normal(shape) * scale).astype(np.float32))
+
+
+def _words(y):
+    """The exact value of a flow result (high + low word) in float64 (exact: the
+    low word is below 2^-24 of the high word)."""
+    lo = low_word(y)
+    hi = np.array(y).astype(np.float64)
+    return hi if lo is None else hi + np.array(lo).astype(np.float64)
+
+
+def _run(fn, args, fused: bool):
+    """fn(*args) in a block on emulate, fused or one operation at a time; the
+    result's words."""
+    with mp.use_backend("emulate"), mp.extended_precision() as rep:
+        if fused:
+            y = fn(*args)
+        else:
+            with fusion._unfused():
+                y = fn(*args)
+        assert not rep.float32, rep.float32
+        mx.eval(y)
+        return np.array(y), np.array(low_word(y)), _words(y)
+
+
+def _mp(f):
+    """An elementwise mpmath function of float64 arrays (values exact in binary)."""
+    return np.vectorize(lambda *v: float(f(*(mpmath.mpf(float(a)) for a in v))))
+
+
+ERF = _mp(lambda v: mpmath.erf(v))
+SIN = _mp(lambda v: mpmath.sin(v))
+EXP = _mp(lambda v: mpmath.exp(v))
+
+
+def _gelu(x):
+    return x * 0.5 * (1 + mx.erf(x / math.sqrt(2)))
+
+
+# (name, function, operand shapes, float64 oracle of the exact inputs, relative bound)
+CHAINS = {
+    "gelu (nn.gelu, one operand, constants)": (
+        nn.gelu, [(4, 33)],
+        lambda x: x * 0.5 * (1 + ERF(x / math.sqrt(2))), 2.0**-44),
+    "broadcast row and 0-d operand": (
+        lambda a, b, c: (a * b + c) / (a - 0.1), [(5, 16), (16,), ()],
+        lambda a, b, c: (a * b + c) / (a - 0.1), 2.0**-40),
+    "functions and arithmetic": (
+        lambda x, y: mx.exp(x) * mx.sin(y) - x / 3, [(64,), (64,)],
+        lambda x, y: EXP(x) * SIN(y) - x / 3, 2.0**-40),
+    "a value read twice": (
+        lambda x: x * x + x, [(3, 7)], lambda x: x * x + x, 2.0**-44),
+    "fewer than 8 elements": (
+        lambda x, y: (x + y) * y - 1.5, [(3,), (1, 3)], lambda x, y: (x + y) * y - 1.5,
+        2.0**-44),
+    "0-d operands": (
+        lambda x, y: x / y + x * y, [(), ()], lambda x, y: x / y + x * y, 2.0**-44),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHAINS))
+def test_fused_chain_has_the_unfused_bits_and_the_oracle_value(name):
+    fn, shapes, oracle, bound = CHAINS[name]
+    rng = np.random.default_rng(sorted(CHAINS).index(name))
+    with mp.extended_precision():  # operands that carry low words (x / 3 ...)
+        args = [_f32(rng, s) / 3 for s in shapes]
+        inputs = [_words(a) for a in args]
+    hi, lo, value = _run(fn, args, fused=True)
+    hi0, lo0, _ = _run(fn, args, fused=False)
+    assert np.array_equal(hi.view(np.uint32), hi0.view(np.uint32))
+    assert np.array_equal(lo.view(np.uint32), lo0.view(np.uint32))
+    ref = oracle(*inputs)
+    assert np.all(np.abs(value - ref) <= bound * np.abs(ref)), np.max(np.abs(value / ref - 1))
+
+
+def test_strided_and_float32_operands_are_read_in_place():
+    """Transposed and stepped views, and float32 operands (no low word), as leaves:
+    the same bits as the unfused chain, and exact where the oracle is exact."""
+    rng = np.random.default_rng(7)
+    a, b = _f32(rng, (6, 8)), _f32(rng, (8, 12))
+
+    def fn(a, b):
+        return a.T * b[:, ::2] + b[:, 1::2] / 7
+
+    hi, lo, value = _run(fn, (a, b), fused=True)
+    hi0, lo0, _ = _run(fn, (a, b), fused=False)
+    assert np.array_equal(hi.view(np.uint32), hi0.view(np.uint32))
+    assert np.array_equal(lo.view(np.uint32), lo0.view(np.uint32))
+    a64, b64 = np.array(a).astype(np.longdouble), np.array(b).astype(np.longdouble)
+    ref = a64.T * b64[:, ::2] + b64[:, 1::2] / 7
+    size = np.abs(a64.T * b64[:, ::2]) + np.abs(b64[:, 1::2] / 7)  # (a sum may cancel)
+    assert np.all(np.abs(value - ref) <= 2.0**-44 * size)
+
+
+def test_chains_beyond_the_bounds_are_cut():
+    """More leaves than slots and more operations than a program holds: operands
+    enter as leaves where the expression would not fit; the bits stay the unfused
+    chain's."""
+    rng = np.random.default_rng(8)
+    xs = [_f32(rng, (16,)) for _ in range(fusion.LIMITS.slots + 3)]
+
+    def fn(*xs):
+        s = xs[0] / 3
+        for k, x in enumerate(xs[1:]):
+            s = s * 0.75 + x / (k + 3)
+        return s
+
+    hi, lo, value = _run(fn, xs, fused=True)
+    hi0, lo0, _ = _run(fn, xs, fused=False)
+    assert np.array_equal(hi.view(np.uint32), hi0.view(np.uint32))
+    assert np.array_equal(lo.view(np.uint32), lo0.view(np.uint32))
+    ref = np.array(xs[0]).astype(np.longdouble) / 3
+    for k, x in enumerate(xs[1:]):
+        ref = ref * 0.75 + np.array(x).astype(np.longdouble) / (k + 3)
+    assert np.all(np.abs(value - ref) <= 2.0**-40 * np.abs(ref))
+
+
+def test_program_registers_are_reused():
+    """A long chain fits the register file: an operand's register is free once it
+    has been read for the last time."""
+    x = fusion.Expr.leaf(mx.ones((8,)), mx.zeros((8,)))
+    e = x
+    for _ in range(20):
+        e = fusion._compose(fusion.OP["mul"], 0, [e, x])
+    prog, math_ = fusion.program(e.key)
+    words = np.array(prog)
+    count, out = words[fusion.LIMITS.prog_count], words[fusion.LIMITS.prog_out]
+    instrs = words[fusion.LIMITS.header:].reshape(-1, fusion.LIMITS.instr)
+    assert count == len(e.code) == 21 and not math_
+    assert set(instrs[:, 1]) == {0, 1} and out == instrs[-1, 1]
+
+
+def test_in_place_updates_are_not_read_through_an_old_expression():
+    """``y += 1`` (and an update outside the block) change y's value: the next
+    operation reads y, not the expression y had."""
+    rng = np.random.default_rng(9)
+    x = _f32(rng, (10,))
+    x64 = np.array(x).astype(np.longdouble)
+    with mp.use_backend("emulate"), mp.extended_precision():
+        y = x * 3
+        y += 1
+        z = y / 7
+    assert np.all(np.abs(_words(z) - (x64 * 3 + 1) / 7) <= 2.0**-44 * np.abs(_words(z)))
+    y[0] = 5.0  # outside: MLX's update, the low word dropped
+    with mp.use_backend("emulate"), mp.extended_precision():
+        w = y * 2
+    assert _words(w)[0] == 10.0
+
+
+def test_dw_api_operators_fuse():
+    """DoubleWord's operators on emulate fuse as the flow does."""
+    rng = np.random.default_rng(10)
+    a, b = rng.standard_normal((4, 9)), rng.standard_normal((9,))
+    A, B = DoubleWord.from_float64(a), DoubleWord.from_float64(b)
+    with mp.use_backend("emulate"):
+        z = (A * B - 0.25) / (A + B)
+        with fusion._unfused():
+            z0 = (A * B - 0.25) / (A + B)
+    assert np.array_equal(np.array(z.hi), np.array(z0.hi))
+    assert np.array_equal(np.array(z.lo), np.array(z0.lo))
+    assert len(fusion._table[id(z.hi)][2].code) == 7  # loads a, b; const; mul, sub, add, div
+
+
+# ---- the metal path: the graph (lazy stand-in for the kernels) ---------------------------
+
+def test_a_chain_launches_once_on_metal(lazy_metal):
+    """gelu of a carried value, a broadcast bias, a scalar: one launch, nothing
+    else dispatched (no zero low word, no expanded operand, no copy)."""
+    x, b = mx.ones((4, 32)), mx.ones((32,))
+    mx.eval(x, b)
+    with mp.use_backend("metal"), mp.extended_precision():
+        h = x / 3
+        mx.eval(h, low_word(h))
+        y = nn.gelu(h + b) * 0.5 - b
+        counts = graph_counts(y, low_word(y))
+    assert counts["launches"] == 1 and counts["glue"] == 0, counts
+
+
+def test_mlx_gradient_outside_the_block_on_metal(lazy_metal):
+    """A function that opens a block, differentiated by MLX from outside: the fused
+    chain is a custom function of its leaves whose VJP is the unfused chain's
+    (float32 derivatives of the high words), here the plain float32 gradient bit
+    for bit (it reads only the operands, not the stand-in's kernel outputs)."""
+    rng = np.random.default_rng(11)
+    x, w = _f32(rng, (5, 6)), _f32(rng, (6,))
+
+    def f(x):
+        with mp.use_backend("metal"), mp.extended_precision():
+            return ((x * w - x) * 3 + w).sum()
+
+    def plain(x):
+        return ((x * w - x) * 3 + w).sum()
+
+    got, ref = mx.grad(f)(x), mx.grad(plain)(x)
+    assert np.array_equal(np.array(got).view(np.uint32), np.array(ref).view(np.uint32))
