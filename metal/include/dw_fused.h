@@ -19,6 +19,9 @@
 //   DWF_OP_FN     r[dst] = function fn (a DWM_FN code) of r[x] (and r[y]: power,
 //                 arctan2), by dwm_apply (dw_math.h); only when the template
 //                 parameter MATH is true
+//   DWF_OP_ABS    r[dst] = |r[x]| (exact: the sign of a normalised value is its
+//                 high word's)
+//   DWF_OP_MAX, DWF_OP_MIN  r[dst] = max / min(r[x], r[y]) (dwf_extremum: exact)
 // Each operation is the one the single-operation kernels (dw_ops.metal,
 // dw_math.metal) run, so a fused chain gives the bits of the unfused one.
 #pragma once
@@ -33,7 +36,10 @@ constant constexpr int DWF_OP_SUB = 4;
 constant constexpr int DWF_OP_MUL = 5;
 constant constexpr int DWF_OP_DIV = 6;
 constant constexpr int DWF_OP_FN = 7;
-constant constexpr int DWF_OP_COUNT = 8;
+constant constexpr int DWF_OP_ABS = 8;
+constant constexpr int DWF_OP_MAX = 9;
+constant constexpr int DWF_OP_MIN = 10;
+constant constexpr int DWF_OP_COUNT = 11;
 constant constexpr int DWF_SLOTS = 12;
 constant constexpr int DWF_REGISTERS = 8;
 constant constexpr int DWF_MAX_NDIM = 8;
@@ -52,4 +58,24 @@ METAL_FUNC int64_t dwf_offset(thread const int* idx, const constant int64_t* str
     off += int64_t(idx[d]) * strides[d];
   }
   return off;
+}
+
+// MLX's maximum / minimum of two floats (its binary_ops.h, on the GPU and the CPU):
+// a NaN first operand is the result, else the comparison picks, the second operand
+// on a tie (max(-0, +0) = +0, max(+0, -0) = -0, max(1, NaN) = NaN).
+METAL_FUNC float dwf_mlx_extremum(float a, float b, bool larger) {
+  if (metal::isnan(a)) return a;
+  return (larger ? a > b : a < b) ? a : b;
+}
+
+// max / min of double-word values as the flow defines it on words: the high word is
+// MLX's maximum / minimum of the high words; the low word is the picked operand's,
+// on equal high words MLX's maximum / minimum of the low words (normalised pairs
+// are ordered by (high, low) lexicographically), and 0 for a non-finite result.
+METAL_FUNC dw dwf_extremum(dw x, dw y, bool larger) {
+  float h = dwf_mlx_extremum(x.hi, y.hi, larger);
+  bool px = larger ? x.hi > y.hi : x.hi < y.hi;
+  bool py = larger ? y.hi > x.hi : y.hi < x.hi;
+  float l = px ? x.lo : (py ? y.lo : dwf_mlx_extremum(x.lo, y.lo, larger));
+  return dw_make(h, metal::isfinite(h) ? l : 0.0f);
 }

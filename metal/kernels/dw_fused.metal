@@ -54,6 +54,10 @@ for (int k = 0; k < count; ++k) {
     z = dw_mul(r[x], r[y]);
   } else if (op == DWF_OP_DIV) {
     z = dw_div(r[x], r[y]);
+  } else if (op == DWF_OP_ABS) {
+    z = dw_make(metal::abs(r[x].hi), r[x].hi < 0.0f ? -r[x].lo : r[x].lo);
+  } else if (op == DWF_OP_MAX || op == DWF_OP_MIN) {
+    z = dwf_extremum(r[x], r[y], op == DWF_OP_MAX);
   } else if (MATH && op == DWF_OP_FN) {
     z = dwm_apply(ins[4], r[x], r[y]);
   } else {

@@ -38,7 +38,7 @@ def operate(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream=None) ->
     operands on metal / emulate are fused with the operations that made them
     (:mod:`.fusion`)."""
     wide = backends.of(backend).float64_engine
-    if not wide and fusion.enabled():
+    if not wide:
         z = fusion.apply(op, [x, y], backend, stream)
         if z is not None:
             return z

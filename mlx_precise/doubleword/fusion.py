@@ -49,12 +49,12 @@ from ..core.context import flow_suspended
 from ..core.kernels import (Codes, Constants, Kernel, elementwise_grid, generated_block,
                             per_element_of_first_input)
 from ..core.plain import plain as _mlx
-from .functions import FN
 from .types import DoubleWord
 
 F32 = mx.float32
 
-OP = Codes("DWF_OP", ("load", "const", "neg", "add", "sub", "mul", "div", "fn"))
+OP = Codes("DWF_OP", ("load", "const", "neg", "add", "sub", "mul", "div", "fn", "abs", "max",
+                      "min"))
 """Operation codes of a ``dw_fused`` program (``metal/include/dw_fused.h``)."""
 
 LIMITS = Constants("DWF", {"slots": 12, "registers": 8, "max_ndim": 8,
@@ -97,7 +97,9 @@ shape): the result's words. ``MATH``: the program calls elementary functions."""
 
 _LOAD, _CONST, _NEG, _SUB, _FN = OP["load"], OP["const"], OP["neg"], OP["sub"], OP["fn"]
 _BINARY = {name: OP[name] for name in ("add", "sub", "mul", "div")}
-_ARITY2 = {FN["power"], FN["arctan2"]}
+# Operations exact on the words (|x|, max, min), which MLX differentiates through the
+# flow's word ops; a chain replayed for MLX's autodiff never holds them (apply).
+_EXACT_WORDS = {OP["abs"], OP["max"], OP["min"]}
 
 
 # ---- expressions ------------------------------------------------------------------------
@@ -108,15 +110,17 @@ class Expr:
     ``code[k] = (op, x, y, fn)``: a load (``x``, ``y``: the slots of the high and
     low words in ``leaves``, ``y = -1`` for a float32 operand), a constant (``x``,
     ``y``: the int32 bits of its float32 words) or an operation of earlier
-    instructions ``x``, ``y`` (``y = x`` for one operand; ``fn``: the ``DWM_FN``
+    instructions ``x``, ``y`` (``y = -1`` for one operand; ``fn``: the ``DWM_FN``
     code of a function). ``root``: the instruction of the value; ``shape``: its
     broadcast shape. Equal instructions are stored once (``index``)."""
 
-    __slots__ = ("leaves", "code", "index", "root", "shape", "_key")
+    __slots__ = ("leaves", "code", "index", "root", "shape", "exact_words", "_key")
 
-    def __init__(self, leaves: tuple, code: tuple, index: dict, root: int, shape: tuple):
+    def __init__(self, leaves: tuple, code: tuple, index: dict, root: int, shape: tuple,
+                 exact_words: bool = False):
         self.leaves, self.code, self.index, self.root, self.shape = (
             leaves, code, index, root, shape)
+        self.exact_words = exact_words  # holds abs / max / min (no replay: see apply)
         self._key = None
 
     @property
@@ -191,19 +195,20 @@ def _compose(op: int, fn: int, operands: list[Expr]) -> Expr | None:
             elif o == _CONST:
                 ins = (o, x, y, f)
             else:
-                ins = (o, where[x], where[y], f)
+                ins = (o, where[x], -1 if y < 0 else where[y], f)
             pos = index.get(ins)
             if pos is None:
                 pos = index[ins] = len(code)
                 code.append(ins)
             where.append(pos)
         roots.append(where[e.root])
-    ins = (op, roots[0], roots[-1], fn)
+    ins = (op, roots[0], roots[1] if len(roots) > 1 else -1, fn)
     root = index.get(ins)
     if root is None:
         root = index[ins] = len(code)
         code.append(ins)
-    return Expr(tuple(leaves), tuple(code), index, root, shape)
+    return Expr(tuple(leaves), tuple(code), index, root, shape,
+                op in _EXACT_WORDS or any(e.exact_words for e in operands))
 
 
 # ---- the expressions of arrays ----------------------------------------------------------
@@ -236,7 +241,8 @@ def expression(w: DoubleWord) -> Expr | None:
     if hi.dtype != F32:
         return None
     entry = _table.get(id(hi))
-    if entry is not None and entry[0]() is hi and entry[1] is w._lo:
+    if (entry is not None and entry[0]() is hi and entry[1] is w._lo
+            and not (entry[2].exact_words and _traced.get())):
         return entry[2]
     lo = w._lo
     if lo is None and w.wide is not None:
@@ -284,7 +290,9 @@ def program(key: tuple) -> tuple[mx.array, bool] | None:
     last = {}
     for k, (o, x, y, f) in enumerate(code):
         if o not in (_LOAD, _CONST):
-            last[x] = last[y] = k
+            last[x] = k
+            if y >= 0:
+                last[y] = k
     free = list(range(_REGISTERS - 1, -1, -1))  # pop() gives the lowest
     reg = [0] * len(code)
     words = [0] * LIMITS.header
@@ -293,10 +301,11 @@ def program(key: tuple) -> tuple[mx.array, bool] | None:
     for k, (o, sx, sy, f) in enumerate(code):
         x, y = sx, sy
         if o not in (_LOAD, _CONST):
-            x, y = reg[sx], reg[sy]
+            # one operand: y names x's register too (dwm_apply reads both)
+            x, y = reg[sx], reg[sy if sy >= 0 else sx]
             # operands read for the last time free their registers before the result
             # takes one (the kernel reads both operands first)
-            for r, src in ((x, sx), (y, sy)):
+            for r, src in ((x, sx), (y, sy if sy >= 0 else sx)):
                 if last[src] == k and r not in free:
                     free.append(r)
             free.sort(reverse=True)
@@ -368,6 +377,21 @@ def _differentiable(key: tuple, backend, stream):
     return f
 
 
+_fusing: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_fusing",
+                                                               default=True)
+
+
+@contextlib.contextmanager
+def _unfused():
+    """The engines run their single-operation kernels inside (tests compare the
+    bits of fused and unfused chains)."""
+    token = _fusing.set(False)
+    try:
+        yield
+    finally:
+        _fusing.reset(token)
+
+
 # True while MLX's own autodiff may differentiate the graph being built (a function
 # that opens a block, differentiated from outside every block: extended.intercept
 # sets it around MLX's transforms). Only then do kernel results need custom
@@ -390,15 +414,24 @@ def mlx_gradients():
 
 
 def apply(op: str, operands: list[DoubleWord], backend, stream=None,
-          fn: str | None = None) -> DoubleWord | None:
-    """``op`` ("add", "sub", "mul", "div", "neg", or "fn" with the function ``fn`` of
-    :data:`~.functions.FN`) of real DoubleWords (broadcasting), fused with the
+          fn: tuple[str, int] | None = None) -> DoubleWord | None:
+    """``op`` ("add", "sub", "mul", "div", "neg", "abs", "max", "min", or "fn" with the
+    function ``fn = (name, code)``: the name of MLX's function and its code of
+    :data:`~.functions.FN`) of real DoubleWords (broadcasting;
+    abs, max and min as ``extended.arith`` defines them on words), fused with the
     expressions of the operands: one ``dw_fused`` launch, the result's expression
     recorded. Inside :func:`mlx_gradients` MLX differentiates the result as the
-    unfused chain. None when the operands cannot be fused
+    unfused chain. None when the operands cannot be fused (or inside the unfused
+    replay of a chain)
     (complex words, too many axes): the caller runs the single-operation kernels."""
+    if not _fusing.get():
+        return None  # the unfused replay of a chain
     code = _FN if op == "fn" else OP[op]
-    e = _fuse(code, FN[fn] if fn is not None else 0, operands)
+    if code in _EXACT_WORDS and _traced.get():
+        return None  # MLX differentiates the caller's word ops instead
+    if fn is not None:
+        _FN_NAMES[fn[1]] = fn[0]  # for the replay (MLX's VJP of the function)
+    e = _fuse(code, 0 if fn is None else fn[1], operands)
     if e is None:
         return None
     if _traced.get() and e.leaves:
@@ -409,21 +442,20 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
     return DoubleWord(hi, lo)
 
 
-def binary(op: str, x: DoubleWord, y: DoubleWord, backend, stream=None) -> DoubleWord:
+def binary(op: str, x: DoubleWord, y: DoubleWord, backend, stream, unfused) -> DoubleWord:
     """``x op y`` ("add", "sub", "mul", "div") on a kernel backend, differentiable by
     MLX inside :func:`mlx_gradients` (the float32 derivative of the high words):
-    fused with the operands' expressions where they are real, else by the
-    single-operation kernels."""
-    z = apply(op, [x, y], backend, stream) if enabled() else None
+    fused with the operands' expressions where they are real, else
+    ``unfused(op, x, y)``, the single-operation engine (complex words)."""
+    z = apply(op, [x, y], backend, stream)
     if z is not None:
         return z
+    if not _traced.get():
+        return unfused(op, x, y)
     if op == "sub":
         op, y = "add", -y  # exact negation
-    if not _traced.get():
-        from .arithmetic import operate  # (arithmetic imports this module)
-
-        return operate(op, x, y, backend, stream)
-    return DoubleWord(*single(op, backend, stream)(x.hi, x.lo, y.hi, y.lo))
+    f = single(op, backend, stream, lambda a, b: unfused(op, a, b))
+    return DoubleWord(*f(x.hi, x.lo, y.hi, y.lo))
 
 
 def words_op(forward, plain, operands: list[mx.array], lows: list) -> tuple[mx.array, mx.array]:
@@ -472,17 +504,32 @@ def _sum_to(g: mx.array, like: mx.array) -> mx.array:
         g.astype(like.dtype))
 
 
-def single(op: str, backend, stream):
-    """``x op y`` ("add", "mul", "div") of words ``(xh, xl, yh, yl) -> (zh, zl)`` by one
-    kernel launch, with the float32 derivative of the high words as its VJP (MLX's
+def _one(op: int, fn: int, arity: int, backend, stream):
+    """One operation of a program on words ``(xh, xl[, yh, yl])``, unfused (no
+    autodiff): the one-instruction program of ``dw_fused``."""
+    loads = tuple((_LOAD, 2 * k, 2 * k + 1, 0) for k in range(arity))
+    key = (loads + ((op, 0, 1 if arity == 2 else -1, fn),), arity)
+
+    def run(*w):
+        shape = _broadcast([tuple(a.shape) for a in w])
+        return DoubleWord(*_run(key, w, shape, backend, stream))
+
+    return run
+
+
+def single(op: str, backend, stream, forward=None):
+    """``x op y`` ("add", "mul", "div") of words ``(xh, xl, yh, yl) -> (zh, zl)`` by
+    ``forward(x, y)`` (DoubleWords; default: one ``dw_fused`` operation, real
+    words), with the float32 derivative of the high words as its VJP (MLX's
     conventions for complex values: d(x y) = g conj(y); the low words are
     constants of size u |x|)."""
-    from .arithmetic import operate  # the engines (arithmetic imports this module)
+    if forward is None:
+        one = _one(OP[op], 0, 2, backend, stream)
+        forward = (lambda x, y: one(x.hi, x.lo, y.hi, y.lo))
 
     @mx.custom_function
     def f(xh, xl, yh, yl):
-        with _unfused():
-            z = operate(op, DoubleWord(xh, xl), DoubleWord(yh, yl), backend, stream)
+        z = forward(DoubleWord(xh, xl), DoubleWord(yh, yl))
         return z.hi, z.lo
 
     @f.vjp
@@ -502,18 +549,16 @@ def single(op: str, backend, stream):
     return f
 
 
-def _single_fn(fn: str, backend, stream):
-    """The function ``fn`` of words ``(xh, xl[, yh, yl])`` by one launch, with MLX's
-    float32 derivative of the function of the high words as its VJP."""
-    from .functions import binary, unary
-
-    plain_fn = getattr(mx, fn)
+def _single_fn(name: str, code: int, arity: int, backend, stream):
+    """The function ``name`` (its ``DWM_FN`` code) of words ``(xh, xl[, yh, yl])`` by
+    one ``dw_fused`` operation, with MLX's float32 derivative of the function of
+    the high words as its VJP."""
+    plain_fn = getattr(mx, name)
+    one = _one(_FN, code, arity, backend, stream)
 
     @mx.custom_function
     def f(*w):
-        with _unfused():
-            z = (unary(fn, DoubleWord(w[0], w[1]), backend, stream) if len(w) == 2 else
-                 binary(fn, DoubleWord(w[0], w[1]), DoubleWord(w[2], w[3]), backend, stream))
+        z = one(*w)
         return z.hi, z.lo
 
     @f.vjp
@@ -529,26 +574,7 @@ def _single_fn(fn: str, backend, stream):
     return f
 
 
-_fusing: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_fusing",
-                                                               default=True)
-
-
-@contextlib.contextmanager
-def _unfused():
-    """The engines run their single-operation kernels inside (the replay)."""
-    token = _fusing.set(False)
-    try:
-        yield
-    finally:
-        _fusing.reset(token)
-
-
-def enabled() -> bool:
-    """False inside the unfused replay of a chain."""
-    return _fusing.get()
-
-
-_FN_NAMES = {code: name for name, code in FN.items()}
+_FN_NAMES: dict[int, str] = {}  # DWM_FN code -> MLX's function (apply records them)
 _OP_NAMES = {code: name for name, code in _BINARY.items()}
 
 
@@ -570,9 +596,8 @@ def _replay(key: tuple, backend, stream):
             elif o == _NEG:
                 v = -vals[x]
             elif o == _FN:
-                name = _FN_NAMES[f]
-                args = [vals[x]] + ([vals[y]] if f in _ARITY2 else [])
-                v = DoubleWord(*_single_fn(name, backend, stream)(
+                args = [vals[x]] + ([vals[y]] if y >= 0 else [])
+                v = DoubleWord(*_single_fn(_FN_NAMES[f], f, len(args), backend, stream)(
                     *(w for a in args for w in (a.hi, a.lo))))
             else:
                 a, b = vals[x], vals[y]

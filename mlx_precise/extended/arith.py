@@ -95,6 +95,14 @@ def _map(f, *xs: DoubleWord) -> DoubleWord:
 neg = words.negate
 
 
+def _fused(op: str, operands: list, backend: Backend | None, stream) -> DoubleWord | None:
+    """``op`` of real operands fused on a kernel backend, else None (complex
+    operands, the cpu backend: the caller's word ops)."""
+    if backend is None or not backend.has_kernels:
+        return None
+    return fusion.apply(op, operands, backend, stream)
+
+
 def conj(x: DoubleWord) -> DoubleWord:
     return _map(mx.conj, x) if is_complex(x) else x
 
@@ -105,17 +113,25 @@ def where(cond: mx.array, x: DoubleWord, y: DoubleWord) -> DoubleWord:
     return DoubleWord(*(mx.where(cond, a, b) for a, b in ((x.hi, y.hi), (x.lo, y.lo))))
 
 
-def abs(x: DoubleWord) -> DoubleWord:  # noqa: A001  (the op's name)
+def abs(x: DoubleWord, backend: Backend | None = None, stream=None) -> DoubleWord:  # noqa: A001
     """|x| of a real DoubleWord: the sign of a normalised value is that of its high
-    word (a zero high word has a zero low word)."""
+    word (a zero high word has a zero low word). On a kernel ``backend``, fused
+    (one launch at most: :mod:`~mlx_precise.doubleword.fusion`)."""
+    z = _fused("abs", [x], backend, stream)
+    if z is not None:
+        return z
     neg_ = x.hi < 0
     return DoubleWord(mx.abs(x.hi), mx.where(neg_, -x.lo, x.lo))
 
 
-def extremum(x: DoubleWord, y: DoubleWord, larger: bool) -> DoubleWord:
+def extremum(x: DoubleWord, y: DoubleWord, larger: bool, backend: Backend | None = None,
+             stream=None) -> DoubleWord:
     """maximum / minimum of real DoubleWords: MLX's float32 maximum / minimum of the
     high words (NaN propagates as MLX's does); on equal high words the low words
-    decide."""
+    decide. On a kernel ``backend``, fused (the same words)."""
+    z = _fused("max" if larger else "min", [x, y], backend, stream)
+    if z is not None:
+        return z
     hi = (mx.maximum if larger else mx.minimum)(x.hi, y.hi)
     pick_x = (x.hi > y.hi) if larger else (x.hi < y.hi)
     pick_y = (y.hi > x.hi) if larger else (y.hi < x.hi)
@@ -131,7 +147,8 @@ def binary(op: str, x: DoubleWord, y: DoubleWord, backend: Backend,
     """``x + y`` (op "add"), ``x - y`` ("sub"), ``x * y`` ("mul") or ``x / y``
     ("div") in double-word on ``backend``; real or complex, broadcasting."""
     if not backend.float64_engine:  # kernels, fused chains, MLX-differentiable
-        return fusion.binary(op, x, y, backend, stream)
+        return fusion.binary(op, x, y, backend, stream,
+                             lambda op, a, b: words.binary(op, a, b, backend, stream))
     if op == "sub":
         op, y = "add", neg(y)
     return words.binary(op, x, y, backend)  # MLX float64 ops: differentiable as they are

@@ -216,3 +216,45 @@ def test_mlx_gradient_outside_the_block_on_metal(lazy_metal):
 
     got, ref = mx.grad(f)(x), mx.grad(plain)(x)
     assert np.array_equal(np.array(got).view(np.uint32), np.array(ref).view(np.uint32))
+
+
+def _special_words():
+    """Carried values with ties in the high word (low words decide), signed zeros,
+    infinities, NaN, and subnormal low words."""
+    hi = np.array([1.0, 1.0, 0.0, -0.0, np.inf, -np.inf, np.nan, 2.0, -3.0, 1e-30,
+                   0.5, -0.5, 7.0, 1.0, np.nan, 0.0], np.float32)
+    lo = np.array([2**-30, -(2**-30), 0.0, 0.0, 0.0, 0.0, 0.0, 2**-25, -(2**-26), 1e-38,
+                   0.0, 2**-27, 0.0, 2**-28, 0.0, 0.0], np.float32)
+    return hi, lo
+
+
+@pytest.mark.parametrize("op", ["maximum", "minimum", "abs", "leaky_relu", "relu"])
+def test_exact_word_operations_keep_their_words(op):
+    """max / min / |x| in a fused chain: the words of the flow's word operations
+    (MLX's maximum of the high words, NaN first, the low words on a tie), including
+    signed zeros, infinities, NaN and subnormal low words."""
+    hi, lo = _special_words()
+    x = mx.array(hi)
+    y = mx.array(np.roll(hi, 3))
+    from mlx_precise.extended.carry import attach
+
+    attach(x, mx.array(lo))
+    attach(y, mx.array(np.roll(lo, 5)))
+    fns = {"maximum": lambda x, y: mx.maximum(x * 1.0, y), "minimum": lambda x, y: mx.minimum(x, y * 1.0),
+           "abs": lambda x, y: mx.abs(x * 1.0) + y, "leaky_relu": lambda x, y: nn.leaky_relu(x, 0.1),
+           "relu": lambda x, y: mx.maximum(x / 3, 0.0)}
+    hi1, lo1, _ = _run(fns[op], (x, y), fused=True)
+    hi0, lo0, _ = _run(fns[op], (x, y), fused=False)
+    assert np.array_equal(hi1.view(np.uint32), hi0.view(np.uint32))
+    assert np.array_equal(lo1.view(np.uint32), lo0.view(np.uint32))
+
+
+def test_leaky_relu_launches_once_on_metal(lazy_metal):
+    x = mx.ones((4, 32))
+    mx.eval(x)
+    with mp.use_backend("metal"), mp.extended_precision():
+        h = x / 3
+        mx.eval(h, low_word(h))
+        y = nn.leaky_relu(h, 0.2) + mx.abs(h)
+        counts = graph_counts(y, low_word(y))
+    assert counts["launches"] == 1 and counts["glue"] == 0, counts

@@ -84,7 +84,7 @@ def _extremum(larger: bool):
         a, b = words(x), words(y)
         if a is None or b is None or arith.is_complex(a) or arith.is_complex(b):
             return NotImplemented
-        return result(arith.extremum(a, b, larger))
+        return result(arith.extremum(a, b, larger, ctx.backend, ctx.stream))
 
     return rule
 
@@ -192,7 +192,7 @@ def _abs_rule(ctx, original, x, **kw):
     if not is_word_array(x):
         return NotImplemented
     if x.dtype != mx.complex64:
-        return result(arith.abs(words(x)))
+        return result(arith.abs(words(x), ctx.backend, ctx.stream))
     with carry.reporting(ctx.report):
         return _complex_abs(x)
 
