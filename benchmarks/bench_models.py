@@ -87,9 +87,9 @@ def fp_instructions(name: str, template: dict, inputs, output_shapes) -> float |
         fn = {v: k for k, v in FN_CODES.items()}[template["FN"]]
         return n * _DW_MATH[fn]
     if name == "dw_gemm":
-        p = np.array(inputs[-1])  # M, N, K, strides..., has_d, ndims, (size, strides)...
+        p = np.array(inputs[-1])  # M, N, K, strides..., has_d, ndims, lows, (size, strides)...
         M, N, K, ndims = int(p[0]), int(p[1]), int(p[2]), int(p[12])
-        batch = math.prod(int(p[13 + 5 * i]) for i in range(ndims))
+        batch = math.prod(int(p[14 + 5 * i]) for i in range(ndims))
         per_term = 21 * (4 if template.get("CPLX") else 1)
         return batch * M * N * (per_term * K + 10)
     if name == "fft_pass":

@@ -258,3 +258,37 @@ def test_leaky_relu_launches_once_on_metal(lazy_metal):
         y = nn.leaky_relu(h, 0.2) + mx.abs(h)
         counts = graph_counts(y, low_word(y))
     assert counts["launches"] == 1 and counts["glue"] == 0, counts
+
+
+def test_gemm_reads_no_zero_low_words():
+    """A float32 operand of the double-word GEMM (and a missing bias) stores no low
+    word: the same bits as with explicit zero words, and the product is exact
+    where the oracle says (small integers)."""
+    from mlx_precise.linalg import matmul
+
+    rng = np.random.default_rng(12)
+    a = mx.array(rng.integers(-50, 50, (3, 5, 7)).astype(np.float32))
+    b = DoubleWord.from_float64(rng.standard_normal((7, 4)))
+    bias = mx.array(rng.standard_normal((4,)).astype(np.float32))
+    with mp.use_backend("emulate"):
+        for d in (None, bias):
+            got = matmul(DoubleWord.exact(a), b, bias=None if d is None else DoubleWord.exact(d))
+            ref = matmul(DoubleWord.from_float32(a), b,
+                         bias=None if d is None else DoubleWord.from_float32(d))
+            assert np.array_equal(np.array(got.hi), np.array(ref.hi))
+            assert np.array_equal(np.array(got.lo), np.array(ref.lo))
+    ints = DoubleWord.exact(mx.array(rng.integers(-9, 9, (4, 6)).astype(np.float32)))
+    with mp.use_backend("emulate"):
+        c = matmul(ints, DoubleWord.exact(mx.array(np.eye(6, dtype=np.float32) * 3)))
+    assert np.array_equal(np.array(c.hi), np.array(ints.hi) * 3)
+    assert not np.array(c.lo).any()
+
+
+def test_gemm_launches_alone_on_metal(lazy_metal):
+    """x @ w + the flow's bias: the kernel and nothing else dispatched."""
+    x, w = mx.ones((4, 8)), mx.ones((8, 16))
+    mx.eval(x, w)
+    with mp.use_backend("metal"), mp.extended_precision():
+        y = x @ w
+        counts = graph_counts(y, low_word(y))
+    assert counts["launches"] == 1 and counts["glue"] == 0, counts
