@@ -48,16 +48,37 @@ constant constexpr int DWF_HEADER = 8;
 constant constexpr int DWF_INSTR = 5;
 constant constexpr int DWF_PROG_COUNT = 0;
 constant constexpr int DWF_PROG_OUT = 1;
+constant constexpr int DWF_PROG_N = 2;
+constant constexpr int DWF_PROG_REDUCE = 3;
+constant constexpr int DWF_REDUCE_MAX = 2048;
+constant constexpr int DWF_REDUCE_THREADS = 256;
 // ---- end of generated codes ----
 
-// The offset of the element at multi-index idx (nd axes) in an array with these
-// strides (in elements; 0 along broadcast axes).
-METAL_FUNC int64_t dwf_offset(thread const int* idx, const constant int64_t* strides, int nd) {
+// The word arrays of a program: slot k is at a[k], its strides (in elements; 0 along
+// broadcast axes) at strides[k]; every slot has the shape of the kernel's first one.
+struct dwf_slots {
+  const device float* a[DWF_SLOTS];
+  const constant int64_t* strides[DWF_SLOTS];
+};
+
+// The multi-index of flat element e of an array of nd axes (extents shape), into idx;
+// false when e is past the last element.
+METAL_FUNC bool dwf_index(uint e, const constant int* shape, int nd, thread int* idx) {
+  for (int d = nd - 1; d >= 0; --d) {
+    uint extent = uint(shape[d]);
+    idx[d] = int(e % extent);
+    e /= extent;
+  }
+  return e == 0u;
+}
+
+// Word `slot` of the program's arrays at multi-index idx.
+METAL_FUNC float dwf_word(thread const dwf_slots& s, int slot, thread const int* idx, int nd) {
   int64_t off = 0;
   for (int d = 0; d < nd; ++d) {
-    off += int64_t(idx[d]) * strides[d];
+    off += int64_t(idx[d]) * s.strides[slot][d];
   }
-  return off;
+  return s.a[slot][off];
 }
 
 // MLX's maximum / minimum of two floats (its binary_ops.h, on the GPU and the CPU):
@@ -78,4 +99,46 @@ METAL_FUNC dw dwf_extremum(dw x, dw y, bool larger) {
   bool py = larger ? y.hi > x.hi : y.hi < x.hi;
   float l = px ? x.lo : (py ? y.lo : dwf_mlx_extremum(x.lo, y.lo, larger));
   return dw_make(h, metal::isfinite(h) ? l : 0.0f);
+}
+
+// The value of the program `prog` at multi-index idx: its instructions in order, each
+// reading its operands' registers before writing its own (layout above). MATH: the
+// program may call the elementary functions (otherwise they are left out).
+template <bool MATH>
+METAL_FUNC dw dwf_eval(thread const dwf_slots& s, thread const int* idx, int nd,
+                       const device int* prog) {
+  dw r[DWF_REGISTERS];
+  const int count = prog[DWF_PROG_COUNT];
+  for (int k = 0; k < count; ++k) {
+    const device int* ins = prog + DWF_HEADER + DWF_INSTR * k;
+    const int op = ins[0];
+    const int x = ins[2];
+    const int y = ins[3];
+    dw z;
+    if (op == DWF_OP_LOAD) {
+      z = dw_make(dwf_word(s, x, idx, nd), y < 0 ? 0.0f : dwf_word(s, y, idx, nd));
+    } else if (op == DWF_OP_CONST) {
+      z = dw_make(as_type<float>(x), as_type<float>(y));
+    } else if (op == DWF_OP_NEG) {
+      z = dw_neg(r[x]);
+    } else if (op == DWF_OP_ADD) {
+      z = dw_add(r[x], r[y]);
+    } else if (op == DWF_OP_SUB) {
+      z = dw_sub(r[x], r[y]);
+    } else if (op == DWF_OP_MUL) {
+      z = dw_mul(r[x], r[y]);
+    } else if (op == DWF_OP_DIV) {
+      z = dw_div(r[x], r[y]);
+    } else if (op == DWF_OP_ABS) {
+      z = dw_make(metal::abs(r[x].hi), r[x].hi < 0.0f ? -r[x].lo : r[x].lo);
+    } else if (op == DWF_OP_MAX || op == DWF_OP_MIN) {
+      z = dwf_extremum(r[x], r[y], op == DWF_OP_MAX);
+    } else if (MATH && op == DWF_OP_FN) {
+      z = dwm_apply(ins[4], r[x], r[y]);
+    } else {
+      z = dw_make(NAN, 0.0f);  // not an operation of this instantiation (never built)
+    }
+    r[ins[1]] = z;
+  }
+  return r[prog[DWF_PROG_OUT]];
 }

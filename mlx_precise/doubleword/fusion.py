@@ -59,10 +59,14 @@ OP = Codes("DWF_OP", ("load", "const", "neg", "add", "sub", "mul", "div", "fn", 
 
 LIMITS = Constants("DWF", {"slots": 12, "registers": 8, "max_ndim": 8,
                            "max_instructions": 32, "header": 8, "instr": 5,
-                           "prog_count": 0, "prog_out": 1})
-"""The program layout and the bounds of an expression, shared with the kernel: word
-array slots, registers, axes, instructions; the header's length and its fields, the
-words per instruction (op, dst, x, y, fn)."""
+                           "prog_count": 0, "prog_out": 1, "prog_n": 2, "prog_reduce": 3,
+                           "reduce_max": 2048, "reduce_threads": 256})
+"""The program layout and the bounds of an expression, shared with the kernels: word
+array slots, registers, axes, instructions; the header's length and its fields
+(instruction count, result register; for ``dw_reduce`` the row length and the
+operation), the words per instruction (op, dst, x, y, fn); ``dw_reduce``'s
+threadgroup memory (values of the tree's first level, so rows of up to twice as
+many elements) and threads per row."""
 
 
 def codes_source() -> str:
@@ -73,27 +77,37 @@ def codes_source() -> str:
 
 _SLOTS, _REGISTERS, _MAX_NDIM, _MAX_INSTRUCTIONS = (
     LIMITS.slots, LIMITS.registers, LIMITS.max_ndim, LIMITS.max_instructions)
+_REDUCE_MAX, _REDUCE_THREADS = LIMITS.reduce_max, LIMITS.reduce_threads
 _SLOT_NAMES = tuple(f"a{k}" for k in range(_SLOTS))
 
-DW_FUSED = Kernel(
-    name="dw_fused",
-    body="dw_fused.metal",
+# What the two kernels of programs share: the word array slots and the program; every
+# slot is a view of 8 elements at least and the program has its header, so all are
+# device buffers (one signature for every chain); views are read through their
+# strides (no copy of a broadcast, transposed or sliced operand).
+_PROGRAM_KERNEL = dict(
     headers=("dw_fused.h",),
     inputs=_SLOT_NAMES + ("prog",),
     outputs=("zh", "zl"),
     template=("MATH",),
     input_dtypes={**{s: (F32,) for s in _SLOT_NAMES}, "prog": (mx.int32,)},
-    # every slot is a view of the output's shape (8 elements at least) and the
-    # program has its header: all are device buffers, one signature for every chain
     input_forms={n: ("device",) for n in _SLOT_NAMES + ("prog",)},
-    grid=per_element_of_first_input,
-    ensure_row_contiguous=False,  # views are read through their strides
+    ensure_row_contiguous=False,
     variants={"MATH": (False, True), "zh": (F32,), "zl": (F32,)},
 )
+
+DW_FUSED = Kernel(name="dw_fused", body="dw_fused.metal", grid=per_element_of_first_input,
+                  **_PROGRAM_KERNEL)
 """A double-word expression over up to ``DWF_SLOTS`` float32 word arrays ``a0 ..
 a11`` (views of the output's shape, read through their strides), by the program
 ``prog`` (int32, see :func:`program`); outputs ``zh, zl`` (float32, the output's
 shape): the result's words. ``MATH``: the program calls elementary functions."""
+
+DW_REDUCE = Kernel(name="dw_reduce", body="dw_reduce.metal", **_PROGRAM_KERNEL)
+"""The sums (or products) of the rows of a double-word expression by the pairwise
+tree of :func:`mlx_precise.extended.arith.reduce_sum`: slots as :data:`DW_FUSED`'s,
+views of shape ``[kept axes..., reduced axes...]``; ``prog`` with the row length and
+the operation in its header; outputs ``zh, zl`` (float32, one per row). Grid: one
+threadgroup per row (:func:`reduce`)."""
 
 _LOAD, _CONST, _NEG, _SUB, _FN = OP["load"], OP["const"], OP["neg"], OP["sub"], OP["fn"]
 _BINARY = {name: OP[name] for name in ("add", "sub", "mul", "div")}
@@ -277,14 +291,16 @@ _PROGRAMS: OrderedDict = OrderedDict()
 _CACHE_SIZE = 4096
 
 
-def program(key: tuple) -> tuple[mx.array, bool] | None:
+def program(key: tuple, reduce: tuple = ()) -> tuple[mx.array, bool] | None:
     """``(prog, math)`` for an expression's :attr:`Expr.key`: the int32 program of
     ``dw_fused`` with registers assigned (each freed after its last read, reused at
     once), and whether it calls an elementary function; None when it needs more
-    than ``DWF_REGISTERS`` registers. Cached (least recently used first out)."""
-    hit = _PROGRAMS.get(key)
+    than ``DWF_REGISTERS`` registers. ``reduce = (n, op)``: the program of
+    ``dw_reduce`` over rows of ``n`` elements. Cached (least recently used first
+    out)."""
+    hit = _PROGRAMS.get((key, reduce))
     if hit is not None:
-        _PROGRAMS.move_to_end(key)
+        _PROGRAMS.move_to_end((key, reduce))
         return hit
     code, root = key
     last = {}
@@ -297,6 +313,8 @@ def program(key: tuple) -> tuple[mx.array, bool] | None:
     reg = [0] * len(code)
     words = [0] * LIMITS.header
     words[LIMITS.prog_count] = len(code)
+    if reduce:
+        words[LIMITS.prog_n], words[LIMITS.prog_reduce] = reduce
     math_ = False
     for k, (o, sx, sy, f) in enumerate(code):
         x, y = sx, sy
@@ -317,7 +335,7 @@ def program(key: tuple) -> tuple[mx.array, bool] | None:
             words[LIMITS.prog_out] = reg[k]
         words += [o, reg[k], x, y, f]
     hit = (mx.array(np.array(words, np.int32)), math_)
-    _PROGRAMS[key] = hit
+    _PROGRAMS[(key, reduce)] = hit
     if len(_PROGRAMS) > _CACHE_SIZE:
         _PROGRAMS.popitem(last=False)
     return hit
@@ -345,6 +363,52 @@ def _run(key: tuple, leaves, shape: tuple, backend, stream) -> tuple[mx.array, m
     if kshape is not shape:
         zh, zl = zh[:1].reshape(shape), zl[:1].reshape(shape)
     return zh, zl
+
+
+def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
+           stream=None) -> DoubleWord | None:
+    """The sum (``op="add"``) or product (``"mul"``) of real ``x`` over ``axes``
+    (normalised, distinct) in one ``dw_reduce`` launch, with the pairwise tree of
+    :func:`mlx_precise.extended.arith.reduce_sum` (its bits), reading ``x``'s
+    expression (``x`` itself is not computed). None where that does not apply:
+    complex words, rows longer than twice ``DWF_REDUCE_MAX``, empty rows, and
+    inside :func:`mlx_gradients` (the tree of differentiable operations)."""
+    if not _fusing.get() or _traced.get():
+        return None
+    e = expression(x)
+    if e is None or (len(e.code) > 1 and program(e.key) is None):
+        return None
+    if len(e.leaves) > _SLOTS or x.ndim >= _MAX_NDIM:
+        e = Expr.leaf(x.hi, x.lo)
+    shape = tuple(x.shape)
+    keep = [d for d in range(len(shape)) if d not in axes]
+    m = math.prod(shape[d] for d in keep)
+    n = math.prod(shape[d] for d in axes)
+    if n == 0 or n > 2 * _REDUCE_MAX:
+        return None
+    out_shape = tuple(1 if d in axes else shape[d] for d in range(len(shape))) if keepdims \
+        else tuple(shape[d] for d in keep)
+    if m == 0:
+        return DoubleWord(mx.zeros(out_shape, F32), mx.zeros(out_shape, F32))
+    order = keep + list(axes)
+    tshape = tuple(shape[d] for d in order)
+    copies = 1 if m * n >= 8 else 8  # 8 elements at least: every input a device buffer
+    views = []
+    for a in e.leaves or [mx.array(0.0, F32)]:
+        v = a if tuple(a.shape) == shape else mx.broadcast_to(a, shape)
+        v = mx.transpose(v, order) if order != sorted(order) else v
+        views.append(v if copies == 1 else mx.broadcast_to(v, (copies,) + tshape))
+    prog, math_ = program(e.key, (n, OP[op]))
+    rows = m * copies
+    threads = min(_REDUCE_THREADS, 1 << max(0, ((n + 1) // 2 - 1).bit_length()))
+    zh, zl = DW_REDUCE.unchecked(
+        inputs=views + [views[0]] * (_SLOTS - len(views)) + [prog],
+        template=[("MATH", math_)], grid=(rows * threads, 1, 1),
+        threadgroup=(threads, 1, 1), output_shapes=[(rows,), (rows,)],
+        output_dtypes=[F32, F32], backend=backends.of(backend), stream=stream)
+    if copies > 1:
+        zh, zl = zh[:m], zl[:m]
+    return DoubleWord(zh.reshape(out_shape), zl.reshape(out_shape))
 
 
 # The custom functions of fused expressions (MLX autodiff), by (key, backend, stream).

@@ -174,6 +174,10 @@ def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: Ba
             f = getattr(mx, _REDUCE64[op])
             return from64(*(None if v is None else f(v, axis=list(axes), keepdims=keepdims)
                             for v in to64(x)))
+    if backend.has_kernels:  # one launch over x's expression, the tree's bits
+        z = fusion.reduce(op, x, axes, keepdims, backend, stream)
+        if z is not None:
+            return z
     return _tree(x, axes, keep, out_shape, backend, stream, op)
 
 

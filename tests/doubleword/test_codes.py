@@ -38,17 +38,19 @@ def test_kernels_compare_codes_by_name(body, param):
     assert re.search(rf"\b{param} == [A-Z_]+", src)
 
 
-def _dwm_apply():
-    """dwm_apply of dw_math.h: the branch of each real function (dw_math.metal and
-    dw_fused.metal call it)."""
-    text = _header("dw_math.h")
-    return text[text.index("METAL_FUNC dw dwm_apply("):]
+def _from(header, start):
+    """The text of a header from ``start`` on (a function the kernels share)."""
+    text = _header(header)
+    return text[text.index(start):]
 
 
 def test_every_code_has_a_branch_in_its_kernel():
     for codes, src in ((DW_OP, _body("dw_ops.metal")), (CDW_OP, _body("cdw_ops.metal")),
-                       (dwmath.FN, _body("dw_math.metal") + _dwm_apply()),
-                       (fusion.OP, _body("dw_fused.metal"))):
+                       # dwm_apply: the real functions (dw_math and the fused kernels);
+                       # dwf_eval: a fused program's operations (dw_fused, dw_reduce)
+                       (dwmath.FN, _body("dw_math.metal")
+                        + _from("dw_math.h", "METAL_FUNC dw dwm_apply(")),
+                       (fusion.OP, _from("dw_fused.h", "template <bool MATH>"))):
         missing = [codes.metal_name(n) for n in codes.names if codes.metal_name(n) not in src]
         assert not missing, f"never named: {missing}"
 

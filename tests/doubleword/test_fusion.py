@@ -292,3 +292,38 @@ def test_gemm_launches_alone_on_metal(lazy_metal):
         y = x @ w
         counts = graph_counts(y, low_word(y))
     assert counts["launches"] == 1 and counts["glue"] == 0, counts
+
+
+@pytest.mark.parametrize("case", [
+    ("sum", (6, 37), -1), ("sum", (3, 4, 5), (0, 2)), ("mean", (2, 1000), 1),
+    ("prod", (5, 9), -1), ("sum", (3,), None), ("sum", (4, 1), -1), ("sum", (2, 4097), -1),
+    ("mean", (64, 3), 0)])
+def test_reductions_have_the_tree_bits(case):
+    """Sums, means and products in one launch over the expression they reduce: the
+    bits of the pairwise tree of launches, and the oracle's value; rows longer than
+    the kernel takes run the tree."""
+    kind, shape, axis = case
+    rng = np.random.default_rng(13)
+    x = _f32(rng, shape)
+    fn = (lambda x: getattr(mx, kind)((x / 3 - 0.25) * x, axis=axis))
+    hi, lo, value = _run(fn, (x,), fused=True)
+    hi0, lo0, _ = _run(fn, (x,), fused=False)
+    assert np.array_equal(hi.view(np.uint32), hi0.view(np.uint32))
+    assert np.array_equal(lo.view(np.uint32), lo0.view(np.uint32))
+    x64 = np.array(x).astype(np.longdouble)
+    terms = (x64 / 3 - 0.25) * x64
+    ref = getattr(np, kind)(terms, axis=axis)
+    size = (np.prod(np.abs(terms), axis=axis) if kind == "prod"
+            else getattr(np, kind)(np.abs(terms), axis=axis))
+    assert np.all(np.abs(value - ref) <= 2.0**-40 * size)
+
+
+def test_layer_norm_launches_three_times_on_metal(lazy_metal):
+    """mean, variance of the centred values, the normalised affine output: three
+    launches, no other dispatch."""
+    x, w, b = mx.ones((4, 64)), mx.ones((64,)), mx.ones((64,))
+    mx.eval(x, w, b)
+    with mp.use_backend("metal"), mp.extended_precision():
+        y = mx.fast.layer_norm(x, w, b, 1e-5)
+        counts = graph_counts(y, low_word(y))
+    assert counts["launches"] == 3 and counts["glue"] == 0, counts
