@@ -45,7 +45,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
-from ..core.context import flow_suspended
+from ..core.context import flow_suspended, register_block_hook, restore
 from ..core.kernels import (Codes, Constants, Kernel, elementwise_grid, generated_block,
                             per_element_of_first_input)
 from ..core.plain import plain as _mlx
@@ -146,8 +146,9 @@ class Expr:
 
     @classmethod
     def leaf(cls, hi: mx.array, lo: mx.array | None) -> "Expr":
-        ins = (_LOAD, 0, -1 if lo is None else 1, 0)
-        return cls((hi,) if lo is None else (hi, lo), (ins,), {ins: 0}, 0, tuple(hi.shape))
+        if lo is None:
+            return cls((hi,), _EXACT_LOAD, _EXACT_INDEX, 0, tuple(hi.shape))
+        return cls((hi, lo), _DW_LOAD, _DW_INDEX, 0, tuple(hi.shape))
 
     @classmethod
     def constant(cls, hi: float, lo: float) -> "Expr":
@@ -159,6 +160,11 @@ class Expr:
         # (fewer than 8 outputs add an axis: see _run)
         return (len(self.leaves) <= _SLOTS and len(self.code) <= _MAX_INSTRUCTIONS
                 and len(self.shape) < _MAX_NDIM)
+
+
+# The code of a leaf, shared (composition copies an index before adding to it).
+_DW_LOAD, _EXACT_LOAD = ((_LOAD, 0, 1, 0),), ((_LOAD, 0, -1, 0),)
+_DW_INDEX, _EXACT_INDEX = {_DW_LOAD[0]: 0}, {_EXACT_LOAD[0]: 0}
 
 
 def _broadcast(shapes) -> tuple | None:
@@ -226,10 +232,16 @@ def _compose(op: int, fn: int, operands: list[Expr]) -> Expr | None:
 
 
 # ---- the expressions of arrays ----------------------------------------------------------
-# id(hi) -> (weak reference to hi, its low word, Expr). An entry holds while hi is alive
-# and the words read with hi still include that very low word (an in-place update of hi
-# attaches another one, or none: then hi is a leaf again).
+# id(hi) -> (weak reference to hi, its low word, Expr, scope). An entry holds while hi is
+# alive, the words read with hi still include that very low word (an in-place update of
+# hi attaches another one, or none: then hi is a leaf again), and within the block that
+# made it (scope): a block's entries go when it closes, so an expression never keeps its
+# leaves alive past the block, nor makes a later block recompute a value that has been
+# evaluated since (MLX cannot tell). Outside blocks (DoubleWord's operators) the scope
+# is None and an entry lives as long as its array.
 _table: dict[int, tuple] = {}
+_scope: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_fusion_scope",
+                                                        default=None)
 
 
 def _remember(hi: mx.array, lo: mx.array | None, e: Expr) -> None:
@@ -238,7 +250,30 @@ def _remember(hi: mx.array, lo: mx.array | None, e: Expr) -> None:
     def drop(_ref, key=key):
         _table.pop(key, None)
 
-    _table[key] = (weakref.ref(hi, drop), lo, e)
+    scope = _scope.get()
+    _table[key] = (weakref.ref(hi, drop), lo, e, scope)
+    if scope is not None:
+        scope.append(key)
+
+
+@contextlib.contextmanager
+def _block_scope(on: bool, strict: bool):
+    """Entered by every ``extended_precision()`` block (a block hook of
+    :mod:`mlx_precise.core.context`): the block's expressions are dropped when it
+    closes. Yields no report."""
+    scope: list = []
+    token = _scope.set(scope)
+    try:
+        yield None
+    finally:
+        restore(_scope, token)
+        for key in scope:
+            entry = _table.get(key)
+            if entry is not None and entry[3] is scope:
+                del _table[key]
+
+
+register_block_hook(_block_scope)  # before the flow's hook, whose report the block yields
 
 
 def note_constant(w: DoubleWord, hi: float, lo: float) -> DoubleWord:
@@ -256,7 +291,7 @@ def expression(w: DoubleWord) -> Expr | None:
         return None
     entry = _table.get(id(hi))
     if (entry is not None and entry[0]() is hi and entry[1] is w._lo
-            and not (entry[2].exact_words and _traced.get())):
+            and entry[3] is _scope.get() and not (entry[2].exact_words and _traced.get())):
         return entry[2]
     lo = w._lo
     if lo is None and w.wide is not None:
@@ -535,7 +570,7 @@ def words_op(forward, plain, operands: list[mx.array], lows: list) -> tuple[mx.a
     if not _traced.get():
         return z.hi, z.lo
     entry = _table.get(id(z.hi))
-    if entry is not None and entry[0]() is z.hi and entry[1] is z._lo:
+    if entry is not None and entry[0]() is z.hi and entry[1] is z._lo:  # fused just now
         return z.hi, z.lo
     n = len(operands)
     given = [lo for lo in lows if lo is not None]

@@ -35,6 +35,7 @@ import numpy as np
 from ..doubleword import fusion, words
 from ..doubleword.words import DoubleWord, as_complex, combine, from64, to64
 from ..doubleword.words import real_imag as parts  # noqa: F401  (rules read arith.parts)
+from ..core import backends
 from ..core.backends import Backend
 
 C64 = mx.complex64
@@ -92,7 +93,11 @@ def _map(f, *xs: DoubleWord) -> DoubleWord:
     return DoubleWord(f(*(x.hi for x in xs)), f(*(x.lo for x in xs)))
 
 
-neg = words.negate
+def neg(x: DoubleWord) -> DoubleWord:
+    """-x (exact): both words change sign; on a kernel backend (the active one: the
+    call's), a fused negation, which the next operation reads as part of its chain."""
+    z = _fused("neg", [x], backends.backend(), None)
+    return words.negate(x) if z is None else z
 
 
 def _fused(op: str, operands: list, backend: Backend | None, stream) -> DoubleWord | None:
@@ -150,7 +155,7 @@ def binary(op: str, x: DoubleWord, y: DoubleWord, backend: Backend,
         return fusion.binary(op, x, y, backend, stream,
                              lambda op, a, b: words.binary(op, a, b, backend, stream))
     if op == "sub":
-        op, y = "add", neg(y)
+        op, y = "add", words.negate(y)
     return words.binary(op, x, y, backend)  # MLX float64 ops: differentiable as they are
 
 

@@ -327,3 +327,21 @@ def test_layer_norm_launches_three_times_on_metal(lazy_metal):
         y = mx.fast.layer_norm(x, w, b, 1e-5)
         counts = graph_counts(y, low_word(y))
     assert counts["launches"] == 3 and counts["glue"] == 0, counts
+
+
+def test_a_block_drops_its_expressions():
+    """Expressions do not outlive their block: a result of one block is a leaf in the
+    next (its own launch, or its evaluated data), and nothing the block made keeps
+    its leaves alive."""
+    x = mx.array(np.arange(12, dtype=np.float32))
+    start = len(fusion._table)
+    with mp.use_backend("emulate"), mp.extended_precision():
+        y = x / 3 + 1
+        assert len(fusion.expression(DoubleWord(y, low_word(y))).code) == 5
+    assert len(fusion._table) == start
+    with mp.use_backend("emulate"), mp.extended_precision():
+        e = fusion.expression(DoubleWord(y, low_word(y)))
+        assert e.leaves[0] is y and len(e.code) == 1
+        z = y * 3
+    ref = (np.arange(12, dtype=np.longdouble) / 3 + 1) * 3
+    assert np.all(np.abs(_words(z) - ref) <= 2.0**-44 * ref)
