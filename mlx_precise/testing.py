@@ -29,17 +29,28 @@ def lazy_metal_executor():
     inputs (zeros of the output shapes), so the flow builds exactly the graph it
     builds on a Mac, and the time to build it is the host's cost (the values are
     meaningless). Each launch is one ``Depends`` node of the graph (its outputs are
-    broadcast views), which :func:`graph_counts` counts as a launch. Uses the
-    package's private kernel hooks; restores them."""
+    broadcast views, one ``Broadcast`` node per output shape: the stand-in's own),
+    which :func:`graph_counts` counts as a launch. Uses the package's private kernel
+    hooks; restores them."""
     from .core import backends, kernels
+
+    zeros: dict = {}  # one 0-d zero per dtype: a constant, no graph node
 
     def factory(_backend):
         def build(**_):
             def run(*, inputs, output_shapes, output_dtypes, **__):
                 # one graph node per launch, as a kernel is on a Mac: the outputs
-                # (broadcast zeros, views) depend on every input (nothing folds away)
-                outs = [mx.broadcast_to(mx.array(0, d), tuple(sh))
-                        for sh, d in zip(output_shapes, output_dtypes)]
+                # (broadcast zeros: one view per shape and dtype) depend on every
+                # input (nothing folds away)
+                views: dict = {}
+                outs = []
+                for sh, d in zip(output_shapes, output_dtypes):
+                    key = (tuple(sh), d)
+                    if key not in views:
+                        if d not in zeros:
+                            zeros[d] = mx.array(0, d)
+                        views[key] = mx.broadcast_to(zeros[d], key[0])
+                    outs.append(views[key])
                 deps = [x for x in inputs if isinstance(x, mx.array)]
                 return mx.depends(outs, deps) if deps else outs
             return run

@@ -4,8 +4,12 @@
 // computed and no intermediate double-word array is written.
 //
 // Program (int32 buffer `prog`): a header of DWF_HEADER words (DWF_PROG_COUNT: the
-// number of instructions, DWF_PROG_OUT: the register holding the result), then the
-// instructions, DWF_INSTR words each: op, dst, x, y, fn. dst, x, y are registers
+// number of instructions, DWF_PROG_OUT: the register holding the result; the launch's
+// layout: DWF_PROG_ND iteration axes of extents DWF_PROG_EXTENTS, each walking array
+// axis DWF_PROG_PERM (dwf_index), the array's DWF_PROG_NDIM axes, and per slot its
+// axes and broadcast mask at DWF_PROG_SLOTS (dwf_word); dw_reduce's row length and
+// operation at DWF_PROG_N, DWF_PROG_REDUCE), then the instructions, DWF_INSTR words
+// each: op, dst, x, y, fn. dst, x, y are registers
 // (0 .. DWF_REGISTERS - 1), assigned on the host; an instruction reads its operands
 // before it writes dst.
 //   DWF_OP_LOAD   r[dst] = (word x, word y): the words of array slots x and y, or
@@ -44,39 +48,52 @@ constant constexpr int DWF_SLOTS = 12;
 constant constexpr int DWF_REGISTERS = 8;
 constant constexpr int DWF_MAX_NDIM = 8;
 constant constexpr int DWF_MAX_INSTRUCTIONS = 32;
-constant constexpr int DWF_HEADER = 8;
+constant constexpr int DWF_HEADER = 48;
 constant constexpr int DWF_INSTR = 5;
 constant constexpr int DWF_PROG_COUNT = 0;
 constant constexpr int DWF_PROG_OUT = 1;
 constant constexpr int DWF_PROG_N = 2;
 constant constexpr int DWF_PROG_REDUCE = 3;
+constant constexpr int DWF_PROG_ND = 4;
+constant constexpr int DWF_PROG_NDIM = 5;
+constant constexpr int DWF_PROG_EXTENTS = 8;
+constant constexpr int DWF_PROG_PERM = 16;
+constant constexpr int DWF_PROG_SLOTS = 24;
 constant constexpr int DWF_REDUCE_MAX = 2048;
 constant constexpr int DWF_REDUCE_THREADS = 256;
 // ---- end of generated codes ----
 
-// The word arrays of a program: slot k is at a[k], its strides (in elements; 0 along
-// broadcast axes) at strides[k]; every slot has the shape of the kernel's first one.
+// The word arrays of a program: slot k is at a[k], its strides (in elements) at
+// strides[k].
 struct dwf_slots {
   const device float* a[DWF_SLOTS];
   const constant int64_t* strides[DWF_SLOTS];
 };
 
-// The multi-index of flat element e of an array of nd axes (extents shape), into idx;
-// false when e is past the last element.
-METAL_FUNC bool dwf_index(uint e, const constant int* shape, int nd, thread int* idx) {
-  for (int d = nd - 1; d >= 0; --d) {
-    uint extent = uint(shape[d]);
-    idx[d] = int(e % extent);
+// The array multi-index (DWF_PROG_NDIM axes) of element e of the launch's iteration
+// (DWF_PROG_ND axes of extents DWF_PROG_EXTENTS, row-major; iteration axis d walks
+// array axis DWF_PROG_PERM[d], none when negative), into idx; false when e is past
+// the last element.
+METAL_FUNC bool dwf_index(uint e, const device int* prog, thread int* idx) {
+  for (int d = prog[DWF_PROG_ND] - 1; d >= 0; --d) {
+    const uint extent = uint(prog[DWF_PROG_EXTENTS + d]);
+    const int axis = prog[DWF_PROG_PERM + d];
+    if (axis >= 0) idx[axis] = int(e % extent);
     e /= extent;
   }
   return e == 0u;
 }
 
-// Word `slot` of the program's arrays at multi-index idx.
-METAL_FUNC float dwf_word(thread const dwf_slots& s, int slot, thread const int* idx, int nd) {
+// Word `slot` at array multi-index idx: the slot's axes are the array's last ones;
+// those set in its broadcast mask (extent 1 against the array's) read index 0.
+METAL_FUNC float dwf_word(thread const dwf_slots& s, int slot, thread const int* idx,
+                          const device int* prog) {
+  const int sn = prog[DWF_PROG_SLOTS + 2 * slot];
+  const int mask = prog[DWF_PROG_SLOTS + 2 * slot + 1];
+  const int lead = prog[DWF_PROG_NDIM] - sn;
   int64_t off = 0;
-  for (int d = 0; d < nd; ++d) {
-    off += int64_t(idx[d]) * s.strides[slot][d];
+  for (int d = 0; d < sn; ++d) {
+    if (((mask >> d) & 1) == 0) off += int64_t(idx[lead + d]) * s.strides[slot][d];
   }
   return s.a[slot][off];
 }
@@ -105,7 +122,7 @@ METAL_FUNC dw dwf_extremum(dw x, dw y, bool larger) {
 // reading its operands' registers before writing its own (layout above). MATH: the
 // program may call the elementary functions (otherwise they are left out).
 template <bool MATH>
-METAL_FUNC dw dwf_eval(thread const dwf_slots& s, thread const int* idx, int nd,
+METAL_FUNC dw dwf_eval(thread const dwf_slots& s, thread const int* idx,
                        const device int* prog) {
   dw r[DWF_REGISTERS];
   const int count = prog[DWF_PROG_COUNT];
@@ -116,7 +133,7 @@ METAL_FUNC dw dwf_eval(thread const dwf_slots& s, thread const int* idx, int nd,
     const int y = ins[3];
     dw z;
     if (op == DWF_OP_LOAD) {
-      z = dw_make(dwf_word(s, x, idx, nd), y < 0 ? 0.0f : dwf_word(s, y, idx, nd));
+      z = dw_make(dwf_word(s, x, idx, prog), y < 0 ? 0.0f : dwf_word(s, y, idx, prog));
     } else if (op == DWF_OP_CONST) {
       z = dw_make(as_type<float>(x), as_type<float>(y));
     } else if (op == DWF_OP_NEG) {

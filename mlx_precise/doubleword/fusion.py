@@ -58,13 +58,17 @@ OP = Codes("DWF_OP", ("load", "const", "neg", "add", "sub", "mul", "div", "fn", 
 """Operation codes of a ``dw_fused`` program (``metal/include/dw_fused.h``)."""
 
 LIMITS = Constants("DWF", {"slots": 12, "registers": 8, "max_ndim": 8,
-                           "max_instructions": 32, "header": 8, "instr": 5,
+                           "max_instructions": 32, "header": 48, "instr": 5,
                            "prog_count": 0, "prog_out": 1, "prog_n": 2, "prog_reduce": 3,
+                           "prog_nd": 4, "prog_ndim": 5, "prog_extents": 8,
+                           "prog_perm": 16, "prog_slots": 24,
                            "reduce_max": 2048, "reduce_threads": 256})
 """The program layout and the bounds of an expression, shared with the kernels: word
 array slots, registers, axes, instructions; the header's length and its fields
 (instruction count, result register; for ``dw_reduce`` the row length and the
-operation), the words per instruction (op, dst, x, y, fn); ``dw_reduce``'s
+operation; the iteration's axes, the array's axes, the iteration's extents, the
+array axis each iteration axis walks, each slot's axes and broadcast mask: see
+:func:`program`), the words per instruction (op, dst, x, y, fn); ``dw_reduce``'s
 threadgroup memory (values of the tree's first level, so rows of up to twice as
 many elements) and threads per row."""
 
@@ -310,7 +314,7 @@ def _fuse(op: int, fn: int, operands: list[DoubleWord]) -> Expr | None:
         e = _compose(op, fn, exprs)
         if e is None:
             return None
-        if e.fits() and program(e.key) is not None:
+        if e.fits() and fits(e.key):
             return e
         composite = [k for k, x in enumerate(exprs) if len(x.code) > 1]
         if not composite:
@@ -326,16 +330,13 @@ _PROGRAMS: OrderedDict = OrderedDict()
 _CACHE_SIZE = 4096
 
 
-def program(key: tuple, reduce: tuple = ()) -> tuple[mx.array, bool] | None:
-    """``(prog, math)`` for an expression's :attr:`Expr.key`: the int32 program of
-    ``dw_fused`` with registers assigned (each freed after its last read, reused at
-    once), and whether it calls an elementary function; None when it needs more
-    than ``DWF_REGISTERS`` registers. ``reduce = (n, op)``: the program of
-    ``dw_reduce`` over rows of ``n`` elements. Cached (least recently used first
-    out)."""
-    hit = _PROGRAMS.get((key, reduce))
-    if hit is not None:
-        _PROGRAMS.move_to_end((key, reduce))
+def _instructions(key: tuple) -> tuple[tuple, int, bool] | None:
+    """``(words, out, math)`` for an expression's :attr:`Expr.key`: its instructions
+    with registers assigned (each freed after its last read, reused at once), the
+    register of the result, and whether it calls an elementary function; None when
+    it needs more than ``DWF_REGISTERS`` registers. Cached."""
+    hit = _INSTRUCTIONS.get(key, False)
+    if hit is not False:
         return hit
     code, root = key
     last = {}
@@ -346,11 +347,9 @@ def program(key: tuple, reduce: tuple = ()) -> tuple[mx.array, bool] | None:
                 last[y] = k
     free = list(range(_REGISTERS - 1, -1, -1))  # pop() gives the lowest
     reg = [0] * len(code)
-    words = [0] * LIMITS.header
-    words[LIMITS.prog_count] = len(code)
-    if reduce:
-        words[LIMITS.prog_n], words[LIMITS.prog_reduce] = reduce
+    words = []
     math_ = False
+    hit = None
     for k, (o, sx, sy, f) in enumerate(code):
         x, y = sx, sy
         if o not in (_LOAD, _CONST):
@@ -364,16 +363,77 @@ def program(key: tuple, reduce: tuple = ()) -> tuple[mx.array, bool] | None:
             free.sort(reverse=True)
             math_ = math_ or o == _FN
         if not free:
-            return None
+            break
         reg[k] = free.pop()
-        if k == root:
-            words[LIMITS.prog_out] = reg[k]
         words += [o, reg[k], x, y, f]
-    hit = (mx.array(np.array(words, np.int32)), math_)
-    _PROGRAMS[(key, reduce)] = hit
-    if len(_PROGRAMS) > _CACHE_SIZE:
-        _PROGRAMS.popitem(last=False)
+    else:
+        hit = (tuple(words), reg[root], math_)
+    _cache(_INSTRUCTIONS, key, hit)
     return hit
+
+
+def fits(key: tuple) -> bool:
+    """The expression ``key`` fits the kernels' register file."""
+    return _instructions(key) is not None
+
+
+def program(key: tuple, layout: tuple) -> tuple[mx.array, bool]:
+    """``(prog, math)``: the int32 program of ``dw_fused`` / ``dw_reduce`` for an
+    expression that fits (:func:`fits`), launched over ``layout = (reduce,
+    extents, perm, ndim, slots)``: ``reduce`` ``(n, op)`` for rows of ``n`` elements
+    or ``()``; the iteration's extents, and for each iteration axis the array axis
+    it walks (-1: none, the copies of a short output); the array's ``ndim``; per
+    slot ``(ndim, mask)``, its axes aligned with the array's last ones, the bits of
+    ``mask`` the axes it broadcasts. ``math``: it calls an elementary function.
+    Cached (least recently used first out)."""
+    hit = _PROGRAMS.get((key, layout))
+    if hit is not None:
+        _PROGRAMS.move_to_end((key, layout))
+        return hit
+    ins, out, math_ = _instructions(key)
+    reduce, extents, perm, ndim, slots = layout
+    header = [0] * LIMITS.header
+    header[LIMITS.prog_count], header[LIMITS.prog_out] = len(key[0]), out
+    if reduce:
+        header[LIMITS.prog_n], header[LIMITS.prog_reduce] = reduce
+    header[LIMITS.prog_nd], header[LIMITS.prog_ndim] = len(extents), ndim
+    header[LIMITS.prog_extents:LIMITS.prog_extents + len(extents)] = extents
+    header[LIMITS.prog_perm:LIMITS.prog_perm + len(perm)] = perm
+    for k, (sn, mask) in enumerate(slots):
+        header[LIMITS.prog_slots + 2 * k:LIMITS.prog_slots + 2 * k + 2] = (sn, mask)
+    hit = (mx.array(np.array(header + list(ins), np.int32)), math_)
+    _cache(_PROGRAMS, (key, layout), hit)
+    return hit
+
+
+_INSTRUCTIONS: OrderedDict = OrderedDict()
+
+
+def _cache(table: OrderedDict, key, value) -> None:
+    table[key] = value
+    if len(table) > _CACHE_SIZE:
+        table.popitem(last=False)
+
+
+def _slots(leaves, shape: tuple) -> tuple[list, tuple]:
+    """The slot arrays of a launch over an array of ``shape`` (8 elements at least):
+    the leaves as they are (any view: the kernel reads their strides and
+    broadcasts them by their masks), but for those of fewer than 8 elements,
+    broadcast views of ``shape`` (so that every input is a device buffer, one
+    signature); a lone constant-only program reads a zero. Also each slot's
+    ``(ndim, mask)`` (:func:`program`)."""
+    arrays = []
+    for a in leaves or [mx.array(0.0, F32)]:
+        arrays.append(a if a.size >= 8 else mx.broadcast_to(a, shape))
+    specs = []
+    for a in arrays:
+        sn, lead = a.ndim, len(shape) - a.ndim
+        mask = 0
+        for d, extent in enumerate(a.shape):
+            if extent == 1 and shape[lead + d] != 1:
+                mask |= 1 << d
+        specs.append((sn, mask))
+    return arrays + [arrays[0]] * (_SLOTS - len(arrays)), tuple(specs)
 
 
 def _run(key: tuple, leaves, shape: tuple, backend, stream) -> tuple[mx.array, mx.array]:
@@ -384,16 +444,13 @@ def _run(key: tuple, leaves, shape: tuple, backend, stream) -> tuple[mx.array, m
         return mx.zeros(shape, F32), mx.zeros(shape, F32)
     # fewer than 8 outputs: 8 copies, so that every input is a device buffer
     kshape = shape if n >= 8 else (8,) + shape
-    arrays = [a if tuple(a.shape) == kshape else mx.broadcast_to(a, kshape) for a in leaves]
-    if not arrays:  # constants only
-        arrays = [mx.broadcast_to(mx.array(0.0, F32), kshape)]
-    prog, math_ = program(key)
-    grid, threadgroup = elementwise_grid(n if kshape is shape else 8 * n)
+    arrays, specs = _slots(leaves, kshape)
+    prog, math_ = program(key, ((), kshape, tuple(range(len(kshape))), len(kshape), specs))
+    grid, threadgroup = elementwise_grid(math.prod(kshape))
     # every input is float32 / int32 with 8 elements at least: the declared forms
     zh, zl = DW_FUSED.unchecked(
-        inputs=arrays + [arrays[0]] * (_SLOTS - len(arrays)) + [prog],
-        template=[("MATH", math_)], grid=grid, threadgroup=threadgroup,
-        output_shapes=[kshape, kshape], output_dtypes=[F32, F32],
+        inputs=arrays + [prog], template=[("MATH", math_)], grid=grid,
+        threadgroup=threadgroup, output_shapes=[kshape, kshape], output_dtypes=[F32, F32],
         backend=backends.of(backend), stream=stream)
     if kshape is not shape:
         zh, zl = zh[:1].reshape(shape), zl[:1].reshape(shape)
@@ -411,10 +468,12 @@ def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
     if not _fusing.get() or _traced.get():
         return None
     e = expression(x)
-    if e is None or (len(e.code) > 1 and program(e.key) is None):
+    if e is None:
         return None
-    if len(e.leaves) > _SLOTS or x.ndim >= _MAX_NDIM:
+    if len(e.code) > 1 and not (e.fits() and fits(e.key)):
         e = Expr.leaf(x.hi, x.lo)
+    if x.ndim >= _MAX_NDIM:
+        return None
     shape = tuple(x.shape)
     keep = [d for d in range(len(shape)) if d not in axes]
     m = math.prod(shape[d] for d in keep)
@@ -425,20 +484,18 @@ def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
         else tuple(shape[d] for d in keep)
     if m == 0:
         return DoubleWord(mx.zeros(out_shape, F32), mx.zeros(out_shape, F32))
+    # rows: the kept axes, then the reduced ones (row r, element j: flat r n + j)
     order = keep + list(axes)
-    tshape = tuple(shape[d] for d in order)
+    extents, perm, ashape = tuple(shape[d] for d in order), tuple(order), shape
     copies = 1 if m * n >= 8 else 8  # 8 elements at least: every input a device buffer
-    views = []
-    for a in e.leaves or [mx.array(0.0, F32)]:
-        v = a if tuple(a.shape) == shape else mx.broadcast_to(a, shape)
-        v = mx.transpose(v, order) if order != sorted(order) else v
-        views.append(v if copies == 1 else mx.broadcast_to(v, (copies,) + tshape))
-    prog, math_ = program(e.key, (n, OP[op]))
+    if copies > 1:
+        extents, perm, ashape = (8,) + extents, (0,) + tuple(d + 1 for d in order), (8,) + shape
+    arrays, specs = _slots(e.leaves, ashape)
+    prog, math_ = program(e.key, ((n, OP[op]), extents, perm, len(ashape), specs))
     rows = m * copies
     threads = min(_REDUCE_THREADS, 1 << max(0, ((n + 1) // 2 - 1).bit_length()))
     zh, zl = DW_REDUCE.unchecked(
-        inputs=views + [views[0]] * (_SLOTS - len(views)) + [prog],
-        template=[("MATH", math_)], grid=(rows * threads, 1, 1),
+        inputs=arrays + [prog], template=[("MATH", math_)], grid=(rows * threads, 1, 1),
         threadgroup=(threads, 1, 1), output_shapes=[(rows,), (rows,)],
         output_dtypes=[F32, F32], backend=backends.of(backend), stream=stream)
     if copies > 1:

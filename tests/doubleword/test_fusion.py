@@ -76,6 +76,9 @@ CHAINS = {
     "fewer than 8 elements": (
         lambda x, y: (x + y) * y - 1.5, [(3,), (1, 3)], lambda x, y: (x + y) * y - 1.5,
         2.0**-44),
+    "broadcast middle axis and leading axes": (
+        lambda a, b, c: (a - b) * c + a, [(2, 5, 1, 9), (5, 4, 9), (9,)],
+        lambda a, b, c: (a - b) * c + a, 2.0**-40),
     "0-d operands": (
         lambda x, y: x / y + x * y, [(), ()], lambda x, y: x / y + x * y, 2.0**-44),
 }
@@ -145,7 +148,8 @@ def test_program_registers_are_reused():
     e = x
     for _ in range(20):
         e = fusion._compose(fusion.OP["mul"], 0, [e, x])
-    prog, math_ = fusion.program(e.key)
+    layout = ((), (8,), (0,), 1, ((1, 0), (1, 0)))
+    prog, math_ = fusion.program(e.key, layout)
     words = np.array(prog)
     count, out = words[fusion.LIMITS.prog_count], words[fusion.LIMITS.prog_out]
     instrs = words[fusion.LIMITS.header:].reshape(-1, fusion.LIMITS.instr)
