@@ -422,18 +422,26 @@ def _slots(leaves, shape: tuple) -> tuple[list, tuple]:
     broadcast views of ``shape`` (so that every input is a device buffer, one
     signature); a lone constant-only program reads a zero. Also each slot's
     ``(ndim, mask)`` (:func:`program`)."""
-    arrays = []
-    for a in leaves or [mx.array(0.0, F32)]:
-        arrays.append(a if a.size >= 8 else mx.broadcast_to(a, shape))
-    specs = []
-    for a in arrays:
-        sn, lead = a.ndim, len(shape) - a.ndim
-        mask = 0
-        for d, extent in enumerate(a.shape):
-            if extent == 1 and shape[lead + d] != 1:
-                mask |= 1 << d
-        specs.append((sn, mask))
-    return arrays + [arrays[0]] * (_SLOTS - len(arrays)), tuple(specs)
+    leaves = leaves or [_ZERO]
+    shapes = tuple(a.shape for a in leaves)
+    plan = _SLOT_PLANS.get((shapes, shape))
+    if plan is None:
+        small = tuple(math.prod(s) < 8 for s in shapes)
+        specs = []
+        for s_, tiny in zip(shapes, small):
+            s_ = shape if tiny else s_
+            lead = len(shape) - len(s_)
+            mask = sum(1 << d for d, n in enumerate(s_) if n == 1 and shape[lead + d] != 1)
+            specs.append((len(s_), mask))
+        plan = (small, tuple(specs))
+        _cache(_SLOT_PLANS, (shapes, shape), plan)
+    small, specs = plan
+    arrays = [mx.broadcast_to(a, shape) if tiny else a for a, tiny in zip(leaves, small)]
+    return arrays + [arrays[0]] * (_SLOTS - len(arrays)), specs
+
+
+_SLOT_PLANS: OrderedDict = OrderedDict()
+_ZERO = mx.array(0.0, F32)
 
 
 def _run(key: tuple, leaves, shape: tuple, backend, stream) -> tuple[mx.array, mx.array]:
