@@ -20,10 +20,10 @@ import tempfile
 
 import mlx.core as mx
 
-__all__ = ["graph_counts", "lazy_metal_executor"]
+__all__ = ["Launch", "graph_counts", "lazy_metal_executor"]
 
 
-def lazy_metal_executor():
+def lazy_metal_executor(record: list | None = None):
     """A context manager standing in for Metal on a machine without it: the metal
     backend is made available and every kernel launch returns lazy MLX ops on its
     inputs (zeros of the output shapes), so the flow builds exactly the graph it
@@ -31,14 +31,19 @@ def lazy_metal_executor():
     meaningless). Each launch is one ``Depends`` node of the graph (its outputs are
     broadcast views, one ``Broadcast`` node per output shape: the stand-in's own),
     which :func:`graph_counts` counts as a launch. Uses the package's private kernel
-    hooks; restores them."""
+    hooks; restores them.
+
+    ``record``: a list that gets one :class:`Launch` per launch (the kernel's name,
+    template, inputs and outputs); after the graph is evaluated, :meth:`Launch.ran`
+    says whether a GPU would have run it (a launch whose outputs nothing evaluated
+    reads, such as the intermediate results of a fused chain, never runs)."""
     from .core import backends, kernels
 
     zeros: dict = {}  # one 0-d zero per dtype: a constant, no graph node
 
     def factory(_backend):
-        def build(**_):
-            def run(*, inputs, output_shapes, output_dtypes, **__):
+        def build(*, name="", **_):
+            def run(*, inputs, output_shapes, output_dtypes, template=None, **__):
                 # one graph node per launch, as a kernel is on a Mac: the outputs
                 # (broadcast zeros: one view per shape and dtype) depend on every
                 # input (nothing folds away)
@@ -52,6 +57,11 @@ def lazy_metal_executor():
                         views[key] = mx.broadcast_to(zeros[d], key[0])
                     outs.append(views[key])
                 deps = [x for x in inputs if isinstance(x, mx.array)]
+                if record is not None:
+                    launch = Launch(name, dict(template or ()), inputs, output_shapes,
+                                    output_dtypes)
+                    record.append(launch)
+                    deps.append(launch.probe)
                 return mx.depends(outs, deps) if deps else outs
             return run
         return build
@@ -74,6 +84,22 @@ def lazy_metal_executor():
             kernels._checked.update(saved[3])
 
     return patched()
+
+
+class Launch:
+    """One kernel launch seen by :func:`lazy_metal_executor` (with ``record``):
+    ``name``, ``template`` (a dict), ``inputs``, ``output_shapes``,
+    ``output_dtypes``, and a lazy probe its outputs depend on."""
+
+    def __init__(self, name, template, inputs, output_shapes, output_dtypes):
+        self.name, self.template, self.inputs = name, template, list(inputs)
+        self.output_shapes, self.output_dtypes = output_shapes, output_dtypes
+        self.probe = mx.zeros((1,), mx.float32) * 1  # unevaluated until the launch is
+
+    def ran(self) -> bool:
+        """Whether evaluating the graph evaluated this launch: its probe then has no
+        primitive left (MLX detaches evaluated arrays from their graph)."""
+        return not graph_counts(self.probe)["by_primitive"]
 
 
 # Primitives that make no GPU dispatch of their own: views of their input's buffer

@@ -349,3 +349,19 @@ def test_a_block_drops_its_expressions():
         z = y * 3
     ref = (np.arange(12, dtype=np.longdouble) / 3 + 1) * 3
     assert np.all(np.abs(_words(z) - ref) <= 2.0**-44 * ref)
+
+
+def test_only_the_consumed_result_runs_on_metal():
+    """Each operation of a chain launches (its result is an array the code may
+    read), but evaluating the end of the chain runs only its own launch."""
+    from mlx_precise.testing import lazy_metal_executor
+
+    x = mx.ones((4, 16))
+    mx.eval(x)
+    record = []
+    with lazy_metal_executor(record):
+        with mp.use_backend("metal"), mp.extended_precision():
+            y = mx.exp(x / 3 + 1) * 2
+        mx.eval(y)
+    assert [k.name for k in record] == ["dw_fused"] * 4
+    assert [k.ran() for k in record] == [False, False, False, True]
