@@ -206,20 +206,26 @@ def test_a_chain_launches_once_on_metal(lazy_metal):
 def test_mlx_gradient_outside_the_block_on_metal(lazy_metal):
     """A function that opens a block, differentiated by MLX from outside: the fused
     chain is a custom function of its leaves whose VJP is the unfused chain's
-    (float32 derivatives of the high words), here the plain float32 gradient bit
-    for bit (it reads only the operands, not the stand-in's kernel outputs)."""
+    (float32 derivatives of the high words), and the GEMM a custom function of its
+    operands: here the plain float32 gradient (it reads only the operands, not the
+    stand-in's kernel outputs), to float32's accuracy (a leaf read twice in a chain
+    sums its cotangents inside the chain first, another order than MLX's graph)."""
     rng = np.random.default_rng(11)
-    x, w = _f32(rng, (5, 6)), _f32(rng, (6,))
+    x, w, W = _f32(rng, (5, 6)), _f32(rng, (6,)), _f32(rng, (6, 6))
+
+    def plain(x):
+        return ((mx.exp(x) * w - x) * 3 + (x @ W) * w).sum()
 
     def f(x):
         with mp.use_backend("metal"), mp.extended_precision():
-            return ((x * w - x) * 3 + w).sum()
+            return plain(x)
 
-    def plain(x):
-        return ((x * w - x) * 3 + w).sum()
-
-    got, ref = mx.grad(f)(x), mx.grad(plain)(x)
-    assert np.array_equal(np.array(got).view(np.uint32), np.array(ref).view(np.uint32))
+    got, ref = np.array(mx.grad(f)(x)), np.array(mx.grad(plain)(x))
+    x64, w64, W64 = (np.array(v).astype(np.float64) for v in (x, w, W))
+    exact = (np.exp(x64) * w64 - 1) * 3 + w64 @ W64.T  # d/dx of the sum
+    scale = np.abs(np.exp(x64) * w64 * 3) + 3 + np.abs(w64) @ np.abs(W64.T)
+    assert np.all(np.abs(got - ref) <= 2.0**-21 * scale)
+    assert np.all(np.abs(got - exact) <= 2.0**-20 * scale)
 
 
 def _special_words():
