@@ -150,9 +150,15 @@ class Expr:
 
     @classmethod
     def leaf(cls, hi: mx.array, lo: mx.array | None) -> "Expr":
+        """``hi`` (and ``lo``) as a leaf, read through aliases of the arrays as they
+        are now: a later in-place update of ``hi`` (MLX's ``x[i] = v``, ``x += v``)
+        replaces its data, not the alias's, so every expression reads the words it
+        was made from. (Two captures of one array therefore take two slots: nothing
+        tells whether it was updated in between.)"""
         if lo is None:
-            return cls((hi,), _EXACT_LOAD, _EXACT_INDEX, 0, tuple(hi.shape))
-        return cls((hi, lo), _DW_LOAD, _DW_INDEX, 0, tuple(hi.shape))
+            return cls((_ASTYPE(hi, F32),), _EXACT_LOAD, _EXACT_INDEX, 0, tuple(hi.shape))
+        return cls((_ASTYPE(hi, F32), _ASTYPE(lo, F32)), _DW_LOAD, _DW_INDEX, 0,
+                   tuple(hi.shape))
 
     @classmethod
     def constant(cls, hi: float, lo: float) -> "Expr":
@@ -165,6 +171,8 @@ class Expr:
         return (len(self.leaves) <= _SLOTS and len(self.code) <= _MAX_INSTRUCTIONS
                 and len(self.shape) < _MAX_NDIM)
 
+
+_ASTYPE = mx.array.astype  # MLX's own (to the same dtype: an alias, no graph node)
 
 # The code of a leaf, shared (composition copies an index before adding to it).
 _DW_LOAD, _EXACT_LOAD = ((_LOAD, 0, 1, 0),), ((_LOAD, 0, -1, 0),)
@@ -204,7 +212,7 @@ def _compose(op: int, fn: int, operands: list[Expr]) -> Expr | None:
             roots.append(first.root)
             continue
         slots = []
-        for a in e.leaves:
+        for a in e.leaves:  # an alias both operands' expressions read: one slot
             for k, b in enumerate(leaves):
                 if b is a:
                     slots.append(k)
@@ -307,7 +315,10 @@ def _fuse(op: int, fn: int, operands: list[DoubleWord]) -> Expr | None:
     """The expression of ``op`` on the operands within the bounds (the largest
     composite operand made a leaf while it does not fit), or None: complex words,
     shapes that do not broadcast, too many axes."""
-    exprs = [expression(w) for w in operands]
+    exprs = []
+    for k, w in enumerate(operands):  # one operand twice (x * x): one expression
+        same = [exprs[j] for j in range(k) if operands[j] is w]
+        exprs.append(same[0] if same else expression(w))
     if any(e is None for e in exprs):
         return None
     while True:
