@@ -2,15 +2,16 @@
 emulate): one ``dw_fused`` launch per result a graph consumes.
 
 MLX evaluates lazily: an array is computed only when an evaluated graph needs it.
-The result of an elementwise double-word operation here keeps, beside its words,
-its *expression*: the operations that made it from leaf arrays (inputs, results of
-other kernels, anything without an expression) and constants. The next elementwise
-operation composes the expressions of its operands and launches one kernel for the
-whole chain, reading the leaves; so ``x * 0.5 * (1 + erf(x / sqrt(2)))`` is one
-launch that reads ``x``, and the intermediate results are computed only if something
-else reads them (then by their own launch). Broadcast operands are read through
-their strides (never expanded), float32 operands enter without a low word (none is
-made), Python constants are part of the program.
+Inside an ``extended_precision()`` block the result of an elementwise double-word
+operation keeps, beside its words, its *expression*: the operations that made it
+from leaf arrays (inputs, results of other kernels, anything without an expression)
+and constants. The next elementwise operation composes the expressions of its
+operands and launches one kernel for the whole chain, reading the leaves; so
+``x * 0.5 * (1 + erf(x / sqrt(2)))`` is one launch that reads ``x``, and the
+intermediate results are computed only if something else reads them (then by their
+own launch). Broadcast operands are read through their strides (never expanded),
+float32 operands enter without a low word (none is made), Python constants are part
+of the program. (Outside blocks each operation is one launch over its operands.)
 
 The kernel interprets its program (``metal/kernels/dw_fused.metal``; the program is
 an int32 buffer): every chain runs on the same two instantiations (with and without
@@ -245,27 +246,29 @@ def _compose(op: int, fn: int, operands: list[Expr]) -> Expr | None:
 
 # ---- the expressions of arrays ----------------------------------------------------------
 # id(hi) -> (weak reference to hi, its low word, Expr, scope). An entry holds while hi is
-# alive, the words read with hi still include that very low word (an in-place update of
-# hi attaches another one, or none: then hi is a leaf again), and within the block that
-# made it (scope): a block's entries go when it closes, so an expression never keeps its
-# leaves alive past the block, nor makes a later block recompute a value that has been
-# evaluated since (MLX cannot tell). Outside blocks (DoubleWord's operators) the scope
-# is None and an entry lives as long as its array.
+# alive, the words read with hi still include that very low word (inside a block every
+# in-place update runs through the flow, which attaches another low word, or none:
+# then hi is a leaf again), and within the block that made it (scope): a block's entries
+# go when it closes, so an expression never keeps its leaves alive past the block, nor
+# makes a later block recompute a value that has been evaluated since (MLX cannot
+# tell). Outside blocks nothing would see an in-place update of a result (DoubleWord's
+# words are the caller's): no entry is made there, each operation is one launch.
 _table: dict[int, tuple] = {}
 _scope: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_fusion_scope",
                                                         default=None)
 
 
 def _remember(hi: mx.array, lo: mx.array | None, e: Expr) -> None:
+    scope = _scope.get()
+    if scope is None:  # outside blocks nothing sees an in-place update of hi: no entry
+        return
     key = id(hi)
 
     def drop(_ref, key=key):
         _table.pop(key, None)
 
-    scope = _scope.get()
     _table[key] = (weakref.ref(hi, drop), lo, e, scope)
-    if scope is not None:
-        scope.append(key)
+    scope.append(key)
 
 
 @contextlib.contextmanager
