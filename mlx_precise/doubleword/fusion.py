@@ -258,8 +258,21 @@ _scope: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_fusion_scop
                                                         default=None)
 
 
-def _remember(hi: mx.array, lo: mx.array | None, e: Expr) -> None:
+class _Scope(list):
+    """The table keys a block's expressions have; ``open`` turns False when the
+    block ends, also where the context variable still names it (a generator
+    suspended inside its block, closed from another thread or task)."""
+
+    open = True
+
+
+def _open_scope() -> _Scope | None:
     scope = _scope.get()
+    return scope if scope is not None and scope.open else None
+
+
+def _remember(hi: mx.array, lo: mx.array | None, e: Expr) -> None:
+    scope = _open_scope()
     if scope is None:  # outside blocks nothing sees an in-place update of hi: no entry
         return
     key = id(hi)
@@ -276,11 +289,12 @@ def _block_scope(on: bool, strict: bool):
     """Entered by every ``extended_precision()`` block (a block hook of
     :mod:`mlx_precise.core.context`): the block's expressions are dropped when it
     closes. Yields no report."""
-    scope: list = []
+    scope = _Scope()
     token = _scope.set(scope)
     try:
         yield None
     finally:
+        scope.open = False
         restore(_scope, token)
         for key in scope:
             entry = _table.get(key)
@@ -306,7 +320,7 @@ def expression(w: DoubleWord) -> Expr | None:
         return None
     entry = _table.get(id(hi))
     if (entry is not None and entry[0]() is hi and entry[1] is w._lo
-            and entry[3] is _scope.get() and not (entry[2].exact_words and _traced.get())):
+            and entry[3] is _open_scope() and not (entry[2].exact_words and _traced.get())):
         return entry[2]
     lo = w._lo
     if lo is None and w.wide is not None:

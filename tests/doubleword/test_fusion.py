@@ -403,3 +403,25 @@ def test_only_the_consumed_result_runs_on_metal():
         mx.eval(y)
     assert [k.name for k in record] == ["dw_fused"] * 4
     assert [k.ran() for k in record] == [False, False, False, True]
+
+
+def test_a_block_closed_in_another_thread_keeps_no_expression():
+    """A generator suspended inside its block and closed from another thread leaves
+    the caller's context naming the block; its scope is closed all the same, so no
+    expression is kept after it (nothing would see an in-place update)."""
+    import threading
+
+    def gen():
+        with mp.extended_precision() as rep:
+            yield rep
+
+    g = gen()
+    next(g)
+    t = threading.Thread(target=g.close)
+    t.start()
+    t.join()
+    start = len(fusion._table)
+    A = DoubleWord.from_float64(np.arange(9.0) / 7)
+    with mp.use_backend("emulate"):
+        B = A * 2
+    assert len(fusion._table) == start and B.shape == (9,)
