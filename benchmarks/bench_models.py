@@ -3,7 +3,7 @@ block (with its implicit filter network) and a small convolutional network (a
 HiFi-GAN-like vocoder: Conv1d, ConvTranspose1d upsamplers, dilated residual
 blocks, LeakyReLU, tanh), from benchmarks/models/.
 
-    python benchmarks/bench_models.py [--backend cpu] [--full | --quick]
+    python benchmarks/bench_models.py [--backend cpu] [--full | --quick] [--metal]
 
 Per model:
 
@@ -14,15 +14,21 @@ Per model:
   over rounds of the last call of a burst of 3 (emulate: one call);
 * the share of outputs exactly rounded and the normwise error, against the
   model's math in float64 numpy (each model's ``oracle``);
-* the Metal path, counted on the emulator (the same kernel launches metal
-  makes): launches, bytes read + written by the double-word kernels, their
+* the Metal path, counted with a lazy stand-in for the kernels (the launches a
+  GPU runs: not a fused chain's unread intermediate results): launches, bytes read
+  + written by the double-word kernels, their
   floating-point instructions (FMA = 1) from the operation counts of the kernel
   sources (``FP_INSTRUCTIONS`` below; a model, not a measurement), per output, and
   a roofline estimate for an M2 Max: the sum over launches of
   max(bytes / 400 GB/s, instructions / 6.8e12 per s) (38 GPU cores x 128 FP32
   lanes x 1.398 GHz; Apple's 13.6 TFLOPS counts an FMA as two). Launch latency and
   MLX's own ops between the kernels (slices, pads, casts) are not included. Not
-  run on an Apple GPU: an estimate to compare with ``--backend metal`` on a Mac.
+  run on an Apple GPU: an estimate to compare with ``--backend metal`` on a Mac;
+* the Metal path's host side (``--metal``: every model), with the kernels replaced
+  by lazy stand-ins: GPU dispatches per forward (launches plus the glue primitives
+  that are not views) against the plain graph's, the host time to build one
+  forward's graph, and the host cost of a call of the ``mx.compile``d forward,
+  each as a ratio to plain float32 (``metal_graph``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import argparse
 import importlib
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -81,9 +88,9 @@ def fp_instructions(name: str, template: dict, inputs, output_shapes) -> float |
         fn = {v: k for k, v in FN_CODES.items()}[template["FN"]]
         return n * _DW_MATH[fn]
     if name == "dw_gemm":
-        p = np.array(inputs[-1])  # M, N, K, strides..., has_d, ndims, (size, strides)...
+        p = np.array(inputs[-1])  # M, N, K, strides..., has_d, ndims, lows, (size, strides)...
         M, N, K, ndims = int(p[0]), int(p[1]), int(p[2]), int(p[12])
-        batch = math.prod(int(p[13 + 5 * i]) for i in range(ndims))
+        batch = math.prod(int(p[14 + 5 * i]) for i in range(ndims))
         per_term = 21 * (4 if template.get("CPLX") else 1)
         return batch * M * N * (per_term * K + 10)
     if name == "fft_pass":
@@ -97,7 +104,30 @@ def fp_instructions(name: str, template: dict, inputs, output_shapes) -> float |
         return n * (28 * taps + 10)
     if name == "ext_scale":
         return n * (9 if template.get("DW_IN") else 6)
+    if name in ("dw_fused", "dw_reduce"):
+        return _program_instructions(name, np.array(inputs[-1]), n)
     return None
+
+
+def _program_instructions(name: str, prog: np.ndarray, n: int) -> float:
+    """A fused program's FP instructions: its operations per element (loads,
+    constants and exact word operations count 0), times the elements it runs on;
+    dw_reduce adds its tree's n - 1 additions (or products) per row."""
+    from mlx_precise.doubleword import fusion
+    from mlx_precise.doubleword.functions import FN_CODES
+
+    L = fusion.LIMITS
+    names = {v: k for k, v in FN_CODES.items()}
+    cost = {fusion.OP["add"]: 20, fusion.OP["sub"]: 20, fusion.OP["mul"]: 9,
+            fusion.OP["div"]: 35}
+    body = prog[L.header:L.header + L.instr * int(prog[L.prog_count])].reshape(-1, L.instr)
+    per = sum(_DW_MATH[names[int(f)]] if o == fusion.OP["fn"] else cost.get(int(o), 0)
+              for o, _, _, _, f in body)
+    if name == "dw_fused":
+        return n * per
+    row = int(prog[L.prog_n])
+    step = 9 if int(prog[L.prog_reduce]) == fusion.OP["mul"] else 20
+    return n * (row * per + (row - 1) * step)
 
 
 # ---- measurements ---------------------------------------------------------------------
@@ -163,63 +193,132 @@ def measure(name: str, size: str = "small", backends=("cpu", "emulate"), repeat:
 
 def launches(name: str, size: str = "small", seed: int = 0) -> dict:
     """The double-word kernels one forward pass launches on the Metal path, counted
-    on the emulator (the same launches metal makes): {"launches", "bytes" (inputs
-    read + outputs written), "instructions" (FP instructions, FP_INSTRUCTIONS model),
-    "uncounted" (launches of kernels the model has no count for), "m2max_s"
-    (roofline estimate), "by_kernel", "outputs"}. MLX's own ops between the kernels
-    are not counted."""
+    with the lazy stand-in for Metal (``mlx_precise.testing``): the launches a GPU
+    runs when the output is evaluated (a fused chain's intermediate results, which
+    nothing reads, never run; the emulator, which computes every launch at once,
+    would count them): {"launches", "bytes" (inputs read + outputs written),
+    "instructions" (FP instructions, FP_INSTRUCTIONS model), "uncounted" (launches
+    of kernels the model has no count for), "m2max_s" (roofline estimate),
+    "by_kernel", "outputs"}. MLX's own ops between the kernels are not counted."""
     import mlx_precise
-    from mlx_precise.core import kernels
+    from mlx_precise.testing import lazy_metal_executor
 
     mod = importlib.import_module(f"models.{name}")
     model, x = mod.build(size, seed)
     total = {"launches": 0, "bytes": 0, "instructions": 0.0, "uncounted": 0, "m2max_s": 0.0}
     counts: dict = {}
-    call = kernels.Kernel.__call__
-
-    def counting(self, *, inputs, output_shapes, output_dtypes, template=None, **kw):
-        nbytes = sum(a.nbytes for a in inputs if isinstance(a, mx.array))
-        nbytes += sum(math.prod(s) * d.size for s, d in zip(output_shapes, output_dtypes))
-        ops = fp_instructions(self.name, template or {}, inputs, output_shapes)
+    record: list = []
+    with lazy_metal_executor(record):
+        with mlx_precise.use_backend("metal"), mlx_precise.extended_precision():
+            y = model(x)
+        mx.eval(y)
+    for k in (k for k in record if k.ran() and k.name != "eft_selftest"):
+        nbytes = sum(a.nbytes for a in _distinct(k.inputs))
+        nbytes += sum(math.prod(s) * d.size for s, d in zip(k.output_shapes, k.output_dtypes))
+        ops = fp_instructions(k.name, k.template, k.inputs, k.output_shapes)
         total["launches"] += 1
         total["bytes"] += nbytes
-        counts[self.name] = counts.get(self.name, 0) + 1
+        counts[k.name] = counts.get(k.name, 0) + 1
         if ops is None:
             total["uncounted"] += 1
             ops = 0.0
         total["instructions"] += ops
         total["m2max_s"] += max(nbytes / M2_MAX_BYTES_PER_S, ops / M2_MAX_FP32_PER_S)
-        return call(self, inputs=inputs, output_shapes=output_shapes,
-                    output_dtypes=output_dtypes, template=template, **kw)
-
-    kernels.Kernel.__call__ = counting
-    try:
-        with mlx_precise.use_backend("emulate"), mlx_precise.extended_precision():
-            y = model(x)
-            mx.eval(y)
-    finally:
-        kernels.Kernel.__call__ = call
     return {**total, "by_kernel": counts, "outputs": int(np.prod(y.shape))}
 
 
-def host_build(name: str, size: str = "small", repeat: int = 3, seed: int = 0) -> float:
-    """Seconds of host work (Python and MLX graph building) per forward pass on the
-    metal path, without ``mx.compile``: the flow's rules run on every call. (With
-    the block inside an ``mx.compile``d function they run on the first call only,
-    and later calls replay the traced graph.)"""
+def _distinct(arrays):
+    """The arrays of a launch, each once (a fused kernel repeats its first slot in
+    the ones its program does not read)."""
+    seen, out = set(), []
+    for a in arrays:
+        if isinstance(a, mx.array) and id(a) not in seen:
+            seen.add(id(a))
+            out.append(a)
+    return out
+
+
+def _forward_on_metal(model):
+    """The forward pass inside ``extended_precision()`` on the metal backend."""
     import mlx_precise
-    from mlx_precise.testing import lazy_metal_executor  # a lazy stand-in for Metal
+
+    def forward(x):
+        with mlx_precise.use_backend("metal"), mlx_precise.extended_precision():
+            return model(x)
+
+    return forward
+
+
+def metal_graph(name: str, size: str = "small", rounds: int = 7, calls: int = 20,
+                seed: int = 0) -> dict:
+    """The host side of one forward pass on the metal path against plain float32,
+    with the kernels replaced by lazy stand-ins (``mlx_precise.testing``: each
+    launch is one graph node; no Apple GPU here, so these are counts and host
+    times, not GPU timings):
+
+    * ``launches``, ``glue``: the double-word kernel launches of one forward and
+      the other primitives of its graph that dispatch work (not views: reshapes,
+      slices, broadcasts, transposes, ... share their input's buffer);
+      ``plain_ops``: the plain float32 graph's primitives that dispatch (``Compiled``
+      counts once: MLX fuses ``nn.gelu`` & co.); ``dispatch_ratio``:
+      ``(launches + glue) / plain_ops``;
+    * ``build``, ``plain_build``: seconds of host work to build one forward pass's
+      graph without ``mx.compile`` (the flow's rules run on every call);
+    * ``compiled``, ``plain_compiled``: seconds of host work per call of the
+      ``mx.compile``d forward (the block inside it: later calls replay the traced
+      graph, running no Python and no rules), its graph built, not evaluated.
+
+    Times: medians over ``rounds`` interleaved rounds (of ``calls`` calls for the
+    compiled forms)."""
+    from mlx_precise.testing import graph_counts, lazy_metal_executor
 
     mod = importlib.import_module(f"models.{name}")
     model, x = mod.build(size, seed)
-    best = float("inf")
+    mx.eval(model.parameters())
+    plain = graph_counts(model(x))
     with lazy_metal_executor():
-        for _ in range(repeat + 1):
-            t = time.perf_counter()
-            with mlx_precise.use_backend("metal"), mlx_precise.extended_precision():
-                model(x)
-            best = min(best, time.perf_counter() - t)
-    return best
+        forward = _forward_on_metal(model)
+        ext = graph_counts(forward(x))
+        compiled = {"plain": mx.compile(lambda x: model(x)), "extended": mx.compile(forward)}
+        mx.eval(compiled["plain"](x), compiled["extended"](x))  # traced once
+        built = {"plain": model, "extended": forward}
+        times = {k: [] for k in ("plain", "extended", "plain_compiled", "compiled")}
+        for _ in range(rounds):
+            for k, fn in built.items():
+                t = time.perf_counter()
+                fn(x)
+                times[k].append(time.perf_counter() - t)
+            for k, fn in compiled.items():
+                t = time.perf_counter()
+                for _ in range(calls):
+                    fn(x)
+                times["compiled" if k == "extended" else "plain_compiled"].append(
+                    (time.perf_counter() - t) / calls)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"launches": ext["launches"], "glue": ext["glue"], "plain_ops": plain["glue"],
+            "dispatch_ratio": (ext["launches"] + ext["glue"]) / plain["glue"],
+            "build": med["extended"], "plain_build": med["plain"],
+            "compiled": med["compiled"], "plain_compiled": med["plain_compiled"],
+            "by_primitive": ext["by_primitive"]}
+
+
+def print_metal_table(names, size: str) -> None:
+    """One line per model: :func:`metal_graph`'s counts and host times as ratios to
+    plain float32, against the targets of the lean Metal graph (dispatches <= 2x,
+    uncompiled build <= 10x, compiled call <= 3x)."""
+    print("Metal path, host side (lazy stand-in for the kernels: counts and host "
+          "times on this machine, no Apple GPU)\n")
+    print("| model | launches | glue | plain ops | dispatches / plain (<= 2) "
+          "| build: extended / plain (<= 10) | compiled call: extended / plain (<= 3) |")
+    print("|---|---|---|---|---|---|---|")
+    for name in names:
+        g = metal_graph(name, size)
+        print(f"| {name} | {g['launches']} | {g['glue']} | {g['plain_ops']} "
+              f"| {g['dispatch_ratio']:.2f} "
+              f"| {1e3 * g['build']:.2f} / {1e3 * g['plain_build']:.3f} ms = "
+              f"{g['build'] / g['plain_build']:.1f}x "
+              f"| {1e3 * g['compiled']:.3f} / {1e3 * g['plain_compiled']:.3f} ms = "
+              f"{g['compiled'] / g['plain_compiled']:.1f}x |")
 
 
 # ---- the benchmark --------------------------------------------------------------------
@@ -233,10 +332,15 @@ def main(argv=None):
                    help="the extended run besides cpu and emulate (metal on a Mac)")
     p.add_argument("--full", action="store_true", help="the largest model sizes")
     p.add_argument("--quick", action="store_true", help="small sizes, one run: a smoke test")
+    p.add_argument("--metal", action="store_true",
+                   help="only the Metal path's host side, every model (lazy stand-in)")
     a = p.parse_args(argv)
     import mlx_precise as mp
 
     size = "small" if a.quick else "xl" if a.full else "large"
+    if a.metal:
+        print_metal_table(MODELS, size)
+        return
     repeat = 1 if a.quick else 3
     runs = ["cpu", "emulate"] + ([a.backend] if a.backend not in (None, "cpu", "emulate")
                                  else [])
@@ -259,24 +363,22 @@ def main(argv=None):
             ratio = "" if label == "float32" else f"{row['time'] / r['plain']['time']:.1f}x"
             print(f"| {name if label == 'float32' else ''} | {label} | {1e3 * row['time']:.1f} ms "
                   f"| {ratio} | {100 * row['exact']:.1f}% | {row['err']:.2e} |")
-    print("\nMetal path (counted on the emulator; FP instructions from the kernels' "
-          "operation counts; M2 Max: roofline estimate, not measured)\n")
+    print("\nMetal path (launches a GPU runs, counted with a lazy stand-in; FP "
+          "instructions from the kernels' operation counts; M2 Max: roofline "
+          "estimate, not measured)\n")
     print("| model | outputs | launches | MB | bytes / output | FP instr. / output "
-          "| M2 Max estimate | host graph build per call | kernels |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| M2 Max estimate | kernels |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in BENCH:
         c = launches(name, size)
-        host = host_build(name, size, repeat)
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(c["by_kernel"].items(),
                                                        key=lambda kv: -kv[1]))
         note = f" ({c['uncounted']} launches uncounted)" if c["uncounted"] else ""
         print(f"| {name} | {c['outputs']} | {c['launches']} | {c['bytes'] / 1e6:.2f} "
               f"| {c['bytes'] / c['outputs']:.0f} | {c['instructions'] / c['outputs']:.0f}{note} "
-              f"| {1e6 * c['m2max_s']:.1f} us | {1e3 * host:.1f} ms | {kinds} |")
-    print("\nhost graph build: this machine's time to build one forward pass's graph on "
-          "the metal path (kernels replaced by lazy stand-ins), paid on every call "
-          "unless the function that opens the block is mx.compile'd (then on the first "
-          "call only)")
+              f"| {1e6 * c['m2max_s']:.1f} us | {kinds} |")
+    print()
+    print_metal_table(BENCH, size)
 
 
 if __name__ == "__main__":

@@ -953,3 +953,28 @@ METAL_FUNC cdw dwm_cexp(dw a, dw b) {
   z.im = dwm_ldexp(dw_mul(mant, cs.s), m);
   return z;
 }
+
+// ---- one function by its code ---------------------------------------------------------
+
+// The real function fn (a DWM_FN code other than DWM_FN_CEXP) of a, and b for the
+// binary ones (DWM_FN_POWER: pow(a, b); DWM_FN_ARCTAN2: atan2(a, b), a the ordinate);
+// unary functions ignore b. dw_math.metal calls it with its template parameter (the
+// branch folds away), dw_fused.metal with the code its program gives.
+METAL_FUNC dw dwm_apply(int fn, dw a, dw b) {
+  if (fn == DWM_FN_EXP) return dwm_exp(a);
+  if (fn == DWM_FN_EXPM1) return dwm_expm1(a);
+  if (fn == DWM_FN_LOG) return dwm_log(a, 0);
+  if (fn == DWM_FN_LOG1P) return dwm_log1p(a);
+  if (fn == DWM_FN_LOG2) return dwm_log(a, 2);
+  if (fn == DWM_FN_LOG10) return dwm_log(a, 10);
+  if (fn == DWM_FN_SIN) return dwm_sincos1(a, false);
+  if (fn == DWM_FN_COS) return dwm_sincos1(a, true);
+  if (fn == DWM_FN_TANH) return dwm_tanh(a);
+  if (fn == DWM_FN_SIGMOID) return dwm_sigmoid(a);
+  if (fn == DWM_FN_ERF) return dwm_erf(a);
+  if (fn == DWM_FN_SQRT) return dwm_sqrt(a);
+  if (fn == DWM_FN_RSQRT) return dwm_rsqrt(a);
+  if (fn == DWM_FN_RECIPROCAL) return dw_div(dw_make(1.0f, 0.0f), a);
+  if (fn == DWM_FN_POWER) return dwm_pow(a, b);
+  return dwm_atan2(a, b);  // DWM_FN_ARCTAN2
+}

@@ -2,8 +2,11 @@
 // (metal/include/dw_gemm.h: accumulator and error bound; mlx_precise/linalg/gemm.py).
 // Inputs: ah, al (A's words), bh, bl (B's), dh, dl (the bias D's, any 8 floats when
 // there is none): float32 flat buffers; a complex value is two consecutive floats
-// (real, imaginary), as a complex64 array viewed as float32. p: int64 parameters
-//   [M, N, K, sam, sak, sbk, sbn, scm, scn, sdm, sdn, has_bias, nb,
+// (real, imaginary), as a complex64 array viewed as float32. A low word that is
+// zero (a float32 operand) need not be stored: bit 0, 1, 2 of `lows` say whether
+// al, bl, dl hold one (else the buffer is any 8 floats, never read, and the low
+// word reads as 0). p: int64 parameters
+//   [M, N, K, sam, sak, sbk, sbn, scm, scn, sdm, sdn, has_bias, nb, lows,
 //    then per batch dimension (outermost first): size, sa, sb, sc, sd]
 // in floats: A(m, k) of batch z at oa(z) + m sam + k sak, B(k, n) at ob(z) + k sbk +
 // n sbn, C(m, n) at oc(z) + m scm + n scn, D(m, n) at od(z) + m sdm + n sdn, where
@@ -26,19 +29,20 @@ const long sam = p[3], sak = p[4], sbk = p[5], sbn = p[6];
 const long scm = p[7], scn = p[8], sdm = p[9], sdn = p[10];
 const bool has_bias = p[11] != 0;
 const int nb = int(p[12]);
+const bool a_lo = (p[13] & 1) != 0, b_lo = (p[13] & 2) != 0, d_lo = (p[13] & 4) != 0;
 const uint3 g = threadgroup_position_in_grid;
 const int tid = int(thread_index_in_threadgroup);
 
 long oa = 0, ob = 0, oc = 0, od = 0;
 long z = long(g.z);
 for (int d = nb - 1; d >= 0; --d) {
-  const long size = p[13 + 5 * d];
+  const long size = p[14 + 5 * d];
   const long i = z % size;
   z /= size;
-  oa += i * p[14 + 5 * d];
-  ob += i * p[15 + 5 * d];
-  oc += i * p[16 + 5 * d];
-  od += i * p[17 + 5 * d];
+  oa += i * p[15 + 5 * d];
+  ob += i * p[16 + 5 * d];
+  oc += i * p[17 + 5 * d];
+  od += i * p[18 + 5 * d];
 }
 
 const long m0 = long(g.y) * BM, n0 = long(g.x) * BN;
@@ -54,7 +58,8 @@ for (int i = 0; i < TM; ++i)
     const bool in = has_bias && m < M && n < N;
     const long at = od + m * sdm + n * sdn;
     for (int q = 0; q < NC; ++q)
-      acc[i][j][q] = in ? dwg_acc_make(dh[at + q], dl[at + q]) : dwg_acc_make(0.0f, 0.0f);
+      acc[i][j][q] = in ? dwg_acc_make(dh[at + q], d_lo ? dl[at + q] : 0.0f)
+                        : dwg_acc_make(0.0f, 0.0f);
   }
 
 for (long k0 = 0; k0 < K; k0 += BK) {
@@ -67,7 +72,7 @@ for (long k0 = 0; k0 < K; k0 += BK) {
     const long at = oa + m * sam + k * sak;
     for (int q = 0; q < NC; ++q) {
       As[((q * 2 + 0) * BM + mm) * BK + kk] = in ? ah[at + q] : 0.0f;
-      As[((q * 2 + 1) * BM + mm) * BK + kk] = in ? al[at + q] : 0.0f;
+      As[((q * 2 + 1) * BM + mm) * BK + kk] = in && a_lo ? al[at + q] : 0.0f;
     }
   }
   for (int e = tid; e < BK * BN; e += NT) {
@@ -77,7 +82,7 @@ for (long k0 = 0; k0 < K; k0 += BK) {
     const long at = ob + k * sbk + n * sbn;
     for (int q = 0; q < NC; ++q) {
       Bs[((q * 2 + 0) * BK + kk) * BN + nn] = in ? bh[at + q] : 0.0f;
-      Bs[((q * 2 + 1) * BK + kk) * BN + nn] = in ? bl[at + q] : 0.0f;
+      Bs[((q * 2 + 1) * BK + kk) * BN + nn] = in && b_lo ? bl[at + q] : 0.0f;
     }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);

@@ -11,43 +11,13 @@ uint i = thread_position_in_grid.x;
 if (i >= uint(ah_shape[0])) return;
 dw a = dw_make(ah[i], al[i]);
 dw z;
-if (FN == DWM_FN_EXP) {
-  z = dwm_exp(a);
-} else if (FN == DWM_FN_EXPM1) {
-  z = dwm_expm1(a);
-} else if (FN == DWM_FN_LOG) {
-  z = dwm_log(a, 0);
-} else if (FN == DWM_FN_LOG1P) {
-  z = dwm_log1p(a);
-} else if (FN == DWM_FN_LOG2) {
-  z = dwm_log(a, 2);
-} else if (FN == DWM_FN_LOG10) {
-  z = dwm_log(a, 10);
-} else if (FN == DWM_FN_SIN) {
-  z = dwm_sincos1(a, false);
-} else if (FN == DWM_FN_COS) {
-  z = dwm_sincos1(a, true);
-} else if (FN == DWM_FN_TANH) {
-  z = dwm_tanh(a);
-} else if (FN == DWM_FN_SIGMOID) {
-  z = dwm_sigmoid(a);
-} else if (FN == DWM_FN_ERF) {
-  z = dwm_erf(a);
-} else if (FN == DWM_FN_SQRT) {
-  z = dwm_sqrt(a);
-} else if (FN == DWM_FN_RSQRT) {
-  z = dwm_rsqrt(a);
-} else if (FN == DWM_FN_RECIPROCAL) {
-  z = dw_div(dw_make(1.0f, 0.0f), a);
-} else if (FN == DWM_FN_POWER) {
-  z = dwm_pow(a, dw_make(bh[i], bl[i]));
-} else if (FN == DWM_FN_ARCTAN2) {
-  z = dwm_atan2(a, dw_make(bh[i], bl[i]));
-} else {  // DWM_FN_CEXP
+if (FN == DWM_FN_CEXP) {
   cdw c = dwm_cexp(a, dw_make(bh[i], bl[i]));
   z = c.re;
   wh[i] = c.im.hi;
   wl[i] = c.im.lo;
+} else {  // the real functions by their codes (dwm_apply in dw_math.h)
+  z = dwm_apply(FN, a, dw_make(bh[i], bl[i]));
 }
 zh[i] = z.hi;
 zl[i] = z.lo;

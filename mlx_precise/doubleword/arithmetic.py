@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
+from . import fusion
 from .engine64 import arith64
 from .kernel_engine import arith_kernels
 from .hostsplit import _imag, _real
@@ -33,11 +34,17 @@ def operate(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream=None) ->
     ("div") in double-word on a resolved ``backend``: real or complex words,
     broadcasting; lazy (no autodiff of its own). Relative errors on metal /
     emulate: <= 3u^2 + 13u^3 (add, sub), 4u^2 (mul), 9.8u^2 (div), complex products
-    8.66u^2 normwise (u = 2^-24, JMP / MR bounds); cpu: float64 then split."""
+    8.66u^2 normwise (u = 2^-24, JMP / MR bounds); cpu: float64 then split. Real
+    operands on metal / emulate are fused with the operations that made them
+    (:mod:`.fusion`)."""
+    wide = backends.of(backend).float64_engine
+    if not wide:
+        z = fusion.apply(op, [x, y], backend, stream)
+        if z is not None:
+            return z
     if op == "sub":
         op, y = "add", -y  # exact negation: x - y = x + (-y)
-    z = (arith64(op, x, y) if backends.of(backend).float64_engine
-         else arith_kernels(op, x, y, backend, stream))
+    z = arith64(op, x, y) if wide else arith_kernels(op, x, y, backend, stream)
     if op == "div" and y.is_complex:
         z = _complex_div_specials(x, y, z)
     return z

@@ -48,7 +48,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from . import engine64
+from . import engine64, fusion
 from .types import DoubleWord, combine
 from ..core import backends
 from ..core.plain import plain
@@ -302,6 +302,10 @@ def binary(fn: str, x: DoubleWord, y: DoubleWord, backend: str | None = None,
 def _launch(fn: str, a: DoubleWord, b: DoubleWord | None, backend: str, stream):
     """Run ``dw_math`` with ``FN = FN[fn]`` over ``a`` (and ``b``) broadcast to one
     shape; the result as one DoubleWord, or ``(real, imaginary)`` for ``cexp``."""
+    if fn != "cexp":  # real functions: fused with the operations that made a (and b)
+        z = fusion.apply("fn", [a] if b is None else [a, b], backend, stream, fn=(fn, FN[fn]))
+        if z is not None:
+            return z
     words = [a.hi, a.lo] + ([b.hi, b.lo] if b is not None else [])
     shape = mx.broadcast_shapes(*(tuple(w.shape) for w in words))
     size = math.prod(shape)

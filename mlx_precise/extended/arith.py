@@ -32,11 +32,11 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from ..doubleword import words
+from ..doubleword import fusion, words
 from ..doubleword.words import DoubleWord, as_complex, combine, from64, to64
 from ..doubleword.words import real_imag as parts  # noqa: F401  (rules read arith.parts)
-from .carry import suspended
 from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
+from ..core import backends
 from ..core.backends import Backend
 
 C64 = mx.complex64
@@ -63,7 +63,7 @@ def constant(v) -> DoubleWord:
     hi, lo, value = _split_scalar(float(v), math.copysign(1.0, float(v)))
     out = DoubleWord(ARRAY(hi, dtype=mx.float32), ARRAY(lo, dtype=mx.float32))
     out.wide = (ARRAY(value, dtype=mx.float64), None)
-    return out
+    return fusion.note_constant(out, hi, lo)  # fused kernels hold it in their program
 
 
 @functools.lru_cache(maxsize=1024)
@@ -94,7 +94,19 @@ def _map(f, *xs: DoubleWord) -> DoubleWord:
     return DoubleWord(f(*(x.hi for x in xs)), f(*(x.lo for x in xs)))
 
 
-neg = words.negate
+def neg(x: DoubleWord) -> DoubleWord:
+    """-x (exact): both words change sign; on a kernel backend (the active one: the
+    call's), a fused negation, which the next operation reads as part of its chain."""
+    z = _fused("neg", [x], backends.backend(), None)
+    return words.negate(x) if z is None else z
+
+
+def _fused(op: str, operands: list, backend: Backend | None, stream) -> DoubleWord | None:
+    """``op`` of real operands fused on a kernel backend, else None (complex
+    operands, the cpu backend: the caller's word ops)."""
+    if backend is None or not backend.has_kernels:
+        return None
+    return fusion.apply(op, operands, backend, stream)
 
 
 def conj(x: DoubleWord) -> DoubleWord:
@@ -107,17 +119,25 @@ def where(cond: mx.array, x: DoubleWord, y: DoubleWord) -> DoubleWord:
     return DoubleWord(*(mx.where(cond, a, b) for a, b in ((x.hi, y.hi), (x.lo, y.lo))))
 
 
-def abs(x: DoubleWord) -> DoubleWord:  # noqa: A001  (the op's name)
+def abs(x: DoubleWord, backend: Backend | None = None, stream=None) -> DoubleWord:  # noqa: A001
     """|x| of a real DoubleWord: the sign of a normalised value is that of its high
-    word (a zero high word has a zero low word)."""
+    word (a zero high word has a zero low word). On a kernel ``backend``, fused
+    (one launch at most: :mod:`~mlx_precise.doubleword.fusion`)."""
+    z = _fused("abs", [x], backend, stream)
+    if z is not None:
+        return z
     neg_ = x.hi < 0
     return DoubleWord(mx.abs(x.hi), mx.where(neg_, -x.lo, x.lo))
 
 
-def extremum(x: DoubleWord, y: DoubleWord, larger: bool) -> DoubleWord:
+def extremum(x: DoubleWord, y: DoubleWord, larger: bool, backend: Backend | None = None,
+             stream=None) -> DoubleWord:
     """maximum / minimum of real DoubleWords: MLX's float32 maximum / minimum of the
     high words (NaN propagates as MLX's does); on equal high words the low words
-    decide."""
+    decide. On a kernel ``backend``, fused (the same words)."""
+    z = _fused("max" if larger else "min", [x, y], backend, stream)
+    if z is not None:
+        return z
     hi = (mx.maximum if larger else mx.minimum)(x.hi, y.hi)
     pick_x = (x.hi > y.hi) if larger else (x.hi < y.hi)
     pick_y = (y.hi > x.hi) if larger else (y.hi < x.hi)
@@ -126,56 +146,18 @@ def extremum(x: DoubleWord, y: DoubleWord, larger: bool) -> DoubleWord:
     return DoubleWord(*mx.broadcast_arrays(hi, mx.where(mx.isfinite(hi), lo, 0.0)))
 
 
-def _sum_to(g: mx.array, like: mx.array) -> mx.array:
-    """A cotangent summed over the axes broadcasting added to ``like``, real where
-    ``like`` is real (MLX's convention for a real operand of a complex op)."""
-    lead = g.ndim - like.ndim
-    axes = list(range(lead)) + [lead + i for i, n in enumerate(like.shape)
-                                if n == 1 and g.shape[lead + i] != 1]
-    if axes:
-        g = mx.sum(g, axis=axes, keepdims=True)
-    g = g.reshape(like.shape)
-    return mx.real(g) if like.dtype != C64 and g.dtype == C64 else g.astype(like.dtype)
-
-
-def _differentiable(op: str, backend: str, stream):
-    """The kernel path of ``op`` on words ``(xh, xl, yh, yl) -> (zh, zl)`` with the
-    float32 derivative of the high words as its VJP (MLX's conventions for complex
-    values: d(x y) = g conj(y); the low words are constants of size u |x|)."""
-
-    @mx.custom_function
-    def f(xh, xl, yh, yl):
-        z = words.binary(op, DoubleWord(xh, xl), DoubleWord(yh, yl), backend, stream)
-        return z.hi, z.lo
-
-    @f.vjp
-    def f_vjp(primals, cotangents, outputs):
-        xh, xl, yh, yl = primals
-        g = cotangents[0]
-        with suspended():
-            if op == "add":
-                gx, gy = g, g
-            elif op == "mul":
-                gx, gy = g * mx.conj(yh), g * mx.conj(xh)
-            else:
-                gx = g / mx.conj(yh)
-                gy = -gx * mx.conj(outputs[0])  # d(x/y)/dy = -z/y: -g conj(z / y)
-            return (_sum_to(gx, xh), mx.zeros_like(xl), _sum_to(gy, yh), mx.zeros_like(yl))
-
-    return f
-
-
 # ---- the four operations ------------------------------------------------------------
 
 def binary(op: str, x: DoubleWord, y: DoubleWord, backend: Backend,
            stream=None) -> DoubleWord:
     """``x + y`` (op "add"), ``x - y`` ("sub"), ``x * y`` ("mul") or ``x / y``
     ("div") in double-word on ``backend``; real or complex, broadcasting."""
+    if not backend.float64_engine:  # kernels, fused chains, MLX-differentiable
+        return fusion.binary(op, x, y, backend, stream,
+                             lambda op, a, b: words.binary(op, a, b, backend, stream))
     if op == "sub":
-        op, y = "add", neg(y)
-    if backend.float64_engine:  # MLX float64 ops: differentiable as they are
-        return words.binary(op, x, y, backend)
-    return DoubleWord(*_differentiable(op, backend, stream)(x.hi, x.lo, y.hi, y.lo))
+        op, y = "add", words.negate(y)
+    return words.binary(op, x, y, backend)  # MLX float64 ops: differentiable as they are
 
 
 _NEUTRAL = {"add": 0.0, "mul": 1.0}
@@ -198,6 +180,10 @@ def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: Ba
             f = getattr(mx, _REDUCE64[op])
             return from64(*(None if v is None else f(v, axis=list(axes), keepdims=keepdims)
                             for v in to64(x)))
+    if backend.has_kernels:  # one launch over x's expression, the tree's bits
+        z = fusion.reduce(op, x, axes, keepdims, backend, stream)
+        if z is not None:
+            return z
     return _tree(x, axes, keep, out_shape, backend, stream, op)
 
 

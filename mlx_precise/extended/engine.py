@@ -7,8 +7,9 @@ from typing import Callable
 
 import mlx.core as mx
 
+from ..doubleword.fusion import words_op as kernel_words_op
 from ..doubleword.words import DoubleWord
-from .carry import attach, attach_words, low_word, suspended, words_of
+from .carry import attach, attach_words, low_word, words_of
 from ..core.backends import Backend
 
 
@@ -36,23 +37,7 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array],
     """
     if backend.float64_engine:
         return _wide_op(forward, operands)
-    n = len(operands)
-    lows = [low_word(a) for a in operands]
-    lows = [mx.zeros_like(a) if lo is None else lo for a, lo in zip(operands, lows)]
-
-    @mx.custom_function
-    def f(*w):
-        z = forward(*(DoubleWord(w[i], w[n + i]) for i in range(n)))
-        return z.hi, z.lo
-
-    @f.vjp
-    def f_vjp(primals, cotangents, outputs):
-        with suspended():
-            _, grads = mx.vjp(plain, list(primals[:n]), [cotangents[0]])
-            return (*grads, *(mx.zeros_like(lo) for lo in primals[n:]))
-
-    hi, lo = f(*operands, *lows)
-    return attach(hi, lo)
+    return attach(*kernel_words_op(forward, plain, operands, [low_word(a) for a in operands]))
 
 
 def _wide_op(forward: Callable, operands: list[mx.array]) -> mx.array:

@@ -34,6 +34,7 @@ from .. import extended as flow
 from ..core import backends
 from ..core.plain import plain
 from ..doubleword.words import DoubleWord, to64
+from ..doubleword import fusion
 from . import autodiff, carry
 
 ENV_VAR = "MLX_PRECISE_INTERCEPT"
@@ -51,8 +52,9 @@ def _gradient_dispatcher(name: str):
 
         def call(*args, **kwargs):
             report = flow.active()
-            if report is None:
-                return made(*args, **kwargs)
+            if report is None:  # MLX differentiates: kernel results need custom VJPs
+                with fusion.mlx_gradients():
+                    return made(*args, **kwargs)
             if name == "checkpoint":  # recomputation is MLX's memory trade: same values
                 return fun(*args, **kwargs)
             argnums = a[0] if a else k.get("argnums")
@@ -72,7 +74,8 @@ def _transform_now(name: str):
     def transform(fun, primals, tangents_or_cotangents):
         report = flow.active()
         if report is None:
-            return original(fun, primals, tangents_or_cotangents)
+            with fusion.mlx_gradients():
+                return original(fun, primals, tangents_or_cotangents)
         return getattr(autodiff, name)(fun, primals, tangents_or_cotangents, report=report)
 
     return transform

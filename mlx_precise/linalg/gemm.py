@@ -51,7 +51,6 @@ THREADS = 256
 # MLX passes inputs of fewer elements in Metal's constant address space (another
 # signature): every buffer is padded to at least this many.
 _MIN_DEVICE_ELEMENTS = 8
-_PARAMS_HEAD = 13  # p[0..12] in dw_gemm.metal; then 5 per batch dimension
 
 _WORDS = ("ah", "al", "bh", "bl", "dh", "dl")
 DW_GEMM = Kernel(
@@ -207,7 +206,15 @@ def _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name: Backend,
 
 
 def _map(f, x: DoubleWord) -> DoubleWord:
+    """``f`` of both words; a float32 operand stays one (no zero low word made)."""
+    if x._lo is None and x.wide is None:
+        return DoubleWord.exact(f(x.hi))
     return DoubleWord(f(x.hi), f(x.lo))
+
+
+def _stored_lo(x: DoubleWord) -> mx.array | None:
+    """The low word as a device buffer, or None for a float32 operand (zero)."""
+    return None if x._lo is None and x.wide is None else _device(x.lo)
 
 
 # ---- cpu: float64 -----------------------------------------------------------------
@@ -284,16 +291,18 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, batch: tuple,
         z = mx.zeros(shape_c, C64 if cx else F32)
         return DoubleWord(z, mx.zeros_like(z))
     # Element strides (in floats) of the matrices themselves.
+    # float32 operands (and no bias) store no zero words: the kernel reads 0 there
+    words = [_device(a.hi), _stored_lo(a), _device(b.hi), _stored_lo(b)]
+    words += [_device(d.hi), _stored_lo(d)] if d is not None else [None, None]
+    lows = sum(1 << k for k, w in enumerate(words[1::2]) if w is not None)
+    words = [words[0] if w is None else w for w in words]  # never read
     p = [M, N, K, sa[-2], sa[-1], sb[-2], sb[-1], sc[-2], sc[-1], sd[-2], sd[-1],
-         int(d is not None), len(dims)] + [v for x in dims for v in x]
+         int(d is not None), len(dims), lows] + [v for x in dims for v in x]
     p += [0] * max(0, _MIN_DEVICE_ELEMENTS - len(p))
-    if d is None:
-        d = DoubleWord(mx.zeros((1,), F32), mx.zeros((1,), F32))
     grid, tg = gemm_grid(M, N, nbatch)
     size = math.prod(shape_c) * pc
     ch, cl = DW_GEMM(
-        inputs=[_device(w) for w in (a.hi, a.lo, b.hi, b.lo, d.hi, d.lo)]
-        + [mx.array(p, dtype=mx.int64)],
+        inputs=words + [mx.array(p, dtype=mx.int64)],
         template={"CPLX": int(both)}, grid=grid, threadgroup=tg,
         output_shapes=[(size,), (size,)], output_dtypes=[F32, F32], backend=name,
         stream=stream,

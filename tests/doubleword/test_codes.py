@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mlx_precise.core.kernels import METAL_DIR
-from mlx_precise.doubleword import dw_kernels
+from mlx_precise.doubleword import dw_kernels, fusion
 from mlx_precise.doubleword import functions as dwmath
 from mlx_precise.doubleword.dw_kernels import CDW_OP, CDW_OPS, DW_OP, DW_OPS
 
@@ -26,6 +26,7 @@ def _body(name):
 def test_generated_blocks_are_in_the_headers():
     assert dw_kernels.codes_source() in _header("dw_ops.h")
     assert dwmath.codes_source() in _header("dw_math.h")
+    assert fusion.codes_source() in _header("dw_fused.h")
     assert "constant constexpr int DW_OP_ADD = %d;" % DW_OP["add"] in dw_kernels.codes_source()
 
 
@@ -37,11 +38,21 @@ def test_kernels_compare_codes_by_name(body, param):
     assert re.search(rf"\b{param} == [A-Z_]+", src)
 
 
+def _from(header, start):
+    """The text of a header from ``start`` on (a function the kernels share)."""
+    text = _header(header)
+    return text[text.index(start):]
+
+
 def test_every_code_has_a_branch_in_its_kernel():
-    for codes, body in ((DW_OP, "dw_ops.metal"), (CDW_OP, "cdw_ops.metal"), (dwmath.FN, "dw_math.metal")):
-        src = _body(body)
+    for codes, src in ((DW_OP, _body("dw_ops.metal")), (CDW_OP, _body("cdw_ops.metal")),
+                       # dwm_apply: the real functions (dw_math and the fused kernels);
+                       # dwf_eval: a fused program's operations (dw_fused, dw_reduce)
+                       (dwmath.FN, _body("dw_math.metal")
+                        + _from("dw_math.h", "METAL_FUNC dw dwm_apply(")),
+                       (fusion.OP, _from("dw_fused.h", "template <bool MATH>"))):
         missing = [codes.metal_name(n) for n in codes.names if codes.metal_name(n) not in src]
-        assert not missing, f"{body} never names {missing}"
+        assert not missing, f"never named: {missing}"
 
 
 def _f32(v):

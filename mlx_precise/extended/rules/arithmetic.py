@@ -88,7 +88,7 @@ def _extremum(larger: bool):
             return NotImplemented
         if ctx.backend.float64_engine:
             return result(engine64.extremum(a, b, larger))
-        return result(arith.extremum(a, b, larger))
+        return result(arith.extremum(a, b, larger, ctx.backend, ctx.stream))
 
     return rule
 
@@ -200,7 +200,8 @@ def _abs_rule(ctx, original, x, **kw):
         return NotImplemented
     if x.dtype != mx.complex64:
         w = words(x)
-        return result(engine64.absolute(w) if ctx.backend.float64_engine else arith.abs(w))
+        return result(engine64.absolute(w) if ctx.backend.float64_engine else
+                      arith.abs(w, ctx.backend, ctx.stream))
     with carry.reporting(ctx.report):
         return _complex_abs(x)
 

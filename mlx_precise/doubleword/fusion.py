@@ -1,0 +1,803 @@
+"""Fused chains of elementwise double-word operations on the kernel backends (metal,
+emulate): one ``dw_fused`` launch per result a graph consumes.
+
+MLX evaluates lazily: an array is computed only when an evaluated graph needs it.
+Inside an ``extended_precision()`` block the result of an elementwise double-word
+operation keeps, beside its words, its *expression*: the operations that made it
+from leaf arrays (inputs, results of other kernels, anything without an expression)
+and constants. The next elementwise operation composes the expressions of its
+operands and launches one kernel for the whole chain, reading the leaves; so
+``x * 0.5 * (1 + erf(x / sqrt(2)))`` is one launch that reads ``x``, and the
+intermediate results are computed only if something else reads them (then by their
+own launch). Broadcast operands are read through their strides (never expanded),
+float32 operands enter without a low word (none is made), Python constants are part
+of the program. (Outside blocks each operation is one launch over its operands.)
+
+The kernel interprets its program (``metal/kernels/dw_fused.metal``; the program is
+an int32 buffer): every chain runs on the same two instantiations (with and without
+the elementary functions of ``dw_math.h``), so chains cost no Metal compilation of
+their own and the emulator compiles two kernels for all of them. Each operation of a
+program is the one the single-operation kernels run (``dw_add``, ``dw_mul``,
+``dw_div``, ``dwm_apply``), in the same order, so a fused result has exactly the bits
+of the unfused chain.
+
+Bounds: an expression has at most ``DWF_MAX_INSTRUCTIONS`` instructions (loads,
+constants, operations), ``DWF_SLOTS`` word arrays and ``DWF_REGISTERS`` values live at
+once, over at most ``DWF_MAX_NDIM`` axes; an operand whose expression would exceed
+them enters as a leaf (its own launch). A value read by several consumers is
+recomputed by each (at most that many instructions), never stored in between.
+
+Gradients (MLX's own autodiff, when a function that opens a block is differentiated
+from outside every block): a fused result is a custom function of its leaves whose
+VJP replays the chain one operation at a time, each with the float32 derivative of
+the high words that the unfused operation has, so the gradient is the unfused
+chain's. (Inside a block gradients are the flow's own, made of fused operations.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import weakref
+from collections import OrderedDict
+
+import mlx.core as mx
+import numpy as np
+
+from ..core import backends
+from ..core.context import flow_suspended, register_block_hook, restore
+from ..core.kernels import (Codes, Constants, Kernel, elementwise_grid, generated_block,
+                            per_element_of_first_input)
+from ..core.plain import plain as _mlx
+from .types import DoubleWord
+
+F32 = mx.float32
+
+OP = Codes("DWF_OP", ("load", "const", "neg", "add", "sub", "mul", "div", "fn", "abs", "max",
+                      "min"))
+"""Operation codes of a ``dw_fused`` program (``metal/include/dw_fused.h``)."""
+
+LIMITS = Constants("DWF", {"slots": 12, "registers": 8, "max_ndim": 8,
+                           "max_instructions": 32, "header": 48, "instr": 5,
+                           "prog_count": 0, "prog_out": 1, "prog_n": 2, "prog_reduce": 3,
+                           "prog_nd": 4, "prog_ndim": 5, "prog_extents": 8,
+                           "prog_perm": 16, "prog_slots": 24,
+                           "reduce_max": 2048, "reduce_threads": 256})
+"""The program layout and the bounds of an expression, shared with the kernels: word
+array slots, registers, axes, instructions; the header's length and its fields
+(instruction count, result register; for ``dw_reduce`` the row length and the
+operation; the iteration's axes, the array's axes, the iteration's extents, the
+array axis each iteration axis walks, each slot's axes and broadcast mask: see
+:func:`program`), the words per instruction (op, dst, x, y, fn); ``dw_reduce``'s
+threadgroup memory (values of the tree's first level, so rows of up to twice as
+many elements) and threads per row."""
+
+
+def codes_source() -> str:
+    """The generated block of ``metal/include/dw_fused.h`` (a test checks that the
+    header holds exactly this text)."""
+    return generated_block("mlx_precise.doubleword.fusion.codes_source()", OP, LIMITS)
+
+
+_SLOTS, _REGISTERS, _MAX_NDIM, _MAX_INSTRUCTIONS = (
+    LIMITS.slots, LIMITS.registers, LIMITS.max_ndim, LIMITS.max_instructions)
+_REDUCE_MAX, _REDUCE_THREADS = LIMITS.reduce_max, LIMITS.reduce_threads
+_SLOT_NAMES = tuple(f"a{k}" for k in range(_SLOTS))
+
+# What the two kernels of programs share: the word array slots and the program; every
+# slot is a view of 8 elements at least and the program has its header, so all are
+# device buffers (one signature for every chain); views are read through their
+# strides (no copy of a broadcast, transposed or sliced operand).
+_PROGRAM_KERNEL = dict(
+    headers=("dw_fused.h",),
+    inputs=_SLOT_NAMES + ("prog",),
+    outputs=("zh", "zl"),
+    template=("MATH",),
+    input_dtypes={**{s: (F32,) for s in _SLOT_NAMES}, "prog": (mx.int32,)},
+    input_forms={n: ("device",) for n in _SLOT_NAMES + ("prog",)},
+    ensure_row_contiguous=False,
+    variants={"MATH": (False, True), "zh": (F32,), "zl": (F32,)},
+)
+
+DW_FUSED = Kernel(name="dw_fused", body="dw_fused.metal", grid=per_element_of_first_input,
+                  **_PROGRAM_KERNEL)
+"""A double-word expression over up to ``DWF_SLOTS`` float32 word arrays ``a0 ..
+a11`` (views of the output's shape, read through their strides), by the program
+``prog`` (int32, see :func:`program`); outputs ``zh, zl`` (float32, the output's
+shape): the result's words. ``MATH``: the program calls elementary functions."""
+
+DW_REDUCE = Kernel(name="dw_reduce", body="dw_reduce.metal", **_PROGRAM_KERNEL)
+"""The sums (or products) of the rows of a double-word expression by the pairwise
+tree of :func:`mlx_precise.extended.arith.reduce_sum`: slots as :data:`DW_FUSED`'s,
+views of shape ``[kept axes..., reduced axes...]``; ``prog`` with the row length and
+the operation in its header; outputs ``zh, zl`` (float32, one per row). Grid: one
+threadgroup per row (:func:`reduce`)."""
+
+_LOAD, _CONST, _NEG, _SUB, _FN = OP["load"], OP["const"], OP["neg"], OP["sub"], OP["fn"]
+_BINARY = {name: OP[name] for name in ("add", "sub", "mul", "div")}
+# Operations exact on the words (|x|, max, min), which MLX differentiates through the
+# flow's word ops; a chain replayed for MLX's autodiff never holds them (apply).
+_EXACT_WORDS = {OP["abs"], OP["max"], OP["min"]}
+
+
+# ---- expressions ------------------------------------------------------------------------
+
+class Expr:
+    """An elementwise double-word expression in SSA form over leaf word arrays.
+
+    ``code[k] = (op, x, y, fn)``: a load (``x``, ``y``: the slots of the high and
+    low words in ``leaves``, ``y = -1`` for a float32 operand), a constant (``x``,
+    ``y``: the int32 bits of its float32 words) or an operation of earlier
+    instructions ``x``, ``y`` (``y = -1`` for one operand; ``fn``: the ``DWM_FN``
+    code of a function). ``root``: the instruction of the value; ``shape``: its
+    broadcast shape. Equal instructions are stored once (``index``)."""
+
+    __slots__ = ("leaves", "code", "index", "root", "shape", "exact_words", "_key")
+
+    def __init__(self, leaves: tuple, code: tuple, index: dict, root: int, shape: tuple,
+                 exact_words: bool = False):
+        self.leaves, self.code, self.index, self.root, self.shape = (
+            leaves, code, index, root, shape)
+        self.exact_words = exact_words  # holds abs / max / min (no replay: see apply)
+        self._key = None
+
+    @property
+    def key(self) -> tuple:
+        """What the program depends on (the arrays are not part of it)."""
+        if self._key is None:
+            self._key = (self.code, self.root)
+        return self._key
+
+    @classmethod
+    def leaf(cls, hi: mx.array, lo: mx.array | None) -> "Expr":
+        """``hi`` (and ``lo``) as a leaf, read through aliases of the arrays as they
+        are now: a later in-place update of ``hi`` (MLX's ``x[i] = v``, ``x += v``)
+        replaces its data, not the alias's, so every expression reads the words it
+        was made from. (Two captures of one array therefore take two slots: nothing
+        tells whether it was updated in between.)"""
+        if lo is None:
+            return cls((_ASTYPE(hi, F32),), _EXACT_LOAD, _EXACT_INDEX, 0, tuple(hi.shape))
+        return cls((_ASTYPE(hi, F32), _ASTYPE(lo, F32)), _DW_LOAD, _DW_INDEX, 0,
+                   tuple(hi.shape))
+
+    @classmethod
+    def constant(cls, hi: float, lo: float) -> "Expr":
+        bits = np.array([hi, lo], np.float32).view(np.int32)
+        ins = (_CONST, int(bits[0]), int(bits[1]), 0)
+        return cls((), (ins,), {ins: 0}, 0, ())
+
+    def fits(self) -> bool:
+        # (fewer than 8 outputs add an axis: see _run)
+        return (len(self.leaves) <= _SLOTS and len(self.code) <= _MAX_INSTRUCTIONS
+                and len(self.shape) < _MAX_NDIM)
+
+
+_ASTYPE = mx.array.astype  # MLX's own (to the same dtype: an alias, no graph node)
+
+# The code of a leaf, shared (composition copies an index before adding to it).
+_DW_LOAD, _EXACT_LOAD = ((_LOAD, 0, 1, 0),), ((_LOAD, 0, -1, 0),)
+_DW_INDEX, _EXACT_INDEX = {_DW_LOAD[0]: 0}, {_EXACT_LOAD[0]: 0}
+
+
+def _broadcast(shapes) -> tuple | None:
+    """numpy's broadcast shape, or None when the shapes do not broadcast."""
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return first
+    n = max(len(s) for s in shapes)
+    out = []
+    for d in range(n):
+        size = 1
+        for s in shapes:
+            k = d - (n - len(s))
+            if k >= 0 and s[k] != 1:
+                if size not in (1, s[k]):
+                    return None
+                size = s[k]
+        out.append(size)
+    return tuple(out)
+
+
+def _compose(op: int, fn: int, operands: list[Expr]) -> Expr | None:
+    """``op`` (a code of :data:`OP`; ``fn``: a function's code) of the operands'
+    expressions, leaves and equal instructions shared."""
+    shape = _broadcast([e.shape for e in operands])
+    if shape is None:
+        return None
+    first = operands[0]
+    leaves, code, index = list(first.leaves), list(first.code), dict(first.index)
+    roots = [first.root]
+    for e in operands[1:]:
+        if e is first:
+            roots.append(first.root)
+            continue
+        slots = []
+        for a in e.leaves:  # an alias both operands' expressions read: one slot
+            for k, b in enumerate(leaves):
+                if b is a:
+                    slots.append(k)
+                    break
+            else:
+                slots.append(len(leaves))
+                leaves.append(a)
+        where = []
+        for o, x, y, f in e.code:
+            if o == _LOAD:
+                ins = (o, slots[x], -1 if y < 0 else slots[y], f)
+            elif o == _CONST:
+                ins = (o, x, y, f)
+            else:
+                ins = (o, where[x], -1 if y < 0 else where[y], f)
+            pos = index.get(ins)
+            if pos is None:
+                pos = index[ins] = len(code)
+                code.append(ins)
+            where.append(pos)
+        roots.append(where[e.root])
+    ins = (op, roots[0], roots[1] if len(roots) > 1 else -1, fn)
+    root = index.get(ins)
+    if root is None:
+        root = index[ins] = len(code)
+        code.append(ins)
+    return Expr(tuple(leaves), tuple(code), index, root, shape,
+                op in _EXACT_WORDS or any(e.exact_words for e in operands))
+
+
+# ---- the expressions of arrays ----------------------------------------------------------
+# id(hi) -> (weak reference to hi, its low word, Expr, scope). An entry holds while hi is
+# alive, the words read with hi still include that very low word (inside a block every
+# in-place update runs through the flow, which attaches another low word, or none:
+# then hi is a leaf again), and within the block that made it (scope): a block's entries
+# go when it closes, so an expression never keeps its leaves alive past the block, nor
+# makes a later block recompute a value that has been evaluated since (MLX cannot
+# tell). Outside blocks nothing would see an in-place update of a result (DoubleWord's
+# words are the caller's): no entry is made there, each operation is one launch.
+_table: dict[int, tuple] = {}
+_scope: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_fusion_scope",
+                                                        default=None)
+
+
+class _Scope(list):
+    """The table keys a block's expressions have; ``open`` turns False when the
+    block ends, also where the context variable still names it (a generator
+    suspended inside its block, closed from another thread or task)."""
+
+    open = True
+
+
+def _open_scope() -> _Scope | None:
+    scope = _scope.get()
+    return scope if scope is not None and scope.open else None
+
+
+def _remember(hi: mx.array, lo: mx.array | None, e: Expr) -> None:
+    scope = _open_scope()
+    if scope is None:  # outside blocks nothing sees an in-place update of hi: no entry
+        return
+    key = id(hi)
+
+    def drop(_ref, key=key):
+        _table.pop(key, None)
+
+    _table[key] = (weakref.ref(hi, drop), lo, e, scope)
+    scope.append(key)
+
+
+@contextlib.contextmanager
+def _block_scope(on: bool, strict: bool):
+    """Entered by every ``extended_precision()`` block (a block hook of
+    :mod:`mlx_precise.core.context`): the block's expressions are dropped when it
+    closes. Yields no report."""
+    scope = _Scope()
+    token = _scope.set(scope)
+    try:
+        yield None
+    finally:
+        scope.open = False
+        restore(_scope, token)
+        for key in scope:
+            entry = _table.get(key)
+            if entry is not None and entry[3] is scope:
+                del _table[key]
+
+
+register_block_hook(_block_scope)  # before the flow's hook, whose report the block yields
+
+
+def note_constant(w: DoubleWord, hi: float, lo: float) -> DoubleWord:
+    """Record that the 0-d words of ``w`` are the constant ``hi + lo`` (host floats),
+    so that fused programs hold it instead of reading arrays. Returns ``w``."""
+    _remember(w.hi, w._lo, Expr.constant(hi, lo))
+    return w
+
+
+def expression(w: DoubleWord) -> Expr | None:
+    """The expression of ``w``: the one recorded with its words, else ``w`` as a leaf
+    (float32 words only; None for complex words)."""
+    hi = w.hi
+    if hi.dtype != F32:
+        return None
+    entry = _table.get(id(hi))
+    if (entry is not None and entry[0]() is hi and entry[1] is w._lo
+            and entry[3] is _open_scope() and not (entry[2].exact_words and _traced.get())):
+        return entry[2]
+    lo = w._lo
+    if lo is None and w.wide is not None:
+        lo = w.lo
+    return Expr.leaf(hi, lo)
+
+
+def _fuse(op: int, fn: int, operands: list[DoubleWord]) -> Expr | None:
+    """The expression of ``op`` on the operands within the bounds (the largest
+    composite operand made a leaf while it does not fit), or None: complex words,
+    shapes that do not broadcast, too many axes."""
+    exprs = []
+    for k, w in enumerate(operands):  # one operand twice (x * x): one expression
+        same = [exprs[j] for j in range(k) if operands[j] is w]
+        exprs.append(same[0] if same else expression(w))
+    if any(e is None for e in exprs):
+        return None
+    while True:
+        e = _compose(op, fn, exprs)
+        if e is None:
+            return None
+        if e.fits() and fits(e.key):
+            return e
+        composite = [k for k, x in enumerate(exprs) if len(x.code) > 1]
+        if not composite:
+            return None
+        k = max(composite, key=lambda k: len(exprs[k].code))
+        w = operands[k]
+        exprs[k] = Expr.leaf(w.hi, w.lo)
+
+
+# ---- programs and launches --------------------------------------------------------------
+
+_PROGRAMS: OrderedDict = OrderedDict()
+_CACHE_SIZE = 4096
+
+
+def _instructions(key: tuple) -> tuple[tuple, int, bool] | None:
+    """``(words, out, math)`` for an expression's :attr:`Expr.key`: its instructions
+    with registers assigned (each freed after its last read, reused at once), the
+    register of the result, and whether it calls an elementary function; None when
+    it needs more than ``DWF_REGISTERS`` registers. Cached."""
+    hit = _INSTRUCTIONS.get(key, False)
+    if hit is not False:
+        return hit
+    code, root = key
+    last = {}
+    for k, (o, x, y, f) in enumerate(code):
+        if o not in (_LOAD, _CONST):
+            last[x] = k
+            if y >= 0:
+                last[y] = k
+    free = list(range(_REGISTERS - 1, -1, -1))  # pop() gives the lowest
+    reg = [0] * len(code)
+    words = []
+    math_ = False
+    hit = None
+    for k, (o, sx, sy, f) in enumerate(code):
+        x, y = sx, sy
+        if o not in (_LOAD, _CONST):
+            # one operand: y names x's register too (dwm_apply reads both)
+            x, y = reg[sx], reg[sy if sy >= 0 else sx]
+            # operands read for the last time free their registers before the result
+            # takes one (the kernel reads both operands first)
+            for r, src in ((x, sx), (y, sy if sy >= 0 else sx)):
+                if last[src] == k and r not in free:
+                    free.append(r)
+            free.sort(reverse=True)
+            math_ = math_ or o == _FN
+        if not free:
+            break
+        reg[k] = free.pop()
+        words += [o, reg[k], x, y, f]
+    else:
+        hit = (tuple(words), reg[root], math_)
+    _cache(_INSTRUCTIONS, key, hit)
+    return hit
+
+
+def fits(key: tuple) -> bool:
+    """The expression ``key`` fits the kernels' register file."""
+    return _instructions(key) is not None
+
+
+def program(key: tuple, layout: tuple) -> tuple[mx.array, bool]:
+    """``(prog, math)``: the int32 program of ``dw_fused`` / ``dw_reduce`` for an
+    expression that fits (:func:`fits`), launched over ``layout = (reduce,
+    extents, perm, ndim, slots)``: ``reduce`` ``(n, op)`` for rows of ``n`` elements
+    or ``()``; the iteration's extents, and for each iteration axis the array axis
+    it walks (-1: none, the copies of a short output); the array's ``ndim``; per
+    slot ``(ndim, mask)``, its axes aligned with the array's last ones, the bits of
+    ``mask`` the axes it broadcasts. ``math``: it calls an elementary function.
+    Cached (least recently used first out)."""
+    hit = _PROGRAMS.get((key, layout))
+    if hit is not None:
+        _PROGRAMS.move_to_end((key, layout))
+        return hit
+    ins, out, math_ = _instructions(key)
+    reduce, extents, perm, ndim, slots = layout
+    header = [0] * LIMITS.header
+    header[LIMITS.prog_count], header[LIMITS.prog_out] = len(key[0]), out
+    if reduce:
+        header[LIMITS.prog_n], header[LIMITS.prog_reduce] = reduce
+    header[LIMITS.prog_nd], header[LIMITS.prog_ndim] = len(extents), ndim
+    header[LIMITS.prog_extents:LIMITS.prog_extents + len(extents)] = extents
+    header[LIMITS.prog_perm:LIMITS.prog_perm + len(perm)] = perm
+    for k, (sn, mask) in enumerate(slots):
+        header[LIMITS.prog_slots + 2 * k:LIMITS.prog_slots + 2 * k + 2] = (sn, mask)
+    hit = (mx.array(np.array(header + list(ins), np.int32)), math_)
+    _cache(_PROGRAMS, (key, layout), hit)
+    return hit
+
+
+_INSTRUCTIONS: OrderedDict = OrderedDict()
+
+
+def _cache(table: OrderedDict, key, value) -> None:
+    table[key] = value
+    if len(table) > _CACHE_SIZE:
+        table.popitem(last=False)
+
+
+def _slots(leaves, shape: tuple) -> tuple[list, tuple]:
+    """The slot arrays of a launch over an array of ``shape`` (8 elements at least):
+    the leaves as they are (any view: the kernel reads their strides and
+    broadcasts them by their masks), but for those of fewer than 8 elements,
+    broadcast views of ``shape`` (so that every input is a device buffer, one
+    signature); a lone constant-only program reads a zero. Also each slot's
+    ``(ndim, mask)`` (:func:`program`)."""
+    leaves = leaves or [_ZERO]
+    shapes = tuple(a.shape for a in leaves)
+    plan = _SLOT_PLANS.get((shapes, shape))
+    if plan is None:
+        small = tuple(math.prod(s) < 8 for s in shapes)
+        specs = []
+        for s_, tiny in zip(shapes, small):
+            s_ = shape if tiny else s_
+            lead = len(shape) - len(s_)
+            mask = sum(1 << d for d, n in enumerate(s_) if n == 1 and shape[lead + d] != 1)
+            specs.append((len(s_), mask))
+        plan = (small, tuple(specs))
+        _cache(_SLOT_PLANS, (shapes, shape), plan)
+    small, specs = plan
+    arrays = [mx.broadcast_to(a, shape) if tiny else a for a, tiny in zip(leaves, small)]
+    return arrays + [arrays[0]] * (_SLOTS - len(arrays)), specs
+
+
+_SLOT_PLANS: OrderedDict = OrderedDict()
+_ZERO = mx.array(0.0, F32)
+
+
+def _run(key: tuple, leaves, shape: tuple, backend, stream) -> tuple[mx.array, mx.array]:
+    """The words of an expression (its :attr:`Expr.key`) over ``leaves`` (no
+    autodiff): one ``dw_fused`` launch."""
+    n = math.prod(shape)
+    if n == 0:
+        return mx.zeros(shape, F32), mx.zeros(shape, F32)
+    # fewer than 8 outputs: 8 copies, so that every input is a device buffer
+    kshape = shape if n >= 8 else (8,) + shape
+    arrays, specs = _slots(leaves, kshape)
+    prog, math_ = program(key, ((), kshape, tuple(range(len(kshape))), len(kshape), specs))
+    grid, threadgroup = elementwise_grid(math.prod(kshape))
+    # every input is float32 / int32 with 8 elements at least: the declared forms
+    zh, zl = DW_FUSED.unchecked(
+        inputs=arrays + [prog], template=[("MATH", math_)], grid=grid,
+        threadgroup=threadgroup, output_shapes=[kshape, kshape], output_dtypes=[F32, F32],
+        backend=backends.of(backend), stream=stream)
+    if kshape is not shape:
+        zh, zl = zh[:1].reshape(shape), zl[:1].reshape(shape)
+    return zh, zl
+
+
+def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
+           stream=None) -> DoubleWord | None:
+    """The sum (``op="add"``) or product (``"mul"``) of real ``x`` over ``axes``
+    (normalised, distinct) in one ``dw_reduce`` launch, with the pairwise tree of
+    :func:`mlx_precise.extended.arith.reduce_sum` (its bits), reading ``x``'s
+    expression (``x`` itself is not computed). None where that does not apply:
+    complex words, rows longer than twice ``DWF_REDUCE_MAX``, empty rows, and
+    inside :func:`mlx_gradients` (the tree of differentiable operations)."""
+    if not _fusing.get() or _traced.get():
+        return None
+    e = expression(x)
+    if e is None:
+        return None
+    if len(e.code) > 1 and not (e.fits() and fits(e.key)):
+        e = Expr.leaf(x.hi, x.lo)
+    if x.ndim >= _MAX_NDIM:
+        return None
+    shape = tuple(x.shape)
+    keep = [d for d in range(len(shape)) if d not in axes]
+    m = math.prod(shape[d] for d in keep)
+    n = math.prod(shape[d] for d in axes)
+    if n == 0 or n > 2 * _REDUCE_MAX:
+        return None
+    out_shape = tuple(1 if d in axes else shape[d] for d in range(len(shape))) if keepdims \
+        else tuple(shape[d] for d in keep)
+    if m == 0:
+        return DoubleWord(mx.zeros(out_shape, F32), mx.zeros(out_shape, F32))
+    # rows: the kept axes, then the reduced ones (row r, element j: flat r n + j)
+    order = keep + list(axes)
+    extents, perm, ashape = tuple(shape[d] for d in order), tuple(order), shape
+    copies = 1 if m * n >= 8 else 8  # 8 elements at least: every input a device buffer
+    if copies > 1:
+        extents, perm, ashape = (8,) + extents, (0,) + tuple(d + 1 for d in order), (8,) + shape
+    arrays, specs = _slots(e.leaves, ashape)
+    prog, math_ = program(e.key, ((n, OP[op]), extents, perm, len(ashape), specs))
+    rows = m * copies
+    threads = min(_REDUCE_THREADS, 1 << max(0, ((n + 1) // 2 - 1).bit_length()))
+    zh, zl = DW_REDUCE.unchecked(
+        inputs=arrays + [prog], template=[("MATH", math_)], grid=(rows * threads, 1, 1),
+        threadgroup=(threads, 1, 1), output_shapes=[(rows,), (rows,)],
+        output_dtypes=[F32, F32], backend=backends.of(backend), stream=stream)
+    if copies > 1:
+        zh, zl = zh[:m], zl[:m]
+    return DoubleWord(zh.reshape(out_shape), zl.reshape(out_shape))
+
+
+# The custom functions of fused expressions (MLX autodiff), by (key, backend, stream).
+_DIFFERENTIABLE: OrderedDict = OrderedDict()
+
+
+def _differentiable(key: tuple, backend, stream):
+    """The words of the expression ``key`` as a custom function of its leaves whose
+    VJP is the unfused chain's (:func:`_replay`)."""
+    cache_key = (key, backend, stream)
+    f = _DIFFERENTIABLE.get(cache_key)
+    if f is not None:
+        _DIFFERENTIABLE.move_to_end(cache_key)
+        return f
+
+    @mx.custom_function
+    def f(*leaves):
+        shape = _broadcast([tuple(a.shape) for a in leaves])
+        return _run(key, leaves, shape, backend, stream)
+
+    @f.vjp
+    def f_vjp(primals, cotangents, outputs):
+        with flow_suspended():
+            _, grads = _mlx.vjp(_replay(key, backend, stream), list(primals), list(cotangents))
+        return tuple(grads)
+
+    _DIFFERENTIABLE[cache_key] = f
+    if len(_DIFFERENTIABLE) > _CACHE_SIZE:
+        _DIFFERENTIABLE.popitem(last=False)
+    return f
+
+
+_fusing: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_fusing",
+                                                               default=True)
+
+
+@contextlib.contextmanager
+def _unfused():
+    """The engines run their single-operation kernels inside (tests compare the
+    bits of fused and unfused chains)."""
+    token = _fusing.set(False)
+    try:
+        yield
+    finally:
+        _fusing.reset(token)
+
+
+# True while MLX's own autodiff may differentiate the graph being built (a function
+# that opens a block, differentiated from outside every block: extended.intercept
+# sets it around MLX's transforms). Only then do kernel results need custom
+# functions (a kernel has no derivative of its own; MLX raises for one, never
+# returns a wrong gradient); elsewhere they would only cost host time and graph nodes.
+_traced: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_mlx_autodiff",
+                                                               default=False)
+
+
+@contextlib.contextmanager
+def mlx_gradients():
+    """Kernel results made inside are differentiable by MLX's autodiff: custom
+    functions of their leaves (fused results: with the unfused chain's VJP,
+    :func:`_replay`; other kernels: with their op's float32 VJP, :func:`words_op`)."""
+    token = _traced.set(True)
+    try:
+        yield
+    finally:
+        _traced.reset(token)
+
+
+def apply(op: str, operands: list[DoubleWord], backend, stream=None,
+          fn: tuple[str, int] | None = None) -> DoubleWord | None:
+    """``op`` ("add", "sub", "mul", "div", "neg", "abs", "max", "min", or "fn" with the
+    function ``fn = (name, code)``: the name of MLX's function and its code of
+    :data:`~.functions.FN`) of real DoubleWords (broadcasting;
+    abs, max and min as ``extended.arith`` defines them on words), fused with the
+    expressions of the operands: one ``dw_fused`` launch, the result's expression
+    recorded. Inside :func:`mlx_gradients` MLX differentiates the result as the
+    unfused chain. None when the operands cannot be fused (or inside the unfused
+    replay of a chain)
+    (complex words, too many axes): the caller runs the single-operation kernels."""
+    if not _fusing.get():
+        return None  # the unfused replay of a chain
+    code = _FN if op == "fn" else OP[op]
+    if code in _EXACT_WORDS and _traced.get():
+        return None  # MLX differentiates the caller's word ops instead
+    if fn is not None:
+        _FN_NAMES[fn[1]] = fn[0]  # for the replay (MLX's VJP of the function)
+    e = _fuse(code, 0 if fn is None else fn[1], operands)
+    if e is None:
+        return None
+    if _traced.get() and e.leaves:
+        hi, lo = _differentiable(e.key, backend, stream)(*e.leaves)
+    else:
+        hi, lo = _run(e.key, e.leaves, e.shape, backend, stream)
+    _remember(hi, lo, e)
+    return DoubleWord(hi, lo)
+
+
+def binary(op: str, x: DoubleWord, y: DoubleWord, backend, stream, unfused) -> DoubleWord:
+    """``x op y`` ("add", "sub", "mul", "div") on a kernel backend, differentiable by
+    MLX inside :func:`mlx_gradients` (the float32 derivative of the high words):
+    fused with the operands' expressions where they are real, else
+    ``unfused(op, x, y)``, the single-operation engine (complex words)."""
+    z = apply(op, [x, y], backend, stream)
+    if z is not None:
+        return z
+    if not _traced.get():
+        return unfused(op, x, y)
+    if op == "sub":
+        op, y = "add", -y  # exact negation
+    f = single(op, backend, stream, lambda a, b: unfused(op, a, b))
+    return DoubleWord(*f(x.hi, x.lo, y.hi, y.lo))
+
+
+def words_op(forward, plain, operands: list[mx.array], lows: list) -> tuple[mx.array, mx.array]:
+    """The kernel-backend form of a double-word op on arrays: ``forward(*DoubleWord)
+    -> DoubleWord`` on the operands (``lows``: their low words, None for float32
+    values: no zero word is made). Inside :func:`mlx_gradients` the result is
+    differentiable by MLX with ``plain``'s VJP of the high words (a fused result,
+    an elementary function, already is, as its chain; any other is wrapped in a
+    custom function of the operands). Returns the result's words."""
+    words = [DoubleWord.exact(a) if lo is None else DoubleWord(a, lo)
+             for a, lo in zip(operands, lows)]
+    z = forward(*words)
+    if not _traced.get():
+        return z.hi, z.lo
+    entry = _table.get(id(z.hi))
+    if entry is not None and entry[0]() is z.hi and entry[1] is z._lo:  # fused just now
+        return z.hi, z.lo
+    n = len(operands)
+    given = [lo for lo in lows if lo is not None]
+
+    @mx.custom_function
+    def f(*_):
+        return z.hi, z.lo
+
+    @f.vjp
+    def f_vjp(primals, cotangents, outputs):
+        with flow_suspended():
+            _, grads = _mlx.vjp(plain, list(primals[:n]), [cotangents[0]])
+        return (*grads, *(mx.zeros_like(lo) for lo in primals[n:]))
+
+    return f(*operands, *given)
+
+
+# ---- the unfused chain: one operation at a time, each with its own VJP --------------------
+
+def _sum_to(g: mx.array, like: mx.array) -> mx.array:
+    """A cotangent summed over the axes broadcasting added to ``like``, real where
+    ``like`` is real (MLX's convention for a real operand of a complex op)."""
+    lead = g.ndim - like.ndim
+    axes = list(range(lead)) + [lead + i for i, n in enumerate(like.shape)
+                                if n == 1 and g.shape[lead + i] != 1]
+    if axes:
+        g = mx.sum(g, axis=axes, keepdims=True)
+    g = g.reshape(like.shape)
+    return mx.real(g) if like.dtype != mx.complex64 and g.dtype == mx.complex64 else (
+        g.astype(like.dtype))
+
+
+def _one(op: int, fn: int, arity: int, backend, stream):
+    """One operation of a program on words ``(xh, xl[, yh, yl])``, unfused (no
+    autodiff): the one-instruction program of ``dw_fused``."""
+    loads = tuple((_LOAD, 2 * k, 2 * k + 1, 0) for k in range(arity))
+    key = (loads + ((op, 0, 1 if arity == 2 else -1, fn),), arity)
+
+    def run(*w):
+        shape = _broadcast([tuple(a.shape) for a in w])
+        return DoubleWord(*_run(key, w, shape, backend, stream))
+
+    return run
+
+
+def single(op: str, backend, stream, forward=None):
+    """``x op y`` ("add", "mul", "div") of words ``(xh, xl, yh, yl) -> (zh, zl)`` by
+    ``forward(x, y)`` (DoubleWords; default: one ``dw_fused`` operation, real
+    words), with the float32 derivative of the high words as its VJP (MLX's
+    conventions for complex values: d(x y) = g conj(y); the low words are
+    constants of size u |x|)."""
+    if forward is None:
+        one = _one(OP[op], 0, 2, backend, stream)
+        forward = (lambda x, y: one(x.hi, x.lo, y.hi, y.lo))
+
+    @mx.custom_function
+    def f(xh, xl, yh, yl):
+        z = forward(DoubleWord(xh, xl), DoubleWord(yh, yl))
+        return z.hi, z.lo
+
+    @f.vjp
+    def f_vjp(primals, cotangents, outputs):
+        xh, xl, yh, yl = primals
+        g = cotangents[0]
+        with flow_suspended():
+            if op == "add":
+                gx, gy = g, g
+            elif op == "mul":
+                gx, gy = g * mx.conj(yh), g * mx.conj(xh)
+            else:
+                gx = g / mx.conj(yh)
+                gy = -gx * mx.conj(outputs[0])  # d(x/y)/dy = -z/y: -g conj(z / y)
+            return (_sum_to(gx, xh), mx.zeros_like(xl), _sum_to(gy, yh), mx.zeros_like(yl))
+
+    return f
+
+
+def _single_fn(name: str, code: int, arity: int, backend, stream):
+    """The function ``name`` (its ``DWM_FN`` code) of words ``(xh, xl[, yh, yl])`` by
+    one ``dw_fused`` operation, with MLX's float32 derivative of the function of
+    the high words as its VJP."""
+    plain_fn = getattr(mx, name)
+    one = _one(_FN, code, arity, backend, stream)
+
+    @mx.custom_function
+    def f(*w):
+        z = one(*w)
+        return z.hi, z.lo
+
+    @f.vjp
+    def f_vjp(primals, cotangents, outputs):
+        his = list(primals[::2])
+        with flow_suspended():
+            _, grads = _mlx.vjp(plain_fn, his, [cotangents[0]])
+            out = []
+            for grad, lo in zip(grads, primals[1::2]):
+                out += [grad, mx.zeros_like(lo)]
+            return tuple(out)
+
+    return f
+
+
+_FN_NAMES: dict[int, str] = {}  # DWM_FN code -> MLX's function (apply records them)
+_OP_NAMES = {code: name for name, code in _BINARY.items()}
+
+
+def _replay(key: tuple, backend, stream):
+    """The expression ``key`` as a function of its leaves made of single-operation
+    custom functions (:func:`single`, :func:`_single_fn`): the graph of the unfused
+    chain, whose VJP MLX composes as it did before fusion."""
+    code, root = key
+
+    def run(*leaves):
+        vals = []
+        for o, x, y, f in code:
+            if o == _LOAD:
+                hi = leaves[x]
+                v = DoubleWord(hi, leaves[y] if y >= 0 else mx.zeros_like(hi))
+            elif o == _CONST:
+                hi, lo = np.array([x, y], np.int32).view(np.float32)
+                v = DoubleWord(mx.array(hi), mx.array(lo))
+            elif o == _NEG:
+                v = -vals[x]
+            elif o == _FN:
+                args = [vals[x]] + ([vals[y]] if y >= 0 else [])
+                v = DoubleWord(*_single_fn(_FN_NAMES[f], f, len(args), backend, stream)(
+                    *(w for a in args for w in (a.hi, a.lo))))
+            else:
+                a, b = vals[x], vals[y]
+                if o == _SUB:  # x - y = x + (-y), the negation exact
+                    b = -b
+                name = "add" if o == _SUB else _OP_NAMES[o]
+                v = DoubleWord(*single(name, backend, stream)(a.hi, a.lo, b.hi, b.lo))
+            vals.append(v)
+        return vals[root].hi, vals[root].lo
+
+    return run
