@@ -18,7 +18,7 @@ from ..core import backends
 from ..core.arrays import as_int
 from ..core.autodiff import guarded, host_guard
 from .aware import precision_aware
-from .engine64 import from_float64_result
+from .engine64 import F64, arith64, from_float64_result
 from .types import DoubleWord
 from .types import operand as _operand
 from ..core.kernels import Kernel, elementwise_grid, per_element_of_first_input
@@ -192,8 +192,7 @@ def fft_scale_extended(x, n: int, *, round_output: bool = True, backend: str | N
         ValueError: n is not an integer >= 1. TypeError: wrong dtype.
     """
     s_hi, s_lo = reciprocal_words(n)  # validates n
-    k = as_int(n)
-    return _scale(x, s_hi, s_lo, lambda fx: fx / k, round_output, backend, stream)
+    return _scale(x, s_hi, s_lo, ("div", float(as_int(n))), round_output, backend, stream)
 
 
 @host_guard
@@ -217,15 +216,18 @@ def scale_extended(x, factor: Fraction, *, round_output: bool = True,
         raise ValueError(f"factor must be > 0, got {factor}")
     hi = rn32_rational(factor)
     lo = rn32_rational(factor - Fraction(float(hi)))
-    return _scale(x, float(hi), float(lo), lambda fx: fx * float(factor), round_output,
-                  backend, stream)
+    return _scale(x, float(hi), float(lo), ("mul", float(factor)), round_output, backend,
+                  stream)
 
 
-def _scale(x, s_hi: float, s_lo: float, cpu_op, round_output, backend, stream):
-    """x times the double-word constant (s_hi, s_lo): the SCALE kernel, or
-    ``cpu_op`` on the float64 value of x (cpu backend). A rounded result of an
-    ``mx.array`` is differentiable (the VJP scales the cotangent the same way);
-    otherwise a gradient raises."""
+def _scale(x, s_hi: float, s_lo: float, cpu_op: tuple, round_output, backend, stream):
+    """x times the double-word constant (s_hi, s_lo): the SCALE kernel, or on the
+    cpu backend ``cpu_op = (op, c)``, the float64 ``x * c`` or ``x / c`` (op "mul" /
+    "div", c a float) of x's float64 value, lazily by MLX float64 ops
+    (:func:`~.engine64.arith64`: one IEEE operation, so ``x / n`` is the correctly
+    rounded quotient, as numpy's). A rounded result of an ``mx.array`` is
+    differentiable (the VJP scales the cotangent the same way); otherwise a
+    gradient raises."""
     x = _operand(x, "x", ("float32", "complex64"))
     name = backends.resolve(backend)
     args = (s_hi, s_lo, cpu_op, name, stream)
@@ -241,22 +243,47 @@ def _scale(x, s_hi: float, s_lo: float, cpu_op, round_output, backend, stream):
             return (f(g),)
 
         return f(x)
-    words = [x.hi, x.lo] if isinstance(x, DoubleWord) else [x]
+    form, words = _pack(x) if isinstance(x, DoubleWord) else (None, [x])
 
     def run(*w):
-        y = _scale_raw(DoubleWord(*w) if len(w) == 2 else w[0], *args, round_output)
-        return y if round_output else (y.hi, y.lo)
+        y = _scale_raw(w[0] if form is None else _unpack(form, w), *args, round_output)
+        if round_output:
+            return y
+        nonlocal out_form
+        out_form, out = _pack(y)
+        return tuple(out)
 
+    out_form = None
     out = guarded(run, words, "a double-word scaling of a DoubleWord or with round_output=False")
-    return out if round_output else DoubleWord(*out)
+    return out if round_output else _unpack(out_form, out)
+
+
+def _pack(x: DoubleWord) -> tuple[str, list]:
+    """(form, arrays): the arrays ``x`` is made of as they are (its float64 value
+    where it carries one, its high word alone where it is exact), so that passing
+    them through a custom function builds no low word; :func:`_unpack` inverts."""
+    if x.wide is not None:
+        return "wide", [x.hi, *(v for v in x.wide if v is not None)]
+    if x._lo is None:
+        return "exact", [x.hi]
+    return "words", [x.hi, x._lo]
+
+
+def _unpack(form: str, arrays) -> DoubleWord:
+    if form == "wide":
+        return DoubleWord.from_wide(arrays[0], (arrays[1], arrays[2] if len(arrays) > 2 else None))
+    return DoubleWord.exact(arrays[0]) if form == "exact" else DoubleWord(*arrays)
 
 
 def _scale_raw(x, s_hi, s_lo, cpu_op, name, stream, round_output):
     dw_in = isinstance(x, DoubleWord)
     shape, dtype = tuple(x.shape), x.dtype
     if name.float64_engine:
-        fx = x.to_float64() if dw_in else np.array(x).astype(np.float64 if dtype == mx.float32 else np.complex128)
-        return from_float64_result(cpu_op(fx), round_output)
+        op, c = cpu_op
+        with mx.stream(mx.cpu):  # (MLX has float64 on the CPU only)
+            constant = DoubleWord.from_wide(mx.array(c, mx.float32), (mx.array(c, F64), None))
+        y = arith64(op, x if dw_in else DoubleWord.exact(x), constant)
+        return y.hi if round_output else y
     hi, lo = _words(x) if dw_in else (x, None)
     flat_hi = _as_f32_flat(hi)
     flat_lo = _as_f32_flat(lo) if dw_in else mx.zeros((1,), mx.float32)

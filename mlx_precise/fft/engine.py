@@ -450,14 +450,10 @@ def _hermitian_extend(a, n: int):
 
 
 def _float64(x) -> np.ndarray:
+    """x's float64 / complex128 value as a numpy array of our own (the transform may
+    overwrite it): a DoubleWord's carried float64 value where it has one
+    (:meth:`DoubleWord.to_float64`, a copy), else its words joined."""
     if isinstance(x, DoubleWord):
-        if x.wide is not None:  # the float64 value the words were split from
-            re, im = x.wide
-            if im is None:
-                return np.array(re)  # a copy (the transform may overwrite it)
-            z = np.empty(re.shape, np.complex128)
-            z.real, z.imag = np.asarray(re), np.asarray(im)  # (re + 1j im: 0 * inf)
-            return z
         return x.to_float64()
     a = np.asarray(x)  # a view of the MLX buffer: the float64 copy is the only one
     return a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
