@@ -24,6 +24,7 @@ from ..core.autodiff import guarded, host_guard
 from ..doubleword.aware import precision_aware
 from ..core.streams import on_stream, streamed
 from .depthwise import check_conv_operands, check_layout, from_ncl, to_ncl
+from ..doubleword.engine64 import from_float64_result
 from ..doubleword.words import DoubleWord
 from ..doubleword.elementwise import complex_multiply_extended
 from ..fft import api as fft_api
@@ -199,7 +200,8 @@ def _forward_cpu(u, k, D, N, round_output):
     out = np.empty(u_.shape, np.float32 if round_output else np.float64)
     for b, c0, c1, y in fftconv_rows(u_, k_, N, L):
         out[b, c0:c1] = _skip_cpu(y, u_[b, c0:c1], None if D_ is None else D_[c0:c1])
-    return mx.array(out) if round_output else DoubleWord.from_float64(out)
+    # (split lazily, keeping the float64 value for the next cpu step)
+    return from_float64_result(out, round_output)
 
 
 def _backward_cpu(u, k, D, g, N):
