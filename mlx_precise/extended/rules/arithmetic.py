@@ -60,7 +60,12 @@ def inplace(rule, functional):
                 z.shape != x.shape):
             return NotImplemented
         # (inside a rule the flow is off, so mx.array.__setitem__ is MLX's own)
-        if _setitem(ctx, mx.array.__setitem__, x, Ellipsis, z) is NotImplemented:
+        if ctx.backend.float64_engine and wide_value(z) is not None:
+            # x now holds z's high words, the rounding of z's float64 value: x
+            # carries that value (the next step reads it; no low word is built)
+            mx.array.__setitem__(x, Ellipsis, z)
+            carry.copy(z, x)
+        elif _setitem(ctx, mx.array.__setitem__, x, Ellipsis, z) is NotImplemented:
             mx.array.__setitem__(x, Ellipsis, z)  # an exact result: no low word
             attach(x, None)
         return x
