@@ -300,6 +300,19 @@ def arith64(op: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:
     return step(_ARITH[op], x, y, cheap=True)  # (complex results: step's own check)
 
 
+def arith_values(op: str, x: mx.array, y: mx.array) -> DoubleWord:
+    """``x + y``, ``x - y``, ``x * y`` or ``x / y`` (op "add", "sub", "mul", "div")
+    of real float64 values (MLX arrays below :data:`FUSE_MIN` elements, their
+    words already read): the result of :func:`arith64` on operands of these
+    values (the same operations in the same order: ``x - y`` as ``x + (-y)``),
+    without its per-operand bookkeeping (the cpu flow's most frequent step)."""
+    with mx.stream(mx.cpu):
+        if op == "sub":
+            op, y = "add", -y
+        re = _ARITH[op]((x, None), (y, None))[0]
+    return from64(re)
+
+
 # ---- float64 elementary functions ----------------------------------------------------
 # MLX 0.32's float64 exp, sin, cos, sigmoid and erf are only float32-accurate (relative
 # errors near 2^-20, and 2^-1 for sin at |x| ~ 1000), and its accurate ones (expm1,

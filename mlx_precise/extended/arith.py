@@ -60,13 +60,22 @@ def constant(v) -> DoubleWord:
         out = combine(re, im)
         out.wide = (re.wide[0], im.wide[0])
         return out
-    f = float(v)
-    hi, lo, value = _split_scalar(f, math.copysign(1.0, f))
+    hi, lo, value = _split_scalar(*_key(v))
     out = DoubleWord.from_wide(ARRAY(hi, dtype=mx.float32), (ARRAY(value, dtype=mx.float64), None))
     out._lo = ARRAY(lo, dtype=mx.float32)  # (0-d float32 words: no checks needed)
     if not backends.backend().has_kernels:  # (the cpu engine reads the float64 value)
         return out
     return fusion.note_constant(out, hi, lo)  # fused kernels hold it in their program
+
+
+def constant64(v) -> mx.array:
+    """The float64 value of :func:`constant` of a real scalar ``v`` (0-d), alone."""
+    return ARRAY(_split_scalar(*_key(v))[2], dtype=mx.float64)
+
+
+def _key(v) -> tuple[float, float]:
+    f = float(v)
+    return f, math.copysign(1.0, f)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -15,12 +15,38 @@ from ..carry import attach, attach_words, has_words, low_word, wide_value
 from .base import (as64, carries, conj, decomposed, floating_result, has_float64,
                    is_word_array, movement, result, unbroadcast, words)
 from .shape import _setitem
+from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
+
+
+def _small64(v):
+    """The float64 value a cpu step reads of an operand of ``+ - * /`` (a float32
+    array below the engine's FUSE_MIN elements: its carried float64 value, or its
+    high word when exact; a Python float or int: its value as a constant), or
+    None for any other operand (the general path reads it)."""
+    if isinstance(v, ARRAY):
+        if v.dtype != mx.float32 or v.size >= engine64.FUSE_MIN:
+            return None
+        wide = wide_value(v)
+        if wide is not None:
+            return wide[0]
+        if has_words(v):
+            return None  # words without a float64 value: joined by the general path
+        with mx.stream(mx.cpu):
+            return v.astype(mx.float64)
+    if type(v) is float or type(v) is int:
+        return arith.constant64(v)
+    return None
 
 
 def _arith(op: str):
     """``x op y``."""
 
     def rule(ctx, original, x, y, *rest, **kw):
+        if ctx.backend.float64_engine and not (rest or kw) and (
+                isinstance(x, ARRAY) or isinstance(y, ARRAY)):
+            a, b = _small64(x), _small64(y)  # the frequent case, without DoubleWords
+            if a is not None and b is not None:
+                return result(engine64.arith_values(op, a, b))
         if has_float64((x, y)):
             return original(as64(x), as64(y), *rest, **kw)
         if not floating_result(x, y) or rest:
