@@ -92,7 +92,7 @@ def _wrapper(entry):
         try:
             if not _recording():
                 return _run(entry, report, args, kwargs)
-            if mutates and isinstance(args[0], mx.array):
+            if mutates and isinstance(args[0], constructor.ARRAY):
                 return _mutate(entry, report, args, kwargs)
             mark = autodiff.mark()
             out = _run(entry, report, args, kwargs)

@@ -315,7 +315,7 @@ def _divmod_words(a, b):
     then one correction each way, decided by exact comparisons of the remainder,
     since a quotient within 2^-47 of an integer may floor to its neighbour.
     Non-finite operands and b = 0 give MLX's values."""
-    if any(isinstance(v, mx.array) and v.dtype == mx.complex64 or isinstance(v, complex)
+    if any(isinstance(v, ARRAY) and v.dtype == mx.complex64 or isinstance(v, complex)
            for v in (a, b)):
         return NotImplemented
     q = mx.floor(a / b)
@@ -344,7 +344,7 @@ def _remainder(a, b):
 def _isclose(a, b, rtol=1e-05, atol=1e-08, *, equal_nan=False):
     """``|a - b| <= atol + rtol |b|`` of the carried values (Python constants at
     their float64 value); infinities equal when of one sign, NaN as ``equal_nan``."""
-    if any(isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (a, b)):
+    if any(isinstance(v, ARRAY) and v.dtype == mx.complex64 for v in (a, b)):
         return NotImplemented
     close = mx.abs(a - b) <= atol + rtol * mx.abs(b)
     with carry.suspended():
@@ -355,7 +355,7 @@ def _isclose(a, b, rtol=1e-05, atol=1e-08, *, equal_nan=False):
 
 def _array_equal(a, b, equal_nan=False):
     """Same shape and equal carried values (high words, then low words)."""
-    if not (isinstance(a, mx.array) and isinstance(b, mx.array)):
+    if not (isinstance(a, ARRAY) and isinstance(b, ARRAY)):
         return NotImplemented
     if a.shape != b.shape:
         return mx.array(False)
@@ -394,7 +394,7 @@ RULES = {
 def _real_operands(e) -> bool:
     """Real operands and result (complex ones: MLX's VJP, its conjugation rules)."""
     return e.out.dtype != mx.complex64 and not any(
-        isinstance(a, complex) or isinstance(a, mx.array) and a.dtype == mx.complex64
+        isinstance(a, complex) or isinstance(a, ARRAY) and a.dtype == mx.complex64
         for a in e.args)
 
 
@@ -408,8 +408,8 @@ def _binary_vjp(fx, fy, complex_ok=False):
         if not (complex_ok or _real_operands(e)) or len(e.args) < 2:
             return NotImplemented
         x, y = e.args[:2]
-        return (unbroadcast(fx(g, x, y, e.out), x) if isinstance(x, mx.array) else None,
-                unbroadcast(fy(g, x, y, e.out), y) if isinstance(y, mx.array) else None)
+        return (unbroadcast(fx(g, x, y, e.out), x) if isinstance(x, ARRAY) else None,
+                unbroadcast(fy(g, x, y, e.out), y) if isinstance(y, ARRAY) else None)
 
     return vjp
 
