@@ -154,6 +154,11 @@ def _compiled(formula, kinds: tuple, rounded: bool):
 def _fused(formula, operands):
     """(outputs, the compiled function's kinds and arguments, or None when the
     formula ran as separate MLX ops)."""
+    if all((x.hi if isinstance(x, DoubleWord) else x).size < FUSE_MIN for x in operands):
+        # separate ops, each operand read once
+        with mx.stream(mx.cpu):
+            re, im = formula(*(_read(*_reading(x)) for x in operands))
+        return ((re,) if im is None else (re, im)), None
     kinds, arrays = [], []
     for x in operands:
         kind, group = _reading(x)
@@ -161,8 +166,6 @@ def _fused(formula, operands):
         arrays.extend(group)
     kinds, arrays = tuple(kinds), tuple(arrays)
     with mx.stream(mx.cpu):
-        if max(a.size for a in arrays) < FUSE_MIN:
-            return _evaluate(formula, kinds, False, arrays), None
         return tuple(_compiled(formula, kinds, False)(*arrays)), (kinds, arrays)
 
 
@@ -187,11 +190,11 @@ def step(formula, *operands, cheap: bool = False) -> DoubleWord:
     """One cpu step: :func:`apply`, the result a DoubleWord that keeps its float64
     value (its low word built only when read, its high word a lazy array).
 
-    ``cheap`` (one float64 operation, real): compiled, the high word comes from a
-    kernel of its own that reads the operands (one rounding of the same operation:
-    equal to the rounding of the float64 result), so that reading the high word
-    writes no float64 result, and a next step reading the float64 result writes
-    no high word.
+    ``cheap`` (one float64 operation; a complex result ignores it): compiled, the
+    high word comes from a kernel of its own that reads the operands (one rounding
+    of the same operation: equal to the rounding of the float64 result), so that
+    reading the high word writes no float64 result, and a next step reading the
+    float64 result writes no high word.
 
     Returns:
         The DoubleWord of the result (float32 words, or complex64 where the formula
@@ -294,7 +297,20 @@ def arith64(op: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:
     """``x + y``, ``x * y`` or ``x / y`` (op "add", "mul", "div") by MLX float64 on
     the CPU stream (complex as pairs of float64 arrays: MLX has no complex128), one
     fused step (:func:`step`)."""
-    return step(_ARITH[op], x, y, cheap=x.hi.dtype == F32 and y.hi.dtype == F32)
+    return step(_ARITH[op], x, y, cheap=True)  # (complex results: step's own check)
+
+
+def arith_values(op: str, x: mx.array, y: mx.array) -> DoubleWord:
+    """``x + y``, ``x - y``, ``x * y`` or ``x / y`` (op "add", "sub", "mul", "div")
+    of real float64 values (MLX arrays below :data:`FUSE_MIN` elements, their
+    words already read): the result of :func:`arith64` on operands of these
+    values (the same operations in the same order: ``x - y`` as ``x + (-y)``),
+    without its per-operand bookkeeping (the cpu flow's most frequent step)."""
+    with mx.stream(mx.cpu):
+        if op == "sub":
+            op, y = "add", -y
+        re = _ARITH[op]((x, None), (y, None))[0]
+    return from64(re)
 
 
 # ---- float64 elementary functions ----------------------------------------------------

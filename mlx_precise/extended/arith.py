@@ -32,7 +32,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from ..doubleword import fusion, words
+from ..doubleword import engine64, fusion, words
 from ..doubleword.words import DoubleWord, as_complex, combine, from64, to64
 from ..doubleword.words import real_imag as parts  # noqa: F401  (rules read arith.parts)
 from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
@@ -60,10 +60,22 @@ def constant(v) -> DoubleWord:
         out = combine(re, im)
         out.wide = (re.wide[0], im.wide[0])
         return out
-    hi, lo, value = _split_scalar(float(v), math.copysign(1.0, float(v)))
-    out = DoubleWord(ARRAY(hi, dtype=mx.float32), ARRAY(lo, dtype=mx.float32))
-    out.wide = (ARRAY(value, dtype=mx.float64), None)
+    hi, lo, value = _split_scalar(*_key(v))
+    out = DoubleWord.from_wide(ARRAY(hi, dtype=mx.float32), (ARRAY(value, dtype=mx.float64), None))
+    out._lo = ARRAY(lo, dtype=mx.float32)  # (0-d float32 words: no checks needed)
+    if not backends.backend().has_kernels:  # (the cpu engine reads the float64 value)
+        return out
     return fusion.note_constant(out, hi, lo)  # fused kernels hold it in their program
+
+
+def constant64(v) -> mx.array:
+    """The float64 value of :func:`constant` of a real scalar ``v`` (0-d), alone."""
+    return ARRAY(_split_scalar(*_key(v))[2], dtype=mx.float64)
+
+
+def _key(v) -> tuple[float, float]:
+    f = float(v)
+    return f, math.copysign(1.0, f)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -157,7 +169,9 @@ def binary(op: str, x: DoubleWord, y: DoubleWord, backend: Backend,
                              lambda op, a, b: words.binary(op, a, b, backend, stream))
     if op == "sub":
         op, y = "add", words.negate(y)
-    return words.binary(op, x, y, backend)  # MLX float64 ops: differentiable as they are
+    if op == "div" and y.is_complex:  # float32's special values of complex quotients
+        return words.binary(op, x, y, backend)
+    return engine64.arith64(op, x, y)  # MLX float64 ops: differentiable as they are
 
 
 _NEUTRAL = {"add": 0.0, "mul": 1.0}

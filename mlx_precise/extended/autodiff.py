@@ -34,6 +34,7 @@ import mlx.core as mx
 from ..core import backends
 from ..doubleword.words import from64
 from . import carry
+from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from .report import dropped
 
 # False: the backward pass runs with the flow on on every backend (tests compare
@@ -58,7 +59,7 @@ class Tape:
         self.complex = self.complex or a.dtype == mx.complex64
 
     def tracks(self, a) -> bool:
-        return isinstance(a, mx.array) and self.tracked.get(id(a)) is a
+        return isinstance(a, ARRAY) and self.tracked.get(id(a)) is a
 
 
 class Entry:
@@ -92,7 +93,7 @@ def mark() -> int:
 
 def arrays_in(value) -> list:
     """The arrays in an argument (an array, or a list / tuple of them)."""
-    if isinstance(value, mx.array):
+    if isinstance(value, ARRAY):
         return [value]
     if isinstance(value, (list, tuple)):
         return [a for v in value for a in arrays_in(v)]
@@ -104,7 +105,7 @@ _INEXACT = (mx.float32, mx.float64, mx.complex64, mx.float16, mx.bfloat16)
 
 def record(name: str, vjp, original, args, kwargs, out, report) -> None:
     """Record one op on every tape whose differentiated inputs it reads."""
-    ins = [a for a in args if isinstance(a, mx.array)]
+    ins = [a for a in args if isinstance(a, ARRAY)]
     if len(ins) < len(args) or kwargs:  # lists of arrays, keyword arguments
         ins = [a for v in (*args, *kwargs.values()) for a in arrays_in(v)]
     for tape in _tapes.get():
@@ -170,7 +171,7 @@ def _slots(entry):
     """Where the arrays of an op's arguments are: (position or keyword, index in a
     list argument or None, the array)."""
     def inexact(a):  # integer operands (indices) take no gradient: MLX refuses them
-        return isinstance(a, mx.array) and mx.issubdtype(a.dtype, mx.inexact)
+        return isinstance(a, ARRAY) and mx.issubdtype(a.dtype, mx.inexact)
 
     out = []
     for key, v in (*enumerate(entry.args), *entry.kwargs.items()):
@@ -258,7 +259,7 @@ class _Float64Values:
         self.as64, self.seen = carry.as64, {}
 
     def __call__(self, v):
-        if isinstance(v, mx.array):
+        if isinstance(v, ARRAY):
             if v.dtype != mx.float32:
                 return v
             hit = self.seen.get(id(v))
@@ -347,7 +348,7 @@ def narrowed(g, like: mx.array):
 
 def _flatten(tree, out):
     """Leaves of a tree of arrays (dicts, lists, tuples) in order."""
-    if isinstance(tree, mx.array):
+    if isinstance(tree, ARRAY):
         out.append(tree)
     elif isinstance(tree, dict):
         for v in tree.values():
@@ -359,7 +360,7 @@ def _flatten(tree, out):
 
 
 def _rebuild(tree, values):
-    if isinstance(tree, mx.array):
+    if isinstance(tree, ARRAY):
         return next(values)
     if isinstance(tree, dict):
         return {k: _rebuild(v, values) for k, v in tree.items()}
@@ -429,7 +430,7 @@ def value_and_grad(fun, argnums=None, argnames=(), *, report):
         nums, single = _argnums(argnums, argnames, len(args))
         out, tape, args, kwargs, diff, named = _run(fun, args, kwargs, nums, argnames, report)
         value = out[0] if isinstance(out, (list, tuple)) else out
-        if not isinstance(value, mx.array) or value.size != 1:
+        if not isinstance(value, ARRAY) or value.size != 1:
             raise ValueError("[value_and_grad] The return value of the function whose "
                              "gradient we want to compute should be either a scalar array "
                              "or a list with the first element being a scalar array.")

@@ -25,7 +25,6 @@ result: rounded once.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import operator
@@ -44,20 +43,28 @@ from .report import PrecisionDropError, Report, dropped
 
 
 _report = carry.report
+_recording = autodiff.recording  # (module globals: looked up once per op, not twice)
+_Operands = rules.Operands
 
 
 def _carries(args, kwargs) -> bool:
     """A non-empty array among the operands (or in a list of them) carries a low word."""
-    for a in (*args, *kwargs.values()):
-        for b in (a if isinstance(a, (list, tuple)) else (a,)):
-            if isinstance(b, constructor.ARRAY) and b.size and carry.has_words(b):
+    has_words = carry.has_words  # (only arrays carry words: no type test first)
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, (list, tuple)):
+            if any(has_words(b) and b.size for b in a):
                 return True
+        elif has_words(a) and a.size:
+            return True
     return False
 
 
 def _foreign(args) -> bool:
     """A non-float32 / complex64 array among the operands."""
-    return any(isinstance(a, constructor.ARRAY) and not rules.is_word_array(a) for a in args)
+    for a in args:
+        if isinstance(a, constructor.ARRAY) and not rules.is_word_array(a):
+            return True
+    return False
 
 
 def _traced_on_host(e: Exception, name: str, backend: str):
@@ -83,12 +90,13 @@ def _wrapper(entry):
             return original(*args, **kwargs)
         token = _report.set(None)  # the rule and MLX's op below see plain MLX
         try:
-            recording = autodiff.recording()
-            if recording and mutates and isinstance(args[0], mx.array):
+            if not _recording():
+                return _run(entry, report, args, kwargs)
+            if mutates and isinstance(args[0], constructor.ARRAY):
                 return _mutate(entry, report, args, kwargs)
-            mark = autodiff.mark() if recording else None
+            mark = autodiff.mark()
             out = _run(entry, report, args, kwargs)
-            if recording and autodiff.mark() == mark:  # a composite rule records its ops
+            if autodiff.mark() == mark:  # a composite rule records its ops
                 autodiff.record(name, entry.vjp, original, args, kwargs, out, report)
             return out
         finally:
@@ -105,18 +113,22 @@ def _run(entry, report, args, kwargs):
         stream = kwargs.pop("stream", None)
         backend = backends.backend()
         try:
-            with mx.stream(stream) if stream is not None else contextlib.nullcontext():
-                out = rule(rules.Operands(backend, stream, report), original, *args, **kwargs)
+            if stream is None:
+                out = rule(_Operands(backend, None, report), original, *args, **kwargs)
+            else:
+                with mx.stream(stream):
+                    out = rule(_Operands(backend, stream, report), original, *args, **kwargs)
+                kwargs["stream"] = stream
         except ValueError as e:
             if "function transformations" not in str(e):
                 raise
             raise _traced_on_host(e, name, backend) from e
-        if stream is not None:
-            kwargs["stream"] = stream
         if out is not NotImplemented:
             report.extended[name] += 1
-            if any(out is a for a in args) and entry.kind != "in-place":
-                out = autodiff.snapshot(out)  # MLX returns a new array, never an operand
+            if entry.kind != "in-place":
+                for a in args:
+                    if out is a:  # MLX returns a new array, never an operand
+                        return autodiff.snapshot(out)
             return out
     if _carries(args, kwargs):
         dropped(report, name, "it has no double-word rule for these operands"

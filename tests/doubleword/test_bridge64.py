@@ -197,3 +197,63 @@ def test_fused_steps_give_the_bits_of_separate_ops(op):
         with np.errstate(all="ignore"):
             assert np.array_equal(rounded.view(np.uint32),
                                   f64.astype(np.float32).view(np.uint32)), (a, b)
+
+
+def _scalar64(f: float) -> float:
+    """A Python number as the flow reads it: its float64 value, Inf where float32
+    overflows (the kernels' rule)."""
+    with np.errstate(over="ignore"):
+        return f if np.isfinite(np.float32(f)) or not np.isfinite(f) else float(np.float32(f))
+
+
+@pytest.mark.parametrize("op", ["+", "-", "*", "/"])
+def test_flow_arithmetic_on_cpu_is_the_float64_operation(op):
+    """``x op y`` in a cpu block, operands read every way a small step reads them
+    (a carried float64 value, an exact float32 array, Python numbers including
+    ones float32 does not hold, signed zeros, NaN, Inf and overflow), either side:
+    the carried value is numpy's float64 operation on the operands' float64
+    values, bit for bit, and the array is its float32 rounding."""
+    import operator
+
+    f = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}[op]
+    rng = np.random.default_rng(21)
+    base = np.concatenate([SPECIALS, rng.standard_normal(30) * 10.0 ** rng.integers(-8, 8, 30)])
+    with np.errstate(over="ignore"):
+        x32 = base.astype(np.float32)
+    e32 = rng.standard_normal(base.size).astype(np.float32)
+    scalars = [0.1, -0.0, 0.0, 3, 1e300, -np.inf, np.nan, 2.0 ** -140, 1 / 3]
+    with mp.use_backend("cpu"), mp.extended_precision(strict=True), np.errstate(all="ignore"):
+        carried = mx.array(x32) / 3  # carries x32 / 3 in float64
+        exact = mx.array(e32)
+        values = {"carried": (carried, x32.astype(np.float64) / 3),
+                  "exact": (exact, e32.astype(np.float64))}
+        cases = [(values[a], values[b]) for a in values for b in values]
+        cases += [(v, (s, _scalar64(s))) for v in values.values() for s in scalars]
+        cases += [((s, _scalar64(s)), v) for v in values.values() for s in scalars]
+        for (a, a64), (b, b64) in cases:
+            z = f(a, b)
+            wide = wide_value(z)
+            assert wide is not None and wide[1] is None
+            got, ref = np.array(wide[0]), f(np.asarray(a64), np.asarray(b64))
+            assert np.array_equal(got, ref, equal_nan=True), (op, a64, b64)
+            assert np.array_equal(np.array(z).view(np.uint32)[np.isfinite(ref)],
+                                  ref.astype(np.float32).view(np.uint32)[np.isfinite(ref)])
+
+
+def test_inplace_update_on_cpu_keeps_the_float64_value():
+    """``v += g`` in a cpu block leaves v carrying the float64 sum (as ``v + g``
+    does), not its rounding to two words; other references see the update."""
+    rng = np.random.default_rng(4)
+    x, g = rng.standard_normal((2, 40)).astype(np.float32)
+    with mp.use_backend("cpu"), mp.extended_precision(strict=True):
+        v = mx.array(x) * 0.9
+        alias = v
+        v += mx.array(g) / 7
+        wide = wide_value(v)
+        assert wide is not None and alias is v
+        got, hi = np.array(wide[0]), np.array(v)
+        w = v * 1.0  # the next step reads the carried value
+        again = np.array(wide_value(w)[0])
+    ref = x.astype(np.float64) * 0.9 + g.astype(np.float64) / 7
+    assert np.array_equal(got, ref) and np.array_equal(again, ref)
+    assert np.array_equal(hi, ref.astype(np.float32))

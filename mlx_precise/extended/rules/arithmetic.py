@@ -15,12 +15,38 @@ from ..carry import attach, attach_words, has_words, low_word, wide_value
 from .base import (as64, carries, conj, decomposed, floating_result, has_float64,
                    is_word_array, movement, result, unbroadcast, words)
 from .shape import _setitem
+from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
+
+
+def _small64(v):
+    """The float64 value a cpu step reads of an operand of ``+ - * /`` (a float32
+    array below the engine's FUSE_MIN elements: its carried float64 value, or its
+    high word when exact; a Python float or int: its value as a constant), or
+    None for any other operand (the general path reads it)."""
+    if isinstance(v, ARRAY):
+        if v.dtype != mx.float32 or v.size >= engine64.FUSE_MIN:
+            return None
+        wide = wide_value(v)
+        if wide is not None:
+            return wide[0]
+        if has_words(v):
+            return None  # words without a float64 value: joined by the general path
+        with mx.stream(mx.cpu):
+            return v.astype(mx.float64)
+    if type(v) is float or type(v) is int:
+        return arith.constant64(v)
+    return None
 
 
 def _arith(op: str):
     """``x op y``."""
 
     def rule(ctx, original, x, y, *rest, **kw):
+        if ctx.backend.float64_engine and not (rest or kw) and (
+                isinstance(x, ARRAY) or isinstance(y, ARRAY)):
+            a, b = _small64(x), _small64(y)  # the frequent case, without DoubleWords
+            if a is not None and b is not None:
+                return result(engine64.arith_values(op, a, b))
         if has_float64((x, y)):
             return original(as64(x), as64(y), *rest, **kw)
         if not floating_result(x, y) or rest:
@@ -60,7 +86,12 @@ def inplace(rule, functional):
                 z.shape != x.shape):
             return NotImplemented
         # (inside a rule the flow is off, so mx.array.__setitem__ is MLX's own)
-        if _setitem(ctx, mx.array.__setitem__, x, Ellipsis, z) is NotImplemented:
+        if ctx.backend.float64_engine and wide_value(z) is not None:
+            # x now holds z's high words, the rounding of z's float64 value: x
+            # carries that value (the next step reads it; no low word is built)
+            mx.array.__setitem__(x, Ellipsis, z)
+            carry.copy(z, x)
+        elif _setitem(ctx, mx.array.__setitem__, x, Ellipsis, z) is NotImplemented:
             mx.array.__setitem__(x, Ellipsis, z)  # an exact result: no low word
             attach(x, None)
         return x
@@ -284,7 +315,7 @@ def _divmod_words(a, b):
     then one correction each way, decided by exact comparisons of the remainder,
     since a quotient within 2^-47 of an integer may floor to its neighbour.
     Non-finite operands and b = 0 give MLX's values."""
-    if any(isinstance(v, mx.array) and v.dtype == mx.complex64 or isinstance(v, complex)
+    if any(isinstance(v, ARRAY) and v.dtype == mx.complex64 or isinstance(v, complex)
            for v in (a, b)):
         return NotImplemented
     q = mx.floor(a / b)
@@ -313,7 +344,7 @@ def _remainder(a, b):
 def _isclose(a, b, rtol=1e-05, atol=1e-08, *, equal_nan=False):
     """``|a - b| <= atol + rtol |b|`` of the carried values (Python constants at
     their float64 value); infinities equal when of one sign, NaN as ``equal_nan``."""
-    if any(isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (a, b)):
+    if any(isinstance(v, ARRAY) and v.dtype == mx.complex64 for v in (a, b)):
         return NotImplemented
     close = mx.abs(a - b) <= atol + rtol * mx.abs(b)
     with carry.suspended():
@@ -324,7 +355,7 @@ def _isclose(a, b, rtol=1e-05, atol=1e-08, *, equal_nan=False):
 
 def _array_equal(a, b, equal_nan=False):
     """Same shape and equal carried values (high words, then low words)."""
-    if not (isinstance(a, mx.array) and isinstance(b, mx.array)):
+    if not (isinstance(a, ARRAY) and isinstance(b, ARRAY)):
         return NotImplemented
     if a.shape != b.shape:
         return mx.array(False)
@@ -363,7 +394,7 @@ RULES = {
 def _real_operands(e) -> bool:
     """Real operands and result (complex ones: MLX's VJP, its conjugation rules)."""
     return e.out.dtype != mx.complex64 and not any(
-        isinstance(a, complex) or isinstance(a, mx.array) and a.dtype == mx.complex64
+        isinstance(a, complex) or isinstance(a, ARRAY) and a.dtype == mx.complex64
         for a in e.args)
 
 
@@ -377,8 +408,8 @@ def _binary_vjp(fx, fy, complex_ok=False):
         if not (complex_ok or _real_operands(e)) or len(e.args) < 2:
             return NotImplemented
         x, y = e.args[:2]
-        return (unbroadcast(fx(g, x, y, e.out), x) if isinstance(x, mx.array) else None,
-                unbroadcast(fy(g, x, y, e.out), y) if isinstance(y, mx.array) else None)
+        return (unbroadcast(fx(g, x, y, e.out), x) if isinstance(x, ARRAY) else None,
+                unbroadcast(fy(g, x, y, e.out), y) if isinstance(y, ARRAY) else None)
 
     return vjp
 
