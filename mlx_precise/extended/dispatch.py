@@ -25,6 +25,7 @@ result: rounded once.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import gc
 import operator
@@ -361,8 +362,6 @@ def _namespace(cls: type):
 
 
 try:
-    import ctypes
-
     _type_modified = ctypes.pythonapi.PyType_Modified
     _type_modified.argtypes, _type_modified.restype = [ctypes.py_object], None
 except (ImportError, AttributeError):  # pragma: no cover - not CPython
@@ -484,13 +483,73 @@ def active() -> Report | None:
     return report if report is not None and report.open else None
 
 
+# Names bound to MLX's functions in the frame that opens a block (``f = mx.exp``
+# in a function, then ``f(x)`` inside ``with extended_precision():``), its closure
+# cells included: rebound to the stand-ins for the block and put back when it
+# closes (if still the stand-in). A function's fast locals are written through
+# ``f_locals`` and, before Python 3.13 (PEP 667 makes ``f_locals`` write through),
+# ``PyFrame_LocalsToFast``, as debuggers do. Module-level frames are the module
+# globals, rebound above.
+_WRITE_THROUGH = sys.version_info >= (3, 13)
+_OWN = ("mlx_precise.", "contextlib")
+
+
+def _user_frame():
+    """The frame that opened the block: the first one outside this package and
+    contextlib (ContextDecorator)."""
+    f = sys._getframe(2)
+    while f is not None and f.f_globals.get("__name__", "").startswith(_OWN):
+        f = f.f_back
+    return f
+
+
+def _set_locals(frame, values: dict) -> None:
+    namespace = frame.f_locals
+    namespace.update(values)
+    if not _WRITE_THROUGH:
+        ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
+
+
+def _rebind_locals():
+    """(frame, {name: (original, stand-in)}) for the opening frame's locals bound to
+    MLX functions, rebound to the stand-ins; None when there are none."""
+    frame = _user_frame()
+    if frame is None:
+        return None
+    namespace = frame.f_locals
+    if namespace is frame.f_globals:
+        return None
+    functions = _plans[0].functions
+    hits = {}
+    for name, value in namespace.items():
+        hit = functions.get(id(value))
+        # (MLX's own callables only: a Python function that replaced one of them, the
+        # caller's own code, keeps its name)
+        if hit is not None and hit[0] is value and not isinstance(value, types.FunctionType):
+            hits[name] = hit
+    if not hits:
+        return None
+    _set_locals(frame, {name: standin for name, (_, standin) in hits.items()})
+    return frame, hits
+
+
+def _restore_locals(rebound) -> None:
+    frame, hits = rebound
+    namespace = frame.f_locals
+    back = {name: original for name, (original, standin) in hits.items()
+            if namespace.get(name) is standin}
+    if back:
+        _set_locals(frame, back)
+
+
 class _FlowBlock:
     """The flow's part of one block (:func:`block`)."""
 
-    __slots__ = ("on", "strict", "report", "token")
+    __slots__ = ("on", "strict", "report", "token", "rebound")
 
     def __init__(self, on: bool, strict: bool):
         self.on, self.strict, self.report, self.token = on, strict, None, None
+        self.rebound = None
 
     def __enter__(self):
         global _open
@@ -499,6 +558,7 @@ class _FlowBlock:
                 if _open == 0:
                     _install()
                 _open += 1
+                self.rebound = _rebind_locals()
             self.report = Report(self.strict)
         self.token = _report.set(self.report)  # None: the flow is off inside
         return self.report
@@ -513,6 +573,9 @@ class _FlowBlock:
             context.restore(_report, self.token)
         finally:
             with _lock:
+                if self.rebound is not None:
+                    _restore_locals(self.rebound)
+                    self.rebound = None
                 _open -= 1
                 if _open == 0:
                     _uninstall()
