@@ -356,8 +356,9 @@ def _softmax_vjp(e, g):
 
 
 def _logsumexp_vjp(e, g):
-    """``g exp(x - logsumexp(x))`` (the softmax of x; NaN where the result is
-    infinite, as MLX's)."""
+    """``g exp(x - logsumexp(x))`` (the softmax of x; where the result is
+    infinite, NaN at the infinite entries and 0 at the finite ones, as the
+    decomposition's tape)."""
     x, axes = _reduced(e)
     if x.dtype not in REAL:
         return NotImplemented
