@@ -153,13 +153,17 @@ def float64_form(fast, decomposition):
     """The rule of an op defined by ``decomposition`` (see :func:`decomposed`) that
     the cpu backend computes by ``fast(*args, **kw)`` instead, a float64 formula
     of the same operations in the same order (the same bits, without the
-    decomposition's full-size intermediates), while no gradient is being recorded
-    (the tape differentiates the decomposition's ops). ``fast`` returns
-    NotImplemented for the operands it does not take."""
+    decomposition's full-size intermediates). ``fast`` returns NotImplemented for
+    the operands it does not take. While a gradient records, the op is recorded
+    as one op (its VJP rule, declared in its family's ``VJPS``, differentiates
+    it) unless an array is passed by keyword (the tape differentiates keyword
+    arrays by MLX's float32 VJP: the decomposition's ops are recorded instead);
+    elsewhere (emulate, metal) the tape records the decomposition's ops."""
     slow = decomposed(decomposition)
 
     def rule(ctx, original, *args, **kw):
-        if ctx.backend.float64_engine and not autodiff.recording():
+        if ctx.backend.float64_engine and not (autodiff.recording() and any(
+                isinstance(v, ARRAY) for v in kw.values())):
             out = fast(*args, **kw)
             if out is not NotImplemented:
                 return out

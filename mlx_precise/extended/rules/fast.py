@@ -10,7 +10,8 @@ import numpy as np
 
 from ...doubleword import engine64
 from .. import carry
-from .base import decomposed, float64_form, is_word_array, result, words
+from .base import (ARRAY, REAL, decomposed, float64_form, is_word_array, result, unbroadcast,
+                   words)
 from .constructors import grid
 
 
@@ -148,3 +149,41 @@ RULES = {"fast.layer_norm": float64_form(_layer_norm64, _layer_norm),
          "fast.scaled_dot_product_attention": _sdpa_rule, "fast.rope": _rope_rule,
          "fast.cross_entropy": decomposed(_cross_entropy)}
 """Op name -> rule."""
+
+
+# ---- derivatives ---------------------------------------------------------------------
+
+
+def _norm_vjp(names: tuple[str, ...]):
+    """The VJP of ``layer_norm`` (``names`` x, weight, bias, eps) or ``rms_norm``
+    (x, weight, eps), recorded as one op where the cpu backend computes it by its
+    float64 formula. With ``xhat = (x - mean) r`` (rms_norm: ``x r``),
+    ``r = 1 / sqrt(mean((x - mean)^2) + eps)`` over the last axis and
+    ``gy = g weight``, the closed form
+    ``dx = r (gy - mean(gy) - xhat mean(gy xhat))`` (rms_norm: without
+    ``mean(gy)``), ``dweight = sum(g xhat)``, ``dbias = sum(g)`` over the
+    broadcast axes."""
+    centred = "bias" in names
+
+    def vjp(e, g):
+        given = dict(zip(names, e.args), **e.kwargs)
+        x, weight, bias = given["x"], given["weight"], given.get("bias")
+        if any(isinstance(v, ARRAY) and v.dtype not in REAL for v in (x, weight, bias)):
+            return NotImplemented
+        d = x - mx.mean(x, axis=-1, keepdims=True) if centred else x
+        r = mx.rsqrt(mx.mean(d * d, axis=-1, keepdims=True) + given["eps"])
+        xhat = d * r
+        gy = g if weight is None else g * weight
+        gx = gy - xhat * mx.mean(gy * xhat, axis=-1, keepdims=True)
+        if centred:
+            gx = gx - mx.mean(gy, axis=-1, keepdims=True)
+        cots = {"x": gx * r, "weight": unbroadcast(g * xhat, weight),
+                "bias": unbroadcast(g, bias)}
+        return tuple(cots.get(n) for n in names[:len(e.args)])
+
+    return vjp
+
+
+VJPS = {"fast.layer_norm": _norm_vjp(("x", "weight", "bias", "eps")),
+        "fast.rms_norm": _norm_vjp(("x", "weight", "eps"))}
+"""Op name -> VJP rule (see :mod:`.base`)."""

@@ -12,7 +12,8 @@ import numpy as np
 from ...doubleword import engine64
 from .. import arith, carry
 from ..carry import attach, has_words, low_word
-from .base import REAL, axes_of, decomposed, float64_form, is_word_array, result, words
+from .base import (REAL, axes_of, decomposed, elementary, float64_form, is_word_array, result,
+                   words)
 
 
 def _arg_extreme(larger: bool):
@@ -344,6 +345,28 @@ def _sort_vjp(e, g):
     return (back.reshape(x.shape),)
 
 
+def _softmax_vjp(e, g):
+    """``y (g - sum(g y))`` over the softmax's axes, from its output ``y`` (recorded
+    as one op where the cpu backend computes softmax by its float64 formula)."""
+    x, axes = _reduced(e)
+    if x.dtype not in REAL:
+        return NotImplemented
+    y = e.out
+    return (y * (g - mx.sum(g * y, axis=list(axes), keepdims=True)),)
+
+
+def _logsumexp_vjp(e, g):
+    """``g exp(x - logsumexp(x))`` (the softmax of x; where the result is
+    infinite, NaN at the infinite entries and 0 at the finite ones, as the
+    decomposition's tape)."""
+    x, axes = _reduced(e)
+    if x.dtype not in REAL:
+        return NotImplemented
+    keep = _keepdims(e)
+    return (_kept(g, x, axes, keep) * elementary("exp", x - _kept(e.out, x, axes, keep)),)
+
+
 VJPS = {"sum": _sum_vjp("sum"), "mean": _sum_vjp("mean"), "prod": _prod_vjp,
-        "max": _extreme_vjp, "min": _extreme_vjp, "cumsum": _cumsum_vjp, "sort": _sort_vjp}
+        "max": _extreme_vjp, "min": _extreme_vjp, "cumsum": _cumsum_vjp, "sort": _sort_vjp,
+        "softmax": _softmax_vjp, "logsumexp": _logsumexp_vjp}
 """Op name -> VJP rule (see :mod:`.base`)."""
