@@ -130,7 +130,8 @@ def _softmax(x, axis=None, precise=False, **kw):
 
 
 def _logsumexp(x, axis=None, keepdims=False, **kw):
-    m = mx.where(mx.isfinite(_stopped_max(x, axis)), _stopped_max(x, axis), 0.0)
+    m = _stopped_max(x, axis)
+    m = mx.where(mx.isfinite(m), m, 0.0)
     s = mx.log(mx.sum(mx.exp(x - m), axis=axis, keepdims=True)) + m
     return s if keepdims else mx.squeeze(s, axis=axis) if axis is not None else s.reshape(())
 
