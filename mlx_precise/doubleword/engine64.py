@@ -369,18 +369,26 @@ def _round_to_integer(y):
 
 # e^x = m 2^j is four loops of at most 11 levels, each with one output (MLX fuses a
 # graph in pieces of at most 11 levels, and materialises every value that crosses
-# from one piece to another): k, r, m and the bits of 2^j, where j is k brought into
-# the normal exponents and m carries the rest, 2^(k - j), exactly.
+# from one piece to another): k, r, m, and m 2^j (the bits of 2^j made in the loop),
+# where j is k brought into the normal exponents and m carries the rest, 2^(k - j),
+# exactly. k, an integer in [-1077, 1025], crosses the loops as int16 (exact; a
+# quarter of a float64 temporary): the loops' full-size temporaries are r and m.
 
 def _exp_k(x):
     """k = round(x / ln 2) of x clipped to [-746, 710] (beyond: 0 and Inf; NaN
-    propagates)."""
+    propagates), as float64."""
     return _round_to_integer(mx.clip(x, -746.0, 710.0) * _constants()["inv_ln2"])
 
 
-def _exp_r(x, k):
+def _exp_k16(x):
+    """k as int16 (NaN gives 0: its r, hence its result, is NaN anyway)."""
+    return _exp_k(x).astype(mx.int16)
+
+
+def _exp_r(x, k16):
     """r = x - k ln 2, |r| <= ln2 / 2 (ln 2 in two parts, the first exact times k)."""
     c = _constants()["ln2"]
+    k = k16.astype(F64)
     x = mx.clip(x, -746.0, 710.0)
     return (x - k * c[0]) - k * c[1]
 
@@ -389,29 +397,30 @@ def _exp_j(k):
     return mx.clip(k, -1021.0, 1023.0)
 
 
-def _exp_m(r, k):
+def _exp_m(r, k16):
     """e^r 2^(k - j): the Taylor polynomial of e^r (to r^13) and the exact power of
     two that j leaves (k - j in [-55, 1])."""
+    k = k16.astype(F64)
     m = 1.0 + (r + r * r * _estrin(_constants()["exp"], r))
     d = (k - _exp_j(k) + 55.0).astype(mx.int64)
     return m * ((mx.array(1, mx.int64) << d).astype(F64) * 2.0**-55)
 
 
-def _exp_bits(k):
-    """The float64 bits of 2^j."""
-    return (_exp_j(k) + 1023.0).astype(mx.int64) << 52
+def _exp_scaled(m, k16):
+    """m 2^j, 2^j from its float64 bits."""
+    return m * ((_exp_j(k16.astype(F64)) + 1023.0).astype(mx.int64) << 52).view(F64)
 
 
-def _exp_k_shifted(x, shift):
-    return _exp_k(x - shift)
+def _exp_k16_shifted(x, shift):
+    return _exp_k16(x - shift)
 
 
-def _exp_r_shifted(x, shift, k):
-    return _exp_r(x - shift, k)
+def _exp_r_shifted(x, shift, k16):
+    return _exp_r(x - shift, k16)
 
 
-_EXP = {f.__name__: _Loop(f) for f in (_exp_k, _exp_r, _exp_m, _exp_bits,
-                                                _exp_k_shifted, _exp_r_shifted)}
+_EXP = {f.__name__: _Loop(f) for f in (_exp_k16, _exp_r, _exp_m, _exp_scaled,
+                                                _exp_k16_shifted, _exp_r_shifted)}
 
 
 def exp64(x: mx.array, shift: mx.array | None = None) -> mx.array:
@@ -419,12 +428,15 @@ def exp64(x: mx.array, shift: mx.array | None = None) -> mx.array:
     of MLX float64 values (lazy, CPU stream): within one ulp; NaN stays NaN,
     overflow is Inf, underflow gradual (subnormal, then 0)."""
     if shift is None:
-        k = _EXP["_exp_k"](x)
+        k = _EXP["_exp_k16"](x)
         r = _EXP["_exp_r"](x, k)
     else:
-        k = _EXP["_exp_k_shifted"](x, shift)
+        k = _EXP["_exp_k16_shifted"](x, shift)
         r = _EXP["_exp_r_shifted"](x, shift, k)
-    return _EXP["_exp_m"](r, k) * _EXP["_exp_bits"](k).view(F64)
+    m = _EXP["_exp_m"](r, k)
+    # The bits of 2^j are a separate kernel (MLX does not fuse a view): made after m,
+    # not before r and m, which would hold three full-size temporaries at once.
+    return _EXP["_exp_scaled"](m, mx.depends(k, m))
 
 
 # ---- normalisations: the flow's decompositions as float64 formulas ----------------------
