@@ -433,10 +433,7 @@ def exp64(x: mx.array, shift: mx.array | None = None) -> mx.array:
     else:
         k = _EXP["_exp_k16_shifted"](x, shift)
         r = _EXP["_exp_r_shifted"](x, shift, k)
-    m = _EXP["_exp_m"](r, k)
-    # The bits of 2^j are a separate kernel (MLX does not fuse a view): made after m,
-    # not before r and m, which would hold three full-size temporaries at once.
-    return _EXP["_exp_scaled"](m, mx.depends(k, m))
+    return _EXP["_exp_scaled"](_EXP["_exp_m"](r, k), k)
 
 
 # ---- normalisations: the flow's decompositions as float64 formulas ----------------------
@@ -451,20 +448,51 @@ def _float32_shift(v, axes):
     return mx.where(mx.isfinite(m), m, 0.0)
 
 
+PIECE = 1 << 15
+"""Elements of a piece of :func:`softmax64` and :func:`logsumexp64`: from twice
+this size, they run piece by piece along the leading axes, so that their
+full-size float64 temporaries (exp's r and m, e) are piece-size (each row is
+reduced whole, as before: the same bits)."""
+
+
+def _by_rows(fn, v: mx.array, axes) -> mx.array:
+    """``fn(v, axes)`` (a reduction along ``axes`` that keeps them, and elementwise
+    work) of a float64 ``v``, in pieces of whole rows when ``axes`` are the
+    trailing axes and ``v`` has at least 2 :data:`PIECE` elements."""
+    n = v.ndim
+    lead = n - len(axes)
+    if v.size < 2 * PIECE or lead == 0 or sorted(a % n for a in axes) != list(range(lead, n)):
+        return fn(v, axes)
+    rows = v.reshape(-1, *v.shape[lead:])
+    step = max(1, PIECE * rows.shape[0] // v.size)
+    if step >= rows.shape[0]:
+        return fn(v, axes)
+    axes = tuple(range(1, rows.ndim))
+    pieces = [fn(rows[i:i + step], axes) for i in range(0, rows.shape[0], step)]
+    out = mx.concatenate(pieces)
+    return out.reshape(*v.shape[:lead], *out.shape[1:])
+
+
+def _softmax(v, axes):
+    e = exp64(v, _float32_shift(v, axes))
+    return e / mx.sum(e, axis=axes, keepdims=True)
+
+
+def _logsumexp(v, axes):
+    shift = _float32_shift(v, axes)
+    return mx.log(mx.sum(exp64(v, shift), axis=axes, keepdims=True)) + shift
+
+
 def softmax64(x: DoubleWord, axes) -> DoubleWord:
     """``e / sum(e)``, ``e = exp(x - shift)`` along ``axes``."""
     with mx.stream(mx.cpu):
-        v = to64(x)[0]
-        e = exp64(v, _float32_shift(v, axes))
-        return from64(e / mx.sum(e, axis=axes, keepdims=True))
+        return from64(_by_rows(_softmax, to64(x)[0], axes))
 
 
 def logsumexp64(x: DoubleWord, axes, keepdims: bool) -> DoubleWord:
     """``log(sum(exp(x - shift))) + shift`` along ``axes``."""
     with mx.stream(mx.cpu):
-        v = to64(x)[0]
-        shift = _float32_shift(v, axes)
-        s = mx.log(mx.sum(exp64(v, shift), axis=axes, keepdims=True)) + shift
+        s = _by_rows(_logsumexp, to64(x)[0], axes)
         return from64(s if keepdims else mx.squeeze(s, axis=axes))
 
 
