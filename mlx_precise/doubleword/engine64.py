@@ -449,16 +449,17 @@ def _float32_shift(v, axes):
 
 
 PIECE = 1 << 15
-"""Elements of a piece of :func:`softmax64` and :func:`logsumexp64`: from twice
-this size, they run piece by piece along the leading axes, so that their
-full-size float64 temporaries (exp's r and m, e) are piece-size (each row is
-reduced whole, as before: the same bits)."""
+"""Elements of a piece of :func:`by_rows`: from twice this size, softmax64,
+logsumexp64 and erf run piece by piece, so that their full-size float64
+temporaries (exp's r and m, e; erf's gathered coefficients) are piece-size."""
 
 
-def _by_rows(fn, v: mx.array, axes) -> mx.array:
-    """``fn(v, axes)`` (a reduction along ``axes`` that keeps them, and elementwise
-    work) of a float64 ``v``, in pieces of whole rows when ``axes`` are the
-    trailing axes and ``v`` has at least 2 :data:`PIECE` elements."""
+def by_rows(fn, v: mx.array, axes: tuple = ()) -> mx.array:
+    """``fn(v, axes)`` of a float64 ``v``, in pieces of whole rows when ``axes``
+    (where ``fn`` reduces, keeping them; elementwise elsewhere) are the trailing
+    axes (none: ``fn`` is elementwise, the pieces runs of elements) and ``v`` has
+    at least 2 :data:`PIECE` elements. Each row is computed whole, as in one
+    piece: the same bits."""
     n = v.ndim
     lead = n - len(axes)
     if v.size < 2 * PIECE or lead == 0 or sorted(a % n for a in axes) != list(range(lead, n)):
@@ -467,8 +468,16 @@ def _by_rows(fn, v: mx.array, axes) -> mx.array:
     step = max(1, PIECE * rows.shape[0] // v.size)
     if step >= rows.shape[0]:
         return fn(v, axes)
-    axes = tuple(range(1, rows.ndim))
-    pieces = [fn(rows[i:i + step], axes) for i in range(0, rows.shape[0], step)]
+    elementwise, axes = not axes, tuple(range(1, rows.ndim))
+    pieces = []
+    for i in range(0, rows.shape[0], step):
+        piece = rows[i:i + step]
+        if pieces and elementwise:
+            # one piece after another (measured: MLX would run an elementwise
+            # function's pieces side by side, holding every piece's temporaries;
+            # a reduction's pieces it already runs in turn, and faster without)
+            piece = mx.depends(piece, pieces[-1])
+        pieces.append(fn(piece, axes))
     out = mx.concatenate(pieces)
     return out.reshape(*v.shape[:lead], *out.shape[1:])
 
@@ -486,13 +495,13 @@ def _logsumexp(v, axes):
 def softmax64(x: DoubleWord, axes) -> DoubleWord:
     """``e / sum(e)``, ``e = exp(x - shift)`` along ``axes``."""
     with mx.stream(mx.cpu):
-        return from64(_by_rows(_softmax, to64(x)[0], axes))
+        return from64(by_rows(_softmax, to64(x)[0], axes))
 
 
 def logsumexp64(x: DoubleWord, axes, keepdims: bool) -> DoubleWord:
     """``log(sum(exp(x - shift))) + shift`` along ``axes``."""
     with mx.stream(mx.cpu):
-        s = _by_rows(_logsumexp, to64(x)[0], axes)
+        s = by_rows(_logsumexp, to64(x)[0], axes)
         return from64(s if keepdims else mx.squeeze(s, axis=axes))
 
 

@@ -1,4 +1,4 @@
-"""softmax64 and logsumexp64 on cpu run large inputs in pieces of whole rows (their
+"""softmax64, logsumexp64 and erf on cpu run large inputs in pieces of whole rows (their
 float64 temporaries piece-size): the same bits as in one piece, and float64-accurate
 against numpy."""
 
@@ -54,3 +54,18 @@ def test_logsumexp_pieces_same_bits(monkeypatch, axes, keepdims):
     ref = np.log(np.exp(x - m).sum(axis=axes, keepdims=True)) + m
     ref = ref if keepdims else np.squeeze(ref, axis=axes)
     np.testing.assert_allclose(pieced, ref, rtol=1e-14, atol=1e-14 * np.abs(ref).max())
+
+
+def test_erf_pieces_same_bits(monkeypatch):
+    import math
+
+    from mlx_precise.doubleword import functions
+
+    x = np.random.default_rng(2).standard_normal(SHAPE) * 3
+    x.flat[:4] = [np.nan, np.inf, -0.0, 7.0]
+    with mx.stream(mx.cpu):
+        v = mx.array(x, dtype=mx.float64)
+        pieced, whole = _both(monkeypatch, lambda: np.array(functions._erf64(v)))
+    assert pieced.tobytes() == whole.tobytes()
+    ref = np.vectorize(math.erf)(x)
+    np.testing.assert_allclose(pieced, ref, rtol=4e-16, atol=0)
