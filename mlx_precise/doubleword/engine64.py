@@ -369,18 +369,26 @@ def _round_to_integer(y):
 
 # e^x = m 2^j is four loops of at most 11 levels, each with one output (MLX fuses a
 # graph in pieces of at most 11 levels, and materialises every value that crosses
-# from one piece to another): k, r, m and the bits of 2^j, where j is k brought into
-# the normal exponents and m carries the rest, 2^(k - j), exactly.
+# from one piece to another): k, r, m, and m 2^j (the bits of 2^j made in the loop),
+# where j is k brought into the normal exponents and m carries the rest, 2^(k - j),
+# exactly. k, an integer in [-1077, 1025], crosses the loops as int16 (exact; a
+# quarter of a float64 temporary): the loops' full-size temporaries are r and m.
 
 def _exp_k(x):
     """k = round(x / ln 2) of x clipped to [-746, 710] (beyond: 0 and Inf; NaN
-    propagates)."""
+    propagates), as float64."""
     return _round_to_integer(mx.clip(x, -746.0, 710.0) * _constants()["inv_ln2"])
 
 
-def _exp_r(x, k):
+def _exp_k16(x):
+    """k as int16 (NaN gives 0: its r, hence its result, is NaN anyway)."""
+    return _exp_k(x).astype(mx.int16)
+
+
+def _exp_r(x, k16):
     """r = x - k ln 2, |r| <= ln2 / 2 (ln 2 in two parts, the first exact times k)."""
     c = _constants()["ln2"]
+    k = k16.astype(F64)
     x = mx.clip(x, -746.0, 710.0)
     return (x - k * c[0]) - k * c[1]
 
@@ -389,29 +397,30 @@ def _exp_j(k):
     return mx.clip(k, -1021.0, 1023.0)
 
 
-def _exp_m(r, k):
+def _exp_m(r, k16):
     """e^r 2^(k - j): the Taylor polynomial of e^r (to r^13) and the exact power of
     two that j leaves (k - j in [-55, 1])."""
+    k = k16.astype(F64)
     m = 1.0 + (r + r * r * _estrin(_constants()["exp"], r))
     d = (k - _exp_j(k) + 55.0).astype(mx.int64)
     return m * ((mx.array(1, mx.int64) << d).astype(F64) * 2.0**-55)
 
 
-def _exp_bits(k):
-    """The float64 bits of 2^j."""
-    return (_exp_j(k) + 1023.0).astype(mx.int64) << 52
+def _exp_scaled(m, k16):
+    """m 2^j, 2^j from its float64 bits."""
+    return m * ((_exp_j(k16.astype(F64)) + 1023.0).astype(mx.int64) << 52).view(F64)
 
 
-def _exp_k_shifted(x, shift):
-    return _exp_k(x - shift)
+def _exp_k16_shifted(x, shift):
+    return _exp_k16(x - shift)
 
 
-def _exp_r_shifted(x, shift, k):
-    return _exp_r(x - shift, k)
+def _exp_r_shifted(x, shift, k16):
+    return _exp_r(x - shift, k16)
 
 
-_EXP = {f.__name__: _Loop(f) for f in (_exp_k, _exp_r, _exp_m, _exp_bits,
-                                                _exp_k_shifted, _exp_r_shifted)}
+_EXP = {f.__name__: _Loop(f) for f in (_exp_k16, _exp_r, _exp_m, _exp_scaled,
+                                                _exp_k16_shifted, _exp_r_shifted)}
 
 
 def exp64(x: mx.array, shift: mx.array | None = None) -> mx.array:
@@ -419,12 +428,12 @@ def exp64(x: mx.array, shift: mx.array | None = None) -> mx.array:
     of MLX float64 values (lazy, CPU stream): within one ulp; NaN stays NaN,
     overflow is Inf, underflow gradual (subnormal, then 0)."""
     if shift is None:
-        k = _EXP["_exp_k"](x)
+        k = _EXP["_exp_k16"](x)
         r = _EXP["_exp_r"](x, k)
     else:
-        k = _EXP["_exp_k_shifted"](x, shift)
+        k = _EXP["_exp_k16_shifted"](x, shift)
         r = _EXP["_exp_r_shifted"](x, shift, k)
-    return _EXP["_exp_m"](r, k) * _EXP["_exp_bits"](k).view(F64)
+    return _EXP["_exp_scaled"](_EXP["_exp_m"](r, k), k)
 
 
 # ---- normalisations: the flow's decompositions as float64 formulas ----------------------
@@ -439,20 +448,60 @@ def _float32_shift(v, axes):
     return mx.where(mx.isfinite(m), m, 0.0)
 
 
+PIECE = 1 << 15
+"""Elements of a piece of :func:`by_rows`: from twice this size, softmax64,
+logsumexp64 and erf run piece by piece, so that their full-size float64
+temporaries (exp's r and m, e; erf's gathered coefficients) are piece-size."""
+
+
+def by_rows(fn, v: mx.array, axes: tuple = ()) -> mx.array:
+    """``fn(v, axes)`` of a float64 ``v``, in pieces of whole rows when ``axes``
+    (where ``fn`` reduces, keeping them; elementwise elsewhere) are the trailing
+    axes (none: ``fn`` is elementwise, the pieces runs of elements) and ``v`` has
+    at least 2 :data:`PIECE` elements. Each row is computed whole, as in one
+    piece: the same bits."""
+    n = v.ndim
+    lead = n - len(axes)
+    if v.size < 2 * PIECE or lead == 0 or sorted(a % n for a in axes) != list(range(lead, n)):
+        return fn(v, axes)
+    rows = v.reshape(-1, *v.shape[lead:])
+    step = max(1, PIECE * rows.shape[0] // v.size)
+    if step >= rows.shape[0]:
+        return fn(v, axes)
+    elementwise, axes = not axes, tuple(range(1, rows.ndim))
+    pieces = []
+    for i in range(0, rows.shape[0], step):
+        piece = rows[i:i + step]
+        if pieces and elementwise:
+            # one piece after another (measured: MLX would run an elementwise
+            # function's pieces side by side, holding every piece's temporaries;
+            # a reduction's pieces it already runs in turn, and faster without)
+            piece = mx.depends(piece, pieces[-1])
+        pieces.append(fn(piece, axes))
+    out = mx.concatenate(pieces)
+    return out.reshape(*v.shape[:lead], *out.shape[1:])
+
+
+def _softmax(v, axes):
+    e = exp64(v, _float32_shift(v, axes))
+    return e / mx.sum(e, axis=axes, keepdims=True)
+
+
+def _logsumexp(v, axes):
+    shift = _float32_shift(v, axes)
+    return mx.log(mx.sum(exp64(v, shift), axis=axes, keepdims=True)) + shift
+
+
 def softmax64(x: DoubleWord, axes) -> DoubleWord:
     """``e / sum(e)``, ``e = exp(x - shift)`` along ``axes``."""
     with mx.stream(mx.cpu):
-        v = to64(x)[0]
-        e = exp64(v, _float32_shift(v, axes))
-        return from64(e / mx.sum(e, axis=axes, keepdims=True))
+        return from64(by_rows(_softmax, to64(x)[0], axes))
 
 
 def logsumexp64(x: DoubleWord, axes, keepdims: bool) -> DoubleWord:
     """``log(sum(exp(x - shift))) + shift`` along ``axes``."""
     with mx.stream(mx.cpu):
-        v = to64(x)[0]
-        shift = _float32_shift(v, axes)
-        s = mx.log(mx.sum(exp64(v, shift), axis=axes, keepdims=True)) + shift
+        s = by_rows(_logsumexp, to64(x)[0], axes)
         return from64(s if keepdims else mx.squeeze(s, axis=axes))
 
 

@@ -1,0 +1,71 @@
+"""softmax64, logsumexp64 and erf on cpu run large inputs in pieces of whole rows (their
+float64 temporaries piece-size): the same bits as in one piece, and float64-accurate
+against numpy."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_precise.doubleword import engine64
+from mlx_precise.doubleword.types import DoubleWord
+
+SHAPE = (3, 7, 50, 80)  # 84,000 elements: pieced (PIECE = 2^15), rows not a multiple
+
+
+def _value(d: DoubleWord) -> np.ndarray:
+    return np.array(d.wide[0])
+
+
+def _both(monkeypatch, fn):
+    pieced = fn()
+    monkeypatch.setattr(engine64, "PIECE", 1 << 40)  # one piece
+    return pieced, fn()
+
+
+@pytest.mark.parametrize("axes", [(3,), (2, 3), (1,), (0, 1, 2, 3)])
+def test_softmax_pieces_same_bits(monkeypatch, axes):
+    x = np.random.default_rng(0).standard_normal(SHAPE) * 30
+    special = x.copy()
+    special[0, 0, 0, :5] = [np.inf, -np.inf, np.nan, 700, -800]
+    results = []
+    with mx.stream(mx.cpu):
+        for a in (x, special):
+            w = engine64.from64(mx.array(a, dtype=mx.float64))
+            pieced, whole = _both(monkeypatch, lambda: _value(engine64.softmax64(w, axes)))
+            monkeypatch.undo()
+            assert pieced.tobytes() == whole.tobytes()
+            results.append(pieced)
+    pieced = results[0]
+    e = np.exp(x - x.max(axis=axes, keepdims=True))
+    ref = e / e.sum(axis=axes, keepdims=True)
+    np.testing.assert_allclose(pieced, ref, rtol=1e-13, atol=1e-300)
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("axes", [(3,), (2, 3), (0,)])
+def test_logsumexp_pieces_same_bits(monkeypatch, axes, keepdims):
+    x = np.random.default_rng(1).standard_normal(SHAPE) * 30
+    with mx.stream(mx.cpu):
+        w = engine64.from64(mx.array(x, dtype=mx.float64))
+        pieced, whole = _both(monkeypatch,
+                              lambda: _value(engine64.logsumexp64(w, axes, keepdims)))
+    assert pieced.tobytes() == whole.tobytes()
+    m = x.max(axis=axes, keepdims=True)
+    ref = np.log(np.exp(x - m).sum(axis=axes, keepdims=True)) + m
+    ref = ref if keepdims else np.squeeze(ref, axis=axes)
+    np.testing.assert_allclose(pieced, ref, rtol=1e-14, atol=1e-14 * np.abs(ref).max())
+
+
+def test_erf_pieces_same_bits(monkeypatch):
+    import math
+
+    from mlx_precise.doubleword import functions
+
+    x = np.random.default_rng(2).standard_normal(SHAPE) * 3
+    x.flat[:4] = [np.nan, np.inf, -0.0, 7.0]
+    with mx.stream(mx.cpu):
+        v = mx.array(x, dtype=mx.float64)
+        pieced, whole = _both(monkeypatch, lambda: np.array(functions._erf64(v)))
+    assert pieced.tobytes() == whole.tobytes()
+    ref = np.vectorize(math.erf)(x)
+    np.testing.assert_allclose(pieced, ref, rtol=4e-16, atol=0)
