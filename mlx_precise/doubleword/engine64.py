@@ -593,6 +593,11 @@ def _sigmoid(x, e):
     return mx.where(v >= 0.0, s, e * s), None
 
 
+def sigmoid64(v: mx.array) -> mx.array:
+    """The logistic function of MLX float64 values (CPU stream), from :func:`exp64`."""
+    return _sigmoid((v,), exp64(-mx.abs(v)))[0]
+
+
 def _cexp(b, e, s, c):
     """e^(a + ib) = e^a (cos b + i sin b) from b, e = e^a, s = sin b and c = cos b;
     b = 0 gives e^a and b exactly (the signs of zeros, and Inf * 0 avoided)."""

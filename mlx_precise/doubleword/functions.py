@@ -398,9 +398,7 @@ def value64(fn: str, v: mx.array) -> mx.array:
     if fn in ("sin", "cos"):
         return engine64.sincos64(v, (fn,))[0]
     if fn == "sigmoid":
-        e = engine64.exp64(-mx.abs(v))
-        s = 1.0 / (1.0 + e)
-        return mx.where(v >= 0, s, e * s)
+        return engine64.sigmoid64(v)
     if fn == "erf":
         return _erf64(v)
     return getattr(mx, fn)(v)

@@ -125,7 +125,12 @@ def conj(x: DoubleWord) -> DoubleWord:
     return _map(mx.conj, x) if is_complex(x) else x
 
 
-def where(cond: mx.array, x: DoubleWord, y: DoubleWord) -> DoubleWord:
+def where(cond: mx.array, x: DoubleWord, y: DoubleWord,
+          backend: Backend | None = None) -> DoubleWord:
+    """``x`` where ``cond`` else ``y``, exactly: on a float64 engine the float64
+    values are selected."""
+    if backend is not None and backend.float64_engine:
+        return engine64.select(cond, x, y)
     if is_complex(x) != is_complex(y):
         x, y = as_complex(x), as_complex(y)
     return DoubleWord(*(mx.where(cond, a, b) for a, b in ((x.hi, y.hi), (x.lo, y.lo))))
@@ -133,8 +138,11 @@ def where(cond: mx.array, x: DoubleWord, y: DoubleWord) -> DoubleWord:
 
 def abs(x: DoubleWord, backend: Backend | None = None, stream=None) -> DoubleWord:  # noqa: A001
     """|x| of a real DoubleWord: the sign of a normalised value is that of its high
-    word (a zero high word has a zero low word). On a kernel ``backend``, fused
-    (one launch at most: :mod:`~mlx_precise.doubleword.fusion`)."""
+    word (a zero high word has a zero low word). On a float64 engine, of the
+    float64 value; on a kernel ``backend``, fused (one launch at most:
+    :mod:`~mlx_precise.doubleword.fusion`)."""
+    if backend is not None and backend.float64_engine:
+        return engine64.absolute(x)
     z = _fused("abs", [x], backend, stream)
     if z is not None:
         return z
@@ -146,7 +154,10 @@ def extremum(x: DoubleWord, y: DoubleWord, larger: bool, backend: Backend | None
              stream=None) -> DoubleWord:
     """maximum / minimum of real DoubleWords: MLX's float32 maximum / minimum of the
     high words (NaN propagates as MLX's does); on equal high words the low words
-    decide. On a kernel ``backend``, fused (the same words)."""
+    decide. On a float64 engine, decided by the float64 values; on a kernel
+    ``backend``, fused (the same words)."""
+    if backend is not None and backend.float64_engine:
+        return engine64.extremum(x, y, larger)
     z = _fused("max" if larger else "min", [x, y], backend, stream)
     if z is not None:
         return z

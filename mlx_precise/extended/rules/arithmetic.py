@@ -105,9 +105,7 @@ def _where(ctx, original, cond, x, y, **kw):
     a, b = words(x), words(y)
     if a is None or b is None:
         return NotImplemented
-    if ctx.backend.float64_engine:
-        return result(engine64.select(cond, a, b))
-    return result(arith.where(cond, a, b))
+    return result(arith.where(cond, a, b, ctx.backend))
 
 
 def _extremum(larger: bool):
@@ -117,8 +115,6 @@ def _extremum(larger: bool):
         a, b = words(x), words(y)
         if a is None or b is None or arith.is_complex(a) or arith.is_complex(b):
             return NotImplemented
-        if ctx.backend.float64_engine:
-            return result(engine64.extremum(a, b, larger))
         return result(arith.extremum(a, b, larger, ctx.backend, ctx.stream))
 
     return rule
@@ -230,9 +226,7 @@ def _abs_rule(ctx, original, x, **kw):
     if not is_word_array(x):
         return NotImplemented
     if x.dtype != mx.complex64:
-        w = words(x)
-        return result(engine64.absolute(w) if ctx.backend.float64_engine else
-                      arith.abs(w, ctx.backend, ctx.stream))
+        return result(arith.abs(words(x), ctx.backend, ctx.stream))
     with carry.reporting(ctx.report):
         return _complex_abs(x)
 
