@@ -18,6 +18,7 @@ import functools
 import mlx.core as mx
 import numpy as np
 
+from ..core import jit
 from ..core.plain import plain
 from .hostsplit import complex_from_parts
 from .types import DoubleWord
@@ -88,7 +89,7 @@ class _Loop:
     elements."""
 
     def __init__(self, fn):
-        self.fn, self.compiled = fn, plain.compile(fn)
+        self.fn, self.compiled = fn, jit.compile(fn)
 
     def __call__(self, *arrays):
         fn = self.compiled if max(a.size for a in arrays) >= FUSE_MIN else self.fn
@@ -148,7 +149,7 @@ def _compiled(formula, kinds: tuple, rounded: bool):
     """``formula`` on operands read as ``kinds``, compiled once per formula and
     kinds (MLX compiles a kernel per shape pattern on first use and caches it on
     disk). ``rounded``: the float32 rounding of its (real) result."""
-    return plain.compile(lambda *arrays: _evaluate(formula, kinds, rounded, arrays))
+    return jit.compile(lambda *arrays: _evaluate(formula, kinds, rounded, arrays))
 
 
 def _fused(formula, operands):

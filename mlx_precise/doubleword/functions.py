@@ -50,8 +50,7 @@ import numpy as np
 
 from . import engine64, fusion
 from .types import DoubleWord, combine
-from ..core import backends
-from ..core.plain import plain
+from ..core import backends, jit
 from ..core.kernels import (Codes, Kernel, generated_block, per_element_of_first_input,
                             same_shape)
 
@@ -367,7 +366,7 @@ def _erf64(v: mx.array) -> mx.array:
 
 @functools.cache
 def _erf64_compiled():
-    return plain.compile(_erf64_body)
+    return jit.compile(_erf64_body)
 
 
 def _erf64_body(v, series, table):

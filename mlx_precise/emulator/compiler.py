@@ -32,6 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .private import unsafe_folder, unsafe_status
+
 
 class CompilerNotFoundError(RuntimeError):
     """No C++ compiler for the emulator."""
@@ -244,47 +246,26 @@ def _make_private(path: Path) -> None:
         os.chmod(p, 0o700)
 
 
-def _unsafe(st: os.stat_result, uid: int, *, owner_only: bool) -> str | None:
-    """Why a folder or file with status ``st`` must not be trusted, or None.
-
-    Trusted: owned by this user (or, for the folders above the cache, by root) and
-    writable by nobody else. A folder above the cache may be world-writable if it is
-    sticky (``/tmp``): nobody else can then rename or remove what is in it."""
-    owners = (uid,) if owner_only else (uid, 0)
-    if st.st_uid not in owners:
-        return f"it belongs to uid {st.st_uid}, not to you (uid {uid})"
-    if st.st_mode & 0o022 and not (not owner_only and stat.S_ISDIR(st.st_mode)
-                                   and st.st_mode & stat.S_ISVTX):
-        who = "others" if st.st_mode & 0o002 else "its group"
-        return f"{who} can write it (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
-
-
 def _check_private(path: Path, where: str) -> None:
     """Refuse a cache folder another user could plant code in: the folder itself must
     be ours and private to us (no group or other write), each folder above it ours or
-    root's and not writable by others (unless sticky)."""
-    uid = os.geteuid()
-    given, real = path.absolute(), path.resolve()
-    # A link on the way is as good as the folder it names only if nobody else can
-    # repoint it.
-    links = [p for p in [given, *given.parents] if p.is_symlink()]
-    for p in links:
-        if os.lstat(p).st_uid not in (uid, 0):
-            raise InsecureCacheError(
-                f"the Metal emulator's kernel cache {where} is reached through the link "
-                f"{str(p)!r}, which belongs to uid {os.lstat(p).st_uid}; set {_CACHE_ENV} "
-                "to a folder of your own")
-    for p in [real, *real.parents]:
-        why = _unsafe(os.stat(p), uid, owner_only=p == real)
-        if why:
-            fix = (f"chmod go-w {str(p)!r}" if "can write" in why
-                   else f"set {_CACHE_ENV} to a folder of your own")
-            raise InsecureCacheError(
-                f"the Metal emulator's kernel cache {where} is not private: {str(p)!r} "
-                f"is unsafe because {why}; the emulator runs the libraries it caches, "
-                f"so another user could run code as you. Fix: {fix} "
-                f"(or set {_CACHE_ENV} to a folder only you can write)")
+    root's and not writable by others (unless sticky), no link on the way another
+    user could repoint (:func:`.private.unsafe_folder`)."""
+    found = unsafe_folder(path)
+    if found is None:
+        return
+    p, why = found
+    if "link" in why:
+        raise InsecureCacheError(
+            f"the Metal emulator's kernel cache {where} is reached through the link "
+            f"{str(p)!r}: {why}; set {_CACHE_ENV} to a folder of your own")
+    fix = (f"chmod go-w {str(p)!r}" if "can write" in why
+           else f"set {_CACHE_ENV} to a folder of your own")
+    raise InsecureCacheError(
+        f"the Metal emulator's kernel cache {where} is not private: {str(p)!r} "
+        f"is unsafe because {why}; the emulator runs the libraries it caches, "
+        f"so another user could run code as you. Fix: {fix} "
+        f"(or set {_CACHE_ENV} to a folder only you can write)")
 
 
 def cache_dir() -> Path:
@@ -327,7 +308,7 @@ def _trusted_file(path: Path) -> bool:
         st = os.lstat(path)
     except FileNotFoundError:
         return False
-    return stat.S_ISREG(st.st_mode) and _unsafe(st, os.geteuid(), owner_only=True) is None
+    return stat.S_ISREG(st.st_mode) and unsafe_status(st, os.geteuid(), owner_only=True) is None
 
 
 def _cached(folder: Path, stem: str, key: str, suffix: str = ".so") -> Path | None:
