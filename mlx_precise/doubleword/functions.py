@@ -327,11 +327,13 @@ def _launch(fn: str, a: DoubleWord, b: DoubleWord | None, backend: str, stream):
 # ---- cpu: float64 erf (the kernels' scheme in MLX float64 ops, so traceable) ---------
 
 @functools.cache
-def _erf64_tables() -> tuple[mx.array, mx.array]:
+def _erf64_tables() -> tuple[tuple, mx.array]:
     """The float64 coefficients of :func:`_erf64` (the kernels' scheme, one word
     each), from mpmath at 200 bits: the Maclaurin series of erf in x^2 to x^25
-    (highest first), and per center x0 = 0.625 + 0.25 m the Taylor coefficients
-    erf^(k)(x0) / k!, k = 0..13 (highest first), the derivatives from
+    (highest first; Python floats, constants of the compiled loop: an array's
+    elements read one by one would each be an MLX gather), and per center
+    x0 = 0.625 + 0.25 m the Taylor coefficients erf^(k)(x0) / k!, k = 0..13
+    (highest first), the derivatives from
     erf^(k+1)(x) = 2/sqrt(pi) (-1)^k H_k(x) e^(-x^2) (Hermite polynomials,
     H_(k+1) = 2x H_k - 2k H_(k-1))."""
     import mpmath as mp
@@ -349,7 +351,7 @@ def _erf64_tables() -> tuple[mx.array, mx.array]:
                 coeffs.append(g * (-1) ** k * h / mp.factorial(k + 1))
                 h, h_prev = 2 * x0 * h - 2 * k * h_prev, h
             table.append([float(v) for v in reversed(coeffs)])
-    return mx.array(np.array(series), dtype=F64), mx.array(np.array(table), dtype=F64)
+    return tuple(series), mx.array(np.array(table), dtype=F64)
 
 
 def _erf64(v: mx.array) -> mx.array:
@@ -360,8 +362,8 @@ def _erf64(v: mx.array) -> mx.array:
     polynomial by Horner's rule in float64 (2 ulps against mpmath). Compiled: its
     ~50 small ops run as a few fused kernels (4x faster eagerly); in pieces
     (:func:`.engine64.by_rows`: its gathered coefficients are piece-size)."""
-    tables = _erf64_tables()
-    return engine64.by_rows(lambda p, _: _erf64_compiled()(p, *tables), v)
+    table = _erf64_tables()[1]
+    return engine64.by_rows(lambda p, _: _erf64_compiled()(p, table), v)
 
 
 @functools.cache
@@ -369,12 +371,13 @@ def _erf64_compiled():
     return jit.compile(_erf64_body)
 
 
-def _erf64_body(v, series, table):
+def _erf64_body(v, table):
+    series = _erf64_tables()[0]
     a = mx.abs(v)
     t = v * v
     p = series[0]
-    for k in range(1, series.shape[0]):
-        p = p * t + series[k]
+    for s in series[1:]:
+        p = p * t + s
     inside = a < 6  # False for NaN too: its index is 0 and its result NaN below
     m = mx.where(inside, mx.clip(mx.floor((a - 0.5) * 4), 0, ERF_CENTERS - 1), 0).astype(
         mx.int32)
