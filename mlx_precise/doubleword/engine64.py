@@ -297,19 +297,6 @@ def arith64(op: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:
     return step(_ARITH[op], x, y, cheap=True)  # (complex results: step's own check)
 
 
-def arith_values(op: str, x: mx.array, y: mx.array) -> DoubleWord:
-    """``x + y``, ``x - y``, ``x * y`` or ``x / y`` (op "add", "sub", "mul", "div")
-    of real float64 values (MLX arrays below :data:`FUSE_MIN` elements, their
-    words already read): the result of :func:`arith64` on operands of these
-    values (the same operations in the same order: ``x - y`` as ``x + (-y)``),
-    without its per-operand bookkeeping (the cpu flow's most frequent step)."""
-    with mx.stream(mx.cpu):
-        # (x - y is x + (-y) exactly, signed zeros included: IEEE 754 defines
-        # subtraction so; one node instead of two)
-        re = x - y if op == "sub" else _ARITH[op]((x, None), (y, None))[0]
-    return from64(re)
-
-
 # ---- float64 elementary functions ----------------------------------------------------
 # MLX 0.32's float64 exp, sin, cos, sigmoid and erf are only float32-accurate (relative
 # errors near 2^-20, and 2^-1 for sin at |x| ~ 1000), and its accurate ones (expm1,
@@ -602,18 +589,35 @@ def _cexp(b, e, s, c):
     return mx.where(b == 0.0, e, e * c), mx.where(b == 0.0, b, e * s)
 
 
+# MLX's elementwise functions, captured at import (inside a block mx's names are the
+# flow's stand-ins)
+_MLX_FUNCTIONS = {name: getattr(mx, name) for name in (
+    "expm1", "log", "log1p", "log2", "log10", "tanh", "sqrt", "rsqrt", "reciprocal", "power",
+    "arctan2")}
+
+
 @functools.lru_cache(maxsize=None)
 def _function(name: str):
     """The formula of the elementwise function ``name`` (one of MLX's accurate
     float64 ones) on one operand's value."""
-    f = getattr(mx, name)
+    f = _MLX_FUNCTIONS[name]
     return lambda x: (f(x[0]), None)
 
 
 @functools.lru_cache(maxsize=None)
 def _binary_function(name: str):
-    f = getattr(mx, name)
+    f = _MLX_FUNCTIONS[name]
     return lambda x, y: (f(x[0], y[0]), None)
+
+
+_OWN = ("exp", "sigmoid", "sin", "cos", "erf")  # evaluated here (MLX's: float32-accurate)
+
+
+def one_op64(fn: str):
+    """MLX's float64 function that :func:`unary64` evaluates ``fn`` with, alone
+    (accurate in MLX 0.32: sqrt, log, tanh, ...), or None where it evaluates its
+    own formula."""
+    return None if fn in _OWN else _MLX_FUNCTIONS[fn]
 
 
 def unary64(fn: str, x: DoubleWord) -> DoubleWord:

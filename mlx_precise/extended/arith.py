@@ -69,8 +69,14 @@ def constant(v) -> DoubleWord:
 
 
 def constant64(v) -> mx.array:
-    """The float64 value of :func:`constant` of a real scalar ``v`` (0-d), alone."""
-    return ARRAY(_split_scalar(*_key(v))[2], dtype=mx.float64)
+    """The float64 value of :func:`constant` of a real scalar ``v`` (0-d), alone
+    (one array per value, kept: an operand only, never changed)."""
+    return _constant64(*_key(v))
+
+
+@functools.lru_cache(maxsize=1024)
+def _constant64(f: float, sign: float) -> mx.array:
+    return ARRAY(_split_scalar(f, sign)[2], dtype=mx.float64)
 
 
 def _key(v) -> tuple[float, float]:
@@ -214,8 +220,8 @@ def reduce_sum(x: DoubleWord, axes: tuple[int, ...], keepdims: bool, backend: Ba
 
 def _tree(x: DoubleWord, axes, keep, out_shape, backend: str, stream, op: str) -> DoubleWord:
     order = keep + list(axes)
-    m = int(np.prod([x.shape[d] for d in keep]))
-    n = int(np.prod([x.shape[d] for d in axes]))
+    m = math.prod([x.shape[d] for d in keep])
+    n = math.prod([x.shape[d] for d in axes])
     w = _map(lambda a: mx.transpose(a, order).reshape(m, n), x)
     if n == 0:
         w = DoubleWord(mx.full((m, 1), _NEUTRAL[op], w.hi.dtype), mx.zeros((m, 1), w.hi.dtype))

@@ -80,7 +80,8 @@ def _traced_on_host(e: Exception, name: str, backend: str):
 
 def _wrapper(entry):
     """The stand-in for one MLX callable (:class:`~.registry.Entry`)."""
-    name, original, rule, kind = entry.op, entry.original, entry.rule, entry.kind
+    name, original, rule, kind, fast = (entry.op, entry.original, entry.rule, entry.kind,
+                                        entry.fast)
     if kind == "value-free":
         return original
     mutates = kind == "in-place" or name == "__setitem__"
@@ -91,7 +92,16 @@ def _wrapper(entry):
             return original(*args, **kwargs)
         token = _report.set(None)  # the rule and MLX's op below see plain MLX
         try:
-            if not _recording():
+            recording = _recording()
+            # (one op: a gradient records it, differentiated by its VJP rule)
+            if fast is not None and not kwargs and (entry.vjp is not None or not recording):
+                out = fast(*args)
+                if out is not None:
+                    report.extended[name] += 1
+                    if recording:
+                        autodiff.record(name, entry.vjp, original, args, kwargs, out, report)
+                    return out
+            if not recording:
                 return _run(entry, report, args, kwargs)
             if mutates and isinstance(args[0], constructor.ARRAY):
                 return _mutate(entry, report, args, kwargs)

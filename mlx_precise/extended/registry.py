@@ -167,10 +167,11 @@ class Entry(types.SimpleNamespace):
     qualified op name the report counts; ``rule`` its rule or None; ``vjp`` its VJP
     rule or None; ``kind`` as :func:`kind` (``"property"`` for properties,
     ``"in-place"`` for ``__i<op>__`` (``functional``: MLX's ``__<op>__``), ``"at"``
-    for ``mx.array.at``, ``"kernel factory"``)."""
+    for ``mx.array.at``, ``"kernel factory"``); ``fast`` the op's fast path or None
+    (:data:`.rules.FAST`)."""
 
     def __init__(self, **kw):
-        super().__init__(**{"vjp": None, "functional": None, **kw})
+        super().__init__(**{"vjp": None, "functional": None, "fast": None, **kw})
 
 
 def _reflected(rule):
@@ -180,6 +181,11 @@ def _reflected(rule):
         return rule(ctx, lambda a, b, *r, **k: original(b, a, *r, **k), x, y, *rest, **kw)
 
     return reflected
+
+
+def _reflected_fast(fast):
+    """The fast path of ``y.__r<op>__(x)`` (= ``x op y``)."""
+    return lambda y, x: fast(x, y)
 
 
 def _reflected_vjp(vjp):
@@ -227,15 +233,16 @@ def _array_entry(attr: str, value) -> Entry | None:
             raise KeyError(f"array.{attr}")
     op = canonical(op)
     k = kind(op)
-    rule, vjp, functional = rules.TABLE.get(op), rules.VJPS.get(op), None
+    rule, vjp, functional, fast = rules.TABLE.get(op), rules.VJPS.get(op), None, rules.FAST.get(op)
     if rule is not None and how == "reflected":
         rule, vjp = _reflected(rule), _reflected_vjp(vjp)
+        fast = None if fast is None else _reflected_fast(fast)
     if how == "in-place":
         functional = getattr(_ARRAY, f"__{attr[3:-2]}__")
         rule = None if rule is None else rules.inplace(rule, functional)
-        k = "in-place"
+        k, fast = "in-place", None
     return Entry(owner=_ARRAY, attr=attr, original=value, op=attr, rule=rule, kind=k,
-                 vjp=vjp, functional=functional)
+                 vjp=vjp, functional=functional, fast=fast)
 
 
 def entries() -> list[Entry]:
@@ -253,7 +260,8 @@ def entries() -> list[Entry]:
                 k = "kernel factory"
             out.append(Entry(owner=module, attr=name, original=getattr(module, name), op=op,
                              rule=rules.TABLE.get(canonical(op)), kind=k,
-                             vjp=rules.VJPS.get(canonical(op))))
+                             vjp=rules.VJPS.get(canonical(op)),
+                             fast=rules.FAST.get(canonical(op))))
     for attr in dir(_ARRAY):
         entry = _array_entry(attr, getattr(_ARRAY, attr))
         if entry is not None:

@@ -41,4 +41,9 @@ TABLE = _join()
 VJPS = {name: vjp for family in _FAMILIES for name, vjp in getattr(family, "VJPS", {}).items()}
 """Op name -> VJP rule (:mod:`.base`): the derivative of the op in double-word."""
 
-__all__ = ["TABLE", "VJPS", "Operands", "inplace", "is_word_array"]
+FAST = {name: fast for family in _FAMILIES for name, fast in getattr(family, "FAST", {}).items()}
+"""Op name -> a fast path ``fast(*args) -> mx.array | None`` the dispatcher tries
+before the rule when a call has no keyword arguments and no gradient records it
+(None: the rule runs); the same result as the rule."""
+
+__all__ = ["TABLE", "VJPS", "FAST", "Operands", "inplace", "is_word_array"]

@@ -8,45 +8,54 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from ...core import backends
 from ...doubleword import engine64
 from ...doubleword.words import DoubleWord
 from .. import arith, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value
 from .base import (as64, carries, conj, decomposed, floating_result, has_float64,
-                   is_word_array, movement, result, unbroadcast, words)
+                   is_word_array, movement, result, result64, small64, unbroadcast, words)
 from .shape import _setitem
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 
-def _small64(v):
-    """The float64 value a cpu step reads of an operand of ``+ - * /`` (a float32
-    array below the engine's FUSE_MIN elements: its carried float64 value, or its
-    high word when exact; a Python float or int: its value as a constant), or
-    None for any other operand (the general path reads it)."""
-    if isinstance(v, ARRAY):
-        if v.dtype != mx.float32 or v.size >= engine64.FUSE_MIN:
+# (MLX's functions, captured at import: inside a block mx's names are stand-ins)
+_OPS64 = {"add": mx.add, "sub": mx.subtract, "mul": mx.multiply, "div": mx.divide}
+
+
+def _fast(op: str):
+    """The frequent case of ``x op y`` on the cpu engine, for the dispatcher to try
+    before the rule (no keyword arguments, no gradient recording): both operands
+    read by :func:`.base.small64`, one MLX float64 op and the float32 rounding, the
+    float64 value attached (x - y is x + (-y) exactly, as IEEE 754 defines it);
+    None: the general path decides."""
+    compute = _OPS64[op]
+
+    def fast(x, y):
+        if not backends.backend().float64_engine or not (
+                isinstance(x, ARRAY) or isinstance(y, ARRAY)):
             return None
-        wide = wide_value(v)
-        if wide is not None:
-            return wide[0]
-        if has_words(v):
-            return None  # words without a float64 value: joined by the general path
-        with mx.stream(mx.cpu):
-            return v.astype(mx.float64)
-    if type(v) is float or type(v) is int:
-        return arith.constant64(v)
-    return None
+        a = small64(x)
+        if a is None:
+            return None
+        b = small64(y)
+        if b is None:
+            return None
+        return result64(compute(a, b, stream=mx.cpu))
+
+    return fast
 
 
 def _arith(op: str):
     """``x op y``."""
 
+    fast = _fast(op)
+
     def rule(ctx, original, x, y, *rest, **kw):
-        if ctx.backend.float64_engine and not (rest or kw) and (
-                isinstance(x, ARRAY) or isinstance(y, ARRAY)):
-            a, b = _small64(x), _small64(y)  # the frequent case, without DoubleWords
-            if a is not None and b is not None:
-                return result(engine64.arith_values(op, a, b))
+        if not (rest or kw):  # the frequent case, without DoubleWords
+            z = fast(x, y)
+            if z is not None:
+                return z
         if has_float64((x, y)):
             return original(as64(x), as64(y), *rest, **kw)
         if not floating_result(x, y) or rest:
@@ -359,6 +368,11 @@ def _array_equal(a, b, equal_nan=False):
             same = same | (mx.isnan(a) & mx.isnan(b))
     return mx.all(same)
 
+
+FAST = {"add": _fast("add"), "subtract": _fast("sub"), "multiply": _fast("mul"),
+        "divide": _fast("div")}
+FAST["square"] = lambda x, multiply=FAST["multiply"]: multiply(x, x)
+"""Op name -> a fast path the dispatcher tries first (None: the rule runs)."""
 
 RULES = {
     "add": _arith("add"), "subtract": _arith("sub"), "multiply": _arith("mul"),

@@ -23,7 +23,7 @@ import numbers
 import mlx.core as mx
 import numpy as np
 
-from ...doubleword import functions
+from ...doubleword import engine64, functions
 from ...doubleword.words import DoubleWord, to64
 from .. import arith, autodiff, carry
 # (as64, low_word, wide_value: imported by the rule families from here)
@@ -84,6 +84,37 @@ def floating_result(x, y) -> bool:
                                                    np.complexfloating)):
             return True
     return False
+
+
+# MLX's own astype, captured at import (before any block: inside one the array's
+# methods and mx's names are the flow's stand-ins, a detour for float64 values)
+_ASTYPE = ARRAY.astype
+
+
+def small64(v):
+    """The float64 value a one-op cpu step reads of an operand (a float32 array
+    below the engine's FUSE_MIN elements: its carried float64 value, or its high
+    word when exact; a Python float or int: its value as a constant), or None for
+    any other operand (the rule's general path reads it)."""
+    if isinstance(v, ARRAY):
+        if v.dtype != mx.float32 or v.size >= engine64.FUSE_MIN:
+            return None
+        wide = carry.wide_value(v)
+        if wide is not None:
+            return wide[0]
+        if has_words(v):
+            return None  # words without a float64 value: joined by the general path
+        return _ASTYPE(v, mx.float64, stream=mx.cpu)
+    if type(v) is float or type(v) is int:
+        return arith.constant64(v)
+    return None
+
+
+def result64(re: mx.array) -> mx.array:
+    """The array a cpu fast path returns for the float64 value ``re``: its float32
+    rounding, carrying ``re`` (what :func:`result` of ``engine64.from64(re)``
+    returns, without the DoubleWord)."""
+    return attach(_ASTYPE(re, mx.float32, stream=mx.cpu), None, (re, None))
 
 
 def result(z: DoubleWord) -> mx.array:

@@ -9,11 +9,13 @@ import math
 
 import mlx.core as mx
 
-from ...doubleword import functions
+from ...core import backends
+from ...doubleword import engine64, functions
 from .. import arith, autodiff, carry
 from ..engine import words_op
 from .base import (REAL, conj, decomposed, elementary, floating_result, has_float64, is_word_array,
-                   operand_array, result, unbroadcast, words)
+                   operand_array, result, result64, small64, unbroadcast, words)
+from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 
 def function(fn: str):
@@ -31,6 +33,23 @@ def function(fn: str):
                         ctx.backend)
 
     return rule
+
+
+def _fast_function(fn: str):
+    """The cpu fast path of ``fn(x)`` where the float64 engine evaluates it as one
+    MLX float64 op (:func:`..engine64.one_op64`; None elsewhere): the same op on
+    the value :func:`.base.small64` reads, as the rule's engine step computes it."""
+    op = engine64.one_op64(fn)
+    if op is None:
+        return None
+
+    def fast(x):
+        if not isinstance(x, ARRAY) or not backends.backend().float64_engine:
+            return None
+        a = small64(x)
+        return None if a is None else result64(op(a, stream=mx.cpu))
+
+    return fast
 
 
 def _power(ctx, original, x, y, **kw):
@@ -180,6 +199,9 @@ def _erfinv(x, **kw):
 _DEGREES = 180 / math.pi  # float64 values, entering in two words
 _RADIANS = math.pi / 180
 
+
+FAST = {fn: fast for fn in functions.UNARY if (fast := _fast_function(fn)) is not None}
+"""Op name -> its fast path (the dispatcher tries it before the rule)."""
 
 RULES = {
     **{fn: function(fn) for fn in functions.UNARY},

@@ -9,10 +9,12 @@ import math
 import mlx.core as mx
 import numpy as np
 
+from ...core import backends
 from ...linalg import gemm
 from .. import carry
+from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from ..engine import words_op
-from .base import REAL, conj, decomposed, is_word_array, unbroadcast
+from .base import REAL, conj, decomposed, is_word_array, result64, small64, unbroadcast
 
 
 def _matmul():
@@ -27,6 +29,23 @@ def _matmul():
                         ctx.backend)
 
     return rule
+
+
+_MATMUL = mx.matmul  # (MLX's, captured at import: inside a block mx.matmul is a stand-in)
+
+
+def _fast_matmul(a, b):
+    """``a @ b`` of small real operands on the cpu engine: one MLX float64 matmul
+    of the values :func:`.base.small64` reads (what the rule's ``gemm`` computes
+    there); None: the rule decides."""
+    if not (isinstance(a, ARRAY) and isinstance(b, ARRAY)) or not (
+            backends.backend().float64_engine):
+        return None
+    x = small64(a)
+    if x is None:
+        return None
+    y = small64(b)
+    return None if y is None else result64(_MATMUL(x, y, stream=mx.cpu))
 
 
 def _addmm(c, a, b, alpha=1.0, beta=1.0):
@@ -47,7 +66,7 @@ def _tensordot(a, b, axes=2, **kw):
         ax_b = [int(v) % b.ndim for v in axes[1]]
     free_a = [d for d in range(a.ndim) if d not in ax_a]
     free_b = [d for d in range(b.ndim) if d not in ax_b]
-    k = int(np.prod([a.shape[d] for d in ax_a]))
+    k = math.prod([a.shape[d] for d in ax_a])
     A = mx.transpose(a, free_a + ax_a).reshape(-1, k)
     B = mx.transpose(b, ax_b + free_b).reshape(k, -1)
     return (A @ B).reshape([a.shape[d] for d in free_a] + [b.shape[d] for d in free_b])
@@ -95,8 +114,8 @@ def _einsum(spec, *operands, **kw):
     dims = (lambda letters: [size[c] for c in letters])
     A = mx.transpose(a, [ta.index(c) for c in batch + fa + contract])
     B = mx.transpose(b, [tb.index(c) for c in batch + contract + fb])
-    n_b = int(np.prod(dims(batch)))
-    m, k, n = (int(np.prod(dims(x))) for x in (fa, contract, fb))
+    n_b = math.prod(dims(batch))
+    m, k, n = (math.prod(dims(x)) for x in (fa, contract, fb))
     C = A.reshape(n_b, m, k) @ B.reshape(n_b, k, n)
     C = C.reshape(dims(batch) + dims(fa) + dims(fb))
     order = batch + fa + fb
@@ -284,4 +303,6 @@ def _matmul_vjp(e, g):
 
 
 VJPS = {"matmul": _matmul_vjp}
+
+FAST = {"matmul": _fast_matmul}
 """Op name -> VJP rule (see :mod:`.base`)."""

@@ -56,7 +56,7 @@ def _reduction(kind: str):
         s = arith.reduce_sum(words(a), axes, keepdims, ctx.backend, ctx.stream,
                              op="mul" if kind == "prod" else "add")
         if kind == "mean":
-            n = int(np.prod([a.shape[d] for d in axes]))
+            n = math.prod([a.shape[d] for d in axes])
             s = arith.binary("div", s, arith.constant(n), ctx.backend, ctx.stream)
         return result(s)
 
@@ -107,7 +107,7 @@ def _var(a, axis=None, keepdims=False, ddof=0):
     """``mean(|a - mean(a)|^2) * n / (n - ddof)`` over ``axis`` (the two-pass
     formula: no cancellation between sums of squares)."""
     d = a - mx.mean(a, axis=axis, keepdims=True)  # (MLX's error for an invalid axis)
-    n = int(np.prod([a.shape[k] for k in axes_of(a.ndim, axis)]))
+    n = math.prod([a.shape[k] for k in axes_of(a.ndim, axis)])
     sq = d * mx.conj(d) if a.dtype == mx.complex64 else d * d
     s = mx.sum(mx.real(sq) if a.dtype == mx.complex64 else sq, axis=axis, keepdims=keepdims)
     return s / max(n - ddof, 0)  # MLX's: ddof >= n divides by 0 (inf, or NaN for 0)
