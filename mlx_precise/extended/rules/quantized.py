@@ -33,7 +33,7 @@ def _dequantized(w, scales, biases=None, group_size=None, bits=None, mode="affin
         return None
     with carry.suspended():  # MLX's own dequantize, on exact data
         if mode != "affine":  # a small float times a power of two: exact in float32
-            if dtype != mx.float32:
+            if dtype is None or dtype != mx.float32:
                 return None  # MLX's bfloat16 default: exact there too
             return mx.dequantize(w, scales, biases, group_size, bits, mode, dtype=mx.float32)
         if biases is None or scales.dtype != mx.float32 or biases.dtype != mx.float32:

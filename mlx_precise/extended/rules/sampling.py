@@ -124,16 +124,24 @@ def _categorical(logits, axis=-1, shape=None, num_samples=None, key=None):
     return mx.argmax(g + logits, axis=offset)
 
 
+_BERNOULLI_SCALE = float(np.nextafter(np.float32(2.0**32), np.float32(np.inf)))  # 2^32 + 2^9
+
+
 def _bernoulli(p=0.5, shape=None, key=None):
-    """MLX's ``uniform(shape) < p`` (its float32 draw u on [0, 1)), the comparison
-    exact on the carried p. It differs from MLX's ``u < RN(p)`` only where u is
-    the float32 rounding of p itself (no float32 lies strictly between p and
-    RN(p)): there the sign of p's low word decides."""
+    """MLX's ``bits < p (2^32 + 2^9)`` (its raw 32-bit draw, rounded to float32 r,
+    against p placed on [0, 2^32 + 2^9]: p >= 1 always true), with the product
+    in double-word (rounded once, 2^-48 relative) and the comparison exact, where
+    MLX rounds p and the product to float32. r is ``2^32 u`` for MLX's uniform
+    draw u of the same key (``u = min(r 2^-32, 1 - 2^-24)``; the draws that r
+    rounds to 2^32, one in 2^25, are read as 2^32 - 2^8: they differ only for
+    p within 2^-24 of 1)."""
     p = operand_array(p)
     shape = p.shape if shape is None else tuple(shape)
     if tuple(np.broadcast_shapes(tuple(shape), p.shape)) != tuple(shape):
         return NotImplemented  # MLX's error
-    return _draw(mx.random.uniform, shape=list(shape), key=key) < p
+    with carry.suspended():
+        r = _draw(mx.random.uniform, shape=list(shape), key=key) * 2.0**32  # exact
+    return r < p * _BERNOULLI_SCALE
 
 
 def _randint(low, high, shape=(), dtype=mx.int32, key=None):
