@@ -74,12 +74,9 @@ VALUE_FREE = frozenset({
 })
 
 _LOW_PRECISION = "a low-precision format (float32 or narrower by design)"
-_NOT_YET = "no double-word rule yet"
 
 WITHOUT_RULE = {
     **dict.fromkeys(("qqmm", "gather_qqmm", "to_fp8", "from_fp8"), _LOW_PRECISION),
-    **dict.fromkeys(("fast.gated_delta_update",),
-                    _NOT_YET),
     # the fused kernels of mx.fast run in float32 (their inputs are reported)
     **dict.fromkeys(("fast.metal_kernel", "fast.cuda_kernel",
                      "fast.precompiled_cuda_kernel"),
