@@ -8,7 +8,7 @@ import pytest
 import scipy.special
 
 import mlx_precise as mp
-from mlx_precise.extended import PrecisionDropError, low_word
+from mlx_precise.extended import PrecisionDropError
 
 from flow_helpers import f64, rng_f32, share, value64
 

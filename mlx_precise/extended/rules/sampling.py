@@ -167,7 +167,8 @@ def _multivariate_normal(mean, cov, shape=(), dtype=mx.float32, key=None):
     its standard normal draw z of shape ``shape + (n,)``; S from ``mx.linalg.svd``
     in float64 (LAPACK), z and the product in double-word. Off cpu there is no
     double-word SVD: the rule declines (MLX's sampler, reported)."""
-    if not backends.backend().float64_engine or dtype != mx.float32 or not isinstance(mean, mx.array) or not isinstance(cov, mx.array):
+    if not backends.backend().float64_engine or dtype != mx.float32 or not (
+            isinstance(mean, mx.array) and isinstance(cov, mx.array)):
         return NotImplemented
     if mean.ndim < 1 or cov.ndim < 2 or cov.shape[-1] != cov.shape[-2] or (
             mean.shape[-1] != cov.shape[-1]):
