@@ -74,17 +74,9 @@ VALUE_FREE = frozenset({
 })
 
 _LOW_PRECISION = "a low-precision format (float32 or narrower by design)"
-_NOT_YET = "no double-word rule yet"
 
 WITHOUT_RULE = {
-    **dict.fromkeys(("quantize", "dequantize", "quantized_matmul", "gather_qmm", "qqmm",
-                     "gather_qqmm", "to_fp8", "from_fp8"), _LOW_PRECISION),
-    **dict.fromkeys(("fast.gated_delta_update",),
-                    _NOT_YET),
-    "random.bernoulli": "compares MLX's raw 32-bit draw (out of Python's reach) with p in "
-                        "float32",
-    "random.multivariate_normal": "the covariance's square root is MLX's float32 SVD",
-    "random.randint": "integer samples with their bounds in float32",
+    **dict.fromkeys(("qqmm", "gather_qqmm", "to_fp8", "from_fp8"), _LOW_PRECISION),
     # the fused kernels of mx.fast run in float32 (their inputs are reported)
     **dict.fromkeys(("fast.metal_kernel", "fast.cuda_kernel",
                      "fast.precompiled_cuda_kernel"),
@@ -114,6 +106,7 @@ NOT_OPS = frozenset({
     "hamming", "hanning",
     # exits: a value leaves here as the float32 rounding of its double-word value
     "save", "savez", "savez_compressed", "save_gguf", "save_safetensors", "view",
+    "quantize",  # into a low-precision format (codes of 2-8 bits)
 })
 """Callables of the modules that are not ops on array values, or exits."""
 

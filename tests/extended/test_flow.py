@@ -270,18 +270,16 @@ def test_outside_the_block_nothing_changes():
 
 def test_unsupported_ops_are_reported_and_strict_raises(backend):
     x = mx.array(rng_f32(8, 19))
-    key = mx.random.key(19)
     with mp.extended_precision() as rep:
-        # no double-word rule: p rounded once, then float32
-        y = mx.random.bernoulli(x / 3, key=key)
+        # no double-word rule: the value rounded once, then MLX's op
+        y = mx.to_fp8(x / 3)
         h = mx.array(np.ones(8, np.float16)) * 0.1
-    assert rep.float32["random.bernoulli"] == 1 and rep.plain["__mul__"] == 1
+    assert rep.float32["to_fp8"] == 1 and rep.plain["__mul__"] == 1
     assert h.dtype == mx.float16 and low_word(h) is None
-    np.testing.assert_array_equal(np.array(y), np.array(mx.random.bernoulli(
-        mx.array(np.array(x / 3)), key=key)))
-    with pytest.raises(PrecisionDropError, match="bernoulli"):
+    np.testing.assert_array_equal(np.array(y), np.array(mx.to_fp8(mx.array(np.array(x / 3)))))
+    with pytest.raises(PrecisionDropError, match="to_fp8"):
         with mp.extended_precision(strict=True):
-            mx.random.bernoulli(x / 3, key=key)
+            mx.to_fp8(x / 3)
 
 
 def test_nested_off_block_and_threads():

@@ -6,7 +6,8 @@ indexing, assignment, functional updates), :mod:`.reductions`,
 :mod:`.elementwise` (elementary functions), :mod:`.linear` (matrix products,
 contractions), :mod:`.float64` (``mx.linalg`` and the ops exact in float64, on cpu), :mod:`.fft`,
 :mod:`.convolution`, :mod:`.fast` (``mx.fast``), :mod:`.constructors`,
-:mod:`.sampling` (``mx.random`` with carried parameters). What a
+:mod:`.sampling` (``mx.random`` with carried parameters), :mod:`.quantized`
+(quantized weights). What a
 rule receives and returns: :mod:`.base`.
 
 :data:`TABLE` joins the families' tables: qualified op name (``"add"``,
@@ -18,12 +19,12 @@ are derived from it by :mod:`..registry`.
 from __future__ import annotations
 
 from . import (arithmetic, constructors, convolution, elementwise, fast, fft, float64, linear,
-               reductions, sampling, shape)
+               quantized, reductions, sampling, shape)
 from .arithmetic import inplace
 from .base import Operands, is_word_array
 
 _FAMILIES = (arithmetic, shape, reductions, elementwise, linear, float64, fft, convolution,
-             fast, constructors, sampling)
+             fast, constructors, sampling, quantized)
 
 
 def _join() -> dict:

@@ -1,5 +1,6 @@
-"""``mx.fast``: ``layer_norm``, ``rms_norm``, ``scaled_dot_product_attention`` and
-``rope`` by their definitions, each step double-word."""
+"""``mx.fast``: ``layer_norm``, ``rms_norm``, ``scaled_dot_product_attention``,
+``rope``, ``cross_entropy`` and ``gated_delta_update`` by their definitions, each
+step double-word."""
 
 from __future__ import annotations
 
@@ -144,10 +145,44 @@ def _rms_norm64(x, weight, eps):
     return _norm64(x, weight, None, eps, False)
 
 
+def _gated_delta(q, k, v, gamma, beta, initial_state=None, mask=None):
+    """``mx.fast.gated_delta_update`` by its recurrence (gated DeltaNet, Yang et al.
+    2024), step by step in double-word: with S [B, Hv, Dv, Dk] (0 without
+    ``initial_state``) and the key heads repeated to Hv, each step t
+    ``S = gamma S``, ``S += k (beta (v - S k))^T``, ``y = S q``; where ``mask``
+    [B, T] is False the step leaves S unchanged and y is 0 (MLX's). Returns
+    [y [B, T, Hv, Dv], S]."""
+    arrays = [a for a in (q, k, v, gamma, beta, initial_state) if a is not None]
+    if any(not isinstance(a, ARRAY) or a.dtype != mx.float32 for a in arrays):
+        return NotImplemented
+    b, steps, hk, dk = q.shape
+    hv, dv = v.shape[-2:]
+    if not steps or hv % hk:
+        return NotImplemented  # MLX's result or error
+    if hv != hk:
+        q, k = (mx.repeat(a, hv // hk, axis=-2) for a in (q, k))
+    state = mx.zeros((b, hv, dv, dk)) if initial_state is None else initial_state
+    ys = []
+    for t in range(steps):
+        s = state * gamma[:, t, :, None, None]
+        kt = mx.expand_dims(k[:, t], -2)  # [B, Hv, 1, Dk]
+        delta = (v[:, t] - mx.sum(s * kt, axis=-1)) * beta[:, t, :, None]
+        s = s + kt * mx.expand_dims(delta, -1)
+        y = mx.sum(s * mx.expand_dims(q[:, t], -2), axis=-1)
+        if mask is not None:
+            on = mask[:, t]
+            s = mx.where(on[:, None, None, None], s, state)
+            y = mx.where(on[:, None, None], y, 0.0)
+        state = s
+        ys.append(y)
+    return [mx.stack(ys, axis=1), state]
+
+
 RULES = {"fast.layer_norm": float64_form(_layer_norm64, _layer_norm),
          "fast.rms_norm": float64_form(_rms_norm64, _rms_norm),
          "fast.scaled_dot_product_attention": _sdpa_rule, "fast.rope": _rope_rule,
-         "fast.cross_entropy": decomposed(_cross_entropy)}
+         "fast.cross_entropy": decomposed(_cross_entropy),
+         "fast.gated_delta_update": decomposed(_gated_delta)}
 """Op name -> rule."""
 
 

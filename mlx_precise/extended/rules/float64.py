@@ -1,7 +1,7 @@
 """Ops the cpu backend runs in MLX float64 on the operands' exact values, each
 float64 result kept in two words: ``mx.linalg`` (LAPACK, which MLX runs on the CPU),
-and ops whose float64 form is exact on the values (running extrema, ``minmax``,
-``unique``, ``searchsorted``). On ``metal`` / ``emulate`` there is no float64 to
+and ops whose float64 form is exact on the values (``minmax``, ``unique``,
+``searchsorted``). On ``metal`` / ``emulate`` there is no float64 to
 run them in: the rule declines and the dispatcher reports the float32 op, but for
 ``linalg.norm``, which is MLX's composition of ops of the flow (:func:`_norm`)."""
 
@@ -29,7 +29,9 @@ def _wide(value):
     return value
 
 
-def _float64(ctx, original, *args, **kw):
+def in_float64(ctx, original, *args, **kw):
+    """The op in MLX float64 on the exact values (cpu), float64 results in two
+    words; NotImplemented elsewhere."""
     arrays = [a for a in (*args, *kw.values()) if isinstance(a, mx.array)]
     if not ctx.backend.float64_engine or not any(a.dtype == mx.float32 for a in arrays) or any(
             a.dtype not in (mx.float32, mx.float64) for a in arrays):
@@ -96,7 +98,7 @@ def _norm_args(a, ord=None, axis=None, keepdims=False):
 
 def _norm_rule(ctx, original, a, *args, **kw):
     """``linalg.norm``: in float64 on the exact value (cpu), else :func:`_norm`."""
-    out = _float64(ctx, original, a, *args, **kw)
+    out = in_float64(ctx, original, a, *args, **kw)
     if out is not NotImplemented or not (is_word_array(a) and a.dtype == mx.float32) or (
             _norm_axes(a, *_norm_args(a, *args, **kw)[:2]) is None):
         return out
@@ -190,7 +192,7 @@ def _searchsorted(ctx, original, a, v, side="left", **kw):
     elements below ``v`` (``side="right"``: not above), each an exact comparison of
     the flow, while that comparison matrix has at most 2^22 entries (more:
     declines, reported). MLX's index dtype (uint32)."""
-    out = _float64(ctx, original, a, v, side, **kw)
+    out = in_float64(ctx, original, a, v, side, **kw)
     if out is not NotImplemented or not (is_word_array(a) or is_word_array(v)):
         return out
     if not isinstance(a, mx.array) or a.ndim != 1 or side not in ("left", "right") or (
@@ -202,10 +204,10 @@ def _searchsorted(ctx, original, a, v, side="left", **kw):
         return mx.sum(below, axis=-1).astype(mx.uint32)
 
 
-_EXACT64 = ("cummax", "cummin", "minmax", "unique")
+_EXACT64 = ("minmax", "unique")  # (cummax / cummin: :mod:`.reductions`)
 
-RULES = {**{f"linalg.{name}": _float64 for name in _NAMES}, "matrix_norm": _float64,
-         **{name: _float64 for name in _EXACT64}, "linalg.norm": _norm_rule,
+RULES = {**{f"linalg.{name}": in_float64 for name in _NAMES}, "matrix_norm": in_float64,
+         **{name: in_float64 for name in _EXACT64}, "linalg.norm": _norm_rule,
          "searchsorted": _searchsorted,
          "linalg.eig": _eig(False), "linalg.eigvals": _eig(True)}
 """Op name -> rule."""

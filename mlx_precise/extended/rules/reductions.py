@@ -11,6 +11,7 @@ import numpy as np
 
 from ...doubleword import engine64
 from .. import arith, carry
+from . import float64
 from ..carry import attach, has_words, low_word
 from .base import (REAL, axes_of, decomposed, elementary, float64_form, is_word_array, result,
                    words)
@@ -202,33 +203,68 @@ def _topk(ctx, original, a, k, axis=-1, **kw):
         return mx.take_along_axis(src, top, axis=ax)
 
 
-def _logcumsumexp(a, axis=None, *, reverse=False, inclusive=True):
-    """``logcumsumexp``: a Hillis-Steele scan of double-word ``logaddexp`` (each
-    prefix combined with the one 2^k before it, k = 0, 1, ...: ceil(log2 n) steps),
-    so no prefix is scaled by a maximum it does not contain (``exp(x - max)`` of
-    a whole row would underflow the early prefixes to -inf)."""
-    if a.dtype != mx.float32:
-        return NotImplemented
-    if axis is None:
-        a, axis = a.reshape(-1), 0
-    if not -a.ndim <= axis < a.ndim:
-        return NotImplemented  # MLX's error
-    axis %= a.ndim
-    n = a.shape[axis]
-    at = (lambda s: (slice(None),) * axis + (s,))
-    y = a[at(slice(None, None, -1))] if reverse else a
+def _along(axis: int):
+    """An index selecting ``s`` along ``axis``: ``_along(axis)(s)``."""
+    return lambda s: (slice(None),) * axis + (s,)
 
-    def shifted(v, k):  # v moved k places along the axis, -inf (log 0) in front
-        front = mx.full([k if d == axis else v.shape[d] for d in range(v.ndim)], -np.inf)
-        return mx.concatenate([front, v[at(slice(0, n - k))]], axis=axis)
 
-    k = 1
-    while k < n:
-        y = mx.logaddexp(y, shifted(y, k))
-        k *= 2
-    if not inclusive and n:
-        y = shifted(y, 1)
-    return y[at(slice(None, None, -1))] if reverse else y
+def _flipped(v, axis: int):
+    return v[_along(axis)(slice(None, None, -1))]
+
+
+def _shifted(v, k: int, axis: int, fill: float):
+    """``v`` moved ``k`` places along ``axis``, ``fill`` in front."""
+    front = mx.full([k if d == axis else v.shape[d] for d in range(v.ndim)], fill)
+    return mx.concatenate([front, v[_along(axis)(slice(0, v.shape[axis] - k))]], axis=axis)
+
+
+def _log_scan(combine, identity: float):
+    """An inclusive scan (``reverse``, ``inclusive=False`` as MLX's) by Hillis-Steele
+    steps: each prefix combined with the one 2^k before it, k = 0, 1, ... (ceil(log2
+    n) steps of ``combine``, an op of the flow; ``identity`` fills in front)."""
+
+    def scan(a, axis=None, *, reverse=False, inclusive=True):
+        if a.dtype != mx.float32:
+            return NotImplemented
+        if axis is None:
+            a, axis = a.reshape(-1), 0
+        if not -a.ndim <= axis < a.ndim:
+            return NotImplemented  # MLX's error
+        axis %= a.ndim
+        n = a.shape[axis]
+        y = _flipped(a, axis) if reverse else a
+        k = 1
+        while k < n:
+            y = combine(y, _shifted(y, k, axis, identity))
+            k *= 2
+        if not inclusive and n:
+            y = _shifted(y, 1, axis, identity)
+        return _flipped(y, axis) if reverse else y
+
+    return scan
+
+
+# logcumsumexp: a scan of double-word logaddexp, so no prefix is scaled by a
+# maximum it does not contain (exp(x - max) of a whole row would underflow the early
+# prefixes to -inf)
+_logcumsumexp = _log_scan(lambda a, b: mx.logaddexp(a, b), -np.inf)
+
+
+def _running_extreme(larger: bool):
+    """``cummax`` / ``cummin``: on cpu MLX's float64 scan of the exact values, else
+    a log-depth scan of the flow's ``maximum`` / ``minimum`` (exact selections;
+    NaN propagates as MLX's)."""
+    name = "maximum" if larger else "minimum"
+    scan = decomposed(_log_scan(lambda a, b: getattr(mx, name)(a, b),
+                                -np.inf if larger else np.inf))
+
+    def rule(ctx, original, a, *args, **kw):
+        out = float64.in_float64(ctx, original, a, *args, **kw)
+        if out is not NotImplemented or not is_word_array(a) or not has_words(a):
+            return out  # exact values: MLX's scan is exact
+        return scan(ctx, original, a, *args, **kw)
+
+    return rule
 
 
 def _median(a, axis=None, keepdims=False):
@@ -260,6 +296,7 @@ RULES = {
     "argsort": _ordering(False, False), "sort": _ordering(True, False),
     "argpartition": _ordering(False, True), "partition": _ordering(True, True),
     "topk": _topk, "median": decomposed(_median), "logcumsumexp": decomposed(_logcumsumexp),
+    "cummax": _running_extreme(True), "cummin": _running_extreme(False),
 }
 """Op name -> rule."""
 
@@ -322,15 +359,109 @@ def _prod_vjp(e, g):
     return (mx.transpose((gt * rest).reshape(xt.shape), inverse),)
 
 
+def _scan_call(e):
+    """(x, axis, reverse, inclusive) of a recorded scan."""
+    return (e.args[0], e.args[1] if len(e.args) > 1 else e.kwargs.get("axis"),
+            e.kwargs.get("reverse", False), e.kwargs.get("inclusive", True))
+
+
 def _cumsum_vjp(e, g):
-    x = e.args[0]
-    axis = e.args[1] if len(e.args) > 1 else e.kwargs.get("axis")
+    x, axis, reverse, inclusive = _scan_call(e)
     if x.dtype not in REAL:
         return NotImplemented
-    reverse, inclusive = e.kwargs.get("reverse", False), e.kwargs.get("inclusive", True)
     if axis is None:
         return (mx.cumsum(g, 0, reverse=not reverse, inclusive=inclusive).reshape(x.shape),)
     return (mx.cumsum(g, axis, reverse=not reverse, inclusive=inclusive),)
+
+
+def _scan_vjp(forward):
+    """The VJP of a scan (``cumprod``, ``cummax``, ``cummin``) from ``forward(x, g,
+    axis)``, the VJP of its inclusive forward form along ``axis``: ``axis=None``
+    flattens, ``reverse`` flips x and g (and the result back), and the exclusive
+    scan is the inclusive one moved a place (``y_i = Y_{i-1}``), so its cotangent
+    is g moved a place back (``g'_m = g_{m+1}``, 0 last)."""
+
+    def vjp(e, g):
+        x, axis, reverse, inclusive = _scan_call(e)
+        if x.dtype not in REAL:
+            return NotImplemented
+        xs, gs, ax = (x.reshape(-1), g.reshape(-1), 0) if axis is None else (x, g, axis % x.ndim)
+        if reverse:
+            xs, gs = _flipped(xs, ax), _flipped(gs, ax)
+        if not inclusive and xs.shape[ax]:
+            gs = _flipped(_shifted(_flipped(gs, ax), 1, ax, 0.0), ax)
+        out = forward(xs, gs, ax)
+        return ((_flipped(out, ax) if reverse else out).reshape(x.shape),)
+
+    return vjp
+
+
+def _cumprod_forward(x, g, axis):
+    """d/dx_k of sum_i g_i prod_{j<=i} x_j: ``sum_{i>=k} g_i y_i / x_k`` before the
+    row's first zero; at the first zero the same sum with that zero read as 1 (its
+    cofactors); 0 after it (a zero among the cofactors)."""
+    zero = x == 0
+    seen = mx.cumsum(zero.astype(mx.int32), axis=axis)  # zeros at or before k
+    before, first = seen == 0, zero & (seen == 1)
+    tail = (lambda v: mx.cumsum(g * mx.cumprod(v, axis=axis), axis=axis, reverse=True))
+    return mx.where(before, tail(x) / mx.where(before, x, 1.0),
+                    mx.where(first, tail(mx.where(first, 1.0, x)), 0.0))
+
+
+def _running_forward(larger: bool):
+    """MLX's convention for ``cummax`` / ``cummin``: each output's cotangent goes to
+    the last position at or before it that holds the running extreme (x_j = y_j):
+    position j gets ``sum_{j<=i<n(j)} g_i`` (n(j): the next such position), the
+    difference of two reverse prefix sums (double-word: 2^-48 of the larger sum)."""
+    name = "cummax" if larger else "cummin"
+
+    def forward(x, g, axis):
+        holds = x == getattr(mx, name)(x, axis=axis)
+        n = x.shape[axis]
+        pos = mx.arange(n).reshape([n if d == axis else 1 for d in range(x.ndim)])
+        nxt = mx.cummin(mx.where(holds, pos, n), axis=axis, reverse=True, inclusive=False)
+        tail = mx.cumsum(g, axis=axis, reverse=True)  # sum_{i>=k} g_i
+        pad = mx.zeros([1 if d == axis else x.shape[d] for d in range(x.ndim)], tail.dtype)
+        after = mx.take_along_axis(mx.concatenate([tail, pad], axis=axis),
+                                   mx.minimum(nxt, n), axis=axis)
+        return mx.where(holds, tail - after, 0.0)
+
+    return forward
+
+
+def _selection_vjp(indices):
+    """The VJP of a selection of the sorted order (``partition``, ``topk``) of exact
+    values (carried values are sorted by a gather, recorded as such): g put back
+    at ``indices(src, e, axis)``, MLX's own positions (``argpartition``: ties go
+    where MLX's float32 VJP sends them)."""
+
+    def vjp(e, g):
+        x = e.args[0]
+        if x.dtype not in REAL:
+            return NotImplemented
+        axis = _selection_axis(e)
+        src, ax = (x.reshape(-1), -1) if axis is None else (x, axis)
+        back = mx.put_along_axis(mx.zeros(src.shape, g.dtype), indices(src, e, ax), g, axis=ax)
+        return (back.reshape(x.shape),)
+
+    return vjp
+
+
+def _selection_axis(e):
+    """The axis argument of a recorded ``partition(a, kth, axis)`` / ``topk(a, k,
+    axis)``."""
+    return e.args[2] if len(e.args) > 2 else e.kwargs.get("axis", -1)
+
+
+def _partition_indices(src, e, axis):
+    return mx.argpartition(src, e.args[1], axis=axis)
+
+
+def _topk_indices(src, e, axis):
+    """MLX's topk is the last k of ``argpartition(a, -k)`` (in that order)."""
+    k = e.args[1]
+    idx = mx.argpartition(src, -k, axis=axis)
+    return idx[_along(axis % src.ndim)(slice(src.shape[axis] - k, None))]
 
 
 def _sort_vjp(e, g):
@@ -369,5 +500,8 @@ def _logsumexp_vjp(e, g):
 
 VJPS = {"sum": _sum_vjp("sum"), "mean": _sum_vjp("mean"), "prod": _prod_vjp,
         "max": _extreme_vjp, "min": _extreme_vjp, "cumsum": _cumsum_vjp, "sort": _sort_vjp,
-        "softmax": _softmax_vjp, "logsumexp": _logsumexp_vjp}
+        "softmax": _softmax_vjp, "logsumexp": _logsumexp_vjp,
+        "cumprod": _scan_vjp(_cumprod_forward), "cummax": _scan_vjp(_running_forward(True)),
+        "cummin": _scan_vjp(_running_forward(False)),
+        "partition": _selection_vjp(_partition_indices), "topk": _selection_vjp(_topk_indices)}
 """Op name -> VJP rule (see :mod:`.base`)."""

@@ -1,8 +1,12 @@
 """``mx.random`` samplers given carried parameters (``normal(loc=, scale=)``,
-``uniform(low, high)``, ``categorical(logits)``, ...): MLX's own
+``uniform(low, high)``, ``categorical(logits)``, ``bernoulli(p)``, ...): MLX's own
 draw (the same random bits, one key taken from the global sequence when none is
 given, as MLX's call would), then MLX's transform of it (mlx/random.cpp) in
-double-word. Parameters that carry nothing: MLX's sampler, unchanged."""
+double-word. Parameters that carry nothing: MLX's sampler, unchanged.
+
+Where the sample is discrete (``bernoulli``, ``randint``, ``categorical``) the
+double-word transform decides it exactly: MLX's float32 draw compared with the
+parameter's full value, not with its float32 rounding."""
 
 from __future__ import annotations
 
@@ -11,9 +15,10 @@ import math
 import mlx.core as mx
 import numpy as np
 
+from ...core import backends
 from .. import carry
 from ..carry import has_words
-from .base import ARRAY, operand_array
+from .base import ARRAY, operand_array, words
 
 _BELOW_MINUS_ONE = float(np.nextafter(np.float32(-1), np.float32(0)))
 _SQRT2 = math.sqrt(2.0)  # float64, two words
@@ -119,6 +124,66 @@ def _categorical(logits, axis=-1, shape=None, num_samples=None, key=None):
     return mx.argmax(g + logits, axis=offset)
 
 
+_BERNOULLI_SCALE = float(np.nextafter(np.float32(2.0**32), np.float32(np.inf)))  # 2^32 + 2^9
+
+
+def _bernoulli(p=0.5, shape=None, key=None):
+    """MLX's ``bits < p (2^32 + 2^9)`` (its raw 32-bit draw, rounded to float32 r,
+    against p placed on [0, 2^32 + 2^9]: p >= 1 always true), with the product
+    in double-word (rounded once, 2^-48 relative) and the comparison exact, where
+    MLX rounds p and the product to float32. r is ``2^32 u`` for MLX's uniform
+    draw u of the same key (``u = min(r 2^-32, 1 - 2^-24)``; the draws that r
+    rounds to 2^32, one in 2^25, are read as 2^32 - 2^8: they differ only for
+    p within 2^-24 of 1)."""
+    p = operand_array(p)
+    shape = p.shape if shape is None else tuple(shape)
+    if tuple(np.broadcast_shapes(tuple(shape), p.shape)) != tuple(shape):
+        return NotImplemented  # MLX's error
+    with carry.suspended():
+        r = _draw(mx.random.uniform, shape=list(shape), key=key) * 2.0**32  # exact
+    return r < p * _BERNOULLI_SCALE
+
+
+def _randint(low, high, shape=(), dtype=mx.int32, key=None):
+    """MLX's ``clip(floor(low + (high - low) u), low, high - 1)`` of its float32
+    draw u, converted to ``dtype`` (truncation), each step on the exact value:
+    floor and clip of double-word values are exact, and the integer is read from
+    both words (an integer's float32 rounding and its remainder are integers)."""
+    if not (mx.issubdtype(dtype, mx.integer) or dtype == mx.bool_):
+        return NotImplemented  # MLX's error
+    low, high = operand_array(low), operand_array(high)
+    u = _uniform(low, high, shape, key=key)
+    if u is NotImplemented:
+        return u
+    v = mx.trunc(mx.minimum(mx.maximum(mx.floor(u), low), high - 1))
+    w = words(v)
+    with carry.suspended():
+        return (w.hi.astype(mx.int64) + w.lo.astype(mx.int64)).astype(dtype)
+
+
+def _multivariate_normal(mean, cov, shape=(), dtype=mx.float32, key=None):
+    """MLX's ``mean + z S`` with ``S = U sqrt(s) V^T`` from the SVD of ``cov`` (the
+    principal square root of a covariance: unique, whatever the SVD's signs) and
+    its standard normal draw z of shape ``shape + (n,)``; S from ``mx.linalg.svd``
+    in float64 (LAPACK), z and the product in double-word. Off cpu there is no
+    double-word SVD: the rule declines (MLX's sampler, reported)."""
+    if not backends.backend().float64_engine or dtype != mx.float32 or not (
+            isinstance(mean, mx.array) and isinstance(cov, mx.array)):
+        return NotImplemented
+    if mean.ndim < 1 or cov.ndim < 2 or cov.shape[-1] != cov.shape[-2] or (
+            mean.shape[-1] != cov.shape[-1]):
+        return NotImplemented  # MLX's error
+    n = mean.shape[-1]
+    batch = np.broadcast_shapes(tuple(mean.shape[:-1]), tuple(cov.shape[:-2]))
+    shape = tuple(shape) or tuple(batch)
+    if tuple(np.broadcast_shapes(shape, batch)) != shape:
+        return NotImplemented
+    u, s, vt = mx.linalg.svd(cov, stream=mx.cpu)
+    root = (u * mx.expand_dims(mx.sqrt(s), -2)) @ vt
+    z = _normal((*shape, n), key=key)
+    return mean + mx.squeeze(mx.expand_dims(z, -2) @ root, -2)
+
+
 def _permutation(x, axis=0, key=None):
     """MLX's permutation of the indices, then ``take`` (each element moved whole)."""
     if not isinstance(x, mx.array):
@@ -130,5 +195,7 @@ RULES = {"random.normal": _sampler(_normal), "random.uniform": _sampler(_uniform
          "random.laplace": _sampler(_laplace),
          "random.truncated_normal": _sampler(_truncated_normal),
          "random.categorical": _sampler(_categorical),
-         "random.permutation": _sampler(_permutation)}
+         "random.permutation": _sampler(_permutation),
+         "random.bernoulli": _sampler(_bernoulli), "random.randint": _sampler(_randint),
+         "random.multivariate_normal": _sampler(_multivariate_normal)}
 """Op name -> rule."""
