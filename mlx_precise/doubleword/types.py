@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 import numpy as np
 
@@ -185,8 +187,16 @@ class InputError(TypeError, ValueError):
 READS = ("array", "words", "float64")
 _PYTHON = (list, tuple, int, float, complex)
 _NUMPY = (np.ndarray, np.generic)
+_ARRAY_LIKE = (_ARRAY,) + _NUMPY + _PYTHON
 # numpy dtypes wider than float32 / complex64 that MLX's mx.array would round
 _WIDE = (np.float64, np.complex128, np.longdouble, np.clongdouble)
+
+
+@functools.lru_cache(maxsize=None)
+def _mx_dtypes(dtypes: tuple[str, ...]) -> frozenset:
+    """The MLX dtypes named in ``dtypes`` (a set, so that the check per call is a
+    lookup; names MLX lacks, such as complex128, are left out)."""
+    return frozenset(getattr(mx, d) for d in dtypes if hasattr(mx, d))
 
 
 def _dtype_name(x) -> str:
@@ -235,13 +245,16 @@ def read_input(x, name: str, reads: str = "array", dtypes: tuple[str, ...] | Non
             ``dtypes``, wide data where ``reads="array"``, longdouble data (wider
             than float64: convert it yourself), values a split refuses (not finite
             in float32).
+        ValueError: an unknown ``reads``.
     """
+    if reads not in READS:
+        raise ValueError(f"reads must be one of {READS}, got {reads!r}")
     if isinstance(x, DoubleWord) and reads == "words":
-        if dtypes is not None and str(x.dtype).split(".")[-1] not in dtypes:
+        if dtypes is not None and x.dtype not in _mx_dtypes(dtypes):
             raise InputError(f"{name} has dtype {x.dtype} (a DoubleWord), expected "
                              f"{_expected(reads, dtypes)}")
         return x
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (_ARRAY,) + _NUMPY + _PYTHON):
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, _ARRAY_LIKE):
         want = "" if dtypes is None else f" of {_expected(reads, dtypes)}"
         raise InputError(f"{name} must be an mx.array or array-like (numpy array, list, "
                          f"number){want}, got {type(x).__name__}")
@@ -262,8 +275,9 @@ def read_input(x, name: str, reads: str = "array", dtypes: tuple[str, ...] | Non
         except (TypeError, ValueError) as e:
             raise InputError(f"{name} is not a valid array: {e}") from None
     if dtypes is not None and not isinstance(x, DoubleWord):
-        kind = (str(x.dtype).split(".")[-1] if isinstance(x, _ARRAY) else x.dtype.name)
-        if kind not in dtypes:
+        ok = (x.dtype in _mx_dtypes(dtypes) if isinstance(x, _ARRAY)
+              else x.dtype.name in dtypes)  # numpy: complex128
+        if not ok:
             raise InputError(f"{name} has dtype {_dtype_name(x)}, expected "
                              f"{_expected(reads, dtypes)}")
     return x
