@@ -228,10 +228,10 @@ def read_input(x, name: str, reads: str = "array", dtypes: tuple[str, ...] | Non
       (returned as it is); float64 / complex128 data is split into a DoubleWord
       (``hi = RN32(x)``, ``lo = RN32(x - hi)``, :func:`split`), so it enters at full
       precision. ``dtypes`` names the words' dtypes.
-    * ``"float64"`` (ops on float64 data): float64 data as a float64 ``mx.array``,
-      complex128 data as a numpy array (MLX has no complex128); lists and Python
-      numbers are read as the float64 / complex128 values Python holds; narrower
-      data as in ``"array"``.
+    * ``"float64"`` (ops on float64 data): float64 / complex128 data as it is (a
+      numpy array, or an ``mx.float64`` array); lists and Python numbers are read
+      as the float64 / complex128 values Python holds (numpy); narrower data as in
+      ``"array"``.
 
     Args:
         x: the input.
@@ -285,7 +285,7 @@ def read_input(x, name: str, reads: str = "array", dtypes: tuple[str, ...] | Non
 
 def _wide(x, name: str, reads: str, dtypes):
     """Wide data (float64, complex128, longdouble) by ``reads``: refused, split into
-    a DoubleWord, or kept as float64 (a float64 ``mx.array``; complex128: numpy)."""
+    a DoubleWord, or kept as it is (numpy or ``mx.float64``)."""
     if reads == "array":
         raise InputError(
             f"{name} has dtype {_dtype_name(x).replace('mlx.core.', 'mlx ')}, which this op "
@@ -302,9 +302,9 @@ def _wide(x, name: str, reads: str, dtypes):
             raise InputError(f"{name} has dtype {_dtype_name(x)}, expected "
                              f"{_expected(reads, dtypes)}")
         return _split(x)
-    if complex_:
-        return np.asarray(x)
-    return x if isinstance(x, _ARRAY) else mx.array(np.asarray(x), dtype=mx.float64)
+    # as it is: numpy data stays numpy (no copy; MLX has no complex128), an
+    # mx.float64 array stays one
+    return x if isinstance(x, _ARRAY) else np.asarray(x)
 
 
 def split(x) -> tuple[mx.array, mx.array]:

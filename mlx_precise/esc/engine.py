@@ -98,6 +98,8 @@ def as_float64_matrix(x, name: str) -> mx.array:
     """
     # lists / Python numbers: their float64 values, unrounded
     x = read_input(x, name, "float64", ("float64",))
+    if isinstance(x, np.ndarray):
+        x = mx.array(x, dtype=mx.float64)
     if x.ndim != 2:
         raise ValueError(f"{name} must be a 2-D matrix, got shape {tuple(x.shape)}")
     return x
