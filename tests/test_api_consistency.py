@@ -28,8 +28,7 @@ import pytest
 
 import mlx_precise as mp
 from mlx_precise import DoubleWord
-from mlx_precise.core.arrays import as_array
-from mlx_precise.doubleword.words import as_words
+from mlx_precise.doubleword.types import read_input
 from mlx_precise.doubleword.aware import precision_aware, precision_aware_functions, twin_mismatch
 
 BACKENDS = ("cpu", "emulate")
@@ -162,16 +161,16 @@ def test_float64_input_refused_where_it_cannot_enter(backend):
         mp.hyena_conv_extended(mx.array(x64, dtype=mx.float64), w, backend=backend)
 
 
-def test_as_array_policy():
+def test_read_input_policy():
     x = np.array([0.1, 1 / 3])
     with pytest.raises(TypeError, match="numpy float64"):
-        as_array(x, "x")
-    d = as_words(x, "x")  # the double-word ops' reading: split at full precision
+        read_input(x, "x")
+    d = read_input(x, "x", "words")  # the double-word ops' reading: split at full precision
     ref = DoubleWord.from_float64(x)
     assert np.array_equal(np.array(d.hi), np.array(ref.hi))
     assert np.array_equal(np.array(d.lo), np.array(ref.lo))
-    assert as_array([[1.0, 0.1]], "A", wide="float64").dtype == mx.float64
-    assert as_array([1.0], "x").dtype == mx.float32  # MLX's rule elsewhere
+    assert read_input([[1.0, 0.1]], "A", "float64").dtype == np.float64  # unrounded
+    assert read_input([1.0], "x").dtype == mx.float32  # MLX's rule elsewhere
 
 
 def test_plain_twin_reads_float64_as_the_extended_one_then_rounds():

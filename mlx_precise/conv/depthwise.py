@@ -12,16 +12,17 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
-from ..core.arrays import as_array
 from ..core.autodiff import host_guard
 from ..core.streams import on_stream, streamed
 from ..doubleword.aware import precision_aware
-from ..doubleword.words import DoubleWord, from_float64_result
+from ..doubleword.types import DoubleWord, read_input
+from ..doubleword.engine64 import from_float64_result
 from ..core.plain import plain
 from ..core.kernels import Kernel, per_element_of_first_input
 from ..core.backends import Backend
 
 _F32 = (mx.float32,)
+_FLOAT32 = ("float32",)  # the dtype read_input takes for the convolutions' operands
 
 DEPTHWISE = Kernel(
     name="ext_depthwise",
@@ -50,18 +51,6 @@ def check_layout(layout, fn: str) -> str:
     return layout
 
 
-def to_ncl(x, layout: str, name: str):
-    """The signal ``x`` given in ``layout`` as (batch, channels, L) (a transposed
-    view for ``"NLC"``; checked there, array-likes read by ``as_array``)."""
-    if layout == "NCL":
-        return x
-    x = as_array(x, name)
-    if x.ndim != 3:
-        raise ValueError(f"{name} must be (batch, L, channels) with layout='NLC', "
-                         f"got shape {x.shape}")
-    return x.transpose(0, 2, 1)
-
-
 def from_ncl(y, layout: str):
     """A (batch, channels, L) result (array or DoubleWord) back in ``layout``."""
     if layout == "NCL":
@@ -71,17 +60,22 @@ def from_ncl(y, layout: str):
     return y.transpose(0, 2, 1)
 
 
-def check_conv_operands(x, w, bias, names=("x", "w", "bias"), taps: str = "K"):
-    """Validate a per-channel convolution's operands: signal float32 (batch,
-    channels, L), filter float32 (channels, taps), per-channel vector float32
-    (channels,) or None; array-likes become ``mx.array``\\ s. Returns ``(x, w,
-    bias)``. Raises TypeError / ValueError naming the argument."""
+def check_conv_operands(x, w, bias, layout: str = "NCL", names=("x", "w", "bias"),
+                        taps: str = "K"):
+    """Read and validate a per-channel convolution's operands: signal float32
+    (batch, channels, L), or (batch, L, channels) in ``layout="NLC"``, filter
+    float32 (channels, taps), per-channel vector float32 (channels,) or None; each
+    read once by :func:`~mlx_precise.doubleword.types.read_input`. Returns
+    ``(x, w, bias)`` with ``x`` as (batch, channels, L) (a transposed view for
+    ``"NLC"``). Raises TypeError / ValueError naming the argument."""
     nx, nw, nb = names
-    x, w = as_array(x, nx), as_array(w, nw)
-    bias = None if bias is None else as_array(bias, nb)
-    for name, a in ((nx, x), (nw, w), (nb, bias)):
-        if a is not None and a.dtype != mx.float32:
-            raise TypeError(f"{name} must be float32, got {a.dtype}")
+    x, w = read_input(x, nx, "array", _FLOAT32), read_input(w, nw, "array", _FLOAT32)
+    bias = None if bias is None else read_input(bias, nb, "array", _FLOAT32)
+    if layout == "NLC":
+        if x.ndim != 3:
+            raise ValueError(f"{nx} must be (batch, L, channels) with layout='NLC', "
+                             f"got shape {x.shape}")
+        x = x.transpose(0, 2, 1)
     if x.ndim != 3:
         raise ValueError(f"{nx} must be (batch, channels, L), got shape {x.shape}")
     if w.ndim != 2:
@@ -93,10 +87,13 @@ def check_conv_operands(x, w, bias, names=("x", "w", "bias"), taps: str = "K"):
     return x, w, bias
 
 
-def _check_depthwise(x, w, bias):
-    x, w, bias = check_conv_operands(x, w, bias)
+def _check_depthwise(x, w, bias, layout: str, fn: str, taps: int | None = None):
+    """The depthwise operands read and checked (``taps``: the one K allowed)."""
+    x, w, bias = check_conv_operands(x, w, bias, check_layout(layout, fn))
     if w.shape[1] < 1:
         raise ValueError("w must have K >= 1 taps")
+    if taps is not None and w.shape[1] != taps:
+        raise ValueError(f"{fn} needs w of shape (channels, {taps}), got {w.shape}")
     return x, w, bias
 
 
@@ -118,8 +115,7 @@ def _depthwise_sum(xs: np.ndarray, ws: np.ndarray, bias) -> np.ndarray:
 
 
 def _depthwise(x, w, bias, taps: int, layout: str, round_output: bool, backend, fn: str):
-    x = to_ncl(x, check_layout(layout, fn), "x")
-    x, w, bias = _check_depthwise(x, w, bias)
+    x, w, bias = _check_depthwise(x, w, bias, layout, fn, taps or None)
     name = backends.resolve(backend)
     if round_output:
         args = (x, w) if bias is None else (x, w, bias)
@@ -202,14 +198,12 @@ def depthwise3_extended(x, w, bias=None, *, layout: str = "NCL", round_output: b
                         backend: str | None = None, stream=None):
     """:func:`depthwise_conv_extended` specialised to K = 3 taps (Hyena's default
     short filter, unrolled at compile time). ``w``: float32 (channels, 3)."""
-    if isinstance(w, mx.array) and w.ndim == 2 and w.shape[1] != 3:
-        raise ValueError(f"depthwise3_extended needs w of shape (channels, 3), got {w.shape}")
     return _depthwise(x, w, bias, 3, layout, round_output, backend, "depthwise3_extended")
 
 
 def _depthwise_float32(x, w, bias=None, stream=None):
-    """Plain float32 MLX: ``mx.conv1d`` with groups = channels; x (batch, channels, L)."""
-    x, w, bias = _check_depthwise(x, w, bias)
+    """Plain float32 MLX: ``mx.conv1d`` with groups = channels; checked operands,
+    x (batch, channels, L)."""
     L, K = x.shape[2], w.shape[1]
     # MLX's own conv1d (never the extended_precision() dispatcher: this is the
     # plain path and the VJP of the extended one).
@@ -222,11 +216,7 @@ def _depthwise_float32(x, w, bias=None, stream=None):
 def _depthwise_plain(x, w, bias, layout: str, stream, fn: str, taps: int | None = None):
     """The plain twins: ``x`` in ``layout``, on ``stream`` (both checked)."""
     with on_stream(stream, fn):
-        x = to_ncl(x, check_layout(layout, fn), "x")
-        if taps is not None:
-            x, w, bias = _check_depthwise(x, w, bias)
-            if w.shape[1] != taps:
-                raise ValueError(f"{fn} needs w of shape (channels, {taps}), got {w.shape}")
+        x, w, bias = _check_depthwise(x, w, bias, layout, fn, taps)
         return from_ncl(_depthwise_float32(x, w, bias, stream), layout)
 
 

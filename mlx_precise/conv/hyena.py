@@ -23,7 +23,7 @@ from ..core.arrays import as_int
 from ..core.autodiff import guarded, host_guard
 from ..doubleword.aware import precision_aware
 from ..core.streams import on_stream, streamed
-from .depthwise import check_conv_operands, check_layout, from_ncl, to_ncl
+from .depthwise import check_conv_operands, check_layout, from_ncl
 from ..doubleword.engine64 import from_float64_result
 from ..doubleword.words import DoubleWord
 from ..doubleword.elementwise import complex_multiply_extended
@@ -80,8 +80,8 @@ def default_fft_size(L: int, Lk: int) -> int:
 def _check(u, k, D, fft_size, layout: str, fn: str):
     """((u, k, D) as arrays, u as (batch, channels, L), N) after checking the
     operands, the layout and the FFT size."""
-    u = to_ncl(u, check_layout(layout, fn), "u")
-    u, k, D = check_conv_operands(u, k, D, names=("u", "k", "D"), taps="Lk")
+    u, k, D = check_conv_operands(u, k, D, check_layout(layout, fn), names=("u", "k", "D"),
+                                  taps="Lk")
     N = _fft_size(u, k, fft_size)
     check_limits("rfft", u.shape, (N,), (2,))  # every backend, before allocating
     return (u, k, D), N

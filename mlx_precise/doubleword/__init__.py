@@ -1,10 +1,11 @@
 """The number system: double-word ("float-float") values and their kernels.
 
-* :mod:`.types`: :class:`DoubleWord`; :mod:`.arithmetic`: its operators and
+* :mod:`.types`: :class:`DoubleWord`, :func:`~.types.read_input` (the reading of
+  every public op's array inputs) and :func:`split`; :mod:`.arithmetic`: its operators and
   :func:`~.arithmetic.arith`, over the engines :mod:`.engine64` (cpu, float64) and
   :mod:`.kernel_engine` (metal / emulate: the ``dw_ops`` / ``cdw_ops`` kernels of
-  :mod:`.dw_kernels`); :mod:`.hostsplit`: host :func:`split` / :func:`join` of
-  float64 data; :mod:`.words`: re-exports under the old import path;
+  :mod:`.dw_kernels`); :mod:`.hostsplit`: the host split of float64 data and
+  :func:`join`; :mod:`.words`: re-exports under the old import path;
 * :mod:`.aware`: precision-aware entry points (a plain float32 function and its
   double-word twin, switched by :func:`~mlx_precise.extended_precision`);
 * :mod:`.elementwise`: ``complex_multiply``, ``fft_scale``, ``scale_extended``;
@@ -22,8 +23,8 @@ from .elementwise import (
     scale_extended,
 )
 from . import arithmetic  # noqa: F401  (attaches the operators of DoubleWord)
-from .hostsplit import complex_from_parts, join, split
-from .types import DoubleWord
+from .hostsplit import complex_from_parts, join
+from .types import DoubleWord, split
 
 __all__ = ["DoubleWord", "complex_from_parts", "complex_multiply", "complex_multiply_extended",
            "fft_scale", "fft_scale_extended", "join", "precision_aware",

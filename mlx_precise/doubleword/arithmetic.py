@@ -13,7 +13,7 @@ from . import fusion
 from .engine64 import arith64
 from .kernel_engine import arith_kernels
 from .hostsplit import _imag, _real
-from .types import DoubleWord, operand
+from .types import DoubleWord
 
 
 def _arith_operand(v, name: str) -> DoubleWord:
@@ -26,7 +26,7 @@ def _arith_operand(v, name: str) -> DoubleWord:
         if isinstance(v, int) and float(v) != v:
             raise ValueError(f"{name} = {v} is not exactly a float64 value")
         return DoubleWord.from_float64(v)
-    return DoubleWord.from_array(operand(v, name, ("float32", "complex64")))
+    return DoubleWord.from_array(v, name)
 
 
 def operate(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream=None) -> DoubleWord:

@@ -16,7 +16,8 @@ from ..core.kernels import DeviceCheckError, eft_selftest
 from ..core.selftest import Check, register
 from .elementwise import rn32_rational
 from .dw_kernels import CDW_OPS, DW_OP, DW_OPS
-from .hostsplit import join, split
+from .hostsplit import join
+from .types import split
 
 U = Fraction(1, 2**24)  # unit roundoff of float32
 

@@ -19,8 +19,7 @@ from ..core.arrays import as_int
 from ..core.autodiff import guarded, host_guard
 from .aware import precision_aware
 from .engine64 import F64, arith64, from_float64_result
-from .types import DoubleWord
-from .types import operand as _operand
+from .types import DoubleWord, read_input
 from ..core.kernels import Kernel, elementwise_grid, per_element_of_first_input
 
 _C64 = (mx.complex64,)
@@ -85,8 +84,8 @@ def complex_multiply_extended(a, b, *, round_output: bool = True, backend: str |
         TypeError: an operand is not complex64 / a complex DoubleWord.
         ValueError: the shapes do not broadcast.
     """
-    a = _operand(a, "a", ("complex64",))
-    b = _operand(b, "b", ("complex64",))
+    a = read_input(a, "a", "words", ("complex64",))
+    b = read_input(b, "b", "words", ("complex64",))
     try:
         shape = tuple(np.broadcast_shapes(tuple(a.shape), tuple(b.shape)))
     except ValueError:
@@ -179,7 +178,7 @@ def fft_scale_extended(x, n: int, *, round_output: bool = True, backend: str | N
     Args:
         x: float32 or complex64 ``mx.array``, or a DoubleWord, any shape;
             float64 / complex128 data enters at full precision (split into a
-            DoubleWord, :func:`mlx_precise.core.arrays.as_array`).
+            DoubleWord, :func:`~mlx_precise.doubleword.types.read_input`).
         n: integer >= 1: an int, a numpy integer or a 0-d integer array.
         round_output: return x's dtype (one rounding) if True, else a DoubleWord.
 
@@ -228,7 +227,7 @@ def _scale(x, s_hi: float, s_lo: float, cpu_op: tuple, round_output, backend, st
     rounded quotient, as numpy's). A rounded result of an ``mx.array`` is
     differentiable (the VJP scales the cotangent the same way); otherwise a
     gradient raises."""
-    x = _operand(x, "x", ("float32", "complex64"))
+    x = read_input(x, "x", "words", ("float32", "complex64"))
     name = backends.resolve(backend)
     args = (s_hi, s_lo, cpu_op, name, stream)
     if round_output and isinstance(x, mx.array):
@@ -332,5 +331,5 @@ def fft_scale(x, n: int, *, stream=None):
 def _plain_operand(x, name: str, kinds: tuple[str, ...]) -> mx.array:
     """A plain twin's operand: checked as the extended twin checks it, then
     rounded once if it is a DoubleWord (the plain path's precision)."""
-    x = _operand(x, name, kinds)
+    x = read_input(x, name, "words", kinds)
     return x.round() if isinstance(x, DoubleWord) else x

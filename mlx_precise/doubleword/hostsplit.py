@@ -1,7 +1,9 @@
 """Host split and join of double-word numbers: float64 data into float32 word
-pairs (:func:`split`, and :func:`low_from_wide` lazily in MLX), pairs back into
-float64 (:func:`join`), and complex64 words from float32 parts
-(:func:`complex_from_parts`). Nothing here needs the :class:`DoubleWord` type."""
+pairs (:func:`split_float64`, and :func:`low_from_wide` lazily in MLX), pairs back
+into float64 (:func:`join`), and complex64 words from float32 parts
+(:func:`complex_from_parts`). Nothing here needs the :class:`DoubleWord` type; the
+public :func:`~mlx_precise.doubleword.split` reads its input first
+(:func:`~mlx_precise.doubleword.types.read_input`)."""
 
 from __future__ import annotations
 
@@ -9,49 +11,32 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import context
-from ..core.arrays import float64_data
 from ..core.plain import plain
 
 
-def _as_numpy(x, name: str, dtype: str) -> np.ndarray:
-    """``x`` (an ``mx.array`` or numpy data of exactly ``dtype``, "float32" or
-    "float64") as a numpy array; ValueError for another dtype or type."""
+def _float32_words(x, name: str) -> np.ndarray:
+    """A word of :func:`join` (a float32 ``mx.array`` or numpy array) as numpy;
+    ValueError for another dtype or type."""
     if isinstance(x, mx.array):
-        if x.dtype != getattr(mx, dtype):
-            raise ValueError(f"{name} must have dtype {dtype}, got {x.dtype}")
-        return np.array(x, dtype=dtype)
+        if x.dtype != mx.float32:
+            raise ValueError(f"{name} must have dtype float32, got {x.dtype}")
+        return np.array(x, dtype="float32")
     if isinstance(x, (np.ndarray, np.floating)):
         x = np.asarray(x)
-        if x.dtype != dtype:
-            raise ValueError(f"{name} must have dtype {dtype}, got numpy {x.dtype}")
+        if x.dtype != np.float32:
+            raise ValueError(f"{name} must have dtype float32, got numpy {x.dtype}")
         return x
-    raise ValueError(f"{name} must be a {dtype} mx.array or numpy array, got "
+    raise ValueError(f"{name} must be a float32 mx.array or numpy array, got "
                      f"{type(x).__name__}")
 
 
-def split(x) -> tuple[mx.array, mx.array]:
-    """Split float64 values into double-word pairs.
-
-    Args:
-        x: float64 values, any shape: a numpy array (or ``np.float64``), an
-            ``mx.array`` of dtype float64 (CPU), or real Python numbers, lists and
-            tuples (read as the float64 values Python holds).
-
-    Returns:
-        ``(hi, lo)``: two float32 ``mx.array``\\ s of ``x``'s shape with
-        ``hi = RN32(x)`` and ``lo = RN32(x - hi)`` (``x - hi`` is exact in float64).
-        ``hi + lo`` equals ``x`` exactly when ``x - hi`` fits in 24 bits (e.g. ``x``
-        has at most 48 significant bits) and ``lo`` is a normal float32; otherwise it
-        is within ``2^-48 |x|`` (relative) for ``|x| >= 2^-78``. Words below 2^-126
-        are kept as float32 subnormals here, but kernels read them as zero (Apple
-        GPUs flush subnormals), so full precision on the device needs
-        ``|x| >= ~2^-78``.
+def split_float64(a: np.ndarray) -> tuple[mx.array, mx.array]:
+    """float64 numpy data ``a`` into words ``(hi, lo)``: ``hi = RN32(a)``,
+    ``lo = RN32(a - hi)`` (see :func:`mlx_precise.doubleword.split`).
 
     Raises:
-        ValueError: wrong dtype or type, or a value that is not finite or rounds to
-            +-inf in float32 (``|x| >= 2^128 - 2^103``).
+        ValueError: a value that is not finite or rounds to +-inf in float32.
     """
-    a = _as_numpy(float64_data(x, "x"), "x", "float64")  # lists, numbers: their float64
     with np.errstate(over="ignore"):
         hi = a.astype(np.float32)
     bad = ~np.isfinite(hi)
@@ -61,7 +46,8 @@ def split(x) -> tuple[mx.array, mx.array]:
             f"x has {int(np.count_nonzero(bad))} value(s) outside the float32 range "
             f"(non-finite, or |x| rounds to inf in float32), e.g. {first!r}"
         )
-    return _split_result(a)
+    lo = (a - hi.astype(np.float64)).astype(np.float32)  # a - hi is exact in float64
+    return mx.array(hi), mx.array(lo)
 
 
 def join(hi, lo) -> np.ndarray:
@@ -74,13 +60,13 @@ def join(hi, lo) -> np.ndarray:
         float64 numpy array of that shape: ``RN64(hi + lo)`` (float32 -> float64 is
         exact, and one float64 addition rounds the exact sum once). It is exactly
         ``hi + lo`` whenever that sum fits in 53 bits, which holds for the pairs
-        :func:`split` makes; a pair such as ``(1, 2^-60)`` is rounded to ``1``.
+        :func:`split_float64` makes; a pair such as ``(1, 2^-60)`` is rounded to ``1``.
 
     Raises:
         ValueError: wrong dtype or type, or shapes that differ.
     """
-    h = _as_numpy(hi, "hi", "float32")
-    l_ = _as_numpy(lo, "lo", "float32")
+    h = _float32_words(hi, "hi")
+    l_ = _float32_words(lo, "lo")
     if h.shape != l_.shape:
         raise ValueError(f"hi and lo must have the same shape, got {h.shape} and {l_.shape}")
     return h.astype(np.float64) + l_.astype(np.float64)
@@ -107,25 +93,6 @@ def complex_from_parts(re: mx.array, im: mx.array) -> mx.array:
     (``re + 1j * im`` would turn an infinite ``im`` into a NaN real part:
     ``0 * inf``, and can change the sign of a zero); differentiable."""
     return _complex_bits(*mx.broadcast_arrays(re, im))
-
-
-def _split_result(y: np.ndarray) -> tuple[mx.array, mx.array]:
-    """:func:`split` for a computed result: a value that is not finite in float32
-    (Inf, NaN, overflow) becomes that float32 value with a zero low word, the rule
-    the kernels follow (docs/api.md, "Special values"), instead of an error."""
-    y = np.asarray(y)
-    if np.iscomplexobj(y):  # part by part, in one pass over complex128 data
-        with np.errstate(over="ignore", invalid="ignore"):
-            hi = y.astype(np.complex64)
-            rest = y - hi.astype(np.complex128)
-        lo = np.empty(y.shape, np.complex64)
-        lo.real = np.where(np.isfinite(hi.real), rest.real, 0.0)
-        lo.imag = np.where(np.isfinite(hi.imag), rest.imag, 0.0)
-        return mx.array(hi), mx.array(lo)
-    with np.errstate(over="ignore", invalid="ignore"):
-        hi = y.astype(np.float32)
-        lo = np.where(np.isfinite(hi), y - hi.astype(np.float64), 0.0).astype(np.float32)
-    return mx.array(hi), mx.array(lo)
 
 
 def _finite_or_zero(lo: mx.array, hi: mx.array) -> mx.array:

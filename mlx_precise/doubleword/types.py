@@ -1,17 +1,18 @@
 """The :class:`DoubleWord` type: an array of double-word numbers as two float32
-(or complex64) word arrays, its constructors and views (exact), and the checking
-of operands that may be DoubleWords (:func:`as_words`, :func:`operand`). Its
-arithmetic operators are attached by :mod:`.arithmetic`."""
+(or complex64) word arrays, its constructors and views (exact), and
+:func:`read_input`, the one reading of every public op's array inputs (docs/api.md,
+"Inputs"). Its arithmetic operators are attached by :mod:`.arithmetic`."""
 
 from __future__ import annotations
+
+import functools
 
 import mlx.core as mx
 import numpy as np
 
 _ARRAY = mx.array  # the class, bound at import (a faster isinstance than a stand-in)
 
-from ..core.arrays import as_array, float64_data, is_wide
-from .hostsplit import complex_from_parts, join, low_from_wide, split
+from .hostsplit import complex_from_parts, join, low_from_wide, split_float64
 
 
 class DoubleWord:
@@ -123,52 +124,31 @@ class DoubleWord:
         return DoubleWord(-self.hi, -self._lo)
 
     @classmethod
-    def _exact(cls, x, dtype, what: str) -> "DoubleWord":
-        x = as_array(x, "x")
-        if x.dtype != dtype:
-            raise TypeError(f"{what} expects {str(dtype).split('.')[-1]} data, got {x.dtype}")
-        return cls(x, mx.zeros_like(x))
-
-    @classmethod
     def from_float32(cls, x) -> "DoubleWord":
         """Exact: ``hi = x``, ``lo = 0`` for float32 data."""
-        return cls._exact(x, mx.float32, "from_float32")
+        x = read_input(x, "x", "array", ("float32",))
+        return cls(x, mx.zeros_like(x))
 
     @classmethod
     def from_complex64(cls, x) -> "DoubleWord":
         """Exact: ``hi = x``, ``lo = 0`` for complex64 data."""
-        return cls._exact(x, mx.complex64, "from_complex64")
+        x = read_input(x, "x", "array", ("complex64",))
+        return cls(x, mx.zeros_like(x))
 
     @classmethod
     def from_float64(cls, x) -> "DoubleWord":
         """Split float64 (or complex128) data, including lists and Python numbers
         (their float64 / complex128 values): see :func:`split` for the accuracy
         and the errors raised."""
-        x = float64_data(x, "x")
-        if isinstance(x, (np.ndarray, np.generic)) and x.dtype == np.complex128:
-            x = np.asarray(x)
-            rh, rl = split(np.array(x.real))  # a contiguous copy that keeps 0-d
-            ih, il = split(np.array(x.imag))
-            return cls(complex_from_parts(rh, ih), complex_from_parts(rl, il))
-        return cls(*split(x))
+        return _split(read_input(x, "x", "float64", ("float64", "complex128")))
 
     @classmethod
-    def from_array(cls, x) -> "DoubleWord":
+    def from_array(cls, x, name: str = "x") -> "DoubleWord":
         """A DoubleWord from float32, complex64, float64 or complex128 data (numpy
-        or MLX); a DoubleWord is returned as is."""
-        if isinstance(x, DoubleWord):
-            return x
-        x = as_words(x, "x")  # float64 / complex128: split
-        if isinstance(x, DoubleWord):
-            return x
-        if x.dtype == mx.float32:
-            return cls.from_float32(x)
-        if x.dtype == mx.complex64:
-            return cls.from_complex64(x)
-        raise TypeError(
-            f"cannot make a DoubleWord from dtype {x.dtype}: expected float32, complex64, "
-            "float64 or complex128 data"
-        )
+        or MLX, lists); a DoubleWord is returned as is. ``name``: the argument's
+        name in the errors (:func:`read_input`)."""
+        x = read_input(x, name, "words", ("float32", "complex64"))
+        return x if isinstance(x, DoubleWord) else cls(x, mx.zeros_like(x))
 
     def round(self) -> mx.array:
         """One rounding of ``hi + lo`` to float32 / complex64 (lazy)."""
@@ -197,30 +177,170 @@ class DoubleWord:
         return real_imag(self)
 
 
-def as_words(x, name: str):
-    """``x`` as the double-word ops read their inputs: :func:`~mlx_precise.core.arrays.as_array`,
-    except that float64 / complex128 data is split into a :class:`DoubleWord`
-    (``hi = RN32(x)``, ``lo = RN32(x - hi)``), so it enters at full precision
-    (docs/api.md, "Inputs")."""
-    if is_wide(x):
-        return DoubleWord.from_float64(x)
-    return as_array(x, name)
+class InputError(TypeError, ValueError):
+    """An input a public op does not take (its type or its dtype), named in the
+    message. A TypeError, as MLX's ops raise for such inputs, and a ValueError, as
+    :func:`split` and :meth:`DoubleWord.from_float64` raised before (numpy's
+    ``AxisError`` is likewise two classes)."""
 
 
-def operand(x, name: str, kinds: tuple[str, ...]):
-    """(DoubleWord or mx.array, is_doubleword) after checking the dtype."""
-    allowed = {"complex64": mx.complex64, "float32": mx.float32}
-    if isinstance(x, DoubleWord):
-        if x.dtype in [allowed[k] for k in kinds]:
-            return x
-        raise TypeError(f"{name}: DoubleWord of {x.dtype} not accepted here (expected {', '.join(kinds)})")
-    x = as_words(x, name)  # float64 data: a DoubleWord, full precision
-    if isinstance(x, DoubleWord):
-        return operand(x, name, kinds)
-    if x.dtype not in [allowed[k] for k in kinds]:
-        raise TypeError(f"{name} has dtype {x.dtype}, expected {' or '.join(kinds)}, "
-                        "float64 / complex128 data or a DoubleWord")
+READS = ("array", "words", "float64")
+_PYTHON = (list, tuple, int, float, complex)
+_NUMPY = (np.ndarray, np.generic)
+_ARRAY_LIKE = (_ARRAY,) + _NUMPY + _PYTHON
+# numpy dtypes wider than float32 / complex64 that MLX's mx.array would round
+_WIDE = (np.float64, np.complex128, np.longdouble, np.clongdouble)
+
+
+@functools.lru_cache(maxsize=None)
+def _mx_dtypes(dtypes: tuple[str, ...]) -> frozenset:
+    """The MLX dtypes named in ``dtypes`` (a set, so that the check per call is a
+    lookup; names MLX lacks, such as complex128, are left out)."""
+    return frozenset(getattr(mx, d) for d in dtypes if hasattr(mx, d))
+
+
+def _dtype_name(x) -> str:
+    """``x``'s dtype as messages name it: ``mlx.core.float32``, ``numpy float64``."""
+    return str(x.dtype) if isinstance(x, _ARRAY) else f"numpy {x.dtype}"
+
+
+def _expected(reads: str, dtypes) -> str:
+    """What an op with these ``reads`` / ``dtypes`` takes, for its messages."""
+    names = ", ".join(dtypes[:-1]) + (" or " if len(dtypes) > 1 else "") + dtypes[-1]
+    if reads != "words":
+        return names
+    wide = {"float32": "float64", "complex64": "complex128"}
+    return f"{names}, {' / '.join(wide[d] for d in dtypes)} data or a DoubleWord of {names} words"
+
+
+def read_input(x, name: str, reads: str = "array", dtypes: tuple[str, ...] | None = None):
+    """An array input of a public op as its engine takes it: every public op reads
+    its array arguments through this function, once (docs/api.md, "Inputs").
+
+    ``mx.array``\\ s are taken as they are; numpy data, lists, tuples and Python
+    numbers through ``mx.array`` (MLX's dtype rules: a list of floats is float32),
+    except wide data (numpy float64 / complex128 / longdouble, ``mx.float64``),
+    which MLX would round to float32 without a word. By ``reads``:
+
+    * ``"array"`` (ops on float32 words, the conversions): an ``mx.array``; wide
+      data is refused, naming the two ways out.
+    * ``"words"`` (the double-word ops): an ``mx.array`` or a :class:`DoubleWord`
+      (returned as it is); float64 / complex128 data is split into a DoubleWord
+      (``hi = RN32(x)``, ``lo = RN32(x - hi)``, :func:`split`), so it enters at full
+      precision. ``dtypes`` names the words' dtypes.
+    * ``"float64"`` (ops on float64 data): float64 / complex128 data as it is (a
+      numpy array, or an ``mx.float64`` array); lists and Python numbers are read
+      as the float64 / complex128 values Python holds (numpy); narrower data as in
+      ``"array"``.
+
+    Args:
+        x: the input.
+        name: the argument's name, for the messages.
+        reads: ``"array"``, ``"words"`` or ``"float64"``.
+        dtypes: the dtypes the op takes, by name (``"float32"``, ``"complex64"``,
+            ``"float64"``, ``"complex128"``, ...); None: any.
+
+    Raises:
+        InputError (a TypeError and a ValueError): not an array-like, a dtype not in
+            ``dtypes``, wide data where ``reads="array"``, longdouble data (wider
+            than float64: convert it yourself), values a split refuses (not finite
+            in float32).
+        ValueError: an unknown ``reads``.
+    """
+    if reads not in READS:
+        raise ValueError(f"reads must be one of {READS}, got {reads!r}")
+    if isinstance(x, DoubleWord) and reads == "words":
+        if dtypes is not None and x.dtype not in _mx_dtypes(dtypes):
+            raise InputError(f"{name} has dtype {x.dtype} (a DoubleWord), expected "
+                             f"{_expected(reads, dtypes)}")
+        return x
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, _ARRAY_LIKE):
+        want = "" if dtypes is None else f" of {_expected(reads, dtypes)}"
+        raise InputError(f"{name} must be an mx.array or array-like (numpy array, list, "
+                         f"number){want}, got {type(x).__name__}")
+    if reads == "float64" and isinstance(x, _PYTHON):
+        try:
+            x = np.asarray(x)
+        except (TypeError, ValueError) as e:
+            raise InputError(f"{name} is not a valid array: {e}") from None
+        if x.dtype.kind not in "iufc":
+            raise InputError(f"{name} must hold numbers, got numpy dtype {x.dtype}")
+        x = x.astype(np.complex128 if x.dtype.kind == "c" else np.float64)
+    if isinstance(x, _ARRAY) and x.dtype == mx.float64 or (
+            isinstance(x, _NUMPY) and x.dtype in _WIDE):
+        x = _wide(x, name, reads, dtypes)
+    elif not isinstance(x, _ARRAY):
+        try:
+            x = mx.array(x)
+        except (TypeError, ValueError) as e:
+            raise InputError(f"{name} is not a valid array: {e}") from None
+    if dtypes is not None and not isinstance(x, DoubleWord):
+        ok = (x.dtype in _mx_dtypes(dtypes) if isinstance(x, _ARRAY)
+              else x.dtype.name in dtypes)  # numpy: complex128
+        if not ok:
+            raise InputError(f"{name} has dtype {_dtype_name(x)}, expected "
+                             f"{_expected(reads, dtypes)}")
     return x
+
+
+def _wide(x, name: str, reads: str, dtypes):
+    """Wide data (float64, complex128, longdouble) by ``reads``: refused, split into
+    a DoubleWord, or kept as it is (numpy or ``mx.float64``)."""
+    if reads == "array":
+        raise InputError(
+            f"{name} has dtype {_dtype_name(x).replace('mlx.core.', 'mlx ')}, which this op "
+            "would have to round to float32: convert it yourself (e.g. "
+            "x.astype(np.float32)) to accept that rounding, or use an op that takes "
+            "double-word input (DoubleWord.from_float64)")
+    if isinstance(x, _NUMPY) and x.dtype in (np.longdouble, np.clongdouble) and \
+            x.dtype not in (np.float64, np.complex128):
+        raise InputError(f"{name} has dtype {_dtype_name(x)}, wider than float64: convert "
+                         "it yourself (x.astype(np.float64)) to accept that rounding")
+    complex_ = isinstance(x, _NUMPY) and x.dtype.kind == "c"
+    if reads == "words":
+        if dtypes is not None and ("complex64" if complex_ else "float32") not in dtypes:
+            raise InputError(f"{name} has dtype {_dtype_name(x)}, expected "
+                             f"{_expected(reads, dtypes)}")
+        return _split(x)
+    # as it is: numpy data stays numpy (no copy; MLX has no complex128), an
+    # mx.float64 array stays one
+    return x if isinstance(x, _ARRAY) else np.asarray(x)
+
+
+def split(x) -> tuple[mx.array, mx.array]:
+    """Split float64 values into double-word pairs.
+
+    Args:
+        x: float64 values, any shape: a numpy array (or ``np.float64``), an
+            ``mx.array`` of dtype float64 (CPU), or real Python numbers, lists and
+            tuples (read as the float64 values Python holds).
+
+    Returns:
+        ``(hi, lo)``: two float32 ``mx.array``\\ s of ``x``'s shape with
+        ``hi = RN32(x)`` and ``lo = RN32(x - hi)`` (``x - hi`` is exact in float64).
+        ``hi + lo`` equals ``x`` exactly when ``x - hi`` fits in 24 bits (e.g. ``x``
+        has at most 48 significant bits) and ``lo`` is a normal float32; otherwise it
+        is within ``2^-48 |x|`` (relative) for ``|x| >= 2^-78``. Words below 2^-126
+        are kept as float32 subnormals here, but kernels read them as zero (Apple
+        GPUs flush subnormals), so full precision on the device needs
+        ``|x| >= ~2^-78``.
+
+    Raises:
+        InputError (a ValueError and a TypeError): another dtype or type.
+        ValueError: a value that is not finite or rounds to +-inf in float32
+            (``|x| >= 2^128 - 2^103``).
+    """
+    return split_float64(np.asarray(read_input(x, "x", "float64", ("float64",))))
+
+
+def _split(x) -> DoubleWord:
+    """float64 (numpy or MLX) or complex128 (numpy) data split into a DoubleWord."""
+    x = np.asarray(x)
+    if x.dtype == np.complex128:
+        rh, rl = split_float64(np.array(x.real))  # a contiguous copy that keeps 0-d
+        ih, il = split_float64(np.array(x.imag))
+        return DoubleWord(complex_from_parts(rh, ih), complex_from_parts(rl, il))
+    return DoubleWord(*split_float64(x))
 
 
 def real_imag(x: DoubleWord) -> tuple[DoubleWord, DoubleWord]:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..core import backends
 from ..core.streams import streamed
-from ..core.arrays import float64_data
+from ..doubleword.types import read_input
 from ..core.autodiff import host_guard
 from ..core.cputhreads import map_runs, workers_for
 from ..core.kernels import Kernel
@@ -93,21 +93,13 @@ def as_float64_matrix(x, name: str) -> mx.array:
     """``x`` as a 2-D float64 ``mx.array`` (numpy float64 arrays are converted).
 
     Raises:
-        TypeError: not a numpy array or ``mx.array``, or dtype not float64.
+        InputError (a TypeError): not an array-like, or dtype not float64.
         ValueError: not 2-D.
     """
-    x = float64_data(x, name)  # lists / Python numbers: their float64 values, unrounded
+    # lists / Python numbers: their float64 values, unrounded
+    x = read_input(x, name, "float64", ("float64",))
     if isinstance(x, np.ndarray):
-        if x.dtype != np.float64:
-            raise TypeError(f"{name} must have dtype float64, got numpy {x.dtype}")
         x = mx.array(x, dtype=mx.float64)
-    elif isinstance(x, mx.array):
-        if x.dtype != mx.float64:
-            raise TypeError(f"{name} must have dtype float64, got {x.dtype}")
-    else:
-        raise TypeError(
-            f"{name} must be a float64 mx.array or numpy array, got {type(x).__name__}"
-        )
     if x.ndim != 2:
         raise ValueError(f"{name} must be a 2-D matrix, got shape {tuple(x.shape)}")
     return x

@@ -29,9 +29,9 @@ from ..core.autodiff import host_guard
 from ..core.plain import plain as _mlx
 from ..doubleword import aware as _aware
 from ..doubleword.aware import precision_aware
-from ..doubleword.words import DoubleWord, as_words
+from ..doubleword.types import DoubleWord, read_input
 from . import nd
-from .engine import _as_input, _check_n
+from .engine import ANY, REAL, _check_n
 
 # Argument forms, by name suffix: the default ``axes`` of each (one-axis functions
 # take ``n`` and ``axis`` instead).
@@ -117,7 +117,7 @@ def _one_axis_args(n, axis):
 
 
 def _extended(kind, a, s, axes, one_axis, norm, round_output, backend, stream):
-    a = _as_input(a, "a", real_only=kind == "rfft")
+    a = read_input(a, "a", "words", REAL if kind == "rfft" else ANY)
     s, axes = plan(kind, a.shape, s, axes, one_axis)
     return nd.transform(kind, a, s, axes, norm, round_output=round_output, backend=backend,
                         stream=stream)
@@ -126,7 +126,7 @@ def _extended(kind, a, s, axes, one_axis, norm, round_output, backend, stream):
 def _plain(kind, a, s, axes, one_axis, norm, stream):
     """MLX's transform of the input read as the extended twin reads it (array-likes,
     float64 data, DoubleWords), rounded once to float32 / complex64 first."""
-    a = _as_input(a, "a")
+    a = read_input(a, "a", "words", ANY)
     a = a.round() if isinstance(a, DoubleWord) else a
     s, axes = plan(kind, a.shape, s, axes, one_axis)
     nd.check_norm(norm)
@@ -270,7 +270,7 @@ def _pair(kind: str, form: str):
 
 
 def _shift(a, axes, stream, sign: int):
-    a = a if isinstance(a, DoubleWord) else as_words(a, "a")  # float64 data: split
+    a = read_input(a, "a", "words")  # float64 data: split; any other dtype moves
     if isinstance(a, DoubleWord):  # both words move
         return DoubleWord(_shift(a.hi, axes, stream, sign), _shift(a.lo, axes, stream, sign))
     if a.ndim == 0:

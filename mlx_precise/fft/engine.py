@@ -37,7 +37,7 @@ import numpy as np
 from ..core import backends
 from ..doubleword import pow2scale
 from ..doubleword.engine64 import from_float64_result
-from ..doubleword.types import DoubleWord, as_words
+from ..doubleword.types import DoubleWord, read_input
 from ..doubleword.elementwise import complex_multiply_extended, reciprocal_words
 from ..core.kernels import Kernel, ParamLayout, generated_block
 from .twiddles import chirp_words, twiddle_table
@@ -121,22 +121,8 @@ complex FFT; one thread per output point."""
 # ---- argument checking ------------------------------------------------------------
 
 
-def _as_input(x, name: str, real_only: bool = False):
-    """An ``mx.array`` (float32 / complex64) or a DoubleWord, after checking."""
-    if isinstance(x, DoubleWord):
-        if real_only and x.is_complex:
-            raise TypeError(f"{name} must be real (float32 or a float32 DoubleWord), "
-                            "got a complex64 DoubleWord")
-        return x
-    x = as_words(x, name)  # float64 data: a DoubleWord, full precision
-    if isinstance(x, DoubleWord):
-        return _as_input(x, name, real_only)
-    allowed = (mx.float32,) if real_only else (mx.float32, mx.complex64)
-    if x.dtype not in allowed:
-        want = "float32" if real_only else "float32 or complex64"
-        raise TypeError(f"{name} has dtype {x.dtype}, expected {want}, float64 data or a "
-                        "DoubleWord")
-    return x
+# The dtypes of the transforms' inputs (read_input: float64 data is split).
+ANY, REAL = ("float32", "complex64"), ("float32",)
 
 
 def _check_axis(ndim: int, axis, name: str) -> int:
@@ -476,7 +462,7 @@ def _cpu_result(y: np.ndarray, round_output: bool):
 
 
 def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
-    x = _as_input(x, "x")
+    x = read_input(x, "x", "words", ANY)
     ax = _check_axis(x.ndim, axis, "x")
     n = _check_n(n, x.shape[ax])
     name = backends.resolve(backend)
@@ -503,7 +489,7 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
 
 
 def _rfft_words(x, n, axis, round_output, backend, stream):
-    x = _as_input(x, "x", real_only=True)
+    x = read_input(x, "x", "words", REAL)
     ax = _check_axis(x.ndim, axis, "x")
     n = _check_n(n, x.shape[ax])
     name = backends.resolve(backend)
@@ -521,7 +507,7 @@ def _rfft_words(x, n, axis, round_output, backend, stream):
 
 
 def _irfft_words(X, n, axis, round_output, backend, stream):
-    X = _as_input(X, "X")
+    X = read_input(X, "X", "words", ANY)
     ax = _check_axis(X.ndim, axis, "X")
     n = _check_n(n, 2 * (X.shape[ax] - 1))
     name = backends.resolve(backend)

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..core import backends
 from ..core.streams import streamed
-from ..core.arrays import as_array
+from ..doubleword.types import read_input
 from ..core.autodiff import host_guard
 from ..core.kernels import Kernel, per_element_of_first_input
 
@@ -107,7 +107,7 @@ dtype ``T`` (float32, bfloat16 or float16), ``(n,)``."""
 
 
 def _check_float(x, fn: str) -> mx.array:
-    x = as_array(x, f"{fn}: x")
+    x = read_input(x, f"{fn}: x")
     if x.dtype not in _FLOAT_IN:
         raise TypeError(
             f"{fn}: x must have dtype float32, float16 or bfloat16, got {x.dtype}"
@@ -117,7 +117,7 @@ def _check_float(x, fn: str) -> mx.array:
 
 def _check_code(q, bits: int, fn: str) -> mx.array:
     want = _CODE_DTYPE[bits]
-    q = as_array(q, f"{fn}: q")
+    q = read_input(q, f"{fn}: q")
     if q.dtype != want:
         raise TypeError(f"{fn}: q must have dtype {want} (Q1.{bits} codes), got {q.dtype}")
     return q

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..core import backends
 from ..core.streams import streamed
-from ..core.arrays import as_array
+from ..doubleword.types import read_input
 from ..core.autodiff import host_guard
 from ..core.kernels import Kernel
 
@@ -80,7 +80,7 @@ def gemm_params(*values: int, size: int = 8) -> mx.array:
 
 
 def _require_int8(x, name: str) -> mx.array:
-    x = as_array(x, name)
+    x = read_input(x, name)
     if x.dtype != mx.int8:
         raise TypeError(f"{name} must have dtype int8, got {x.dtype}")
     return x

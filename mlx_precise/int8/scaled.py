@@ -28,7 +28,7 @@ import numpy as np
 
 from ..core import backends
 from ..core.streams import streamed
-from ..core.arrays import as_array
+from ..doubleword.types import read_input
 from ..core.autodiff import _TRACED, host_guard
 from .engine import check_k, device_buffer, gemm_grid, gemm_params
 from ..core.kernels import Kernel
@@ -68,7 +68,7 @@ _I32_LO, _I32_HI = -(2.0**31), 2.0**31
 
 
 def _float_input(x, name: str) -> mx.array:
-    x = as_array(x, name)
+    x = read_input(x, name)
     if x.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{name} must be float32, float16 or bfloat16, got {x.dtype}")
     return x.astype(mx.float32)  # exact
@@ -103,7 +103,7 @@ def _per_row(v, name: str, rows_shape: tuple, dtype, kind: str) -> mx.array:
     """A static scale / zero point: numel 1, or one per row (shape ``[..., 1]``)."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         v = mx.array(v, dtype=dtype)
-    v = as_array(v, name)
+    v = read_input(v, name)
     if v.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype} ({kind}), got {v.dtype}")
     if v.size != 1 and tuple(v.shape) != rows_shape + (1,):
@@ -260,7 +260,7 @@ def compute_azp_adj(b: mx.array, azp=None, *, stream=None) -> mx.array:
 
 def _scale(v, name: str, n: int, shape: tuple) -> tuple[mx.array, int]:
     """(flat float32 scale, index step): step 0 for one element, 1 for ``shape``."""
-    v = mx.array(v, dtype=mx.float32) if isinstance(v, float) else as_array(v, name)
+    v = mx.array(v, dtype=mx.float32) if isinstance(v, float) else read_input(v, name)
     if v.dtype != mx.float32:
         raise TypeError(f"{name} must have dtype float32, got {v.dtype}")
     if v.size == 1:
@@ -273,7 +273,7 @@ def _scale(v, name: str, n: int, shape: tuple) -> tuple[mx.array, int]:
 
 
 def _vector(v, name: str, n: int, dtypes, what: str, shapes) -> mx.array:
-    v = as_array(v, name)
+    v = read_input(v, name)
     if v.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype {what}, got {v.dtype}")
     if tuple(v.shape) not in shapes:
@@ -339,7 +339,7 @@ def scaled_mm(a: mx.array, b: mx.array, scale_a: mx.array, scale_b: mx.array, *,
         ValueError: wrong ranks or shapes, K differs between ``a`` and ``b``,
             ``azp`` without ``azp_adj``, an unsupported ``out_dtype``, K > 131071.
     """
-    a, b = as_array(a, "a"), as_array(b, "b")
+    a, b = read_input(a, "a"), read_input(b, "b")
     for name, v in (("a", a), ("b", b)):
         if v.dtype != mx.int8:
             raise TypeError(f"{name} must have dtype int8, got {v.dtype}")

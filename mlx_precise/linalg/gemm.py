@@ -92,7 +92,8 @@ def _check(a, b, bias):
     output shape, whether a / b were 1-D)."""
     for name, x in (("a", a), ("b", b)) + ((("bias", bias),) if bias is not None else ()):
         if not isinstance(x, DoubleWord):
-            raise TypeError(f"dwgemm.matmul: {name} must be a DoubleWord, got {type(x).__name__}")
+            raise TypeError(f"{name} must be a DoubleWord (make one with DoubleWord.from_array), "
+                            f"got {type(x).__name__}")
     if a.ndim == 0 or b.ndim == 0:
         raise MatmulShapeError(
             "[matmul] Got 0 dimension input. Inputs must have at least one dimension.")

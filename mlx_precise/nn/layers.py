@@ -20,7 +20,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..core.arrays import as_array
+from ..doubleword.types import read_input
 from ..conv.depthwise import check_layout, depthwise3, depthwise_conv
 from ..conv.hyena import fftconv
 
@@ -39,7 +39,7 @@ def _layer_input(u, layer: str, layout: str, width_axis: int, width: int, max_le
     """Check a layer's 3-D input (array-likes accepted) and widen it to float32 (exact from float16 and
     bfloat16: the layers compute in float32 or double-word and return float32, as
     an MLX layer with float32 weights does by type promotion)."""
-    u = as_array(u, f"{layer} input {layout}")
+    u = read_input(u, f"{layer} input {layout}")
     if u.ndim != 3:
         raise ValueError(f"{layer} input must be 3-D {layout}, got shape {tuple(u.shape)}")
     if u.dtype not in _FLOAT_INPUTS:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..core.arrays import float64_data
+from ..doubleword.types import read_input
 from ..core.cputhreads import map_runs, workers_for
 from ..core.kernels import Kernel
 from ..core.backends import Backend
@@ -129,19 +129,8 @@ def as_matrix(A, name: str = "A"):
         TypeError: not an array, or an unsupported dtype.
         ValueError: not 2-D.
     """
-    A = float64_data(A, name)  # lists / Python numbers: their float64 values, unrounded
-    if isinstance(A, np.ndarray):
-        if A.dtype in (np.float32, np.complex64):
-            A = mx.array(A)
-        elif A.dtype not in (np.float64, np.complex128):
-            raise TypeError(f"{name} must have dtype float32, complex64, float64 or "
-                            f"complex128, got numpy {A.dtype}")
-    elif isinstance(A, mx.array):
-        if A.dtype not in (mx.float32, mx.complex64, mx.float64):
-            raise TypeError(f"{name} must have dtype float32, complex64, float64 or "
-                            f"complex128, got {A.dtype}")
-    else:
-        raise TypeError(f"{name} must be an mx.array (or numpy array), got {type(A).__name__}")
+    # lists / Python numbers: their float64 values; complex128 stays numpy
+    A = read_input(A, name, "float64", ("float32", "complex64", "float64", "complex128"))
     if A.ndim != 2:
         raise ValueError(f"{name} must be a 2-D matrix (m, n), got shape {tuple(A.shape)}")
     return A, isinstance(A, mx.array) and A.dtype in _KERNEL_DTYPES

@@ -123,7 +123,7 @@ def test_bad_input():
         depthwise_conv_extended(x, mx.zeros((3, 3)), mx.zeros((4,)), backend="emulate")
     with pytest.raises(TypeError, match="x has dtype mlx float64, which this op would have to round"):
         depthwise_conv_extended(x.astype(mx.float64), mx.zeros((3, 3)), backend="emulate")
-    with pytest.raises(TypeError, match="w must be float32, got mlx.core.int32"):
+    with pytest.raises(TypeError, match="w has dtype mlx.core.int32, expected float32"):
         depthwise_conv_extended(x, mx.zeros((3, 3), mx.int32), backend="emulate")
     with pytest.raises(ValueError, match=r"shape \(channels, 3\)"):
         depthwise3_extended(x, mx.zeros((3, 4)), backend="emulate")

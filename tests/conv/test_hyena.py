@@ -156,7 +156,7 @@ def test_bad_input():
         hyena_conv_extended(u, k, fft_size=8, backend="cpu")
     with pytest.raises(ValueError, match=r"D must have shape \(2,\)"):
         hyena_conv_extended(u, k, mx.zeros((3,)), backend="cpu")
-    with pytest.raises(TypeError, match="u must be float32"):
+    with pytest.raises(TypeError, match="u has dtype mlx.core.float16, expected float32"):
         hyena_conv_extended(u.astype(mx.float16), k, backend="cpu")
     with pytest.raises(ValueError, match="exceeds max_len"):
         FFTConv(2, 8)(u)

@@ -544,7 +544,7 @@ def test_bad_input():
             norm(x, structure=s)
     for bad in (mx.zeros((3, 3), mx.int32), mx.zeros((3, 3), mx.bool_),
                 mx.zeros((3, 3), mx.float16), np.zeros((3, 3), np.int64)):
-        with pytest.raises(TypeError, match="A must have dtype float32, complex64, float64 or complex128"):
+        with pytest.raises(TypeError, match="A has dtype .*, expected float32, complex64, float64 or complex128"):
             norm(bad)
     with pytest.raises(TypeError, match="A must be an mx.array"):
         norm("A")
