@@ -178,8 +178,8 @@ def _fit(a: mx.array, n: int) -> mx.array:
     m = a.shape[-1]
     if m > n:
         return a[..., :n]
-    if m < n:
-        return mx.concatenate([a, mx.zeros(a.shape[:-1] + (n - m,), a.dtype)], axis=-1)
+    if m < n:  # one pad: no array of zeros of its own
+        return mx.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, n - m)])
     return a
 
 
