@@ -618,6 +618,8 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
     (complex words, too many axes): the caller runs the single-operation kernels."""
     if not _fusing.get():
         return None  # the unfused replay of a chain
+    if any(w.is_complex for w in operands):
+        return _apply_partwise(op, operands, backend, stream) if fn is None else None
     code = _FN if op == "fn" else OP[op]
     if code in _EXACT_WORDS and _traced.get():
         return None  # MLX differentiates the caller's word ops instead
@@ -630,6 +632,75 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
         hi, lo = _differentiable(e.key, backend, stream)(*e.leaves)
     else:
         hi, lo = _run(e.key, e.leaves, e.shape, backend, stream)
+    _remember(hi, lo, e)
+    return DoubleWord(hi, lo)
+
+
+# ---- complex words: their parts as a trailing axis ------------------------------------
+# The complex operations that act on the real and the imaginary part alike (x + y,
+# x - y, -x, and a product or quotient by a real factor) run as real programs over
+# the float32 view of the words, (..., 2) (re, im): each part gets the operation the
+# cdw_ops / dw_ops kernels apply to it (cdw_add is dw_add per part, a complex times a
+# real factor dw_mul per part, ...), so the bits are theirs, with no split of the
+# words into parts, no join of the results, and chains of such operations fused.
+_PARTWISE = ("add", "sub", "neg")
+_C64 = mx.complex64
+
+
+def _parts(a: mx.array | None) -> mx.array | None:
+    """float32 (..., 2) view of complex64 (...) words (MLX copies only an array
+    whose last axis is strided)."""
+    return None if a is None else a.reshape(tuple(a.shape) + (1,)).view(F32)
+
+
+def _from_parts(a: mx.array) -> mx.array:
+    """complex64 (...) words of their float32 (..., 2) parts (a view)."""
+    return a.view(_C64).reshape(tuple(a.shape[:-1]))
+
+
+def _low(w: DoubleWord) -> mx.array | None:
+    """The low word to read (None: ``w`` is exact, no zero word is made)."""
+    return w.lo if w._lo is None and w.wide is not None else w._lo
+
+
+def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
+    """``w`` as real words over the parts axis: a complex operand's (its recorded
+    expression goes with them), a real one as the complex ``w + 0i`` (``factor``
+    False) or broadcast over both parts (``factor``: the real factor of a product or
+    quotient; a recorded expression of shape () is kept, e.g. a constant)."""
+    hi, lo = w.hi, _low(w)
+    if not w.is_complex and factor:
+        e = expression(w)
+        if e is not None and e.shape == ():
+            return w
+        return DoubleWord.exact(hi[..., None]) if lo is None else DoubleWord(
+            hi[..., None], lo[..., None])
+    if not w.is_complex:
+        hi, lo = hi.astype(_C64), None if lo is None else lo.astype(_C64)
+    entry = _table.get(id(w.hi)) if w.is_complex else None
+    hi_p, lo_p = _parts(hi), _parts(lo)
+    if (entry is not None and entry[0]() is w.hi and entry[1] is w._lo
+            and entry[3] is _open_scope()):
+        _remember(hi_p, lo_p, entry[2])  # the views read as the chain they show
+    return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
+
+
+def _apply_partwise(op: str, operands: list[DoubleWord], backend, stream):
+    """:func:`apply` of an operation on complex words that acts on each part alike
+    (above), or None (any other: the caller's cdw_ops / dw_ops kernels)."""
+    kinds = tuple(w.is_complex for w in operands)
+    factor = kinds == (True, False) and op in ("mul", "div") or (
+        kinds == (False, True) and op == "mul")
+    if _traced.get() or not (op in _PARTWISE or factor):
+        return None
+    if kinds == (False, True) and op == "mul":  # the complex part first, as the
+        operands, kinds = operands[::-1], kinds[::-1]  # kernels run it (dw_mul's bits)
+    parts = [_part_words(w, factor and not c) for w, c in zip(operands, kinds)]
+    e = _fuse(OP[op], 0, parts)
+    if e is None:
+        return None
+    zh, zl = _run(e.key, e.leaves, e.shape, backend, stream)
+    hi, lo = _from_parts(zh), _from_parts(zl)
     _remember(hi, lo, e)
     return DoubleWord(hi, lo)
 
