@@ -55,8 +55,15 @@ def _times(a: mx.array, f: mx.array) -> mx.array:
 
 
 def scale(a: mx.array | None, e: mx.array) -> mx.array | None:
-    """a * 2^-e (exact for normal results). ``a``: float32 or complex64 (rows, n)."""
-    return None if a is None else _times(a, _pow2_neg(e))
+    """a * 2^-e (exact for normal results). ``a``: float32 or complex64 (rows, n),
+    or None (then None)."""
+    return scale_all(e, a)[0]
+
+
+def scale_all(e: mx.array, *arrays: mx.array | None) -> tuple:
+    """:func:`scale` of each array, by one factor 2^-e."""
+    down = _pow2_neg(e)
+    return tuple(None if a is None else _times(a, down) for a in arrays)
 
 
 def unscale(hi: mx.array, lo: mx.array | None, e: mx.array):
