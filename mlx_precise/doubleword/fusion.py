@@ -643,6 +643,7 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
 # cdw_ops / dw_ops kernels apply to it (cdw_add is dw_add per part, a complex times a
 # real factor dw_mul per part, ...), so the bits are theirs, with no split of the
 # words into parts, no join of the results, and chains of such operations fused.
+# A product of complex words is one program too (:func:`_complex_product`).
 _PARTWISE = ("add", "sub", "neg")
 _C64 = mx.complex64
 
@@ -685,18 +686,44 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
     return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
 
 
+def _complex_product(x: DoubleWord, y: DoubleWord) -> Expr | None:
+    """The expression of the complex product x y as cdw_mul computes it, part p of
+    the result ``dw_mul(x_re, y_p) + dw_mul(x_im, c_p)`` with c = (-y_im, y_re), the
+    parts of conj(y) reversed (a view): ``x_re y_re - x_im y_im`` (dw_sub of the
+    two products; dw_mul(a, -b) is -dw_mul(a, b) exactly, RN being symmetric) and
+    ``x_re y_im + x_im y_re`` (dw_add). None where it does not fit."""
+    xp, yp = _part_words(x, False), _part_words(y, False)
+    cp = _part_words(DoubleWord(mx.conj(y.hi), mx.conj(y.lo)) if y._lo is not None
+                     else DoubleWord.exact(mx.conj(y.hi)), False)
+
+    def cut(w, index):
+        lo = w._lo
+        return Expr.leaf(w.hi[index], None if lo is None else lo[index])
+
+    re, im = (cut(xp, (..., slice(k, k + 1))) for k in (0, 1))
+    c = cut(cp, (..., slice(None, None, -1)))
+    terms = [_compose(OP["mul"], 0, [re, expression(yp)]), _compose(OP["mul"], 0, [im, c])]
+    e = None if None in terms else _compose(OP["add"], 0, terms)
+    return e if e is not None and e.fits() and fits(e.key) else None
+
+
 def _apply_partwise(op: str, operands: list[DoubleWord], backend, stream):
     """:func:`apply` of an operation on complex words that acts on each part alike
     (above), or None (any other: the caller's cdw_ops / dw_ops kernels)."""
     kinds = tuple(w.is_complex for w in operands)
     factor = kinds == (True, False) and op in ("mul", "div") or (
         kinds == (False, True) and op == "mul")
-    if _traced.get() or not (op in _PARTWISE or factor):
+    if _traced.get():
         return None
-    if kinds == (False, True) and op == "mul":  # the complex part first, as the
-        operands, kinds = operands[::-1], kinds[::-1]  # kernels run it (dw_mul's bits)
-    parts = [_part_words(w, factor and not c) for w, c in zip(operands, kinds)]
-    e = _fuse(OP[op], 0, parts)
+    if op == "mul" and kinds == (True, True):
+        e = _complex_product(*operands)
+    elif op in _PARTWISE or factor:
+        if factor and kinds == (False, True):  # the complex factor first, as the kernels
+            operands, kinds = operands[::-1], kinds[::-1]  # run it (dw_mul's bits)
+        e = _fuse(OP[op], 0, [_part_words(w, factor and not c)
+                              for w, c in zip(operands, kinds)])
+    else:
+        return None
     if e is None:
         return None
     zh, zl = _run(e.key, e.leaves, e.shape, backend, stream)

@@ -55,7 +55,7 @@ def _bits(a: mx.array) -> np.ndarray:
     return np.where(np.isnan(f), np.float32(np.nan), f).view(np.uint32)  # one NaN
 
 
-CASES = [("add", True, True), ("sub", True, True), ("add", True, False),
+CASES = [("mul", True, True), ("add", True, True), ("sub", True, True), ("add", True, False),
          ("add", False, True), ("sub", False, True), ("mul", True, False),
          ("mul", False, True), ("div", True, False)]
 
