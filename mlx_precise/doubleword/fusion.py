@@ -686,25 +686,52 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
     return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
 
 
-def _complex_product(x: DoubleWord, y: DoubleWord) -> Expr | None:
-    """The expression of the complex product x y as cdw_mul computes it, part p of
-    the result ``dw_mul(x_re, y_p) + dw_mul(x_im, c_p)`` with c = (-y_im, y_re), the
-    parts of conj(y) reversed (a view): ``x_re y_re - x_im y_im`` (dw_sub of the
-    two products; dw_mul(a, -b) is -dw_mul(a, b) exactly, RN being symmetric) and
-    ``x_re y_im + x_im y_re`` (dw_add). None where it does not fit."""
-    xp, yp = _part_words(x, False), _part_words(y, False)
-    cp = _part_words(DoubleWord(mx.conj(y.hi), mx.conj(y.lo)) if y._lo is not None
-                     else DoubleWord.exact(mx.conj(y.hi)), False)
+def _conj(w: DoubleWord) -> DoubleWord:
+    """conj(w) (exact: the imaginary words change sign)."""
+    hi = mx.conj(w.hi)
+    return DoubleWord.exact(hi) if w._lo is None else DoubleWord(hi, mx.conj(w._lo))
 
-    def cut(w, index):
-        lo = w._lo
-        return Expr.leaf(w.hi[index], None if lo is None else lo[index])
 
-    re, im = (cut(xp, (..., slice(k, k + 1))) for k in (0, 1))
-    c = cut(cp, (..., slice(None, None, -1)))
-    terms = [_compose(OP["mul"], 0, [re, expression(yp)]), _compose(OP["mul"], 0, [im, c])]
-    e = None if None in terms else _compose(OP["add"], 0, terms)
-    return e if e is not None and e.fits() and fits(e.key) else None
+def _cut(w: DoubleWord, index) -> Expr:
+    """A view of the words of ``w`` (parts), as a leaf."""
+    lo = w._lo
+    return Expr.leaf(w.hi[index], None if lo is None else lo[index])
+
+
+_RE, _IM, _SWAP = (..., slice(0, 1)), (..., slice(1, 2)), (..., slice(None, None, -1))
+
+
+def _complex_product(x: DoubleWord, y: DoubleWord, conj_y: bool = False) -> Expr | None:
+    """The expression of the complex product x y (``conj_y``: x conj(y)) as cdw_mul
+    computes it, over the parts axis: part p is ``dw_mul(x_re, v_p) + dw_mul(x_im,
+    c_p)`` with v the parts of y and c = (-v_im, v_re), the parts of conj(v)
+    reversed (a view): ``x_re v_re - x_im v_im`` (dw_sub of the two products;
+    dw_mul(a, -b) is -dw_mul(a, b) exactly, RN being symmetric) and ``x_re v_im +
+    x_im v_re`` (dw_add). None where the shapes do not broadcast."""
+    v, w = (_conj(y), y) if conj_y else (y, _conj(y))
+    xp, vp, wp = (_part_words(a, False) for a in (x, v, w))
+    terms = [_compose(OP["mul"], 0, [_cut(xp, _RE), expression(vp)]),
+             _compose(OP["mul"], 0, [_cut(xp, _IM), _cut(wp, _SWAP)])]
+    return None if None in terms else _compose(OP["add"], 0, terms)
+
+
+def complex_quotient(x: DoubleWord, y: DoubleWord, backend, stream) -> DoubleWord | None:
+    """x conj(y) / |y|^2 of complex words in one dw_fused launch, with the bits of
+    the complex division of :mod:`.kernel_engine` on its scaled operands: cdw_mul's
+    product, each part by dw_div over ``dw_add(dw_mul(y_re, y_re), dw_mul(y_im,
+    y_im))``. None where that path runs instead (the unfused replay of a chain,
+    gradients, expressions out of bounds)."""
+    if not _fusing.get() or _traced.get():
+        return None
+    num = _complex_product(x, y, conj_y=True)
+    yp = _part_words(y, False)
+    sq = [_compose(OP["mul"], 0, [p, p]) for p in (_cut(yp, _RE), _cut(yp, _IM))]
+    den = _compose(OP["add"], 0, sq)
+    e = None if num is None else _compose(OP["div"], 0, [num, den])
+    if e is None or not (e.fits() and fits(e.key)):
+        return None
+    zh, zl = _run(e.key, e.leaves, e.shape, backend, stream)
+    return DoubleWord(_from_parts(zh), _from_parts(zl))
 
 
 def _apply_partwise(op: str, operands: list[DoubleWord], backend, stream):
@@ -717,6 +744,7 @@ def _apply_partwise(op: str, operands: list[DoubleWord], backend, stream):
         return None
     if op == "mul" and kinds == (True, True):
         e = _complex_product(*operands)
+        e = e if e is not None and e.fits() and fits(e.key) else None
     elif op in _PARTWISE or factor:
         if factor and kinds == (False, True):  # the complex factor first, as the kernels
             operands, kinds = operands[::-1], kinds[::-1]  # run it (dw_mul's bits)
