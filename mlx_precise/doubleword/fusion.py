@@ -52,7 +52,7 @@ from ..core.kernels import (Codes, Constants, Kernel, elementwise_grid, generate
 from ..core.plain import plain as _mlx
 from .types import DoubleWord
 
-F32 = mx.float32
+F32, _C64 = mx.float32, mx.complex64
 
 OP = Codes("DWF_OP", ("load", "const", "neg", "add", "sub", "mul", "div", "fn", "abs", "max",
                       "min"))
@@ -618,8 +618,9 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
     (complex words, too many axes): the caller runs the single-operation kernels."""
     if not _fusing.get():
         return None  # the unfused replay of a chain
-    if any(w.is_complex for w in operands):
-        return _apply_partwise(op, operands, backend, stream) if fn is None else None
+    for w in operands:
+        if w.hi.dtype == _C64:
+            return _apply_partwise(op, operands, backend, stream) if fn is None else None
     code = _FN if op == "fn" else OP[op]
     if code in _EXACT_WORDS and _traced.get():
         return None  # MLX differentiates the caller's word ops instead
@@ -645,7 +646,6 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
 # words into parts, no join of the results, and chains of such operations fused.
 # A product of complex words is one program too (:func:`_complex_product`).
 _PARTWISE = ("add", "sub", "neg")
-_C64 = mx.complex64
 
 
 def _parts(a: mx.array | None) -> mx.array | None:

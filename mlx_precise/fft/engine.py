@@ -220,10 +220,11 @@ def _dummy() -> mx.array:
     return mx.array(np.zeros(8, np.float32))
 
 
+@functools.lru_cache(maxsize=256)
 def _scale_bits(k: int):
     """int32 bit patterns of the double-word words of 1/k (exact for powers of 2)."""
     hi, lo = reciprocal_words(k)
-    return [int(np.float32(v).view(np.int32)) for v in (hi, lo)]
+    return tuple(int(np.float32(v).view(np.int32)) for v in (hi, lo))
 
 
 def _check_size(points: int, what: str) -> None:
