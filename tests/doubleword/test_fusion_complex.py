@@ -164,6 +164,14 @@ def test_complex_quotient_has_the_kernels_bits_and_bound():
             ref = operate("div", x, y, "emulate")
         for a, b in ((z.hi, ref.hi), (z.lo, ref.lo)):
             assert np.array_equal(_bits(a), _bits(b))
+        # the float32 rule: an operand Inf or NaN, or y = 0: MLX's complex64
+        # quotient of the high words, a zero low word
+        xh, yh = np.array(x.hi), np.array(y.hi)
+        special = ~np.isfinite(xh) | ~np.isfinite(yh) | (yh == 0)
+        assert special.sum() > 10
+        want = np.array(x.hi / y.hi)[special]
+        assert np.array_equal(_bits(mx.array(np.array(z.hi)[special])), _bits(mx.array(want)))
+        assert np.all(np.array(z.lo)[special] == 0)
         x, y = _dw(rng, (200,), True, False), _dw(rng, (200,), True, False)
         z = operate("div", x, y, "emulate")
 
