@@ -213,8 +213,7 @@ def launches(name: str, size: str = "small", seed: int = 0) -> dict:
             y = model(x)
         mx.eval(y)
     for k in (k for k in record if k.ran() and k.name != "eft_selftest"):
-        nbytes = sum(a.nbytes for a in _distinct(k.inputs))
-        nbytes += sum(math.prod(s) * d.size for s, d in zip(k.output_shapes, k.output_dtypes))
+        nbytes = k.nbytes()
         ops = fp_instructions(k.name, k.template, k.inputs, k.output_shapes)
         total["launches"] += 1
         total["bytes"] += nbytes
@@ -225,17 +224,6 @@ def launches(name: str, size: str = "small", seed: int = 0) -> dict:
         total["instructions"] += ops
         total["m2max_s"] += max(nbytes / M2_MAX_BYTES_PER_S, ops / M2_MAX_FP32_PER_S)
     return {**total, "by_kernel": counts, "outputs": int(np.prod(y.shape))}
-
-
-def _distinct(arrays):
-    """The arrays of a launch, each once (a fused kernel repeats its first slot in
-    the ones its program does not read)."""
-    seen, out = set(), []
-    for a in arrays:
-        if isinstance(a, mx.array) and id(a) not in seen:
-            seen.add(id(a))
-            out.append(a)
-    return out
 
 
 def _forward_on_metal(model):

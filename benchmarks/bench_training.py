@@ -4,7 +4,7 @@ float64 numpy oracle (``training_oracle.py``: independent of MLX and mlx_precise
 
     python benchmarks/bench_training.py [--backend cpu|emulate ...] [--steps 1000]
                                         [--quick | --full] [--chain 2000]
-                                        [--block per-step|per-burst] [--only gradients|training]
+                                        [--block per-step|per-burst] [--only gradients|training|metal]
 
 1. Gradients (``run_gradient_cases``): arithmetic chain, exp / log / tanh /
    sigmoid / erf, matmul, conv1d, layer_norm, rms_norm, softmax, causal attention,
@@ -42,6 +42,13 @@ float64 numpy oracle (``training_oracle.py``: independent of MLX and mlx_precise
    gets the median over bursts (the first burst, warm-up, left out) of the time per
    step; the numpy float64 oracle's time per step is printed beside them.
 
+3. The Metal path of a training step (``metal_step``), counted with the lazy
+   stand-in for the kernels (``mlx_precise.testing``; no Apple GPU here): per step,
+   the double-word launches a GPU runs and the bytes they move, the other
+   primitives that dispatch against the plain step's, the host time to build an
+   uncompiled step and per call of the compiled step (ratios to plain float32), and
+   whether the compiled step replays without Python (no launch built after tracing).
+
 Nothing here raises on a case that fails: the error text goes in the table. The
 functions return plain dicts of numbers for tests and ``python -m mlx_precise bench``.
 """
@@ -49,6 +56,7 @@ functions return plain dicts of numbers for tests and ``python -m mlx_precise be
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -399,6 +407,109 @@ def _compiled_step(model, opt, backend: str | None):
     return mx.compile(step if backend is None else step_in_block, inputs=state, outputs=state)
 
 
+# ---- the Metal path of a training step (lazy stand-in, no Apple GPU) -------------------
+
+def metal_step(optimizer_name: str = "adam", rounds: int = 7, calls: int = 20,
+               seed: int = 0) -> dict:
+    """One training step of the MLP (loss, gradients, optimizer update) on the metal
+    path, with the kernels replaced by the lazy stand-in of ``mlx_precise.testing``
+    (counts and host times on this machine; nothing runs on an Apple GPU):
+
+    * ``launches``, ``bytes``: the double-word kernel launches a GPU runs per step
+      (a fused chain's unread intermediate results never run) and the bytes they
+      read and write; ``glue``: the step graph's other primitives that dispatch (not
+      views); ``plain_ops``: the plain float32 step graph's dispatching primitives;
+    * ``build``, ``plain_build``: seconds of host work to build one uncompiled step
+      (the block around it; its graph built, not evaluated);
+    * ``compiled``, ``plain_compiled``: seconds of host work per call of the step
+      compiled as MLX documents it (:func:`_compiled_step`); ``replays``: whether
+      the compiled step's later calls run no Python of the flow (no kernel launch is
+      built after the first call: the traced graph is replayed).
+
+    Times: medians over ``rounds`` interleaved rounds (``calls`` calls for the
+    compiled steps)."""
+    import mlx_precise as mp
+    from mlx_precise.testing import graph_counts, lazy_metal_executor
+
+    _, p0 = initial_model(seed)
+    x, y = (mx.array(a) for a in oracle.mlp_data(MLP_SIZES["samples"], MLP_SIZES["d_in"],
+                                                  MLP_SIZES["d_out"]))
+    runs = {}
+    for who in ("plain", "metal"):
+        model, opt = model_from(p0), mlx_optimizer(optimizer_name)
+        opt.init(model.trainable_parameters())
+        runs[who] = (model, opt, nn.value_and_grad(model, mse))
+
+    def build(who):
+        """One uncompiled step's graph: the loss and the updated state, lazy."""
+        model, opt, loss_and_grad = runs[who]
+        with contextlib.ExitStack() as block:
+            if who == "metal":
+                block.enter_context(mp.use_backend("metal"))
+                block.enter_context(mp.extended_precision())
+            loss, grads = loss_and_grad(model, x, y)
+            opt.update(model, grads)
+        return [loss, model.parameters(), opt.state]
+
+    record: list = []
+    with lazy_metal_executor(record):
+        plain = graph_counts(*_leaves(build("plain")))
+        outs = build("metal")
+        ext = graph_counts(*_leaves(outs))
+        mx.eval(outs)
+        ran = [k for k in record if k.ran() and k.name != "eft_selftest"]
+        compiled = {who: _compiled_step(runs[who][0], runs[who][1],
+                                        "metal" if who == "metal" else None)
+                    for who in runs}
+        for who, step in compiled.items():  # traced on the first two calls (fresh
+            for _ in range(2):                 # state, then state with low words)
+                mx.eval(step(x, y), runs[who][0].parameters(), runs[who][1].state)
+        times = {k: [] for k in ("plain", "metal", "plain compiled", "metal compiled")}
+        for _ in range(rounds):
+            for who in runs:
+                t = time.perf_counter()
+                outs = build(who)
+                times[who].append(time.perf_counter() - t)
+                mx.eval(outs)
+                model, opt, step = runs[who][0], runs[who][1], compiled[who]
+                t = time.perf_counter()
+                for _ in range(calls):
+                    loss = step(x, y)
+                times[f"{who} compiled"].append((time.perf_counter() - t) / calls)
+                mx.eval(loss, model.parameters(), opt.state)
+        # the uncompiled rounds built launches too: replay is judged on a compiled call
+        record.clear()
+        mx.eval(compiled["metal"](x, y), runs["metal"][0].parameters(), runs["metal"][1].state)
+        replayed = not [k for k in record if k.name != "eft_selftest"]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"launches": len(ran), "bytes": sum(k.nbytes() for k in ran),
+            "glue": ext["glue"], "plain_ops": plain["glue"],
+            "build": med["metal"], "plain_build": med["plain"],
+            "compiled": med["metal compiled"], "plain_compiled": med["plain compiled"],
+            "replays": replayed}
+
+
+def _leaves(tree) -> list:
+    return [v for _, v in tree_flatten(tree)]
+
+
+def metal_table(names) -> str:
+    """One line per optimizer: :func:`metal_step`'s counts and host times."""
+    lines = ["| optimizer | launches / step | bytes / step | glue | plain ops "
+             "| dispatches / plain | build: metal / plain | compiled call: metal / plain "
+             "| compiled step replays without Python |", "|---" * 9 + "|"]
+    for name in names:
+        g = metal_step(name)
+        lines.append(
+            f"| {name} | {g['launches']} | {g['bytes'] / 1e3:.1f} kB | {g['glue']} "
+            f"| {g['plain_ops']} | {(g['launches'] + g['glue']) / g['plain_ops']:.2f} "
+            f"| {1e3 * g['build']:.2f} / {1e3 * g['plain_build']:.3f} ms = "
+            f"{g['build'] / g['plain_build']:.1f}x "
+            f"| {1e3 * g['compiled']:.3f} / {1e3 * g['plain_compiled']:.3f} ms = "
+            f"{g['compiled'] / g['plain_compiled']:.1f}x | {'yes' if g['replays'] else 'no'} |")
+    return "\n".join(lines)
+
+
 # ---- the tables -----------------------------------------------------------------------
 
 def _ratio(row: dict, key: str, fl: float) -> str:
@@ -474,7 +585,7 @@ def main(argv=None):
                    help="length of the two long chains (default 2000; the emulator's time "
                         "grows faster than linearly with it)")
     p.add_argument("--full", action="store_true", help="the full sizes (the default)")
-    p.add_argument("--only", choices=("gradients", "training"), default=None)
+    p.add_argument("--only", choices=("gradients", "training", "metal"), default=None)
     a = p.parse_args(argv)
     import mlx_precise as mp
 
@@ -484,13 +595,13 @@ def main(argv=None):
     print("Training in double-word: errors as ratios to the floor (the float64 "
           "oracle rounded once to float32), normwise; float32 = plain MLX; rounded = the "
           "float32 arrays after the block; carried = astype(float64) inside the block\n")
-    if a.only != "training":
+    if a.only in (None, "gradients"):
         print("Gradients; target: rounded <= 2x\n")
         print(gradient_head(backends), flush=True)
         for name in GRAD_CASES:
             print(gradient_row(name, measure_case(name, backends, chain), backends, chain),
                   flush=True)
-    if a.only != "gradients":
+    if a.only in (None, "training"):
         print(f"\nTraining the MLP ({MLP_SIZES['d_in']}-{MLP_SIZES['hidden']}-"
               f"{MLP_SIZES['d_out']}, {MLP_SIZES['samples']} samples, MSE, full batch), "
               f"block {a.block}; target: rounded <= 3x. Time per step: median of "
@@ -499,6 +610,12 @@ def main(argv=None):
         for b in backends:
             for name in OPTIMIZERS:
                 print(training_row(name, b, run_training(name, steps, b, a.block)), flush=True)
+    if a.only in (None, "metal"):
+        print("\nThe Metal path of one training step of the MLP (lazy stand-in for the kernels: "
+              "counts and host times on this machine, no Apple GPU); launches a GPU runs, "
+              "glue = other primitives that are not views; times: host work to build one step "
+              "(uncompiled, block inside) and per call of the compiled step\n")
+        print(metal_table(OPTIMIZERS), flush=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import os
 import re
 import tempfile
@@ -95,6 +96,18 @@ class Launch:
         self.name, self.template, self.inputs = name, template, list(inputs)
         self.output_shapes, self.output_dtypes = output_shapes, output_dtypes
         self.probe = mx.zeros((1,), mx.float32) * 1  # unevaluated until the launch is
+
+    def nbytes(self) -> int:
+        """Bytes the launch reads and writes: its distinct input arrays (a fused
+        kernel repeats its first slot in the ones its program does not read) and its
+        outputs."""
+        seen, total = set(), 0
+        for a in self.inputs:
+            if isinstance(a, mx.array) and id(a) not in seen:
+                seen.add(id(a))
+                total += a.nbytes
+        return total + sum(math.prod(s) * d.size
+                           for s, d in zip(self.output_shapes, self.output_dtypes))
 
     def ran(self) -> bool:
         """Whether evaluating the graph evaluated this launch: its probe then has no

@@ -52,7 +52,7 @@ from ..core.kernels import (Codes, Constants, Kernel, elementwise_grid, generate
 from ..core.plain import plain as _mlx
 from .types import DoubleWord
 
-F32 = mx.float32
+F32, _C64 = mx.float32, mx.complex64
 
 OP = Codes("DWF_OP", ("load", "const", "neg", "add", "sub", "mul", "div", "fn", "abs", "max",
                       "min"))
@@ -618,6 +618,9 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
     (complex words, too many axes): the caller runs the single-operation kernels."""
     if not _fusing.get():
         return None  # the unfused replay of a chain
+    for w in operands:
+        if w.hi.dtype == _C64:
+            return _apply_partwise(op, operands, backend, stream) if fn is None else None
     code = _FN if op == "fn" else OP[op]
     if code in _EXACT_WORDS and _traced.get():
         return None  # MLX differentiates the caller's word ops instead
@@ -630,6 +633,129 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
         hi, lo = _differentiable(e.key, backend, stream)(*e.leaves)
     else:
         hi, lo = _run(e.key, e.leaves, e.shape, backend, stream)
+    _remember(hi, lo, e)
+    return DoubleWord(hi, lo)
+
+
+# ---- complex words: their parts as a trailing axis ------------------------------------
+# The complex operations that act on the real and the imaginary part alike (x + y,
+# x - y, -x, and a product or quotient by a real factor) run as real programs over
+# the float32 view of the words, (..., 2) (re, im): each part gets the operation the
+# cdw_ops / dw_ops kernels apply to it (cdw_add is dw_add per part, a complex times a
+# real factor dw_mul per part, ...), so the bits are theirs, with no split of the
+# words into parts, no join of the results, and chains of such operations fused.
+# A product of complex words is one program too (:func:`_complex_product`).
+_PARTWISE = ("add", "sub", "neg")
+
+
+def _parts(a: mx.array | None) -> mx.array | None:
+    """float32 (..., 2) view of complex64 (...) words (MLX copies only an array
+    whose last axis is strided)."""
+    return None if a is None else a.reshape(tuple(a.shape) + (1,)).view(F32)
+
+
+def _from_parts(a: mx.array) -> mx.array:
+    """complex64 (...) words of their float32 (..., 2) parts (a view)."""
+    return a.view(_C64).reshape(tuple(a.shape[:-1]))
+
+
+def _low(w: DoubleWord) -> mx.array | None:
+    """The low word to read (None: ``w`` is exact, no zero word is made)."""
+    return w.lo if w._lo is None and w.wide is not None else w._lo
+
+
+def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
+    """``w`` as real words over the parts axis: a complex operand's (its recorded
+    expression goes with them), a real one as the complex ``w + 0i`` (``factor``
+    False) or broadcast over both parts (``factor``: the real factor of a product or
+    quotient; a recorded expression of shape () is kept, e.g. a constant)."""
+    hi, lo = w.hi, _low(w)
+    if not w.is_complex and factor:
+        e = expression(w)
+        if e is not None and e.shape == ():
+            return w
+        return DoubleWord.exact(hi[..., None]) if lo is None else DoubleWord(
+            hi[..., None], lo[..., None])
+    if not w.is_complex:
+        hi, lo = hi.astype(_C64), None if lo is None else lo.astype(_C64)
+    entry = _table.get(id(w.hi)) if w.is_complex else None
+    hi_p, lo_p = _parts(hi), _parts(lo)
+    if (entry is not None and entry[0]() is w.hi and entry[1] is w._lo
+            and entry[3] is _open_scope()):
+        _remember(hi_p, lo_p, entry[2])  # the views read as the chain they show
+    return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
+
+
+def _conj(w: DoubleWord) -> DoubleWord:
+    """conj(w) (exact: the imaginary words change sign)."""
+    hi = mx.conj(w.hi)
+    return DoubleWord.exact(hi) if w._lo is None else DoubleWord(hi, mx.conj(w._lo))
+
+
+def _cut(w: DoubleWord, index) -> Expr:
+    """A view of the words of ``w`` (parts), as a leaf."""
+    lo = w._lo
+    return Expr.leaf(w.hi[index], None if lo is None else lo[index])
+
+
+_RE, _IM, _SWAP = (..., slice(0, 1)), (..., slice(1, 2)), (..., slice(None, None, -1))
+
+
+def _complex_product(x: DoubleWord, y: DoubleWord, conj_y: bool = False) -> Expr | None:
+    """The expression of the complex product x y (``conj_y``: x conj(y)) as cdw_mul
+    computes it, over the parts axis: part p is ``dw_mul(x_re, v_p) + dw_mul(x_im,
+    c_p)`` with v the parts of y and c = (-v_im, v_re), the parts of conj(v)
+    reversed (a view): ``x_re v_re - x_im v_im`` (dw_sub of the two products;
+    dw_mul(a, -b) is -dw_mul(a, b) exactly, RN being symmetric) and ``x_re v_im +
+    x_im v_re`` (dw_add). None where the shapes do not broadcast."""
+    v, w = (_conj(y), y) if conj_y else (y, _conj(y))
+    xp, vp, wp = (_part_words(a, False) for a in (x, v, w))
+    terms = [_compose(OP["mul"], 0, [_cut(xp, _RE), expression(vp)]),
+             _compose(OP["mul"], 0, [_cut(xp, _IM), _cut(wp, _SWAP)])]
+    return None if None in terms else _compose(OP["add"], 0, terms)
+
+
+def complex_quotient(x: DoubleWord, y: DoubleWord, backend, stream) -> DoubleWord | None:
+    """x conj(y) / |y|^2 of complex words in one dw_fused launch, with the bits of
+    the complex division of :mod:`.kernel_engine` on its scaled operands: cdw_mul's
+    product, each part by dw_div over ``dw_add(dw_mul(y_re, y_re), dw_mul(y_im,
+    y_im))``. None where that path runs instead (the unfused replay of a chain,
+    gradients, expressions out of bounds)."""
+    if not _fusing.get() or _traced.get():
+        return None
+    num = _complex_product(x, y, conj_y=True)
+    yp = _part_words(y, False)
+    sq = [_compose(OP["mul"], 0, [p, p]) for p in (_cut(yp, _RE), _cut(yp, _IM))]
+    den = _compose(OP["add"], 0, sq)
+    e = None if num is None else _compose(OP["div"], 0, [num, den])
+    if e is None or not (e.fits() and fits(e.key)):
+        return None
+    zh, zl = _run(e.key, e.leaves, e.shape, backend, stream)
+    return DoubleWord(_from_parts(zh), _from_parts(zl))
+
+
+def _apply_partwise(op: str, operands: list[DoubleWord], backend, stream):
+    """:func:`apply` of an operation on complex words that acts on each part alike
+    (above), or None (any other: the caller's cdw_ops / dw_ops kernels)."""
+    kinds = tuple(w.is_complex for w in operands)
+    factor = kinds == (True, False) and op in ("mul", "div") or (
+        kinds == (False, True) and op == "mul")
+    if _traced.get():
+        return None
+    if op == "mul" and kinds == (True, True):
+        e = _complex_product(*operands)
+        e = e if e is not None and e.fits() and fits(e.key) else None
+    elif op in _PARTWISE or factor:
+        if factor and kinds == (False, True):  # the complex factor first, as the kernels
+            operands, kinds = operands[::-1], kinds[::-1]  # run it (dw_mul's bits)
+        e = _fuse(OP[op], 0, [_part_words(w, factor and not c)
+                              for w, c in zip(operands, kinds)])
+    else:
+        return None
+    if e is None:
+        return None
+    zh, zl = _run(e.key, e.leaves, e.shape, backend, stream)
+    hi, lo = _from_parts(zh), _from_parts(zl)
     _remember(hi, lo, e)
     return DoubleWord(hi, lo)
 

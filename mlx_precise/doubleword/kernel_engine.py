@@ -8,7 +8,9 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from . import fusion
 from .dw_kernels import CDW_OPS, DW_OPS
+from .fusion import _from_parts, _parts
 from .types import DoubleWord, as_complex, combine, real_imag
 
 
@@ -60,17 +62,25 @@ def arith_kernels(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream) -
 
 
 def _pow2(e: mx.array) -> mx.array:
-    """2^e in float32 for int32 ``e`` in [-126, 127] (exponent bits; lazy)."""
-    return ((e + 127) << 23).astype(mx.uint32).view(mx.float32)
+    """2^e in float32 for int32 ``e`` in [-126, 127] (the biased exponent e + 127
+    shifted into place: int32 bits; lazy)."""
+    return ((e + 127) << 23).view(mx.float32)
 
 
 def _exponent(w: DoubleWord) -> mx.array:
     """floor(log2 max(|Re|, |Im|)) of the high words, int32, clipped to [-126, 127]
     (zero and subnormal: -126; Inf and NaN: 127)."""
-    re, im = real_imag(as_complex(w))
-    big = mx.maximum(mx.abs(re.hi), mx.abs(im.hi))
-    e = ((big.view(mx.uint32) >> 23) & 0xFF).astype(mx.int32) - 127
-    return mx.clip(e, -126, 127)
+    big = mx.abs(w.hi) if not w.is_complex else mx.max(mx.abs(_parts(w.hi)), axis=-1)
+    field = big.view(mx.int32) >> 23  # big >= 0 (a NaN too: abs clears its sign)
+    return mx.clip(field, 1, 254) - 127
+
+
+def _times(a: mx.array, f: mx.array) -> mx.array:
+    """a * f for float32 f of a's shape; complex ``a`` part by part (through its
+    float32 view: no cast of f, one multiply)."""
+    if a.dtype != mx.complex64:
+        return a * f
+    return _from_parts(_parts(a) * f[..., None])
 
 
 def _scale(w: DoubleWord, e: mx.array, parts: int) -> DoubleWord:
@@ -79,7 +89,7 @@ def _scale(w: DoubleWord, e: mx.array, parts: int) -> DoubleWord:
     for k in range(parts, 0, -1):
         ek = e // k if k > 1 else e
         f = _pow2(ek)
-        w = DoubleWord(w.hi * f, w.lo * f)
+        w = DoubleWord(_times(w.hi, f), _times(w.lo, f))
         e = e - ek
     return w
 
@@ -95,6 +105,9 @@ def _complex_div(x: DoubleWord, y: DoubleWord, real, backend: str, stream) -> Do
     gives Inf / NaN as float32 division does."""
     ex, ey = _exponent(x), _exponent(y)
     xs, ys = _scale(as_complex(x), -ex, 2), _scale(y, -ey, 2)
+    q = fusion.complex_quotient(xs, ys, backend, stream)  # the same bits, one launch
+    if q is not None:
+        return _scale(q, ex - ey, 3)
     yr, yi = real_imag(ys)
     d = real("add", real("mul", yr, yr), real("mul", yi, yi))
     conj_y = DoubleWord(mx.conj(ys.hi), mx.conj(ys.lo))

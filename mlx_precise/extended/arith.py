@@ -56,9 +56,14 @@ def constant(v) -> DoubleWord:
     word, as float32 arithmetic would (``wide``, the float64 value for cpu steps,
     is then that Inf too)."""
     if isinstance(v, (complex, np.complexfloating)):
-        re, im = constant(v.real), constant(v.imag)
-        out = combine(re, im)
-        out.wide = (re.wide[0], im.wide[0])
+        (rh, rl, rv), (ih, il, iv) = (_split_scalar(*_key(p)) for p in (v.real, v.imag))
+
+        def c64(a, b):  # the words joined bit for bit, as data (no graph node)
+            return ARRAY(np.array([a, b], np.float32).view(np.complex64)[0])
+
+        out = DoubleWord.from_wide(c64(rh, ih), (ARRAY(rv, dtype=mx.float64),
+                                                 ARRAY(iv, dtype=mx.float64)))
+        out._lo = c64(rl, il)  # the parts' low words (none from the float64 value)
         return out
     hi, lo, value = _split_scalar(*_key(v))
     out = DoubleWord.from_wide(ARRAY(hi, dtype=mx.float32), (ARRAY(value, dtype=mx.float64), None))

@@ -164,17 +164,19 @@ def _fit(a: mx.array, n: int) -> mx.array:
     m = a.shape[-1]
     if m > n:
         return a[..., :n]
-    if m < n:
-        return mx.concatenate([a, mx.zeros(a.shape[:-1] + (n - m,), a.dtype)], axis=-1)
+    if m < n:  # one pad: no array of zeros of its own
+        return mx.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, n - m)])
     return a
 
 
 def _to_rows(a, axis: int, n: int):
-    """Move ``axis`` last, fit it to n, flatten the rest: (rows, n), contiguous."""
+    """Move ``axis`` last, fit it to n, flatten the rest: (rows, n) (MLX's reshape
+    copies where the strides require; the kernels' inputs are made flat by
+    :func:`_flat`)."""
     if a is None:
         return None
     a = _fit(mx.moveaxis(a, axis, -1), n)
-    return mx.contiguous(a.reshape(-1, n))
+    return a.reshape(-1, n)
 
 
 def _from_rows(a: mx.array, lead: tuple, axis: int) -> mx.array:
@@ -184,7 +186,7 @@ def _from_rows(a: mx.array, lead: tuple, axis: int) -> mx.array:
 def _flat(a: mx.array) -> mx.array:
     """float32 words of a complex64 (or float32) array, flat, at least 8 long so
     that MLX passes every input as a device buffer (one kernel instantiation)."""
-    f = mx.contiguous(a).reshape(-1)
+    f = a.reshape(-1)  # row-contiguous (a copy only where a's strides require one)
     f = f.view(mx.float32) if f.dtype == mx.complex64 else f
     if f.size < 8:
         f = mx.concatenate([f, mx.zeros((8 - f.size,), mx.float32)])
@@ -204,10 +206,11 @@ def _dummy() -> mx.array:
     return mx.array(np.zeros(8, np.float32))
 
 
+@functools.lru_cache(maxsize=256)
 def _scale_bits(k: int):
     """int32 bit patterns of the double-word words of 1/k (exact for powers of 2)."""
     hi, lo = reciprocal_words(k)
-    return [int(np.float32(v).view(np.int32)) for v in (hi, lo)]
+    return tuple(int(np.float32(v).view(np.int32)) for v in (hi, lo))
 
 
 def _check_size(points: int, what: str) -> None:
@@ -253,7 +256,7 @@ def _in_range(run, hi, lo, growth_log2: int):
     """``run(hi, lo)`` on rows scaled by exact powers of two so that no intermediate
     overflows (:mod:`mlx_precise.doubleword.pow2scale`), and its result scaled back."""
     e = pow2scale.row_exponents(hi, growth_log2)
-    y_hi, y_lo = run(pow2scale.scale(hi, e), pow2scale.scale(lo, e))
+    y_hi, y_lo = run(*pow2scale.scale_all(e, hi, lo))
     return pow2scale.unscale(y_hi, y_lo, e)
 
 
@@ -548,8 +551,9 @@ def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream
             z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=True, scale_den=n,
                                     lo_out=not round_output, backend=name, stream=stream,
                                     nt=n)
-        y_hi = mx.contiguous(z_hi).view(mx.float32).reshape(rows, n)
-        y_lo = None if z_lo is None else mx.contiguous(z_lo).view(mx.float32).reshape(rows, n)
+        # z: the kernels' rows (contiguous views of their outputs)
+        y_hi = z_hi.view(mx.float32).reshape(rows, n)
+        y_lo = None if z_lo is None else z_lo.view(mx.float32).reshape(rows, n)
     return y_hi, y_lo
 
 

@@ -1,0 +1,187 @@
+"""Complex double-word operations that act on each part alike (x + y, x - y, -x, a
+product or quotient by a real factor) run as real dw_fused programs over the float32
+view of the words (mlx_precise/doubleword/fusion.py): on emulate they give exactly the
+bits of the cdw_ops / dw_ops kernels part by part (special values included), and the
+values mpmath gives to the kernels' bounds; on the metal path (lazy stand-in) such a
+chain is one launch with no split into parts nor join."""
+
+import mlx.core as mx
+import mpmath
+import numpy as np
+import pytest
+
+import mlx_precise as mp
+from mlx_precise.doubleword import DoubleWord, fusion
+from mlx_precise.doubleword.arithmetic import operate
+from mlx_precise.doubleword.kernel_engine import arith_kernels
+from mlx_precise.extended import low_word
+from mlx_precise.testing import graph_counts, lazy_metal_executor
+
+mpmath.mp.prec = 200
+U = 2.0**-24
+SPECIAL = [np.inf, -np.inf, np.nan, 0.0, -0.0, 3e38, 1e-39]
+
+
+def _parts(rng, n, special: bool):
+    a = rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))
+    if special:
+        k = min(n, len(SPECIAL))
+        a[:k] = SPECIAL[:k]
+        rng.shuffle(a)
+    return a
+
+
+def _dw(rng, shape, complex_: bool, special: bool = True) -> DoubleWord:
+    """A normalised DoubleWord (hi = RN(v), lo = RN(v - hi) of float64 v)."""
+    n = int(np.prod(shape))
+    vals = [_parts(rng, n, special) for _ in range(2 if complex_ else 1)]
+    words = []
+    for v in vals:
+        with np.errstate(invalid="ignore", over="ignore"):
+            hi = v.astype(np.float32)
+            lo = np.where(np.isfinite(hi), v - hi.astype(np.float64), 0).astype(np.float32)
+        words.append((hi.reshape(shape), lo.reshape(shape)))
+    if complex_:
+        (rh, rl), (ih, il) = words
+        def join(re, im):  # bit for bit (re + 1j * im would make inf * 0 = NaN)
+            return mx.array(np.stack([re, im], axis=-1).view(np.complex64)[..., 0])
+
+        return DoubleWord(join(rh, ih), join(rl, il))
+    return DoubleWord(mx.array(words[0][0]), mx.array(words[0][1]))
+
+
+def _bits(a: mx.array) -> np.ndarray:
+    f = np.array(a).view(np.float32)
+    return np.where(np.isnan(f), np.float32(np.nan), f).view(np.uint32)  # one NaN
+
+
+CASES = [("mul", True, True), ("add", True, True), ("sub", True, True), ("add", True, False),
+         ("add", False, True), ("sub", False, True), ("mul", True, False),
+         ("mul", False, True), ("div", True, False)]
+
+
+@pytest.mark.parametrize("op, cx, cy", CASES)
+def test_partwise_op_has_the_kernels_bits(op, cx, cy):
+    rng = np.random.default_rng(7)
+    x = _dw(rng, (64,), cx)
+    y = _dw(rng, (4, 1) if not cy else (64,), cy)  # a broadcast real factor too
+    with mp.use_backend("emulate"):
+        z = operate(op, x, y, "emulate")
+        assert fusion.expression(z) is None and z.is_complex
+        ref = arith_kernels("add" if op == "sub" else op, x, -y if op == "sub" else y,
+                            "emulate", None)
+        for a, b in ((z.hi, ref.hi), (z.lo, ref.lo)):
+            assert a.shape == b.shape
+            assert np.array_equal(_bits(a), _bits(b))
+
+
+BOUND = {"add": 3 * U**2 + 13 * U**3, "mul": 4 * U**2, "div": 9.8 * U**2}
+
+
+@pytest.mark.parametrize("op, cx, cy", [("add", True, True), ("add", True, False),
+                                        ("mul", True, False), ("div", True, False)])
+def test_partwise_op_against_mpmath(op, cx, cy):
+    rng = np.random.default_rng(11)
+    x, y = _dw(rng, (200,), cx, special=False), _dw(rng, (200,), cy, special=False)
+    with mp.use_backend("emulate"):
+        z = operate(op, x, y, "emulate")
+
+    def parts(w):
+        h, l = np.array(w.hi), np.array(w.lo)
+        if not np.iscomplexobj(h):
+            return [(h, l)]
+        return [(h.real, l.real), (h.imag, l.imag)]
+
+    def mpv(h, l, i):
+        return mpmath.mpf(float(h[i])) + mpmath.mpf(float(l[i]))
+
+    ys = parts(y)
+    if len(ys) == 1:  # a real y: the factor of both parts, or added to the real part
+        zero = np.zeros_like(ys[0][0])
+        ys = ys * 2 if op != "add" else [ys[0], (zero, zero)]
+    f = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "div": lambda a, b: a / b}[op]
+    worst = 0.0
+    for (zh, zl), (xh, xl), (yh, yl) in zip(parts(z), parts(x), ys):
+        for i in range(200):
+            exact = f(mpv(xh, xl, i), mpv(yh, yl, i))
+            if exact != 0:
+                worst = max(worst, float(abs(mpv(zh, zl, i) - exact) / abs(exact)))
+    assert worst <= BOUND[op]
+
+
+def _chain(c, d, r):
+    return -(c * r + d) / 3.0 - 1.0 + d * 0.5
+
+
+def test_chain_in_a_block_fused_has_the_unfused_bits():
+    rng = np.random.default_rng(5)
+    c, d = (_dw(rng, (8, 16), True).hi for _ in range(2))
+    r = _dw(rng, (16,), False).hi
+    out = []
+    for fused in (True, False):
+        with mp.use_backend("emulate"), mp.extended_precision():
+            if fused:
+                y = _chain(c, d, r)
+            else:
+                with fusion._unfused():
+                    y = _chain(c, d, r)
+            mx.eval(y)
+            out.append([np.array(a).view(np.float32) for a in (y, low_word(y))])
+    plain = np.array(_chain(c, d, r)).view(np.float32)  # MLX float32
+    for k, (a, b) in enumerate(zip(*out)):
+        differ = a.view(np.uint32) != b.view(np.uint32)
+        # only NaN payloads and the sign of a zero part may differ: x - 1.0 keeps
+        # x's -0 imaginary part as float32 does (the kernels' path added +0 to it)
+        nan = np.isnan(a[differ]) & np.isnan(b[differ])
+        zero = (a[differ] == 0) & (b[differ] == 0)
+        assert np.all(nan | zero)
+        if k == 0:
+            assert np.array_equal(np.signbit(a[differ][zero]), np.signbit(plain[differ][zero]))
+
+
+def test_chain_on_metal_is_one_launch():
+    rng = np.random.default_rng(5)
+    c, d = (_dw(rng, (8, 16), True).hi for _ in range(2))
+    r = _dw(rng, (16,), False).hi
+    mx.eval(c, d, r)
+    with lazy_metal_executor():
+        with mp.use_backend("metal"), mp.extended_precision():
+            y = _chain(c, d, r)
+        g = graph_counts(y, low_word(y))
+    assert g["launches"] == 1
+    assert not {"Real", "Imag", "Concatenate", "Full"} & set(g["by_primitive"])
+
+
+def test_complex_quotient_has_the_kernels_bits_and_bound():
+    """x / y of complex words: the scaled quotient as one dw_fused program, against
+    the cdw_ops / dw_ops kernels one operation at a time (fusion._unfused), bit for
+    bit (special values included), and against mpmath: normwise <= 32u^2."""
+    rng = np.random.default_rng(13)
+    x, y = _dw(rng, (96,), True), _dw(rng, (96,), True)
+    with mp.use_backend("emulate"):
+        z = operate("div", x, y, "emulate")
+        with fusion._unfused():
+            ref = operate("div", x, y, "emulate")
+        for a, b in ((z.hi, ref.hi), (z.lo, ref.lo)):
+            assert np.array_equal(_bits(a), _bits(b))
+        # the float32 rule: an operand Inf or NaN, or y = 0: MLX's complex64
+        # quotient of the high words, a zero low word
+        xh, yh = np.array(x.hi), np.array(y.hi)
+        special = ~np.isfinite(xh) | ~np.isfinite(yh) | (yh == 0)
+        assert special.sum() > 10
+        want = np.array(x.hi / y.hi)[special]
+        assert np.array_equal(_bits(mx.array(np.array(z.hi)[special])), _bits(mx.array(want)))
+        assert np.all(np.array(z.lo)[special] == 0)
+        x, y = _dw(rng, (200,), True, False), _dw(rng, (200,), True, False)
+        z = operate("div", x, y, "emulate")
+
+    def value(w, i):
+        h, l = np.array(w.hi)[i], np.array(w.lo)[i]
+        return (mpmath.mpc(float(h.real), float(h.imag))
+                + mpmath.mpc(float(l.real), float(l.imag)))
+
+    worst = 0.0
+    for i in range(200):
+        exact = value(x, i) / value(y, i)
+        worst = max(worst, float(abs(value(z, i) - exact) / abs(exact)))
+    assert worst <= 32 * U**2

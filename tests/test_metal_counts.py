@@ -1,0 +1,65 @@
+"""The Metal-path counts of the benchmarks (lazy stand-in for the kernels; no Apple
+GPU here): what a launch reads and writes, and the training step's Metal section of
+benchmarks/bench_training.py."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import bench_training as bt
+import mlx_precise as mp
+from mlx_precise.testing import graph_counts, lazy_metal_executor
+
+
+def test_launch_bytes_count_each_array_once():
+    """x * y of two (100,) float32 arrays is one dw_fused launch: it reads x, y and
+    its program (the slots it does not use repeat x) and writes two (100,) words."""
+    x, y = mx.arange(100, dtype=mx.float32), mx.ones((100,), mx.float32)
+    record: list = []
+    with lazy_metal_executor(record):
+        with mp.use_backend("metal"), mp.extended_precision():
+            z = x * y
+        mx.eval(z)
+    (launch,) = [k for k in record if k.name != "eft_selftest"]
+    prog = launch.inputs[-1]
+    assert launch.name == "dw_fused" and prog.dtype == mx.int32
+    assert launch.nbytes() == 400 + 400 + prog.nbytes + 2 * 400
+
+
+def test_training_step_metal_section():
+    """The compiled step replays without Python; the uncompiled step launches the
+    double-word kernels (at least one per parameter update) and moves bytes."""
+    g = bt.metal_step("sgd-momentum", rounds=1, calls=2)
+    assert g["replays"] is True
+    n_params = 4  # l1, l2 weight and bias; LayerNorm's weight and bias make 6
+    assert g["launches"] >= n_params and g["bytes"] > 0
+    assert g["plain_ops"] > 0 and g["build"] > 0 and g["compiled"] > 0
+
+
+@pytest.mark.parametrize("v", [1 / 3 + 2j / 3, complex(math.inf, 1 / 3), complex(-0.0, 1e300)])
+def test_complex_constant_words_are_data(v):
+    """A Python complex in a block is two words per part: hi = RN32(part), lo =
+    RN32(part - hi) (0 where hi is not finite), as numpy splits them; the words
+    are data (no graph nodes), so a product with it launches alone."""
+    from mlx_precise.extended import arith
+
+    with mp.extended_precision():
+        w = arith.constant(v)
+    for part, hi, lo in ((v.real, np.array(w.hi).real, np.array(w.lo).real),
+                         (v.imag, np.array(w.hi).imag, np.array(w.lo).imag)):
+        with np.errstate(over="ignore"):
+            want_hi = np.float32(part)
+        want_lo = np.float32(part - float(want_hi)) if np.isfinite(want_hi) else 0.0
+        assert np.float32(hi).tobytes() == want_hi.tobytes()
+        assert np.float32(lo).tobytes() == np.float32(want_lo).tobytes()
+    x = mx.ones((4, 8), mx.float32)
+    mx.eval(x)
+    with lazy_metal_executor():
+        with mp.use_backend("metal"), mp.extended_precision():
+            y = 2j / 3 * x
+        g = graph_counts(y)
+    assert g["launches"] == 1 and g["glue"] == 0
