@@ -13,7 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from mlx_precise.doubleword.words import CDW_OPS, DW_OPS
+from mlx_precise.doubleword.dw_kernels import CDW_OPS, DW_OPS
 
 # ---- the double-word self-check kernels (metal/kernels/dw_ops.metal, cdw_ops.metal) ----
 

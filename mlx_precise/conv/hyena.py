@@ -25,7 +25,7 @@ from ..doubleword.aware import precision_aware
 from ..core.streams import on_stream, streamed
 from .depthwise import check_conv_operands, check_layout, from_ncl
 from ..doubleword.engine64 import from_float64_result
-from ..doubleword.words import DoubleWord
+from ..doubleword.types import DoubleWord
 from ..doubleword.elementwise import complex_multiply_extended
 from ..fft import api as fft_api
 from ..fft.cpu import fftconv_rows

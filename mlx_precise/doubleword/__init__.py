@@ -5,7 +5,7 @@
   :func:`~.arithmetic.arith`, over the engines :mod:`.engine64` (cpu, float64) and
   :mod:`.kernel_engine` (metal / emulate: the ``dw_ops`` / ``cdw_ops`` kernels of
   :mod:`.dw_kernels`); :mod:`.hostsplit`: the host split of float64 data and
-  :func:`join`; :mod:`.words`: re-exports under the old import path;
+  :func:`join`;
 * :mod:`.aware`: precision-aware entry points (a plain float32 function and its
   double-word twin, switched by :func:`~mlx_precise.extended_precision`);
 * :mod:`.elementwise`: ``complex_multiply``, ``fft_scale``, ``scale_extended``;

@@ -32,9 +32,10 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from ..doubleword import engine64, fusion, words
-from ..doubleword.words import DoubleWord, as_complex, combine, from64, to64
-from ..doubleword.words import real_imag as parts  # noqa: F401  (rules read arith.parts)
+from ..doubleword import engine64, fusion
+from ..doubleword.arithmetic import operate
+from ..doubleword.engine64 import from64, to64
+from ..doubleword.types import DoubleWord, as_complex, combine
 from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from ..core import backends
 from ..core.backends import Backend
@@ -121,7 +122,7 @@ def neg(x: DoubleWord) -> DoubleWord:
     """-x (exact): both words change sign; on a kernel backend (the active one: the
     call's), a fused negation, which the next operation reads as part of its chain."""
     z = _fused("neg", [x], backends.backend(), None)
-    return words.negate(x) if z is None else z
+    return -x if z is None else z
 
 
 def _fused(op: str, operands: list, backend: Backend | None, stream) -> DoubleWord | None:
@@ -188,11 +189,11 @@ def binary(op: str, x: DoubleWord, y: DoubleWord, backend: Backend,
     ("div") in double-word on ``backend``; real or complex, broadcasting."""
     if not backend.float64_engine:  # kernels, fused chains, MLX-differentiable
         return fusion.binary(op, x, y, backend, stream,
-                             lambda op, a, b: words.binary(op, a, b, backend, stream))
+                             lambda op, a, b: operate(op, a, b, backend, stream))
     if op == "sub":
-        op, y = "add", words.negate(y)
+        op, y = "add", -y
     if op == "div" and y.is_complex:  # float32's special values of complex quotients
-        return words.binary(op, x, y, backend)
+        return operate(op, x, y, backend)
     return engine64.arith64(op, x, y)  # MLX float64 ops: differentiable as they are
 
 

@@ -32,7 +32,7 @@ import copy
 import mlx.core as mx
 
 from ..core import backends
-from ..doubleword.words import from64
+from ..doubleword.engine64 import from64
 from . import carry
 from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from .report import dropped

@@ -18,7 +18,8 @@ import weakref
 import mlx.core as mx
 
 from ..core import context
-from ..doubleword.words import DoubleWord, low_from_wide
+from ..doubleword.types import DoubleWord
+from ..doubleword.hostsplit import low_from_wide
 from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 # The open block's report (mlx_precise.extended.dispatch.Report) in this thread /

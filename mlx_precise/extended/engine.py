@@ -8,7 +8,7 @@ from typing import Callable
 import mlx.core as mx
 
 from ..doubleword.fusion import words_op as kernel_words_op
-from ..doubleword.words import DoubleWord
+from ..doubleword.types import DoubleWord
 from .carry import attach, attach_words, low_word, words_of
 from ..core.backends import Backend
 

@@ -33,7 +33,8 @@ from .. import extended as flow
 # own plain paths call these, never the dispatchers.
 from ..core import backends
 from ..core.plain import plain
-from ..doubleword.words import DoubleWord, to64
+from ..doubleword.types import DoubleWord
+from ..doubleword.engine64 import to64
 from ..doubleword import fusion
 from . import autodiff, carry
 

@@ -16,7 +16,7 @@ import numbers
 import mlx.core as mx
 
 from ..core import backends
-from ..doubleword.words import from64
+from ..doubleword.engine64 import from64
 from . import carry
 from .carry import attach_words, has_words, suspended
 from .report import dropped

@@ -17,7 +17,7 @@ from typing import Callable
 import mlx.core as mx
 
 from ..conv.depthwise import depthwise_conv_extended
-from ..doubleword.words import DoubleWord
+from ..doubleword.types import DoubleWord, real_imag
 from ..fft import nd as fftn
 from . import arith
 from .carry import low_word
@@ -28,7 +28,7 @@ from ..core.backends import Backend
 def _cast(x: DoubleWord, kind: str) -> DoubleWord:
     """MLX's input cast for ``kind`` on both words (exact: float32 -> complex64)."""
     if kind == "rfft":
-        return x if x.dtype == mx.float32 else arith.parts(x)[0]
+        return x if x.dtype == mx.float32 else real_imag(x)[0]
     return arith.as_complex(x)
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from ..core import backends
 from . import engine as _fft
 from ..core.autodiff import guarded
-from ..doubleword.words import DoubleWord
+from ..doubleword.types import DoubleWord
 from ..doubleword.elementwise import scale_extended
 
 KINDS = ("fft", "ifft", "rfft", "irfft")

@@ -36,7 +36,8 @@ import mlx.core as mx
 
 from ..core import backends
 from ..doubleword import DoubleWord
-from ..doubleword.words import combine, from64, to64
+from ..doubleword.types import combine
+from ..doubleword.engine64 import from64, to64
 from ..core.kernels import Kernel
 from ..core.streams import on_stream
 from ..core.backends import Backend

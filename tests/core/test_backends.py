@@ -122,7 +122,7 @@ def test_cli_backend_errors_are_clear():
 
 
 def test_kernel_shape_rule():
-    from mlx_precise.doubleword.words import DW_OPS
+    from mlx_precise.doubleword.dw_kernels import DW_OPS
 
     a, b = mx.zeros((8,)), mx.zeros((9,))
     kw = dict(template={"OP": 4}, output_shapes=[(8,), (8,)],

@@ -23,7 +23,7 @@ def test_selftest_passes_on_metal():
 def test_metal_and_emulator_agree_bit_for_bit(op):
     """Every double-word operation is a fixed sequence of IEEE float32 operations,
     so the GPU and the emulator must return identical bits."""
-    from mlx_precise.doubleword.words import DW_OPS
+    from mlx_precise.doubleword.dw_kernels import DW_OPS
 
     rng = np.random.default_rng(op)
     n = 1 << 16

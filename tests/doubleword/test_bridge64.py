@@ -1,4 +1,4 @@
-"""The lazy float64 bridge of the cpu backend (doubleword.words.to64 / from64) and
+"""The lazy float64 bridge of the cpu backend (doubleword.engine64.to64 / from64) and
 the float64 value the flow carries beside the words on cpu (DoubleWord.wide).
 
 Oracles: numpy float64 (hi = RN32(v), lo = RN32(v - hi)) element by element, and
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import mlx_precise as mp
-from mlx_precise.doubleword.words import DoubleWord, from64, to64
+from mlx_precise.doubleword.types import DoubleWord
+from mlx_precise.doubleword.engine64 import from64, to64
 from mlx_precise.extended import low_word
 from mlx_precise.extended.carry import wide_value
 

@@ -46,7 +46,9 @@ from oracle import (
 
 import mlx_precise.core.kernels as kern
 from mlx_precise.core.kernels import eft_selftest
-from mlx_precise.doubleword.words import DW_OPS, join, split
+from mlx_precise.doubleword.dw_kernels import DW_OPS
+from mlx_precise.doubleword.hostsplit import join
+from mlx_precise.doubleword.types import split
 from mlx_precise.core.kernels import DeviceCheckError
 
 N = 1_000_000
@@ -766,7 +768,8 @@ def test_signed_zeros_follow_float32():
     """A zero result has the sign float32 gives the same operation on the high
     words (-0 + -0 = -0, -0 * 2 = -0, -0 / 3 = -0, x - x = +0): Fast2Sum's +0
     correction must not turn a -0 high word into +0. Oracle: numpy float32."""
-    from mlx_precise.doubleword.words import DoubleWord, binary
+    from mlx_precise.doubleword.types import DoubleWord
+    from mlx_precise.doubleword.arithmetic import operate as binary
 
     z = np.array([-0.0, 0.0, -0.0, 0.0, 1.5, -2.0, -0.0], np.float32)
     w = np.array([-0.0, -0.0, 2.0, -3.0, 1.5, 0.0, -1e30], np.float32)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...core import backends
 from ...doubleword import engine64
-from ...doubleword.words import DoubleWord
+from ...doubleword.types import DoubleWord, real_imag
 from .. import arith, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value
 from .base import (as64, carries, conj, decomposed, floating_result, has_float64,
@@ -209,10 +209,10 @@ def _property(fn=None):
     return rule
 
 
-_real = (lambda w: arith.parts(w)[0])
+_real = (lambda w: real_imag(w)[0])
 
 
-_imag = (lambda w: arith.parts(w)[1])
+_imag = (lambda w: real_imag(w)[1])
 
 
 def _complex_abs(z):

@@ -24,7 +24,8 @@ import mlx.core as mx
 import numpy as np
 
 from ...doubleword import engine64, functions
-from ...doubleword.words import DoubleWord, to64
+from ...doubleword.types import DoubleWord
+from ...doubleword.engine64 import to64
 from .. import arith, autodiff, carry
 # (as64, low_word, wide_value: imported by the rule families from here)
 from ..carry import (as64, attach, attach_words, has_words, low_word,  # noqa: F401

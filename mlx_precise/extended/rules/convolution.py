@@ -51,7 +51,7 @@ import math
 
 import mlx.core as mx
 
-from ...doubleword.words import from64, to64
+from ...doubleword.engine64 import from64, to64
 from .. import autodiff, carry, spectral
 from ..engine import words_op
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ...doubleword.words import from64
+from ...doubleword.engine64 import from64
 from .. import autodiff, carry
 from ..carry import attach_words
 from .base import as64, is_word_array

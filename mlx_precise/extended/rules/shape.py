@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ...doubleword.words import DoubleWord, to64
+from ...doubleword.types import DoubleWord
+from ...doubleword.engine64 import to64
 from ...core import backends
 from .. import arith, autodiff, carry
 from ..carry import attach, attach_words, has_words, low_word
