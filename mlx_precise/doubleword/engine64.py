@@ -695,8 +695,9 @@ def sincos64(x: mx.array, which: tuple = ("sin", "cos")) -> tuple:
     pi for t^2 to overflow)."""
     k = _TRIG["_trig_k"](x)
     r, rr = _TRIG["_trig_r"](x, k), _TRIG["_trig_rr"](x, k)
-    far = mx.any(_TRIG["_beyond"](x))
-    settled = _settle(far, r, rr)
+    # below FUSE_MIN elements (host-bound) no waits: the selection below instead
+    far = mx.any(_TRIG["_beyond"](x)) if x.size >= FUSE_MIN else None
+    settled = far is not None and _settle(far, r, rr)
     s, c = _TRIG["_sin_poly"](r, rr), _TRIG["_cos_poly"](r, rr)
     if settled:
         _settle(s, c)
@@ -704,7 +705,7 @@ def sincos64(x: mx.array, which: tuple = ("sin", "cos")) -> tuple:
                 _TRIG["_cos_select"](k, s, c) for name in which)
     if settled and not far.item():
         return out
-    # (inside a transformation, the selection too: the same values)
+    # (small, or inside a transformation: the selection too, the same values)
     t = _TRIG["_tan_half"](x)
     far = _beyond(x)
     return tuple(mx.where(far, _TRIG["_sin_from_tan_half"](t) if name == "sin" else
