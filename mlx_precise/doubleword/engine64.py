@@ -704,6 +704,7 @@ def sincos64(x: mx.array, which: tuple = ("sin", "cos")) -> tuple:
     out = tuple(_TRIG["_sin_select"](x, k, s, c) if name == "sin" else
                 _TRIG["_cos_select"](k, s, c) for name in which)
     if settled and not far.item():
+        _settle(*out)  # (k, s and c go now: not beside what the caller does next)
         return out
     # (small, or inside a transformation: the selection too, the same values)
     t = _TRIG["_tan_half"](x)
