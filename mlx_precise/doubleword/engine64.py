@@ -588,11 +588,12 @@ def _trig_constants() -> dict:
         }
 
 
-def _two_sum(a, b):
-    """(s, e): s = RN(a + b) and e = a + b - s exactly (Knuth's TwoSum)."""
-    s = a + b
-    t = s - a
-    return s, (a - (s - t)) + (b - t)
+def _two_diff(a, b):
+    """(d, e): d = RN(a - b) and e = a - b - d exactly (Knuth's TwoSum of a and -b,
+    the negation folded in: one level less in the loop)."""
+    d = a - b
+    t = d - a
+    return d, (a - (d - t)) - (b + t)
 
 
 def _trig_k(x):
@@ -606,8 +607,8 @@ def _trig_reduced(x, k32):
     p = _trig_constants()["pi/2"]
     k = k32.astype(F64)
     s = x - k * p[0]  # exact: k p0 is, and lies within a factor 2 of x (Sterbenz)
-    s, e1 = _two_sum(s, -(k * p[1]))
-    s, e2 = _two_sum(s, -(k * p[2]))
+    s, e1 = _two_diff(s, k * p[1])
+    s, e2 = _two_diff(s, k * p[2])
     return s, (e1 + e2) - k * p[3]
 
 
