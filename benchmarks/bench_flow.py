@@ -19,9 +19,11 @@ its (absent) cost outside.
    model and input cast with ``set_dtype``: the cpu backend's limit) and in a block
    on cpu, interleaved; and each run's peak memory (MLX's allocator, above what was
    held before the call).
+5. ``--profile``: where each model's cpu flow spends its time and memory, per op.
 
     python benchmarks/bench_flow.py [--backend cpu|emulate|metal] [--full | --quick]
     python benchmarks/bench_flow.py --models [hyena s4d ...] [--size large]
+    python benchmarks/bench_flow.py --profile [hyena s4d ...] [--size large]
 """
 
 from __future__ import annotations
@@ -245,6 +247,65 @@ def models(names, size: str, rounds: int) -> list:
     return rows
 
 
+def profile(name: str, size: str, rounds: int, top: int = 10) -> tuple:
+    """Where one model's cpu flow spends its time and memory: each op of the block
+    evaluated as it is made (its float64 value), its time summed per op name over
+    ``rounds`` forwards and its peak (MLX's allocator, above what was held before
+    the op) kept per op name. Evaluating each op serialises the graph: the total is
+    above a lazy forward's, the shares are what to act on.
+
+    Returns:
+        (total seconds per forward, [(op, seconds per forward, calls, peak MB)]).
+    """
+    import collections
+    import importlib
+    import os
+
+    import mlx_precise as mp
+    from mlx_precise.extended import carry, dispatch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    model, x = importlib.import_module(f"models.{name}").build(size, 0)
+    seconds, calls, peaks = collections.Counter(), collections.Counter(), {}
+    run = dispatch._run
+
+    def leaves(v):
+        if isinstance(v, mx.array):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            for a in v:
+                yield from leaves(a)
+
+    def timed(entry, report, args, kwargs):
+        base = mx.get_active_memory()
+        mx.reset_peak_memory()
+        t = time.perf_counter()
+        out = run(entry, report, args, kwargs)
+        wide = [w for a in leaves(out) for w in (carry.wide_value(a) or ()) if w is not None]
+        mx.eval(*(wide or list(leaves(out))))
+        seconds[entry.op] += time.perf_counter() - t
+        calls[entry.op] += 1
+        peaks[entry.op] = max(peaks.get(entry.op, 0.0), (mx.get_peak_memory() - base) / 1e6)
+        return out
+
+    def forward():
+        with mp.use_backend("cpu"), mp.extended_precision():
+            mx.eval(model(x))
+
+    dispatch._run = timed
+    try:
+        forward()  # warm-up (kernels compiled)
+        seconds.clear(), calls.clear()
+        t = time.perf_counter()
+        for _ in range(rounds):
+            forward()
+        total = (time.perf_counter() - t) / rounds
+    finally:
+        dispatch._run = run
+    return total, [(op, s / rounds, calls[op] // rounds, peaks[op])
+                   for op, s in seconds.most_common(top)]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default=None)
@@ -253,8 +314,21 @@ def main(argv=None):
     p.add_argument("--models", nargs="*", default=None,
                    help="whole models against MLX float64 (all of benchmarks/models by default)")
     p.add_argument("--size", default="large", help="the models' size (--models)")
+    p.add_argument("--profile", nargs="*", default=None,
+                   help="per-op time and peak memory of models' cpu flow (each op evaluated)")
     a = p.parse_args(argv)
     import mlx_precise as mp
+
+    if a.profile is not None:
+        from models import MODELS
+
+        for name in a.profile or MODELS:
+            total, rows = profile(name, a.size, 1 if a.quick else 3)
+            print(f"\n{name} ({a.size}), cpu flow with each op evaluated: {total * 1e3:.1f} ms")
+            print("| op | ms per forward | calls | peak MB |\n|---|---|---|---|")
+            for op, sec, n, mb in rows:
+                print(f"| {op} | {sec * 1e3:.2f} | {n} | {mb:.1f} |")
+        return
 
     if a.models is not None:
         from models import MODELS

@@ -76,3 +76,13 @@ def fftconv_rows(a: np.ndarray, h: np.ndarray, n_fft: int, length: int, *,
             X = transform("rfft", a[b, c0:c1].astype(np.float64), n_fft, -1, overwrite=True)
             X *= H
             yield b, c0, c1, transform("irfft", X, n_fft, -1, overwrite=True)[:, :length]
+
+
+def chain(steps, x: np.ndarray) -> np.ndarray:
+    """The 1-D transforms ``steps`` ((kind, n, axis), in order) of our own float64 /
+    complex128 ``x``, one after another on the host: the N-D transform of
+    :mod:`mlx_precise.fft.nd` with the same float64 steps, without a round trip
+    through MLX arrays between them."""
+    for kind, n, axis in steps:
+        x = transform(kind, x, n, axis, overwrite=True)
+    return x

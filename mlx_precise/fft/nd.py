@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
-from . import engine as _fft
+from . import cpu, engine as _fft
 from ..core.autodiff import guarded
 from ..doubleword.types import DoubleWord
 from ..doubleword.elementwise import scale_extended
@@ -73,9 +73,13 @@ def _chain(kind, x, s, axes, norm, round_output, backend, stream):
     rounding (or a DoubleWord) at the end."""
     factor = _norm_factor(kind, math.prod(s), norm)  # exact ints; np.prod costs ~7 us
     steps = _steps(kind, s, axes)
-    for i, (k, n, ax) in enumerate(steps):
-        last = i == len(steps) - 1 and factor is None
-        x = _fft.transform_words(k, x, n, ax, round_output and last, backend, stream)
+    if backend.float64_engine and x.size:  # the float64 steps on the host, in one go
+        y = cpu.chain(steps, _fft._float64(x))
+        x = _fft._cpu_result(y, round_output and factor is None)
+    else:
+        for i, (k, n, ax) in enumerate(steps):
+            last = i == len(steps) - 1 and factor is None
+            x = _fft.transform_words(k, x, n, ax, round_output and last, backend, stream)
     if factor is not None:
         x = scale_extended(x, factor, round_output=round_output, backend=backend, stream=stream)
     return x
@@ -204,11 +208,22 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
         return _differentiable(kind, s, axes, norm, name, stream)(x)
     dw_in = isinstance(x, DoubleWord)
     arrays = [x.hi, x.lo] if dw_in else [x]
+    # cpu: a DoubleWord's float64 value goes in and out whole (the words are the
+    # guard's arguments only)
+    wide = name.float64_engine and dw_in and x.wide is not None
 
     def run(*a):
-        y = _chain(kind, DoubleWord(*a) if dw_in else a[0], s, axes, norm, round_output, name,
-                   stream)
-        return y if round_output else (y.hi, y.lo)
+        y = _chain(kind, x if wide else DoubleWord(*a) if dw_in else a[0], s, axes, norm,
+                   round_output, name, stream)
+        if round_output:
+            return y
+        if name.float64_engine and y.wide is not None:
+            return (y.hi,) + tuple(v for v in y.wide if v is not None)
+        return y.hi, y.lo
 
     out = guarded(run, arrays, f"the {kind} of a DoubleWord or with round_output=False")
-    return out if round_output else DoubleWord(*out)
+    if round_output:
+        return out
+    if out[1].dtype == mx.float64:  # (hi, re[, im]): the float64 value
+        return DoubleWord.from_wide(out[0], (out[1], out[2] if len(out) == 3 else None))
+    return DoubleWord(*out)
