@@ -93,8 +93,10 @@ def _wrapper(entry):
         token = _report.set(None)  # the rule and MLX's op below see plain MLX
         try:
             recording = _recording()
-            # (one op: a gradient records it, differentiated by its VJP rule)
-            if fast is not None and not kwargs and (entry.vjp is not None or not recording):
+            # (one op: a gradient records it, differentiated by its VJP rule; an
+            # in-place update while recording takes _mutate's path)
+            if fast is not None and not kwargs and (not recording or (
+                    entry.vjp is not None and not mutates)):
                 out = fast(*args)
                 if out is not None:
                     report.extended[name] += 1

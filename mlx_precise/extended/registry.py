@@ -233,7 +233,7 @@ def _array_entry(attr: str, value) -> Entry | None:
     if how == "in-place":
         functional = getattr(_ARRAY, f"__{attr[3:-2]}__")
         rule = None if rule is None else rules.inplace(rule, functional)
-        k, fast = "in-place", None
+        k, fast = "in-place", None if fast is None else rules.inplace_fast(fast)
     return Entry(owner=_ARRAY, attr=attr, original=value, op=attr, rule=rule, kind=k,
                  vjp=vjp, functional=functional, fast=fast)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from . import (arithmetic, constructors, convolution, elementwise, fast, fft, float64, linear,
                quantized, reductions, sampling, shape)
-from .arithmetic import inplace
+from .arithmetic import inplace, inplace_fast
 from .base import Operands, is_word_array
 
 _FAMILIES = (arithmetic, shape, reductions, elementwise, linear, float64, fft, convolution,
@@ -47,4 +47,4 @@ FAST = {name: fast for family in _FAMILIES for name, fast in getattr(family, "FA
 before the rule when a call has no keyword arguments and no gradient records it
 (None: the rule runs); the same result as the rule."""
 
-__all__ = ["TABLE", "VJPS", "FAST", "Operands", "inplace", "is_word_array"]
+__all__ = ["TABLE", "VJPS", "FAST", "Operands", "inplace", "inplace_fast", "is_word_array"]

@@ -108,6 +108,25 @@ def inplace(rule, functional):
     return rule_
 
 
+_SETITEM = ARRAY.__setitem__  # MLX's own (captured at import)
+
+
+def inplace_fast(fast):
+    """The fast path of ``x op= y`` from that of ``x op y`` (as :func:`inplace`: the
+    result written into x, which carries its float64 value); None: the rule runs.
+    Not while a gradient records (the dispatcher keeps the old value for it)."""
+
+    def fast_(x, y):
+        z = fast(x, y)
+        if z is None or z.shape != x.shape:
+            return None
+        _SETITEM(x, Ellipsis, z)
+        carry.copy(z, x)
+        return x
+
+    return fast_
+
+
 def _where(ctx, original, cond, x, y, **kw):
     if has_float64((x, y)) or not (is_word_array(x) or is_word_array(y)):
         return NotImplemented

@@ -36,18 +36,22 @@ def function(fn: str):
 
 
 def _fast_function(fn: str):
-    """The cpu fast path of ``fn(x)`` where the float64 engine evaluates it as one
-    MLX float64 op (:func:`..engine64.one_op64`; None elsewhere): the same op on
-    the value :func:`.base.small64` reads, as the rule's engine step computes it."""
+    """The cpu fast path of ``fn(x)``: the float64 engine's evaluation
+    (:func:`..functions.value64`: one MLX float64 op where MLX's is accurate, the
+    engine's own formula for exp, sin, cos, sigmoid, erf) of the value
+    :func:`.base.small64` reads, as the rule computes it, without its DoubleWords."""
     op = engine64.one_op64(fn)
-    if op is None:
-        return None
 
     def fast(x):
         if not isinstance(x, ARRAY) or not backends.backend().float64_engine:
             return None
         a = small64(x)
-        return None if a is None else result64(op(a, stream=mx.cpu))
+        if a is None:
+            return None
+        if op is not None:
+            return result64(op(a, stream=mx.cpu))
+        with mx.stream(mx.cpu):
+            return result64(functions.value64(fn, a))
 
     return fast
 
@@ -200,7 +204,7 @@ _DEGREES = 180 / math.pi  # float64 values, entering in two words
 _RADIANS = math.pi / 180
 
 
-FAST = {fn: fast for fn in functions.UNARY if (fast := _fast_function(fn)) is not None}
+FAST = {fn: _fast_function(fn) for fn in functions.UNARY}
 """Op name -> its fast path (the dispatcher tries it before the rule)."""
 
 RULES = {
