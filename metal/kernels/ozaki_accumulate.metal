@@ -3,7 +3,7 @@
 // (0-based, so d = 0 .. S-1 covers the kept pairs p + p' <= S - 1) of the int8
 // GEMM A_p B_p' restricted to k-block q; each entry is exact in int32.
 // tA (int32 [M]), tB (int32 [N]): the row / column scale exponents used to slice.
-// params (int32): [M, N, S, B, NKB, ...]. One thread per output (i, j).
+// params (int32): OZAKI_ACCUMULATE_M ... (ozaki.h). One thread per output (i, j).
 //
 // With slices of B bits, x ~ sum_p a_p 2^(tA - B(p+1)), so the kept terms are
 //     c = 2^(tA + tB - B(S+1)) * sum_d D_d 2^(B(S-1-d)),   D_d = sum_q prod[d, q].
@@ -12,7 +12,9 @@
 // once to float64 (out: uint32 [M, N, 2], the bits, low word first).
 uint j = thread_position_in_grid.x;
 uint i = thread_position_in_grid.y;
-int M = params[0], N = params[1], S = params[2], B = params[3], NKB = params[4];
+int M = params[OZAKI_ACCUMULATE_M], N = params[OZAKI_ACCUMULATE_N];
+int S = params[OZAKI_ACCUMULATE_SLICES], B = params[OZAKI_ACCUMULATE_SLICE_BITS];
+int NKB = params[OZAKI_ACCUMULATE_K_BLOCKS];
 if (int(i) >= M || int(j) >= N) return;
 ulong plane = ulong(M) * ulong(N);
 ulong e = ulong(i) * ulong(N) + ulong(j);

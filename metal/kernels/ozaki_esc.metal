@@ -1,11 +1,11 @@
 // Exact ESC per output (i, j) of C = A B (see ozaki_esc_estimate.metal for the
 // definition), from the raw bits of A (a: [M, K] float64 as uint32 pairs) and of
-// B^T (bt: [N, K]). params (int32): [M, N, K, ...]. One thread per output;
+// B^T (bt: [N, K]). params (int32): OZAKI_ESC_M, _N, _K (ozaki.h). One thread per output;
 // esc (int32, [M, N]). Outputs with no k where both entries are nonzero are
 // exactly zero and get 0. Inputs must be finite (checked by the caller).
 uint j = thread_position_in_grid.x;
 uint i = thread_position_in_grid.y;
-int M = params[0], N = params[1], K = params[2];
+int M = params[OZAKI_ESC_M], N = params[OZAKI_ESC_N], K = params[OZAKI_ESC_K];
 if (int(i) >= M || int(j) >= N) return;
 int amax = OZ_NEG, bmax = OZ_NEG, pmax = OZ_NEG;
 for (int k = 0; k < K; ++k) {

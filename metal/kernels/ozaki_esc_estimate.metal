@@ -1,6 +1,7 @@
 // Conservative ESC estimate per output (i, j) of C = A B from the k-block exponent
-// summaries of ozaki_scan (rows of A: infoA [M, NB, 5]; columns of B, scanned as
-// rows of B^T: infoB [N, NB, 5]). params (int32): [M, N, K, KB, NB, ...].
+// summaries of ozaki_scan (rows of A: infoA [M, NB, OZ_INFO_COUNT]; columns of B,
+// scanned as rows of B^T: infoB [N, NB, OZ_INFO_COUNT]). params (int32):
+// OZAKI_ESC_ESTIMATE_M ... (ozaki.h).
 // One thread per output; esc (int32, [M, N]).
 //
 // ESC(i, j) = e(max|a_i.|) + e(max|b_.j|) - max_k [e(a_ik) + e(b_kj)] (NVIDIA's
@@ -15,15 +16,19 @@
 // a nonzero pair the estimate is OZ_POS ("unbounded": the caller falls back).
 uint j = thread_position_in_grid.x;
 uint i = thread_position_in_grid.y;
-int M = params[0], N = params[1], K = params[2], KB = params[3], NB = params[4];
+int M = params[OZAKI_ESC_ESTIMATE_M], N = params[OZAKI_ESC_ESTIMATE_N];
+int K = params[OZAKI_ESC_ESTIMATE_K];
+int KB = params[OZAKI_ESC_ESTIMATE_BLOCK], NB = params[OZAKI_ESC_ESTIMATE_BLOCKS];
 if (int(i) >= M || int(j) >= N) return;
 int amax_all = OZ_NEG, bmax_all = OZ_NEG, lb = OZ_NEG;
 for (int q = 0; q < NB; ++q) {
   int n = min(KB, K - q * KB);
-  ulong a = 5ul * (ulong(i) * ulong(NB) + ulong(q));
-  ulong b = 5ul * (ulong(j) * ulong(NB) + ulong(q));
-  int amax = infoA[a], amin = infoA[a + 1], na = infoA[a + 2];
-  int bmax = infoB[b], bmin = infoB[b + 1], nb = infoB[b + 2];
+  ulong a = ulong(OZ_INFO_COUNT) * (ulong(i) * ulong(NB) + ulong(q));
+  ulong b = ulong(OZ_INFO_COUNT) * (ulong(j) * ulong(NB) + ulong(q));
+  int amax = infoA[a + OZ_INFO_MAX_EXPONENT], amin = infoA[a + OZ_INFO_MIN_EXPONENT];
+  int na = infoA[a + OZ_INFO_NONZEROS];
+  int bmax = infoB[b + OZ_INFO_MAX_EXPONENT], bmin = infoB[b + OZ_INFO_MIN_EXPONENT];
+  int nb = infoB[b + OZ_INFO_NONZEROS];
   amax_all = max(amax_all, amax);
   bmax_all = max(bmax_all, bmax);
   if (na == 0 || nb == 0) continue;

@@ -1,7 +1,8 @@
 // Slice products of the split-integer DGEMM, one launch for all of them, on the
 // shared int8 GEMM engine (metal/include/int8_gemm.h).
 // a: int8 [S, M, K] (slices of A), b: int8 [S, K, N] (slices of B), row-major.
-// p (int32): [M, N, K, S, KB (k-block length), NKB (number of k-blocks), ...].
+// p (int32): OZAKI_PRODUCTS_M, _N, _K, _K_BLOCK (KB, k-block length),
+// _K_BLOCKS (NKB, number of k-blocks) (metal/include/ozaki.h).
 // Output c: int32 [S, NKB, M, N]: c[d, q] = sum_{i=0..d} A_i B_(d-i) over the
 // k-block q (k in [q KB, q KB + KB)), i.e. the anti-diagonal d of Ozaki's kept
 // pairs (i + j <= S - 1). The host picks KB so that |c| <= S KB max|digit|^2 fits
@@ -13,7 +14,8 @@
 // each call with a barrier, so the tiles can be reused).
 threadgroup int8_t As[INT8_GEMM_BM * INT8_GEMM_BK];
 threadgroup int8_t Bs[INT8_GEMM_BK * INT8_GEMM_BN];
-const int M = p[0], N = p[1], K = p[2], KB = p[4], NKB = p[5];
+const int M = p[OZAKI_PRODUCTS_M], N = p[OZAKI_PRODUCTS_N], K = p[OZAKI_PRODUCTS_K];
+const int KB = p[OZAKI_PRODUCTS_K_BLOCK], NKB = p[OZAKI_PRODUCTS_K_BLOCKS];
 const uint3 g = threadgroup_position_in_grid;
 const int d = int(g.z) / NKB;
 const int q = int(g.z) % NKB;

@@ -10,10 +10,13 @@
 //   BAL = 1: balanced digits in [-2^(B-1), 2^(B-1) - 1] (B = 8), obtained from the
 //            sign-magnitude digits by carrying from the least significant slice
 //            up; the host's headroom (|x| < 2^(t - 2)) keeps the top digit in range.
-// params (int32): [R, C, S, B, BAL, ...]. One thread per element.
+// params (int32): OZAKI_SLICE_ROWS (R), _COLS (C), _SLICES (S), _SLICE_BITS (B),
+// _BALANCED (BAL) (ozaki.h). One thread per element.
 uint c = thread_position_in_grid.x;
 uint r = thread_position_in_grid.y;
-int R = params[0], C = params[1], S = params[2], B = params[3], BAL = params[4];
+int R = params[OZAKI_SLICE_ROWS], C = params[OZAKI_SLICE_COLS];
+int S = params[OZAKI_SLICE_SLICES], B = params[OZAKI_SLICE_SLICE_BITS];
+int BAL = params[OZAKI_SLICE_BALANCED];
 if (int(r) >= R || int(c) >= C) return;
 ulong e = ulong(r) * ulong(C) + ulong(c);
 ulong bits = oz_bits(x[2ul * e], x[2ul * e + 1ul]);

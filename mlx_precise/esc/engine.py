@@ -30,14 +30,21 @@ from ..core.streams import streamed
 from ..doubleword.types import read_input
 from ..core.autodiff import host_guard
 from ..core.cputhreads import map_runs, workers_for
-from ..core.kernels import Kernel
+from ..core.kernels import Codes, Constants, Kernel, ParamLayout, generated_block
 from ..core.backends import Backend
 
-# Sentinels shared with metal/include/ozaki.h.
-NEG = -(1 << 20)  # exponent of zero; max over an empty set
-POS = 1 << 20  # min over an empty set
-NONFINITE = 1 << 21
-NEG_LIMIT = -(1 << 19)  # exponent sums below this involve a zero
+SENTINELS = Constants("OZ", {
+    # exponent of zero and max over an empty set, min over an empty set, exponent
+    # of Inf/NaN: far outside any sum of two real exponents (those lie in
+    # [-2148, 2046]), and their sums cannot overflow int32
+    "neg": -(1 << 20),
+    "pos": 1 << 20,
+    "nonfinite": 1 << 21,
+    "neg_limit": -(1 << 19),  # exponent sums below this involve a zero
+})
+"""Exponent sentinels of the kernels (``OZ_NEG`` ... in ``metal/include/ozaki.h``)."""
+NEG, POS, NONFINITE, NEG_LIMIT = (SENTINELS.neg, SENTINELS.pos, SENTINELS.nonfinite,
+                                  SENTINELS.neg_limit)
 ESC_UNBOUNDED = POS
 """Value of :func:`esc_estimate` where no k-block proves a nonzero product term
 (e.g. a sparse row meeting a sparse column): the estimate cannot bound the ESC."""
@@ -47,6 +54,24 @@ METHODS = ("esc", "esc_estimate", "tight")
 
 _U32 = (mx.uint32,)
 _I32 = (mx.int32,)
+
+INFO = Codes("OZ_INFO", (
+    "max_exponent",  # max exponent over nonzeros (NEG if none)
+    "min_exponent",  # min exponent over nonzeros (POS if none)
+    "nonzeros",      # number of nonzeros
+    "nonfinite",     # number of Inf/NaN
+    "low_exponent",  # min exponent of the lowest set bit over nonzeros (POS if none)
+))
+"""The fields of one (row, k-block) entry of ``ozaki_scan``'s ``info`` (last axis,
+``OZ_INFO_COUNT`` of them; ``OZ_INFO_MAX_EXPONENT`` ... in ``ozaki.h``)."""
+
+OZAKI_SCAN_PARAMS = ParamLayout("OZAKI_SCAN", (
+    "rows",    # R, rows of X
+    "cols",    # C, columns of X
+    "block",   # KB, the k-block length
+    "blocks",  # NB, the number of k-blocks
+), size=8)
+"""The ``params`` buffer of ``ozaki_scan`` (``OZAKI_SCAN_ROWS`` ... in ``ozaki.h``)."""
 
 OZAKI_SCAN = Kernel(
     name="ozaki_scan",
@@ -59,7 +84,16 @@ OZAKI_SCAN = Kernel(
     variants={"info": _I32},
 )
 """Per row and k-block of a float64 matrix (raw bits): max/min exponent, nonzero
-count, Inf/NaN count, lowest set bit. Output int32 ``[R, NB, 5]``."""
+count, Inf/NaN count, lowest set bit (:data:`INFO`). Inputs ``x`` (uint32, the
+bits of X (R, C), low word first) and ``params`` (:data:`OZAKI_SCAN_PARAMS`).
+Output int32 ``[R, NB, INFO_COUNT]``."""
+
+OZAKI_ESC_ESTIMATE_PARAMS = ParamLayout("OZAKI_ESC_ESTIMATE", (
+    "m", "n", "k",  # C = A B: A (M, K), B (K, N)
+    "block",        # KB, the k-block length of the scans
+    "blocks",       # NB, the number of k-blocks
+), size=8)
+"""The ``params`` buffer of ``ozaki_esc_estimate`` (``OZAKI_ESC_ESTIMATE_M`` ...)."""
 
 OZAKI_ESC_ESTIMATE = Kernel(
     name="ozaki_esc_estimate",
@@ -71,7 +105,11 @@ OZAKI_ESC_ESTIMATE = Kernel(
     extended=False,
     variants={"esc": _I32},
 )
-"""Conservative ESC per output from two scans. Output int32 ``[M, N]``."""
+"""Conservative ESC per output from two scans (params:
+:data:`OZAKI_ESC_ESTIMATE_PARAMS`). Output int32 ``[M, N]``."""
+
+OZAKI_ESC_PARAMS = ParamLayout("OZAKI_ESC", ("m", "n", "k"), size=8)
+"""The ``params`` buffer of ``ozaki_esc``: A (M, K), B (K, N)."""
 
 OZAKI_ESC = Kernel(
     name="ozaki_esc",
@@ -83,7 +121,15 @@ OZAKI_ESC = Kernel(
     extended=False,
     variants={"esc": _I32},
 )
-"""Exact ESC per output from the raw bits of A and B^T. Output int32 ``[M, N]``."""
+"""Exact ESC per output from the raw bits of A and B^T (params:
+:data:`OZAKI_ESC_PARAMS`). Output int32 ``[M, N]``."""
+
+
+def codes_source() -> str:
+    """The first generated block of ``metal/include/ozaki.h`` (a test checks that
+    the header holds exactly this text)."""
+    return generated_block("mlx_precise.esc.engine.codes_source()", SENTINELS, INFO,
+                           OZAKI_SCAN_PARAMS, OZAKI_ESC_ESTIMATE_PARAMS, OZAKI_ESC_PARAMS)
 
 
 # ---- input checking and raw bits ------------------------------------------------
@@ -130,13 +176,6 @@ def pad8(x: mx.array) -> mx.array:
     if x.size < 8:
         x = mx.concatenate([x, mx.zeros((8 - x.size,), x.dtype)])
     return x
-
-
-def params(*values: int) -> mx.array:
-    """int32 parameter vector of 8 entries (see :func:`pad8`)."""
-    v = np.zeros(8, np.int32)
-    v[: len(values)] = values
-    return mx.array(v)
 
 
 def raw_bits(X: mx.array) -> mx.array:
@@ -206,7 +245,9 @@ class Scan:
         info = np.asarray(info, dtype=np.int64)
         nb = info.shape[1]
         length = np.minimum(block, C - block * np.arange(nb))
-        return cls(*(info[..., t] for t in range(5)), length)
+        f = {n: info[..., i] for n, i in INFO.items()}
+        return cls(f["max_exponent"], f["min_exponent"], f["nonzeros"], f["nonfinite"],
+                   f["low_exponent"], length)
 
     @property
     def emax(self) -> np.ndarray:
@@ -237,20 +278,20 @@ def _scan_chunk(a: np.ndarray, out: np.ndarray, starts: np.ndarray, lowest: bool
     """One chunk of :func:`scan_rows_cpu`: |x| rows ``a`` into their ``info`` rows."""
     fin = np.isfinite(a)
     if not fin.all():  # Inf/NaN: counted, then left out of the exponents
-        out[..., 3] = np.add.reduceat(~fin, starts, axis=1)
+        out[..., INFO["nonfinite"]] = np.add.reduceat(~fin, starts, axis=1)
         a = np.where(fin, a, 0.0)
     nz = a != 0
-    out[..., 2] = np.add.reduceat(nz, starts, axis=1)
+    out[..., INFO["nonzeros"]] = np.add.reduceat(nz, starts, axis=1)
     big = np.maximum.reduceat(a, starts, axis=1)
     small = np.minimum.reduceat(np.where(nz, a, np.inf), starts, axis=1)
     live = big > 0
-    out[..., 0] = np.where(live, _exponent(np.where(live, big, 1.0)), NEG)
-    out[..., 1] = np.where(live, _exponent(np.where(live, small, 1.0)), POS)
+    out[..., INFO["max_exponent"]] = np.where(live, _exponent(np.where(live, big, 1.0)), NEG)
+    out[..., INFO["min_exponent"]] = np.where(live, _exponent(np.where(live, small, 1.0)), POS)
     if lowest:  # a = f 2^E, m = f 2^53 an integer: lowest bit 2^(E - 53 + ctz m)
         f, E = np.frexp(a)
         m = (f * 2.0**53).astype(np.int64)
         low = E - 53 + _exponent((m & -m).astype(np.float64) + ~nz)
-        out[..., 4] = np.minimum.reduceat(np.where(nz, low, POS), starts, axis=1)
+        out[..., INFO["low_exponent"]] = np.minimum.reduceat(np.where(nz, low, POS), starts, axis=1)
 
 
 def scan_rows_cpu(X: np.ndarray, block: int, lowest: bool = True) -> Scan:
@@ -262,8 +303,10 @@ def scan_rows_cpu(X: np.ndarray, block: int, lowest: bool = True) -> Scan:
     only the tight slice rule reads it."""
     R, C = X.shape
     nb = max(1, -(-C // block))
-    info = np.empty((R, nb, 5), np.int64)
-    info[...] = (NEG, POS, 0, 0, POS)
+    info = np.empty((R, nb, len(INFO.names)), np.int64)
+    empty = {"max_exponent": NEG, "min_exponent": POS, "nonzeros": 0, "nonfinite": 0,
+             "low_exponent": POS}
+    info[...] = [empty[n] for n in INFO.names]
     starts = np.arange(nb) * block
     step = max(1, _SCAN_VALUES // max(C, 1))
 
@@ -282,9 +325,9 @@ def scan_rows_cpu(X: np.ndarray, block: int, lowest: bool = True) -> Scan:
 def _scan_metal(bits: mx.array, R: int, C: int, block: int, backend: str) -> mx.array:
     nb = max(1, -(-C // block))
     (info,) = OZAKI_SCAN(
-        inputs=[bits, params(R, C, block, nb)],
+        inputs=[bits, OZAKI_SCAN_PARAMS.pack(rows=R, cols=C, block=block, blocks=nb)],
         grid=(nb, R, 1), threadgroup=(min(nb, 32), min(R, 8), 1),
-        output_shapes=[(R, nb, 5)], output_dtypes=[mx.int32], backend=backend,
+        output_shapes=[(R, nb, len(INFO.names))], output_dtypes=[mx.int32], backend=backend,
     )
     return info
 
@@ -390,7 +433,8 @@ def _estimate(sa: Scan, sb: Scan, infoA, infoB, K: int, block: int,
     M, N = sa.maxe.shape[0], sb.maxe.shape[0]
     nb = sa.maxe.shape[1]
     (out,) = OZAKI_ESC_ESTIMATE(
-        inputs=[pad8(infoA), pad8(infoB), params(M, N, K, block, nb)],
+        inputs=[pad8(infoA), pad8(infoB), 
+                OZAKI_ESC_ESTIMATE_PARAMS.pack(m=M, n=N, k=K, block=block, blocks=nb)],
         grid=(N, M, 1), threadgroup=(min(N, 32), min(M, 8), 1),
         output_shapes=[(M, N)], output_dtypes=[mx.int32], backend=backend,
     )
@@ -432,7 +476,7 @@ def esc(A, B, *, backend: str | None = None, stream=None) -> mx.array:
     if K == 0:
         return mx.zeros((M, N), mx.int32)
     (out,) = OZAKI_ESC(
-        inputs=[row_bits(A), col_bits(B), params(M, N, K)],
+        inputs=[row_bits(A), col_bits(B), OZAKI_ESC_PARAMS.pack(m=M, n=N, k=K)],
         grid=(N, M, 1), threadgroup=(min(N, 32), min(M, 8), 1),
         output_shapes=[(M, N)], output_dtypes=[mx.int32], backend=name,
     )

@@ -41,20 +41,37 @@ from ..core import backends
 from ..core.streams import streamed
 from ..doubleword.types import read_input
 from ..core.autodiff import host_guard
-from ..core.kernels import Kernel, per_element_of_first_input
+from ..core.kernels import Codes, Kernel, ParamLayout, generated_block, per_element_of_first_input
 
 Q115_THRESHOLD = 0.999
 """Default clamp of the Q1.15 conversions (the reference's ``Q115_OVERFLOW_THRESHOLD``)."""
 Q131_THRESHOLD = 1.0
 """Default clamp of the Q1.31 conversions (the reference clamps to [-1, 1])."""
-ROUNDING_MODES = ("half_even", "half_away", "truncate")
-"""Rounding modes, in the order of the kernels' codes (``FX_HALF_EVEN`` ... in
+ROUNDING = Codes("FX_ROUNDING", ("half_even", "half_away", "truncate"))
+"""The kernels' rounding-mode codes, by name (``FX_ROUNDING_HALF_EVEN`` ... in
 ``metal/include/fixedpoint.h``)."""
-_ROUNDING = {name: i for i, name in enumerate(ROUNDING_MODES)}
+ROUNDING_MODES = ROUNDING.names
+"""The rounding modes the functions accept."""
 
 _FLOAT_IN = (mx.float32, mx.float16, mx.bfloat16)
 _STORAGE = (mx.float32, mx.bfloat16, mx.float16)
 _CODE_DTYPE = {15: mx.int16, 31: mx.int32}
+
+
+FX_PARAMS = ParamLayout("FX_PARAM", (
+    "threshold_bits",  # the float32 threshold's bit pattern, as an int32 (as_type<float>)
+    "rounding",        # a ROUNDING code
+    "bits",            # b: 15 (Q1.15) or 31 (Q1.31)
+), size=8)
+"""The ``params`` buffer of ``fixedpoint_quantize`` and ``fixedpoint_simulate``
+(``FX_PARAM_THRESHOLD_BITS`` ... in ``metal/include/fixedpoint.h``)."""
+
+
+def codes_source() -> str:
+    """The generated block of ``metal/include/fixedpoint.h`` (a test checks that the
+    header holds exactly this text)."""
+    return generated_block("mlx_precise.fixedpoint.qformat.codes_source()", ROUNDING,
+                           FX_PARAMS)
 
 
 FX_QUANTIZE = Kernel(
@@ -63,13 +80,13 @@ FX_QUANTIZE = Kernel(
     headers=("fixedpoint.h",),
     inputs=("x", "params"),
     outputs=("q",),
-    input_dtypes={"x": _FLOAT_IN, "params": (mx.uint32,)},
+    input_dtypes={"x": _FLOAT_IN, "params": (mx.int32,)},
     grid=per_element_of_first_input,
     extended=False,
     variants={"q": (mx.int16, mx.int32)},
 )
 """float -> Q1.b codes. Inputs ``x`` (float32/float16/bfloat16, ``(n,)``) and
-``params`` (uint32 ``(4,)``: threshold bits, rounding code, b, 0); output ``q``
+``params`` (int32 ``(8,)``, :data:`FX_PARAMS`); output ``q``
 (int16 for b = 15, int32 for b = 31), ``(n,)``."""
 
 FX_DEQUANTIZE = Kernel(
@@ -94,7 +111,7 @@ FX_SIMULATE = Kernel(
     inputs=("x", "params"),
     outputs=("y",),
     template=("T",),
-    input_dtypes={"x": _FLOAT_IN, "params": (mx.uint32,)},
+    input_dtypes={"x": _FLOAT_IN, "params": (mx.int32,)},
     grid=per_element_of_first_input,
     extended=False,
     variants={"T": _FLOAT_IN, "y": "T"},
@@ -136,12 +153,12 @@ def _check_threshold(threshold, fn: str) -> np.float32:
 
 
 def _check_rounding(rounding, fn: str) -> int:
-    if not isinstance(rounding, str) or rounding not in _ROUNDING:
+    if not isinstance(rounding, str) or rounding not in ROUNDING:
         raise ValueError(
             f"{fn}: rounding must be one of {', '.join(map(repr, ROUNDING_MODES))}, "
             f"got {rounding!r}"
         )
-    return _ROUNDING[rounding]
+    return ROUNDING[rounding]
 
 
 def _check_storage(storage_dtype, fn: str) -> mx.Dtype:
@@ -157,7 +174,8 @@ def _check_storage(storage_dtype, fn: str) -> mx.Dtype:
 
 @functools.lru_cache(maxsize=64)  # reused by every boundary of an SF16 model
 def _params(t: np.float32, rounding: int, bits: int) -> mx.array:
-    return mx.array(np.array([np.float32(t).view(np.uint32), rounding, bits, 0], np.uint32))
+    return FX_PARAMS.pack(threshold_bits=np.float32(t).view(np.int32), rounding=rounding,
+                          bits=bits)
 
 
 # ---- the cpu backend: MLX CPU float64 ----------------------------------------
@@ -170,9 +188,9 @@ def _cpu_rounded(x: mx.array, t: np.float32, rounding: int, bits: int) -> mx.arr
     (mx.round rounds half to even), and y - trunc(y)."""
     v = x.astype(mx.float64)
     y = mx.clip(v, -float(t), float(t)) * float(2**bits)
-    if rounding == _ROUNDING["half_even"]:
+    if rounding == ROUNDING["half_even"]:
         r = mx.round(y)
-    elif rounding == _ROUNDING["truncate"]:
+    elif rounding == ROUNDING["truncate"]:
         r = mx.trunc(y)
     else:
         tr = mx.trunc(y)

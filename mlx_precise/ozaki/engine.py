@@ -44,14 +44,24 @@ from ..core.streams import streamed
 from ..esc import engine as _esc
 from ..core.autodiff import guarded, host_guard
 from ..core.cputhreads import map_runs, workers_for
-from ..esc.engine import DEFAULT_BLOCK, METHODS, NEG, Scan, check_operands, pad8, params
-from ..int8.engine import device_buffer, gemm_grid, gemm_params
-from ..core.kernels import Kernel
+from ..esc.engine import DEFAULT_BLOCK, METHODS, NEG, Scan, check_operands, pad8
+from ..int8.engine import device_buffer, gemm_grid
+from ..core.kernels import Kernel, ParamLayout, generated_block
 from ..core.backends import Backend
 
 _I32 = (mx.int32,)
 _INT32_MAX = 2**31 - 1
 _FLOAT64_EXACT = 2**53  # integers below this are exact in float64 sums
+
+OZAKI_SLICE_PARAMS = ParamLayout("OZAKI_SLICE", (
+    "rows",        # R, rows of X
+    "cols",        # C, columns of X
+    "slices",      # S
+    "slice_bits",  # B, bits per slice
+    "balanced",    # balanced digits (B = 8), else sign-magnitude
+), size=8)
+"""The ``params`` buffer of ``ozaki_slice`` (``OZAKI_SLICE_ROWS`` ... in
+``metal/include/ozaki.h``)."""
 
 OZAKI_SLICE = Kernel(
     name="ozaki_slice",
@@ -63,7 +73,16 @@ OZAKI_SLICE = Kernel(
     extended=False,
     variants={"out": (mx.int8,)},
 )
-"""Rows of a float64 matrix (raw bits) -> int8 slices ``[S, R, C]``."""
+"""Rows of a float64 matrix (raw bits) -> int8 slices ``[S, R, C]`` (params:
+:data:`OZAKI_SLICE_PARAMS`)."""
+
+OZAKI_ACCUMULATE_PARAMS = ParamLayout("OZAKI_ACCUMULATE", (
+    "m", "n",      # the output C (M, N)
+    "slices",      # S
+    "slice_bits",  # B
+    "k_blocks",    # NKB, the k-blocks of the slice products
+), size=8)
+"""The ``params`` buffer of ``ozaki_accumulate`` (``OZAKI_ACCUMULATE_M`` ...)."""
 
 OZAKI_ACCUMULATE = Kernel(
     name="ozaki_accumulate",
@@ -75,21 +94,38 @@ OZAKI_ACCUMULATE = Kernel(
     extended=False,
     variants={"out": (mx.uint32,)},
 )
-"""int32 slice products ``[S, NKB, M, N]`` -> float64 bits (uint32 ``[M, N, 2]``)."""
+"""int32 slice products ``[S, NKB, M, N]`` -> float64 bits (uint32 ``[M, N, 2]``)
+(params: :data:`OZAKI_ACCUMULATE_PARAMS`)."""
+
+OZAKI_PRODUCTS_PARAMS = ParamLayout("OZAKI_PRODUCTS", (
+    "m", "n", "k",  # one slice product: A_i (M, K) B_j (K, N)
+    "k_block",      # KB, the k-block length
+    "k_blocks",     # NKB, the number of k-blocks
+), size=8)
+"""The ``p`` buffer of ``ozaki_products`` (``OZAKI_PRODUCTS_M`` ...)."""
 
 OZAKI_PRODUCTS = Kernel(
     name="ozaki_products",
     body="ozaki_products.metal",
-    headers=("int8_gemm.h",),
+    headers=("ozaki.h", "int8_gemm.h"),
     inputs=("a", "b", "p"),
     outputs=("c",),
     input_dtypes={"a": (mx.int8,), "b": (mx.int8,), "p": _I32},
     extended=False,
     variants={"c": (mx.int32,)},
-    input_forms=dict.fromkeys(("a", "b", "p"), ("device",)),  # device_buffer, gemm_params
+    # device_buffer, OZAKI_PRODUCTS_PARAMS (8 elements)
+    input_forms=dict.fromkeys(("a", "b", "p"), ("device",)),
 )
 """All kept slice products in one launch of the shared int8 GEMM engine: int8
-slices ``[S, M, K]`` and ``[S, K, N]`` -> int32 anti-diagonal sums ``[S, NKB, M, N]``."""
+slices ``[S, M, K]`` and ``[S, K, N]`` -> int32 anti-diagonal sums ``[S, NKB, M, N]``
+(p: :data:`OZAKI_PRODUCTS_PARAMS`)."""
+
+
+def codes_source() -> str:
+    """The second generated block of ``metal/include/ozaki.h`` (a test checks that
+    the header holds exactly this text)."""
+    return generated_block("mlx_precise.ozaki.engine.codes_source()", OZAKI_SLICE_PARAMS,
+                           OZAKI_ACCUMULATE_PARAMS, OZAKI_PRODUCTS_PARAMS)
 
 
 # ---- parameters ------------------------------------------------------------------
@@ -536,7 +572,9 @@ def product_cpu(a: np.ndarray, b_: np.ndarray, tA: np.ndarray, tB: np.ndarray, S
 def _slice_metal(bits: mx.array, t: np.ndarray, R: int, C: int, S: int, b: int,
                  backend: str) -> mx.array:
     (out,) = OZAKI_SLICE(
-        inputs=[bits, pad8(mx.array(t.astype(np.int32))), params(R, C, S, b, int(b == 8))],
+        inputs=[bits, pad8(mx.array(t.astype(np.int32))),
+                OZAKI_SLICE_PARAMS.pack(rows=R, cols=C, slices=S, slice_bits=b,
+                                        balanced=b == 8)],
         grid=(C, R, 1), threadgroup=(min(C, 64), min(R, 4), 1),
         output_shapes=[(S, R, C)], output_dtypes=[mx.int8], backend=backend,
     )
@@ -552,7 +590,8 @@ def _products_metal(sa: mx.array, sb: mx.array, b: int, backend: str):
     nkb = -(-K // kb)
     grid, tg = gemm_grid(M, N, S * nkb)
     (P,) = OZAKI_PRODUCTS(
-        inputs=[device_buffer(sa), device_buffer(sb), gemm_params(M, N, K, S, kb, nkb)],
+        inputs=[device_buffer(sa), device_buffer(sb),
+                OZAKI_PRODUCTS_PARAMS.pack(m=M, n=N, k=K, k_block=kb, k_blocks=nkb)],
         grid=grid, threadgroup=tg, output_shapes=[(S * nkb, M, N)],
         output_dtypes=[mx.int32], backend=backend,
     )
@@ -562,7 +601,8 @@ def _products_metal(sa: mx.array, sb: mx.array, b: int, backend: str):
 def _accumulate_metal(P: mx.array, nkb: int, tA, tB, M: int, N: int, S: int, b: int,
                       backend: str) -> mx.array:
     (out,) = OZAKI_ACCUMULATE(
-        inputs=[pad8(P), pad8(mx.array(tA)), pad8(mx.array(tB)), params(M, N, S, b, nkb)],
+        inputs=[pad8(P), pad8(mx.array(tA)), pad8(mx.array(tB)),
+                OZAKI_ACCUMULATE_PARAMS.pack(m=M, n=N, slices=S, slice_bits=b, k_blocks=nkb)],
         grid=(N, M, 1), threadgroup=(min(N, 32), min(M, 8), 1),
         output_shapes=[(M, N, 2)], output_dtypes=[mx.uint32], backend=backend,
     )

@@ -1,7 +1,8 @@
 """The kernel codes of the double-word kernels, shared with Metal by name: the
 generated blocks of the headers are exactly what Python generates, the kernels
 compare with the names (never a bare number), and each name selects the operation
-it names (checked against numpy, not against a position)."""
+it names (checked against numpy, not against a position). Likewise the params
+layouts, sentinels and codes of the Ozaki / ESC and fixed-point kernels."""
 
 import re
 
@@ -13,6 +14,9 @@ from mlx_precise.core.kernels import METAL_DIR
 from mlx_precise.doubleword import dw_kernels, fusion
 from mlx_precise.doubleword import functions as dwmath
 from mlx_precise.doubleword.dw_kernels import CDW_OP, CDW_OPS, DW_OP, DW_OPS
+from mlx_precise.esc import engine as esc_engine
+from mlx_precise.fixedpoint import qformat
+from mlx_precise.ozaki import engine as ozaki_engine
 
 
 def _header(name):
@@ -28,6 +32,55 @@ def test_generated_blocks_are_in_the_headers():
     assert dwmath.codes_source() in _header("dw_math.h")
     assert fusion.codes_source() in _header("dw_fused.h")
     assert "constant constexpr int DW_OP_ADD = %d;" % DW_OP["add"] in dw_kernels.codes_source()
+    assert esc_engine.codes_source() in _header("ozaki.h")
+    assert ozaki_engine.codes_source() in _header("ozaki.h")
+    assert qformat.codes_source() in _header("fixedpoint.h")
+    assert "constant constexpr int OZ_NEG = %d;" % esc_engine.NEG in esc_engine.codes_source()
+
+
+@pytest.mark.parametrize("layout, body, buffer", [
+    (esc_engine.OZAKI_SCAN_PARAMS, "ozaki_scan.metal", "params"),
+    (esc_engine.OZAKI_ESC_ESTIMATE_PARAMS, "ozaki_esc_estimate.metal", "params"),
+    (esc_engine.OZAKI_ESC_PARAMS, "ozaki_esc.metal", "params"),
+    (ozaki_engine.OZAKI_SLICE_PARAMS, "ozaki_slice.metal", "params"),
+    (ozaki_engine.OZAKI_ACCUMULATE_PARAMS, "ozaki_accumulate.metal", "params"),
+    (ozaki_engine.OZAKI_PRODUCTS_PARAMS, "ozaki_products.metal", "p"),
+    (qformat.FX_PARAMS, "fixedpoint_quantize.metal", "params"),
+    (qformat.FX_PARAMS, "fixedpoint_simulate.metal", "params"),
+], ids=lambda v: v if isinstance(v, str) else v.prefix)
+def test_kernels_read_params_by_name(layout, body, buffer):
+    """Each field of the layout is read by its generated name, none by a number."""
+    src = _body(body)
+    assert not re.search(rf"\b{buffer}\[\s*\d", src)
+    missing = [n for n in layout.names if f"{buffer}[{layout.metal_name(n)}]" not in src]
+    assert not missing, f"never read: {missing}"
+
+
+def test_scan_info_fields_by_name():
+    """ozaki_scan writes every field of INFO at its name, and the estimate strides
+    by OZ_INFO_COUNT, not by a number."""
+    scan, estimate = _body("ozaki_scan.metal"), _body("ozaki_esc_estimate.metal")
+    info = esc_engine.INFO
+    for n in info.names:
+        assert f"info[o + {info.metal_name(n)}]" in scan
+    for src, strides in ((scan, 1), (estimate, 2)):
+        assert src.count("ulong(OZ_INFO_COUNT) * (") == strides
+        assert not re.search(r"info[AB]?\[[a-z]+ \+ \d", src)
+
+
+def test_fixedpoint_rounding_codes_by_name():
+    """The kernels compare the rounding mode with the generated names, and the params
+    buffer carries the threshold's float32 bit pattern at its named slot."""
+    src = _header("fixedpoint.h")
+    assert not re.search(r"rounding\s*[=!]=\s*\d", src)
+    for n in ("half_even", "truncate"):
+        assert f"rounding == {qformat.ROUNDING.metal_name(n)}" in src
+    p = np.array(qformat._params(np.float32(0.999), qformat.ROUNDING["truncate"], 31))
+    lay = qformat.FX_PARAMS
+    assert p.dtype == np.int32 and p.size == 8
+    assert p[lay.index("threshold_bits"):][:1].view(np.float32)[0] == np.float32(0.999)
+    assert p[lay.index("bits")] == 31
+    assert p[lay.index("rounding")] == qformat.ROUNDING["truncate"]
 
 
 @pytest.mark.parametrize("body, param", [("dw_ops.metal", "OP"), ("cdw_ops.metal", "OP"),
