@@ -284,11 +284,13 @@ def run_training(optimizer_name: str = "adam", steps: int = 1000, backend: str =
     """Train the MLP plain and inside blocks on ``backend`` from the same float32
     initial parameters, against the float64 trajectory. Returns {"floor", "steps",
     "loss0", "loss64" (the oracle's loss at the last step), "float64_time" (numpy
-    oracle, s per step), "plain": {"err", "time", "burst_times"}, backend: {"err",
-    "dw_err", "time", "burst_times", "float32"} or {"error"}}; errors normwise over all
+    oracle, s per step), "plain": {"err", "time", "cpu_time", "burst_times"}, backend:
+    {"err", "dw_err", "time", "cpu_time", "burst_times", "float32"} or {"error"}};
+    errors normwise over all
     parameters; "params_float32": the error of the float64 trajectory with the
     parameters rounded to float32 after every step, "hyper_float32": with the
-    optimizer's float constants rounded to float32; "time" in s per step,
+    optimizer's float constants rounded to float32; "time" in s per step (wall
+    clock), "cpu_time" the CPU time of all threads per step,
     "burst_times" each burst's s per step in order (a rising series would show the
     step's cost growing along the run)."""
     import mlx_precise as mp
@@ -355,13 +357,16 @@ def run_training(optimizer_name: str = "adam", steps: int = 1000, backend: str =
         for who, r in runs.items():
             if r["error"]:
                 continue
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             try:
                 advance(who, n)
             except Exception as e:  # noqa: BLE001
                 r["error"] = f"step {done}: {_error_text(e)}"
                 continue
             r["times"].append((time.perf_counter() - t) / n)
+            # (CPU time of every thread: on a shared machine the steadier measure
+            # of the work; MLX evaluates on threads of its own)
+            r.setdefault("cpu_times", []).append((time.process_time() - c) / n)
         done += n
 
     def per_step(times):
@@ -373,7 +378,8 @@ def run_training(optimizer_name: str = "adam", steps: int = 1000, backend: str =
             continue
         params = dict(tree_flatten(r["model"].parameters()))
         row = {"err": normwise(flat({k: np.array(v) for k, v in params.items()}, keys), ref),
-               "time": per_step(r["times"]), "burst_times": r["times"]}
+               "time": per_step(r["times"]), "burst_times": r["times"],
+               "cpu_time": per_step(r["cpu_times"])}
         if not who.startswith("plain"):
             row["float32"] = dict(r["report"].float32) if r["report"] is not None else {}
             try:
@@ -548,8 +554,10 @@ def gradient_table(results: dict, backends, chain: int | None = None) -> str:
 def _times(base: dict, run: dict) -> list[str]:
     """Time per step of ``base`` and ``run`` and their ratio (table cells)."""
     t0, t1 = base.get("time"), run.get("time")
+    c0, c1 = base.get("cpu_time"), run.get("cpu_time")
+    cpu = f" (CPU time {c1 / c0:.1f}x)" if c0 and c1 else ""
     return [f"{1e3 * t0:.2f} ms" if t0 else "-", f"{1e3 * t1:.2f} ms" if t1 else "-",
-            f"{t1 / t0:.1f}x" if t0 and t1 else "-"]
+            f"{t1 / t0:.1f}x{cpu}" if t0 and t1 else "-"]
 
 
 def training_row(name: str, backend: str, r: dict) -> str:
@@ -605,7 +613,8 @@ def main(argv=None):
         print(f"\nTraining the MLP ({MLP_SIZES['d_in']}-{MLP_SIZES['hidden']}-"
               f"{MLP_SIZES['d_out']}, {MLP_SIZES['samples']} samples, MSE, full batch), "
               f"block {a.block}; target: rounded <= 3x. Time per step: median of "
-              f"interleaved bursts of 10 steps\n")
+              f"interleaved bursts of 10 steps (wall clock; in brackets the ratio of "
+              f"CPU time, all threads)\n")
         print(TRAINING_HEAD, flush=True)
         for b in backends:
             for name in OPTIMIZERS:
