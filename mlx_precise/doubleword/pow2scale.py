@@ -43,7 +43,12 @@ def row_exponents(rows: mx.array, growth_log2: int) -> mx.array:
     ``metal/include/fft.h``).
 
     ``rows``: float32 or complex64 (rows, n)."""
-    m = row_maxima(rows)
+    return exponents(row_maxima(rows), growth_log2)
+
+
+def exponents(m: mx.array, growth_log2: int) -> mx.array:
+    """:func:`row_exponents` from the row maxima ``m`` (float32 (rows, 1),
+    :func:`row_maxima`)."""
     # The exponent field of m >= 0: max|row| < 2^(field - 126). A NaN with its sign
     # bit set gives a negative field, hence e = 0, as a NaN row needs.
     field = m.view(mx.int32) >> 23

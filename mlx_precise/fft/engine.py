@@ -306,20 +306,27 @@ def _row_scale_args(rs: _RowScale | None, first: bool, last: bool):
 
 def _stage(rs: _RowScale | None, **changes) -> _RowScale | None:
     """``rs`` for one kernel stage of a transform (``load`` / ``store`` / ``per_part``
-    changed), or None."""
-    return None if rs is None else dataclasses.replace(rs, **changes)
+    changed), or None (also when the stage scales nothing)."""
+    if rs is None:
+        return None
+    rs = dataclasses.replace(rs, **changes)
+    return rs if rs.load or rs.store else None
 
 
-def _in_range(run, hi, lo, growth_log2: int, folds: bool):
+def _in_range(run, hi, lo, growth_log2: int, load: bool, store: bool):
     """``run(hi, lo, rs)`` on rows scaled by exact powers of two so that no
     intermediate overflows (:mod:`mlx_precise.doubleword.pow2scale`), and its result
-    scaled back: by the kernels (``folds``: ``rs`` a :class:`_RowScale`) or by MLX
-    ops around ``run`` (``rs`` None: Bluestein's sizes)."""
-    if folds:
-        return run(hi, lo, _RowScale(_flat(pow2scale.row_maxima(hi)), growth_log2))
-    e = pow2scale.row_exponents(hi, growth_log2)
-    y_hi, y_lo = run(*pow2scale.scale_all(e, hi, lo), None)
-    return pow2scale.unscale(y_hi, y_lo, e)
+    scaled back: by the transform's first kernel (``load``) and last (``store``),
+    told so by ``rs`` (a :class:`_RowScale`), else by MLX ops around ``run`` (the
+    Bluestein ends of a transform: a complex product)."""
+    m = pow2scale.row_maxima(hi)
+    rs = _RowScale(_flat(m), growth_log2, load, store) if load or store else None
+    if not (load and store):
+        e = pow2scale.exponents(m, growth_log2)
+    if not load:
+        hi, lo = pow2scale.scale_all(e, hi, lo)
+    y_hi, y_lo = run(hi, lo, rs)
+    return (y_hi, y_lo) if store else pow2scale.unscale(y_hi, y_lo, e)
 
 
 def _is_pow2(n: int) -> bool:
@@ -504,11 +511,12 @@ def _rfft_rows(hi, lo, rows: int, n: int, *, lo_out: bool, backend: str, stream,
                         backend=backend, stream=stream, rs=rs)
 
 
-def _real_folds(n: int) -> bool:
-    """Whether the kernels of a real transform of length n scale its rows
-    themselves: n = 2N with N a power of two (the half-length complex FFT is
-    Stockham's, or absent)."""
-    return n % 2 == 0 and _is_pow2(n // 2)
+def _real_folds(n: int) -> tuple[bool, bool]:
+    """(first, last): whether the half-length complex FFT of a real transform of
+    length n (rfft; irfft the other way round) scales the rows itself (N = n / 2 a
+    power of two: Stockham's passes, or no FFT), and whether its fft_real kernel
+    does (n even)."""
+    return n % 2 == 0 and _is_pow2(n // 2), n % 2 == 0
 
 
 def _hermitian_extend(a, n: int):
@@ -566,15 +574,16 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
         y_hi, y_lo = _in_range(
             lambda h, l, rs: _rfft_rows(h, l, rows, n, lo_out=not round_output, backend=name,
                                         stream=stream, rs=rs),
-            hi, lo, _growth_log2(n) + 1, _real_folds(n))
+            hi, lo, _growth_log2(n) + 1, *_real_folds(n))
         y_hi, y_lo = _hermitian_extend(y_hi, n), _hermitian_extend(y_lo, n)
     else:
+        stockham = n > 1 and _is_pow2(n)  # its first and last passes scale the rows
         y_hi, y_lo = _in_range(
             lambda h, l, rs: _cfft_rows(h, l, rows, n, inverse=inverse,
                                         scale_den=n if inverse else 1,
                                         lo_out=not round_output, backend=name, stream=stream,
                                         rs=rs),
-            hi, lo, _growth_log2(n), n > 1 and _is_pow2(n))
+            hi, lo, _growth_log2(n), stockham, stockham)
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 
@@ -592,7 +601,7 @@ def _rfft_words(x, n, axis, round_output, backend, stream):
     y_hi, y_lo = _in_range(
         lambda h, l, rs: _rfft_rows(h, l, rows, n, lo_out=not round_output, backend=name,
                                     stream=stream, rs=rs),
-        _to_rows(hi, ax, n), _to_rows(lo, ax, n), _growth_log2(n) + 1, _real_folds(n))
+        _to_rows(hi, ax, n), _to_rows(lo, ax, n), _growth_log2(n) + 1, *_real_folds(n))
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 
@@ -611,7 +620,7 @@ def _irfft_words(X, n, axis, round_output, backend, stream):
     growth = _growth_log2(n) if n % 2 else _growth_log2(n // 2) + 2  # + pre-processing
     y_hi, y_lo = _in_range(
         lambda h, l, rs: _irfft_rows(h, l, rows, n, round_output, name, stream, rs),
-        _to_rows(hi, ax, m), _to_rows(lo, ax, m), growth, _real_folds(n))
+        _to_rows(hi, ax, m), _to_rows(lo, ax, m), growth, *_real_folds(n)[::-1])
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 
@@ -636,7 +645,7 @@ def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream
         rs = _stage(rs, per_part=True)  # the result's words are real
         z_hi, z_lo = _real_kernel(hi, lo, rows, big_n, pre=True, scale_den=n if single else 1,
                                   lo_out=not (single and round_output), backend=name,
-                                  stream=stream, rs=_stage(rs, store=single))
+                                  stream=stream, rs=_stage(rs, store=single))  # N = 1: folds
         if not single:
             z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=True, scale_den=n,
                                     lo_out=not round_output, backend=name, stream=stream,
