@@ -86,7 +86,7 @@ def fp_instructions(name: str, template: dict, inputs, output_shapes) -> float |
         from mlx_precise.doubleword.functions import FN_CODES
 
         fn = {v: k for k, v in FN_CODES.items()}[template["FN"]]
-        return n * _DW_MATH[fn]
+        return n // (2 if fn == "cexp" else 1) * _DW_MATH[fn]  # cexp: interleaved words
     if name == "dw_gemm":
         p = np.array(inputs[-1])  # M, N, K, strides..., has_d, ndims, lows, (size, strides)...
         M, N, K, ndims = int(p[0]), int(p[1]), int(p[2]), int(p[12])

@@ -23,3 +23,72 @@ constant constexpr int CDW_OP_MUL = 1;
 constant constexpr int CDW_OP_COUNT = 2;
 // ---- end of generated codes ----
 
+
+// ---- complex division (cdw_div.metal) -------------------------------------------
+
+// w * 2^k as IEEE binary32 multiplication by a power of two rounds it with gradual
+// underflow (round to nearest even; Inf past the top, Inf / NaN / zero unchanged),
+// computed on the bits: the same value on a device that flushes subnormals, so a
+// subnormal word is scaled exactly, as a multiply on a CPU does. |k| <= 254.
+METAL_FUNC float dw_ldexp(float w, int k) {
+  uint b = as_type<uint>(w);
+  uint sign = b & 0x80000000u;
+  uint mag = b & 0x7fffffffu;
+  if (mag == 0u || mag >= 0x7f800000u) {
+    return w;
+  }
+  int e = int(mag >> 23);
+  uint m = mag & 0x7fffffu;
+  if (e == 0) {  // subnormal: normalise the significand (m < 2^23)
+    int s = int(metal::clz(m)) - 8;
+    m <<= uint(s);
+    e = 1 - s;
+  } else {
+    m |= 0x800000u;
+  }
+  e += k;
+  if (e >= 255) {
+    return as_type<float>(sign | 0x7f800000u);
+  }
+  if (e >= 1) {
+    return as_type<float>(sign | (uint(e) << 23) | (m & 0x7fffffu));
+  }
+  uint sh = uint(1 - e);  // the result is subnormal: m 2^(e - 150) in units of 2^-149
+  if (sh > 24u) {
+    return as_type<float>(sign);  // below half the smallest subnormal (m < 2^24)
+  }
+  uint q = m >> sh;
+  uint rem = m & ((1u << sh) - 1u);
+  uint tie = 1u << (sh - 1u);
+  q += (rem > tie || (rem == tie && (q & 1u) != 0u)) ? 1u : 0u;  // a carry into the
+  return as_type<float>(sign | q);  // exponent field gives the smallest normal
+}
+
+// Point i of interleaved (re, im) word arrays.
+METAL_FUNC cdw cdw_load(const device float* hi, const device float* lo, uint i) {
+  cdw v;
+  v.re = dw_make(hi[2 * i], lo[2 * i]);
+  v.im = dw_make(hi[2 * i + 1], lo[2 * i + 1]);
+  return v;
+}
+
+// floor(max(|Re w.hi|, |Im w.hi|)) as a power of two, clipped to [-126, 127] (the
+// exponent field of the larger part, 1..254, less the bias; zero and subnormal:
+// -126), from the bits.
+METAL_FUNC int cdw_div_exponent(cdw w) {
+  uint big = metal::max(as_type<uint>(w.re.hi) & 0x7fffffffu,
+                        as_type<uint>(w.im.hi) & 0x7fffffffu);
+  return metal::clamp(int(big >> 23), 1, 254) - 127;
+}
+
+// w 2^e as `parts` factors 2^(e_k) of one sign, e_k = floor(e / k) for k = parts
+// .. 1 (each a normal float32 for |e| <= 126 parts), every word by dw_ldexp.
+METAL_FUNC cdw cdw_ldexp(cdw w, int e, int parts) {
+  for (int k = parts; k > 0; --k) {
+    int ek = e >= 0 ? e / k : -((k - 1 - e) / k);  // floor division
+    w.re = dw_make(dw_ldexp(w.re.hi, ek), dw_ldexp(w.re.lo, ek));
+    w.im = dw_make(dw_ldexp(w.im.hi, ek), dw_ldexp(w.im.lo, ek));
+    e -= ek;
+  }
+  return w;
+}

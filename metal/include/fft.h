@@ -23,6 +23,10 @@ constant constexpr int FFT_PASS_LO_OUT = 8;
 constant constexpr int FFT_PASS_SCALED = 9;
 constant constexpr int FFT_PASS_SCALE_HI = 10;
 constant constexpr int FFT_PASS_SCALE_LO = 11;
+constant constexpr int FFT_PASS_RS_IN = 12;
+constant constexpr int FFT_PASS_RS_OUT = 13;
+constant constexpr int FFT_PASS_RS_PER_PART = 14;
+constant constexpr int FFT_PASS_RS_GROWTH = 15;
 constant constexpr int FFT_REAL_N_HALF = 0;
 constant constexpr int FFT_REAL_ROWS = 1;
 constant constexpr int FFT_REAL_PRE = 2;
@@ -31,6 +35,11 @@ constant constexpr int FFT_REAL_LO_OUT = 4;
 constant constexpr int FFT_REAL_SCALED = 5;
 constant constexpr int FFT_REAL_SCALE_HI = 6;
 constant constexpr int FFT_REAL_SCALE_LO = 7;
+constant constexpr int FFT_REAL_RS_IN = 8;
+constant constexpr int FFT_REAL_RS_OUT = 9;
+constant constexpr int FFT_REAL_RS_PER_PART = 10;
+constant constexpr int FFT_REAL_RS_GROWTH = 11;
+constant constexpr int FFT_HEADROOM = 124;
 // ---- end of generated codes ----
 
 // Points of one threadgroup's transforms: two ping-pong buffers of this many
@@ -80,6 +89,46 @@ METAL_FUNC void fft_store(device float* hi, device float* lo, uint i, cdw v, boo
     lo[2 * i] = v.re.lo;
     lo[2 * i + 1] = v.im.lo;
   }
+}
+
+// Per-row range scaling folded into the first and last kernels of a transform
+// (the rule of mlx_precise/doubleword/pow2scale.py, FFT_HEADROOM generated from its
+// HEADROOM): the row's maximum m = max|x| (the host's one reduction) gives the
+// exponent e >= 0 that keeps m * 2^growth * 2^-e below 2^FFT_HEADROOM (0 when m is
+// Inf or NaN: its exponent field is 255, or negative for a NaN with the sign set);
+// the first kernel loads x * 2^-e, the last stores y * 2^e. Both products are exact
+// (powers of two) unless they fall below 2^-126 and flush, as the same multiplies
+// by MLX would on the GPU.
+METAL_FUNC int fft_row_exponent(float m, int growth) {
+  int field = as_type<int>(m) >> 23;
+  int e = metal::min(metal::max(field + (growth - 126 - FFT_HEADROOM), 0), 126);
+  return field == 255 ? 0 : e;
+}
+
+// 2^e and 2^-e as float32 from the exponent bits (0 <= e <= 126).
+METAL_FUNC float fft_pow2(int e) { return as_type<float>((127 + e) << 23); }
+METAL_FUNC float fft_pow2_neg(int e) { return as_type<float>((127 - e) << 23); }
+
+// Each word of x times the power of two f.
+METAL_FUNC cdw fft_times(cdw x, float f) {
+  return cdw_make(dw_make(x.re.hi * f, x.re.lo * f), dw_make(x.im.hi * f, x.im.lo * f));
+}
+
+// y * 2^e stored back: a high word that is not finite after the scaling gets zero
+// low words (the special-value rule of doubleword.h), applied to each part on its
+// own when the parts are two real results (per_part: irfft's interleaved output),
+// else to the point (a complex high word with a part that is not finite zeroes
+// both low words, as pow2scale.unscale does).
+METAL_FUNC cdw fft_unscale(cdw y, float f, bool per_part) {
+  cdw r = fft_times(y, f);
+  bool re_ok = metal::isfinite(r.re.hi);
+  bool im_ok = metal::isfinite(r.im.hi);
+  if (!per_part) {
+    re_ok = im_ok = re_ok && im_ok;
+  }
+  r.re.lo = re_ok ? r.re.lo : 0.0f;
+  r.im.lo = im_ok ? r.im.lo : 0.0f;
+  return r;
 }
 
 // Twiddle w^e = exp(-2 pi i e / m) (conjugated when inverse) from the host table

@@ -4,20 +4,22 @@
 // _ERF, _SQRT, _RSQRT, _RECIPROCAL, _POWER (pow(a, b)), _ARCTAN2 (atan2(a, b),
 // a = y, b = x), _CEXP (complex exp of a + ib).
 // Inputs ah, al, bh, bl: float32, length n (b unused by unary functions). Outputs
-// zh, zl: the result (real part for DWM_FN_CEXP), length n; wh, wl: the imaginary
-// part for DWM_FN_CEXP (length n), not written otherwise.
+// zh, zl: the result, length n. DWM_FN_CEXP reads and writes complex words: ah, al
+// the interleaved (re, im) words of n / 2 points (b unused), zh, zl those of the
+// result (the views of complex64 words: no split into parts nor join).
 static_assert(FN >= 0 && FN < DWM_FN_COUNT, "dw_math: FN must be a DWM_FN code (dw_math.h)");
 uint i = thread_position_in_grid.x;
-if (i >= uint(ah_shape[0])) return;
-dw a = dw_make(ah[i], al[i]);
-dw z;
 if (FN == DWM_FN_CEXP) {
-  cdw c = dwm_cexp(a, dw_make(bh[i], bl[i]));
-  z = c.re;
-  wh[i] = c.im.hi;
-  wl[i] = c.im.lo;
-} else {  // the real functions by their codes (dwm_apply in dw_math.h)
-  z = dwm_apply(FN, a, dw_make(bh[i], bl[i]));
+  if (i >= uint(ah_shape[0]) / 2u) return;
+  cdw c = dwm_cexp(dw_make(ah[2 * i], al[2 * i]), dw_make(ah[2 * i + 1], al[2 * i + 1]));
+  zh[2 * i] = c.re.hi;
+  zh[2 * i + 1] = c.im.hi;
+  zl[2 * i] = c.re.lo;
+  zl[2 * i + 1] = c.im.lo;
+  return;
 }
+if (i >= uint(ah_shape[0])) return;
+// the real functions by their codes (dwm_apply in dw_math.h)
+dw z = dwm_apply(FN, dw_make(ah[i], al[i]), dw_make(bh[i], bl[i]));
 zh[i] = z.hi;
 zl[i] = z.lo;

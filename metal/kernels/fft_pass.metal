@@ -15,10 +15,15 @@
 // Every operation is double-word (doubleword.h): accurate DW+DW additions,
 // DWTimesDW3 products, twiddles split from values exact to ~2^-100.
 //
+// The first pass of a transform may load each row scaled by 2^-e (rs_in) and the
+// last store it scaled back by 2^e (rs_out), e from the row's maximum rmax[row]
+// (fft.h, fft_row_exponent).
+//
 // Inputs:  x_hi, x_lo float32 interleaved (re, im) words of rows x n points
 //          (x_lo unread unless lo_in); tab float32 twiddle table of order
-//          NT = 2^logNT (fft.h); params int32 (16,): the fields FFT_PASS_* of
-//          fft.h (generated from FFT_PASS_PARAMS in mlx_precise/fft/engine.py).
+//          NT = 2^logNT (fft.h); rmax float32 max |x| of each row (unread unless
+//          rs_in or rs_out); params int32 (16,): the fields FFT_PASS_* of fft.h
+//          (generated from FFT_PASS_PARAMS in mlx_precise/fft/engine.py).
 // Outputs: y_hi, y_lo float32, rows x n points (y_lo unwritten unless lo_out).
 // Grid: threadgroup t handles groups g = t C ... t C + C - 1 (g = row n/R + j,
 // out-of-range groups are skipped); any threadgroup size works (loops).
@@ -33,6 +38,10 @@ bool lo_in = params[FFT_PASS_LO_IN] != 0;
 bool lo_out = params[FFT_PASS_LO_OUT] != 0;
 bool scaled = params[FFT_PASS_SCALED] != 0;
 dw sc = dw_make(as_type<float>(params[FFT_PASS_SCALE_HI]), as_type<float>(params[FFT_PASS_SCALE_LO]));
+bool rs_in = params[FFT_PASS_RS_IN] != 0;
+bool rs_out = params[FFT_PASS_RS_OUT] != 0;
+bool rs_per_part = params[FFT_PASS_RS_PER_PART] != 0;
+int rs_growth = params[FFT_PASS_RS_GROWTH];
 
 threadgroup float4 buf_a[FFT_TG_POINTS];
 threadgroup float4 buf_b[FFT_TG_POINTS];
@@ -59,6 +68,9 @@ for (uint p = tid; p < npts; p += nth) {
     uint row = g >> logGpr;
     uint j = g & ((1u << logGpr) - 1u);
     v = fft_load(x_hi, x_lo, (row << logn) + j + (r << logGpr), lo_in);
+    if (rs_in) {
+      v = fft_times(v, fft_pow2_neg(fft_row_exponent(rmax[row], rs_growth)));
+    }
     uint k = j & (Ns - 1u);
     if (k != 0u && r != 0u) {
       v = cdw_mul(v, fft_twiddle(tab, (r * k) << (logNT - logNs - logR), half_nt, inverse));
@@ -133,6 +145,10 @@ for (uint p = tid; p < npts; p += nth) {
     uint j = g & ((1u << logGpr) - 1u);
     uint o = (row << logn) + ((j >> logNs) << (logNs + logR)) + (j & (Ns - 1u)) + (r << logNs);
     cdw v = cdw_unpack(src[(c << logR) + r]);
-    fft_store(y_hi, y_lo, o, scaled ? cdw_scale(v, sc) : v, lo_out);
+    v = scaled ? cdw_scale(v, sc) : v;
+    if (rs_out) {
+      v = fft_unscale(v, fft_pow2(fft_row_exponent(rmax[row], rs_growth)), rs_per_part);
+    }
+    fft_store(y_hi, y_lo, o, v, lo_out);
   }
 }

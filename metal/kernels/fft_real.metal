@@ -13,10 +13,13 @@
 // z_m = x_2m + i x_(2m+1).
 // Halving and multiplying by +-i are exact; the rest is accurate DW+DW and
 // DWTimesDW3 (doubleword.h). The result is multiplied by scale when scaled
-// (used when N = 1, where no complex FFT runs).
+// (used when N = 1, where no complex FFT runs). As the first or last kernel of a
+// transform it may load each row scaled by 2^-e (rs_in) or store it scaled back by
+// 2^e (rs_out), e from the row's maximum rmax[row] (fft.h, fft_row_exponent).
 //
 // Inputs:  x_hi, x_lo float32 interleaved words, rows x (N or N+1) points (x_lo
 //          unread unless lo_in); tab float32 twiddle table of order n (fft.h);
+//          rmax float32 max |x| of each row (unread unless rs_in or rs_out);
 //          params int32 (16,): the fields FFT_REAL_* of fft.h (generated from
 //          FFT_REAL_PARAMS in mlx_precise/fft/engine.py).
 // Outputs: y_hi, y_lo float32, rows x (N+1 or N) points (y_lo unless lo_out).
@@ -28,6 +31,10 @@ bool lo_in = params[FFT_REAL_LO_IN] != 0;
 bool lo_out = params[FFT_REAL_LO_OUT] != 0;
 bool scaled = params[FFT_REAL_SCALED] != 0;
 dw sc = dw_make(as_type<float>(params[FFT_REAL_SCALE_HI]), as_type<float>(params[FFT_REAL_SCALE_LO]));
+bool rs_in = params[FFT_REAL_RS_IN] != 0;
+bool rs_out = params[FFT_REAL_RS_OUT] != 0;
+bool rs_per_part = params[FFT_REAL_RS_PER_PART] != 0;
+int rs_growth = params[FFT_REAL_RS_GROWTH];
 
 uint i = thread_position_in_grid.x;
 uint per_row = pre ? N : N + 1u;
@@ -36,11 +43,18 @@ if (i >= rows * per_row) {
 }
 uint row = i / per_row;
 uint k = i - row * per_row;
+int e = (rs_in || rs_out) ? fft_row_exponent(rmax[row], rs_growth) : 0;
+float down = fft_pow2_neg(e);
 cdw out;
 if (!pre) {
   uint in0 = row * N;
   cdw zk = fft_load(x_hi, x_lo, in0 + (k == N ? 0u : k), lo_in);
-  cdw zm = cdw_conj(fft_load(x_hi, x_lo, in0 + (k == 0u ? 0u : N - k), lo_in));
+  cdw zm = fft_load(x_hi, x_lo, in0 + (k == 0u ? 0u : N - k), lo_in);
+  if (rs_in) {
+    zk = fft_times(zk, down);
+    zm = fft_times(zm, down);
+  }
+  zm = cdw_conj(zm);
   cdw a = cdw_add(zk, zm);
   cdw t = cdw_mul(cdw_sub(zk, zm), fft_twiddle(tab, k, N, false));
   cdw h = cdw_add(a, cdw_mul_neg_i(t));
@@ -49,6 +63,10 @@ if (!pre) {
   uint in0 = row * (N + 1u);
   cdw xk = fft_load(x_hi, x_lo, in0 + k, lo_in);
   cdw xm = fft_load(x_hi, x_lo, in0 + N - k, lo_in);
+  if (rs_in) {
+    xk = fft_times(xk, down);
+    xm = fft_times(xm, down);
+  }
   if (k == 0u) {
     xk.im = dw_make(0.0f, 0.0f);
     xm.im = dw_make(0.0f, 0.0f);
@@ -58,4 +76,8 @@ if (!pre) {
   cdw o = cdw_mul(cdw_sub(xk, xm), fft_twiddle(tab, k, N, true));
   out = cdw_add(e, cdw_mul_i(o));
 }
-fft_store(y_hi, y_lo, i, scaled ? cdw_scale(out, sc) : out, lo_out);
+out = scaled ? cdw_scale(out, sc) : out;
+if (rs_out) {
+  out = fft_unscale(out, fft_pow2(e), rs_per_part);
+}
+fft_store(y_hi, y_lo, i, out, lo_out);

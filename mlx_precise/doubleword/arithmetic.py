@@ -43,14 +43,17 @@ def operate(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream=None) ->
             return z
     if op == "sub":
         op, y = "add", -y  # exact negation: x - y = x + (-y)
-    z = arith64(op, x, y) if wide else arith_kernels(op, x, y, backend, stream)
+    if not wide:  # the kernels apply the float32 rule of complex quotients themselves
+        return arith_kernels(op, x, y, backend, stream)
+    z = arith64(op, x, y)
     if op == "div" and y.is_complex:
         z = _complex_div_specials(x, y, z)
     return z
 
 
 def _complex_div_specials(x: DoubleWord, y: DoubleWord, z: DoubleWord) -> DoubleWord:
-    """The float32 rule for complex quotients: where an operand is Inf or NaN, or
+    """The float32 rule for complex quotients (the cpu engine's; the kernels'
+    is in ``metal/kernels/cdw_div.metal``): where an operand is Inf or NaN, or
     y is 0, the result is MLX's complex64 quotient of the high words (Inf, NaN or
     0, as float32 gives) with a zero low word; a quotient that overflows float32
     is Inf with a zero low word."""

@@ -78,3 +78,21 @@ CDW_OPS = Kernel(
 """Elementwise complex double-word operation ``OP`` (a name or code of
 :data:`CDW_OP`). Inputs and outputs: float32, shape ``(n,)`` (real hi, real lo,
 imaginary hi, imaginary lo)."""
+
+CDW_DIV = Kernel(
+    name="cdw_div",
+    body="cdw_div.metal",
+    headers=("dw_ops.h",),
+    inputs=("x_hi", "x_lo", "y_hi", "y_lo"),
+    outputs=("z_hi", "z_lo", "special"),
+    input_dtypes={k: _F32 for k in ("x_hi", "x_lo", "y_hi", "y_lo")},
+    extended=True,
+    variants={"z_hi": _F32, "z_lo": _F32, "special": (mx.bool_,)},
+    # the wrapper pads every input to 8 elements at least
+    input_forms=dict.fromkeys(("x_hi", "x_lo", "y_hi", "y_lo"), ("device",)),
+)
+"""Complex double-word division, scaled so that no intermediate overflows or
+underflows (``metal/kernels/cdw_div.metal``). Inputs: float32 interleaved (re, im)
+words of x and y, n points each; outputs ``z_hi``, ``z_lo`` float32 interleaved words
+of x / y, ``special`` bool (n,): where float32's rule for special operands applies
+(the quotient's high word is then the caller's). Grid: one thread per point."""

@@ -49,7 +49,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import engine64, fusion
-from .types import DoubleWord, combine
+from .types import DoubleWord
 from ..core import backends, jit
 from ..core.kernels import (Codes, Kernel, generated_block, per_element_of_first_input,
                             same_shape)
@@ -84,21 +84,21 @@ DW_MATH = Kernel(
     body="dw_math.metal",
     headers=("dw_math.h",),
     inputs=_IN,
-    outputs=("zh", "zl", "wh", "wl"),
+    outputs=("zh", "zl"),
     template=("FN",),
     codes={"FN": FN},
     input_dtypes={k: (F32,) for k in _IN},
     input_shapes=same_shape(ndim=1),
     grid=per_element_of_first_input,
     extended=True,
-    variants={k: (F32,) for k in ("zh", "zl", "wh", "wl")},
+    variants={k: (F32,) for k in ("zh", "zl")},
 )
 """Elementwise double-word function ``FN`` (a name or code of :data:`FN`). Inputs
 ``ah, al, bh, bl``: float32, shape ``(n,)``: the first operand ``a = (ah, al)`` and
-the second ``b = (bh, bl)`` (``y`` of power / arctan2, the imaginary part of complex
-exp; unary functions ignore it). Outputs ``zh, zl`` (shape ``(n,)``) the result (the
-real part for complex exp), ``wh, wl`` the imaginary part of complex exp (shape
-``(n,)`` there, ``(1,)`` and unwritten otherwise)."""
+the second ``b = (bh, bl)`` (``y`` of power / arctan2; unary functions ignore it).
+Outputs ``zh, zl`` (shape ``(n,)``): the result. Complex exp (``cexp``) reads the
+interleaved (re, im) words of n / 2 points from ``ah, al`` and writes the result's
+likewise (a grid of n / 2 threads)."""
 
 
 # ---- the constants of metal/include/dw_math.h ------------------------------------------
@@ -255,11 +255,9 @@ def unary(fn: str, x: DoubleWord, backend: str | None = None, stream=None) -> Do
     x = _operand(x, "x", complex_ok=(fn == "exp"))
     name = _backend(backend)
     if x.is_complex:
-        re, im = x.parts()
         if name.float64_engine:
-            return engine64.cexp64(re, im)
-        zr, zi = _launch("cexp", re, im, name, stream)
-        return combine(zr, zi)
+            return engine64.cexp64(*x.parts())
+        return _cexp(x, name, stream)
     if name.float64_engine:
         if fn == "erf":
             with mx.stream(mx.cpu):
@@ -299,29 +297,45 @@ def binary(fn: str, x: DoubleWord, y: DoubleWord, backend: str | None = None,
 # ---- metal / emulate ------------------------------------------------------------------
 
 def _launch(fn: str, a: DoubleWord, b: DoubleWord | None, backend: str, stream):
-    """Run ``dw_math`` with ``FN = FN[fn]`` over ``a`` (and ``b``) broadcast to one
-    shape; the result as one DoubleWord, or ``(real, imaginary)`` for ``cexp``."""
-    if fn != "cexp":  # real functions: fused with the operations that made a (and b)
-        z = fusion.apply("fn", [a] if b is None else [a, b], backend, stream, fn=(fn, FN[fn]))
-        if z is not None:
-            return z
+    """Run ``dw_math`` with ``FN = FN[fn]`` (a real function) over ``a`` (and ``b``)
+    broadcast to one shape; the result as one DoubleWord."""
+    # fused with the operations that made a (and b)
+    z = fusion.apply("fn", [a] if b is None else [a, b], backend, stream, fn=(fn, FN[fn]))
+    if z is not None:
+        return z
     words = [a.hi, a.lo] + ([b.hi, b.lo] if b is not None else [])
     shape = mx.broadcast_shapes(*(tuple(w.shape) for w in words))
     size = math.prod(shape)
-    two = fn == "cexp"
     if size == 0:
-        zero = DoubleWord(mx.zeros(shape, F32), mx.zeros(shape, F32))
-        return (zero, zero) if two else zero
-    flat = [mx.broadcast_to(w, shape).reshape(-1) for w in words]
-    if b is None:
-        flat += flat  # the kernel ignores b: no second buffer needed
-    w_shape = (size,) if two else (1,)
-    zh, zl, wh, wl = DW_MATH(
-        inputs=flat, template={"FN": FN[fn]},
-        output_shapes=[(size,), (size,), w_shape, w_shape], output_dtypes=[F32] * 4,
-        backend=backend, stream=stream)
-    z = DoubleWord(zh.reshape(shape), zl.reshape(shape))
-    return (z, DoubleWord(wh.reshape(shape), wl.reshape(shape))) if two else z
+        return DoubleWord(mx.zeros(shape, F32), mx.zeros(shape, F32))
+    zh, zl = _dw_math(fn, [mx.broadcast_to(w, shape).reshape(-1) for w in words], size,
+                      backend, stream)
+    return DoubleWord(zh.reshape(shape), zl.reshape(shape))
+
+
+def _cexp(x: DoubleWord, backend: str, stream) -> DoubleWord:
+    """e^x of complex words: one ``dw_math`` launch (``cexp``) that reads and writes
+    the interleaved words (float32 views of the complex64 arrays: no split into
+    parts nor join)."""
+    shape = tuple(x.shape)
+    size = math.prod(shape)
+    if size == 0:
+        z = mx.zeros(shape, mx.complex64)
+        return DoubleWord(z, z)
+    zh, zl = _dw_math("cexp", [w.reshape(-1).view(F32) for w in (x.hi, x.lo)], size, backend,
+                      stream)
+    return DoubleWord(*(w.view(mx.complex64).reshape(shape) for w in (zh, zl)))
+
+
+def _dw_math(fn: str, flat: list, threads: int, backend: str, stream):
+    """The flat result words (zh, zl) of one ``dw_math`` launch with ``threads``
+    threads over the flat float32 inputs ``flat`` (a's words, or a's and b's)."""
+    if len(flat) == 2:
+        flat = flat + flat  # the kernel ignores b: no second buffer needed
+    n = flat[0].size
+    return DW_MATH(inputs=flat, template={"FN": FN[fn]}, grid=(threads, 1, 1),
+                   threadgroup=(min(threads, 256), 1, 1), output_shapes=[(n,), (n,)],
+                   output_dtypes=[F32] * 2, backend=backend, stream=stream)
 
 
 # ---- cpu: float64 erf (the kernels' scheme in MLX float64 ops, so traceable) ---------

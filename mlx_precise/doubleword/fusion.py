@@ -701,37 +701,17 @@ def _cut(w: DoubleWord, index) -> Expr:
 _RE, _IM, _SWAP = (..., slice(0, 1)), (..., slice(1, 2)), (..., slice(None, None, -1))
 
 
-def _complex_product(x: DoubleWord, y: DoubleWord, conj_y: bool = False) -> Expr | None:
-    """The expression of the complex product x y (``conj_y``: x conj(y)) as cdw_mul
-    computes it, over the parts axis: part p is ``dw_mul(x_re, v_p) + dw_mul(x_im,
-    c_p)`` with v the parts of y and c = (-v_im, v_re), the parts of conj(v)
-    reversed (a view): ``x_re v_re - x_im v_im`` (dw_sub of the two products;
-    dw_mul(a, -b) is -dw_mul(a, b) exactly, RN being symmetric) and ``x_re v_im +
-    x_im v_re`` (dw_add). None where the shapes do not broadcast."""
-    v, w = (_conj(y), y) if conj_y else (y, _conj(y))
-    xp, vp, wp = (_part_words(a, False) for a in (x, v, w))
+def _complex_product(x: DoubleWord, y: DoubleWord) -> Expr | None:
+    """The expression of the complex product x y as cdw_mul computes it, over the
+    parts axis: part p is ``dw_mul(x_re, y_p) + dw_mul(x_im, c_p)`` with c =
+    (-y_im, y_re), the parts of conj(y) reversed (a view): ``x_re y_re - x_im y_im``
+    (dw_sub of the two products; dw_mul(a, -b) is -dw_mul(a, b) exactly, RN being
+    symmetric) and ``x_re y_im + x_im y_re`` (dw_add). None where the shapes do not
+    broadcast."""
+    xp, vp, wp = (_part_words(a, False) for a in (x, y, _conj(y)))
     terms = [_compose(OP["mul"], 0, [_cut(xp, _RE), expression(vp)]),
              _compose(OP["mul"], 0, [_cut(xp, _IM), _cut(wp, _SWAP)])]
     return None if None in terms else _compose(OP["add"], 0, terms)
-
-
-def complex_quotient(x: DoubleWord, y: DoubleWord, backend, stream) -> DoubleWord | None:
-    """x conj(y) / |y|^2 of complex words in one dw_fused launch, with the bits of
-    the complex division of :mod:`.kernel_engine` on its scaled operands: cdw_mul's
-    product, each part by dw_div over ``dw_add(dw_mul(y_re, y_re), dw_mul(y_im,
-    y_im))``. None where that path runs instead (the unfused replay of a chain,
-    gradients, expressions out of bounds)."""
-    if not _fusing.get() or _traced.get():
-        return None
-    num = _complex_product(x, y, conj_y=True)
-    yp = _part_words(y, False)
-    sq = [_compose(OP["mul"], 0, [p, p]) for p in (_cut(yp, _RE), _cut(yp, _IM))]
-    den = _compose(OP["add"], 0, sq)
-    e = None if num is None else _compose(OP["div"], 0, [num, den])
-    if e is None or not (e.fits() and fits(e.key)):
-        return None
-    zh, zl = _run(e.key, e.leaves, e.shape, backend, stream)
-    return DoubleWord(_from_parts(zh), _from_parts(zl))
 
 
 def _apply_partwise(op: str, operands: list[DoubleWord], backend, stream):

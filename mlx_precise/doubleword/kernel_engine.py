@@ -8,9 +8,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from . import fusion
-from .dw_kernels import CDW_OPS, DW_OPS
-from .fusion import _from_parts, _parts
+from .dw_kernels import CDW_DIV, CDW_OPS, DW_OPS
 from .types import DoubleWord, as_complex, combine, real_imag
 
 
@@ -20,7 +18,7 @@ def _flat8(a: mx.array, shape: tuple) -> mx.array:
     An operand of the full shape is only reshaped (the kernels are declared
     ``ensure_row_contiguous``: MLX copies a strided one)."""
     f = a.reshape(-1) if tuple(a.shape) == shape else mx.broadcast_to(a, shape).reshape(-1)
-    return f if f.size >= 8 else mx.concatenate([f, mx.zeros((8 - f.size,), f.dtype)])
+    return f if f.size >= 8 else mx.pad(f, (0, 8 - f.size))
 
 
 def _launch(kernel, op: str, words: list[mx.array], n_out: int, backend: str, stream):
@@ -58,59 +56,28 @@ def arith_kernels(op: str, x: DoubleWord, y: DoubleWord, backend: str, stream) -
     if not y.is_complex:  # complex / real
         re, im = real_imag(x)
         return combine(real("div", re, y), real("div", im, y))
-    return _complex_div(x, y, real, backend, stream)
+    return _complex_div(x, y, backend, stream)
 
 
-def _pow2(e: mx.array) -> mx.array:
-    """2^e in float32 for int32 ``e`` in [-126, 127] (the biased exponent e + 127
-    shifted into place: int32 bits; lazy)."""
-    return ((e + 127) << 23).view(mx.float32)
-
-
-def _exponent(w: DoubleWord) -> mx.array:
-    """floor(log2 max(|Re|, |Im|)) of the high words, int32, clipped to [-126, 127]
-    (zero and subnormal: -126; Inf and NaN: 127)."""
-    big = mx.abs(w.hi) if not w.is_complex else mx.max(mx.abs(_parts(w.hi)), axis=-1)
-    field = big.view(mx.int32) >> 23  # big >= 0 (a NaN too: abs clears its sign)
-    return mx.clip(field, 1, 254) - 127
-
-
-def _times(a: mx.array, f: mx.array) -> mx.array:
-    """a * f for float32 f of a's shape; complex ``a`` part by part (through its
-    float32 view: no cast of f, one multiply)."""
-    if a.dtype != mx.complex64:
-        return a * f
-    return _from_parts(_parts(a) * f[..., None])
-
-
-def _scale(w: DoubleWord, e: mx.array, parts: int) -> DoubleWord:
-    """w 2^e (exact barring over/underflow of the result) as ``parts`` factors of
-    one sign, each a normal float32 (|e| <= 126 parts)."""
-    for k in range(parts, 0, -1):
-        ek = e // k if k > 1 else e
-        f = _pow2(ek)
-        w = DoubleWord(_times(w.hi, f), _times(w.lo, f))
-        e = e - ek
-    return w
-
-
-def _complex_div(x: DoubleWord, y: DoubleWord, real, backend: str, stream) -> DoubleWord:
-    """x / y for complex y by the double-word kernels. x and y are first scaled by
-    the powers of two 2^-ex, 2^-ey that bring their larger parts into [1, 2), so
-    ``x' conj(y')``, ``|y'|^2`` and ``q' = x' conj(y') / |y'|^2`` (|q'| in [1/3, 3])
-    neither overflow nor lose their low words to underflow, for any float32
-    operands (complex product <= 8.66u^2 normwise, the sum of squares and the
-    quotient by JMP alg. 6, 12, 18); then ``q = q' 2^(ex - ey)``, applied as three
-    factors of one sign (exact unless q itself leaves float32's range). A zero y
-    gives Inf / NaN as float32 division does."""
-    ex, ey = _exponent(x), _exponent(y)
-    xs, ys = _scale(as_complex(x), -ex, 2), _scale(y, -ey, 2)
-    q = fusion.complex_quotient(xs, ys, backend, stream)  # the same bits, one launch
-    if q is not None:
-        return _scale(q, ex - ey, 3)
-    yr, yi = real_imag(ys)
-    d = real("add", real("mul", yr, yr), real("mul", yi, yi))
-    conj_y = DoubleWord(mx.conj(ys.hi), mx.conj(ys.lo))
-    nr, ni = real_imag(arith_kernels("mul", xs, conj_y, backend, stream))
-    q = combine(real("div", nr, d), real("div", ni, d))
-    return _scale(q, ex - ey, 3)
+def _complex_div(x: DoubleWord, y: DoubleWord, backend: str, stream) -> DoubleWord:
+    """x / y for complex y by the ``cdw_div`` kernel (:data:`.dw_kernels.CDW_DIV`):
+    x and y scaled by powers of two so that no intermediate overflows or underflows,
+    for any float32 operands (normwise <= 32u^2); a quotient outside float32's range
+    is Inf or rounded as float32 rounds. The float32 rule for special operands (a
+    part Inf or NaN, or y = 0): MLX's complex64 quotient of the high words, with a
+    zero low word."""
+    shape = tuple(mx.broadcast_shapes(tuple(x.shape), tuple(y.shape)))
+    size = int(np.prod(shape))
+    if size == 0:
+        z = mx.zeros(shape, mx.complex64)
+        return DoubleWord(z, z)
+    xc = as_complex(x)
+    words = [_flat8(a, shape).view(mx.float32) for a in (xc.hi, xc.lo, y.hi, y.lo)]
+    n = max(size, 8)
+    zh, zl, special = CDW_DIV(inputs=words, grid=(size, 1, 1),
+                              threadgroup=(min(size, 256), 1, 1),
+                              output_shapes=[(2 * n,), (2 * n,), (n,)],
+                              output_dtypes=[mx.float32, mx.float32, mx.bool_],
+                              backend=backend, stream=stream)
+    zh, zl = (a[: 2 * size].view(mx.complex64).reshape(shape) for a in (zh, zl))
+    return DoubleWord(mx.where(special[:size].reshape(shape), x.hi / y.hi, zh), zl)

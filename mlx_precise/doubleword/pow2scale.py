@@ -30,12 +30,25 @@ def _pow2_neg(e: mx.array) -> mx.array:
     return ((127 - e) << 23).view(mx.float32)
 
 
+def row_maxima(rows: mx.array) -> mx.array:
+    """float32 (rows, 1): max |row| (|z| of complex64 rows). ``rows``: float32 or
+    complex64 (rows, n)."""
+    return mx.max(mx.abs(rows), axis=-1, keepdims=True)
+
+
 def row_exponents(rows: mx.array, growth_log2: int) -> mx.array:
     """int32 (rows, 1): the e >= 0 such that ``max|row| * 2^growth_log2 * 2^-e`` stays
-    below 2^HEADROOM (0 for rows of zeros, Inf or NaN, which need no scaling).
+    below 2^HEADROOM (0 for rows of zeros, Inf or NaN, which need no scaling). The
+    FFT kernels compute the same from :func:`row_maxima` (``fft_row_exponent`` in
+    ``metal/include/fft.h``).
 
     ``rows``: float32 or complex64 (rows, n)."""
-    m = mx.max(mx.abs(rows), axis=-1, keepdims=True)  # float32 (|z| of complex64 too)
+    return exponents(row_maxima(rows), growth_log2)
+
+
+def exponents(m: mx.array, growth_log2: int) -> mx.array:
+    """:func:`row_exponents` from the row maxima ``m`` (float32 (rows, 1),
+    :func:`row_maxima`)."""
     # The exponent field of m >= 0: max|row| < 2^(field - 126). A NaN with its sign
     # bit set gives a negative field, hence e = 0, as a NaN row needs.
     field = m.view(mx.int32) >> 23

@@ -29,6 +29,7 @@ a DoubleWord). The plain-named twins :func:`fft`, :func:`ifft`, :func:`rfft`,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import mlx.core as mx
@@ -39,7 +40,7 @@ from ..doubleword import pow2scale
 from ..doubleword.engine64 import from_float64_result
 from ..doubleword.types import DoubleWord, read_input
 from ..doubleword.elementwise import complex_multiply_extended, reciprocal_words
-from ..core.kernels import Kernel, ParamLayout, generated_block
+from ..core.kernels import Constants, Kernel, ParamLayout, generated_block
 from .twiddles import chirp_words, twiddle_table
 
 _F32 = (mx.float32,)
@@ -49,6 +50,14 @@ TG_POINTS = 1024  # FFT_TG_POINTS in metal/include/fft.h: points per threadgroup
 _LOG_TG = TG_POINTS.bit_length() - 1  # log2 of the largest radix of a pass
 _MAX_POINTS = 2**30  # rows * n (and Bluestein's padded length): 32-bit word indices
 _THREADS = 256
+
+# The fields of the per-row range scaling (_RowScale) in both kernels' params.
+_ROW_SCALE = (
+    "rs_in",        # load each row times 2^-e (e from rmax[row], fft.h)
+    "rs_out",       # store each row times 2^e, non-finite high words' low words 0
+    "rs_per_part",  # that rule part by part (the parts are real results)
+    "rs_growth",    # log2 of the transform's growth bound (pow2scale.row_exponents)
+)
 
 FFT_PASS_PARAMS = ParamLayout("FFT_PASS", (
     "logn",      # log2 n, the transform length
@@ -63,6 +72,7 @@ FFT_PASS_PARAMS = ParamLayout("FFT_PASS", (
     "scaled",    # multiply by the double-word (scale_hi, scale_lo)
     "scale_hi",  # int32 bits of the float32 words of the scale
     "scale_lo",
+    *_ROW_SCALE,
 ))
 """The ``params`` buffer of ``fft_pass`` (named ``FFT_PASS_LOGN`` ... in
 ``metal/include/fft.h``)."""
@@ -76,6 +86,7 @@ FFT_REAL_PARAMS = ParamLayout("FFT_REAL", (
     "scaled",
     "scale_hi",
     "scale_lo",
+    *_ROW_SCALE,
 ))
 """The ``params`` buffer of ``fft_real`` (``FFT_REAL_N_HALF`` ... in ``fft.h``)."""
 
@@ -84,22 +95,28 @@ def codes_source() -> str:
     """The generated block of ``metal/include/fft.h`` (a test checks that the header
     holds exactly this text)."""
     return generated_block("mlx_precise.fft.engine.codes_source()", FFT_PASS_PARAMS,
-                           FFT_REAL_PARAMS)
+                           FFT_REAL_PARAMS, FFT_CONSTANTS)
+
+
+FFT_CONSTANTS = Constants("FFT", {"headroom": pow2scale.HEADROOM})
+"""Constants the kernels share with :mod:`mlx_precise.doubleword.pow2scale`
+(``FFT_HEADROOM`` in ``fft.h``)."""
 
 
 FFT_PASS = Kernel(
     name="fft_pass",
     body="fft_pass.metal",
     headers=("fft.h",),
-    inputs=("x_hi", "x_lo", "tab", "params"),
+    inputs=("x_hi", "x_lo", "tab", "rmax", "params"),
     outputs=("y_hi", "y_lo"),
-    input_dtypes={"x_hi": _F32, "x_lo": _F32, "tab": _F32, "params": _I32},
+    input_dtypes={"x_hi": _F32, "x_lo": _F32, "tab": _F32, "rmax": _F32, "params": _I32},
     variants={"y_hi": _F32, "y_lo": _F32},
     # _flat, _dummy, twiddle_table and FFT_PASS_PARAMS give every input >= 8 elements
-    input_forms=dict.fromkeys(("x_hi", "x_lo", "tab", "params"), ("device",)),
+    input_forms=dict.fromkeys(("x_hi", "x_lo", "tab", "rmax", "params"), ("device",)),
 )
 """One Stockham pass (see the kernel's header comment): inputs ``x_hi``, ``x_lo``
-float32 interleaved words, ``tab`` twiddle table, ``params`` int32
+float32 interleaved words, ``tab`` twiddle table, ``rmax`` float32 row maxima
+(:class:`_RowScale`), ``params`` int32
 (:data:`FFT_PASS_PARAMS`); outputs
 ``y_hi``, ``y_lo`` float32. Grid: ``C`` groups of one radix-R transform per
 threadgroup (planned by :func:`_plan`)."""
@@ -108,11 +125,11 @@ FFT_REAL = Kernel(
     name="fft_real",
     body="fft_real.metal",
     headers=("fft.h",),
-    inputs=("x_hi", "x_lo", "tab", "params"),
+    inputs=("x_hi", "x_lo", "tab", "rmax", "params"),
     outputs=("y_hi", "y_lo"),
-    input_dtypes={"x_hi": _F32, "x_lo": _F32, "tab": _F32, "params": _I32},
+    input_dtypes={"x_hi": _F32, "x_lo": _F32, "tab": _F32, "rmax": _F32, "params": _I32},
     variants={"y_hi": _F32, "y_lo": _F32},
-    input_forms=dict.fromkeys(("x_hi", "x_lo", "tab", "params"), ("device",)),
+    input_forms=dict.fromkeys(("x_hi", "x_lo", "tab", "rmax", "params"), ("device",)),
 )
 """Real-FFT post-processing (rfft) or pre-processing (irfft) of a half-length
 complex FFT; one thread per output point."""
@@ -151,8 +168,11 @@ def _check_n(n, default: int, what: str = "n") -> int:
 
 
 def _hi_lo(x, complex_out: bool):
-    """(hi, lo or None) words; lo is None for plain arrays (its words are 0)."""
-    hi, lo = (x.hi, x.lo) if isinstance(x, DoubleWord) else (x, None)
+    """(hi, lo or None) words; lo is None for plain arrays and exact DoubleWords
+    (their low words are 0: none is made)."""
+    hi, lo = x, None
+    if isinstance(x, DoubleWord):
+        hi, lo = x.hi, None if x._lo is None and x.wide is None else x.lo
     if complex_out and hi.dtype != mx.complex64:
         hi = hi.astype(mx.complex64)
         lo = None if lo is None else lo.astype(mx.complex64)
@@ -188,9 +208,7 @@ def _flat(a: mx.array) -> mx.array:
     that MLX passes every input as a device buffer (one kernel instantiation)."""
     f = a.reshape(-1)  # row-contiguous (a copy only where a's strides require one)
     f = f.view(mx.float32) if f.dtype == mx.complex64 else f
-    if f.size < 8:
-        f = mx.concatenate([f, mx.zeros((8 - f.size,), mx.float32)])
-    return f
+    return f if f.size >= 8 else mx.pad(f, (0, 8 - f.size))
 
 
 def _unflat(f: mx.array, rows: int, n: int) -> mx.array:
@@ -247,17 +265,72 @@ def _growth_log2(n: int) -> int:
     times a spectrum of at most 2n - 1 < M, inverse FFT of length M)."""
     if n <= 1:
         return 0
-    if n & (n - 1) == 0:
+    if _is_pow2(n):
         return n.bit_length()
     return 3 * (_next_pow2(2 * n - 1).bit_length() - 1) + 1
 
 
-def _in_range(run, hi, lo, growth_log2: int):
-    """``run(hi, lo)`` on rows scaled by exact powers of two so that no intermediate
-    overflows (:mod:`mlx_precise.doubleword.pow2scale`), and its result scaled back."""
-    e = pow2scale.row_exponents(hi, growth_log2)
-    y_hi, y_lo = run(*pow2scale.scale_all(e, hi, lo))
-    return pow2scale.unscale(y_hi, y_lo, e)
+@dataclasses.dataclass(frozen=True)
+class _RowScale:
+    """The range scaling of :mod:`mlx_precise.doubleword.pow2scale` done by the
+    kernels themselves: the first kernel of a transform loads each row times 2^-e
+    (``load``), the last stores it times 2^e (``store``), e computed per row from
+    ``rmax`` (float32 (max(rows, 8),): max |x| of each row) and ``growth`` as
+    :func:`~mlx_precise.doubleword.pow2scale.row_exponents` computes it
+    (``fft_row_exponent`` in ``fft.h``); ``per_part``: the special-value rule of
+    the store part by part (the kernel's complex points are pairs of real results).
+    One reduction on the host instead of the exponents' and the scalings' glue."""
+
+    rmax: mx.array
+    growth: int
+    load: bool = True
+    store: bool = True
+    per_part: bool = False
+
+    def fields(self, first: bool, last: bool) -> dict:
+        """The ``rs_*`` params of a kernel that is the transform's ``first`` /
+        ``last``."""
+        return dict(rs_in=first and self.load, rs_out=last and self.store,
+                    rs_per_part=self.per_part, rs_growth=self.growth)
+
+
+_NO_ROW_SCALE = dict(rs_in=False, rs_out=False, rs_per_part=False, rs_growth=0)
+
+
+def _row_scale_args(rs: _RowScale | None, first: bool, last: bool):
+    """(rmax input, rs_* params) of a kernel launch."""
+    if rs is None:
+        return _dummy(), _NO_ROW_SCALE
+    return rs.rmax, rs.fields(first, last)
+
+
+def _stage(rs: _RowScale | None, **changes) -> _RowScale | None:
+    """``rs`` for one kernel stage of a transform (``load`` / ``store`` / ``per_part``
+    changed), or None (also when the stage scales nothing)."""
+    if rs is None:
+        return None
+    rs = dataclasses.replace(rs, **changes)
+    return rs if rs.load or rs.store else None
+
+
+def _in_range(run, hi, lo, growth_log2: int, load: bool, store: bool):
+    """``run(hi, lo, rs)`` on rows scaled by exact powers of two so that no
+    intermediate overflows (:mod:`mlx_precise.doubleword.pow2scale`), and its result
+    scaled back: by the transform's first kernel (``load``) and last (``store``),
+    told so by ``rs`` (a :class:`_RowScale`), else by MLX ops around ``run`` (the
+    Bluestein ends of a transform: a complex product)."""
+    m = pow2scale.row_maxima(hi)
+    rs = _RowScale(_flat(m), growth_log2, load, store) if load or store else None
+    if not (load and store):
+        e = pow2scale.exponents(m, growth_log2)
+    if not load:
+        hi, lo = pow2scale.scale_all(e, hi, lo)
+    y_hi, y_lo = run(hi, lo, rs)
+    return (y_hi, y_lo) if store else pow2scale.unscale(y_hi, y_lo, e)
+
+
+def _is_pow2(n: int) -> bool:
+    return n & (n - 1) == 0
 
 
 # ---- power-of-two complex FFT -----------------------------------------------------
@@ -272,11 +345,12 @@ def _plan(logn: int) -> list[int]:
 
 
 def _fft_pow2(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_out: bool,
-              backend: str, stream, nt: int | None = None):
+              backend: str, stream, nt: int | None = None, rs: _RowScale | None = None):
     """Complex FFT of length n = 2^k >= 2 of each row of flat words ``hi``, ``lo``
     (float32, rows * n * 2 words or more; lo None for plain complex64 data).
     Returns flat (y_hi, y_lo or None); the result is scaled by 1/scale_den.
-    ``nt``: order of the twiddle table (a multiple of n, default n)."""
+    ``nt``: order of the twiddle table (a multiple of n, default n); ``rs``: the
+    row scaling of the first and last passes."""
     logn = n.bit_length() - 1
     nt = nt or n
     tab = twiddle_table(nt)
@@ -290,14 +364,15 @@ def _fft_pow2(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_ou
         npts = 1 << (log_r + log_c)
         threads = min(_THREADS, max(npts // 4, 1))
         tgs = -(-groups // (1 << log_c))
+        rmax, rs_fields = _row_scale_args(rs, i == 0, last)
         params = FFT_PASS_PARAMS.pack(
             logn=logn, log_r=log_r, log_ns=log_ns, log_c=log_c, groups=groups,
             log_nt=nt.bit_length() - 1, inverse=inverse, lo_in=lo is not None,
             lo_out=lo_out or not last, scaled=last and scale_den != 1,
-            scale_hi=s_hi if last else 0, scale_lo=s_lo if last else 0)
+            scale_hi=s_hi if last else 0, scale_lo=s_lo if last else 0, **rs_fields)
         size = max(2 * rows * n, 8)
         hi, lo_new = FFT_PASS(
-            inputs=[hi, lo if lo is not None else _dummy(), tab, params],
+            inputs=[hi, lo if lo is not None else _dummy(), tab, rmax, params],
             grid=(tgs * threads, 1, 1), threadgroup=(threads, 1, 1),
             output_shapes=[(size,), (size,) if (lo_out or not last) else (1,)],
             output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
@@ -368,43 +443,50 @@ def _bluestein(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_o
 
 
 def _cfft_rows(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_out: bool,
-               backend: str, stream, nt: int | None = None):
+               backend: str, stream, nt: int | None = None, rs: _RowScale | None = None):
     """Complex FFT (unnormalised, times 1/scale_den) of complex64 (rows, n) words.
-    Returns complex64 (rows, n) (hi, lo or None)."""
+    Returns complex64 (rows, n) (hi, lo or None). ``rs``: the kernels' row scaling
+    (powers of two n >= 2 only)."""
+    assert rs is None or (n > 1 and _is_pow2(n))
     if n == 1:  # the identity; callers never ask for a scale here
         return hi, (lo if lo is not None or not lo_out else mx.zeros_like(hi))
-    if n & (n - 1):
+    if not _is_pow2(n):
         return _bluestein(hi, lo, rows, n, inverse=inverse, scale_den=scale_den,
                           lo_out=lo_out, backend=backend, stream=stream)
     y_hi, y_lo = _fft_pow2(_flat(hi), None if lo is None else _flat(lo), rows, n,
                            inverse=inverse, scale_den=scale_den, lo_out=lo_out,
-                           backend=backend, stream=stream, nt=nt)
+                           backend=backend, stream=stream, nt=nt, rs=rs)
     return _unflat(y_hi, rows, n), None if y_lo is None else _unflat(y_lo, rows, n)
 
 
 def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo_out: bool,
-                 backend: str, stream):
+                 backend: str, stream, rs: _RowScale | None = None):
     """fft_real on complex64 words (rows, N) [post] or (rows, N + 1) [pre];
-    returns complex64 (rows, N + 1) [post] or (rows, N) [pre] words."""
+    returns complex64 (rows, N + 1) [post] or (rows, N) [pre] words. ``rs``: its
+    row scaling (the kernel is both the first and the last of its transform; ``rs``
+    says which scalings it does)."""
     per_row = big_n if pre else big_n + 1
     s_hi, s_lo = _scale_bits(scale_den)
+    rmax, rs_fields = _row_scale_args(rs, True, True)
     params = FFT_REAL_PARAMS.pack(n_half=big_n, rows=rows, pre=pre, lo_in=lo is not None,
                                   lo_out=lo_out, scaled=scale_den != 1, scale_hi=s_hi,
-                                  scale_lo=s_lo)
+                                  scale_lo=s_lo, **rs_fields)
     size = max(2 * rows * per_row, 8)
     total = rows * per_row
     y_hi, y_lo = FFT_REAL(
         inputs=[_flat(hi), _dummy() if lo is None else _flat(lo), twiddle_table(2 * big_n),
-                params],
+                rmax, params],
         grid=(total, 1, 1), threadgroup=(min(_THREADS, total), 1, 1),
         output_shapes=[(size,), (size,) if lo_out else (1,)],
         output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
     return _unflat(y_hi, rows, per_row), _unflat(y_lo, rows, per_row) if lo_out else None
 
 
-def _rfft_rows(hi, lo, rows: int, n: int, *, lo_out: bool, backend: str, stream):
+def _rfft_rows(hi, lo, rows: int, n: int, *, lo_out: bool, backend: str, stream,
+               rs: _RowScale | None = None):
     """rfft of float32 (rows, n) words (lo None: plain float32): complex64
-    (rows, n//2 + 1) words (hi, lo or None)."""
+    (rows, n//2 + 1) words (hi, lo or None). ``rs``: the kernels' row scaling
+    (:func:`_real_folds` sizes)."""
     m = n // 2 + 1
     if n % 2:  # odd: the complex transform of x + 0i, cut to n//2 + 1 points
         y_hi, y_lo = _cfft_rows(hi.astype(mx.complex64),
@@ -422,9 +504,19 @@ def _rfft_rows(hi, lo, rows: int, n: int, *, lo_out: bool, backend: str, stream)
     z_lo = None if lo is None else lo.reshape(rows, n).view(mx.complex64)
     if big_n > 1:
         z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=False, scale_den=1,
-                                lo_out=True, backend=backend, stream=stream, nt=n)
+                                lo_out=True, backend=backend, stream=stream, nt=n,
+                                rs=_stage(rs, store=False))
+        rs = _stage(rs, load=False)
     return _real_kernel(z_hi, z_lo, rows, big_n, pre=False, scale_den=1, lo_out=lo_out,
-                        backend=backend, stream=stream)
+                        backend=backend, stream=stream, rs=rs)
+
+
+def _real_folds(n: int) -> tuple[bool, bool]:
+    """(first, last): whether the half-length complex FFT of a real transform of
+    length n (rfft; irfft the other way round) scales the rows itself (N = n / 2 a
+    power of two: Stockham's passes, or no FFT), and whether its fft_real kernel
+    does (n even)."""
+    return n % 2 == 0 and _is_pow2(n // 2), n % 2 == 0
 
 
 def _hermitian_extend(a, n: int):
@@ -480,14 +572,18 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
     hi, lo = _to_rows(hi, ax, n), _to_rows(lo, ax, n)
     if real_in and not inverse:  # half the work, and exact Hermitian symmetry
         y_hi, y_lo = _in_range(
-            lambda h, l: _rfft_rows(h, l, rows, n, lo_out=not round_output, backend=name,
-                                    stream=stream), hi, lo, _growth_log2(n) + 1)
+            lambda h, l, rs: _rfft_rows(h, l, rows, n, lo_out=not round_output, backend=name,
+                                        stream=stream, rs=rs),
+            hi, lo, _growth_log2(n) + 1, *_real_folds(n))
         y_hi, y_lo = _hermitian_extend(y_hi, n), _hermitian_extend(y_lo, n)
     else:
+        stockham = n > 1 and _is_pow2(n)  # its first and last passes scale the rows
         y_hi, y_lo = _in_range(
-            lambda h, l: _cfft_rows(h, l, rows, n, inverse=inverse,
-                                    scale_den=n if inverse else 1, lo_out=not round_output,
-                                    backend=name, stream=stream), hi, lo, _growth_log2(n))
+            lambda h, l, rs: _cfft_rows(h, l, rows, n, inverse=inverse,
+                                        scale_den=n if inverse else 1,
+                                        lo_out=not round_output, backend=name, stream=stream,
+                                        rs=rs),
+            hi, lo, _growth_log2(n), stockham, stockham)
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 
@@ -503,9 +599,9 @@ def _rfft_words(x, n, axis, round_output, backend, stream):
     if rows == 0:
         return _empty(lead, n // 2 + 1, mx.complex64, ax, round_output)
     y_hi, y_lo = _in_range(
-        lambda h, l: _rfft_rows(h, l, rows, n, lo_out=not round_output, backend=name,
-                                stream=stream),
-        _to_rows(hi, ax, n), _to_rows(lo, ax, n), _growth_log2(n) + 1)
+        lambda h, l, rs: _rfft_rows(h, l, rows, n, lo_out=not round_output, backend=name,
+                                    stream=stream, rs=rs),
+        _to_rows(hi, ax, n), _to_rows(lo, ax, n), _growth_log2(n) + 1, *_real_folds(n))
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 
@@ -523,13 +619,15 @@ def _irfft_words(X, n, axis, round_output, backend, stream):
     m = n // 2 + 1
     growth = _growth_log2(n) if n % 2 else _growth_log2(n // 2) + 2  # + pre-processing
     y_hi, y_lo = _in_range(
-        lambda h, l: _irfft_rows(h, l, rows, n, round_output, name, stream),
-        _to_rows(hi, ax, m), _to_rows(lo, ax, m), growth)
+        lambda h, l, rs: _irfft_rows(h, l, rows, n, round_output, name, stream, rs),
+        _to_rows(hi, ax, m), _to_rows(lo, ax, m), growth, *_real_folds(n)[::-1])
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 
-def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream):
-    """irfft of complex64 (rows, n//2 + 1) words: float32 (rows, n) (hi, lo or None)."""
+def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream,
+                rs: _RowScale | None = None):
+    """irfft of complex64 (rows, n//2 + 1) words: float32 (rows, n) (hi, lo or None).
+    ``rs``: the kernels' row scaling (:func:`_real_folds` sizes)."""
     m = n // 2 + 1
     if n % 2:  # odd: Hermitian extension to n points, complex inverse, real part
         def extend(a):
@@ -544,13 +642,14 @@ def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream
     else:
         big_n = n // 2
         single = big_n == 1  # no complex FFT runs: the kernel applies the 1/2
+        rs = _stage(rs, per_part=True)  # the result's words are real
         z_hi, z_lo = _real_kernel(hi, lo, rows, big_n, pre=True, scale_den=n if single else 1,
                                   lo_out=not (single and round_output), backend=name,
-                                  stream=stream)
+                                  stream=stream, rs=_stage(rs, store=single))  # N = 1: folds
         if not single:
             z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=True, scale_den=n,
                                     lo_out=not round_output, backend=name, stream=stream,
-                                    nt=n)
+                                    nt=n, rs=_stage(rs, load=False))
         # z: the kernels' rows (contiguous views of their outputs)
         y_hi = z_hi.view(mx.float32).reshape(rows, n)
         y_lo = None if z_lo is None else z_lo.view(mx.float32).reshape(rows, n)

@@ -206,6 +206,8 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
     name = backends.resolve(backend)
     if round_output and isinstance(x, mx.array):
         return _differentiable(kind, s, axes, norm, name, stream)(x)
+    if isinstance(x, DoubleWord) and x._lo is None and x.wide is None:
+        x = x.hi  # exact: no low word to make (the engine reads none)
     dw_in = isinstance(x, DoubleWord)
     arrays = [x.hi, x.lo] if dw_in else [x]
     # cpu: a DoubleWord's float64 value goes in and out whole (the words are the

@@ -197,18 +197,32 @@ def transposed(x: mx.array, w: mx.array, stride, padding, dilation, output_paddi
     per_phase = [list(itertools.product(*(taps[i][r] for i, r in enumerate(ph))))
                  for ph in phases]
     T = max(1, max(len(t) for t in per_phase))
+    flats = [[sum(k * math.prod(kernel[i + 1:]) for i, (k, _) in enumerate(tap))
+              for tap in combo] for combo in per_phase]
+    offsets = [[tuple(lo[i] - m for i, (_, m) in enumerate(tap)) for tap in combo]
+               for combo in per_phase]
+    M = N * math.prod(q_len)
+    if _shared_columns(offsets, groups):
+        # Every phase reads the same columns (kernel 2s at stride s, ...): one gather
+        # and one GEMM against the phases' weights side by side, (M, T Cin) x
+        # (T Cin, P Cout): the products and sums of each output as per phase.
+        cols = _columns(xp, offsets[0], (1,) * len(kernel), q_len).reshape(1, M, T, Cin)
+        index = [f for flat in flats for f in flat]
+        wt = mx.take(w.reshape(Cout, -1, w.shape[-1]), mx.array(index), axis=1)
+        wt = wt.reshape(Cout, len(phases), T, -1).swapaxes(0, 1).reshape(1, -1, T, Cin)
+        y = _contract(cols, wt, 1).reshape(N, *q_len, *stride, Cout)
+        nd = len(kernel)  # (N, q_0, ..., s_0, ..., C) -> (N, q_0, s_0, q_1, s_1, ..., C)
+        y = y.transpose([0] + [a for i in range(nd) for a in (1 + i, 1 + nd + i)]
+                        + [2 * nd + 1])
+        return _crop(y.reshape(N, *(q * s for q, s in zip(q_len, stride)), Cout), padding, out)
     zero_w = mx.zeros((Cout, 1, w.shape[-1]), F32)
     w_flat = mx.concatenate([w.reshape(Cout, -1, w.shape[-1]), zero_w], axis=1)
     zero_tap = w_flat.shape[1] - 1
     cols, index = [], []
-    for combo in per_phase:
-        offsets = [tuple(lo[i] - m for i, (_, m) in enumerate(tap)) for tap in combo]
-        flat = [sum(k * math.prod(kernel[i + 1:]) for i, (k, _) in enumerate(tap))
-                for tap in combo]
-        pad = T - len(combo)
-        cols.append(_columns(xp, offsets + [None] * pad, (1,) * len(kernel), q_len))
+    for offs, flat in zip(offsets, flats):
+        pad = T - len(offs)
+        cols.append(_columns(xp, offs + [None] * pad, (1,) * len(kernel), q_len))
         index.extend(flat + [zero_tap] * pad)
-    M = N * math.prod(q_len)
     cols = mx.stack(cols).reshape(len(phases), M, T, Cin)
     wt = mx.take(w_flat, mx.array(index), axis=1).reshape(Cout, len(phases), T, -1)
     y = _contract(cols, wt.swapaxes(0, 1), groups)  # (P, M, Cout)
@@ -217,6 +231,18 @@ def transposed(x: mx.array, w: mx.array, stride, padding, dilation, output_paddi
     y = y.reshape(*stride, N, *q_len, Cout)
     order = [nd] + [a for i in range(nd) for a in (nd + 1 + i, i)] + [2 * nd + 1]
     y = y.transpose(order).reshape(N, *(q * s for q, s in zip(q_len, stride)), Cout)
+    return _crop(y, padding, out)
+
+
+def _shared_columns(offsets: list, groups: int) -> bool:
+    """Whether every phase of a transposed convolution reads the same input columns
+    (``offsets``: each phase's tap offsets), so that one GEMM serves them all."""
+    return groups == 1 and bool(offsets[0]) and all(o == offsets[0] for o in offsets)
+
+
+def _crop(y: mx.array, padding, out) -> mx.array:
+    """The output window of a transposed convolution: ``out`` points from ``padding``
+    along each spatial axis of y (N, *spatial, C)."""
     return y[(slice(None),) + tuple(slice(p, p + o) for p, o in zip(padding, out))
              + (slice(None),)]
 
