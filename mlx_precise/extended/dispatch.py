@@ -368,12 +368,24 @@ class _Rebound:
 # created).
 _CELL = types.CellType
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
+_MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (3.11+): attributes stored in the object
 _CONTAINERS = (dict, list, tuple, set, frozenset, _CELL, types.FunctionType, property,
                staticmethod, classmethod, types.MethodType, functools.partial)
 
 
 def _own_type(t: type) -> bool:
     return str(getattr(t, "__module__", "")).startswith("mlx_precise")
+
+
+def _holds_attributes(t: type) -> bool:
+    """Instances of ``t`` may hold an MLX function themselves (a scan reads their
+    references): a user class whose attributes live in the object (3.11+, else its
+    ``__dict__`` is a dict of its own, scanned as one) or in slots, or a dict or list
+    subclass (``mlx.nn.Module``)."""
+    if not t.__flags__ & _HEAPTYPE or issubclass(t, type) or _own_type(t):
+        return False
+    return bool(t.__flags__ & _MANAGED_DICT) or issubclass(t, (dict, list)) or any(
+        "__slots__" in vars(c) for c in t.__mro__ if c.__flags__ & _HEAPTYPE)
 
 
 def _item(holder, key):
@@ -468,7 +480,7 @@ def _scan_heap(hit: dict, own: dict, exclude: set) -> tuple[list, list]:
     ids); a class's namespace and a function's defaults are reported as the class
     and the function."""
     keys = hit.keys()
-    mutable, frozen, namespaces, defaults = [], [], [], set()
+    mutable, frozen, namespaces, defaults, inspected = [], [], [], set(), {}
     objects = gc.get_objects()
     _watch["size"] = len(objects)
     for o in objects:
@@ -493,8 +505,11 @@ def _scan_heap(hit: dict, own: dict, exclude: set) -> tuple[list, list]:
             if not keys.isdisjoint(map(id, (o.func, *o.args))):
                 mutable.append(o)
                 defaults.add(id(o.args))
-        elif t.__flags__ & _HEAPTYPE and not _own_type(t) and not isinstance(o, type):
-            if not keys.isdisjoint(map(id, gc.get_referents(o))):
+        else:
+            inspect = inspected.get(t)
+            if inspect is None:
+                inspect = inspected[t] = _holds_attributes(t)
+            if inspect and not keys.isdisjoint(map(id, gc.get_referents(o))):
                 mutable.append(o)
 
     def ours(h):
