@@ -524,33 +524,29 @@ def _scan_heap(hit: dict, own: dict, exclude: set) -> tuple[list, list]:
             [h for h in frozen if id(h) not in defaults and not ours(h)])
 
 
-def _own_holders(plan, hit: dict) -> dict:
-    """id -> holder for the holders of MLX's originals that the package itself keeps
-    (its modules' namespaces, the plan, the stand-ins' closures, the registry): those
-    reachable from the package's modules without passing through another module."""
-    mine = [vars(m) for n, m in list(sys.modules.items())
-            if m is not None and n.split(".")[0] == "mlx_precise"]
+def _reached(plan) -> set:
+    """The ids of what the package itself keeps (its modules' namespaces, the plans,
+    the stand-ins' closures, the registry): the containers and the package's objects
+    reachable from its modules and the plan without passing through another module
+    or class. Holders of MLX's originals among them are the package's own."""
     modules = {id(vars(m)) for m in list(sys.modules.values()) if hasattr(m, "__dict__")}
-    roots = [*mine, plan, *(vars(owner) if namespace is None else namespace
-                            for owner, namespace, _, _ in plan.swaps)]
+    roots = [*(vars(m) for n, m in list(sys.modules.items())
+               if m is not None and n.split(".")[0] == "mlx_precise"), plan,
+             *(vars(owner) if namespace is None else namespace
+               for owner, namespace, _, _ in plan.swaps)]
     seen = set(map(id, roots))
-    stack = list(roots)
-
-    def descend(r) -> bool:
-        t = type(r)
-        if isinstance(r, type):
-            return _own_type(r)
-        if t is dict:
-            return id(r) not in modules
-        return t in _CONTAINERS or isinstance(r, types.SimpleNamespace) or _own_type(t)
-
+    stack = roots
     while stack:
         for r in gc.get_referents(stack.pop()):
-            if id(r) not in seen and descend(r):
+            if id(r) in seen:
+                continue
+            t = type(r)
+            if (id(r) not in modules if t is dict else t in _CONTAINERS or (
+                    _own_type(r) if isinstance(r, type) else
+                    isinstance(r, types.SimpleNamespace) or _own_type(t))):
                 seen.add(id(r))
                 stack.append(r)
-    mutable, frozen = _scan_heap(hit, {}, set())
-    return {id(h): h for h in (*mutable, *frozen, *roots) if id(h) in seen}
+    return seen
 
 
 _watch = {"plan": None, "modules": 0, "young": 0, "size": 0}  # at the last scan
@@ -598,9 +594,12 @@ def _rebind_held(strict: bool) -> None:
     stand-ins until the last block closes, name what cannot be rebound."""
     plan = _plans[0]
     hit = plan.scanned
-    if plan.own is None:
-        plan.own = _own_holders(plan, hit)
-    mutable, frozen = _scan_heap(hit, plan.own, {id(d) for _, d in _saved})
+    mutable, frozen = _scan_heap(hit, plan.own or {}, {id(d) for _, d in _saved})
+    if plan.own is None:  # the first scan with this plan: tell the package's own
+        reached = _reached(plan)
+        plan.own = {id(h): h for h in (*mutable, *frozen) if id(h) in reached}
+        mutable = [h for h in mutable if id(h) not in plan.own]
+        frozen = [h for h in frozen if id(h) not in plan.own]
     _watch.update(plan=plan, modules=len(sys.modules), young=_young())
     _heap_scanned[0] = True
     for holder in mutable:
@@ -710,7 +709,7 @@ class _Plan:
                           **{id(restore[n]): _Kept((restore[n], r)) for owner, _, replace, restore
                              in self.swaps if not isinstance(owner, type)
                              for n, r in replace.items()}}
-        # what a heap scan (:class:`_Heap`) looks for: MLX's functions and the
+        # what a heap scan (:func:`_scan_heap`) looks for: MLX's functions and the
         # ``mx.array`` methods (unbound, ``mx.array.__mul__``), not classes (the class
         # ``mx.array`` is in every annotation and isinstance tuple) nor Python functions
         # (a replacement someone installed is their code)
@@ -721,7 +720,7 @@ class _Plan:
                              and owner not in (_TRANSFORMED, _CUSTOM)
                              for n, r in replace.items() if isinstance(r, types.FunctionType)
                              and not isinstance(restore[n], types.FunctionType)})
-        self.own = None  # the package's own holders (_Heap.own), found at the first scan
+        self.own = None  # id -> the package's own holders, found at the first scan
 
     def current(self) -> bool:
         """Every owner still holds the originals the plan was built for (nobody
