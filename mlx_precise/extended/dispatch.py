@@ -629,6 +629,53 @@ def _restore_held() -> None:
     _heap_scanned[0] = False
 
 
+# Python 3.12+ (PEP 669): ``sys.monitoring`` reports every call made from Python code.
+# While blocks are open, a call of one of MLX's originals from inside a block with a
+# carried first operand is a call the rebinding did not reach (a tuple of functions,
+# a bound method of an array, a function stored after the default mode's last scan,
+# a local of a function in another thread): reported as consuming a double-word
+# value in float32 (strict=True raises there). Python 3.11 has no such hook.
+_MONITORING = getattr(sys, "monitoring", None)
+_TOOL = 4  # a tool id PEP 669 leaves free (0-2, 5: debugger, coverage, profiler, optimizer)
+_BOUND = type(mx.array.__mul__.__get__(mx.array(0)))  # MLX's bound methods
+_monitored: list = []  # the ids -> (original, stand-in) the hook watches, while installed
+
+
+_PACKAGE = __file__.rsplit("extended", 1)[0]  # mlx_precise/ (its calls are its own)
+
+
+def _on_call(code, offset, fn, arg0):
+    if code.co_filename.startswith(_PACKAGE):
+        return _MONITORING.DISABLE  # (for this call site, for good)
+    hit = _monitored[0].get(id(fn)) if _monitored else None
+    if hit is None and type(fn) is _BOUND:
+        fn, arg0 = fn.__func__, fn.__self__
+        hit = _monitored[0].get(id(fn)) if _monitored else None
+    if hit is None or hit[0] is not fn:
+        return
+    report = _report.get()  # (None inside the rules: their calls of MLX are theirs)
+    if report is not None and report.open and carry.has_words(arg0) and arg0.size:
+        dropped(report, _name(fn).removeprefix("mlx.core."),
+                "it was called through a name bound before the block that the block "
+                "could not rebind")
+
+
+def _monitor(on: bool) -> None:
+    if _MONITORING is None:
+        return
+    if on:
+        if _MONITORING.get_tool(_TOOL) is None:
+            _MONITORING.use_tool_id(_TOOL, "mlx_precise")
+            _MONITORING.register_callback(_TOOL, _MONITORING.events.CALL, _on_call)
+        elif _MONITORING.get_tool(_TOOL) != "mlx_precise":
+            return  # another tool holds the id
+        _monitored[:] = [_plans[0].scanned]
+        _MONITORING.set_events(_TOOL, _MONITORING.events.CALL)
+    elif _monitored:
+        _MONITORING.set_events(_TOOL, _MONITORING.events.NO_EVENTS)
+        _monitored.clear()
+
+
 _lock = threading.Lock()
 _open = 0  # blocks open in all threads
 _saved: list = []  # (owner, {name: original or _ABSENT}) while installed
@@ -756,6 +803,7 @@ def _install() -> None:
         _plans.insert(0, plan)
     plan.swap(True)
     constructor.install()
+    _monitor(True)
     rebound: dict = {}
     for module, name, key in _module_bindings(plan.functions):
         hit = plan.functions.get(key)
@@ -770,6 +818,7 @@ def _install() -> None:
 
 
 def _uninstall() -> None:
+    _monitor(False)
     constructor.uninstall()
     _restore_held()
     while _saved:
