@@ -4,10 +4,12 @@ While at least one block is open (in any thread), the callables of ``mx``,
 ``mx.fast``, ``mx.fft``, ``mx.linalg``, ``mx.random`` and ``mx.array``'s operators,
 methods and properties are replaced by thin wrappers, one per entry of
 :mod:`.registry`; so are names bound to them before the block (module globals,
-mlx.nn's pooling layers), and compiled functions run their Python function on the
-arrays they are given. When the last block closes the originals are put back, so
-code outside every block runs MLX itself, with no wrapper in between (but for the
-in-place operators, :mod:`.intercept`). Each wrapper reads a context variable (per
+mlx.nn's pooling layers, the opening frame's locals, and, found by a scan of the
+heap, attributes, containers, closure cells and default arguments), and compiled
+functions run their Python function on the arrays they are given. When the last
+block closes the originals are put back, so code outside every block runs MLX
+itself, with no wrapper in between (but for the in-place operators,
+:mod:`.intercept`). Each wrapper reads a context variable (per
 thread and per async task): outside a block, or inside a rule, it calls MLX's op
 unchanged. Inside a block it runs the op's rule (:mod:`.rules`, one rule per op, as
 JAX's per-primitive rule tables) on the call's ``stream``, and counts the op in the
@@ -360,12 +362,13 @@ class _Rebound:
 # collector tracks (MLX's functions are tracked objects, so is every container holding
 # one), and rebound to the stand-ins while blocks are open, as module globals are; a
 # tuple, frozenset or set cannot be rebound in place: it is named (strict=True raises,
-# otherwise a warning). The scan costs about 0.45 us per tracked object (25 ms for
-# 55k objects): it runs at every strict=True block that installs the stand-ins, and
-# in the default mode at the first block, then again once new modules were imported
-# or the collector saw the heap grow by a quarter since the last scan (the rule by
-# which CPython schedules its full collections: amortized, a bounded cost per object
-# created).
+# otherwise a warning). The scan costs about 1 us per tracked object (46-60 ms for
+# 55k objects on a busy 2-core machine): it runs at every strict=True block that
+# installs the stand-ins (with the locals of every calling frame), and in the default
+# mode at the first block, then again once new modules were imported or the collector
+# saw the heap grow by a quarter since the last scan (the rule by which CPython
+# schedules its full collections: amortized, a bounded cost per object created; the
+# check costs about 2 us per block).
 _CELL = types.CellType
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
 _MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (3.11+): attributes stored in the object
@@ -405,7 +408,8 @@ def _cell(holder, key):
 
 
 def _attr(holder, key):
-    return (lambda: getattr(holder, key, None)), (lambda v: object.__setattr__(holder, key, v))
+    return ((lambda: getattr(holder, key, None)),
+            (lambda v: object.__setattr__(holder, key, v)))
 
 
 def _class_attr(holder, key):
@@ -449,7 +453,8 @@ def _places(holder, hit: dict) -> list:
     if t is _CELL:
         return [(*_cell(holder, None), holder.cell_contents)]
     if t is types.FunctionType:
-        return [(*_default(holder, i), v) for i, v in enumerate(holder.__defaults__) if found(v)]
+        return [(*_default(holder, i), v) for i, v in enumerate(holder.__defaults__)
+                if found(v)]
     if t is functools.partial:
         return ([(*_partial(holder, None), holder.func)] if found(holder.func) else []) + [
             (*_partial(holder, i), v) for i, v in enumerate(holder.args) if found(v)]
@@ -753,9 +758,9 @@ class _Plan:
         # original function -> (original, stand-in), for names bound elsewhere (those
         # of an earlier plan kept: a module may still hold an original replaced since)
         self.functions = {**(previous.functions if previous is not None else {}),
-                          **{id(restore[n]): _Kept((restore[n], r)) for owner, _, replace, restore
-                             in self.swaps if not isinstance(owner, type)
-                             for n, r in replace.items()}}
+                          **{id(restore[n]): _Kept((restore[n], r))
+                             for owner, _, replace, restore in self.swaps
+                             if not isinstance(owner, type) for n, r in replace.items()}}
         # what a heap scan (:func:`_scan_heap`) looks for: MLX's functions and the
         # ``mx.array`` methods (unbound, ``mx.array.__mul__``), not classes (the class
         # ``mx.array`` is in every annotation and isinstance tuple) nor Python functions
@@ -765,7 +770,8 @@ class _Plan:
         self.scanned.update({id(restore[n]): _Kept((restore[n], r)) for owner, _, replace,
                              restore in self.swaps if isinstance(owner, type)
                              and owner not in (_TRANSFORMED, _CUSTOM)
-                             for n, r in replace.items() if isinstance(r, types.FunctionType)
+                             for n, r in replace.items()
+                             if isinstance(r, types.FunctionType)
                              and not isinstance(restore[n], types.FunctionType)})
         self.own = None  # id -> the package's own holders, found at the first scan
 
