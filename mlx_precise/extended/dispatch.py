@@ -4,10 +4,12 @@ While at least one block is open (in any thread), the callables of ``mx``,
 ``mx.fast``, ``mx.fft``, ``mx.linalg``, ``mx.random`` and ``mx.array``'s operators,
 methods and properties are replaced by thin wrappers, one per entry of
 :mod:`.registry`; so are names bound to them before the block (module globals,
-mlx.nn's pooling layers), and compiled functions run their Python function on the
-arrays they are given. When the last block closes the originals are put back, so
-code outside every block runs MLX itself, with no wrapper in between (but for the
-in-place operators, :mod:`.intercept`). Each wrapper reads a context variable (per
+mlx.nn's pooling layers, the opening frame's locals, and, found by a scan of the
+heap, attributes, containers, closure cells and default arguments), and compiled
+functions run their Python function on the arrays they are given. When the last
+block closes the originals are put back, so code outside every block runs MLX
+itself, with no wrapper in between (but for the in-place operators,
+:mod:`.intercept`). Each wrapper reads a context variable (per
 thread and per async task): outside a block, or inside a rule, it calls MLX's op
 unchanged. Inside a block it runs the op's rule (:mod:`.rules`, one rule per op, as
 JAX's per-primitive rule tables) on the call's ``stream``, and counts the op in the
@@ -32,6 +34,7 @@ import operator
 import sys
 import threading
 import types
+import warnings
 
 import mlx.core as mx
 
@@ -302,7 +305,7 @@ context.opaque_runner.append(_run_opaque)
 # modules (``from mlx.core import exp``, ``f = mx.exp`` at module level) and in
 # layers (mlx.nn's pooling layers keep mx.max / mx.mean): rebound to the stand-ins
 # while blocks are open. Modules are scanned once each, when first seen.
-_bindings: list = []  # (module, name, original)
+_bindings: list = []  # (module, name, id of the original)
 _scanned: set = set()
 _SKIP = ("mlx.core", "mlx_precise")
 
@@ -331,7 +334,7 @@ def _scan(module, originals: dict) -> list:
         items = list(vars(module).items())
     except TypeError:
         return []
-    return [(module, name, value) for name, value in items if not name.startswith("__")
+    return [(module, name, id(value)) for name, value in items if not name.startswith("__")
             and id(value) in originals and originals[id(value)][0] is value]
 
 
@@ -351,6 +354,333 @@ class _Rebound:
 
     def __set__(self, obj, value):
         obj.__dict__[self.attr] = value
+
+
+# MLX functions held anywhere else before the block: in an object's attribute
+# (``self.act = mx.exp``), a dict or list (``ACTS = {"exp": mx.exp}``), a closure cell
+# of a function defined elsewhere, a default argument (``def f(x, act=mx.exp)``), a
+# ``functools.partial``. Python 3.11 has no hook on calls of MLX's (nanobind)
+# functions, so these are found where they sit: by a scan of the objects the garbage
+# collector tracks (MLX's functions are tracked objects, so is every container holding
+# one), and rebound to the stand-ins while blocks are open, as module globals are; a
+# tuple, frozenset or set cannot be rebound in place: it is named (strict=True raises,
+# otherwise a warning). The scan costs about 1 us per tracked object (46-60 ms for
+# 55k objects on a busy 2-core machine): it runs at every strict=True block that
+# installs the stand-ins (with the locals of every calling frame), and in the default
+# mode at the first block, then again once new modules were imported or the collector
+# saw the heap grow by a quarter since the last scan (the rule by which CPython
+# schedules its full collections: amortized, a bounded cost per object created; the
+# check costs about 2 us per block).
+_CELL = types.CellType
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
+_MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (3.11+): attributes stored in the object
+_CONTAINERS = (dict, list, tuple, set, frozenset, _CELL, types.FunctionType, property,
+               staticmethod, classmethod, types.MethodType, functools.partial)
+
+
+def _own_type(t: type) -> bool:
+    return str(getattr(t, "__module__", "")).startswith("mlx_precise")
+
+
+def _holds_attributes(t: type) -> bool:
+    """Instances of ``t`` may hold an MLX function themselves (a scan reads their
+    references): a user class whose attributes live in the object (3.11+, else its
+    ``__dict__`` is a dict of its own, scanned as one) or in slots, or a dict or list
+    subclass (``mlx.nn.Module``)."""
+    if not t.__flags__ & _HEAPTYPE or issubclass(t, type) or _own_type(t):
+        return False
+    return bool(t.__flags__ & _MANAGED_DICT) or issubclass(t, (dict, list)) or any(
+        "__slots__" in vars(c) for c in t.__mro__ if c.__flags__ & _HEAPTYPE)
+
+
+def _item(holder, key):
+    base = dict if isinstance(holder, dict) else list
+
+    def get():
+        try:
+            return base.__getitem__(holder, key)
+        except (KeyError, IndexError):
+            return None
+
+    return get, lambda v: base.__setitem__(holder, key, v)
+
+
+def _cell(holder, key):
+    return (lambda: holder.cell_contents), (lambda v: setattr(holder, "cell_contents", v))
+
+
+def _attr(holder, key):
+    return ((lambda: getattr(holder, key, None)),
+            (lambda v: object.__setattr__(holder, key, v)))
+
+
+def _class_attr(holder, key):
+    def get():
+        v = vars(holder).get(key)
+        return v.__func__ if isinstance(v, staticmethod) else v
+
+    binds = hasattr(type(get()), "__get__")  # (MLX's functions do not, its methods do)
+    return get, lambda v: setattr(holder, key, staticmethod(v) if isinstance(
+        v, types.FunctionType) and not binds else v)
+
+
+def _default(holder, key):
+    def set_(v):
+        d = holder.__defaults__
+        holder.__defaults__ = (*d[:key], v, *d[key + 1:])
+
+    return (lambda: holder.__defaults__[key]), set_
+
+
+def _partial(holder, key):
+    def set_(v):
+        state = list(holder.__reduce__()[2])  # (func, args, keywords, dict)
+        if key is None:
+            state[0] = v
+        else:
+            state[1] = (*state[1][:key], v, *state[1][key + 1:])
+        holder.__setstate__(tuple(state))
+
+    return (lambda: holder.func if key is None else holder.args[key]), set_
+
+
+def _places(holder, hit: dict) -> list:
+    """(get, set, original) for each place in ``holder`` (a container or an
+    instance) that holds one of ``hit``'s originals."""
+    def found(v):
+        h = hit.get(id(v))
+        return h is not None and h[0] is v
+
+    t = type(holder)
+    if t is _CELL:
+        return [(*_cell(holder, None), holder.cell_contents)]
+    if t is types.FunctionType:
+        return [(*_default(holder, i), v) for i, v in enumerate(holder.__defaults__)
+                if found(v)]
+    if t is functools.partial:
+        return ([(*_partial(holder, None), holder.func)] if found(holder.func) else []) + [
+            (*_partial(holder, i), v) for i, v in enumerate(holder.args) if found(v)]
+    if isinstance(holder, type):
+        return [(*_class_attr(holder, k), v) for k, v in vars(holder).items() if found(v)]
+    out = []
+    if isinstance(holder, (dict, list)):
+        keys = holder.items() if isinstance(holder, dict) else enumerate(holder)
+        out += [(*_item(holder, k), v) for k, v in list(keys) if found(v)]
+    if t is not dict and t is not list:
+        try:
+            attrs = object.__getattribute__(holder, "__dict__")
+        except AttributeError:
+            attrs = {}
+        out += [(*_item(attrs, k), v) for k, v in list(attrs.items()) if found(v)]
+        for cls in t.__mro__:
+            slots = vars(cls).get("__slots__", ())
+            for k in (slots,) if isinstance(slots, str) else slots:
+                v = getattr(holder, k, None)
+                if found(v):
+                    out.append((*_attr(holder, k), v))
+    return out
+
+
+def _scan_heap(hit: dict, own: dict, exclude: set) -> tuple[list, list]:
+    """(mutable, frozen): the holders among the tracked objects of the originals in
+    ``hit`` (:attr:`_Plan.scanned`), but for the package's own (``own``, ``exclude``:
+    ids); a class's namespace and a function's defaults are reported as the class
+    and the function."""
+    keys = hit.keys()
+    mutable, frozen, namespaces, defaults, inspected = [], [], [], set(), {}
+    objects = gc.get_objects()
+    _watch["size"] = len(objects)
+    for o in objects:
+        t = type(o)
+        if t is dict or t is list:
+            if not keys.isdisjoint(map(id, o.values() if t is dict else o)):
+                (namespaces if t is dict and "__module__" in o else mutable).append(o)
+        elif t is _CELL:
+            try:
+                if id(o.cell_contents) in keys:
+                    mutable.append(o)
+            except ValueError:  # an empty cell
+                pass
+        elif t is tuple or t is frozenset or t is set:
+            if not keys.isdisjoint(map(id, o)):
+                frozen.append(o)
+        elif t is types.FunctionType:
+            if o.__defaults__ and not keys.isdisjoint(map(id, o.__defaults__)):
+                mutable.append(o)
+                defaults.add(id(o.__defaults__))
+        elif t is functools.partial:
+            if not keys.isdisjoint(map(id, (o.func, *o.args))):
+                mutable.append(o)
+                defaults.add(id(o.args))
+        else:
+            inspect = inspected.get(t)
+            if inspect is None:
+                inspect = inspected[t] = _holds_attributes(t)
+            if inspect and not keys.isdisjoint(map(id, gc.get_referents(o))):
+                mutable.append(o)
+
+    def ours(h):
+        return id(h) in own or id(h) in exclude
+
+    namespaces = [d for d in namespaces if not ours(d)]
+    if namespaces:  # a class's namespace (a dict with "__module__") or a plain dict
+        classes = {id(_namespace(c)): c for c in gc.get_referrers(*namespaces)
+                   if isinstance(c, type)}
+        mutable += [classes.get(id(d), d) for d in namespaces]
+    return ([h for h in mutable if not ours(h)],
+            [h for h in frozen if id(h) not in defaults and not ours(h)])
+
+
+def _reached(plan) -> set:
+    """The ids of what the package itself keeps (its modules' namespaces, the plans,
+    the stand-ins' closures, the registry): the containers and the package's objects
+    reachable from its modules and the plan without passing through another module
+    or class. Holders of MLX's originals among them are the package's own."""
+    modules = {id(vars(m)) for m in list(sys.modules.values()) if hasattr(m, "__dict__")}
+    roots = [*(vars(m) for n, m in list(sys.modules.items())
+               if m is not None and n.split(".")[0] == "mlx_precise"), plan,
+             *(vars(owner) if namespace is None else namespace
+               for owner, namespace, _, _ in plan.swaps)]
+    seen = set(map(id, roots))
+    stack = roots
+    while stack:
+        for r in gc.get_referents(stack.pop()):
+            if id(r) in seen:
+                continue
+            t = type(r)
+            if (id(r) not in modules if t is dict else t in _CONTAINERS or (
+                    _own_type(r) if isinstance(r, type) else
+                    isinstance(r, types.SimpleNamespace) or _own_type(t))):
+                seen.add(id(r))
+                stack.append(r)
+    return seen
+
+
+_watch = {"plan": None, "modules": 0, "young": 0, "size": 0}  # at the last scan
+_held: list = []  # (get, set, original, stand-in) rebound while installed
+_warned: set = set()  # ids of the holders named in a warning already
+_heap_scanned = [False]  # a heap scan ran during this installation
+
+
+def _young() -> int:
+    """Tracked objects created so far, as the collector counts them (each collection
+    of the young generation follows ``threshold`` net allocations)."""
+    return gc.get_threshold()[0] * sum(s["collections"] for s in gc.get_stats()) + (
+        gc.get_count()[0])
+
+
+def _scan_due(strict: bool) -> bool:
+    if _heap_scanned[0]:
+        return False
+    return strict or _watch["plan"] is not _plans[0] or (
+        len(sys.modules) != _watch["modules"]) or (
+        _young() - _watch["young"] > _watch["size"] // 4)
+
+
+def _name(v) -> str:
+    return f"{getattr(v, '__module__', None) or 'mlx.core'}.{getattr(v, '__qualname__', v)}"
+
+
+def _describe(holder, hit: dict) -> str:
+    """``holder`` (a tuple, frozenset or set) and where it is (a module global, an
+    attribute), for an error message."""
+    where = ""
+    for r in gc.get_referrers(holder):
+        if type(r) is dict:
+            k = next((k for k, v in r.items() if v is holder), None)
+            if k is not None:
+                where = (f" {r['__name__']}.{k}" if isinstance(r.get("__name__"), str)
+                         else f" (the attribute or key {k!r})")
+                break
+    functions = sorted({_name(v) for v in holder if id(v) in hit})
+    return f"the {type(holder).__name__}{where} holding {', '.join(functions)}"
+
+
+def _rebind_held(strict: bool) -> None:
+    """Scan the heap (:func:`_scan_heap`), rebind what holds MLX's originals to the
+    stand-ins until the last block closes, name what cannot be rebound."""
+    plan = _plans[0]
+    hit = plan.scanned
+    mutable, frozen = _scan_heap(hit, plan.own or {}, {id(d) for _, d in _saved})
+    if plan.own is None:  # the first scan with this plan: tell the package's own
+        reached = _reached(plan)
+        plan.own = {id(h): h for h in (*mutable, *frozen) if id(h) in reached}
+        mutable = [h for h in mutable if id(h) not in plan.own]
+        frozen = [h for h in frozen if id(h) not in plan.own]
+    _watch.update(plan=plan, modules=len(sys.modules), young=_young())
+    _heap_scanned[0] = True
+    for holder in mutable:
+        for get, set_, original in _places(holder, hit):
+            standin = hit[id(original)][1]
+            set_(standin)
+            _held.append(_Kept((get, set_, original, standin)))
+    frozen = [h for h in frozen if strict or id(h) not in _warned]
+    if not frozen:
+        return
+    message = ("{} before extended_precision(): it cannot be rebound to the double-word "
+               "stand-ins, so a call through it inside the block computes in float32 "
+               "(hold MLX functions in a list, dict or attribute, or look them up "
+               "through mx. inside the block)").format(
+        "; ".join(_describe(h, hit) for h in frozen))
+    if strict:
+        raise PrecisionDropError(message)
+    _warned.update(map(id, frozen))
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _restore_held() -> None:
+    while _held:
+        get, set_, original, standin = _held.pop()
+        if get() is standin:  # (not reassigned inside the block)
+            set_(original)
+    _heap_scanned[0] = False
+
+
+# Python 3.12+ (PEP 669): ``sys.monitoring`` reports every call made from Python code.
+# While blocks are open, a call of one of MLX's originals from inside a block with a
+# carried first operand is a call the rebinding did not reach (a tuple of functions,
+# a bound method of an array, a function stored after the default mode's last scan,
+# a local of a function in another thread): reported as consuming a double-word
+# value in float32 (strict=True raises there). Python 3.11 has no such hook.
+_MONITORING = getattr(sys, "monitoring", None)
+_TOOL = 4  # a tool id PEP 669 leaves free (0-2, 5: debugger, coverage, profiler, optimizer)
+_BOUND = type(mx.array.__mul__.__get__(mx.array(0)))  # MLX's bound methods
+_monitored: list = []  # the ids -> (original, stand-in) the hook watches, while installed
+
+
+_PACKAGE = __file__.rsplit("extended", 1)[0]  # mlx_precise/ (its calls are its own)
+
+
+def _on_call(code, offset, fn, arg0):
+    if code.co_filename.startswith(_PACKAGE):
+        return _MONITORING.DISABLE  # (for this call site, for good)
+    hit = _monitored[0].get(id(fn)) if _monitored else None
+    if hit is None and type(fn) is _BOUND:
+        fn, arg0 = fn.__func__, fn.__self__
+        hit = _monitored[0].get(id(fn)) if _monitored else None
+    if hit is None or hit[0] is not fn:
+        return
+    report = _report.get()  # (None inside the rules: their calls of MLX are theirs)
+    if report is not None and report.open and carry.has_words(arg0) and arg0.size:
+        dropped(report, _name(fn).removeprefix("mlx.core."),
+                "it was called through a name bound before the block that the block "
+                "could not rebind")
+
+
+def _monitor(on: bool) -> None:
+    if _MONITORING is None:
+        return
+    if on:
+        if _MONITORING.get_tool(_TOOL) is None:
+            _MONITORING.use_tool_id(_TOOL, "mlx_precise")
+            _MONITORING.register_callback(_TOOL, _MONITORING.events.CALL, _on_call)
+        elif _MONITORING.get_tool(_TOOL) != "mlx_precise":
+            return  # another tool holds the id
+        _monitored[:] = [_plans[0].scanned]
+        _MONITORING.set_events(_TOOL, _MONITORING.events.CALL)
+    elif _monitored:
+        _MONITORING.set_events(_TOOL, _MONITORING.events.NO_EVENTS)
+        _monitored.clear()
 
 
 _lock = threading.Lock()
@@ -378,6 +708,11 @@ try:
     _type_modified.argtypes, _type_modified.restype = [ctypes.py_object], None
 except (ImportError, AttributeError):  # pragma: no cover - not CPython
     _type_modified = None
+
+
+class _Kept(tuple):
+    """A tuple the package keeps beside an MLX original (its stand-in, a rebinding
+    to undo): a heap scan (:func:`_scan_heap`) skips it."""
 
 
 class _Plan:
@@ -425,9 +760,22 @@ class _Plan:
         # original function -> (original, stand-in), for names bound elsewhere (those
         # of an earlier plan kept: a module may still hold an original replaced since)
         self.functions = {**(previous.functions if previous is not None else {}),
-                          **{id(restore[n]): (restore[n], r) for owner, _, replace, restore
-                             in self.swaps if not isinstance(owner, type)
-                             for n, r in replace.items()}}
+                          **{id(restore[n]): _Kept((restore[n], r))
+                             for owner, _, replace, restore in self.swaps
+                             if not isinstance(owner, type) for n, r in replace.items()}}
+        # what a heap scan (:func:`_scan_heap`) looks for: MLX's functions and the
+        # ``mx.array`` methods (unbound, ``mx.array.__mul__``), not classes (the class
+        # ``mx.array`` is in every annotation and isinstance tuple) nor Python functions
+        # (a replacement someone installed is their code)
+        self.scanned = {key: (o, r) for key, (o, r) in self.functions.items()
+                        if not isinstance(o, (type, types.FunctionType))}
+        self.scanned.update({id(restore[n]): _Kept((restore[n], r)) for owner, _, replace,
+                             restore in self.swaps if isinstance(owner, type)
+                             and owner not in (_TRANSFORMED, _CUSTOM)
+                             for n, r in replace.items()
+                             if isinstance(r, types.FunctionType)
+                             and not isinstance(restore[n], types.FunctionType)})
+        self.own = None  # id -> the package's own holders, found at the first scan
 
     def current(self) -> bool:
         """Every owner still holds the originals the plan was built for (nobody
@@ -449,6 +797,8 @@ class _Plan:
                 _type_modified(owner)
 
 
+# the current plan first; the earlier ones are kept (their stand-ins may still be bound
+# somewhere: a heap scan must know what they hold as the package's own)
 _plans: list = []
 
 
@@ -458,15 +808,16 @@ def _install() -> None:
     plan = _plans[0] if _plans else None
     if plan is None or not plan.current():
         plan = _Plan(plan)
-        _plans[:] = [plan]
+        _plans.insert(0, plan)
     plan.swap(True)
     constructor.install()
+    _monitor(True)
     rebound: dict = {}
-    for module, name, original in _module_bindings(plan.functions):
-        hit = plan.functions.get(id(original))
-        if hit is not None and hit[0] is original and getattr(module, name, None) is original:
+    for module, name, key in _module_bindings(plan.functions):
+        hit = plan.functions.get(key)
+        if hit is not None and getattr(module, name, None) is hit[0]:
             setattr(module, name, hit[1])
-            rebound.setdefault(module, {})[name] = original
+            rebound.setdefault(module, {})[name] = hit[0]
     _saved.extend(rebound.items())
     pooling = sys.modules.get("mlx.nn.layers.pooling")
     if pooling is not None:
@@ -475,7 +826,9 @@ def _install() -> None:
 
 
 def _uninstall() -> None:
+    _monitor(False)
     constructor.uninstall()
+    _restore_held()
     while _saved:
         owner, originals = _saved.pop()
         if not isinstance(owner, type):
@@ -522,36 +875,39 @@ def _set_locals(frame, values: dict) -> None:
         ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
 
 
-def _rebind_locals():
-    """(frame, {name: (original, stand-in)}) for the opening frame's locals bound to
-    MLX functions, rebound to the stand-ins; None when there are none."""
-    frame = _user_frame()
-    if frame is None:
-        return None
-    namespace = frame.f_locals
-    if namespace is frame.f_globals:
-        return None
+def _rebind_locals(every: bool):
+    """[(frame, {name: (original, stand-in)})] for the locals bound to MLX functions
+    of the frame that opens the block (``every``: and of the frames that called it),
+    rebound to the stand-ins; None when there are none."""
     functions = _plans[0].functions
-    hits = {}
-    for name, value in namespace.items():
-        hit = functions.get(id(value))
-        # (MLX's own callables only: a Python function that replaced one of them, the
-        # caller's own code, keeps its name)
-        if hit is not None and hit[0] is value and not isinstance(value, types.FunctionType):
-            hits[name] = hit
-    if not hits:
-        return None
-    _set_locals(frame, {name: standin for name, (_, standin) in hits.items()})
-    return frame, hits
+    out = []
+    frame = _user_frame()
+    while frame is not None:
+        namespace = frame.f_locals
+        if namespace is not frame.f_globals and not frame.f_globals.get(
+                "__name__", "").startswith(_OWN):
+            hits = {}
+            for name, value in namespace.items():
+                hit = functions.get(id(value))
+                # (MLX's own callables only: a Python function that replaced one of
+                # them, the caller's own code, keeps its name)
+                if hit is not None and hit[0] is value and not isinstance(
+                        value, types.FunctionType):
+                    hits[name] = hit
+            if hits:
+                _set_locals(frame, {name: standin for name, (_, standin) in hits.items()})
+                out.append((frame, hits))
+        frame = frame.f_back if every else None
+    return out or None
 
 
 def _restore_locals(rebound) -> None:
-    frame, hits = rebound
-    namespace = frame.f_locals
-    back = {name: original for name, (original, standin) in hits.items()
-            if namespace.get(name) is standin}
-    if back:
-        _set_locals(frame, back)
+    for frame, hits in rebound:
+        namespace = frame.f_locals
+        back = {name: original for name, (original, standin) in hits.items()
+                if namespace.get(name) is standin}
+        if back:
+            _set_locals(frame, back)
 
 
 class _FlowBlock:
@@ -569,8 +925,17 @@ class _FlowBlock:
             with _lock:
                 if _open == 0:
                     _install()
+                    due = _scan_due(self.strict)
+                else:
+                    due = self.strict and _scan_due(True)
                 _open += 1
-                self.rebound = _rebind_locals()
+                try:
+                    self.rebound = _rebind_locals(self.strict)
+                    if due:
+                        _rebind_held(self.strict)
+                except BaseException:
+                    self._close()
+                    raise
             self.report = Report(self.strict)
         self.token = _report.set(self.report)  # None: the flow is off inside
         return self.report
@@ -585,13 +950,17 @@ class _FlowBlock:
             context.restore(_report, self.token)
         finally:
             with _lock:
-                if self.rebound is not None:
-                    _restore_locals(self.rebound)
-                    self.rebound = None
-                _open -= 1
-                if _open == 0:
-                    _uninstall()
+                self._close()
         return False
+
+    def _close(self):  # (under _lock)
+        global _open
+        if self.rebound is not None:
+            _restore_locals(self.rebound)
+            self.rebound = None
+        _open -= 1
+        if _open == 0:
+            _uninstall()
 
 
 def block(on: bool = True, strict: bool = False) -> _FlowBlock:

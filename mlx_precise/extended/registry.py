@@ -117,6 +117,7 @@ ARRAY_EXITS = frozenset({
     "__complex__", "__bool__", "__repr__", "__str__", "__format__", "__bytes__",
     "__dlpack__", "__dlpack_device__", "__getstate__", "__setstate__", "__reduce__",
     "__reduce_ex__", "__array_namespace__", "__len__", "__hash__",
+    "__buffer__", "__release_buffer__",  # (the buffer protocol, Python 3.12+)
 })
 """``mx.array`` attributes where a value leaves (rounded once: the high word) or
 whose answer is decided by the high word (``bool(x)``)."""

@@ -58,7 +58,7 @@ def test_without_the_rebinding_the_local_drops(monkeypatch):
     carried value in float32, unseen: the results are not all correctly rounded."""
     from mlx_precise.extended import dispatch
 
-    monkeypatch.setattr(dispatch, "_rebind_locals", lambda: None)
+    monkeypatch.setattr(dispatch, "_rebind_locals", lambda every: None)
     f = mx.exp
     with mp.extended_precision() as report:
         x = _carried()
