@@ -173,12 +173,14 @@ class Codes:
 
 @dataclass(frozen=True)
 class ParamLayout(Codes):
-    """The layout of an int32 parameter buffer shared by Python and Metal: field
+    """The layout of an integer parameter buffer shared by Python and Metal: field
     ``names[i]`` is ``params[i]``, named ``<PREFIX>_<NAME>`` in Metal
     (:meth:`source`); :meth:`pack` builds the buffer by name. The buffer has
-    ``size`` elements (at least 8, so MLX passes it as a ``device`` buffer)."""
+    ``size`` elements (at least 8, so MLX passes it as a ``device`` buffer) of
+    ``dtype`` (int32, or int64 for strides of large arrays)."""
 
     size: int = 16
+    dtype: type = np.int32
 
     def __post_init__(self):
         super().__post_init__()
@@ -194,15 +196,23 @@ class ParamLayout(Codes):
                        for n, i in self.items())
 
     def pack(self, **values: int) -> mx.array:
-        """The int32 buffer (``size``,) with every field given by name (bools as
-        0 / 1, ints as their int32 value or bit pattern); unused slots are 0."""
+        """The ``dtype`` buffer (``size``,) with every field given by name (bools as
+        0 / 1, ints as their value or bit pattern); unused slots are 0.
+
+        Raises:
+            KeyError: a field is missing or unknown.
+            ValueError: a value does not fit in ``dtype``."""
         missing = [n for n in self.names if n not in values]
         extra = [n for n in values if n not in self.names]
         if missing or extra:
             raise KeyError(f"{self.prefix}: missing fields {missing}, unknown {extra}")
-        p = np.zeros(self.size, np.int32)
-        for i, n in enumerate(self.names):
-            p[i] = int(values[n])
+        vals = [int(values[n]) for n in self.names]
+        info = np.iinfo(self.dtype)
+        if any(not info.min <= v <= info.max for v in vals):
+            raise ValueError(f"{self.prefix}: parameters must fit in {info.dtype}, "
+                             f"got {dict(zip(self.names, vals))}")
+        p = np.zeros(self.size, self.dtype)
+        p[:len(vals)] = vals
         return mx.array(p)
 
 
