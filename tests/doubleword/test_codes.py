@@ -20,6 +20,7 @@ from mlx_precise.fixedpoint import qformat
 from mlx_precise.int8 import engine as int8_engine
 from mlx_precise.int8 import scaled as int8_scaled
 from mlx_precise.linalg import gemm
+from mlx_precise.norms import engine as norms_engine
 from mlx_precise.ozaki import engine as ozaki_engine
 
 
@@ -43,6 +44,7 @@ def test_generated_blocks_are_in_the_headers():
     assert gemm.codes_source() in _header("dw_gemm.h")
     assert int8_engine.codes_source() in _header("int8_gemm.h")
     assert int8_scaled.codes_source() in _header("int8_gemm.h")
+    assert norms_engine.codes_source() in _header("norms.h")
 
 
 @pytest.mark.parametrize("layout, body, buffer", [
@@ -57,6 +59,8 @@ def test_generated_blocks_are_in_the_headers():
     (gemm.DW_GEMM_PARAMS, "dw_gemm.metal", "p"),
     (int8_engine.INT8_GEMM_I32_PARAMS, "int8_gemm_i32.metal", "p"),
     (int8_scaled.INT8_SCALED_MM_PARAMS, "int8_scaled_mm.metal", "p"),
+    (norms_engine.NORM_TILE_PARAMS, "norm_tile.metal", "p"),
+    (norms_engine.NORM_REDUCE_PARAMS, "norm_reduce.metal", "p"),
 ], ids=lambda v: v if isinstance(v, str) else v.prefix)
 def test_kernels_read_params_by_name(layout, body, buffer):
     """Each field of the layout is read by its generated name, none by a number."""
@@ -101,6 +105,33 @@ def test_int8_epilogue_codes_by_name():
                           has_bias=True))
     assert p.dtype == np.int32 and p.size == 8
     assert p[lay.index("epilogue")] == epi["azp"] and p[lay.index("has_bias")] == 1
+
+
+def test_norm_codes_by_name():
+    """The norm kernels compare the kind, the structure and norm_reduce's records
+    with the generated names; every kind and structure has a branch or a test."""
+    tile, reduce_ = _body("norm_tile.metal"), _body("norm_reduce.metal")
+    assert not re.search(r"\b(kind|st)\s*[=!<>]=?\s*\d", tile)
+    assert "p[NORM_REDUCE_RECORDS] == NORM_RECORDS_BLUE" in reduce_
+    assert not re.search(r"\b(mode|records)\s*[=!<>]=?\s*\d", reduce_)
+    codes = norms_engine.KIND, norms_engine.STRUCTURE
+    missing = [c.metal_name(n) for c in codes for n in c.names
+               if c.metal_name(n) not in tile and n != "trapezoid"]
+    assert not missing, f"never named: {missing}"  # trapezoid: general's complement
+
+
+@pytest.mark.parametrize("kind", ["max", "one", "inf", "fro"])
+def test_each_norm_kind_code_computes_its_norm(kind):
+    """norm_tile with p[NORM_TILE_KIND] = the code of ``kind`` (by name), reduced by
+    norm_reduce: numpy's norm of the same kind (float32 data, exact in float64)."""
+    a = np.arange(1, 13, dtype=np.float32).reshape(3, 4) * np.float32(1.5) - 7
+    spec = norms_engine.make_spec(kind, "general", "lower", "nonunit", False)
+    assert spec.kind == norms_engine.KIND[kind]
+    got = norms_engine.kernel_partial(mx.array(a), spec, 2, "emulate").result
+    x = np.abs(a.astype(np.float64))  # sums and squares exact in float64
+    want = {"max": x.max(), "one": x.sum(axis=0).max(), "inf": x.sum(axis=1).max(),
+            "fro": np.sqrt((x * x).sum())}[kind]
+    assert float(got) == np.float32(want)
 
 
 def test_fixedpoint_rounding_codes_by_name():
