@@ -329,12 +329,10 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, batch: tuple,
     a_lo, b_lo, d_lo = (w is not None for w in words[1::2])
     words = [words[0] if w is None else w for w in words]  # never read
     p = DW_GEMM_PARAMS.pack(
+        [x[f] for x in dims for f in DW_GEMM_DIM.names],  # the records, by name
         m=M, n=N, k=K, sam=sa[-2], sak=sa[-1], sbk=sb[-2], sbn=sb[-1], scm=sc[-2],
         scn=sc[-1], sdm=sd[-2], sdn=sd[-1], has_bias=d is not None, a_lo=a_lo, b_lo=b_lo,
         d_lo=d_lo, batch_dims=len(dims))
-    if dims:
-        recs = [x[f] for x in dims for f in DW_GEMM_DIM.names]
-        p = mx.concatenate([p, mx.array(recs, dtype=mx.int64)])
     grid, tg = gemm_grid(M, N, nbatch)
     size = math.prod(shape_c) * pc
     ch, cl = DW_GEMM(

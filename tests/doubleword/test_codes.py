@@ -287,4 +287,7 @@ def test_codes_and_layouts_by_name():
     wide = ParamLayout("T_W", ("n", "flag"), size=8, dtype=np.int64)
     p = np.array(wide.pack(n=2**40, flag=1))
     assert p.dtype == np.int64 and p.tolist() == [2**40, 1, 0, 0, 0, 0, 0, 0]
+    assert np.array(wide.pack([7, -2**40], n=3, flag=0)).tolist() == [3, 0] + [0] * 6 + [7, -2**40]
+    with pytest.raises(ValueError, match="fit in int32"):
+        lay.pack([2**31], n=1, flag=0)
     assert "constant constexpr int T_P_FLAG = 1;" in generated_block("f()", c, lay)
