@@ -3,13 +3,13 @@
 // Inputs: ah, al (A's words), bh, bl (B's), dh, dl (the bias D's, any 8 floats when
 // there is none): float32 flat buffers; a complex value is two consecutive floats
 // (real, imaginary), as a complex64 array viewed as float32. A low word that is
-// zero (a float32 operand) need not be stored: bit 0, 1, 2 of `lows` say whether
-// al, bl, dl hold one (else the buffer is any 8 floats, never read, and the low
-// word reads as 0). p: int64 parameters
-//   [M, N, K, sam, sak, sbk, sbn, scm, scn, sdm, sdn, has_bias, nb, lows,
-//    then per batch dimension (outermost first): size, sa, sb, sc, sd]
-// in floats: A(m, k) of batch z at oa(z) + m sam + k sak, B(k, n) at ob(z) + k sbk +
-// n sbn, C(m, n) at oc(z) + m scm + n scn, D(m, n) at od(z) + m sdm + n sdn, where
+// zero (a float32 operand) need not be stored: p[DW_GEMM_P_A_LO], _B_LO, _D_LO say
+// whether al, bl, dl hold one (else the buffer is any 8 floats, never read, and the
+// low word reads as 0). p: int64 parameters, the fields DW_GEMM_P_* (dw_gemm.h,
+// generated from DW_GEMM_PARAMS in mlx_precise/linalg/gemm.py), then from
+// p[DW_GEMM_DIMS_AT] on one record of DW_GEMM_DIM_COUNT fields DW_GEMM_DIM_* per batch
+// dimension, outermost first (size, sa, sb, sc, sd). Strides are in floats: A(m, k)
+// of batch z at oa(z) + m sam + k sak, B(k, n) at ob(z) + k sbk + n sbn, C(m, n) at oc(z) + m scm + n scn, D(m, n) at od(z) + m sdm + n sdn, where
 // o*(z) = sum_d i_d s*_d for the batch index z = (i_0, ..., i_{nb-1}) (row-major, as
 // MLX's elem_to_loc; a broadcast dimension has stride 0).
 // Outputs: ch, cl float32 (C's words), written at oc(z) + m scm + n scn (+1 imag).
@@ -24,25 +24,29 @@ constexpr int COLS = BN / TN, ROWS = BM / TM, NT = ROWS * COLS;
 threadgroup float As[NC * 2 * BM * BK];
 threadgroup float Bs[NC * 2 * BK * BN];
 
-const long M = p[0], N = p[1], K = p[2];
-const long sam = p[3], sak = p[4], sbk = p[5], sbn = p[6];
-const long scm = p[7], scn = p[8], sdm = p[9], sdn = p[10];
-const bool has_bias = p[11] != 0;
-const int nb = int(p[12]);
-const bool a_lo = (p[13] & 1) != 0, b_lo = (p[13] & 2) != 0, d_lo = (p[13] & 4) != 0;
+const long M = p[DW_GEMM_P_M], N = p[DW_GEMM_P_N], K = p[DW_GEMM_P_K];
+const long sam = p[DW_GEMM_P_SAM], sak = p[DW_GEMM_P_SAK];
+const long sbk = p[DW_GEMM_P_SBK], sbn = p[DW_GEMM_P_SBN];
+const long scm = p[DW_GEMM_P_SCM], scn = p[DW_GEMM_P_SCN];
+const long sdm = p[DW_GEMM_P_SDM], sdn = p[DW_GEMM_P_SDN];
+const bool has_bias = p[DW_GEMM_P_HAS_BIAS] != 0;
+const int nb = int(p[DW_GEMM_P_BATCH_DIMS]);
+const bool a_lo = p[DW_GEMM_P_A_LO] != 0, b_lo = p[DW_GEMM_P_B_LO] != 0;
+const bool d_lo = p[DW_GEMM_P_D_LO] != 0;
 const uint3 g = threadgroup_position_in_grid;
 const int tid = int(thread_index_in_threadgroup);
 
 long oa = 0, ob = 0, oc = 0, od = 0;
 long z = long(g.z);
 for (int d = nb - 1; d >= 0; --d) {
-  const long size = p[14 + 5 * d];
+  const int rec = DW_GEMM_DIMS_AT + DW_GEMM_DIM_COUNT * d;
+  const long size = p[rec + DW_GEMM_DIM_SIZE];
   const long i = z % size;
   z /= size;
-  oa += i * p[15 + 5 * d];
-  ob += i * p[16 + 5 * d];
-  oc += i * p[17 + 5 * d];
-  od += i * p[18 + 5 * d];
+  oa += i * p[rec + DW_GEMM_DIM_SA];
+  ob += i * p[rec + DW_GEMM_DIM_SB];
+  oc += i * p[rec + DW_GEMM_DIM_SC];
+  od += i * p[rec + DW_GEMM_DIM_SD];
 }
 
 const long m0 = long(g.y) * BM, n0 = long(g.x) * BN;

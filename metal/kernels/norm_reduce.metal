@@ -3,13 +3,15 @@
 // Inputs:
 //   part float32 (flat, >= 8 values): NR x L records, record (r, k) at
 //        part[W (r L + k)]:
-//        mode 0 (W = 4): two double-word pairs (big hi, big lo, sml hi, sml lo),
+//        NORM_RECORDS_LINES (W = 4): two double-word pairs (big hi, big lo, sml hi, sml lo),
 //          the classes of a line sum (norms.h, norm_line); the norm is the
 //          NaN-aware max over k of the rounded line sums (a max-norm partial is
 //          (value, 0, 0, 0));
-//        mode 1 (W = 2): one pair; L = 3 lines big, med, sml of Blue's
+//        NORM_RECORDS_BLUE (W = 2): one pair; L = 3 lines big, med, sml of Blue's
 //          accumulators (norms.h, norm_ssq), finished as the Frobenius norm.
-//   p    int32 (8 values): p[0] = NR, p[1] = L, p[2] = mode.
+//   p    int32 (8 values): p[NORM_REDUCE_NR] = NR, p[NORM_REDUCE_L] = L,
+//        p[NORM_REDUCE_RECORDS] = a NORM_RECORDS_* code (norms.h, generated from
+//        NORM_REDUCE_PARAMS in mlx_precise/norms/engine.py).
 // Outputs:
 //   sums   float32 (W L): the records summed over r, i.e. the combined partial,
 //          which the distributed norm gathers across processes and feeds back here;
@@ -19,9 +21,9 @@
 // their sums are added in order. All sums are double-word (norm_acc).
 uint t = thread_position_in_threadgroup.x;
 uint T = threads_per_threadgroup.x;
-uint nr = uint(p[0]), L = uint(p[1]);
-int mode = p[2];
-uint W = mode == 1 ? 2u : 4u;
+uint nr = uint(p[NORM_REDUCE_NR]), L = uint(p[NORM_REDUCE_L]);
+bool blue = p[NORM_REDUCE_RECORDS] == NORM_RECORDS_BLUE;
+uint W = blue ? 2u : 4u;
 threadgroup float buf[4 * 256];
 threadgroup float mx[256];
 float vmax = 0.0f;
@@ -74,7 +76,7 @@ for (uint s2 = 1u; s2 < T; s2 *= 2u) {
   threadgroup_barrier(mem_flags::mem_threadgroup);
 }
 if (t == 0u) {
-  if (mode == 1) {  // lines 0, 1, 2: Blue's big, med, sml (each in a record's .big)
+  if (blue) {  // lines 0, 1, 2: Blue's big, med, sml (each in a record's .big)
     norm_ssq a;
     a.big = dw_make(buf[0], buf[1]);
     a.med = dw_make(buf[4], buf[5]);

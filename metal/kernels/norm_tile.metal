@@ -4,7 +4,8 @@
 // Inputs:
 //   a  float32, the local m x n block, row-major; complex data as interleaved
 //      (re, im) float32 pairs (complex64 viewed as float32), padded to >= 8 values.
-//   p  int32, 16 parameters (see NORM_P_* below): sizes, kind, structure, and the
+//   p  int32, 16 parameters (NORM_TILE_* in norms.h, generated from NORM_TILE_PARAMS
+//      in mlx_precise/norms/engine.py): sizes, kind, structure, and the
 //      affine block-cyclic map from local to global indices,
 //      g = off + (l / blk) * stride + l % blk  (identity: off 0, blk >= size).
 // Output:
@@ -19,43 +20,29 @@
 // Grid (T ntc, ntr, nz), threadgroup (T, 1, 1) with T <= 256. Thread t owns the
 // lines t, t + T, ... of its tile: columns ("column mode": max, fro, one) or rows
 // ("row mode": inf, and z = 1 of a symmetric one-norm, whose rows of off-diagonal
-// stored entries add the mirrored triangle: partial rows ROWPART + tc).
+// stored entries add the mirrored triangle: partial rows NORM_TILE_ROWPART + tc).
 //
 // Which entries are read is LAPACK's (global indices gi, gj):
 //   general: all; trapezoid upper gi <= gj, lower gi >= gj, unit diagonal never read
 //   and counted as 1; symmetric/Hermitian: the stored triangle only, off-diagonal
 //   entries count twice in the Frobenius sum and once per line in one/inf;
 //   Hermitian: the imaginary part of the diagonal is ignored.
-#define NORM_P_M 0
-#define NORM_P_N 1
-#define NORM_P_NB 2
-#define NORM_P_KIND 3       // 0 max, 1 one, 2 inf, 3 fro
-#define NORM_P_STRUCT 4     // 0 general, 1 trapezoid, 2 symmetric, 3 hermitian
-#define NORM_P_UPPER 5      // 1: upper triangle / trapezoid
-#define NORM_P_UNIT 6       // 1: unit diagonal (trapezoid only)
-#define NORM_P_COMPLEX 7
-#define NORM_P_L 8          // length of a partial line vector (global n or m)
-#define NORM_P_ROWPART 9    // first partial row of symmetric row mode
-#define NORM_P_ROFF 10
-#define NORM_P_RBLK 11
-#define NORM_P_RSTRIDE 12
-#define NORM_P_COFF 13
-#define NORM_P_CBLK 14
-#define NORM_P_CSTRIDE 15
 
 uint t = thread_position_in_threadgroup.x;
 uint T = threads_per_threadgroup.x;
 uint3 tg = threadgroup_position_in_grid;
-int m = p[NORM_P_M], n = p[NORM_P_N], nb = p[NORM_P_NB];
-int kind = p[NORM_P_KIND], st = p[NORM_P_STRUCT];
-bool upper = p[NORM_P_UPPER] != 0, unit = p[NORM_P_UNIT] != 0;
-bool cplx = p[NORM_P_COMPLEX] != 0, herm = st == 3;
-bool sym = st >= 2;
+int m = p[NORM_TILE_M], n = p[NORM_TILE_N], nb = p[NORM_TILE_NB];
+int kind = p[NORM_TILE_KIND], st = p[NORM_TILE_STRUCTURE];
+bool upper = p[NORM_TILE_UPPER] != 0, unit = p[NORM_TILE_UNIT] != 0;
+bool cplx = p[NORM_TILE_COMPLEX] != 0, herm = st == NORM_STRUCTURE_HERMITIAN;
+bool sym = st == NORM_STRUCTURE_SYMMETRIC || herm;
+int roff = p[NORM_TILE_ROFF], rblk = p[NORM_TILE_RBLK], rstride = p[NORM_TILE_RSTRIDE];
+int coff = p[NORM_TILE_COFF], cblk = p[NORM_TILE_CBLK], cstride = p[NORM_TILE_CSTRIDE];
 int tc = int(tg.x), tr = int(tg.y);
 int ntc = (n + nb - 1) / nb;
 // Column sums for max/fro/one, row sums for inf and for the z = 1 pass of a
 // symmetric one-norm (which then skips the diagonal: it was counted in z = 0).
-bool rowmode = kind == 2 || tg.z == 1u;
+bool rowmode = kind == NORM_KIND_INF || tg.z == 1u;
 bool offdiag_only = tg.z == 1u;
 int i0 = tr * nb, j0 = tc * nb;
 int lines = rowmode ? metal::min(nb, m - i0) : metal::min(nb, n - j0);
@@ -69,17 +56,17 @@ for (int l = int(t); l < lines; l += int(T)) {
   norm_line line = norm_line_zero();
   int li = rowmode ? i0 + l : 0, lj = rowmode ? 0 : j0 + l;
   int lg = rowmode
-      ? p[NORM_P_ROFF] + (li / p[NORM_P_RBLK]) * p[NORM_P_RSTRIDE] + li % p[NORM_P_RBLK]
-      : p[NORM_P_COFF] + (lj / p[NORM_P_CBLK]) * p[NORM_P_CSTRIDE] + lj % p[NORM_P_CBLK];
+      ? roff + (li / rblk) * rstride + li % rblk
+      : coff + (lj / cblk) * cstride + lj % cblk;
   for (int q = 0; q < len; ++q) {
     int i = rowmode ? li : i0 + q;
     int j = rowmode ? j0 + q : lj;
     int gi = rowmode ? lg
-                     : p[NORM_P_ROFF] + (i / p[NORM_P_RBLK]) * p[NORM_P_RSTRIDE] + i % p[NORM_P_RBLK];
-    int gj = rowmode ? p[NORM_P_COFF] + (j / p[NORM_P_CBLK]) * p[NORM_P_CSTRIDE] + j % p[NORM_P_CBLK]
+                     : roff + (i / rblk) * rstride + i % rblk;
+    int gj = rowmode ? coff + (j / cblk) * cstride + j % cblk
                      : lg;
     bool diag = gi == gj;
-    if (st != 0 && (upper ? gi > gj : gi < gj)) {
+    if (st != NORM_STRUCTURE_GENERAL && (upper ? gi > gj : gi < gj)) {
       continue;  // outside the stored triangle / trapezoid: never read
     }
     if (offdiag_only && diag) {
@@ -95,7 +82,7 @@ for (int l = int(t); l < lines; l += int(T)) {
         re = norm_daz(a[at]);
       }
     }
-    if (kind == 3) {
+    if (kind == NORM_KIND_FRO) {
       float w = (sym && !diag) ? 2.0f : 1.0f;
       norm_ssq_add(ssq, re, w);
       if (cplx) {
@@ -104,20 +91,20 @@ for (int l = int(t); l < lines; l += int(T)) {
     } else if (cplx) {
       bool small;
       dw v = norm_cabs_scaled(re, im, small);
-      if (kind == 0) {  // RN(|z| 2^86) 2^-86 = RN(|z|): exact scaling, |z| >= 2^-126
+      if (kind == NORM_KIND_MAX) {  // RN(|z| 2^86) 2^-86 = RN(|z|): exact scaling, |z| >= 2^-126
         vmax = norm_nanmax(vmax, small ? v.hi * NORM_P2(-NORM_SSML_E) : v.hi);
       } else {
         norm_line_add(line, v, small);
       }
-    } else if (kind == 0) {
+    } else if (kind == NORM_KIND_MAX) {
       vmax = norm_nanmax(vmax, metal::abs(re));
     } else {
       norm_line_add_real(line, metal::abs(re));
     }
   }
-  if (kind == 1 || kind == 2) {
-    int prow = rowmode ? (offdiag_only ? p[NORM_P_ROWPART] : 0) + tc : tr;
-    uint at = 4u * (uint(prow) * uint(p[NORM_P_L]) + uint(lg));
+  if (kind == NORM_KIND_ONE || kind == NORM_KIND_INF) {
+    int prow = rowmode ? (offdiag_only ? p[NORM_TILE_ROWPART] : 0) + tc : tr;
+    uint at = 4u * (uint(prow) * uint(p[NORM_TILE_L]) + uint(lg));
     part[at] = line.big.hi;
     part[at + 1u] = line.big.lo;
     part[at + 2u] = line.sml.hi;
@@ -125,10 +112,10 @@ for (int l = int(t); l < lines; l += int(T)) {
   }
 }
 
-if (kind == 0 || kind == 3) {
+if (kind == NORM_KIND_MAX || kind == NORM_KIND_FRO) {
   // Tree reduction of the threads' records in threadgroup memory (any T <= 256).
   uint r = 6u * t;
-  if (kind == 0) {
+  if (kind == NORM_KIND_MAX) {
     red[r] = vmax;
   } else {
     red[r] = ssq.big.hi; red[r + 1] = ssq.big.lo;
@@ -139,7 +126,7 @@ if (kind == 0 || kind == 3) {
   for (uint s = 1u; s < T; s *= 2u) {
     if ((t & (2u * s - 1u)) == 0u && t + s < T) {
       uint o = 6u * (t + s);
-      if (kind == 0) {
+      if (kind == NORM_KIND_MAX) {
         red[r] = norm_nanmax(red[r], red[o]);
       } else {
         for (uint c = 0u; c < 6u; c += 2u) {
@@ -153,7 +140,7 @@ if (kind == 0 || kind == 3) {
   }
   if (t == 0u) {
     uint tile = uint(tr) * uint(ntc) + uint(tc);
-    if (kind == 0) {
+    if (kind == NORM_KIND_MAX) {
       part[4u * tile] = red[0];
       part[4u * tile + 1u] = 0.0f;
       part[4u * tile + 2u] = 0.0f;

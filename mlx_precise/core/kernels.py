@@ -173,12 +173,14 @@ class Codes:
 
 @dataclass(frozen=True)
 class ParamLayout(Codes):
-    """The layout of an int32 parameter buffer shared by Python and Metal: field
+    """The layout of an integer parameter buffer shared by Python and Metal: field
     ``names[i]`` is ``params[i]``, named ``<PREFIX>_<NAME>`` in Metal
     (:meth:`source`); :meth:`pack` builds the buffer by name. The buffer has
-    ``size`` elements (at least 8, so MLX passes it as a ``device`` buffer)."""
+    ``size`` elements (at least 8, so MLX passes it as a ``device`` buffer) of
+    ``dtype`` (int32, or int64 for strides of large arrays)."""
 
     size: int = 16
+    dtype: type = np.int32
 
     def __post_init__(self):
         super().__post_init__()
@@ -193,17 +195,31 @@ class ParamLayout(Codes):
         return "".join(f"constant constexpr int {self.metal_name(n)} = {i};\n"
                        for n, i in self.items())
 
-    def pack(self, **values: int) -> mx.array:
-        """The int32 buffer (``size``,) with every field given by name (bools as
-        0 / 1, ints as their int32 value or bit pattern); unused slots are 0."""
-        missing = [n for n in self.names if n not in values]
-        extra = [n for n in values if n not in self.names]
-        if missing or extra:
+    def pack(self, tail: Sequence[int] = (), /, **values: int) -> mx.array:
+        """The ``dtype`` buffer with every field given by name (bools as 0 / 1, ints
+        as their value or bit pattern; unused slots of the ``size`` are 0), followed
+        by ``tail`` (records of a variable count, e.g. one per batch dimension).
+
+        Raises:
+            KeyError: a field is missing or unknown.
+            ValueError: a value does not fit in ``dtype``."""
+        if len(values) != len(self.names) or any(n not in values for n in self.names):
+            missing = [n for n in self.names if n not in values]
+            extra = [n for n in values if n not in self.names]
             raise KeyError(f"{self.prefix}: missing fields {missing}, unknown {extra}")
-        p = np.zeros(self.size, np.int32)
-        for i, n in enumerate(self.names):
-            p[i] = int(values[n])
-        return mx.array(p)
+        vals = [int(values[n]) for n in self.names]
+        vals += [0] * (self.size - len(vals)) + [int(v) for v in tail]
+        lo, hi, dtype = self._range
+        if min(vals) < lo or max(vals) > hi:
+            raise ValueError(f"{self.prefix}: parameters must fit in {np.dtype(self.dtype)}, "
+                             f"got {dict(zip(self.names, vals))}, tail {list(tail)}")
+        return mx.array(vals, dtype=dtype)
+
+    @functools.cached_property
+    def _range(self):
+        """(min, max, MLX dtype) of ``dtype`` (cached: :meth:`pack` runs per launch)."""
+        info = np.iinfo(self.dtype)
+        return int(info.min), int(info.max), getattr(mx, info.dtype.name)
 
 
 @dataclass(frozen=True)

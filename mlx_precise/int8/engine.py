@@ -4,7 +4,7 @@ The Metal engine is ``metal/include/int8_gemm.h`` (a tiled GEMM parameterised by
 an epilogue, called once per output with the exact int32 sum); this module declares
 its plain int32-output kernel, :func:`int8_matmul`, and the host-side helpers that
 every kernel built on the engine uses (:func:`gemm_grid`, :func:`device_buffer`,
-:func:`gemm_params`), so that grid sizes and buffer layouts are derived in one place.
+:data:`INT8_GEMM_I32_PARAMS`), so that grid sizes and buffer layouts are derived in one place.
 :mod:`mlx_precise.int8` builds the scaled epilogues of W8A8 inference on it.
 
 Exactness: each product of two int8 values is at most 2^14 in magnitude, so int32
@@ -21,7 +21,7 @@ from ..core import backends
 from ..core.streams import streamed
 from ..doubleword.types import read_input
 from ..core.autodiff import host_guard
-from ..core.kernels import Kernel
+from ..core.kernels import Kernel, ParamLayout, generated_block
 
 # Tile of one threadgroup and its thread count: INT8_GEMM_BM/BN and
 # INT8_GEMM_THREADS in metal/include/int8_gemm.h.
@@ -33,6 +33,22 @@ MAX_K = (2**31 - 1) // 2**14  # 131071: |sum of K products| <= K * 2^14 < 2^31
 # (a different kernel signature); the engine takes device pointers.
 _MIN_DEVICE_ELEMENTS = 8
 
+INT8_GEMM_I32_PARAMS = ParamLayout("INT8_GEMM_I32", (
+    "m", "n", "k",
+    "lda", "ldb",          # leading dimensions of A_z [M, K] and B_z [K, N] (row-major)
+    "batch_stride_a",      # elements from A_z to A_(z+1) (0: one A for every batch)
+    "batch_stride_b",
+), size=8)
+"""The int32 ``p`` buffer of :data:`INT8_GEMM_I32` (``INT8_GEMM_I32_M`` ... in
+``metal/include/int8_gemm.h``)."""
+
+
+def codes_source() -> str:
+    """The first generated block of ``metal/include/int8_gemm.h`` (a test checks that
+    the header holds exactly this text)."""
+    return generated_block("mlx_precise.int8.engine.codes_source()", INT8_GEMM_I32_PARAMS)
+
+
 INT8_GEMM_I32 = Kernel(
     name="int8_gemm_i32",
     body="int8_gemm_i32.metal",
@@ -42,11 +58,11 @@ INT8_GEMM_I32 = Kernel(
     input_dtypes={"a": (mx.int8,), "b": (mx.int8,), "p": (mx.int32,)},
     extended=False,  # integer arithmetic only
     variants={"c": (mx.int32,)},
-    input_forms=dict.fromkeys(("a", "b", "p"), ("device",)),  # device_buffer, gemm_params
+    input_forms=dict.fromkeys(("a", "b", "p"), ("device",)),  # device_buffer, 8 params
 )
 """``C_z = A_z B_z`` in int32 (see ``metal/kernels/int8_gemm_i32.metal``): inputs
 ``a``, ``b`` int8 flat buffers (:func:`device_buffer`), ``p`` int32 ``(8,)``
-(:func:`gemm_params`); output ``c`` int32 ``(batches, M, N)``; grid from
+(:data:`INT8_GEMM_I32_PARAMS`); output ``c`` int32 ``(batches, M, N)``; grid from
 :func:`gemm_grid`."""
 
 
@@ -67,16 +83,6 @@ def device_buffer(x: mx.array) -> mx.array:
     if flat.size < _MIN_DEVICE_ELEMENTS:
         flat = mx.concatenate([flat, mx.zeros((_MIN_DEVICE_ELEMENTS - flat.size,), flat.dtype)])
     return flat
-
-
-def gemm_params(*values: int, size: int = 8) -> mx.array:
-    """Integer launch parameters as an int32 ``(size,)`` array (zero-padded)."""
-    vals = [int(v) for v in values]
-    if len(vals) > size:
-        raise ValueError(f"at most {size} parameters, got {len(vals)}")
-    if any(not -(2**31) <= v < 2**31 for v in vals):
-        raise ValueError(f"launch parameters must fit in int32, got {vals}")
-    return mx.array(vals + [0] * (size - len(vals)), dtype=mx.int32)
 
 
 def _require_int8(x, name: str) -> mx.array:
@@ -149,7 +155,9 @@ def int8_matmul(a: mx.array, b: mx.array, *, backend: str | None = None, stream=
         stride_b = k * n if b3.shape[0] > 1 else 0
         (c,) = INT8_GEMM_I32(
             inputs=[device_buffer(a3), device_buffer(b3),
-                    gemm_params(m, n, k, k, n, stride_a, stride_b)],
+                    INT8_GEMM_I32_PARAMS.pack(m=m, n=n, k=k, lda=k, ldb=n,
+                                              batch_stride_a=stride_a,
+                                              batch_stride_b=stride_b)],
             grid=grid, threadgroup=tg, output_shapes=[(batches, m, n)],
             output_dtypes=[mx.int32], backend=name,
         )

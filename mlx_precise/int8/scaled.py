@@ -30,14 +30,33 @@ from ..core import backends
 from ..core.streams import streamed
 from ..doubleword.types import read_input
 from ..core.autodiff import _TRACED, host_guard
-from .engine import check_k, device_buffer, gemm_grid, gemm_params
-from ..core.kernels import Kernel
+from .engine import check_k, device_buffer, gemm_grid
+from ..core.kernels import Codes, Kernel, ParamLayout, generated_block
 
 OUT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 _FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
-# Epilogue kinds (Int8ScaledEpilogue::kind in metal/include/int8_gemm.h).
-EPI_SCALED, EPI_BIAS, EPI_AZP, EPI_AZP_PER_TOKEN = 0, 1, 2, 3
+EPILOGUE = Codes("INT8_EPILOGUE", ("scaled", "bias", "azp", "azp_per_token"))
+"""The epilogue kinds, CUTLASS's ScaledEpilogue, ScaledEpilogueBias, ScaledEpilogueAzp
+and ScaledEpilogueAzpPerToken (``INT8_EPILOGUE_SCALED`` ... in
+``metal/include/int8_gemm.h``, ``Int8ScaledEpilogue::kind``)."""
+
+INT8_SCALED_MM_PARAMS = ParamLayout("INT8_SCALED_MM", (
+    "m", "n", "k",
+    "sa_step", "sb_step",  # scale_a[m * sa_step], scale_b[n * sb_step] (0: per tensor)
+    "epilogue",            # an EPILOGUE code
+    "has_bias",
+), size=8)
+"""The int32 ``p`` buffer of :data:`INT8_SCALED_MM` (``INT8_SCALED_MM_M`` ... in
+``metal/include/int8_gemm.h``)."""
+
+
+def codes_source() -> str:
+    """The second generated block of ``metal/include/int8_gemm.h`` (a test checks
+    that the header holds exactly this text)."""
+    return generated_block("mlx_precise.int8.scaled.codes_source()", EPILOGUE,
+                           INT8_SCALED_MM_PARAMS)
+
 
 INT8_SCALED_MM = Kernel(
     name="int8_scaled_mm",
@@ -53,12 +72,12 @@ INT8_SCALED_MM = Kernel(
     },
     extended=True,  # double-word epilogue: needs exact TwoSum / fma on the device
     variants={"T": (mx.float32, mx.float16, mx.bfloat16), "d": "T"},
-    # device_buffer and gemm_params give every input >= 8 elements
+    # device_buffer and INT8_SCALED_MM_PARAMS give every input >= 8 elements
     input_forms=dict.fromkeys(("a", "b", "scale_a", "scale_b", "bias", "azp_adj", "azp", "p"), ("device",)),
 )
 """The int8 GEMM with a fused scaled epilogue (``metal/kernels/int8_scaled_mm.metal``):
 inputs are flat buffers (:func:`mlx_precise.int8.engine.device_buffer`), ``p`` int32
-``(8,)`` = (M, N, K, sa_step, sb_step, kind, has_bias, 0); output ``d`` of dtype
+``(8,)`` (:data:`INT8_SCALED_MM_PARAMS`); output ``d`` of dtype
 ``T`` (float32, float16, bfloat16) ``[M, N]``."""
 
 
@@ -363,8 +382,8 @@ def scaled_mm(a: mx.array, b: mx.array, scale_a: mx.array, scale_b: mx.array, *,
         azp_adj = _vector(azp_adj, "azp_adj", n, (mx.int32,), "int32", [(n,)])
     if azp is not None:
         azp = _vector(azp, "azp", m, (mx.int32,), "int32", [(m,), (m, 1)])
-    kind = (EPI_AZP_PER_TOKEN if azp is not None else EPI_AZP if azp_adj is not None
-            else EPI_BIAS if bias is not None else EPI_SCALED)
+    kind = EPILOGUE["azp_per_token" if azp is not None else "azp" if azp_adj is not None
+                    else "bias" if bias is not None else "scaled"]
 
     name = backends.resolve(backend)
     if not name.has_kernels:
@@ -378,7 +397,8 @@ def scaled_mm(a: mx.array, b: mx.array, scale_a: mx.array, scale_b: mx.array, *,
                 device_buffer(dummy_f if bias is None else bias),
                 device_buffer(dummy_i if azp_adj is None else azp_adj),
                 device_buffer(dummy_i if azp is None else azp),
-                gemm_params(m, n, k, sa_step, sb_step, kind, bias is not None)],
+                INT8_SCALED_MM_PARAMS.pack(m=m, n=n, k=k, sa_step=sa_step, sb_step=sb_step,
+                                           epilogue=kind, has_bias=bias is not None)],
         template={"T": out_dtype}, grid=grid, threadgroup=tg,
         output_shapes=[(m, n)], output_dtypes=[out_dtype], backend=name,
     )
@@ -390,9 +410,9 @@ def _scaled_mm_cpu(a, b, sa, sb, bias, azp_adj, azp, kind, out_dtype) -> mx.arra
     partial sums below 2^53), integer corrections in int64, the epilogue in float64
     in the published order, one rounding to ``out_dtype``."""
     acc = (np.array(a, dtype=np.float64) @ np.array(b, dtype=np.float64)).astype(np.int64)
-    if kind == EPI_AZP:
+    if kind == EPILOGUE["azp"]:
         acc = acc - np.array(azp_adj, dtype=np.int64)[None, :]
-    elif kind == EPI_AZP_PER_TOKEN:
+    elif kind == EPILOGUE["azp_per_token"]:
         zp = np.array(azp, dtype=np.int64)[:, None]
         acc = acc - zp * np.array(azp_adj, dtype=np.int64)[None, :]
     s_a = np.array(sa, dtype=np.float64)[:, None]

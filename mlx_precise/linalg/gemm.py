@@ -33,12 +33,13 @@ import math
 import warnings
 
 import mlx.core as mx
+import numpy as np
 
 from ..core import backends
 from ..doubleword import DoubleWord
 from ..doubleword.types import combine
 from ..doubleword.engine64 import from64, to64
-from ..core.kernels import Kernel
+from ..core.kernels import Codes, Constants, Kernel, ParamLayout, generated_block
 from ..core.streams import on_stream
 from ..core.backends import Backend
 
@@ -52,6 +53,33 @@ THREADS = 256
 # MLX passes inputs of fewer elements in Metal's constant address space (another
 # signature): every buffer is padded to at least this many.
 _MIN_DEVICE_ELEMENTS = 8
+
+DW_GEMM_PARAMS = ParamLayout("DW_GEMM_P", (
+    "m", "n", "k",
+    # Strides in floats of A(m, k), B(k, n), C(m, n) and the bias D(m, n) (0: broadcast).
+    "sam", "sak", "sbk", "sbn", "scm", "scn", "sdm", "sdn",
+    "has_bias",
+    "a_lo", "b_lo", "d_lo",  # whether al, bl, dl hold a low word (else it reads as 0)
+    "batch_dims",            # nb: the number of DW_GEMM_DIM records that follow
+), size=16, dtype=np.int64)
+"""The fixed part of the int64 ``p`` buffer of :data:`DW_GEMM` (``DW_GEMM_P_M`` ... in
+``metal/include/dw_gemm.h``); ``batch_dims`` records of :data:`DW_GEMM_DIM` follow
+it, from ``p[DW_GEMM_DIMS_AT]`` on, outermost dimension first."""
+
+DW_GEMM_DIM = Codes("DW_GEMM_DIM", ("size", "sa", "sb", "sc", "sd"))
+"""The fields of one batch dimension's record in ``p``: its size and the strides in
+floats of A, B, C and D along it (``DW_GEMM_DIM_SIZE`` ...; ``DW_GEMM_DIM_COUNT`` per
+record)."""
+
+DW_GEMM_DIMS = Constants("DW_GEMM", {"dims_at": DW_GEMM_PARAMS.size})
+
+
+def codes_source() -> str:
+    """The generated block of ``metal/include/dw_gemm.h`` (a test checks that the
+    header holds exactly this text)."""
+    return generated_block("mlx_precise.linalg.gemm.codes_source()", DW_GEMM_PARAMS,
+                           DW_GEMM_DIM, DW_GEMM_DIMS)
+
 
 _WORDS = ("ah", "al", "bh", "bl", "dh", "dl")
 DW_GEMM = Kernel(
@@ -68,7 +96,8 @@ DW_GEMM = Kernel(
 )
 """``C = D + A B`` in double-word (see ``metal/kernels/dw_gemm.metal``): inputs
 ``ah, al, bh, bl, dh, dl`` float32 flat buffers (complex values as (re, im) float
-pairs when ``CPLX`` is 1), ``p`` int64 launch parameters with strides in floats;
+pairs when ``CPLX`` is 1), ``p`` int64 launch parameters with strides in floats
+(:data:`DW_GEMM_PARAMS`, then the batch records :data:`DW_GEMM_DIM`);
 outputs ``ch, cl`` float32 flat; grid from :func:`gemm_grid`."""
 
 
@@ -282,12 +311,13 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, batch: tuple,
     sb = _strides(b.shape, pb, lead)
     sc = _strides(lead, pc, lead)
     sd = _strides(d.shape, pc, lead) if d is not None else [0] * len(lead)
-    dims = [(s, sa[i], sb[i], sc[i], sd[i]) for i, s in enumerate(batch)]
+    dims = [dict(size=s, sa=sa[i], sb=sb[i], sc=sc[i], sd=sd[i]) for i, s in enumerate(batch)]
     if cx and not both:
         # Mixed real x complex: each part of the complex operand is a real product,
         # one more batch dimension (size 2, stride 1 in the complex arrays).
-        dims.append((2, int(a.is_complex), int(b.is_complex), 1, int(d is not None)))
-    nbatch = math.prod(x[0] for x in dims)
+        dims.append(dict(size=2, sa=int(a.is_complex), sb=int(b.is_complex), sc=1,
+                         sd=int(d is not None)))
+    nbatch = math.prod(x["size"] for x in dims)
     shape_c = tuple(batch) + (M, N)
     if nbatch * M * N == 0:
         z = mx.zeros(shape_c, C64 if cx else F32)
@@ -296,15 +326,17 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, batch: tuple,
     # float32 operands (and no bias) store no zero words: the kernel reads 0 there
     words = [_device(a.hi), _stored_lo(a), _device(b.hi), _stored_lo(b)]
     words += [_device(d.hi), _stored_lo(d)] if d is not None else [None, None]
-    lows = sum(1 << k for k, w in enumerate(words[1::2]) if w is not None)
+    a_lo, b_lo, d_lo = (w is not None for w in words[1::2])
     words = [words[0] if w is None else w for w in words]  # never read
-    p = [M, N, K, sa[-2], sa[-1], sb[-2], sb[-1], sc[-2], sc[-1], sd[-2], sd[-1],
-         int(d is not None), len(dims), lows] + [v for x in dims for v in x]
-    p += [0] * max(0, _MIN_DEVICE_ELEMENTS - len(p))
+    p = DW_GEMM_PARAMS.pack(
+        [x[f] for x in dims for f in DW_GEMM_DIM.names],  # the records, by name
+        m=M, n=N, k=K, sam=sa[-2], sak=sa[-1], sbk=sb[-2], sbn=sb[-1], scm=sc[-2],
+        scn=sc[-1], sdm=sd[-2], sdn=sd[-1], has_bias=d is not None, a_lo=a_lo, b_lo=b_lo,
+        d_lo=d_lo, batch_dims=len(dims))
     grid, tg = gemm_grid(M, N, nbatch)
     size = math.prod(shape_c) * pc
     ch, cl = DW_GEMM(
-        inputs=words + [mx.array(p, dtype=mx.int64)],
+        inputs=words + [p],
         template={"CPLX": int(both)}, grid=grid, threadgroup=tg,
         output_shapes=[(size,), (size,)], output_dtypes=[F32, F32], backend=name,
         stream=stream,

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..core.selftest import Check, register
 from .api import norm
-from .engine import _KIND_NAMES, Spec, make_spec
+from .engine import _KIND_NAMES, FRO, GENERAL, HERMITIAN, MAX, ONE, Spec, make_spec
 from ..core.backends import Backend
 
 
@@ -25,26 +25,26 @@ def _ref_norm(a: np.ndarray, spec: Spec):
     ent = {}
     for j in range(n):
         for i in range(m):
-            if spec.structure and (i > j if spec.upper else i < j):
+            if spec.structure != GENERAL and (i > j if spec.upper else i < j):
                 continue
             if spec.unit and i == j:
                 ent[(i, j)] = (1.0, 0.0)
                 continue
             z = complex(a[i, j])
-            ent[(i, j)] = (z.real, 0.0 if (spec.structure == 3 and i == j) else z.imag)
+            ent[(i, j)] = (z.real, 0.0 if (spec.structure == HERMITIAN and i == j) else z.imag)
     if spec.complex:
         mag = {k: math.hypot(*v) for k, v in ent.items()}
         tot = lambda vals: math.fsum(vals)  # noqa: E731
     else:
         mag = {k: abs(Fraction(v[0])) for k, v in ent.items()}
         tot = lambda vals: sum(vals, Fraction(0))  # noqa: E731
-    if spec.kind == 0:
+    if spec.kind == MAX:
         return max(mag.values()), False
-    if spec.kind == 3:
+    if spec.kind == FRO:
         return sum(((2 if spec.symmetric and i != j else 1)
                     * (Fraction(v[0]) ** 2 + Fraction(v[1]) ** 2)
                     for (i, j), v in ent.items()), Fraction(0)), True
-    axis = 1 if spec.kind == 1 or spec.symmetric else 0
+    axis = 1 if spec.kind == ONE or spec.symmetric else 0
     lines: dict = {}
     for (i, j), v in mag.items():
         lines.setdefault((i, j)[axis], []).append(v)

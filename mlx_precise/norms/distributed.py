@@ -29,6 +29,8 @@ import mlx.core as mx
 import numpy as np
 
 from .engine import (
+    FRO,
+    MAX,
     AxisMap,
     Spec,
     check_global_shape,
@@ -165,10 +167,10 @@ def combine(values: mx.array, kind: int, nprocs: int, dtype, backend: str,
     (concatenated along axis 0, as ``all_gather`` returns them)."""
     if kernel:  # float32 records: the tile-partial reduction kernel
         flat = values.reshape(-1)
-        if kind == 0:  # one NaN-aware max over the processes' maxima
+        if kind == MAX:  # one NaN-aware max over the processes' maxima
             return reduce_partials(flat, 1, nprocs, False, backend)[1]
-        length = flat.size // ((2 if kind == 3 else 4) * nprocs)
-        return reduce_partials(flat, nprocs, length, kind == 3, backend)[1]
+        length = flat.size // ((2 if kind == FRO else 4) * nprocs)
+        return reduce_partials(flat, nprocs, length, kind == FRO, backend)[1]
     stacked = np.array(values, dtype=np.float64).reshape(nprocs, -1)
     return finish_cpu_result(kind, stacked, dtype)
 

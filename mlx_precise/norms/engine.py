@@ -32,15 +32,63 @@ import numpy as np
 
 from ..doubleword.types import read_input
 from ..core.cputhreads import map_runs, workers_for
-from ..core.kernels import Kernel
+from ..core.kernels import Codes, Kernel, ParamLayout, generated_block
 from ..core.backends import Backend
 
-__all__ = ["NORM_TILE", "NORM_REDUCE", "DEFAULT_TILE"]
+__all__ = ["NORM_TILE", "NORM_REDUCE", "DEFAULT_TILE", "KIND", "STRUCTURE", "NORM_TILE_PARAMS",
+           "NORM_REDUCE_PARAMS", "RECORDS"]
 
 DEFAULT_TILE = 64
 _MAX_THREADS = 256  # threadgroup size cap of both kernels (their threadgroup arrays)
 _REDUCE_THREADS = 256
 _IDENTITY_BLOCK = 1 << 30  # a "block" larger than any axis: global index = local
+
+KIND = Codes("NORM_KIND", ("max", "one", "inf", "fro"))
+"""The norm kinds, as the kernels see them (``NORM_KIND_MAX`` ... in
+``metal/include/norms.h``)."""
+MAX, ONE, INF, FRO = (KIND[n] for n in ("max", "one", "inf", "fro"))
+
+STRUCTURE = Codes("NORM_STRUCTURE", ("general", "trapezoid", "symmetric", "hermitian"))
+"""The matrix structures (``NORM_STRUCTURE_GENERAL`` ...)."""
+GENERAL, TRAPEZOID, SYMMETRIC, HERMITIAN = (
+    STRUCTURE[n] for n in ("general", "trapezoid", "symmetric", "hermitian"))
+
+NORM_TILE_PARAMS = ParamLayout("NORM_TILE", (
+    "m", "n",        # the local block's size
+    "nb",            # the tile size
+    "kind",          # a KIND code ("inf" of a symmetric matrix as "one")
+    "structure",     # a STRUCTURE code
+    "upper",         # 1: upper triangle / trapezoid
+    "unit",          # 1: unit diagonal (trapezoid only)
+    "complex",       # 1: (re, im) float pairs
+    "l",             # length of a partial line vector (global n or m)
+    "rowpart",       # first partial row of the symmetric row mode
+    # The affine block-cyclic maps from local to global row and column indices,
+    # g = off + (l / blk) * stride + l % blk (identity: off 0, blk >= size).
+    "roff", "rblk", "rstride", "coff", "cblk", "cstride",
+), size=16)
+"""The int32 ``p`` buffer of :data:`NORM_TILE` (``NORM_TILE_M`` ... in
+``metal/include/norms.h``)."""
+
+RECORDS = Codes("NORM_RECORDS", ("lines", "blue"))
+"""What :data:`NORM_REDUCE` reduces: ``lines``, records of two double-word classes
+of a line sum (4 floats; a max-norm partial is (value, 0, 0, 0)); ``blue``, Blue's
+three accumulators of a Frobenius norm, one double-word pair per line (2 floats)."""
+
+NORM_REDUCE_PARAMS = ParamLayout("NORM_REDUCE", (
+    "nr",       # records per line
+    "l",        # lines
+    "records",  # a RECORDS code
+), size=8)
+"""The int32 ``p`` buffer of :data:`NORM_REDUCE` (``NORM_REDUCE_NR`` ...)."""
+
+
+def codes_source() -> str:
+    """The generated block of ``metal/include/norms.h`` (a test checks that the header
+    holds exactly this text)."""
+    return generated_block("mlx_precise.norms.engine.codes_source()", KIND, STRUCTURE,
+                           NORM_TILE_PARAMS, RECORDS, NORM_REDUCE_PARAMS)
+
 
 NORM_TILE = Kernel(
     name="norm_tile",
@@ -53,7 +101,7 @@ NORM_TILE = Kernel(
     variants={"part": (mx.float32,)},
 )
 """Tile partials: ``a`` float32 (flat local block, complex as (re, im) pairs, at
-least 8 values), ``p`` int32 (16 parameters); output ``part`` float32 (flat, zero
+least 8 values), ``p`` int32 (:data:`NORM_TILE_PARAMS`); output ``part`` float32 (flat, zero
 initialised). See ``metal/kernels/norm_tile.metal``."""
 
 NORM_REDUCE = Kernel(
@@ -69,15 +117,15 @@ NORM_REDUCE = Kernel(
 )
 """Reduction of ``part`` float32 (NR x L records: 4 floats, the two double-word
 classes of a line sum, or 2 floats, one pair, for Frobenius) with ``p`` int32
-(NR, L, mode, 0, ...) to ``sums`` (the L records summed over NR) and ``result``
+(:data:`NORM_REDUCE_PARAMS`) to ``sums`` (the L records summed over NR) and ``result``
 (the float32 norm). See ``metal/kernels/norm_reduce.metal``."""
 
 # ---- argument checking --------------------------------------------------------
 
-_KINDS = {"max": 0, "m": 0, "one": 1, "1": 1, "o": 1, "inf": 2, "i": 2,
-          "fro": 3, "f": 3, "e": 3}
-_KIND_NAMES = ("max", "one", "inf", "fro")
-_STRUCTURES = ("general", "trapezoid", "symmetric", "hermitian")
+_KINDS = {"max": MAX, "m": MAX, "one": ONE, "1": ONE, "o": ONE, "inf": INF, "i": INF,
+          "fro": FRO, "f": FRO, "e": FRO}
+_KIND_NAMES = KIND.names
+_STRUCTURES = STRUCTURE.names
 _UPLO = {"lower": False, "l": False, "upper": True, "u": True}
 _DIAG = {"nonunit": False, "n": False, "unit": True, "u": True}
 _KERNEL_DTYPES = (mx.float32, mx.complex64)
@@ -93,15 +141,15 @@ def _choice(value, table, name, expected):
 class Spec:
     """A validated norm request (codes as the kernels use them)."""
 
-    kind: int  # 0 max, 1 one, 2 inf, 3 fro
-    structure: int  # index into _STRUCTURES
+    kind: int  # a KIND code
+    structure: int  # a STRUCTURE code
     upper: bool
     unit: bool
     complex: bool
 
     @property
     def symmetric(self) -> bool:
-        return self.structure >= 2
+        return self.structure in (SYMMETRIC, HERMITIAN)
 
 
 def make_spec(kind, structure, uplo, diag, complex_: bool) -> Spec:
@@ -111,10 +159,10 @@ def make_spec(kind, structure, uplo, diag, complex_: bool) -> Spec:
     if not (isinstance(structure, str) and structure.lower() in _STRUCTURES):
         raise ValueError(f"structure must be one of {', '.join(map(repr, _STRUCTURES))}, "
                          f"got {structure!r}")
-    s = _STRUCTURES.index(structure.lower())
+    s = STRUCTURE[structure.lower()]
     upper = _choice(uplo, _UPLO, "uplo", "'lower' or 'upper' (or 'L', 'U')")
     unit = _choice(diag, _DIAG, "diag", "'nonunit' or 'unit' (or 'N', 'U')")
-    if unit and s != 1:
+    if unit and s != TRAPEZOID:
         raise ValueError(f"diag='unit' applies only to structure='trapezoid', got "
                          f"structure={_STRUCTURES[s]!r}")
     return Spec(k, s, upper, unit, complex_)
@@ -184,10 +232,10 @@ IDENTITY = AxisMap()
 
 @dataclass(frozen=True)
 class Partial:
-    """What one process contributes, by ``kind``: 0 max (kernel path: ``values``
-    (1, 4) = (max, 0, 0, 0); cpu: (1,)), 1/2 line sums (kernel: (L, 4), the two
-    double-word classes of norms.h's norm_line; cpu: (L, 2) double-doubles), 3
-    Blue's accumulators big, med, sml ((3, 2) pairs)."""
+    """What one process contributes, by ``kind`` (a :data:`KIND` code): max (kernel
+    path: ``values`` (1, 4) = (max, 0, 0, 0); cpu: (1,)), one / inf line sums (kernel:
+    (L, 4), the two double-word classes of norms.h's norm_line; cpu: (L, 2)
+    double-doubles), fro: Blue's accumulators big, med, sml ((3, 2) pairs)."""
 
     kind: int
     values: mx.array
@@ -195,7 +243,7 @@ class Partial:
 
 
 def _line_length(spec: Spec, gshape) -> int:
-    if spec.kind == 2 and not spec.symmetric:
+    if spec.kind == INF and not spec.symmetric:
         return gshape[0]
     return gshape[1]
 
@@ -213,7 +261,7 @@ def reduce_partials(part: mx.array, nr: int, length: int, fro: bool, backend: st
     """``norm_reduce`` on ``nr x length`` records (flat float32; 4 floats per record,
     2 for ``fro``): ``(sums (length, 4 or 2), result ())``."""
     width = 2 if fro else 4
-    p = mx.array([nr, length, 1 if fro else 0, 0, 0, 0, 0, 0], dtype=mx.int32)
+    p = NORM_REDUCE_PARAMS.pack(nr=nr, l=length, records=RECORDS["blue" if fro else "lines"])
     sums, result = NORM_REDUCE(
         inputs=[_pad8(part.reshape(-1)), p],
         output_shapes=[(width * length,), (1,)], output_dtypes=[mx.float32, mx.float32],
@@ -227,22 +275,22 @@ def kernel_partial(A: mx.array, spec: Spec, tile: int, backend: str,
     the device to one :class:`Partial` (float32 records), with its finished norm."""
     m, n = A.shape
     gshape = gshape or (m, n)
-    kind = 1 if spec.symmetric and spec.kind == 2 else spec.kind  # symmetric: inf == one
-    length = 3 if kind == 3 else _line_length(spec, gshape)
-    width = 2 if kind == 3 else 4
+    kind = ONE if spec.symmetric and spec.kind == INF else spec.kind  # symmetric: inf == one
+    length = 3 if kind == FRO else _line_length(spec, gshape)
+    width = 2 if kind == FRO else 4
     if m == 0 or n == 0:  # nothing stored here: the neutral partial
-        empty = mx.zeros((1 if kind == 0 else length, width), mx.float32)
+        empty = mx.zeros((1 if kind == MAX else length, width), mx.float32)
         return Partial(kind, empty, mx.array(0.0, mx.float32))
     ntr, ntc = -(-m // tile), -(-n // tile)
     nz, rowpart = 1, 0
-    if kind == 0:
+    if kind == MAX:
         nr, length = 1, ntr * ntc
-    elif kind == 3:
+    elif kind == FRO:
         nr = ntr * ntc
     elif spec.symmetric:  # column sums (z = 0) and mirrored row sums (z = 1)
         nz, nr, rowpart = 2, ntr + ntc, ntr
     else:
-        nr = ntr if kind == 1 else ntc
+        nr = ntr if kind == ONE else ntc
     flat = A.reshape(-1)
     if spec.complex:
         flat = flat.view(mx.float32)
@@ -250,16 +298,18 @@ def kernel_partial(A: mx.array, spec: Spec, tile: int, backend: str,
         raise ValueError(f"A of shape {tuple(A.shape)} is too large for the tile kernels "
                          "(at most 2^31 - 1 float32 values per block; use a larger tile "
                          "or shard it with group=)")
-    p = mx.array([m, n, tile, kind, spec.structure, int(spec.upper), int(spec.unit),
-                  int(spec.complex), length, rowpart, rows.off, rows.block, rows.stride,
-                  cols.off, cols.block, cols.stride], dtype=mx.int32)
+    p = NORM_TILE_PARAMS.pack(
+        m=m, n=n, nb=tile, kind=kind, structure=spec.structure, upper=spec.upper,
+        unit=spec.unit, complex=spec.complex, l=length, rowpart=rowpart, roff=rows.off,
+        rblk=rows.block, rstride=rows.stride, coff=cols.off, cblk=cols.block,
+        cstride=cols.stride)
     threads = min(tile, _MAX_THREADS)
     (part,) = NORM_TILE(
         inputs=[_pad8(flat), p], output_shapes=[(max(width * nr * length, 8),)],
         output_dtypes=[mx.float32], grid=(threads * ntc, ntr, nz),
         threadgroup=(threads, 1, 1), init_value=0.0, backend=backend)
-    sums, result = reduce_partials(part, nr, length, kind == 3, backend)
-    if kind == 0:
+    sums, result = reduce_partials(part, nr, length, kind == FRO, backend)
+    if kind == MAX:
         return Partial(0, mx.concatenate([result[None], mx.zeros((3,), mx.float32)])[None],
                        result)
     return Partial(kind, sums, result)
@@ -383,25 +433,25 @@ def cpu_partial(A, spec: Spec, gshape=None, rows: AxisMap = IDENTITY,
     a = np.array(A) if isinstance(A, mx.array) else np.asarray(A)
     m, n = a.shape
     gshape = gshape or (m, n)
-    kind = 1 if spec.symmetric and spec.kind == 2 else spec.kind
+    kind = ONE if spec.symmetric and spec.kind == INF else spec.kind
     exact = a.dtype in (np.float32, np.complex64)  # squares exact in float64
     re = a.real if spec.complex else a
     im = a.imag if spec.complex else None
     diag = None
-    if spec.structure != 0 or spec.unit:
+    if spec.structure != GENERAL or spec.unit:
         gi = rows.indices(m)[:, None]
         gj = cols.indices(n)[None, :]
         diag = gi == gj
-    if spec.structure != 0:  # entries outside the triangle / trapezoid: never read
+    if spec.structure != GENERAL:  # entries outside the triangle / trapezoid: never read
         stored = gi <= gj if spec.upper else gi >= gj
         re = np.where(stored, re, 0)
         im = None if im is None else np.where(stored, im, 0)
     if spec.unit:  # the diagonal is not read and counts as 1
         re = np.where(diag, 1, re)
         im = None if im is None else np.where(diag, 0, im)
-    if spec.structure == 3 and im is not None:  # Hermitian: Im(diagonal) ignored
+    if spec.structure == HERMITIAN and im is not None:  # Hermitian: Im(diagonal) ignored
         im = np.where(diag, 0, im)
-    if kind == 3:
+    if kind == FRO:
         w = np.where(diag, 1.0, 2.0) if spec.symmetric else None
         acc = _ssq_dd(re, w, exact)
         if im is not None:  # zLASSQ: the parts are separate reals
@@ -411,11 +461,11 @@ def cpu_partial(A, spec: Spec, gshape=None, rows: AxisMap = IDENTITY,
         mag = np.abs(re.astype(np.float64))
     else:
         mag = np.hypot(re.astype(np.float64), im.astype(np.float64))  # Inf beats NaN
-    if kind == 0:
+    if kind == MAX:
         v = float(np.max(mag)) if mag.size else 0.0  # np.max propagates NaN
         return Partial(0, mx.array([v], dtype=mx.float64))
     line = np.zeros((_line_length(spec, gshape), 2))
-    if kind == 1:
+    if kind == ONE:
         line[cols.indices(n)] = dd_sum(mag, axis=0)
         if spec.symmetric:  # the mirrored triangle: stored off-diagonal row sums
             r = rows.indices(m)
@@ -459,19 +509,19 @@ def _block_reduce(a: np.ndarray, kind: int, r0: int, r1: int, buf: np.ndarray):
     (a reused buffer: no fresh pages per block): its sum of squares (fro), max
     modulus (max), column sums (one) or max row sum (inf)."""
     blk = a[r0:r1]
-    if kind == 0 and a.dtype == np.float32:  # exact in float32: two read-only passes
+    if kind == MAX and a.dtype == np.float32:  # exact in float32: two read-only passes
         return np.maximum(np.max(blk), -np.min(blk))  # NaN propagates
     if a.dtype == np.complex64:
         blk = blk.view(np.float32).reshape(r1 - r0, a.shape[1], 2)
     b64 = buf[:blk.size].reshape(blk.shape)
     np.copyto(b64, blk)
-    if kind == 3:
+    if kind == FRO:
         v = b64.reshape(-1)  # ddot on pieces small enough for BLAS to stay on this thread
         return math.fsum(np.dot(v[i:i + _DOT], v[i:i + _DOT]) for i in range(0, v.size, _DOT))
     mod = _moduli(b64)
-    if kind == 0:
+    if kind == MAX:
         return np.max(mod)
-    return mod.sum(axis=0) if kind == 1 else np.max(mod.sum(axis=1))
+    return mod.sum(axis=0) if kind == ONE else np.max(mod.sum(axis=1))
 
 
 def _parallel_blocks(a: np.ndarray, kind: int) -> list:
@@ -494,13 +544,13 @@ def _stream_cpu(a: np.ndarray, kind: int):
     cplx = a.dtype == np.complex64
     with np.errstate(invalid="ignore", over="ignore"):
         parts = _parallel_blocks(a, kind)
-        if kind == 3:
+        if kind == FRO:
             terms = (2 if cplx else 1) * max(_BLOCK_VALUES, n)
             return math.fsum(parts), (terms + 2) * _U64
         slack = 2 * _U64 if cplx else 0.0  # hypot's error
-        if kind == 0:
+        if kind == MAX:
             return float(np.max(parts)), slack + _U64  # np.max: NaN wins
-        if kind == 1:
+        if kind == ONE:
             return float(np.max(np.sum(parts, axis=0))), (m + 2) * _U64 + slack
         return float(np.max(parts)), (n + 2) * _U64 + slack
 
@@ -514,7 +564,7 @@ def stream_norm_f32(a: np.ndarray, kind: int):
         return np.float32(v)
     rel *= 1.01  # gamma_n's 1 / (1 - n u), and the bound applied to the computed value
     lo, hi = v * (1 - rel), v * (1 + rel)
-    if kind == 3:  # sqrt is correctly rounded: one more ulp each way
+    if kind == FRO:  # sqrt is correctly rounded: one more ulp each way
         lo, hi = np.nextafter(math.sqrt(lo), 0), np.nextafter(math.sqrt(hi), math.inf)
     with np.errstate(over="ignore"):
         r_lo, r_hi = np.float32(lo), np.float32(hi)
@@ -531,10 +581,10 @@ def _totals(values: np.ndarray) -> np.ndarray:
 def finish_cpu(kind: int, values: np.ndarray) -> float:
     """The norm from the float64 partials of ``P`` processes stacked on axis 0."""
     values = np.asarray(values, dtype=np.float64)
-    if kind == 0:
+    if kind == MAX:
         return float(np.max(values)) if values.size else 0.0
     total = _totals(values)
-    if kind == 3:
+    if kind == FRO:
         return finish_ssq64(total)
     lines = _dd_value(total)
     return float(np.max(lines)) if lines.size else 0.0
@@ -547,10 +597,10 @@ def finish_cpu_result(kind: int, values: np.ndarray, dtype) -> mx.array:
     double-double sums exactly: sign((hi - m) + lo), hi - m exact when they are
     close (Sterbenz), and for Frobenius against m^2 (exact: m has 25 bits)."""
     v = finish_cpu(kind, values)
-    if dtype != mx.float32 or kind == 0 or not (math.isfinite(v) and v > 0):
+    if dtype != mx.float32 or kind == MAX or not (math.isfinite(v) and v > 0):
         return to_result(v, dtype)
     total = _totals(np.asarray(values, dtype=np.float64))
-    if kind == 3 and (total[0, 0] > 0 or total[2, 0] > 0):
+    if kind == FRO and (total[0, 0] > 0 or total[2, 0] > 0):
         return to_result(v, dtype)  # scaled classes: never for float32 data
     with np.errstate(over="ignore"):
         r = np.float32(v)
@@ -559,7 +609,7 @@ def finish_cpu_result(kind: int, values: np.ndarray, dtype) -> mx.array:
     for toward in (np.float32(np.inf), np.float32(0)):
         nb = np.nextafter(r, toward)
         m = (float(r) + float(nb)) / 2
-        if kind == 3:
+        if kind == FRO:
             side = np.sign((total[1, 0] - m * m) + total[1, 1])
         else:
             side = np.max(np.sign((total[:, 0] - m) + total[:, 1]))
@@ -579,7 +629,7 @@ def _local_norm(A, spec: Spec, nb: int, name: Backend, kernel_ok: bool) -> mx.ar
         return empty.astype(dtype)
     if kernel_ok and name.has_kernels:
         return kernel_partial(A, spec, nb, name).result
-    if kernel_ok and spec.structure == 0:  # cpu, float32 / complex64: one streaming pass
+    if kernel_ok and spec.structure == GENERAL:  # cpu, float32 / complex64: one streaming pass
         fast = stream_norm_f32(np.asarray(A), spec.kind)
         if fast is not None:
             return mx.array(fast)

@@ -2,7 +2,8 @@
 generated blocks of the headers are exactly what Python generates, the kernels
 compare with the names (never a bare number), and each name selects the operation
 it names (checked against numpy, not against a position). Likewise the params
-layouts, sentinels and codes of the Ozaki / ESC and fixed-point kernels."""
+layouts, sentinels and codes of the Ozaki / ESC, fixed-point, double-word GEMM,
+norm and int8 GEMM kernels."""
 
 import re
 
@@ -16,6 +17,10 @@ from mlx_precise.doubleword import functions as dwmath
 from mlx_precise.doubleword.dw_kernels import CDW_OP, CDW_OPS, DW_OP, DW_OPS
 from mlx_precise.esc import engine as esc_engine
 from mlx_precise.fixedpoint import qformat
+from mlx_precise.int8 import engine as int8_engine
+from mlx_precise.int8 import scaled as int8_scaled
+from mlx_precise.linalg import gemm
+from mlx_precise.norms import engine as norms_engine
 from mlx_precise.ozaki import engine as ozaki_engine
 
 
@@ -36,6 +41,10 @@ def test_generated_blocks_are_in_the_headers():
     assert ozaki_engine.codes_source() in _header("ozaki.h")
     assert qformat.codes_source() in _header("fixedpoint.h")
     assert "constant constexpr int OZ_NEG = %d;" % esc_engine.NEG in esc_engine.codes_source()
+    assert gemm.codes_source() in _header("dw_gemm.h")
+    assert int8_engine.codes_source() in _header("int8_gemm.h")
+    assert int8_scaled.codes_source() in _header("int8_gemm.h")
+    assert norms_engine.codes_source() in _header("norms.h")
 
 
 @pytest.mark.parametrize("layout, body, buffer", [
@@ -47,6 +56,11 @@ def test_generated_blocks_are_in_the_headers():
     (ozaki_engine.OZAKI_PRODUCTS_PARAMS, "ozaki_products.metal", "p"),
     (qformat.FX_PARAMS, "fixedpoint_quantize.metal", "params"),
     (qformat.FX_PARAMS, "fixedpoint_simulate.metal", "params"),
+    (gemm.DW_GEMM_PARAMS, "dw_gemm.metal", "p"),
+    (int8_engine.INT8_GEMM_I32_PARAMS, "int8_gemm_i32.metal", "p"),
+    (int8_scaled.INT8_SCALED_MM_PARAMS, "int8_scaled_mm.metal", "p"),
+    (norms_engine.NORM_TILE_PARAMS, "norm_tile.metal", "p"),
+    (norms_engine.NORM_REDUCE_PARAMS, "norm_reduce.metal", "p"),
 ], ids=lambda v: v if isinstance(v, str) else v.prefix)
 def test_kernels_read_params_by_name(layout, body, buffer):
     """Each field of the layout is read by its generated name, none by a number."""
@@ -66,6 +80,58 @@ def test_scan_info_fields_by_name():
     for src, strides in ((scan, 1), (estimate, 2)):
         assert src.count("ulong(OZ_INFO_COUNT) * (") == strides
         assert not re.search(r"info[AB]?\[[a-z]+ \+ \d", src)
+
+
+def test_gemm_batch_records_by_name():
+    """dw_gemm reads each field of a batch dimension's record by name, the records
+    following the fixed fields (DW_GEMM_DIMS_AT) at a stride of DW_GEMM_DIM_COUNT."""
+    src, dim = _body("dw_gemm.metal"), gemm.DW_GEMM_DIM
+    for n in dim.names:
+        assert f"p[rec + {dim.metal_name(n)}]" in src
+    assert "const int rec = DW_GEMM_DIMS_AT + DW_GEMM_DIM_COUNT * d;" in src
+    assert gemm.DW_GEMM_DIMS.dims_at == gemm.DW_GEMM_PARAMS.size
+    assert gemm.DW_GEMM_PARAMS.size >= len(gemm.DW_GEMM_PARAMS.names)
+
+
+def test_int8_epilogue_codes_by_name():
+    """Int8ScaledEpilogue compares its kind with the generated names, and scaled_mm
+    packs the kind at its named slot."""
+    src, epi = _header("int8_gemm.h"), int8_scaled.EPILOGUE
+    assert not re.search(r"\bkind\s*[=!<>]=?\s*\d", src)
+    for n in ("azp", "azp_per_token"):
+        assert f"kind == {epi.metal_name(n)}" in src
+    lay = int8_scaled.INT8_SCALED_MM_PARAMS
+    p = np.array(lay.pack(m=1, n=2, k=3, sa_step=0, sb_step=1, epilogue=epi["azp"],
+                          has_bias=True))
+    assert p.dtype == np.int32 and p.size == 8
+    assert p[lay.index("epilogue")] == epi["azp"] and p[lay.index("has_bias")] == 1
+
+
+def test_norm_codes_by_name():
+    """The norm kernels compare the kind, the structure and norm_reduce's records
+    with the generated names; every kind and structure has a branch or a test."""
+    tile, reduce_ = _body("norm_tile.metal"), _body("norm_reduce.metal")
+    assert not re.search(r"\b(kind|st)\s*[=!<>]=?\s*\d", tile)
+    assert "p[NORM_REDUCE_RECORDS] == NORM_RECORDS_BLUE" in reduce_
+    assert not re.search(r"\b(mode|records)\s*[=!<>]=?\s*\d", reduce_)
+    codes = norms_engine.KIND, norms_engine.STRUCTURE
+    missing = [c.metal_name(n) for c in codes for n in c.names
+               if c.metal_name(n) not in tile and n != "trapezoid"]
+    assert not missing, f"never named: {missing}"  # trapezoid: general's complement
+
+
+@pytest.mark.parametrize("kind", ["max", "one", "inf", "fro"])
+def test_each_norm_kind_code_computes_its_norm(kind):
+    """norm_tile with p[NORM_TILE_KIND] = the code of ``kind`` (by name), reduced by
+    norm_reduce: numpy's norm of the same kind (float32 data, exact in float64)."""
+    a = np.arange(1, 13, dtype=np.float32).reshape(3, 4) * np.float32(1.5) - 7
+    spec = norms_engine.make_spec(kind, "general", "lower", "nonunit", False)
+    assert spec.kind == norms_engine.KIND[kind]
+    got = norms_engine.kernel_partial(mx.array(a), spec, 2, "emulate").result
+    x = np.abs(a.astype(np.float64))  # sums and squares exact in float64
+    want = {"max": x.max(), "one": x.sum(axis=0).max(), "inf": x.sum(axis=1).max(),
+            "fro": np.sqrt((x * x).sum())}[kind]
+    assert float(got) == np.float32(want)
 
 
 def test_fixedpoint_rounding_codes_by_name():
@@ -216,4 +282,12 @@ def test_codes_and_layouts_by_name():
         lay.pack(n=5)
     with pytest.raises(KeyError, match="unknown"):
         lay.pack(n=5, flag=0, extra=1)
+    with pytest.raises(ValueError, match="fit in int32"):
+        lay.pack(n=2**31, flag=0)
+    wide = ParamLayout("T_W", ("n", "flag"), size=8, dtype=np.int64)
+    p = np.array(wide.pack(n=2**40, flag=1))
+    assert p.dtype == np.int64 and p.tolist() == [2**40, 1, 0, 0, 0, 0, 0, 0]
+    assert np.array(wide.pack([7, -2**40], n=3, flag=0)).tolist() == [3, 0] + [0] * 6 + [7, -2**40]
+    with pytest.raises(ValueError, match="fit in int32"):
+        lay.pack([2**31], n=1, flag=0)
     assert "constant constexpr int T_P_FLAG = 1;" in generated_block("f()", c, lay)
