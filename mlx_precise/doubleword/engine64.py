@@ -83,13 +83,13 @@ order, so the same bits where the compiler does not contract a * b + c into an
 FMA (it does not on x86-64 and Apple silicon: one operation per statement)."""
 
 
-def _Loop(fn):
-    """``fn`` (a function of MLX arrays made of many elementwise ops: a piece of
-    exp, of a norm, of sin / cos) compiled at every size: its dozens of ops cost
-    more host time and more graph nodes than one compiled call even on 16
-    elements (exp64: 40 us against 220 us eagerly, evaluation included; a new
-    shape retraces in about 0.5 ms, the kernel is built once per pattern)."""
-    return jit.compile(fn)
+def _loops(*fns) -> dict:
+    """Functions of MLX arrays made of many elementwise ops (the pieces of exp, of a
+    norm, of sin / cos), by name, compiled at every size: their dozens of ops cost
+    more host time and more graph nodes than one compiled call even on 16 elements
+    (exp64: 40 us against 220 us eagerly, evaluation included; a new shape retraces
+    in about 0.5 ms, the kernel is built once per pattern)."""
+    return {f.__name__: jit.compile(f) for f in fns}
 
 
 def _reading(x) -> tuple[str, tuple]:
@@ -403,8 +403,7 @@ def _exp_r_shifted(x, shift, k16):
     return _exp_r(x - shift, k16)
 
 
-_EXP = {f.__name__: _Loop(f) for f in (_exp_k16, _exp_r, _exp_m, _exp_scaled,
-                                                _exp_k16_shifted, _exp_r_shifted)}
+_EXP = _loops(_exp_k16, _exp_r, _exp_m, _exp_scaled, _exp_k16_shifted, _exp_r_shifted)
 
 
 def exp64(x: mx.array, shift: mx.array | None = None) -> mx.array:
@@ -510,9 +509,8 @@ def _scaled_shifted(v, mean, r, b):
     return (v - mean) * r + b
 
 
-_NORM = {f.__name__: _Loop(f) for f in (_square_of_difference, _scaled,
-                                                 _scaled_affine, _scaled_weighted,
-                                                 _scaled_shifted)}
+_NORM = _loops(_square_of_difference, _scaled, _scaled_affine, _scaled_weighted,
+               _scaled_shifted)
 
 
 def norm64(x: DoubleWord, weight: DoubleWord | None, bias: DoubleWord | None, eps: float,
@@ -667,9 +665,8 @@ def _settle(*arrays) -> bool:
         return False
 
 
-_TRIG = {f.__name__: _Loop(f) for f in (_trig_k, _trig_r, _trig_rr, _sin_poly, _cos_poly,
-                                        _sin_select, _cos_select, _beyond, _tan_half,
-                                        _sin_from_tan_half, _cos_from_tan_half)}
+_TRIG = _loops(_trig_k, _trig_r, _trig_rr, _sin_poly, _cos_poly, _sin_select, _cos_select,
+               _beyond, _tan_half, _sin_from_tan_half, _cos_from_tan_half)
 
 
 def sincos64(x: mx.array, which: tuple = ("sin", "cos")) -> tuple:

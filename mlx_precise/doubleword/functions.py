@@ -417,4 +417,4 @@ def value64(fn: str, v: mx.array) -> mx.array:
         return engine64.sigmoid64(v)
     if fn == "erf":
         return _erf64(v)
-    return getattr(mx, fn)(v)
+    return engine64.one_op64(fn)(v)

@@ -10,7 +10,7 @@ import math
 import mlx.core as mx
 
 from ...core import backends
-from ...doubleword import engine64, functions
+from ...doubleword import functions
 from .. import arith, autodiff, carry
 from ..engine import words_op
 from .base import (REAL, conj, decomposed, elementary, floating_result, has_float64, is_word_array,
@@ -37,10 +37,8 @@ def function(fn: str):
 
 def _fast_function(fn: str):
     """The cpu fast path of ``fn(x)``: the float64 engine's evaluation
-    (:func:`..functions.value64`: one MLX float64 op where MLX's is accurate, the
-    engine's own formula for exp, sin, cos, sigmoid, erf) of the value
-    :func:`.base.small64` reads, as the rule computes it, without its DoubleWords."""
-    op = engine64.one_op64(fn)
+    (:func:`..functions.value64`) of the value :func:`.base.small64` reads, as the
+    rule computes it, without its DoubleWords."""
 
     def fast(x):
         if not isinstance(x, ARRAY) or not backends.backend().float64_engine:
@@ -48,8 +46,6 @@ def _fast_function(fn: str):
         a = small64(x)
         if a is None:
             return None
-        if op is not None:
-            return result64(op(a, stream=mx.cpu))
         with mx.stream(mx.cpu):
             return result64(functions.value64(fn, a))
 
