@@ -34,11 +34,10 @@ def from_float64_result(y: np.ndarray, round_output: bool):
     if round_output:
         with np.errstate(over="ignore"):
             return mx.array(y.astype(np.complex64 if np.iscomplexobj(y) else np.float32))
-    with mx.stream(mx.cpu):
+    with mx.stream(mx.cpu):  # (mx.array reads strided parts: one copy each)
         if np.iscomplexobj(y):
-            return from64(mx.array(np.ascontiguousarray(y.real), dtype=mx.float64),
-                          mx.array(np.ascontiguousarray(y.imag), dtype=mx.float64))
-        return from64(mx.array(y, dtype=mx.float64))
+            return from64(mx.array(y.real, dtype=F64), mx.array(y.imag, dtype=F64))
+        return from64(mx.array(y, dtype=F64))
 
 
 def _zero_as_minus_zero(v: mx.array) -> mx.array:

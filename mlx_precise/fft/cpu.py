@@ -86,3 +86,14 @@ def chain(steps, x: np.ndarray) -> np.ndarray:
     for kind, n, axis in steps:
         x = transform(kind, x, n, axis, overwrite=True)
     return x
+
+
+def scale(y: np.ndarray, c: float) -> None:
+    """``y *= c`` in place, each part of a complex ``y`` times c alone (one IEEE
+    product per part, as MLX float64 multiplies the parts; numpy's complex product
+    would also form 0 * Inf = NaN cross terms)."""
+    if np.iscomplexobj(y):
+        y.real *= c
+        y.imag *= c
+    else:
+        y *= c

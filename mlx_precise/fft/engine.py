@@ -531,9 +531,10 @@ def _hermitian_extend(a, n: int):
 
 
 def _float64(x) -> np.ndarray:
-    """x's float64 / complex128 value as a numpy array of our own (the transform may
-    overwrite it): a DoubleWord's carried float64 value where it has one
-    (:meth:`DoubleWord.to_float64`, a copy), else its words joined."""
+    """x's float64 / complex128 value as a numpy array the transform may overwrite
+    (scipy.fft overwrites complex inputs only): a DoubleWord's carried float64 value
+    where it has one (:meth:`DoubleWord.to_float64`: complex ones a copy, real ones a
+    read-only view), else its words joined."""
     if isinstance(x, DoubleWord):
         return x.to_float64()
     a = np.asarray(x)  # a view of the MLX buffer: the float64 copy is the only one
@@ -550,7 +551,7 @@ def _np_fft(kind: str, x: np.ndarray, n: int, axis: int) -> np.ndarray:
 
 def _cpu_result(y: np.ndarray, round_output: bool):
     """One rounding of the float64 / complex128 result, or its split."""
-    return from_float64_result(np.ascontiguousarray(y), round_output)
+    return from_float64_result(y, round_output)
 
 
 # ---- public API --------------------------------------------------------------------

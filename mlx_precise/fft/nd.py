@@ -30,6 +30,7 @@ import numpy as np
 from ..core import backends
 from . import cpu, engine as _fft
 from ..core.autodiff import guarded
+from ..doubleword.engine64 import from64
 from ..doubleword.types import DoubleWord
 from ..doubleword.elementwise import scale_extended
 
@@ -75,11 +76,12 @@ def _chain(kind, x, s, axes, norm, round_output, backend, stream):
     steps = _steps(kind, s, axes)
     if backend.float64_engine and x.size:  # the float64 steps on the host, in one go
         y = cpu.chain(steps, _fft._float64(x))
-        x = _fft._cpu_result(y, round_output and factor is None)
-    else:
-        for i, (k, n, ax) in enumerate(steps):
-            last = i == len(steps) - 1 and factor is None
-            x = _fft.transform_words(k, x, n, ax, round_output and last, backend, stream)
+        if factor is not None:  # (the float64 product scale_extended makes on cpu)
+            cpu.scale(y, float(factor))
+        return _fft._cpu_result(y, round_output)
+    for i, (k, n, ax) in enumerate(steps):
+        last = i == len(steps) - 1 and factor is None
+        x = _fft.transform_words(k, x, n, ax, round_output and last, backend, stream)
     if factor is not None:
         x = scale_extended(x, factor, round_output=round_output, backend=backend, stream=stream)
     return x
@@ -209,10 +211,11 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
     if isinstance(x, DoubleWord) and x._lo is None and x.wide is None:
         x = x.hi  # exact: no low word to make (the engine reads none)
     dw_in = isinstance(x, DoubleWord)
-    arrays = [x.hi, x.lo] if dw_in else [x]
-    # cpu: a DoubleWord's float64 value goes in and out whole (the words are the
-    # guard's arguments only)
+    # cpu: a DoubleWord's float64 value goes in and out whole, and is the guard's
+    # arguments and results: no word of the input nor of the result is made here
+    # (a result's high word is its rounding, made when read)
     wide = name.float64_engine and dw_in and x.wide is not None
+    arrays = [v for v in x.wide if v is not None] if wide else [x.hi, x.lo] if dw_in else [x]
 
     def run(*a):
         y = _chain(kind, x if wide else DoubleWord(*a) if dw_in else a[0], s, axes, norm,
@@ -220,12 +223,13 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
         if round_output:
             return y
         if name.float64_engine and y.wide is not None:
-            return (y.hi,) + tuple(v for v in y.wide if v is not None)
+            return tuple(v for v in y.wide if v is not None)
         return y.hi, y.lo
 
     out = guarded(run, arrays, f"the {kind} of a DoubleWord or with round_output=False")
     if round_output:
         return out
-    if out[1].dtype == mx.float64:  # (hi, re[, im]): the float64 value
-        return DoubleWord.from_wide(out[0], (out[1], out[2] if len(out) == 3 else None))
+    if out[0].dtype == mx.float64:  # (re[, im]): the float64 value
+        with mx.stream(mx.cpu):
+            return from64(*out)
     return DoubleWord(*out)
