@@ -37,10 +37,11 @@ import numpy as np
 
 from ..core import backends
 from ..doubleword import pow2scale
-from ..doubleword.engine64 import from_float64_result
+from ..doubleword.engine64 import from64, from_float64_result
 from ..doubleword.types import DoubleWord, read_input
 from ..doubleword.elementwise import complex_multiply_extended, reciprocal_words
 from ..core.kernels import Constants, Kernel, ParamLayout, generated_block
+from . import cpu
 from .twiddles import chirp_words, twiddle_table
 
 _F32 = (mx.float32,)
@@ -530,28 +531,34 @@ def _hermitian_extend(a, n: int):
 # ---- the cpu backend: native float64 --------------------------------------------
 
 
-def _float64(x) -> np.ndarray:
-    """x's float64 / complex128 value as a numpy array the transform may overwrite
-    (scipy.fft overwrites complex inputs only): a DoubleWord's carried float64 value
-    where it has one (:meth:`DoubleWord.to_float64`: complex ones a copy, real ones a
-    read-only view), else its words joined."""
+def _float64(x) -> tuple[np.ndarray, mx.array | None]:
+    """(x's float64 / complex128 value as a numpy array the transform may overwrite
+    (scipy.fft and numpy overwrite complex inputs only), the MLX array that holds
+    it or None): a DoubleWord's carried float64 value where it has one (real: a
+    read-only view, :meth:`DoubleWord.to_float64`; complex: its parts in a buffer
+    of MLX's allocator, :func:`.cpu.buffer`), else its words joined."""
     if isinstance(x, DoubleWord):
-        return x.to_float64()
+        if x.wide is None or x.wide[1] is None:
+            return x.to_float64(), None
+        a, z = cpu.buffer(x.shape, True)
+        z.real, z.imag = (np.asarray(v) for v in x.wide)
+        return z, a
     a = np.asarray(x)  # a view of the MLX buffer: the float64 copy is the only one
-    return a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
+    return a.astype(np.complex128 if np.iscomplexobj(a) else np.float64), None
 
 
-def _np_fft(kind: str, x: np.ndarray, n: int, axis: int) -> np.ndarray:
-    """The float64 <kind> transform (:func:`mlx_precise.fft.cpu.transform`: scipy.fft
-    with threads); x is our own float64 copy, which the transform may reuse."""
-    from .cpu import transform
-
-    return transform(kind, x, n, axis, overwrite=True)
-
-
-def _cpu_result(y: np.ndarray, round_output: bool):
-    """One rounding of the float64 / complex128 result, or its split."""
-    return from_float64_result(y, round_output)
+def cpu_transform(steps, x, factor, round_output: bool):
+    """The cpu backend's transform: the float64 steps ((kind, n, axis), in order,
+    :func:`.cpu.chain`) of x's float64 value, times ``factor`` (a float, or None),
+    rounded once (or kept whole: a DoubleWord of the float64 value, no copy where
+    the result lies in a buffer of MLX's allocator)."""
+    y, a = cpu.chain(steps, *_float64(x))
+    if factor is not None:  # (the float64 product scale_extended makes on cpu)
+        cpu.scale(y, factor)
+    if round_output or a is None:
+        return from_float64_result(y, round_output)
+    with mx.stream(mx.cpu):
+        return from64(a[..., 0], a[..., 1]) if np.iscomplexobj(y) else from64(a)
 
 
 # ---- public API --------------------------------------------------------------------
@@ -563,8 +570,7 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
     n = _check_n(n, x.shape[ax])
     name = backends.resolve(backend)
     if name.float64_engine:
-        return _cpu_result(_np_fft("ifft" if inverse else "fft", _float64(x), n, ax),
-                           round_output)
+        return cpu_transform([("ifft" if inverse else "fft", n, ax)], x, None, round_output)
     real_in = x.dtype == mx.float32
     hi, lo = _hi_lo(x, complex_out=inverse)
     lead, rows = _batch(hi, ax)
@@ -594,7 +600,7 @@ def _rfft_words(x, n, axis, round_output, backend, stream):
     n = _check_n(n, x.shape[ax])
     name = backends.resolve(backend)
     if name.float64_engine:
-        return _cpu_result(_np_fft("rfft", _float64(x), n, ax), round_output)
+        return cpu_transform([("rfft", n, ax)], x, None, round_output)
     hi, lo = _hi_lo(x, complex_out=False)
     lead, rows = _batch(hi, ax)
     if rows == 0:
@@ -612,7 +618,7 @@ def _irfft_words(X, n, axis, round_output, backend, stream):
     n = _check_n(n, 2 * (X.shape[ax] - 1))
     name = backends.resolve(backend)
     if name.float64_engine:
-        return _cpu_result(_np_fft("irfft", _float64(X), n, ax), round_output)
+        return cpu_transform([("irfft", n, ax)], X, None, round_output)
     hi, lo = _hi_lo(X, complex_out=True)
     lead, rows = _batch(hi, ax)
     if rows == 0:

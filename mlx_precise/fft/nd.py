@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
-from . import cpu, engine as _fft
+from . import engine as _fft
 from ..core.autodiff import guarded
 from ..doubleword.engine64 import from64
 from ..doubleword.types import DoubleWord
@@ -75,10 +75,8 @@ def _chain(kind, x, s, axes, norm, round_output, backend, stream):
     factor = _norm_factor(kind, math.prod(s), norm)  # exact ints; np.prod costs ~7 us
     steps = _steps(kind, s, axes)
     if backend.float64_engine and x.size:  # the float64 steps on the host, in one go
-        y = cpu.chain(steps, _fft._float64(x))
-        if factor is not None:  # (the float64 product scale_extended makes on cpu)
-            cpu.scale(y, float(factor))
-        return _fft._cpu_result(y, round_output)
+        return _fft.cpu_transform(steps, x, None if factor is None else float(factor),
+                                  round_output)
     for i, (k, n, ax) in enumerate(steps):
         last = i == len(steps) - 1 and factor is None
         x = _fft.transform_words(k, x, n, ax, round_output and last, backend, stream)
