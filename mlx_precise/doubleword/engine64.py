@@ -435,32 +435,50 @@ PIECE = 1 << 15
 logsumexp64 and erf run piece by piece, so that their full-size float64
 temporaries (exp's r and m, e; erf's gathered coefficients) are piece-size."""
 
+TRIG_PIECE = 1 << 17
+"""Elements of a piece of :func:`sincos64` and :func:`cexp64` (:func:`in_pieces`),
+from twice this size: their dozen full-size float64 temporaries (k, r, rr, the two
+polynomials, the selections, exp's) then fit MLX's buffer cache (32 MB by default
+here), where whole they touched fresh pages: sin of 2^20 values measured 2.3x
+faster, a complex exp 1.3-1.7x (2^16 to 2^18 elements within noise)."""
+
+
+def in_pieces(fn, arrays: list, piece: int) -> tuple:
+    """``fn(*arrays)`` (elementwise, a tuple of arrays of their shape) on runs of
+    ``piece`` elements of the flattened ``arrays`` (of one shape), one after
+    another, joined: the same values as whole (each element's operations are
+    the same)."""
+    flat = [a.reshape(-1) for a in arrays]
+    outs = []
+    for i in range(0, flat[0].size, piece):
+        part = [a[i:i + piece] for a in flat]
+        if outs:
+            # one piece after another (measured: MLX would run an elementwise
+            # function's pieces side by side, holding every piece's temporaries)
+            part = mx.depends(part, list(outs[-1]))
+        outs.append(fn(*part))
+    return tuple(mx.concatenate(list(o)).reshape(arrays[0].shape) for o in zip(*outs))
+
 
 def by_rows(fn, v: mx.array, axes: tuple = ()) -> mx.array:
     """``fn(v, axes)`` of a float64 ``v``, in pieces of whole rows when ``axes``
     (where ``fn`` reduces, keeping them; elementwise elsewhere) are the trailing
-    axes (none: ``fn`` is elementwise, the pieces runs of elements) and ``v`` has
-    at least 2 :data:`PIECE` elements. Each row is computed whole, as in one
-    piece: the same bits."""
+    axes (none: ``fn`` is elementwise, the pieces runs of elements,
+    :func:`in_pieces`) and ``v`` has at least 2 :data:`PIECE` elements. Each row is
+    computed whole, as in one piece: the same bits."""
     n = v.ndim
     lead = n - len(axes)
     if v.size < 2 * PIECE or lead == 0 or sorted(a % n for a in axes) != list(range(lead, n)):
         return fn(v, axes)
+    if not axes:
+        return in_pieces(lambda p: (fn(p, ()),), [v], PIECE)[0]
     rows = v.reshape(-1, *v.shape[lead:])
     step = max(1, PIECE * rows.shape[0] // v.size)
     if step >= rows.shape[0]:
         return fn(v, axes)
-    elementwise, axes = not axes, tuple(range(1, rows.ndim))
-    pieces = []
-    for i in range(0, rows.shape[0], step):
-        piece = rows[i:i + step]
-        if pieces and elementwise:
-            # one piece after another (measured: MLX would run an elementwise
-            # function's pieces side by side, holding every piece's temporaries;
-            # a reduction's pieces it already runs in turn, and faster without)
-            piece = mx.depends(piece, pieces[-1])
-        pieces.append(fn(piece, axes))
-    out = mx.concatenate(pieces)
+    axes = tuple(range(1, rows.ndim))
+    # (a reduction's pieces MLX already runs in turn, and faster without depends)
+    out = mx.concatenate([fn(rows[i:i + step], axes) for i in range(0, rows.shape[0], step)])
     return out.reshape(*v.shape[:lead], *out.shape[1:])
 
 
@@ -675,7 +693,13 @@ def sincos64(x: mx.array, which: tuple = ("sin", "cos")) -> tuple:
     tan: sin = 2t / (1 + t^2), cos = (1 - t^2) / (1 + t^2) where |t| is away from 1
     and sin x / tan x near the zeros of cos (|t| in [1/2, 2], where |sin x| >= 0.8;
     within about 2.5 ulp; no finite double lies close enough to an odd multiple of
-    pi for t^2 to overflow)."""
+    pi for t^2 to overflow). In pieces of :data:`TRIG_PIECE` elements."""
+    if x.size >= 2 * TRIG_PIECE:
+        return in_pieces(lambda p: _sincos64(p, which), [x], TRIG_PIECE)
+    return _sincos64(x, which)
+
+
+def _sincos64(x: mx.array, which: tuple) -> tuple:
     k = _TRIG["_trig_k"](x)
     r, rr = _TRIG["_trig_r"](x, k), _TRIG["_trig_rr"](x, k)
     # below FUSE_MIN elements (host-bound) no waits: the selection below instead
@@ -770,6 +794,15 @@ def binary64(fn: str, x: DoubleWord, y: DoubleWord) -> DoubleWord:
 
 
 def cexp64(re: DoubleWord, im: DoubleWord) -> DoubleWord:
-    """e^(re + i im) of real DoubleWords: a complex DoubleWord."""
+    """e^(re + i im) of real DoubleWords: a complex DoubleWord (in pieces of
+    :data:`TRIG_PIECE` elements, as :func:`sincos64`)."""
     with mx.stream(mx.cpu):
-        return step(_cexp, im, exp64(to64(re)[0]), *sincos64(to64(im)[0]))
+        a, b = to64(re)[0], to64(im)[0]
+        if a.shape == b.shape and a.size >= 2 * TRIG_PIECE:
+            return from64(*in_pieces(_cexp64, [a, b], TRIG_PIECE))
+        return step(_cexp, im, exp64(a), *sincos64(b))
+
+
+def _cexp64(a: mx.array, b: mx.array) -> tuple:
+    """e^(a + ib) of float64 values: (re, im)."""
+    return apply(_cexp, from64(b), exp64(a), *_sincos64(b, ("sin", "cos")))

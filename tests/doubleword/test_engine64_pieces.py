@@ -69,3 +69,54 @@ def test_erf_pieces_same_bits(monkeypatch):
     assert pieced.tobytes() == whole.tobytes()
     ref = np.vectorize(math.erf)(x)
     np.testing.assert_allclose(pieced, ref, rtol=4e-16, atol=0)
+
+
+def _trig_inputs(rng, n: int) -> np.ndarray:
+    """n values: most in [-50, 50], some beyond 2^20 (the tan path) and specials."""
+    x = rng.uniform(-50, 50, n)
+    x[:8] = [np.nan, np.inf, -np.inf, -0.0, 0.0, 2.0**21 + 0.5, -(2.0**30), 1e300]
+    x[n // 2:n // 2 + 3] = [3.0e6, -7.5e7, np.pi / 2]  # beyond 2^20 in a later piece
+    return x
+
+
+def _trig_both(monkeypatch, fn):
+    pieced = fn()
+    monkeypatch.setattr(engine64, "TRIG_PIECE", 1 << 40)  # one piece
+    return pieced, fn()
+
+
+@pytest.mark.parametrize("which", [("sin",), ("cos",), ("sin", "cos")])
+def test_sincos_pieces_same_bits(monkeypatch, which):
+    n = 5 * engine64.TRIG_PIECE // 2 + 77  # three pieces, the last one short
+    x = _trig_inputs(np.random.default_rng(4), n).reshape(1, -1)
+    with mx.stream(mx.cpu):
+        v = mx.array(x, dtype=mx.float64)
+        pieced, whole = _trig_both(
+            monkeypatch, lambda: [np.array(y) for y in engine64.sincos64(v, which)])
+    for p, w, name in zip(pieced, whole, which):
+        assert p.shape == x.shape and p.tobytes() == w.tobytes()
+        ok = np.abs(x) <= 2.0**20  # (beyond: the tan path, within a few ulp)
+        ref = getattr(np, name)(x[ok])
+        assert np.all(np.abs(p[ok] - ref) <= 2 * np.spacing(np.abs(ref)))
+
+
+def test_cexp_pieces_same_bits(monkeypatch):
+    n = 2 * engine64.TRIG_PIECE + 5
+    rng = np.random.default_rng(5)
+    a = rng.uniform(-30, 30, n)
+    a[:5] = [np.nan, np.inf, -np.inf, 800.0, -800.0]
+    b = _trig_inputs(rng, n)
+    b[8:12] = [0.0, -0.0, 0.0, np.inf]  # b = 0: e^a and b exactly
+    with mx.stream(mx.cpu):
+        re, im = (engine64.from64(mx.array(v, dtype=mx.float64)) for v in (a, b))
+        pieced, whole = _trig_both(
+            monkeypatch, lambda: [np.array(y) for y in engine64.cexp64(re, im).wide])
+    for p, w in zip(pieced, whole):
+        assert p.tobytes() == w.tobytes()
+    ok = (np.abs(a) < 700) & (np.abs(b) <= 2.0**20)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = np.exp(a[ok] + 1j * b[ok])
+    got = pieced[0][ok] + 1j * pieced[1][ok]
+    assert np.all(np.abs(got - ref) <= 4 * np.spacing(np.abs(ref)))
+    assert np.array_equal(pieced[1][8:11], b[8:11]) and np.array_equal(
+        np.signbit(pieced[1][8:11]), np.signbit(b[8:11]))
