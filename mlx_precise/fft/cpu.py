@@ -37,6 +37,7 @@ THREADED_POINTS = 1 << 20
 """Points (rows times length) of a step of :func:`chain` from which scipy's threads
 run it, where there are more than two cores (on two shared cores, measured, they
 did not pay even at 2^22 points)."""
+_CORES = os.cpu_count() or 1  # (15 us a call)
 _NUMPY_OUT = "out" in inspect.signature(np.fft.rfft).parameters  # numpy >= 2
 _CHUNK_BYTES = 8 << 20  # float64 bytes of one chunk of padded rows (cache-sized)
 
@@ -108,7 +109,7 @@ def buffer(shape, complex_: bool) -> tuple[mx.array, np.ndarray]:
 
 
 def _threaded(x: np.ndarray, n: int, axis: int) -> bool:
-    return x.size // max(x.shape[axis], 1) * n >= THREADED_POINTS and (os.cpu_count() or 1) > 2
+    return x.size // max(x.shape[axis], 1) * n >= THREADED_POINTS and _CORES > 2
 
 
 def _out_shape(kind: str, shape, n: int, axis: int) -> tuple:
