@@ -105,6 +105,10 @@ def buffer(shape, complex_: bool) -> tuple[mx.array, np.ndarray]:
         a = mx.zeros(tuple(shape) + ((2,) if complex_ else ()), mx.float64)
         mx.eval(a)
     v = np.asarray(a)
+    if not (v.flags.c_contiguous and v.flags.writeable and v.size == a.size):
+        # (MLX's Full primitive gives each zeros array a buffer of its own; were
+        # it ever a broadcast view of one scalar, writing it would corrupt others)
+        raise RuntimeError("mlx_precise.fft.cpu.buffer: MLX gave a shared buffer")
     return a, (v.view(np.complex128)[..., 0] if complex_ else v)
 
 
