@@ -454,13 +454,18 @@ class Kernel:
         as MLX takes it, ``[(name, value), ...]`` in declaration order, codes as
         numbers. The host cost of a launch is then MLX's (a fused chain launches
         once per consumed result: :mod:`mlx_precise.doubleword.fusion`)."""
-        if self.extended:
-            _device_check(backend)
-        kwargs = dict(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
-                      output_shapes=output_shapes, output_dtypes=output_dtypes)
+        fn = _built.get((self.name, backend))  # built once the device check passed
+        if fn is None:
+            if self.extended:
+                _device_check(backend)
+            fn = _build(self, backend)
+        elif self.extended and _checked.get(backend) is not None:
+            _device_check(backend)  # raises the check's failure
         if stream is not None:
-            kwargs["stream"] = stream
-        return _build(self, backend)(**kwargs)
+            return fn(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
+                      output_shapes=output_shapes, output_dtypes=output_dtypes, stream=stream)
+        return fn(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
+                  output_shapes=output_shapes, output_dtypes=output_dtypes)
 
 
 _lock = threading.Lock()
