@@ -28,6 +28,8 @@ import numpy as np
 from . import backends
 from ..emulator.signature import input_form
 
+_ARRAY = mx.array  # the class (inside a block the name is a stand-in)
+
 
 class DeviceCheckError(RuntimeError):
     """The device (or its compiler) does not compute error-free transforms exactly."""
@@ -109,9 +111,10 @@ def same_shape(ndim: int | None = None) -> Callable:
     """Shape rule: every input has the same shape (and ``ndim`` dimensions if given)."""
 
     def check(arrays: Mapping[str, mx.array]) -> None:
-        shapes = {n: tuple(a.shape) for n, a in arrays.items()}
-        first = next(iter(shapes.values()), ())
-        if any(s != first for s in shapes.values()):
+        shapes = [a.shape for a in arrays.values()]
+        first = shapes[0] if shapes else ()
+        if any(s != first for s in shapes):
+            shapes = {n: tuple(a.shape) for n, a in arrays.items()}
             raise KernelInputError(f"inputs must all have one shape, got {shapes}")
         if ndim is not None and len(first) != ndim:
             raise KernelInputError(f"inputs must be {ndim}-D, got shape {first}")
@@ -343,9 +346,9 @@ class Kernel:
 
     def _template_args(self, template) -> list:
         template = dict(template or {})
-        missing = [t for t in self.template if t not in template]
-        extra = [t for t in template if t not in self.template]
-        if missing or extra:
+        if len(template) != len(self.template) or not all(t in template for t in self.template):
+            missing = [t for t in self.template if t not in template]
+            extra = [t for t in template if t not in self.template]
             raise KernelInputError(
                 f"kernel {self.name!r} takes template parameters {list(self.template)}; "
                 f"missing {missing}, unexpected {extra}"
@@ -372,7 +375,7 @@ class Kernel:
                 f"kernel {self.name!r} takes {len(self.inputs)} inputs "
                 f"{list(self.inputs)}, got {len(inputs)}"
             )
-        arrays = [x if isinstance(x, mx.array) else mx.array(x) for x in inputs]
+        arrays = [x if isinstance(x, _ARRAY) else _ARRAY(x) for x in inputs]
         for name, x in zip(self.inputs, arrays):
             allowed = self.input_dtypes.get(name)
             if allowed and x.dtype not in allowed:
@@ -383,8 +386,7 @@ class Kernel:
             # The strict Metal check covers the declared forms only: hold the
             # wrappers to them (a padded input must really be padded).
             forms = self.input_forms.get(name)
-            form = input_form(x.shape)
-            if forms and form not in forms:
+            if forms and (form := input_form(x.shape)) not in forms:
                 raise KernelInputError(
                     f"kernel {self.name!r}: input {name!r} ({x.size} elements, "
                     f"{x.ndim}-D) would be a {form} input; declared forms: {', '.join(forms)}"
@@ -428,25 +430,15 @@ class Kernel:
             threadgroup = threadgroup or rule_tg
         if threadgroup is None:
             raise KernelInputError(f"kernel {self.name!r}: pass threadgroup=")
-        if self.extended:
-            _device_check(name)
-        kwargs = dict(
-            inputs=arrays,
-            template=targs or None,
-            grid=tuple(grid),
-            threadgroup=tuple(threadgroup),
-            output_shapes=[tuple(s) for s in output_shapes],
-            output_dtypes=list(output_dtypes),
-            init_value=init_value,
-        )
-        if stream is not None:
-            kwargs["stream"] = stream
-        return _build(self, name)(**kwargs)
-
+        return self.unchecked(
+            inputs=arrays, template=targs or None, grid=tuple(grid),
+            threadgroup=tuple(threadgroup), output_shapes=[tuple(s) for s in output_shapes],
+            output_dtypes=list(output_dtypes), backend=name, stream=stream,
+            init_value=init_value)
 
     def unchecked(self, *, inputs: list, template: list, grid: tuple, threadgroup: tuple,
-                  output_shapes: list, output_dtypes: list, backend: str, stream=None
-                  ) -> list[mx.array]:
+                  output_shapes: list, output_dtypes: list, backend: str, stream=None,
+                  init_value: float | None = None) -> list[mx.array]:
         """:meth:`__call__` without its per-call checks, for a wrapper whose inputs
         meet the declaration by construction (arrays of the declared dtypes and
         forms: the strict Metal check covers those only), on a resolved ``backend``
@@ -461,11 +453,13 @@ class Kernel:
             fn = _build(self, backend)
         elif self.extended and _checked.get(backend) is not None:
             _device_check(backend)  # raises the check's failure
-        if stream is not None:
+        if stream is None and init_value is None:
             return fn(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
-                      output_shapes=output_shapes, output_dtypes=output_dtypes, stream=stream)
+                      output_shapes=output_shapes, output_dtypes=output_dtypes)
+        extra = {} if stream is None else {"stream": stream}
         return fn(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
-                  output_shapes=output_shapes, output_dtypes=output_dtypes)
+                  output_shapes=output_shapes, output_dtypes=output_dtypes,
+                  init_value=init_value, **extra)
 
 
 _lock = threading.Lock()
