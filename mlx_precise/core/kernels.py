@@ -446,13 +446,9 @@ class Kernel:
         as MLX takes it, ``[(name, value), ...]`` in declaration order, codes as
         numbers. The host cost of a launch is then MLX's (a fused chain launches
         once per consumed result: :mod:`mlx_precise.doubleword.fusion`)."""
-        fn = _built.get((self.name, backend))  # built once the device check passed
-        if fn is None:
-            if self.extended:
-                _device_check(backend)
-            fn = _build(self, backend)
-        elif self.extended and _checked.get(backend) is not None:
-            _device_check(backend)  # raises the check's failure
+        if self.extended:
+            _device_check(backend)
+        fn = _build(self, backend)
         if stream is None and init_value is None:
             return fn(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
                       output_shapes=output_shapes, output_dtypes=output_dtypes)
@@ -489,6 +485,9 @@ def _metal_kernel_safe(**kwargs):
 
 def _build(kernel: Kernel, backend: str) -> Callable:
     key = (kernel.name, backend)
+    fn = _built.get(key)  # (built: no lock needed to read it)
+    if fn is not None:
+        return fn
     with _lock:
         fn = _built.get(key)
         if fn is None:
