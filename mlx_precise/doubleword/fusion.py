@@ -325,7 +325,7 @@ def _composed_program(op: int, fn: int, progs: tuple, slots: list) -> Program:
 
 
 # ---- the expressions of arrays ----------------------------------------------------------
-# id(hi) -> (weak reference to hi, its low word, Expr, scope). An entry holds while hi is
+# id(hi) -> (weak reference to hi, its low word, Expr, scope, parts). An entry holds while hi is
 # alive, the words read with hi still include that very low word (inside a block every
 # in-place update runs through the flow, which attaches another low word, or none:
 # then hi is a leaf again), and within the block that made it (scope): a block's entries
@@ -333,6 +333,9 @@ def _composed_program(op: int, fn: int, progs: tuple, slots: list) -> Program:
 # makes a later block recompute a value that has been evaluated since (MLX cannot
 # tell). Outside blocks nothing would see an in-place update of a result (DoubleWord's
 # words are the caller's): no entry is made there, each operation is one launch.
+# parts: for complex words made by a program over the parts axis, that program's
+# float32 words (hi and lo are views of them), which a later program reads as they
+# are; else None.
 _table: dict[int, tuple] = {}
 _scope: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_fusion_scope",
                                                         default=None)
@@ -351,7 +354,7 @@ def _open_scope() -> _Scope | None:
     return scope if scope is not None and scope.open else None
 
 
-def _remember(hi: mx.array, lo: mx.array | None, e: Expr) -> None:
+def _remember(hi: mx.array, lo: mx.array | None, e: Expr, parts: tuple | None = None) -> None:
     scope = _open_scope()
     if scope is None:  # outside blocks nothing sees an in-place update of hi: no entry
         return
@@ -360,7 +363,7 @@ def _remember(hi: mx.array, lo: mx.array | None, e: Expr) -> None:
     def drop(_ref, key=key):
         _table.pop(key, None)
 
-    _table[key] = (weakref.ref(hi, drop), lo, e, scope)
+    _table[key] = (weakref.ref(hi, drop), lo, e, scope, parts)
     scope.append(key)
 
 
@@ -392,15 +395,23 @@ def note_constant(w: DoubleWord, hi: float, lo: float) -> DoubleWord:
     return w
 
 
+def _entry(w: DoubleWord) -> tuple | None:
+    """The table's entry of ``w`` where it holds (see :data:`_table`), else None."""
+    entry = _table.get(id(w.hi))
+    if (entry is not None and entry[0]() is w.hi and entry[1] is w._lo
+            and entry[3] is _open_scope()):
+        return entry
+    return None
+
+
 def expression(w: DoubleWord) -> Expr | None:
     """The expression of ``w``: the one recorded with its words, else ``w`` as a leaf
     (float32 words only; None for complex words)."""
     hi = w.hi
     if hi.dtype != F32:
         return None
-    entry = _table.get(id(hi))
-    if (entry is not None and entry[0]() is hi and entry[1] is w._lo
-            and entry[3] is _open_scope() and not (entry[2].exact_words and _traced.get())):
+    entry = _entry(w)
+    if entry is not None and not (entry[2].exact_words and _traced.get()):
         return entry[2]
     lo = w._lo
     if lo is None and w.wide is not None:
@@ -790,10 +801,11 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
             hi[..., None], lo[..., None])
     if not w.is_complex:
         hi, lo = hi.astype(_C64), None if lo is None else lo.astype(_C64)
-    entry = _table.get(id(w.hi)) if w.is_complex else None
+    entry = _entry(w) if w.is_complex else None
+    if entry is not None and entry[4] is not None:
+        return DoubleWord.of_words(*entry[4])  # the program's own words (their chain)
     hi_p, lo_p = _parts(hi), _parts(lo)
-    if (entry is not None and entry[0]() is w.hi and entry[1] is w._lo
-            and entry[3] is _open_scope()):
+    if entry is not None:
         _remember(hi_p, lo_p, entry[2])  # the views read as the chain they show
     return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
 
@@ -848,8 +860,9 @@ def _apply_partwise(op: str, operands: list[DoubleWord], backend, stream):
         return None
     zh, zl = _run(e.prog, e.leaves, e.shape, backend, stream)
     hi, lo = _from_parts(zh), _from_parts(zl)
-    _remember(hi, lo, e)
-    return DoubleWord(hi, lo)
+    _remember(zh, zl, e)
+    _remember(hi, lo, e, (zh, zl))
+    return DoubleWord.of_words(hi, lo)
 
 
 def binary(op: str, x: DoubleWord, y: DoubleWord, backend, stream, unfused) -> DoubleWord:
@@ -880,8 +893,7 @@ def words_op(forward, plain, operands: list[mx.array], lows: list) -> tuple[mx.a
     z = forward(*words)
     if not _traced.get():
         return z.hi, z.lo
-    entry = _table.get(id(z.hi))
-    if entry is not None and entry[0]() is z.hi and entry[1] is z._lo:  # fused just now
+    if _entry(z) is not None:  # fused just now
         return z.hi, z.lo
     n = len(operands)
     given = [lo for lo in lows if lo is not None]
