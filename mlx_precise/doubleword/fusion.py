@@ -546,7 +546,10 @@ def _slots(leaves, shape: tuple) -> tuple[list, tuple]:
 def _slot_arrays(leaves, small: tuple, shape: tuple) -> list:
     """The ``DWF_SLOTS`` slot arrays: the leaves, those ``small`` broadcast to
     ``shape``, the unused slots repeating the first."""
-    arrays = [mx.broadcast_to(a, shape) if tiny else a for a, tiny in zip(leaves, small)]
+    if any(small):
+        arrays = [mx.broadcast_to(a, shape) if tiny else a for a, tiny in zip(leaves, small)]
+    else:
+        arrays = list(leaves)
     return arrays + [arrays[0]] * (_SLOTS - len(arrays))
 
 
@@ -577,7 +580,7 @@ def _run(prog: Program, leaves, shape: tuple, backend, stream) -> tuple[mx.array
     (slot masks, the int32 program, grid) is cached per ``(prog, leaf shapes,
     shape)``: a repeated layer pays a lookup and MLX's launch."""
     leaves = leaves or _ZERO_LEAVES
-    shapes = tuple(a.shape for a in leaves)
+    shapes = tuple([a.shape for a in leaves])
     plan = _LAUNCHES.get((prog, shapes, shape))
     if plan is None:
         plan = _launch_plan(prog, shapes, shape)
