@@ -148,11 +148,16 @@ class Codes:
                              f"other than 'count', got {self.names}")
 
     def __getitem__(self, name: str) -> int:
-        try:
-            return self.names.index(name)
-        except ValueError:
+        code = self._codes.get(name)
+        if code is None:
             raise KeyError(f"{self.prefix}: unknown name {name!r}; expected one of "
-                           + ", ".join(self.names)) from None
+                           + ", ".join(self.names))
+        return code
+
+    @functools.cached_property
+    def _codes(self) -> dict:
+        """name -> code (a lookup per launch: wrappers pass names)."""
+        return {n: i for i, n in enumerate(self.names)}
 
     def __contains__(self, name) -> bool:
         return name in self.names
@@ -172,6 +177,9 @@ class Codes:
     def source(self) -> str:
         lines = [f"constant constexpr int {self.metal_name(n)} = {i};\n" for n, i in self.items()]
         return "".join(lines) + f"constant constexpr int {self.prefix}_COUNT = {len(self.names)};\n"
+
+
+_PACKED_MAX = 1024  # parameter buffers kept per layout
 
 
 @dataclass(frozen=True)
@@ -212,11 +220,24 @@ class ParamLayout(Codes):
             raise KeyError(f"{self.prefix}: missing fields {missing}, unknown {extra}")
         vals = [int(values[n]) for n in self.names]
         vals += [0] * (self.size - len(vals)) + [int(v) for v in tail]
+        key = tuple(vals)
+        packed = self._packed.get(key)
+        if packed is not None:  # (a constant: the kernels only read it)
+            return packed
         lo, hi, dtype = self._range
         if min(vals) < lo or max(vals) > hi:
             raise ValueError(f"{self.prefix}: parameters must fit in {np.dtype(self.dtype)}, "
                              f"got {dict(zip(self.names, vals))}, tail {list(tail)}")
-        return mx.array(vals, dtype=dtype)
+        packed = self._packed[key] = _ARRAY(vals, dtype=dtype)
+        if len(self._packed) > _PACKED_MAX:
+            del self._packed[next(iter(self._packed))]
+        return packed
+
+    @functools.cached_property
+    def _packed(self) -> dict:
+        """The buffers made, by their values: a repeated layer's launch reuses its
+        buffer (no array built from a list per launch)."""
+        return {}
 
     @functools.cached_property
     def _range(self):
