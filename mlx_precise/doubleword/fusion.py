@@ -133,12 +133,12 @@ class Program:
     ``DWM_FN`` code of a function); ``root``: the instruction of the value;
     ``exact_words``: it holds abs / max / min (no replay: see :func:`apply`)."""
 
-    __slots__ = ("key", "code", "root", "exact_words", "_index", "_registers")
+    __slots__ = ("key", "code", "root", "exact_words", "_index", "_fits")
 
     def __init__(self, code: tuple, root: int, exact_words: bool):
         self.key, self.code, self.root = (code, root), code, root
         self.exact_words = exact_words
-        self._index = self._registers = None
+        self._index = self._fits = None
 
     @property
     def index(self) -> dict:
@@ -148,14 +148,16 @@ class Program:
         return self._index
 
     @property
-    def registers(self) -> tuple | None:
-        """:func:`_instructions` of the program (None: it needs more registers)."""
-        if self._registers is None:
-            self._registers = (_instructions(self.key),)
-        return self._registers[0]
+    def fits(self) -> bool:
+        """Within the kernels' instruction count and register file."""
+        if self._fits is None:
+            self._fits = (len(self.code) <= _MAX_INSTRUCTIONS
+                          and _instructions(self.key) is not None)
+        return self._fits
 
 
 _INTERNED: dict = {}  # key -> Program (bounded: see _intern)
+_CONSTANTS: dict = {}  # (hi, lo, their signs) -> the Program of the constant
 
 
 def _intern(code: tuple, root: int, exact_words: bool) -> Program:
@@ -203,14 +205,18 @@ class Expr:
 
     @classmethod
     def constant(cls, hi: float, lo: float) -> "Expr":
-        bits = np.array([hi, lo], np.float32).view(np.int32)
-        return cls((), _intern(((_CONST, int(bits[0]), int(bits[1]), 0),), 0, False), ())
+        key = (hi, lo, math.copysign(1.0, hi), math.copysign(1.0, lo))  # -0.0 == 0.0
+        prog = _CONSTANTS.get(key)
+        if prog is None:
+            bits = np.array([hi, lo], np.float32).view(np.int32)
+            prog = _intern(((_CONST, int(bits[0]), int(bits[1]), 0),), 0, False)
+            _cache(_CONSTANTS, key, prog)
+        return cls((), prog, ())
 
     def fits(self) -> bool:
         """Within the kernels' bounds: slots, instructions, axes (fewer than 8
         outputs add an axis: see _run) and registers."""
-        return (len(self.leaves) <= _SLOTS and len(self.prog.code) <= _MAX_INSTRUCTIONS
-                and len(self.shape) < _MAX_NDIM and self.prog.registers is not None)
+        return len(self.leaves) <= _SLOTS and len(self.shape) < _MAX_NDIM and self.prog.fits
 
 
 _ASTYPE = mx.array.astype  # MLX's own (to the same dtype: an alias, no graph node)
