@@ -230,7 +230,7 @@ class ParamLayout(Codes):
                              f"got {dict(zip(self.names, vals))}, tail {list(tail)}")
         packed = self._packed[key] = _ARRAY(vals, dtype=dtype)
         if len(self._packed) > _PACKED_MAX:
-            del self._packed[next(iter(self._packed))]
+            self._packed.pop(next(iter(self._packed)), None)
         return packed
 
     @functools.cached_property

@@ -226,7 +226,7 @@ def _cache(table: dict, key, value) -> None:
     """``table[key] = value``, the oldest entry dropped beyond ``_CACHE_SIZE``."""
     table[key] = value
     if len(table) > _CACHE_SIZE:
-        del table[next(iter(table))]
+        table.pop(next(iter(table)), None)  # (another thread may have taken it)
 
 
 _CACHE_SIZE = 4096
@@ -501,20 +501,15 @@ def _instructions(key: tuple) -> tuple[tuple, int, bool] | None:
     return hit
 
 
-def fits(key: tuple) -> bool:
-    """The expression ``key`` fits the kernels' register file."""
-    return _instructions(key) is not None
-
-
 def program(key: tuple, layout: tuple) -> tuple[mx.array, bool]:
     """``(prog, math)``: the int32 program of ``dw_fused`` / ``dw_reduce`` for an
-    expression that fits (:func:`fits`), launched over ``layout = (reduce,
+    expression that fits (:attr:`Program.fits`), launched over ``layout = (reduce,
     extents, perm, ndim, slots)``: ``reduce`` ``(n, op)`` for rows of ``n`` elements
     or ``()``; the iteration's extents, and for each iteration axis the array axis
     it walks (-1: none, the copies of a short output); the array's ``ndim``; per
     slot ``(ndim, mask)``, its axes aligned with the array's last ones, the bits of
     ``mask`` the axes it broadcasts. ``math``: it calls an elementary function.
-    Cached (least recently used first out)."""
+    Cached (the oldest entry first out)."""
     hit = _PROGRAMS.get((key, layout))
     if hit is not None:
         return hit
