@@ -20,6 +20,7 @@ import re
 import tempfile
 
 import mlx.core as mx
+import numpy as np
 
 __all__ = ["Launch", "graph_counts", "lazy_metal_executor"]
 
@@ -31,10 +32,11 @@ def lazy_metal_executor(record: list | None = None):
     backend is made available and every kernel launch returns lazy MLX ops on its
     inputs (zeros of the output shapes), so the flow builds exactly the graph it
     builds on a Mac, and the time to build it is the host's cost (the values are
-    meaningless). Each launch is one ``Depends`` node of the graph (its outputs are
-    broadcast views, one ``Broadcast`` node per output shape: the stand-in's own),
-    which :func:`graph_counts` counts as a launch. Uses the package's private kernel
-    hooks; restores them.
+    meaningless). Each launch is one ``Depends`` node of the graph, as a kernel is
+    one node on a Mac (its outputs are the node's: they depend on every input and
+    hold the data of evaluated zeros, one array per output shape and dtype kept for
+    the block, so the stand-in adds no node of its own), which :func:`graph_counts`
+    counts as a launch. Uses the package's private kernel hooks; restores them.
 
     ``record``: a list that gets one :class:`Launch` per launch (the kernel's name,
     template, inputs and outputs); after the graph is evaluated, :meth:`Launch.ran`
@@ -42,30 +44,28 @@ def lazy_metal_executor(record: list | None = None):
     reads, such as the intermediate results of a fused chain, never runs)."""
     from .core import backends, kernels
 
-    zeros: dict = {}  # one 0-d zero per dtype: a constant, no graph node
+    zeros: dict = {}  # (shape, dtype) -> evaluated zeros: data, no graph node
 
     def factory(_backend):
         def build(*, name="", **_):
             def run(*, inputs, output_shapes, output_dtypes, template=None, **__):
-                # one graph node per launch, as a kernel is on a Mac: the outputs
-                # (broadcast zeros: one view per shape and dtype) depend on every
-                # input (nothing folds away)
-                views: dict = {}
+                # one graph node per launch, as a kernel is on a Mac: its outputs
+                # depend on every input (nothing folds away); the zeros they hold
+                # are shared, so no buffer is donated to a later op
                 outs = []
                 for sh, d in zip(output_shapes, output_dtypes):
                     key = (tuple(sh), d)
-                    if key not in views:
-                        if d not in zeros:
-                            zeros[d] = mx.array(0, d)
-                        views[key] = mx.broadcast_to(zeros[d], key[0])
-                    outs.append(views[key])
+                    z = zeros.get(key)
+                    if z is None:
+                        z = zeros[key] = _zeros(*key)
+                    outs.append(z)
                 deps = [x for x in inputs if isinstance(x, _ARRAY)]
                 if record is not None:
                     launch = Launch(name, dict(template or ()), inputs, output_shapes,
                                     output_dtypes)
                     record.append(launch)
                     deps.append(launch.probe)
-                return mx.depends(outs, deps) if deps else outs
+                return mx.depends(outs, deps) if deps else [mx.zeros_like(z) for z in outs]
             return run
         return build
 
@@ -87,6 +87,15 @@ def lazy_metal_executor(record: list | None = None):
             kernels._checked.update(saved[3])
 
     return patched()
+
+
+def _zeros(shape: tuple, dtype) -> mx.array:
+    """Zeros of ``shape`` as data (no graph node, also while ``mx.compile``
+    traces), for the dtypes numpy has; a broadcast view of a 0-d zero for others."""
+    name = str(dtype).rsplit(".", 1)[-1]
+    if name == "bfloat16" or not hasattr(np, name):
+        return mx.broadcast_to(_ARRAY(0, dtype), shape)
+    return _ARRAY(np.zeros(shape, getattr(np, name)))
 
 
 class Launch:

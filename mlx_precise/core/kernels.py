@@ -28,6 +28,8 @@ import numpy as np
 from . import backends
 from ..emulator.signature import input_form
 
+_ARRAY = mx.array  # the class (inside a block the name is a stand-in)
+
 
 class DeviceCheckError(RuntimeError):
     """The device (or its compiler) does not compute error-free transforms exactly."""
@@ -109,9 +111,10 @@ def same_shape(ndim: int | None = None) -> Callable:
     """Shape rule: every input has the same shape (and ``ndim`` dimensions if given)."""
 
     def check(arrays: Mapping[str, mx.array]) -> None:
-        shapes = {n: tuple(a.shape) for n, a in arrays.items()}
-        first = next(iter(shapes.values()), ())
-        if any(s != first for s in shapes.values()):
+        shapes = [a.shape for a in arrays.values()]
+        first = shapes[0] if shapes else ()
+        if any(s != first for s in shapes):
+            shapes = {n: tuple(a.shape) for n, a in arrays.items()}
             raise KernelInputError(f"inputs must all have one shape, got {shapes}")
         if ndim is not None and len(first) != ndim:
             raise KernelInputError(f"inputs must be {ndim}-D, got shape {first}")
@@ -145,11 +148,16 @@ class Codes:
                              f"other than 'count', got {self.names}")
 
     def __getitem__(self, name: str) -> int:
-        try:
-            return self.names.index(name)
-        except ValueError:
+        code = self._codes.get(name)
+        if code is None:
             raise KeyError(f"{self.prefix}: unknown name {name!r}; expected one of "
-                           + ", ".join(self.names)) from None
+                           + ", ".join(self.names))
+        return code
+
+    @functools.cached_property
+    def _codes(self) -> dict:
+        """name -> code (a lookup per launch: wrappers pass names)."""
+        return {n: i for i, n in enumerate(self.names)}
 
     def __contains__(self, name) -> bool:
         return name in self.names
@@ -169,6 +177,9 @@ class Codes:
     def source(self) -> str:
         lines = [f"constant constexpr int {self.metal_name(n)} = {i};\n" for n, i in self.items()]
         return "".join(lines) + f"constant constexpr int {self.prefix}_COUNT = {len(self.names)};\n"
+
+
+_PACKED_MAX = 1024  # parameter buffers kept per layout
 
 
 @dataclass(frozen=True)
@@ -209,11 +220,24 @@ class ParamLayout(Codes):
             raise KeyError(f"{self.prefix}: missing fields {missing}, unknown {extra}")
         vals = [int(values[n]) for n in self.names]
         vals += [0] * (self.size - len(vals)) + [int(v) for v in tail]
+        key = tuple(vals)
+        packed = self._packed.get(key)
+        if packed is not None:  # (a constant: the kernels only read it)
+            return packed
         lo, hi, dtype = self._range
         if min(vals) < lo or max(vals) > hi:
             raise ValueError(f"{self.prefix}: parameters must fit in {np.dtype(self.dtype)}, "
                              f"got {dict(zip(self.names, vals))}, tail {list(tail)}")
-        return mx.array(vals, dtype=dtype)
+        packed = self._packed[key] = _ARRAY(vals, dtype=dtype)
+        if len(self._packed) > _PACKED_MAX:
+            self._packed.pop(next(iter(self._packed)), None)
+        return packed
+
+    @functools.cached_property
+    def _packed(self) -> dict:
+        """The buffers made, by their values: a repeated layer's launch reuses its
+        buffer (no array built from a list per launch)."""
+        return {}
 
     @functools.cached_property
     def _range(self):
@@ -343,9 +367,9 @@ class Kernel:
 
     def _template_args(self, template) -> list:
         template = dict(template or {})
-        missing = [t for t in self.template if t not in template]
-        extra = [t for t in template if t not in self.template]
-        if missing or extra:
+        if len(template) != len(self.template) or not all(t in template for t in self.template):
+            missing = [t for t in self.template if t not in template]
+            extra = [t for t in template if t not in self.template]
             raise KernelInputError(
                 f"kernel {self.name!r} takes template parameters {list(self.template)}; "
                 f"missing {missing}, unexpected {extra}"
@@ -372,7 +396,7 @@ class Kernel:
                 f"kernel {self.name!r} takes {len(self.inputs)} inputs "
                 f"{list(self.inputs)}, got {len(inputs)}"
             )
-        arrays = [x if isinstance(x, mx.array) else mx.array(x) for x in inputs]
+        arrays = [x if isinstance(x, _ARRAY) else _ARRAY(x) for x in inputs]
         for name, x in zip(self.inputs, arrays):
             allowed = self.input_dtypes.get(name)
             if allowed and x.dtype not in allowed:
@@ -383,8 +407,7 @@ class Kernel:
             # The strict Metal check covers the declared forms only: hold the
             # wrappers to them (a padded input must really be padded).
             forms = self.input_forms.get(name)
-            form = input_form(x.shape)
-            if forms and form not in forms:
+            if forms and (form := input_form(x.shape)) not in forms:
                 raise KernelInputError(
                     f"kernel {self.name!r}: input {name!r} ({x.size} elements, "
                     f"{x.ndim}-D) would be a {form} input; declared forms: {', '.join(forms)}"
@@ -428,25 +451,15 @@ class Kernel:
             threadgroup = threadgroup or rule_tg
         if threadgroup is None:
             raise KernelInputError(f"kernel {self.name!r}: pass threadgroup=")
-        if self.extended:
-            _device_check(name)
-        kwargs = dict(
-            inputs=arrays,
-            template=targs or None,
-            grid=tuple(grid),
-            threadgroup=tuple(threadgroup),
-            output_shapes=[tuple(s) for s in output_shapes],
-            output_dtypes=list(output_dtypes),
-            init_value=init_value,
-        )
-        if stream is not None:
-            kwargs["stream"] = stream
-        return _build(self, name)(**kwargs)
-
+        return self.unchecked(
+            inputs=arrays, template=targs or None, grid=tuple(grid),
+            threadgroup=tuple(threadgroup), output_shapes=[tuple(s) for s in output_shapes],
+            output_dtypes=list(output_dtypes), backend=name, stream=stream,
+            init_value=init_value)
 
     def unchecked(self, *, inputs: list, template: list, grid: tuple, threadgroup: tuple,
-                  output_shapes: list, output_dtypes: list, backend: str, stream=None
-                  ) -> list[mx.array]:
+                  output_shapes: list, output_dtypes: list, backend: str, stream=None,
+                  init_value: float | None = None) -> list[mx.array]:
         """:meth:`__call__` without its per-call checks, for a wrapper whose inputs
         meet the declaration by construction (arrays of the declared dtypes and
         forms: the strict Metal check covers those only), on a resolved ``backend``
@@ -456,11 +469,14 @@ class Kernel:
         once per consumed result: :mod:`mlx_precise.doubleword.fusion`)."""
         if self.extended:
             _device_check(backend)
-        kwargs = dict(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
+        fn = _build(self, backend)
+        if stream is None and init_value is None:
+            return fn(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
                       output_shapes=output_shapes, output_dtypes=output_dtypes)
-        if stream is not None:
-            kwargs["stream"] = stream
-        return _build(self, backend)(**kwargs)
+        extra = {} if stream is None else {"stream": stream}
+        return fn(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
+                  output_shapes=output_shapes, output_dtypes=output_dtypes,
+                  init_value=init_value, **extra)
 
 
 _lock = threading.Lock()
@@ -490,6 +506,9 @@ def _metal_kernel_safe(**kwargs):
 
 def _build(kernel: Kernel, backend: str) -> Callable:
     key = (kernel.name, backend)
+    fn = _built.get(key)  # (built: no lock needed to read it)
+    if fn is not None:
+        return fn
     with _lock:
         fn = _built.get(key)
         if fn is None:

@@ -40,7 +40,6 @@ import contextlib
 import contextvars
 import math
 import weakref
-from collections import OrderedDict
 
 import mlx.core as mx
 import numpy as np
@@ -123,31 +122,75 @@ _EXACT_WORDS = {OP["abs"], OP["max"], OP["min"]}
 
 # ---- expressions ------------------------------------------------------------------------
 
+class Program:
+    """The instructions of an expression, interned: one object per distinct ``(code,
+    root)`` (:attr:`key`), so that the caches of compositions and launches key on
+    the object (hashing a program's instructions at every operation would cost
+    more than the lookup saves). ``code[k] = (op, x, y, fn)``: a load (``x``,
+    ``y``: leaf slots of the high and low words, ``y = -1`` for a float32 operand),
+    a constant (``x``, ``y``: the int32 bits of its float32 words) or an operation
+    of earlier instructions ``x``, ``y`` (``y = -1`` for one operand; ``fn``: the
+    ``DWM_FN`` code of a function); ``root``: the instruction of the value;
+    ``exact_words``: it holds abs / max / min (no replay: see :func:`apply`)."""
+
+    __slots__ = ("key", "code", "root", "exact_words", "_index", "_fits")
+
+    def __init__(self, code: tuple, root: int, exact_words: bool):
+        self.key, self.code, self.root = (code, root), code, root
+        self.exact_words = exact_words
+        self._index = self._fits = None
+
+    @property
+    def index(self) -> dict:
+        """Instruction -> its position (equal instructions are stored once)."""
+        if self._index is None:
+            self._index = {ins: k for k, ins in enumerate(self.code)}
+        return self._index
+
+    @property
+    def fits(self) -> bool:
+        """Within the kernels' instruction count and register file."""
+        if self._fits is None:
+            self._fits = (len(self.code) <= _MAX_INSTRUCTIONS
+                          and _instructions(self.key) is not None)
+        return self._fits
+
+
+_INTERNED: dict = {}  # key -> Program (bounded: see _intern)
+_CONSTANTS: dict = {}  # (hi, lo, their signs) -> the Program of the constant
+
+
+def _intern(code: tuple, root: int, exact_words: bool) -> Program:
+    """The one :class:`Program` of ``(code, root)``."""
+    prog = _INTERNED.get((code, root))
+    if prog is None:
+        prog = Program(code, root, exact_words)
+        _cache(_INTERNED, prog.key, prog)
+    return prog
+
+
 class Expr:
-    """An elementwise double-word expression in SSA form over leaf word arrays.
+    """An elementwise double-word expression in SSA form over leaf word arrays: the
+    :class:`Program` ``prog`` over ``leaves`` (aliases of word arrays, one per
+    slot), of broadcast ``shape``."""
 
-    ``code[k] = (op, x, y, fn)``: a load (``x``, ``y``: the slots of the high and
-    low words in ``leaves``, ``y = -1`` for a float32 operand), a constant (``x``,
-    ``y``: the int32 bits of its float32 words) or an operation of earlier
-    instructions ``x``, ``y`` (``y = -1`` for one operand; ``fn``: the ``DWM_FN``
-    code of a function). ``root``: the instruction of the value; ``shape``: its
-    broadcast shape. Equal instructions are stored once (``index``)."""
+    __slots__ = ("leaves", "prog", "shape")
 
-    __slots__ = ("leaves", "code", "index", "root", "shape", "exact_words", "_key")
+    def __init__(self, leaves: tuple, prog: Program, shape: tuple):
+        self.leaves, self.prog, self.shape = leaves, prog, shape
 
-    def __init__(self, leaves: tuple, code: tuple, index: dict, root: int, shape: tuple,
-                 exact_words: bool = False):
-        self.leaves, self.code, self.index, self.root, self.shape = (
-            leaves, code, index, root, shape)
-        self.exact_words = exact_words  # holds abs / max / min (no replay: see apply)
-        self._key = None
+    @property
+    def code(self) -> tuple:
+        return self.prog.code
 
     @property
     def key(self) -> tuple:
         """What the program depends on (the arrays are not part of it)."""
-        if self._key is None:
-            self._key = (self.code, self.root)
-        return self._key
+        return self.prog.key
+
+    @property
+    def exact_words(self) -> bool:
+        return self.prog.exact_words
 
     @classmethod
     def leaf(cls, hi: mx.array, lo: mx.array | None) -> "Expr":
@@ -157,34 +200,59 @@ class Expr:
         was made from. (Two captures of one array therefore take two slots: nothing
         tells whether it was updated in between.)"""
         if lo is None:
-            return cls((_ASTYPE(hi, F32),), _EXACT_LOAD, _EXACT_INDEX, 0, tuple(hi.shape))
-        return cls((_ASTYPE(hi, F32), _ASTYPE(lo, F32)), _DW_LOAD, _DW_INDEX, 0,
-                   tuple(hi.shape))
+            return cls((_ASTYPE(hi, F32),), _EXACT_LOAD, tuple(hi.shape))
+        return cls((_ASTYPE(hi, F32), _ASTYPE(lo, F32)), _DW_LOAD, tuple(hi.shape))
 
     @classmethod
     def constant(cls, hi: float, lo: float) -> "Expr":
-        bits = np.array([hi, lo], np.float32).view(np.int32)
-        ins = (_CONST, int(bits[0]), int(bits[1]), 0)
-        return cls((), (ins,), {ins: 0}, 0, ())
+        key = (hi, lo, math.copysign(1.0, hi), math.copysign(1.0, lo))  # -0.0 == 0.0
+        prog = _CONSTANTS.get(key)
+        if prog is None:
+            bits = np.array([hi, lo], np.float32).view(np.int32)
+            prog = _intern(((_CONST, int(bits[0]), int(bits[1]), 0),), 0, False)
+            _cache(_CONSTANTS, key, prog)
+        return cls((), prog, ())
 
     def fits(self) -> bool:
-        # (fewer than 8 outputs add an axis: see _run)
-        return (len(self.leaves) <= _SLOTS and len(self.code) <= _MAX_INSTRUCTIONS
-                and len(self.shape) < _MAX_NDIM)
+        """Within the kernels' bounds: slots, instructions, axes (fewer than 8
+        outputs add an axis: see _run) and registers."""
+        return len(self.leaves) <= _SLOTS and len(self.shape) < _MAX_NDIM and self.prog.fits
 
 
 _ASTYPE = mx.array.astype  # MLX's own (to the same dtype: an alias, no graph node)
 
-# The code of a leaf, shared (composition copies an index before adding to it).
-_DW_LOAD, _EXACT_LOAD = ((_LOAD, 0, 1, 0),), ((_LOAD, 0, -1, 0),)
-_DW_INDEX, _EXACT_INDEX = {_DW_LOAD[0]: 0}, {_EXACT_LOAD[0]: 0}
+
+def _cache(table: dict, key, value) -> None:
+    """``table[key] = value``, the oldest entry dropped beyond ``_CACHE_SIZE``."""
+    table[key] = value
+    if len(table) > _CACHE_SIZE:
+        table.pop(next(iter(table)), None)  # (another thread may have taken it)
+
+
+_CACHE_SIZE = 4096
+# The programs of a leaf, shared.
+_DW_LOAD = _intern(((_LOAD, 0, 1, 0),), 0, False)
+_EXACT_LOAD = _intern(((_LOAD, 0, -1, 0),), 0, False)
 
 
 def _broadcast(shapes) -> tuple | None:
-    """numpy's broadcast shape, or None when the shapes do not broadcast."""
+    """numpy's broadcast shape, or None when the shapes do not broadcast (cached
+    for shapes that differ)."""
     first = shapes[0]
     if all(s == first for s in shapes):
         return first
+    key = tuple(shapes)
+    out = _BROADCASTS.get(key, False)
+    if out is False:
+        out = _broadcast_shape(key)
+        _cache(_BROADCASTS, key, out)
+    return out
+
+
+_BROADCASTS: dict = {}
+
+
+def _broadcast_shape(shapes: tuple) -> tuple | None:
     n = max(len(s) for s in shapes)
     out = []
     for d in range(n):
@@ -201,30 +269,49 @@ def _broadcast(shapes) -> tuple | None:
 
 def _compose(op: int, fn: int, operands: list[Expr]) -> Expr | None:
     """``op`` (a code of :data:`OP`; ``fn``: a function's code) of the operands'
-    expressions, leaves and equal instructions shared."""
+    expressions, leaves and equal instructions shared. The program depends only on
+    the operands' programs and on which leaves they share, so a repeated layer finds
+    it in :data:`_COMPOSED` (one lookup)."""
     shape = _broadcast([e.shape for e in operands])
     if shape is None:
         return None
     first = operands[0]
-    leaves, code, index = list(first.leaves), list(first.code), dict(first.index)
-    roots = [first.root]
+    leaves = list(first.leaves)
+    slot = {id(a): k for k, a in enumerate(leaves)}  # an alias read twice: one slot
+    slots = []
     for e in operands[1:]:
-        if e is first:
-            roots.append(first.root)
-            continue
-        slots = []
-        for a in e.leaves:  # an alias both operands' expressions read: one slot
-            for k, b in enumerate(leaves):
-                if b is a:
-                    slots.append(k)
-                    break
-            else:
-                slots.append(len(leaves))
+        taken = []
+        for a in e.leaves:
+            k = slot.get(id(a))
+            if k is None:
+                k = slot[id(a)] = len(leaves)
                 leaves.append(a)
+            taken.append(k)
+        slots.append(tuple(taken))
+    progs = tuple(e.prog for e in operands)
+    key = (op, fn, progs, tuple(slots))
+    prog = _COMPOSED.get(key)
+    if prog is None:
+        prog = _composed_program(op, fn, progs, slots)
+        _cache(_COMPOSED, key, prog)
+    return Expr(tuple(leaves), prog, shape)
+
+
+_COMPOSED: dict = {}  # (op, fn, operand programs, leaf slots) -> Program
+
+
+def _composed_program(op: int, fn: int, progs: tuple, slots: list) -> Program:
+    """The program of ``op`` on operands of programs ``progs``, the leaves of the
+    operands after the first taking ``slots[k]`` (the first's keep theirs), equal
+    instructions stored once."""
+    first = progs[0]
+    code, index = list(first.code), dict(first.index)
+    roots = [first.root]
+    for p, taken in zip(progs[1:], slots):
         where = []
-        for o, x, y, f in e.code:
+        for o, x, y, f in p.code:
             if o == _LOAD:
-                ins = (o, slots[x], -1 if y < 0 else slots[y], f)
+                ins = (o, taken[x], -1 if y < 0 else taken[y], f)
             elif o == _CONST:
                 ins = (o, x, y, f)
             else:
@@ -234,18 +321,17 @@ def _compose(op: int, fn: int, operands: list[Expr]) -> Expr | None:
                 pos = index[ins] = len(code)
                 code.append(ins)
             where.append(pos)
-        roots.append(where[e.root])
+        roots.append(where[p.root])
     ins = (op, roots[0], roots[1] if len(roots) > 1 else -1, fn)
     root = index.get(ins)
     if root is None:
-        root = index[ins] = len(code)
+        root = len(code)
         code.append(ins)
-    return Expr(tuple(leaves), tuple(code), index, root, shape,
-                op in _EXACT_WORDS or any(e.exact_words for e in operands))
+    return _intern(tuple(code), root, op in _EXACT_WORDS or any(p.exact_words for p in progs))
 
 
 # ---- the expressions of arrays ----------------------------------------------------------
-# id(hi) -> (weak reference to hi, its low word, Expr, scope). An entry holds while hi is
+# id(hi) -> (weak reference to hi, its low word, Expr, scope, parts). An entry holds while hi is
 # alive, the words read with hi still include that very low word (inside a block every
 # in-place update runs through the flow, which attaches another low word, or none:
 # then hi is a leaf again), and within the block that made it (scope): a block's entries
@@ -253,6 +339,9 @@ def _compose(op: int, fn: int, operands: list[Expr]) -> Expr | None:
 # makes a later block recompute a value that has been evaluated since (MLX cannot
 # tell). Outside blocks nothing would see an in-place update of a result (DoubleWord's
 # words are the caller's): no entry is made there, each operation is one launch.
+# parts: for complex words made by a program over the parts axis, that program's
+# float32 words (hi and lo are views of them), which a later program reads as they
+# are; else None.
 _table: dict[int, tuple] = {}
 _scope: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_fusion_scope",
                                                         default=None)
@@ -271,7 +360,7 @@ def _open_scope() -> _Scope | None:
     return scope if scope is not None and scope.open else None
 
 
-def _remember(hi: mx.array, lo: mx.array | None, e: Expr) -> None:
+def _remember(hi: mx.array, lo: mx.array | None, e: Expr, parts: tuple | None = None) -> None:
     scope = _open_scope()
     if scope is None:  # outside blocks nothing sees an in-place update of hi: no entry
         return
@@ -280,7 +369,7 @@ def _remember(hi: mx.array, lo: mx.array | None, e: Expr) -> None:
     def drop(_ref, key=key):
         _table.pop(key, None)
 
-    _table[key] = (weakref.ref(hi, drop), lo, e, scope)
+    _table[key] = (weakref.ref(hi, drop), lo, e, scope, parts)
     scope.append(key)
 
 
@@ -312,15 +401,23 @@ def note_constant(w: DoubleWord, hi: float, lo: float) -> DoubleWord:
     return w
 
 
+def _entry(w: DoubleWord) -> tuple | None:
+    """The table's entry of ``w`` where it holds (see :data:`_table`), else None."""
+    entry = _table.get(id(w.hi))
+    if (entry is not None and entry[0]() is w.hi and entry[1] is w._lo
+            and entry[3] is _open_scope()):
+        return entry
+    return None
+
+
 def expression(w: DoubleWord) -> Expr | None:
     """The expression of ``w``: the one recorded with its words, else ``w`` as a leaf
     (float32 words only; None for complex words)."""
     hi = w.hi
     if hi.dtype != F32:
         return None
-    entry = _table.get(id(hi))
-    if (entry is not None and entry[0]() is hi and entry[1] is w._lo
-            and entry[3] is _open_scope() and not (entry[2].exact_words and _traced.get())):
+    entry = _entry(w)
+    if entry is not None and not (entry[2].exact_words and _traced.get()):
         return entry[2]
     lo = w._lo
     if lo is None and w.wide is not None:
@@ -333,16 +430,21 @@ def _fuse(op: int, fn: int, operands: list[DoubleWord]) -> Expr | None:
     composite operand made a leaf while it does not fit), or None: complex words,
     shapes that do not broadcast, too many axes."""
     exprs = []
-    for k, w in enumerate(operands):  # one operand twice (x * x): one expression
-        same = [exprs[j] for j in range(k) if operands[j] is w]
-        exprs.append(same[0] if same else expression(w))
-    if any(e is None for e in exprs):
-        return None
+    for k, w in enumerate(operands):
+        for j in range(k):
+            if operands[j] is w:  # one operand twice (x * x): one expression
+                e = exprs[j]
+                break
+        else:
+            e = expression(w)
+            if e is None:
+                return None
+        exprs.append(e)
     while True:
         e = _compose(op, fn, exprs)
         if e is None:
             return None
-        if e.fits() and fits(e.key):
+        if e.fits():
             return e
         composite = [k for k, x in enumerate(exprs) if len(x.code) > 1]
         if not composite:
@@ -354,8 +456,7 @@ def _fuse(op: int, fn: int, operands: list[DoubleWord]) -> Expr | None:
 
 # ---- programs and launches --------------------------------------------------------------
 
-_PROGRAMS: OrderedDict = OrderedDict()
-_CACHE_SIZE = 4096
+_PROGRAMS: dict = {}
 
 
 def _instructions(key: tuple) -> tuple[tuple, int, bool] | None:
@@ -400,23 +501,17 @@ def _instructions(key: tuple) -> tuple[tuple, int, bool] | None:
     return hit
 
 
-def fits(key: tuple) -> bool:
-    """The expression ``key`` fits the kernels' register file."""
-    return _instructions(key) is not None
-
-
 def program(key: tuple, layout: tuple) -> tuple[mx.array, bool]:
     """``(prog, math)``: the int32 program of ``dw_fused`` / ``dw_reduce`` for an
-    expression that fits (:func:`fits`), launched over ``layout = (reduce,
+    expression that fits (:attr:`Program.fits`), launched over ``layout = (reduce,
     extents, perm, ndim, slots)``: ``reduce`` ``(n, op)`` for rows of ``n`` elements
     or ``()``; the iteration's extents, and for each iteration axis the array axis
     it walks (-1: none, the copies of a short output); the array's ``ndim``; per
     slot ``(ndim, mask)``, its axes aligned with the array's last ones, the bits of
     ``mask`` the axes it broadcasts. ``math``: it calls an elementary function.
-    Cached (least recently used first out)."""
+    Cached (the oldest entry first out)."""
     hit = _PROGRAMS.get((key, layout))
     if hit is not None:
-        _PROGRAMS.move_to_end((key, layout))
         return hit
     ins, out, math_ = _instructions(key)
     reduce, extents, perm, ndim, slots = layout
@@ -434,13 +529,7 @@ def program(key: tuple, layout: tuple) -> tuple[mx.array, bool]:
     return hit
 
 
-_INSTRUCTIONS: OrderedDict = OrderedDict()
-
-
-def _cache(table: OrderedDict, key, value) -> None:
-    table[key] = value
-    if len(table) > _CACHE_SIZE:
-        table.popitem(last=False)
+_INSTRUCTIONS: dict = {}
 
 
 def _slots(leaves, shape: tuple) -> tuple[list, tuple]:
@@ -450,8 +539,24 @@ def _slots(leaves, shape: tuple) -> tuple[list, tuple]:
     broadcast views of ``shape`` (so that every input is a device buffer, one
     signature); a lone constant-only program reads a zero. Also each slot's
     ``(ndim, mask)`` (:func:`program`)."""
-    leaves = leaves or [_ZERO]
-    shapes = tuple(a.shape for a in leaves)
+    leaves = leaves or _ZERO_LEAVES
+    small, specs = _slot_plan(tuple(a.shape for a in leaves), shape)
+    return _slot_arrays(leaves, small, shape), specs
+
+
+def _slot_arrays(leaves, small: tuple, shape: tuple) -> list:
+    """The ``DWF_SLOTS`` slot arrays: the leaves, those ``small`` broadcast to
+    ``shape``, the unused slots repeating the first."""
+    if any(small):
+        arrays = [mx.broadcast_to(a, shape) if tiny else a for a, tiny in zip(leaves, small)]
+    else:
+        arrays = list(leaves)
+    return arrays + [arrays[0]] * (_SLOTS - len(arrays))
+
+
+def _slot_plan(shapes: tuple, shape: tuple) -> tuple[tuple, tuple]:
+    """For leaves of ``shapes`` read over ``shape``: which have fewer than 8
+    elements, and each slot's ``(ndim, mask)``. Cached."""
     plan = _SLOT_PLANS.get((shapes, shape))
     if plan is None:
         small = tuple(math.prod(s) < 8 for s in shapes)
@@ -463,34 +568,59 @@ def _slots(leaves, shape: tuple) -> tuple[list, tuple]:
             specs.append((len(s_), mask))
         plan = (small, tuple(specs))
         _cache(_SLOT_PLANS, (shapes, shape), plan)
-    small, specs = plan
-    arrays = [mx.broadcast_to(a, shape) if tiny else a for a, tiny in zip(leaves, small)]
-    return arrays + [arrays[0]] * (_SLOTS - len(arrays)), specs
+    return plan
 
 
-_SLOT_PLANS: OrderedDict = OrderedDict()
-_ZERO = mx.array(0.0, F32)
+_SLOT_PLANS: dict = {}
+_ZERO_LEAVES = (mx.array(0.0, F32),)
 
 
-def _run(key: tuple, leaves, shape: tuple, backend, stream) -> tuple[mx.array, mx.array]:
-    """The words of an expression (its :attr:`Expr.key`) over ``leaves`` (no
-    autodiff): one ``dw_fused`` launch."""
-    n = math.prod(shape)
-    if n == 0:
+def _run(prog: Program, leaves, shape: tuple, backend, stream) -> tuple[mx.array, mx.array]:
+    """The words of the expression ``prog`` over ``leaves`` (no autodiff): one
+    ``dw_fused`` launch. What the launch derives from the program and the shapes
+    (slot masks, the int32 program, grid) is cached per ``(prog, leaf shapes,
+    shape)``: a repeated layer pays a lookup and MLX's launch."""
+    leaves = leaves or _ZERO_LEAVES
+    shapes = tuple([a.shape for a in leaves])
+    plan = _LAUNCHES.get((prog, shapes, shape))
+    if plan is None:
+        plan = _launch_plan(prog, shapes, shape)
+        _cache(_LAUNCHES, (prog, shapes, shape), plan)
+    if plan is _EMPTY:
         return mx.zeros(shape, F32), mx.zeros(shape, F32)
-    # fewer than 8 outputs: 8 copies, so that every input is a device buffer
-    kshape = shape if n >= 8 else (8,) + shape
-    arrays, specs = _slots(leaves, kshape)
-    prog, math_ = program(key, ((), kshape, tuple(range(len(kshape))), len(kshape), specs))
-    grid, threadgroup = elementwise_grid(math.prod(kshape))
-    # every input is float32 / int32 with 8 elements at least: the declared forms
-    zh, zl = DW_FUSED.unchecked(
-        inputs=arrays + [prog], template=[("MATH", math_)], grid=grid,
-        threadgroup=threadgroup, output_shapes=[kshape, kshape], output_dtypes=[F32, F32],
-        backend=backends.of(backend), stream=stream)
-    if kshape is not shape:
+    small, kshape, args = plan
+    arrays = _slot_arrays(leaves, small, kshape)
+    arrays.append(args["prog"])
+    zh, zl = DW_FUSED.unchecked(inputs=arrays, backend=backends.of(backend), stream=stream,
+                                **args["launch"])
+    if len(kshape) > len(shape):  # the 8 copies of a short result
         zh, zl = zh[:1].reshape(shape), zl[:1].reshape(shape)
     return zh, zl
+
+
+_LAUNCHES: dict = {}
+_EMPTY = object()  # the plan of an empty result (no launch)
+
+
+def _launch_plan(prog: Program, shapes: tuple, shape: tuple):
+    """What :func:`_run` launches for the expression ``prog`` over leaves of
+    ``shapes``: ``(small, kshape, {"prog", "launch"})``, the leaves broadcast to
+    ``kshape`` (those of fewer than 8 elements, :func:`_slots`), the int32
+    program and the launch's keyword arguments; :data:`_EMPTY` for an empty
+    result."""
+    n = math.prod(shape)
+    if n == 0:
+        return _EMPTY
+    # fewer than 8 outputs: 8 copies, so that every input is a device buffer
+    kshape = shape if n >= 8 else (8,) + shape
+    small, specs = _slot_plan(shapes, kshape)
+    prog_array, math_ = program(prog.key, ((), kshape, tuple(range(len(kshape))),
+                                           len(kshape), specs))
+    grid, threadgroup = elementwise_grid(math.prod(kshape))
+    # every input is float32 / int32 with 8 elements at least: the declared forms
+    launch = dict(template=[("MATH", math_)], grid=grid, threadgroup=threadgroup,
+                  output_shapes=[kshape, kshape], output_dtypes=[F32, F32])
+    return small, kshape, {"prog": prog_array, "launch": launch}
 
 
 def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
@@ -506,7 +636,7 @@ def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
     e = expression(x)
     if e is None:
         return None
-    if len(e.code) > 1 and not (e.fits() and fits(e.key)):
+    if len(e.code) > 1 and not e.fits():
         e = Expr.leaf(x.hi, x.lo)
     if x.ndim >= _MAX_NDIM:
         return None
@@ -539,33 +669,30 @@ def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
     return DoubleWord(zh.reshape(out_shape), zl.reshape(out_shape))
 
 
-# The custom functions of fused expressions (MLX autodiff), by (key, backend, stream).
-_DIFFERENTIABLE: OrderedDict = OrderedDict()
+# The custom functions of fused expressions (MLX autodiff), by (program, backend, stream).
+_DIFFERENTIABLE: dict = {}
 
 
-def _differentiable(key: tuple, backend, stream):
-    """The words of the expression ``key`` as a custom function of its leaves whose
+def _differentiable(prog: Program, backend, stream):
+    """The words of the expression ``prog`` as a custom function of its leaves whose
     VJP is the unfused chain's (:func:`_replay`)."""
-    cache_key = (key, backend, stream)
+    cache_key = (prog, backend, stream)
     f = _DIFFERENTIABLE.get(cache_key)
     if f is not None:
-        _DIFFERENTIABLE.move_to_end(cache_key)
         return f
 
     @mx.custom_function
     def f(*leaves):
         shape = _broadcast([tuple(a.shape) for a in leaves])
-        return _run(key, leaves, shape, backend, stream)
+        return _run(prog, leaves, shape, backend, stream)
 
     @f.vjp
     def f_vjp(primals, cotangents, outputs):
         with flow_suspended():
-            _, grads = _mlx.vjp(_replay(key, backend, stream), list(primals), list(cotangents))
+            _, grads = _mlx.vjp(_replay(prog.key, backend, stream), list(primals), list(cotangents))
         return tuple(grads)
 
-    _DIFFERENTIABLE[cache_key] = f
-    if len(_DIFFERENTIABLE) > _CACHE_SIZE:
-        _DIFFERENTIABLE.popitem(last=False)
+    _cache(_DIFFERENTIABLE, cache_key, f)
     return f
 
 
@@ -630,11 +757,11 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
     if e is None:
         return None
     if _traced.get() and e.leaves:
-        hi, lo = _differentiable(e.key, backend, stream)(*e.leaves)
+        hi, lo = _differentiable(e.prog, backend, stream)(*e.leaves)
     else:
-        hi, lo = _run(e.key, e.leaves, e.shape, backend, stream)
+        hi, lo = _run(e.prog, e.leaves, e.shape, backend, stream)
     _remember(hi, lo, e)
-    return DoubleWord(hi, lo)
+    return DoubleWord.of_words(hi, lo)
 
 
 # ---- complex words: their parts as a trailing axis ------------------------------------
@@ -678,10 +805,11 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
             hi[..., None], lo[..., None])
     if not w.is_complex:
         hi, lo = hi.astype(_C64), None if lo is None else lo.astype(_C64)
-    entry = _table.get(id(w.hi)) if w.is_complex else None
+    entry = _entry(w) if w.is_complex else None
+    if entry is not None and entry[4] is not None:
+        return DoubleWord.of_words(*entry[4])  # the program's own words (their chain)
     hi_p, lo_p = _parts(hi), _parts(lo)
-    if (entry is not None and entry[0]() is w.hi and entry[1] is w._lo
-            and entry[3] is _open_scope()):
+    if entry is not None:
         _remember(hi_p, lo_p, entry[2])  # the views read as the chain they show
     return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
 
@@ -724,7 +852,7 @@ def _apply_partwise(op: str, operands: list[DoubleWord], backend, stream):
         return None
     if op == "mul" and kinds == (True, True):
         e = _complex_product(*operands)
-        e = e if e is not None and e.fits() and fits(e.key) else None
+        e = e if e is not None and e.fits() else None
     elif op in _PARTWISE or factor:
         if factor and kinds == (False, True):  # the complex factor first, as the kernels
             operands, kinds = operands[::-1], kinds[::-1]  # run it (dw_mul's bits)
@@ -734,10 +862,11 @@ def _apply_partwise(op: str, operands: list[DoubleWord], backend, stream):
         return None
     if e is None:
         return None
-    zh, zl = _run(e.key, e.leaves, e.shape, backend, stream)
+    zh, zl = _run(e.prog, e.leaves, e.shape, backend, stream)
     hi, lo = _from_parts(zh), _from_parts(zl)
-    _remember(hi, lo, e)
-    return DoubleWord(hi, lo)
+    _remember(zh, zl, e)
+    _remember(hi, lo, e, (zh, zl))
+    return DoubleWord.of_words(hi, lo)
 
 
 def binary(op: str, x: DoubleWord, y: DoubleWord, backend, stream, unfused) -> DoubleWord:
@@ -768,8 +897,7 @@ def words_op(forward, plain, operands: list[mx.array], lows: list) -> tuple[mx.a
     z = forward(*words)
     if not _traced.get():
         return z.hi, z.lo
-    entry = _table.get(id(z.hi))
-    if entry is not None and entry[0]() is z.hi and entry[1] is z._lo:  # fused just now
+    if _entry(z) is not None:  # fused just now
         return z.hi, z.lo
     n = len(operands)
     given = [lo for lo in lows if lo is not None]
@@ -806,11 +934,12 @@ def _one(op: int, fn: int, arity: int, backend, stream):
     """One operation of a program on words ``(xh, xl[, yh, yl])``, unfused (no
     autodiff): the one-instruction program of ``dw_fused``."""
     loads = tuple((_LOAD, 2 * k, 2 * k + 1, 0) for k in range(arity))
-    key = (loads + ((op, 0, 1 if arity == 2 else -1, fn),), arity)
+    prog = _intern(loads + ((op, 0, 1 if arity == 2 else -1, fn),), arity,
+                   op in _EXACT_WORDS)
 
     def run(*w):
         shape = _broadcast([tuple(a.shape) for a in w])
-        return DoubleWord(*_run(key, w, shape, backend, stream))
+        return DoubleWord(*_run(prog, w, shape, backend, stream))
 
     return run
 

@@ -61,6 +61,15 @@ class DoubleWord:
         return w
 
     @classmethod
+    def of_words(cls, hi: mx.array, lo: mx.array) -> "DoubleWord":
+        """``DoubleWord(hi, lo)`` without its checks, for the engines whose words are
+        float32 (or complex64) arrays of one shape by construction (a kernel's
+        outputs): the checks cost about a microsecond per operation."""
+        w = cls.__new__(cls)
+        w.hi, w._lo, w.wide = hi, lo, None
+        return w
+
+    @classmethod
     def exact(cls, hi: mx.array) -> "DoubleWord":
         """``hi`` exactly (a zero low word, made only when read: a float64 step
         converts ``hi`` alone, :func:`to64`)."""

@@ -425,3 +425,19 @@ def test_a_block_closed_in_another_thread_keeps_no_expression():
     with mp.use_backend("emulate"):
         B = A * 2
     assert len(fusion._table) == start and B.shape == (9,)
+
+
+def test_constants_zero_signs_kept_apart():
+    """A program holds each constant by its bits: ``x + (-0.0)`` and ``x + 0.0`` in
+    one block (programs cached by the constant's value) keep the sign of a zero
+    result as float32 does (-0 + -0 = -0, -0 + 0 = +0)."""
+    x = mx.array(np.array([-0.0, 1.5], np.float32))
+    with mp.use_backend("emulate"), mp.extended_precision():
+        a, b = x + 0.0, x + (-0.0)
+        c, d = x * 0.0, x * (-0.0)
+        mx.eval(a, b, c, d)
+    xs = np.array([-0.0, 1.5], np.float32)
+    for got, want in ((a, xs + np.float32(0.0)), (b, xs + np.float32(-0.0)),
+                      (c, xs * np.float32(0.0)), (d, xs * np.float32(-0.0))):
+        assert np.array_equal(np.signbit(np.array(got)), np.signbit(want))
+        assert np.array_equal(np.array(got), want)

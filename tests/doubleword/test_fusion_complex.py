@@ -150,3 +150,40 @@ def test_chain_on_metal_is_one_launch():
         g = graph_counts(y, low_word(y))
     assert g["launches"] == 1
     assert not {"Real", "Imag", "Concatenate", "Full"} & set(g["by_primitive"])
+
+
+def _sum(*cs):
+    s = cs[0]
+    for c in cs[1:]:
+        s = s + c * 0.75
+    return s
+
+
+def test_a_cut_complex_chain_reads_its_programs_words():
+    """A complex chain longer than a program holds is cut: the cut result enters the
+    next program as the float32 words its program wrote (no view of its complex
+    words, none of their parts), with the bits of the unfused chain."""
+    rng = np.random.default_rng(12)
+    cs = [_dw(rng, (16,), True, special=False).hi for _ in range(fusion.LIMITS.slots + 2)]
+    out = []
+    for fused in (True, False):
+        with mp.use_backend("emulate"), mp.extended_precision():
+            if fused:
+                y = _sum(*cs)
+            else:
+                with fusion._unfused():
+                    y = _sum(*cs)
+            mx.eval(y)
+            out.append([_bits(a) for a in (y, low_word(y))])
+    for a, b in zip(*out):
+        assert np.array_equal(a, b)
+    ref = sum(np.array(c).astype(np.clongdouble) * (0.75 if k else 1)
+              for k, c in enumerate(cs))
+    got = np.array(y).astype(np.clongdouble) + np.array(low_word(y)).astype(np.clongdouble)
+    assert np.all(np.abs(got - ref) <= 2.0**-40 * np.abs(ref))
+    with lazy_metal_executor(), mp.use_backend("metal"), mp.extended_precision():
+        y = _sum(*cs)
+        g = graph_counts(y, low_word(y))
+    # one View per leaf (its float32 parts) and one per word of the result; a cut
+    # result is read as the program's own words
+    assert g["by_primitive"]["View"] == len(cs) + 2, g
