@@ -452,16 +452,20 @@ def by_rows(fn, v: mx.array, axes: tuple = ()) -> mx.array:
     if step >= rows.shape[0]:
         return fn(v, axes)
     elementwise, axes = not axes, tuple(range(1, rows.ndim))
-    pieces = []
+    out = last = None
     for i in range(0, rows.shape[0], step):
         piece = rows[i:i + step]
-        if pieces and elementwise:
+        if last is not None and elementwise:
             # one piece after another (measured: MLX would run an elementwise
             # function's pieces side by side, holding every piece's temporaries;
             # a reduction's pieces it already runs in turn, and faster without)
-            piece = mx.depends(piece, pieces[-1])
-        pieces.append(fn(piece, axes))
-    out = mx.concatenate(pieces)
+            piece = mx.depends(piece, last)
+        last = fn(piece, axes)
+        if out is None:
+            out = mx.zeros((rows.shape[0], *last.shape[1:]), last.dtype)
+        # written into the result as each piece is made (its buffer donated from
+        # update to update), not concatenated: no piece outlives its update
+        out = mx.slice_update(out, last, mx.array([i]), [0])
     return out.reshape(*v.shape[:lead], *out.shape[1:])
 
 
@@ -683,6 +687,7 @@ def sincos64(x: mx.array, which: tuple = ("sin", "cos")) -> tuple:
     far = mx.any(_TRIG["_beyond"](x)) if x.size >= FUSE_MIN else None
     settled = far is not None and _settle(far, r, rr)
     s, c = _TRIG["_sin_poly"](r, rr), _TRIG["_cos_poly"](r, rr)
+    del r, rr  # (once s and c are evaluated, r and rr go: not beside the selection)
     if settled:
         _settle(s, c)
     out = tuple(_TRIG["_sin_select"](x, k, s, c) if name == "sin" else

@@ -10,7 +10,7 @@ import math
 import mlx.core as mx
 
 from ...core import backends
-from ...doubleword import functions
+from ...doubleword import engine64, functions
 from .. import arith, autodiff, carry
 from ..engine import words_op
 from .base import (REAL, conj, decomposed, elementary, floating_result, has_float64, is_word_array,
@@ -26,13 +26,45 @@ def function(fn: str):
     def rule(ctx, original, x, **kw):
         if not is_word_array(x):
             return NotImplemented
-        if x.dtype == mx.complex64 and fn != "exp":
-            return NotImplemented
+        if x.dtype == mx.complex64:
+            if fn != "exp":
+                return NotImplemented
+            if ctx.backend.float64_engine:
+                z = _cexp_by_pieces(x)
+                if z is not None:
+                    return z
         # the emulator evaluates; on cpu, erf is scipy's (host)
         return words_op(lambda X: functions.unary(fn, X, ctx.backend), original, [x],
                         ctx.backend)
 
     return rule
+
+
+def _cexp_by_pieces(x: mx.array) -> mx.array | None:
+    """``exp(x)`` of a complex64 ``x`` carrying a contiguous float64 value of at
+    least 2 :data:`engine64.PIECE` elements (cpu), piece by piece, each piece's
+    value written into the result's float64 planes (re, im) and evaluated before
+    the next (None: another ``x``, or inside a function transformation, where
+    nothing can be evaluated). Complex exp evaluates its sine and cosine anyway
+    (:func:`engine64.sincos64`); whole, its float64 temporaries (the reduced
+    arguments, both polynomials, both selections, exp's pieces: about 5 planes
+    of ``x``'s size) were the peak of a model's memory; by pieces they are
+    piece-size, and the result (2 planes) is the only full-size array made. The
+    same operations on each element: the same bits as whole."""
+    wide = carry.wide_value(x)
+    if wide is None or wide[1] is None or x.size < 2 * engine64.PIECE:
+        return None
+    with mx.stream(mx.cpu):
+        parts = [v.reshape(-1) for v in wide]
+        out = [mx.zeros((x.size,), mx.float64) for _ in parts]
+        for i in range(0, x.size, engine64.PIECE):
+            p = [engine64.from64(v[i:i + engine64.PIECE]) for v in parts]
+            z = engine64.cexp64(*p).wide
+            out = [mx.slice_update(o, w, mx.array([i]), [0]) for o, w in zip(out, z)]
+            del p, z
+            if not engine64._settle(*out):
+                return None
+        return result(engine64.from64(*(o.reshape(x.shape) for o in out)))
 
 
 def _fast_function(fn: str):
