@@ -437,18 +437,19 @@ logsumexp64 and erf run piece by piece, so that their full-size float64
 temporaries (exp's r and m, e; erf's gathered coefficients) are piece-size."""
 
 
-def by_rows(fn, v: mx.array, axes: tuple = ()) -> mx.array:
+def by_rows(fn, v: mx.array, axes: tuple = (), piece: int = PIECE) -> mx.array:
     """``fn(v, axes)`` of a float64 ``v``, in pieces of whole rows when ``axes``
     (where ``fn`` reduces, keeping them; elementwise elsewhere) are the trailing
     axes (none: ``fn`` is elementwise, the pieces runs of elements) and ``v`` has
-    at least 2 :data:`PIECE` elements. Each row is computed whole, as in one
+    at least 2 ``piece`` elements (:data:`PIECE`; less where ``fn``'s temporaries
+    are several times its operand's size). Each row is computed whole, as in one
     piece: the same bits."""
     n = v.ndim
     lead = n - len(axes)
-    if v.size < 2 * PIECE or lead == 0 or sorted(a % n for a in axes) != list(range(lead, n)):
+    if v.size < 2 * piece or lead == 0 or sorted(a % n for a in axes) != list(range(lead, n)):
         return fn(v, axes)
     rows = v.reshape(-1, *v.shape[lead:])
-    step = max(1, PIECE * rows.shape[0] // v.size)
+    step = max(1, piece * rows.shape[0] // v.size)
     if step >= rows.shape[0]:
         return fn(v, axes)
     elementwise, axes = not axes, tuple(range(1, rows.ndim))
