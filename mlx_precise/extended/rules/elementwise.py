@@ -41,27 +41,28 @@ def function(fn: str):
 
 
 def _cexp_by_pieces(x: mx.array) -> mx.array | None:
-    """``exp(x)`` of a complex64 ``x`` carrying a contiguous float64 value of at
-    least 2 :data:`engine64.PIECE` elements (cpu), piece by piece, each piece's
-    value written into the result's float64 planes (re, im) and evaluated before
-    the next (None: another ``x``, or inside a function transformation, where
-    nothing can be evaluated). Complex exp evaluates its sine and cosine anyway
-    (:func:`engine64.sincos64`); whole, its float64 temporaries (the reduced
-    arguments, both polynomials, both selections, exp's pieces: about 5 planes
-    of ``x``'s size) were the peak of a model's memory; by pieces they are
-    piece-size, and the result (2 planes) is the only full-size array made. The
-    same operations on each element: the same bits as whole."""
-    wide = carry.wide_value(x)
-    if wide is None or wide[1] is None or x.size < 2 * engine64.PIECE:
+    """``exp(x)`` of a complex64 ``x`` of at least 2 :data:`engine64.PIECE`
+    elements on the float64 engine (cpu), piece by piece: each piece's float64
+    value is written into the result's planes (re, im) and evaluated before the
+    next. None inside a function transformation (nothing can be evaluated there):
+    the rule's whole path then runs.
+
+    Why: complex exp evaluates its sine and cosine as it is called anyway
+    (:func:`engine64.sincos64`); whole, its float64 temporaries (reduced
+    arguments, both polynomials, both selections, exp's pieces: about five times
+    ``x``'s float64 size) were the peak of a model's memory (S4D's Vandermonde
+    kernel). By pieces they are piece-size, and the result is the only full-size
+    array made. The same operations on each element: the same bits as whole."""
+    if x.size < 2 * engine64.PIECE:
         return None
     with mx.stream(mx.cpu):
-        parts = [v.reshape(-1) for v in wide]
+        parts = [v.reshape(-1) for v in engine64.to64(words(x))]
         out = [mx.zeros((x.size,), mx.float64) for _ in parts]
         for i in range(0, x.size, engine64.PIECE):
-            p = [engine64.from64(v[i:i + engine64.PIECE]) for v in parts]
-            z = engine64.cexp64(*p).wide
-            out = [mx.slice_update(o, w, mx.array([i]), [0]) for o, w in zip(out, z)]
-            del p, z
+            z = engine64.cexp64(*(engine64.from64(v[i:i + engine64.PIECE]) for v in parts))
+            # (out's buffers are donated from update to update: written in place)
+            out = [mx.slice_update(o, w, mx.array([i]), [0]) for o, w in zip(out, z.wide)]
+            del z
             if not engine64._settle(*out):
                 return None
         return result(engine64.from64(*(o.reshape(x.shape) for o in out)))
