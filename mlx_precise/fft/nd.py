@@ -30,6 +30,7 @@ import numpy as np
 from ..core import backends
 from . import cpu, engine as _fft
 from ..core.autodiff import guarded
+from ..doubleword.engine64 import from64
 from ..doubleword.types import DoubleWord
 from ..doubleword.elementwise import scale_extended
 
@@ -209,10 +210,11 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
     if isinstance(x, DoubleWord) and x._lo is None and x.wide is None:
         x = x.hi  # exact: no low word to make (the engine reads none)
     dw_in = isinstance(x, DoubleWord)
-    arrays = [x.hi, x.lo] if dw_in else [x]
-    # cpu: a DoubleWord's float64 value goes in and out whole (the words are the
-    # guard's arguments only)
+    # cpu: a DoubleWord's float64 value goes in and out whole, and is the guard's
+    # arguments and results (not the words: made for the guard, the input's low
+    # word and both high words were the peak of a model's memory)
     wide = name.float64_engine and dw_in and x.wide is not None
+    arrays = [v for v in x.wide if v is not None] if wide else [x.hi, x.lo] if dw_in else [x]
 
     def run(*a):
         y = _chain(kind, x if wide else DoubleWord(*a) if dw_in else a[0], s, axes, norm,
@@ -220,12 +222,12 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
         if round_output:
             return y
         if name.float64_engine and y.wide is not None:
-            return (y.hi,) + tuple(v for v in y.wide if v is not None)
+            return tuple(v for v in y.wide if v is not None)
         return y.hi, y.lo
 
     out = guarded(run, arrays, f"the {kind} of a DoubleWord or with round_output=False")
     if round_output:
         return out
-    if out[1].dtype == mx.float64:  # (hi, re[, im]): the float64 value
-        return DoubleWord.from_wide(out[0], (out[1], out[2] if len(out) == 3 else None))
+    if out[0].dtype == mx.float64:  # (re[, im]): the float64 value
+        return from64(*out)
     return DoubleWord(*out)
