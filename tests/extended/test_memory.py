@@ -13,7 +13,7 @@ below what the flow held before the change it guards:
   (measured 1.14x; whole it was 3.25x, its sine / cosine / exp temporaries);
 * softmax of a float64 (8192, 256) on the engine: <= 2x its result's size
   (measured about 1.6x; with its pieces concatenated, about 2.3x);
-* erf of 2.6e5 carried values: <= 6.5x the result's size (measured 5.1x; with
+* erf of 2.6e5 float64 values: <= 6.5x the result's size (measured 5.1x; with
   full-size pieces 8.1x: its gathered coefficients);
 * rfft of a carried value (logmel's frames): <= 2x its result's float64 size
   (measured 1.0x; 5.6x when the input's words and the result's high word were
