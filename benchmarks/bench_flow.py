@@ -199,7 +199,7 @@ def host_costs(backend: str, rounds: int) -> dict:
     return out
 
 
-def _peak_mb(fn) -> float:
+def peak_mb(fn) -> float:
     """MLX's peak allocation of one evaluated call of ``fn`` above what was held
     before it, in MB (after a warm-up call)."""
     import gc
@@ -213,37 +213,44 @@ def _peak_mb(fn) -> float:
     return (mx.get_peak_memory() - base) / 1e6
 
 
-def models(names, size: str, rounds: int) -> list:
-    """Rows (model, times {run: seconds}, peak MB {run: MB}) for plain float32, MLX
-    float64 (absent where MLX refuses the model in float64) and the cpu flow."""
+def model_runs(name: str, size: str) -> dict:
+    """One forward of the model ``name`` of benchmarks/models/ at ``size`` as
+    functions {run: fn}: plain float32, the cpu flow and MLX float64 (absent where
+    MLX refuses the model in float64)."""
     import importlib
     import os
 
     import mlx_precise as mp
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    mod = importlib.import_module(f"models.{name}")
+    model, x = mod.build(size, 0)
+    model64, _ = mod.build(size, 0)
+    model64.set_dtype(mx.float64)
+    x64 = x.astype(mx.float64)
+
+    def extended():
+        with mp.use_backend("cpu"), mp.extended_precision():
+            y = model(x)
+            mx.eval(y)
+        return y
+
+    runs = {"float32": lambda: model(x), "cpu flow": extended}
+    try:
+        mx.eval(model64(x64))
+        runs["MLX float64"] = lambda: model64(x64)
+    except (ValueError, RuntimeError):  # e.g. no float64 convolutions
+        pass
+    return runs
+
+
+def models(names, size: str, rounds: int) -> list:
+    """Rows (model, times {run: seconds}, peak MB {run: MB}) of :func:`model_runs`."""
     rows = []
     for name in names:
-        mod = importlib.import_module(f"models.{name}")
-        model, x = mod.build(size, 0)
-        model64, _ = mod.build(size, 0)
-        model64.set_dtype(mx.float64)
-        x64 = x.astype(mx.float64)
-
-        def extended():
-            with mp.use_backend("cpu"), mp.extended_precision():
-                y = model(x)
-                mx.eval(y)
-            return y
-
-        runs = {"float32": lambda: model(x), "cpu flow": extended}
-        try:
-            mx.eval(model64(x64))
-            runs["MLX float64"] = lambda: model64(x64)
-        except (ValueError, RuntimeError):  # e.g. no float64 convolutions
-            pass
+        runs = model_runs(name, size)
         times, _ = steady(runs, rounds)
-        rows.append((name, times, {k: _peak_mb(f) for k, f in runs.items()}))
+        rows.append((name, times, {k: peak_mb(f) for k, f in runs.items()}))
     return rows
 
 

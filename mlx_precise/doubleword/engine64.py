@@ -460,25 +460,33 @@ def in_pieces(fn, arrays: list, piece: int) -> tuple:
     return tuple(mx.concatenate(list(o)).reshape(arrays[0].shape) for o in zip(*outs))
 
 
-def by_rows(fn, v: mx.array, axes: tuple = ()) -> mx.array:
+def by_rows(fn, v: mx.array, axes: tuple = (), piece: int = PIECE) -> mx.array:
     """``fn(v, axes)`` of a float64 ``v``, in pieces of whole rows when ``axes``
     (where ``fn`` reduces, keeping them; elementwise elsewhere) are the trailing
     axes (none: ``fn`` is elementwise, the pieces runs of elements,
-    :func:`in_pieces`) and ``v`` has at least 2 :data:`PIECE` elements. Each row is
-    computed whole, as in one piece: the same bits."""
+    :func:`in_pieces`) and ``v`` has at least 2 ``piece`` elements (:data:`PIECE`;
+    less where ``fn``'s temporaries are several times its operand's size). Each row
+    is computed whole, as in one piece: the same bits."""
     n = v.ndim
     lead = n - len(axes)
-    if v.size < 2 * PIECE or lead == 0 or sorted(a % n for a in axes) != list(range(lead, n)):
+    if v.size < 2 * piece or lead == 0 or sorted(a % n for a in axes) != list(range(lead, n)):
         return fn(v, axes)
     if not axes:
-        return in_pieces(lambda p: (fn(p, ()),), [v], PIECE)[0]
+        return in_pieces(lambda p: (fn(p, ()),), [v], piece)[0]
     rows = v.reshape(-1, *v.shape[lead:])
-    step = max(1, PIECE * rows.shape[0] // v.size)
+    step = max(1, piece * rows.shape[0] // v.size)
     if step >= rows.shape[0]:
         return fn(v, axes)
     axes = tuple(range(1, rows.ndim))
-    # (a reduction's pieces MLX already runs in turn, and faster without depends)
-    out = mx.concatenate([fn(rows[i:i + step], axes) for i in range(0, rows.shape[0], step)])
+    out = None
+    for i in range(0, rows.shape[0], step):
+        # (a reduction's pieces MLX already runs in turn, and faster without depends)
+        last = fn(rows[i:i + step], axes)
+        if out is None:
+            out = mx.zeros((rows.shape[0], *last.shape[1:]), last.dtype)
+        # written into the result as each piece is made (its buffer donated from
+        # update to update), not concatenated: no piece outlives its update
+        out = mx.slice_update(out, last, mx.array([i]), [0])
     return out.reshape(*v.shape[:lead], *out.shape[1:])
 
 
@@ -709,6 +717,7 @@ def _sincos64(x: mx.array, which: tuple) -> tuple:
     far = mx.any(_TRIG["_beyond"](x)) if x.size >= FUSE_MIN else None
     settled = far is not None and _settle(far, r, rr)
     s, c = _TRIG["_sin_poly"](r, rr), _TRIG["_cos_poly"](r, rr)
+    del r, rr  # (once s and c are evaluated, r and rr go: not beside the selection)
     if settled:
         _settle(s, c)
     out = tuple(_TRIG["_sin_select"](x, k, s, c) if name == "sin" else

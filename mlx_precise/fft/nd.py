@@ -211,7 +211,8 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
     dw_in = isinstance(x, DoubleWord)
     # cpu: a DoubleWord's float64 value goes in and out whole, and is the guard's
     # arguments and results: no word of the input nor of the result is made here
-    # (a result's high word is its rounding, made when read)
+    # (a result's high word is its rounding, made when read; made for the guard, the
+    # input's low word and both high words were the peak of a model's memory)
     wide = name.float64_engine and dw_in and x.wide is not None
     arrays = [v for v in x.wide if v is not None] if wide else [x.hi, x.lo] if dw_in else [x]
 

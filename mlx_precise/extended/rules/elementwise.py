@@ -10,7 +10,7 @@ import math
 import mlx.core as mx
 
 from ...core import backends
-from ...doubleword import functions
+from ...doubleword import engine64, functions
 from .. import arith, autodiff, carry
 from ..engine import words_op
 from .base import (REAL, conj, decomposed, elementary, floating_result, has_float64, is_word_array,
@@ -26,13 +26,55 @@ def function(fn: str):
     def rule(ctx, original, x, **kw):
         if not is_word_array(x):
             return NotImplemented
-        if x.dtype == mx.complex64 and fn != "exp":
-            return NotImplemented
+        if x.dtype == mx.complex64:
+            if fn != "exp":
+                return NotImplemented
+            if ctx.backend.float64_engine:
+                z = _cexp_by_pieces(x)
+                if z is not None:
+                    return z
         # the emulator evaluates; on cpu, erf is scipy's (host)
         return words_op(lambda X: functions.unary(fn, X, ctx.backend), original, [x],
                         ctx.backend)
 
     return rule
+
+
+CEXP_PIECE = 2 * engine64.PIECE
+"""Elements of a piece of complex exp by pieces (:func:`_cexp_by_pieces`; from
+twice as many). Measured on 2^20 elements, interleaved medians, against whole:
+this size 1.09x the time, 19 MB at the peak (whole 38 MB); half of it 1.4x, 18 MB;
+twice 1.1x, 21.5 MB (each piece waits for its evaluation: fewer are faster)."""
+
+
+def _cexp_by_pieces(x: mx.array) -> mx.array | None:
+    """``exp(x)`` of a complex64 ``x`` of at least 2 :data:`CEXP_PIECE` elements
+    on the float64 engine (cpu), piece by piece: each piece's float64
+    value is written into the result's planes (re, im) and evaluated before the
+    next. None inside a function transformation (nothing can be evaluated there):
+    the rule's whole path then runs.
+
+    Why: complex exp evaluates its sine and cosine as it is called anyway
+    (:func:`engine64.sincos64`); whole, its float64 temporaries (reduced
+    arguments, both polynomials, both selections, exp's pieces: more than ``x``'s
+    float64 size again, beside the result) were the peak of a model's memory
+    (S4D's Vandermonde kernel). By pieces they are piece-size, and the result is
+    the only full-size array made. The same operations on each element: the same
+    bits as whole."""
+    piece = CEXP_PIECE
+    if x.size < 2 * piece:
+        return None
+    with mx.stream(mx.cpu):
+        parts = [v.reshape(-1) for v in engine64.to64(words(x))]
+        out = [mx.zeros((x.size,), mx.float64) for _ in parts]
+        for i in range(0, x.size, piece):
+            z = engine64.cexp64(*(engine64.from64(v[i:i + piece]) for v in parts))
+            # (out's buffers are donated from update to update: written in place)
+            out = [mx.slice_update(o, w, mx.array([i]), [0]) for o, w in zip(out, z.wide)]
+            del z
+            if not engine64._settle(*out):
+                return None
+        return result(engine64.from64(*(o.reshape(x.shape) for o in out)))
 
 
 def _fast_function(fn: str):
