@@ -94,12 +94,6 @@ def _to_numpy(x: mx.array) -> np.ndarray:
     return np.ascontiguousarray(np.array(x, copy=True))
 
 
-def _view(x: mx.array) -> memoryview:
-    """The memory of an (evaluated) input as MLX passes it (bfloat16 as its uint16
-    bits: memoryviews have no bfloat16)."""
-    return memoryview(x.view(mx.uint16) if x.dtype == mx.bfloat16 else x)
-
-
 def _layout(v: memoryview, contiguous: bool) -> tuple[list[int], int, int]:
     """``(element strides, first element, bytes)`` of an input as the kernel sees it:
     row-contiguous, or (``contiguous=False``) the array's own strided view of its
@@ -447,15 +441,18 @@ class MetalKernel:
     def _launch(self, inputs, output_shapes, output_dtypes, template, grid, threadgroup,
                 init_value, verbose):
         contiguous = self.ensure_row_contiguous
-        views = [_view(x) for x in inputs]
         # What the buffers and arguments of a launch depend on (_Plan): the
         # instantiation (input dtypes and forms, output dtypes, template) and the
         # input layouts and output shapes.
-        key = (self,
-               tuple((x.dtype, v.shape) if contiguous else (x.dtype, v.shape, v.strides)
-                     for x, v in zip(inputs, views)),
-               tuple(tuple(s) for s in output_shapes), tuple(output_dtypes),
-               tuple((n, type(v), v) for n, v in template))
+        views, layouts = [], []
+        for x in inputs:
+            dtype = x.dtype
+            # (bfloat16 as its uint16 bits: memoryviews have no bfloat16)
+            v = memoryview(x.view(mx.uint16) if dtype == mx.bfloat16 else x)
+            views.append(v)
+            layouts.append((dtype, v.shape) if contiguous else (dtype, v.shape, v.strides))
+        key = (self, tuple(layouts), tuple(tuple(s) for s in output_shapes),
+               tuple(output_dtypes), tuple((n, type(v), v) for n, v in template))
         plan = _take_plan(key)
         if plan is None:
             inst = self._instance(inputs, output_dtypes, template)
@@ -502,9 +499,13 @@ class MetalKernel:
                                           int(self.checked), err, len(err), fault)
             finally:
                 lib.mpemu_poison(plan.ranges, 0, hits)
-        for k, b in enumerate(poison):
-            b.tainted = bool(hits[5 * k])
-        self._warn_poison_reads(poison, hits)
+        if any(hits[0:5 * len(poison):5]):  # (read counts, one per buffer)
+            for k, b in enumerate(poison):
+                b.tainted = bool(hits[5 * k])
+            self._warn_poison_reads(poison, hits)
+        else:
+            for b in poison:
+                b.tainted = False
         if status == 1:
             raise RuntimeError(f"kernel {self.name!r}: {_name_lines(err.value.decode(), self._line0)}")
         if status == 2:
