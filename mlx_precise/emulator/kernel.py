@@ -411,13 +411,15 @@ class MetalKernel:
         fn.jvp(_no_derivative("jvp"))
         return fn(*inputs)
 
-    def _instance(self, inputs, output_dtypes, template) -> "_Instance":
-        """The instantiation for these inputs (generated, strictly checked when
-        ``strict``, and built on first use)."""
+    def _instance(self, inputs, output_dtypes, template, verbose=False) -> "_Instance":
+        """The instantiation for these inputs (generated, printed when ``verbose``,
+        strictly checked when ``strict``, and built on first use)."""
         key = _instance_key(inputs, output_dtypes, template)
         inst = self._instances.get(key)
         if inst is None:
             inst = self._instances.setdefault(key, self._instantiate(inputs, output_dtypes, template))
+        if verbose:  # (before the checks and the build, whose errors it helps to read)
+            self._print_source(inst)
         if self.strict and inst.kname not in self._strict_passed:
             from . import strict
 
@@ -429,6 +431,9 @@ class MetalKernel:
         if inst.lib is None:
             inst.load(f"{self.name} ({inst.kname})")
         return inst
+
+    def _print_source(self, inst: "_Instance") -> None:
+        print(f"Generated source code for `{self.name}`:\n```\n{inst.text}\n```")
 
     def _instantiate(self, inputs, output_dtypes, template) -> "_Instance":
         """The generated text and C++ unit of one instantiation (not compiled yet:
@@ -455,13 +460,11 @@ class MetalKernel:
                tuple(output_dtypes), tuple((n, type(v), v) for n, v in template))
         plan = _take_plan(key)
         if plan is None:
-            inst = self._instance(inputs, output_dtypes, template)
-            if verbose:
-                print(f"Generated source code for `{self.name}`:\n```\n{inst.text}\n```")
+            inst = self._instance(inputs, output_dtypes, template, verbose)
             plan = _Plan(inst, views, inputs, output_shapes, output_dtypes, contiguous,
                          self.checked)
         elif verbose:
-            print(f"Generated source code for `{self.name}`:\n```\n{plan.inst.text}\n```")
+            self._print_source(plan.inst)
         reusable = False
         try:
             outs = self._run(plan, views, grid, threadgroup, init_value)

@@ -293,3 +293,15 @@ def test_a_poisoned_read_never_reaches_the_pool_through_a_kept_plan():
         checked(inputs=[x, x, x], grid=(1024, 1, 1), threadgroup=(32, 1, 1),
                 output_shapes=[(2048,)], output_dtypes=[mx.float32])
     memory.release_pool()
+
+
+def test_verbose_prints_the_source_before_a_failing_build(tmp_path, monkeypatch, capsys):
+    """verbose=True helps read a compile error: the text comes before it."""
+    monkeypatch.setenv("MLX_PRECISE_CACHE", str(tmp_path))
+    k = metal_kernel("reuse_broken", ["x"], ["y"],
+                     "y[thread_position_in_grid.x] = x[0] + undeclared_name;")
+    with pytest.raises(compiler.KernelCompileError):
+        k(inputs=[mx.zeros((8,))], grid=(1, 1, 1), threadgroup=(1, 1, 1),
+          output_shapes=[(1,)], output_dtypes=[mx.float32], verbose=True)
+    printed = capsys.readouterr().out
+    assert "undeclared_name" in printed and "[[kernel]]" in printed
