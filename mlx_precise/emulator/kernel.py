@@ -493,22 +493,22 @@ class MetalKernel:
         err, fault, hits, poison = plan.err, plan.fault, plan.hits, plan.poison
         # A poisoned read opens guard pages: such a mapping is not reused
         # (memory.Guarded.tainted), nor is any whose launch did not finish.
-        for b in poison:
-            b.tainted = True
-        with _launch_lock:
-            lib.mpemu_poison(plan.ranges, len(poison), hits)
-            try:
-                status = lib.mpemu_launch(plan.buffers, dims, int(self._fibers),
-                                          int(self.checked), err, len(err), fault)
-            finally:
-                lib.mpemu_poison(plan.ranges, 0, hits)
+        try:
+            with _launch_lock:
+                lib.mpemu_poison(plan.ranges, len(poison), hits)
+                try:
+                    status = lib.mpemu_launch(plan.buffers, dims, int(self._fibers),
+                                              int(self.checked), err, len(err), fault)
+                finally:
+                    lib.mpemu_poison(plan.ranges, 0, hits)
+        except BaseException:
+            for b in poison:
+                b.tainted = True
+            raise
         if any(hits[0:5 * len(poison):5]):  # (read counts, one per buffer)
             for k, b in enumerate(poison):
                 b.tainted = bool(hits[5 * k])
             self._warn_poison_reads(poison, hits)
-        else:
-            for b in poison:
-                b.tainted = False
         if status == 1:
             raise RuntimeError(f"kernel {self.name!r}: {_name_lines(err.value.decode(), self._line0)}")
         if status == 2:
