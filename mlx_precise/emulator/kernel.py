@@ -33,6 +33,7 @@ import re
 import signal
 import threading
 import warnings
+from collections import OrderedDict
 from pathlib import Path
 
 import mlx.core as mx
@@ -93,18 +94,20 @@ def _to_numpy(x: mx.array) -> np.ndarray:
     return np.ascontiguousarray(np.array(x, copy=True))
 
 
-def _layout(x: mx.array, contiguous: bool) -> tuple[np.ndarray, list[int], int]:
-    """``(view, element strides, first element)`` of an input as the kernel sees
-    it: row-contiguous, or (``contiguous=False``) the array's own strided view of
-    its memory, as MLX passes it. ``first`` is the lowest element offset the view
-    reaches (< 0 with negative strides)."""
-    _check_dtype(x.dtype)
-    a = np.asarray(memoryview(x.view(mx.uint16) if x.dtype == mx.bfloat16 else x))
-    if contiguous:  # (the view itself: _stage_input copies it row-contiguous)
-        return a, _row_strides(x.shape), 0
-    strides = [s // a.itemsize for s in a.strides]
-    first = sum(min(0, (n - 1) * s) for n, s in zip(a.shape, strides)) if a.size else 0
-    return a, strides, first
+def _layout(v: memoryview, contiguous: bool) -> tuple[list[int], int, int]:
+    """``(element strides, first element, bytes)`` of an input as the kernel sees it:
+    row-contiguous, or (``contiguous=False``) the array's own strided view of its
+    memory, as MLX passes it. ``first`` is the lowest element offset the view reaches
+    (< 0 with negative strides), ``bytes`` the span from it to the highest."""
+    size = math.prod(v.shape)
+    if contiguous:
+        return _row_strides(v.shape), 0, size * v.itemsize
+    strides = [s // v.itemsize for s in v.strides]
+    if not size:
+        return strides, 0, 0
+    first = sum(min(0, (n - 1) * s) for n, s in zip(v.shape, strides))
+    last = sum(max(0, (n - 1) * s) for n, s in zip(v.shape, strides))
+    return strides, first, (last - first + 1) * v.itemsize
 
 
 class TransformNotEmulatedError(ValueError):
@@ -124,20 +127,19 @@ def _slack(checked: bool) -> int:
     return memory.CANARY if checked else memory.POISON
 
 
-def _stage_input(name: str, x: mx.array, contiguous: bool, checked: bool = True):
-    """Copy input ``x`` into a fenced buffer; returns ``(buffer, element strides)``."""
-    a, strides, first = _layout(x, contiguous)
-    last = sum(max(0, (n - 1) * s) for n, s in zip(a.shape, strides)) if a.size else -1
-    span = (last - first + 1) * a.itemsize
-    buf = memory.Guarded(name, "input", span, a.itemsize, first, slack=_slack(checked))
-    if not span:
-        return buf, strides
-    if contiguous and not a.flags.c_contiguous:  # one copy, straight into the buffer
+def _stage_input(buf: memory.Guarded, v: memoryview, contiguous: bool) -> None:
+    """Copy input ``v`` into its fenced buffer (laid out by :func:`_layout`)."""
+    if not buf.nbytes:
+        return
+    if v.c_contiguous:  # (then first == 0 and the span is the whole memory)
+        buf.data[:] = v.cast("B")
+        return
+    a = np.asarray(v)
+    if contiguous:  # one copy, straight into the buffer, in row order
         np.copyto(buf.array.view(a.dtype).reshape(a.shape), a)
     else:
-        src = a.__array_interface__["data"][0] + first * a.itemsize
-        ctypes.memmove(buf.ptr, src, span)
-    return buf, strides
+        src = a.__array_interface__["data"][0] + buf.first * buf.itemsize
+        ctypes.memmove(buf.ptr, src, buf.nbytes)
 
 
 def _from_numpy(a: np.ndarray, dtype: mx.Dtype) -> mx.array:
@@ -330,6 +332,7 @@ class MetalKernel:
         _check_compile_options(compile_options)
         self._prelude = (_PRELUDE_FAST if dict(compile_options or {}).get("math_mode") == "fast"
                          else _PRELUDE)
+        self._line0 = self._prelude.count("\n")  # (see _name_lines)
         self._warned_reads: set[str] = set()  # buffers warned about (reads past them)
         self.name = name
         self.input_names = list(input_names)
@@ -395,27 +398,10 @@ class MetalKernel:
                 f"threads per threadgroup ({MAX_THREADS_PER_THREADGROUP})."
             )
         template = list(template or [])
-        key = _instance_key(inputs, output_dtypes, template)
-        inst = self._instances.get(key)
-        if inst is None:
-            inst = self._instances.setdefault(key, self._instantiate(inputs, output_dtypes, template))
-        kname = inst.kname
-        if verbose:
-            print(f"Generated source code for `{self.name}`:\n```\n{inst.text}\n```")
-        if self.strict and kname not in self._strict_passed:
-            from . import strict
-
-            strict.check_source(
-                self.name, self.input_names, self.output_names, self.source,
-                inputs=inputs, output_dtypes=output_dtypes, header=self.header,
-                template=template, atomic_outputs=self.atomic_outputs)
-            self._strict_passed.add(kname)
-        lib = inst.lib or inst.load(f"{self.name} ({kname})")
-        line0 = self._prelude.count("\n")
 
         def launch(*arrays):
-            return self._launch(lib, inst.params, list(arrays), output_shapes, output_dtypes,
-                                grid, threadgroup, init_value, line0)
+            return self._launch(list(arrays), output_shapes, output_dtypes, template, grid,
+                                threadgroup, init_value, verbose)
 
         # Outputs depend on the inputs through a function whose derivatives raise
         # as MLX's CustomKernel does (an mx.custom_function around the kernel
@@ -425,6 +411,30 @@ class MetalKernel:
         fn.jvp(_no_derivative("jvp"))
         return fn(*inputs)
 
+    def _instance(self, inputs, output_dtypes, template, verbose=False) -> "_Instance":
+        """The instantiation for these inputs (generated, printed when ``verbose``,
+        strictly checked when ``strict``, and built on first use)."""
+        key = _instance_key(inputs, output_dtypes, template)
+        inst = self._instances.get(key)
+        if inst is None:
+            inst = self._instances.setdefault(key, self._instantiate(inputs, output_dtypes, template))
+        if verbose:  # (before the checks and the build, whose errors it helps to read)
+            self._print_source(inst)
+        if self.strict and inst.kname not in self._strict_passed:
+            from . import strict
+
+            strict.check_source(
+                self.name, self.input_names, self.output_names, self.source,
+                inputs=inputs, output_dtypes=output_dtypes, header=self.header,
+                template=template, atomic_outputs=self.atomic_outputs)
+            self._strict_passed.add(inst.kname)
+        if inst.lib is None:
+            inst.load(f"{self.name} ({inst.kname})")
+        return inst
+
+    def _print_source(self, inst: "_Instance") -> None:
+        print(f"Generated source code for `{self.name}`:\n```\n{inst.text}\n```")
+
     def _instantiate(self, inputs, output_dtypes, template) -> "_Instance":
         """The generated text and C++ unit of one instantiation (not compiled yet:
         the strict check, when on, runs first)."""
@@ -433,84 +443,87 @@ class MetalKernel:
         cpp = _cpp_source(kname, compile_text, template, params, self._prelude)
         return _Instance(kname, params, text, cpp)
 
-    def _launch(self, lib, params, inputs, output_shapes, output_dtypes, grid, threadgroup,
-                init_value, line0):
-        keep = []  # owners of the memory behind the pointers
-        fenced: list[memory.Guarded] = []
-        outs: list[memory.Guarded] = []
-        ptrs = []
-        strides = {}
+    def _launch(self, inputs, output_shapes, output_dtypes, template, grid, threadgroup,
+                init_value, verbose):
+        contiguous = self.ensure_row_contiguous
+        # What the buffers and arguments of a launch depend on (_Plan): the
+        # instantiation (input dtypes and forms, output dtypes, template) and the
+        # input layouts and output shapes.
+        views, layouts = [], []
+        for x in inputs:
+            dtype = x.dtype
+            # (bfloat16 as its uint16 bits: memoryviews have no bfloat16)
+            v = memoryview(x.view(mx.uint16) if dtype == mx.bfloat16 else x)
+            views.append(v)
+            layouts.append((dtype, v.shape) if contiguous else (dtype, v.shape, v.strides))
+        key = (self, tuple(layouts), tuple(tuple(s) for s in output_shapes),
+               tuple(output_dtypes), tuple((n, type(v), v) for n, v in template))
+        plan = _take_plan(key)
+        if plan is None:
+            inst = self._instance(inputs, output_dtypes, template, verbose)
+            plan = _Plan(inst, views, inputs, output_shapes, output_dtypes, contiguous,
+                         self.checked)
+        elif verbose:
+            self._print_source(plan.inst)
+        reusable = False
         try:
-            for p in params:
-                if p.kind == "attribute":
-                    continue
-                if p.kind == "input":
-                    buf, strides[p.owner] = _stage_input(p.name, inputs[p.owner],
-                                                         self.ensure_row_contiguous, self.checked)
-                    fenced.append(buf)
-                    ptrs.append(buf.origin)
-                    continue
-                if p.kind == "output":
-                    buf = self._new_output(p.name, output_shapes[p.owner],
-                                           output_dtypes[p.owner], init_value, self.checked)
-                    fenced.append(buf)
-                    outs.append(buf)
-                    ptrs.append(buf.origin)
-                    continue
-                if p.kind == "shape":
-                    arr = np.array(inputs[p.owner].shape, dtype=np.int32)
-                elif p.kind == "strides":
-                    arr = np.array(strides[p.owner], dtype=np.int64)
-                else:  # ndim
-                    arr = np.array([inputs[p.owner].ndim], dtype=np.int32)
-                keep.append(arr)
-                ptrs.append(arr.ctypes.data if arr.size else 0)
-            buffers = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
-            # MLX clamps the threadgroup to the grid in each dimension.
-            dims = (ctypes.c_uint32 * 6)(*grid, *(min(t, g) for t, g in zip(threadgroup, grid)))
-            err = ctypes.create_string_buffer(512)
-            fault = (ctypes.c_uint64 * 8)()
-            # Outside checked mode a read in a buffer's guard pages returns poison
-            # (shim/runtime.h, poison_read); checked mode keeps it an error.
-            poison = [] if self.checked else fenced
-            ranges = (ctypes.c_uint64 * max(2 * len(poison), 1))(
-                *(v for b in poison for v in (b.base, b.base + b.size)))
-            hits = (ctypes.c_uint64 * max(5 * len(poison), 1))()
-            # A poisoned read opens guard pages: such a mapping is not reused
-            # (memory.Guarded.tainted), nor is any whose launch did not finish.
-            for b in poison:
-                b.tainted = True
+            outs = self._run(plan, views, grid, threadgroup, init_value)
+            # (a poisoned read opened guard pages: see memory.Guarded.tainted)
+            reusable = not any(b.tainted for b in plan.fenced)
+            return outs
+        finally:
+            if reusable:
+                _keep_plan(key, plan)
+            else:  # (tainted mappings are unmapped, the others pooled)
+                plan.free()
+
+    def _run(self, plan, views, grid, threadgroup, init_value) -> list[mx.array]:
+        """One launch with ``plan``'s buffers; raises on any fault, and leaves a
+        buffer ``tainted`` where a read opened its guard pages."""
+        for buf, owner in plan.staged:
+            _stage_input(buf, views[owner], self.ensure_row_contiguous)
+        for buf, dtype in plan.outs:
+            _fill_output(buf, dtype, init_value)
+        if not self.checked:  # (checked mode finds any write there after the launch)
+            for b in plan.fenced:
+                b.refill_slack()
+        lib = plan.inst.lib
+        # MLX clamps the threadgroup to the grid in each dimension.
+        dims = (ctypes.c_uint32 * 6)(*grid, *(min(t, g) for t, g in zip(threadgroup, grid)))
+        err, fault, hits, poison = plan.err, plan.fault, plan.hits, plan.poison
+        # A poisoned read opens guard pages: such a mapping is not reused
+        # (memory.Guarded.tainted), nor is any whose launch did not finish.
+        try:
             with _launch_lock:
-                lib.mpemu_poison(ranges, len(poison), hits)
+                lib.mpemu_poison(plan.ranges, len(poison), hits)
                 try:
-                    status = lib.mpemu_launch(buffers, dims, int(self._fibers),
+                    status = lib.mpemu_launch(plan.buffers, dims, int(self._fibers),
                                               int(self.checked), err, len(err), fault)
                 finally:
-                    lib.mpemu_poison(ranges, 0, hits)
+                    lib.mpemu_poison(plan.ranges, 0, hits)
+        except BaseException:
+            for b in poison:
+                b.tainted = True
+            raise
+        if any(hits[0:5 * len(poison):5]):  # (read counts, one per buffer)
             for k, b in enumerate(poison):
                 b.tainted = bool(hits[5 * k])
             self._warn_poison_reads(poison, hits)
-            if status == 1:
-                raise RuntimeError(f"kernel {self.name!r}: {_name_lines(err.value.decode(), line0)}")
-            if status == 2:
-                raise RuntimeError(_fault_message(self.name, lib, fenced, fault))
-            if self.checked:
-                for b in fenced:
-                    off = b.slack_write()
-                    if off is not None:
-                        raise RuntimeError(
-                            f"kernel {self.name!r}: out-of-bounds write of {b.kind} {b.name!r} "
-                            f"at byte {off} (element {b.first + off // b.itemsize}; valid: "
-                            f"{b.first}..{b.last}); the thread is unknown (the write missed "
-                            "the guard pages)")
-            # mx.array copies the data out of the guarded memory (freed below).
-            return [
-                _from_numpy(b.array.view(_NP_DTYPES[d]).reshape(tuple(s)), d)
-                for b, s, d in zip(outs, output_shapes, output_dtypes)
-            ]
-        finally:
-            for b in fenced:
-                b.free()
+        if status == 1:
+            raise RuntimeError(f"kernel {self.name!r}: {_name_lines(err.value.decode(), self._line0)}")
+        if status == 2:
+            raise RuntimeError(_fault_message(self.name, lib, plan.fenced, fault))
+        if self.checked:
+            for b in plan.fenced:
+                off = b.slack_write()
+                if off is not None:
+                    raise RuntimeError(
+                        f"kernel {self.name!r}: out-of-bounds write of {b.kind} {b.name!r} "
+                        f"at byte {off} (element {b.first + off // b.itemsize}; valid: "
+                        f"{b.first}..{b.last}); the thread is unknown (the write missed "
+                        "the guard pages)")
+        # mx.array copies the data out of the guarded memory (reused or freed).
+        return [_from_numpy(a, d) for a, d in plan.results]
 
     def _warn_poison_reads(self, buffers, hits) -> None:
         """One warning per kernel and buffer whose guard pages a read reached."""
@@ -527,21 +540,139 @@ class MetalKernel:
                 "instead (this warning is given once per kernel and buffer)",
                 OutOfBoundsReadWarning, stacklevel=4)
 
-    @staticmethod
-    def _new_output(name, shape, dtype, init_value, checked=True) -> memory.Guarded:
-        """A fenced output buffer: ``init_value`` everywhere, else all-ones bytes."""
-        if dtype not in _NP_DTYPES:
-            raise TypeError(f"unsupported output dtype for a Metal kernel: {dtype}")
-        size = math.prod(int(s) for s in shape)
-        itemsize = np.dtype(_NP_DTYPES[dtype]).itemsize
-        buf = memory.Guarded(name, "output", size * itemsize, itemsize, slack=_slack(checked))
-        if init_value is not None:
-            # (astype: mx.full of a real value with a complex dtype gives float32)
-            value = _to_numpy(mx.full((1,), init_value, dtype=dtype).astype(dtype))
-            buf.array.view(value.dtype)[:] = value[0]
+def _new_output(name, shape, dtype, checked=True) -> memory.Guarded:
+    """A fenced output buffer (filled by :func:`_fill_output` before each launch)."""
+    if dtype not in _NP_DTYPES:
+        raise TypeError(f"unsupported output dtype for a Metal kernel: {dtype}")
+    size = math.prod(int(s) for s in shape)
+    itemsize = np.dtype(_NP_DTYPES[dtype]).itemsize
+    return memory.Guarded(name, "output", size * itemsize, itemsize, slack=_slack(checked))
+
+
+def _fill_output(buf: memory.Guarded, dtype: mx.Dtype, init_value) -> None:
+    """``init_value`` everywhere, else all-ones bytes."""
+    if init_value is None:
+        buf.fill(0xFF)
+        return
+    # (astype: mx.full of a real value with a complex dtype gives float32)
+    value = _to_numpy(mx.full((1,), init_value, dtype=dtype).astype(dtype))
+    buf.array.view(value.dtype)[:] = value[0]
+
+
+class _Plan:
+    """The fenced buffers and ctypes arguments of the launches of one instantiation
+    with the same input layouts and output shapes. Building them (mapping or pooling
+    a guarded buffer per argument, its views, the shape and stride arrays) costs
+    several times a launch of a small grid; a kept plan is reused by the next such
+    launch, which only copies the inputs in and refills the outputs and the slack
+    (so each launch sees its buffers as new ones would be; the guard pages are
+    never opened in a kept plan: see memory.Guarded.tainted)."""
+
+    __slots__ = ("inst", "fenced", "staged", "outs", "results", "keep", "buffers", "poison",
+                 "ranges", "hits", "err", "fault", "nbytes")
+
+    def __init__(self, inst, views, inputs, output_shapes, output_dtypes, contiguous, checked):
+        self.inst = inst
+        self.fenced: list[memory.Guarded] = []
+        self.staged: list[tuple[memory.Guarded, int]] = []  # (buffer, input index)
+        self.outs: list[tuple[memory.Guarded, mx.Dtype]] = []
+        self.keep = []  # owners of the memory behind the pointers
+        ptrs, strides = [], {}
+        try:
+            for p in inst.params:
+                if p.kind == "attribute":
+                    continue
+                if p.kind == "input":
+                    _check_dtype(inputs[p.owner].dtype)
+                    v = views[p.owner]
+                    strides[p.owner], first, span = _layout(v, contiguous)
+                    buf = memory.Guarded(p.name, "input", span, v.itemsize, first,
+                                         slack=_slack(checked))
+                    self.staged.append((buf, p.owner))
+                elif p.kind == "output":
+                    dtype = output_dtypes[p.owner]
+                    buf = _new_output(p.name, output_shapes[p.owner], dtype, checked)
+                    self.outs.append((buf, dtype))
+                else:
+                    if p.kind == "shape":
+                        arr = np.array(views[p.owner].shape, dtype=np.int32)
+                    elif p.kind == "strides":
+                        arr = np.array(strides[p.owner], dtype=np.int64)
+                    else:  # ndim
+                        arr = np.array([views[p.owner].ndim], dtype=np.int32)
+                    self.keep.append(arr)
+                    ptrs.append(arr.ctypes.data if arr.size else 0)
+                    continue
+                self.fenced.append(buf)
+                ptrs.append(buf.origin)
+        except BaseException:
+            self.free()
+            raise
+        self.results = [
+            (b.array.view(_NP_DTYPES[d]).reshape(tuple(int(n) for n in s)), d)
+            for (b, d), s in zip(self.outs, output_shapes)
+        ]
+        self.nbytes = sum(b.data_pages for b in self.fenced)
+        self.buffers = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
+        self.err = ctypes.create_string_buffer(512)
+        self.fault = (ctypes.c_uint64 * 8)()
+        # Outside checked mode a read in a buffer's guard pages returns poison
+        # (shim/runtime.h, poison_read); checked mode keeps it an error.
+        self.poison = [] if checked else self.fenced
+        self.ranges = (ctypes.c_uint64 * max(2 * len(self.poison), 1))(
+            *(v for b in self.poison for v in (b.base, b.base + b.size)))
+        self.hits = (ctypes.c_uint64 * max(5 * len(self.poison), 1))()
+
+    def free(self) -> None:
+        for b in self.fenced:
+            b.free()
+
+
+# Idle plans, least recently used first, keyed by kernel and launch signature
+# (MetalKernel._launch). A plan in use is out of the cache, so concurrent launches
+# of one signature each get their own.
+_PLANS_MAX = 64
+_PLANS_MAX_BYTES = 32 << 20  # of data pages in all
+_plans: "OrderedDict[tuple, _Plan]" = OrderedDict()
+_plans_bytes = 0
+_plans_lock = threading.Lock()
+
+
+def _take_plan(key) -> _Plan | None:
+    global _plans_bytes
+    with _plans_lock:
+        plan = _plans.pop(key, None)
+        if plan is not None:
+            _plans_bytes -= plan.nbytes
+        return plan
+
+
+def _keep_plan(key, plan: _Plan) -> None:
+    global _plans_bytes
+    evicted = []
+    with _plans_lock:
+        if key in _plans or plan.nbytes > _PLANS_MAX_BYTES:
+            evicted.append(plan)
         else:
-            buf.array[:] = 0xFF
-        return buf
+            _plans[key] = plan
+            _plans_bytes += plan.nbytes
+        while len(_plans) > _PLANS_MAX or _plans_bytes > _PLANS_MAX_BYTES:
+            _, old = _plans.popitem(last=False)
+            _plans_bytes -= old.nbytes
+            evicted.append(old)
+    for old in evicted:
+        old.free()
+
+
+def release_plans() -> None:
+    """Free the buffers of every idle plan (back to memory's pool)."""
+    global _plans_bytes
+    with _plans_lock:
+        idle = list(_plans.values())
+        _plans.clear()
+        _plans_bytes = 0
+    for plan in idle:
+        plan.free()
 
 
 def _check_compile_options(options) -> None:

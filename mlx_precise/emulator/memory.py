@@ -135,20 +135,37 @@ class Guarded:
         self.hi = page0 + data_pages  # first byte of the guard after the data
         self.ptr = self.hi - padded
         self.origin = self.ptr - first * itemsize
-        # The slack only: the caller fills the data itself.
         self.slack = slack
-        ctypes.memset(self.lo, slack, self.ptr - self.lo)
-        ctypes.memset(self.ptr + nbytes, slack, self.hi - self.ptr - nbytes)
-        self.array = np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(self.ptr))[:nbytes]
+        # A writable byte view of the data pages: slicing it and assigning bytes is
+        # the cheapest way to fill them from Python (no ctypes call, no numpy).
+        self.pages = memoryview((ctypes.c_uint8 * data_pages).from_address(page0)).cast("B")
+        start = self.ptr - self.lo
+        self.data = self.pages[start:start + nbytes]
+        self._slack_before = _fill_pattern(slack)[:start]  # each is shorter than a page
+        self._slack_after = _fill_pattern(slack)[:data_pages - start - nbytes]
+        self.refill_slack()  # the slack only: the caller fills the data itself
+        self.array = np.frombuffer(self.data, np.uint8) if nbytes else np.empty(0, np.uint8)
+
+    def refill_slack(self) -> None:
+        """Fill the slack around the data with the buffer's filler again (a buffer
+        reused from launch to launch starts each one as a new buffer would)."""
+        start = len(self._slack_before)
+        self.pages[:start] = self._slack_before
+        self.pages[start + self.nbytes:] = self._slack_after
+
+    def fill(self, byte: int) -> None:
+        """Set every data byte to ``byte``."""
+        if self.nbytes <= _PAGE:
+            self.data[:] = _fill_pattern(byte)[:self.nbytes]
+        else:
+            self.array[:] = byte
 
     def slack_write(self) -> int | None:
         """Byte offset from ``ptr`` of the first canary byte a kernel overwrote in the
         unguarded slack around the data, or None."""
         start, end = self.ptr - self.lo, self.ptr - self.lo + self.nbytes
-        fill = _fill_pattern(self.slack)  # each slack region is shorter than a page
-        after = self.hi - self.lo - end
-        if (ctypes.string_at(self.lo, start) == fill[:start]
-                and ctypes.string_at(self.lo + end, after) == fill[:after]):
+        if (self.pages[:start].tobytes() == self._slack_before
+                and self.pages[end:].tobytes() == self._slack_after):
             return None  # (the common case, without numpy)
         whole = np.ctypeslib.as_array((ctypes.c_uint8 * (self.hi - self.lo)).from_address(self.lo))
         for lo, hi in ((0, start), (end, len(whole))):

@@ -170,3 +170,138 @@ def test_init_value_fills_every_element_as_mlx_converts_it(dtype, value):
         return np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a).tobytes()
 
     assert bits(y) == bits(expected)
+
+
+
+# One kernel and one signature throughout (its launch plan, kernel._Plan, is
+# reused): the offsets `r` and `w` are inputs, so they move the accesses without
+# changing the signature.
+OFFSET = """
+uint i = thread_position_in_grid.x;
+y[i + w[0]] = x[i + r[0]];
+"""
+
+
+def _offset_call(k, x, r, w):
+    (y,) = k(inputs=[x, mx.array([r], dtype=mx.int32), mx.array([w], dtype=mx.int32)],
+             grid=(x.size, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(x.size,)],
+             output_dtypes=[mx.float32])
+    return np.array(y)
+
+
+def test_guards_hold_on_a_reused_launch_plan(monkeypatch):
+    x = mx.arange(1024, dtype=mx.float32)
+    made = []
+    real = memory.Guarded.__init__
+    monkeypatch.setattr(memory.Guarded, "__init__",
+                        lambda self, *a, **kw: made.append(a[0]) or real(self, *a, **kw))
+    poisoned = metal_kernel("reuse_plan", ["x", "r", "w"], ["y"], OFFSET, checked=False)
+    checked = metal_kernel("reuse_plan", ["x", "r", "w"], ["y"], OFFSET, checked=True)
+    for k in (poisoned, checked):
+        for _ in range(3):
+            np.testing.assert_array_equal(_offset_call(k, x, 0, 0), np.arange(1024))
+    # The buffers of each kernel are made once; the later launches reuse them.
+    assert made == ["x", "r", "w", "y"] * 2
+    warned = []
+    for _ in range(2):  # each time after clean launches of the same signature
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            y = _offset_call(poisoned, x, 1, 0)  # thread 1023 reads x[1024]
+        warned.append(sum(issubclass(w.category, OutOfBoundsReadWarning) for w in caught))
+        assert np.isnan(y[-1]) and np.all(y[:-1] == np.arange(1, 1024))
+        np.testing.assert_array_equal(_offset_call(poisoned, x, 0, 0), np.arange(1024))
+        with pytest.raises(RuntimeError, match=r"out-of-bounds read of input 'x' at element 1024"):
+            _offset_call(checked, x, 1, 0)
+        np.testing.assert_array_equal(_offset_call(checked, x, 0, 0), np.arange(1024))
+        for k in (poisoned, checked):
+            with pytest.raises(RuntimeError, match=r"out-of-bounds write of output 'y' at element 1024"):
+                _offset_call(k, x, 0, 1)
+            np.testing.assert_array_equal(_offset_call(k, x, 0, 0), np.arange(1024))
+    assert warned == [1, 0]  # one warning per kernel and buffer, as with new buffers
+
+
+# `y` has 3 floats: y[3] is in the alignment slack before the guard page (no fault).
+SLACK = """
+if (thread_position_in_grid.x == 0) {
+  if (mode[0] == 1) { y[3] = 42.0f; } else { z[0] = y[3]; }
+}
+"""
+
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_reused_launch_plan_starts_with_fresh_slack(checked):
+    """A write into the slack (not reported outside checked mode) does not reach
+    the next launch of the same signature: there the slack holds the filler again
+    (poison; checked mode's canary, after reporting the write)."""
+    k = metal_kernel("reuse_slack", ["mode"], ["y", "z"], SLACK, checked=checked)
+
+    def call(mode):
+        _, z = k(inputs=[mx.array([mode], dtype=mx.int32)], grid=(1, 1, 1),
+                 threadgroup=(1, 1, 1), output_shapes=[(3,), (1,)],
+                 output_dtypes=[mx.float32, mx.float32])
+        return np.array(z).view(np.uint32)[0]
+
+    filler = 0xA5A5A5A5 if checked else 0xFFFFFFFF
+    assert call(0) == filler
+    if checked:
+        with pytest.raises(RuntimeError, match=r"out-of-bounds write of output 'y' at byte 12"):
+            call(1)
+    else:
+        call(1)
+    assert call(0) == filler
+
+
+def test_outputs_of_a_reused_launch_plan_are_copies():
+    k = metal_kernel("reuse_scale", ["x"], ["y"], SCALE)
+    ys = [k(inputs=[mx.full((64,), float(v))], grid=(64, 1, 1), threadgroup=(32, 1, 1),
+            output_shapes=[(64,)], output_dtypes=[mx.float32], template=[("K", 2)])[0]
+          for v in range(4)]
+    for v, y in enumerate(ys):
+        np.testing.assert_array_equal(np.array(y), np.full(64, 2.0 * v, np.float32))
+
+
+def test_a_poisoned_read_never_reaches_the_pool_through_a_kept_plan():
+    """A read that opened a guard page taints the buffer: its plan is not kept, so
+    the open page never serves a later buffer (here one whose neighbour read would
+    then return poison without raising)."""
+    from mlx_precise.emulator import kernel as emulated
+
+    emulated.release_plans()
+    memory.release_pool()
+    x = mx.arange(1024, dtype=mx.float32)  # one data page each: x, r and y
+    reads = metal_kernel("reuse_taint", ["x", "r"], ["y"],
+                         "uint i = thread_position_in_grid.x; y[i] = x[i + r[0]];",
+                         checked=False)
+
+    def call(r):
+        (y,) = reads(inputs=[x, mx.array([r], dtype=mx.int32)], grid=(1024, 1, 1),
+                     threadgroup=(32, 1, 1), output_shapes=[(1024,)],
+                     output_dtypes=[mx.float32])
+        return np.array(y)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OutOfBoundsReadWarning)
+        assert np.isnan(call(1)[-1])
+    np.testing.assert_array_equal(call(0), np.arange(1024))
+    emulated.release_plans()  # x, r and y (if kept) to the pool, in this order
+    # a, b and c take one-page mappings from the pool last in first out: c gets
+    # x's, if it was kept.
+    checked = metal_kernel("reuse_taint_checked", ["a", "b", "c"], ["o"],
+                           "uint i = thread_position_in_grid.x; o[i] = a[i] + b[i] + c[i + 1];",
+                           checked=True)
+    with pytest.raises(RuntimeError, match=r"out-of-bounds read of input 'c' at element 1024"):
+        checked(inputs=[x, x, x], grid=(1024, 1, 1), threadgroup=(32, 1, 1),
+                output_shapes=[(2048,)], output_dtypes=[mx.float32])
+    memory.release_pool()
+
+
+def test_verbose_prints_the_source_before_a_failing_build(tmp_path, monkeypatch, capsys):
+    """verbose=True helps read a compile error: the text comes before it."""
+    monkeypatch.setenv("MLX_PRECISE_CACHE", str(tmp_path))
+    k = metal_kernel("reuse_broken", ["x"], ["y"],
+                     "y[thread_position_in_grid.x] = x[0] + undeclared_name;")
+    with pytest.raises(compiler.KernelCompileError):
+        k(inputs=[mx.zeros((8,))], grid=(1, 1, 1), threadgroup=(1, 1, 1),
+          output_shapes=[(1,)], output_dtypes=[mx.float32], verbose=True)
+    printed = capsys.readouterr().out
+    assert "undeclared_name" in printed and "[[kernel]]" in printed
