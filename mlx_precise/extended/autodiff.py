@@ -34,6 +34,7 @@ import mlx.core as mx
 from ..core import backends
 from ..doubleword.engine64 import from64
 from . import carry
+from .carry import as64
 from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from .report import dropped
 
@@ -100,26 +101,36 @@ def arrays_in(value) -> list:
     return []
 
 
-_INEXACT = (mx.float32, mx.float64, mx.complex64, mx.float16, mx.bfloat16)
+_INEXACT = frozenset((mx.float32, mx.float64, mx.complex64, mx.float16, mx.bfloat16))
+_F32, _F64, _C64 = mx.float32, mx.float64, mx.complex64
 
 
 def record(name: str, vjp, original, args, kwargs, out, report) -> None:
     """Record one op on every tape whose differentiated inputs it reads."""
+    # (once per op while a gradient records: plain loops, each dtype read once)
     ins = [a for a in args if isinstance(a, ARRAY)]
     if len(ins) < len(args) or kwargs:  # lists of arrays, keyword arguments
         ins = [a for v in (*args, *kwargs.values()) for a in arrays_in(v)]
+    outs = None
     for tape in _tapes.get():
         tracked = tape.tracked
-        if not any(tracked.get(id(a)) is a for a in ins):
+        for a in ins:
+            if tracked.get(id(a)) is a:
+                break
+        else:
             continue
-        outs = arrays_in(out)
-        if not any(o.dtype in _INEXACT for o in outs):
-            return  # booleans and integers take no gradient
+        if outs is None:
+            outs = [out] if isinstance(out, ARRAY) else arrays_in(out)
+            kinds = [o.dtype for o in outs]
+            inexact = [o for o, k in zip(outs, kinds) if k in _INEXACT]
+            if not inexact:
+                return  # booleans and integers take no gradient
+            complex_ = _C64 in kinds or any(a.dtype == _C64 for a in ins)
         tape.entries.append(Entry(name, vjp, original, args, kwargs, out, outs, report))
-        tape.complex = tape.complex or any(a.dtype == mx.complex64 for a in (*outs, *ins))
-        for o in outs:
-            if o.dtype in _INEXACT:
-                tracked[id(o)] = o
+        if complex_:
+            tape.complex = True
+        for o in inexact:
+            tracked[id(o)] = o
 
 
 def opaque(name: str, fn, args, kwargs, out, report) -> None:
@@ -234,12 +245,14 @@ def _accumulate(cot: dict, a: mx.array, g, wide: bool) -> None:
     if g.shape != a.shape:
         raise AssertionError(f"mlx_precise: a VJP rule gave a cotangent of shape "
                              f"{g.shape} for an operand of shape {a.shape}")
-    want = mx.float64 if wide and a.dtype == mx.float32 else a.dtype
-    if g.dtype != want and mx.issubdtype(a.dtype, mx.floating) and a.dtype != mx.float64:
+    kind = a.dtype
+    want = _F64 if wide and kind == _F32 else kind
+    if g.dtype != want and kind != _F64 and mx.issubdtype(kind, mx.floating):
         g = mx.real(g) if mx.issubdtype(g.dtype, mx.complexfloating) and not mx.issubdtype(
-            a.dtype, mx.complexfloating) else g.astype(want)
-    prev = cot.get(id(a))
-    cot[id(a)] = g if prev is None else prev + g  # double-word, or float64
+            kind, mx.complexfloating) else g.astype(want)
+    key = id(a)
+    prev = cot.get(key)
+    cot[key] = g if prev is None else prev + g  # double-word, or float64
 
 
 def _float64_pass(tape: Tape) -> bool:
@@ -256,21 +269,31 @@ class _Float64Values:
     converted once per backward pass; other values as they are."""
 
     def __init__(self):
-        self.as64, self.seen = carry.as64, {}
+        self.seen = {}  # id -> (array, its float64 value)
+
+    def array(self, v: mx.array):
+        hit = self.seen.get(id(v))
+        if hit is None or hit[0] is not v:
+            hit = self.seen[id(v)] = (v, as64(v))  # (as64 leaves other dtypes alone)
+        return hit[1]
 
     def __call__(self, v):
         if isinstance(v, ARRAY):
-            if v.dtype != mx.float32:
-                return v
-            hit = self.seen.get(id(v))
-            if hit is None or hit[0] is not v:
-                hit = self.seen[id(v)] = (v, self.as64(v))
-            return hit[1]
+            return self.array(v)
         if isinstance(v, (list, tuple)):
-            return type(v)(map(self, v))
+            return type(v)([self(x) for x in v])
         if isinstance(v, dict):
             return {k: self(x) for k, x in v.items()} if v else v
         return v
+
+    def entry(self, e: Entry) -> Entry:
+        """``e`` with its operands and output at their float64 values (what its VJP
+        rule reads on the float64 pass)."""
+        array = self.array
+        args = tuple([array(v) if isinstance(v, ARRAY) else self(v) for v in e.args])
+        out = array(e.out) if isinstance(e.out, ARRAY) else self(e.out)
+        return Entry(e.name, e.vjp, e.original, args, self(e.kwargs) if e.kwargs else e.kwargs,
+                     out, None, e.report)
 
 
 def _zeros_for(o: mx.array, wide: bool) -> mx.array:
@@ -300,22 +323,27 @@ def backward(tape: Tape, seeds: list, report) -> dict:
             value = None
         for a, g in seeds:
             _accumulate(cot, a, g if value is None else value(g), wide)
+        tracked = tape.tracked
         for e in reversed(tape.entries):
-            gs = [cot.get(id(o)) for o in e.outs]
-            if all(g is None for g in gs):
-                continue
-            gs = [_zeros_for(o, wide) if g is None else g for o, g in zip(e.outs, gs)]
-            g = gs if isinstance(e.out, (list, tuple)) else gs[0]
+            out = e.out
+            if isinstance(out, ARRAY):  # (most ops: one output)
+                g = cot.get(id(out))
+                if g is None:
+                    continue
+                gs = None
+            else:
+                gs = [cot.get(id(o)) for o in e.outs]
+                if all(g is None for g in gs):
+                    continue
+                g = gs = [_zeros_for(o, wide) if g is None else g for o, g in zip(e.outs, gs)]
             grads, named = None, {}
-            if e.vjp is not None and not any(tape.tracks(a) for v in e.kwargs.values()
-                                             for a in arrays_in(v)):
-                grads = e.vjp(e if value is None else Entry(
-                    e.name, e.vjp, e.original, value(e.args), value(e.kwargs), value(e.out),
-                    None, e.report), g)
+            if e.vjp is not None and not (e.kwargs and any(
+                    tape.tracks(a) for v in e.kwargs.values() for a in arrays_in(v))):
+                grads = e.vjp(e if value is None else value.entry(e), g)
             if grads is None or grads is NotImplemented:
                 if wide:  # MLX's float32 VJP reads the float32 values (reported)
-                    g = [x.astype(o.dtype) for x, o in zip(gs, e.outs)] if isinstance(
-                        e.out, (list, tuple)) else g.astype(e.out.dtype)
+                    g = g.astype(out.dtype) if gs is None else [
+                        x.astype(o.dtype) for x, o in zip(gs, e.outs)]
                 grads, named = _float32_vjp(e, g)
             for key, ga in named.items():
                 if ga is not None and tape.tracks(e.kwargs[key]):
@@ -323,12 +351,13 @@ def backward(tape: Tape, seeds: list, report) -> dict:
             for arg, ga in zip(e.args, grads):
                 if ga is None:
                     continue
-                if isinstance(arg, (list, tuple)):
+                if isinstance(arg, ARRAY):
+                    if tracked.get(id(arg)) is arg:
+                        _accumulate(cot, arg, ga, wide)
+                elif isinstance(arg, (list, tuple)):
                     for a, gi in zip(arg, ga):
                         if gi is not None and tape.tracks(a):
                             _accumulate(cot, a, gi, wide)
-                elif tape.tracks(arg):
-                    _accumulate(cot, arg, ga, wide)
     return cot
 
 
