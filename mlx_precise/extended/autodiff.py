@@ -31,7 +31,7 @@ import copy
 
 import mlx.core as mx
 
-from ..core import backends
+from ..core import backends, jit
 from ..doubleword.engine64 import from64
 from . import carry
 from .carry import as64
@@ -107,9 +107,14 @@ _F32, _F64, _C64 = mx.float32, mx.float64, mx.complex64
 
 def record(name: str, vjp, original, args, kwargs, out, report) -> None:
     """Record one op on every tape whose differentiated inputs it reads."""
-    # (once per op while a gradient records: plain loops, each dtype read once)
-    ins = [a for a in args if isinstance(a, ARRAY)]
-    if len(ins) < len(args) or kwargs:  # lists of arrays, keyword arguments
+    # (once per op while a gradient records: plain loops, no comprehension or
+    # generator where one array is the common case)
+    ins = args
+    for a in args:
+        if not isinstance(a, ARRAY):  # lists of arrays, scalars
+            ins = None
+            break
+    if ins is None or kwargs:
         ins = [a for v in (*args, *kwargs.values()) for a in arrays_in(v)]
     outs = None
     for tape in _tapes.get():
@@ -120,12 +125,22 @@ def record(name: str, vjp, original, args, kwargs, out, report) -> None:
         else:
             continue
         if outs is None:
-            outs = [out] if isinstance(out, ARRAY) else arrays_in(out)
-            kinds = [o.dtype for o in outs]
-            inexact = [o for o, k in zip(outs, kinds) if k in _INEXACT]
-            if not inexact:
-                return  # booleans and integers take no gradient
-            complex_ = _C64 in kinds or any(a.dtype == _C64 for a in ins)
+            if isinstance(out, ARRAY):
+                outs = [out]
+                kind = out.dtype
+                if kind not in _INEXACT:
+                    return  # booleans and integers take no gradient
+                inexact, complex_ = outs, kind == _C64
+            else:
+                outs = arrays_in(out)
+                inexact = [o for o in outs if o.dtype in _INEXACT]
+                if not inexact:
+                    return
+                complex_ = any(o.dtype == _C64 for o in outs)
+            for a in ins:
+                if complex_:
+                    break
+                complex_ = a.dtype == _C64
         tape.entries.append(Entry(name, vjp, original, args, kwargs, out, outs, report))
         if complex_:
             tape.complex = True
@@ -296,13 +311,27 @@ class _Float64Values:
                      out, None, e.report)
 
 
+class _Traced(_Float64Values):
+    """The float64 values of a pass being traced: every array's is given (an input
+    of the compiled function); any other array would be a constant of the trace."""
+
+    def __init__(self, seen: dict):
+        self.seen = seen
+
+    def array(self, v: mx.array):
+        hit = self.seen.get(id(v))
+        if hit is None or hit[0] is not v:
+            raise _Untraceable("an array outside the tape")
+        return hit[1]
+
+
 def _zeros_for(o: mx.array, wide: bool) -> mx.array:
     return mx.zeros(o.shape, mx.float64) if wide and o.dtype == mx.float32 else mx.zeros_like(o)
 
 
-def backward(tape: Tape, seeds: list, report) -> dict:
+def backward(tape: Tape, seeds: list, report, wanted: list | None = None) -> dict:
     """Walk ``tape`` backwards from ``seeds`` ((array, cotangent) pairs); returns
-    id(array) -> cotangent.
+    id(array) -> cotangent (with ``wanted``, a list of arrays: at least theirs).
 
     Two ways, with the same VJP rules: on the cpu backend (outside any enclosing
     gradient, real values) the rules run with the flow off on the float64 values
@@ -310,8 +339,14 @@ def backward(tape: Tape, seeds: list, report) -> dict:
     bits, where the flow's would be ~48: no per-op dispatch, no split into words
     between steps); elsewhere they run with the flow on, in double-word, and the
     pass is itself recorded by an enclosing gradient. :func:`narrowed` turns a
-    float64 cotangent into the array the user gets."""
+    float64 cotangent into the array the user gets. The float64 pass of a tape
+    whose structure was seen before replays as one compiled MLX function
+    (:func:`_replayed`: a training loop's step)."""
     wide = _float64_pass(tape)
+    if wide and wanted is not None and COMPILED_PASS and not _tracing.get():
+        cot = _replayed(tape, seeds, wanted)
+        if cot is not None:
+            return cot
     cot: dict = {}
     with contextlib.ExitStack() as stack:
         if wide:
@@ -321,51 +356,175 @@ def backward(tape: Tape, seeds: list, report) -> dict:
         else:
             stack.enter_context(carry.reporting(report))
             value = None
-        for a, g in seeds:
-            _accumulate(cot, a, g if value is None else value(g), wide)
-        tracked = tape.tracked
-        for e in reversed(tape.entries):
-            out = e.out
-            if isinstance(out, ARRAY):  # (most ops: one output)
-                g = cot.get(id(out))
-                if g is None:
-                    continue
-                gs = None
-            else:
-                gs = [cot.get(id(o)) for o in e.outs]
-                if all(g is None for g in gs):
-                    continue
-                g = gs = [_zeros_for(o, wide) if g is None else g for o, g in zip(e.outs, gs)]
-            grads, named = None, {}
-            if e.vjp is not None and not (e.kwargs and any(
-                    tape.tracks(a) for v in e.kwargs.values() for a in arrays_in(v))):
-                grads = e.vjp(e if value is None else value.entry(e), g)
-            if grads is None or grads is NotImplemented:
-                if wide:  # MLX's float32 VJP reads the float32 values (reported)
-                    g = g.astype(out.dtype) if gs is None else [
-                        x.astype(o.dtype) for x, o in zip(gs, e.outs)]
-                grads, named = _float32_vjp(e, g)
-            for key, ga in named.items():
-                if ga is not None and tape.tracks(e.kwargs[key]):
-                    _accumulate(cot, e.kwargs[key], ga, wide)
-            for arg, ga in zip(e.args, grads):
-                if ga is None:
-                    continue
-                if isinstance(arg, ARRAY):
-                    if tracked.get(id(arg)) is arg:
-                        _accumulate(cot, arg, ga, wide)
-                elif isinstance(arg, (list, tuple)):
-                    for a, gi in zip(arg, ga):
-                        if gi is not None and tape.tracks(a):
-                            _accumulate(cot, a, gi, wide)
+        _reverse(tape, seeds, cot, value, wide)
     return cot
+
+
+def _reverse(tape: Tape, seeds: list, cot: dict, value, wide: bool, strict: bool = False):
+    """The walk of :func:`backward` (``value``: the float64 values of the operands on
+    the float64 pass, else None); ``strict``: an op without a double-word VJP
+    raises :class:`_Untraceable` instead of running MLX's float32 VJP."""
+    for a, g in seeds:
+        _accumulate(cot, a, g if value is None else value(g), wide)
+    tracked = tape.tracked
+    for e in reversed(tape.entries):
+        out = e.out
+        if isinstance(out, ARRAY):  # (most ops: one output)
+            g = cot.get(id(out))
+            if g is None:
+                continue
+            gs = None
+        else:
+            gs = [cot.get(id(o)) for o in e.outs]
+            if all(g is None for g in gs):
+                continue
+            g = gs = [_zeros_for(o, wide) if g is None else g for o, g in zip(e.outs, gs)]
+        grads, named = None, {}
+        if e.vjp is not None and not (e.kwargs and any(
+                tape.tracks(a) for v in e.kwargs.values() for a in arrays_in(v))):
+            grads = e.vjp(e if value is None else value.entry(e), g)
+        if grads is None or grads is NotImplemented:
+            if strict:
+                raise _Untraceable(e.name)
+            if wide:  # MLX's float32 VJP reads the float32 values (reported)
+                g = g.astype(out.dtype) if gs is None else [
+                    x.astype(o.dtype) for x, o in zip(gs, e.outs)]
+            grads, named = _float32_vjp(e, g)
+        for key, ga in named.items():
+            if ga is not None and tape.tracks(e.kwargs[key]):
+                _accumulate(cot, e.kwargs[key], ga, wide)
+        for arg, ga in zip(e.args, grads):
+            if ga is None:
+                continue
+            if isinstance(arg, ARRAY):
+                if tracked.get(id(arg)) is arg:
+                    _accumulate(cot, arg, ga, wide)
+            elif isinstance(arg, (list, tuple)):
+                for a, gi in zip(arg, ga):
+                    if gi is not None and tape.tracks(a):
+                        _accumulate(cot, a, gi, wide)
+
+
+# ---- the float64 pass replayed --------------------------------------------------------
+# A training loop records the same tape at every step: the same ops on arrays of the
+# same shapes, only the values differ. Its float64 pass, traced once by mx.compile
+# (MLX's float64 ops, the same ones in the same order: the compiler fuses elementwise
+# ops into loops without contracting a * b + c, so the same bits), then replays without
+# running the VJP rules' Python. A tape is known by its structure (:func:`_structure`:
+# each op's VJP rule, its non-array arguments, and for each array its place among the
+# pass's arrays, shape, dtype and whether it is differentiated), compiled the second
+# time it is seen (one-off gradients never compile) and dropped when it cannot be
+# traced (an op without a double-word VJP, a rule that reads values).
+
+COMPILED_PASS = True
+_PASSES_MAX = 64  # structures remembered (then forgotten all at once)
+_passes: dict = {}  # structure -> 1 (seen once) | _Pass | None (cannot be traced)
+_tracing: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_tracing",
+                                                                 default=False)
+
+
+class _Untraceable(Exception):
+    """The float64 pass of this tape cannot be one compiled function."""
+
+
+_KEYED = (int, bool, str, type(None), type(Ellipsis), type(mx.float32))
+
+
+def _structure(tape: Tape, seeds: list, wanted: list):
+    """(key, arrays): the structure of the float64 pass over ``tape`` (hashable) and
+    the distinct arrays it reads, in order of first use; raises
+    :class:`_Untraceable` for an argument it cannot key."""
+    index: dict = {}
+    arrays: list = []
+    tracked = tape.tracked
+
+    def ref(v):
+        if isinstance(v, ARRAY):
+            i = index.get(id(v))
+            if i is not None:
+                return i
+            index[id(v)] = len(arrays)
+            arrays.append(v)
+            return (v.shape, v.dtype, tracked.get(id(v)) is v)
+        t = type(v)
+        if t is tuple or t is list:
+            return (t, *[ref(x) for x in v])
+        if t is dict:
+            return (t, *[(k, ref(x)) for k, x in v.items()])
+        if t in _KEYED:
+            return (t, v)
+        if t is float or t is complex:
+            return (t, repr(v))  # (-0.0 and 0.0 differ)
+        if t is slice:
+            return (t, ref(v.start), ref(v.stop), ref(v.step))
+        raise _Untraceable(t.__name__)
+
+    key = [str(backends.backend()), tuple([(ref(a), ref(g)) for a, g in seeds])]
+    for e in tape.entries:
+        key.append((e.name, e.vjp, ref(e.args), ref(e.kwargs), ref(e.out)))
+    key.append(tuple([ref(a) for a in wanted]))
+    return tuple(key), arrays
+
+
+class _Pass:
+    """One structure's float64 pass, compiled: called with the tape being walked
+    (read only while tracing), returns the cotangents of ``wanted``."""
+
+    def __init__(self):
+        self.compiled = jit.compile(self._trace)
+        self.current = None
+        self.present = None  # which of ``wanted`` have a cotangent
+
+    def _trace(self, *values):
+        tape, seeds, wanted, arrays = self.current
+        value = _Traced({id(a): (a, v) for a, v in zip(arrays, values)})
+        cot: dict = {}
+        _reverse(tape, seeds, cot, value, True, strict=True)
+        self.present = [id(a) in cot for a in wanted]
+        return [cot[id(a)] for a in wanted if id(a) in cot]
+
+    def __call__(self, tape, seeds, wanted, arrays) -> dict:
+        self.current = tape, seeds, wanted, arrays
+        token = _tracing.set(True)
+        try:
+            outs = iter(self.compiled(*[as64(a) for a in arrays]))
+        finally:
+            _tracing.reset(token)
+            self.current = None
+        return {id(a): next(outs) for a, present in zip(wanted, self.present) if present}
+
+
+def _replayed(tape: Tape, seeds: list, wanted: list) -> dict | None:
+    """The cotangents of ``wanted`` by the compiled float64 pass of ``tape``'s
+    structure, or None (the pass runs op by op: first sighting, untraceable)."""
+    try:
+        key, arrays = _structure(tape, seeds, wanted)
+        hit = _passes.get(key)
+    except (_Untraceable, TypeError):  # (TypeError: an unhashable VJP rule or value)
+        return None
+    if hit is None:
+        if key not in _passes:
+            if len(_passes) >= _PASSES_MAX:
+                _passes.clear()
+            _passes[key] = 1
+        return None
+    if hit == 1:
+        hit = _passes[key] = _Pass()
+    with carry.suspended(), mx.stream(mx.cpu):
+        try:
+            return hit(tape, seeds, wanted, arrays)
+        except Exception:  # noqa: BLE001  (traced once: the pass runs op by op)
+            if hit.present is not None:
+                raise
+            _passes[key] = None
+            return None
 
 
 def narrowed(g, like: mx.array):
     """A cotangent from :func:`backward` as the gradient of ``like``: a float64
     cotangent of a float32 array becomes float32 high words carrying the float64
-    value (as the cpu engine's results do)."""
-    if g.dtype != mx.float64 or like.dtype != mx.float32:
+    value (as the cpu engine's results do). Runs with the flow off."""
+    if g.dtype != _F64 or like.dtype != _F32:
         return g
     with mx.stream(mx.cpu):
         z = from64(g)
@@ -426,13 +585,19 @@ def _run(fun, args, kwargs, argnums, argnames, report):
 
 
 def _gradients(tape, seeds, args, kwargs, diff, named, report):
-    cot = backward(tape, seeds, report)
+    cot = backward(tape, seeds, report, [a for leaves in (*diff.values(), *named.values())
+                                         for a in leaves])
 
     def grads_of(tree, leaves):
-        with carry.reporting(report):
-            gs = iter([mx.zeros_like(a) if cot.get(id(a)) is None else
-                       narrowed(cot[id(a)], a) for a in leaves])
-        return _rebuild(tree, gs)
+        gs = []
+        with carry.suspended():  # (the casts of narrowed are the package's, not the user's)
+            for a in leaves:
+                g = cot.get(id(a))
+                if g is None:
+                    with carry.reporting(report):
+                        g = mx.zeros_like(a)
+                gs.append(narrowed(g, a))
+        return _rebuild(tree, iter(gs))
 
     pos = tuple(grads_of(args[i], leaves) for i, leaves in diff.items())
     kw = {k: grads_of(kwargs[k], leaves) for k, leaves in named.items()}
