@@ -343,7 +343,7 @@ def backward(tape: Tape, seeds: list, report, wanted: list | None = None) -> dic
     whose structure was seen before replays as one compiled MLX function
     (:func:`_replayed`: a training loop's step)."""
     wide = _float64_pass(tape)
-    if wide and wanted is not None and COMPILED_PASS and not _tracing.get():
+    if wide and wanted is not None and COMPILED_PASS and _tracing.get() is None:
         cot = _replayed(tape, seeds, wanted)
         if cot is not None:
             return cot
@@ -419,8 +419,9 @@ def _reverse(tape: Tape, seeds: list, cot: dict, value, wide: bool, strict: bool
 COMPILED_PASS = True
 _PASSES_MAX = 64  # structures remembered (then forgotten all at once)
 _passes: dict = {}  # structure -> 1 (seen once) | _Pass | None (cannot be traced)
-_tracing: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_tracing",
-                                                                 default=False)
+# (the pass a compiled call is for, read by its trace; a float64 pass inside it runs
+# op by op, traced with it)
+_tracing: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_tracing", default=None)
 
 
 class _Untraceable(Exception):
@@ -472,11 +473,10 @@ class _Pass:
 
     def __init__(self):
         self.compiled = jit.compile(self._trace)
-        self.current = None
-        self.present = None  # which of ``wanted`` have a cotangent
+        self.present = None  # which of ``wanted`` have a cotangent (set by the trace)
 
     def _trace(self, *values):
-        tape, seeds, wanted, arrays = self.current
+        tape, seeds, wanted, arrays = _tracing.get()
         value = _Traced({id(a): (a, v) for a, v in zip(arrays, values)})
         cot: dict = {}
         _reverse(tape, seeds, cot, value, True, strict=True)
@@ -484,13 +484,11 @@ class _Pass:
         return [cot[id(a)] for a in wanted if id(a) in cot]
 
     def __call__(self, tape, seeds, wanted, arrays) -> dict:
-        self.current = tape, seeds, wanted, arrays
-        token = _tracing.set(True)
+        token = _tracing.set((tape, seeds, wanted, arrays))
         try:
             outs = iter(self.compiled(*[as64(a) for a in arrays]))
         finally:
             _tracing.reset(token)
-            self.current = None
         return {id(a): next(outs) for a, present in zip(wanted, self.present) if present}
 
 
