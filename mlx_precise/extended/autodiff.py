@@ -432,38 +432,58 @@ _KEYED = (int, bool, str, type(None), type(Ellipsis), type(mx.float32))
 
 
 def _structure(tape: Tape, seeds: list, wanted: list):
-    """(key, arrays): the structure of the float64 pass over ``tape`` (hashable) and
-    the distinct arrays it reads, in order of first use; raises
-    :class:`_Untraceable` for an argument it cannot key."""
+    """(key, arrays): the structure of the float64 pass over ``tape`` (a hashable
+    tuple: each value written as a self-delimiting run of items) and the distinct
+    arrays it reads, in order of first use; raises :class:`_Untraceable` for an
+    argument it cannot key."""
     index: dict = {}
     arrays: list = []
     tracked = tape.tracked
+    key = [str(backends.backend()), len(seeds)]
+    add = key.append
 
-    def ref(v):
-        if isinstance(v, ARRAY):
-            i = index.get(id(v))
-            if i is not None:
-                return i
-            index[id(v)] = len(arrays)
-            arrays.append(v)
-            return (v.shape, v.dtype, tracked.get(id(v)) is v)
-        t = type(v)
-        if t is tuple or t is list:
-            return (t, *[ref(x) for x in v])
-        if t is dict:
-            return (t, *[(k, ref(x)) for k, x in v.items()])
-        if t in _KEYED:
-            return (t, v)
-        if t is float or t is complex:
-            return (t, repr(v))  # (-0.0 and 0.0 differ)
-        if t is slice:
-            return (t, ref(v.start), ref(v.stop), ref(v.step))
-        raise _Untraceable(t.__name__)
+    def write(values):
+        # each value: an array as its index among ``arrays`` when seen before, else
+        # its shape (a tuple), dtype and whether it is differentiated; any other
+        # value as its type, then its contents (one call per container, not per item)
+        for v in values:
+            if isinstance(v, ARRAY):
+                i = index.get(id(v))
+                if i is None:
+                    index[id(v)] = len(arrays)
+                    arrays.append(v)
+                    add(v.shape)
+                    add(v.dtype)
+                    add(tracked.get(id(v)) is v)
+                else:
+                    add(i)
+                continue
+            t = type(v)
+            add(t)
+            if t is tuple or t is list:
+                add(len(v))
+                write(v)
+            elif t is dict:
+                add(len(v))
+                for k, x in v.items():
+                    add(k)
+                    write((x,))
+            elif t in _KEYED:
+                add(v)
+            elif t is float or t is complex:
+                add(repr(v))  # (-0.0 and 0.0 differ)
+            elif t is slice:
+                write((v.start, v.stop, v.step))
+            else:
+                raise _Untraceable(t.__name__)
 
-    key = [str(backends.backend()), tuple([(ref(a), ref(g)) for a, g in seeds])]
+    for a, g in seeds:
+        write((a, g))
     for e in tape.entries:
-        key.append((e.name, e.vjp, ref(e.args), ref(e.kwargs), ref(e.out)))
-    key.append(tuple([ref(a) for a in wanted]))
+        add(e.name)
+        add(e.vjp)
+        write((e.args, e.kwargs, e.out))
+    write(wanted)
     return tuple(key), arrays
 
 
