@@ -184,10 +184,13 @@ def snapshot(x: mx.array) -> mx.array:
     alone, carrying x's low word (MLX's copy shares the value). With the flow on,
     an enclosing gradient records the copy (a leaf of a gradient inside a
     gradient depends on the outer one's)."""
-    if _tapes.get():
-        return carry.copy(x, copy.copy(x))
-    with carry.suspended():
-        return carry.copy(x, copy.copy(x))
+    return snapshots([x])[0]
+
+
+def snapshots(xs: list) -> list:
+    """:func:`snapshot` of each of ``xs`` (the flow suspended once for all)."""
+    with contextlib.nullcontext() if _tapes.get() else carry.suspended():
+        return [carry.copy(x, copy.copy(x)) for x in xs]
 
 
 # ---- the reverse pass -------------------------------------------------------------
@@ -584,12 +587,13 @@ def _run(fun, args, kwargs, argnums, argnames, report):
     a global) stays a constant."""
     tape = Tape()
     args, kwargs = list(args), dict(kwargs)
+    diff, named = {}, {}
     for i in argnums:
-        args[i] = _rebuild(args[i], iter([snapshot(a) for a in _flatten(args[i], [])]))
+        diff[i] = leaves = snapshots(_flatten(args[i], []))
+        args[i] = _rebuild(args[i], iter(leaves))
     for k in argnames:
-        kwargs[k] = _rebuild(kwargs[k], iter([snapshot(a) for a in _flatten(kwargs[k], [])]))
-    diff = {i: _flatten(args[i], []) for i in argnums}
-    named = {k: _flatten(kwargs[k], []) for k in argnames}
+        named[k] = leaves = snapshots(_flatten(kwargs[k], []))
+        kwargs[k] = _rebuild(kwargs[k], iter(leaves))
     for leaves in (*diff.values(), *named.values()):
         for leaf in leaves:
             tape.watch(leaf)
