@@ -496,23 +496,33 @@ class _Pass:
 
     def __init__(self):
         self.compiled = jit.compile(self._trace)
-        self.present = None  # which of ``wanted`` have a cotangent (set by the trace)
+        # for each of ``wanted`` (set by the trace): 0 no cotangent, 1 its cotangent,
+        # 2 its float64 cotangent and that rounded to float32 (narrowed in the graph)
+        self.outputs = None
 
     def _trace(self, *values):
         tape, seeds, wanted, arrays = _tracing.get()
         value = _Traced({id(a): (a, v) for a, v in zip(arrays, values)})
         cot: dict = {}
         _reverse(tape, seeds, cot, value, True, strict=True)
-        self.present = [id(a) in cot for a in wanted]
-        return [cot[id(a)] for a in wanted if id(a) in cot]
+        kinds, outs = [], []
+        for a in wanted:
+            g = cot.get(id(a))
+            kinds.append(0 if g is None else 2 if g.dtype == _F64 and a.dtype == _F32 else 1)
+            outs += [] if g is None else [g, g.astype(_F32)] if kinds[-1] == 2 else [g]
+        self.outputs = kinds
+        return outs
 
     def __call__(self, tape, seeds, wanted, arrays) -> dict:
+        """id(array) -> cotangent for ``wanted`` (a float32 array's already
+        narrowed: :func:`narrowed`)."""
         token = _tracing.set((tape, seeds, wanted, arrays))
         try:
             outs = iter(self.compiled(*[as64(a) for a in arrays]))
         finally:
             _tracing.reset(token)
-        return {id(a): next(outs) for a, present in zip(wanted, self.present) if present}
+        return {id(a): next(outs) if kind == 1 else narrowed(next(outs), a, next(outs))
+                for a, kind in zip(wanted, self.outputs) if kind}
 
 
 def _replayed(tape: Tape, seeds: list, wanted: list) -> dict | None:
@@ -535,21 +545,23 @@ def _replayed(tape: Tape, seeds: list, wanted: list) -> dict | None:
         try:
             return hit(tape, seeds, wanted, arrays)
         except Exception:  # noqa: BLE001  (traced once: the pass runs op by op)
-            if hit.present is not None:
+            if hit.outputs is not None:
                 raise
             _passes[key] = None
             return None
 
 
-def narrowed(g, like: mx.array):
+def narrowed(g, like: mx.array, hi: mx.array | None = None):
     """A cotangent from :func:`backward` as the gradient of ``like``: a float64
     cotangent of a float32 array becomes float32 high words carrying the float64
-    value (as the cpu engine's results do). Runs with the flow off."""
+    value (as the cpu engine's results do; ``hi``: those words when computed
+    already). Runs with the flow off."""
     if g.dtype != _F64 or like.dtype != _F32:
         return g
-    with mx.stream(mx.cpu):
-        z = from64(g)
-    return carry.attach_words(z.hi, z)
+    if hi is None:
+        with mx.stream(mx.cpu):
+            hi = from64(g).hi
+    return carry.attach(hi, None, (g, None))
 
 
 # ---- the transforms --------------------------------------------------------------
