@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
+import math
 
 import mlx.core as mx
 
@@ -415,13 +416,16 @@ def _reverse(tape: Tape, seeds: list, cot: dict, value, wide: bool, strict: bool
 # ops into loops without contracting a * b + c, so the same bits), then replays without
 # running the VJP rules' Python. A tape is known by its structure (:func:`_structure`:
 # each op's VJP rule, its non-array arguments, and for each array its place among the
-# pass's arrays, shape, dtype and whether it is differentiated), compiled the second
-# time it is seen (one-off gradients never compile) and dropped when it cannot be
-# traced (an op without a double-word VJP, a rule that reads values).
+# pass's arrays, shape, dtype and whether it is differentiated), compiled when seen
+# COMPILE_AT times (a trace costs about ten op-by-op passes: gradients taken a few
+# times never compile) and dropped when it cannot be traced (an op without a
+# double-word VJP, a rule that reads values).
 
 COMPILED_PASS = True
-_PASSES_MAX = 64  # structures remembered (then forgotten all at once)
-_passes: dict = {}  # structure -> 1 (seen once) | _Pass | None (cannot be traced)
+COMPILE_AT = 4
+_SEEN_MAX, _PASSES_MAX = 256, 64
+_seen: dict = {}  # structure -> sightings (forgotten all at once past _SEEN_MAX)
+_passes: dict = {}  # structure -> _Pass, or None (cannot be traced); the oldest dropped
 # (the pass a compiled call is for, read by its trace; a float64 pass inside it runs
 # op by op, traced with it)
 _tracing: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_tracing", default=None)
@@ -474,7 +478,11 @@ def _structure(tape: Tape, seeds: list, wanted: list):
             elif t in _KEYED:
                 add(v)
             elif t is float or t is complex:
-                add(repr(v))  # (-0.0 and 0.0 differ)
+                # (MLX's compiled CPU kernels write a scalar constant -0.0 as 0: a
+                # pass with one would replay with +0.0)
+                if any(p == 0 and math.copysign(1.0, p) < 0 for p in (v.real, v.imag)):
+                    raise _Untraceable("-0.0")
+                add(repr(v))
             elif t is slice:
                 write((v.start, v.stop, v.step))
             else:
@@ -527,20 +535,25 @@ class _Pass:
 
 def _replayed(tape: Tape, seeds: list, wanted: list) -> dict | None:
     """The cotangents of ``wanted`` by the compiled float64 pass of ``tape``'s
-    structure, or None (the pass runs op by op: first sighting, untraceable)."""
+    structure, or None (the pass runs op by op: seen fewer than COMPILE_AT times,
+    untraceable)."""
     try:
         key, arrays = _structure(tape, seeds, wanted)
-        hit = _passes.get(key)
+        hit = _passes.get(key, 0)
     except (_Untraceable, TypeError):  # (TypeError: an unhashable VJP rule or value)
         return None
-    if hit is None:
-        if key not in _passes:
-            if len(_passes) >= _PASSES_MAX:
-                _passes.clear()
-            _passes[key] = 1
-        return None
-    if hit == 1:
+    if hit == 0:
+        seen = _seen[key] = _seen.get(key, 0) + 1
+        if seen < COMPILE_AT:
+            if len(_seen) > _SEEN_MAX:
+                _seen.clear()
+            return None
+        del _seen[key]
+        if len(_passes) >= _PASSES_MAX:
+            del _passes[next(iter(_passes))]
         hit = _passes[key] = _Pass()
+    elif hit is None:
+        return None
     with carry.suspended(), mx.stream(mx.cpu):
         try:
             return hit(tape, seeds, wanted, arrays)
