@@ -344,8 +344,8 @@ def backward(tape: Tape, seeds: list, report, wanted: list | None = None) -> dic
     between steps); elsewhere they run with the flow on, in double-word, and the
     pass is itself recorded by an enclosing gradient. :func:`narrowed` turns a
     float64 cotangent into the array the user gets. The float64 pass of a tape
-    whose structure was seen before replays as one compiled MLX function
-    (:func:`_replayed`: a training loop's step)."""
+    whose structure was seen ``COMPILE_AT`` times replays as one compiled MLX
+    function (:func:`_replayed`: a training loop's step)."""
     wide = _float64_pass(tape)
     if wide and wanted is not None and COMPILED_PASS and _tracing.get() is None:
         cot = _replayed(tape, seeds, wanted)
@@ -413,7 +413,8 @@ def _reverse(tape: Tape, seeds: list, cot: dict, value, wide: bool, strict: bool
 # A training loop records the same tape at every step: the same ops on arrays of the
 # same shapes, only the values differ. Its float64 pass, traced once by mx.compile
 # (MLX's float64 ops, the same ones in the same order: the compiler fuses elementwise
-# ops into loops without contracting a * b + c, so the same bits), then replays without
+# ops into loops without contracting a * b + c, so the same bits; but it writes a
+# scalar constant -0.0 as 0, so a tape with one is not compiled), then replays without
 # running the VJP rules' Python. A tape is known by its structure (:func:`_structure`:
 # each op's VJP rule, its non-array arguments, and for each array its place among the
 # pass's arrays, shape, dtype and whether it is differentiated), compiled when seen
@@ -516,8 +517,14 @@ class _Pass:
         kinds, outs = [], []
         for a in wanted:
             g = cot.get(id(a))
-            kinds.append(0 if g is None else 2 if g.dtype == _F64 and a.dtype == _F32 else 1)
-            outs += [] if g is None else [g, g.astype(_F32)] if kinds[-1] == 2 else [g]
+            if g is None:
+                kinds.append(0)
+            elif g.dtype == _F64 and a.dtype == _F32:
+                kinds.append(2)
+                outs += [g, g.astype(_F32)]
+            else:
+                kinds.append(1)
+                outs.append(g)
         self.outputs = kinds
         return outs
 
