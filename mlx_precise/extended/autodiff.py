@@ -555,9 +555,9 @@ def _replayed(tape: Tape, seeds: list, wanted: list) -> dict | None:
             if len(_seen) > _SEEN_MAX:
                 _seen.clear()
             return None
-        del _seen[key]
+        _seen.pop(key, None)  # (pop: another thread may forget it first)
         if len(_passes) >= _PASSES_MAX:
-            del _passes[next(iter(_passes))]
+            _passes.pop(next(iter(_passes), None), None)
         hit = _passes[key] = _Pass()
     elif hit is None:
         return None

@@ -139,3 +139,16 @@ def test_training_steps_replay_bit_for_bit(name, traces, monkeypatch):
     assert traces[0] == 1
     for k, v in out[0].items():
         np.testing.assert_array_equal(out[1][k], v, err_msg=k)
+
+
+def test_compiled_passes_are_bounded(traces, monkeypatch):
+    """Past _PASSES_MAX structures the oldest compiled pass is dropped; each
+    gradient is still d/dx sum(x^2) = 2x (exact)."""
+    monkeypatch.setattr(autodiff, "COMPILE_AT", 1)
+    monkeypatch.setattr(autodiff, "_PASSES_MAX", 2)
+    for n in range(1, 6):
+        x = rng_f32(n, n)
+        with mp.use_backend("cpu"), mp.extended_precision():
+            g = carried(mx.grad(lambda t: (t * t).sum())(mx.array(x)))
+        np.testing.assert_array_equal(g, 2 * x.astype(np.float64))
+    assert len(autodiff._passes) == 2 and traces[0] == 5
