@@ -28,12 +28,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
+import math
 
 import mlx.core as mx
 
-from ..core import backends
+from ..core import backends, jit
 from ..doubleword.engine64 import from64
 from . import carry
+from .carry import as64
 from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from .report import dropped
 
@@ -100,26 +102,51 @@ def arrays_in(value) -> list:
     return []
 
 
-_INEXACT = (mx.float32, mx.float64, mx.complex64, mx.float16, mx.bfloat16)
+_INEXACT = frozenset((mx.float32, mx.float64, mx.complex64, mx.float16, mx.bfloat16))
+_F32, _F64, _C64 = mx.float32, mx.float64, mx.complex64
 
 
 def record(name: str, vjp, original, args, kwargs, out, report) -> None:
     """Record one op on every tape whose differentiated inputs it reads."""
-    ins = [a for a in args if isinstance(a, ARRAY)]
-    if len(ins) < len(args) or kwargs:  # lists of arrays, keyword arguments
+    # (once per op while a gradient records: plain loops, no comprehension or
+    # generator where one array is the common case)
+    ins = args
+    for a in args:
+        if not isinstance(a, ARRAY):  # lists of arrays, scalars
+            ins = None
+            break
+    if ins is None or kwargs:
         ins = [a for v in (*args, *kwargs.values()) for a in arrays_in(v)]
+    outs = None
     for tape in _tapes.get():
         tracked = tape.tracked
-        if not any(tracked.get(id(a)) is a for a in ins):
+        for a in ins:
+            if tracked.get(id(a)) is a:
+                break
+        else:
             continue
-        outs = arrays_in(out)
-        if not any(o.dtype in _INEXACT for o in outs):
-            return  # booleans and integers take no gradient
+        if outs is None:
+            if isinstance(out, ARRAY):
+                outs = [out]
+                kind = out.dtype
+                if kind not in _INEXACT:
+                    return  # booleans and integers take no gradient
+                inexact, complex_ = outs, kind == _C64
+            else:
+                outs = arrays_in(out)
+                inexact = [o for o in outs if o.dtype in _INEXACT]
+                if not inexact:
+                    return
+                complex_ = any(o.dtype == _C64 for o in outs)
+            for a in ins:
+                if complex_:
+                    break
+                complex_ = a.dtype == _C64
         tape.entries.append(Entry(name, vjp, original, args, kwargs, out, outs, report))
-        tape.complex = tape.complex or any(a.dtype == mx.complex64 for a in (*outs, *ins))
-        for o in outs:
-            if o.dtype in _INEXACT:
-                tracked[id(o)] = o
+        if complex_:
+            tape.complex = True
+        for o in inexact:
+            tracked[id(o)] = o
 
 
 def opaque(name: str, fn, args, kwargs, out, report) -> None:
@@ -158,10 +185,13 @@ def snapshot(x: mx.array) -> mx.array:
     alone, carrying x's low word (MLX's copy shares the value). With the flow on,
     an enclosing gradient records the copy (a leaf of a gradient inside a
     gradient depends on the outer one's)."""
-    if _tapes.get():
-        return carry.copy(x, copy.copy(x))
-    with carry.suspended():
-        return carry.copy(x, copy.copy(x))
+    return snapshots([x])[0]
+
+
+def snapshots(xs: list) -> list:
+    """:func:`snapshot` of each of ``xs`` (the flow suspended once for all)."""
+    with contextlib.nullcontext() if _tapes.get() else carry.suspended():
+        return [carry.copy(x, copy.copy(x)) for x in xs]
 
 
 # ---- the reverse pass -------------------------------------------------------------
@@ -234,12 +264,14 @@ def _accumulate(cot: dict, a: mx.array, g, wide: bool) -> None:
     if g.shape != a.shape:
         raise AssertionError(f"mlx_precise: a VJP rule gave a cotangent of shape "
                              f"{g.shape} for an operand of shape {a.shape}")
-    want = mx.float64 if wide and a.dtype == mx.float32 else a.dtype
-    if g.dtype != want and mx.issubdtype(a.dtype, mx.floating) and a.dtype != mx.float64:
+    kind = a.dtype
+    want = _F64 if wide and kind == _F32 else kind
+    if g.dtype != want and kind != _F64 and mx.issubdtype(kind, mx.floating):
         g = mx.real(g) if mx.issubdtype(g.dtype, mx.complexfloating) and not mx.issubdtype(
-            a.dtype, mx.complexfloating) else g.astype(want)
-    prev = cot.get(id(a))
-    cot[id(a)] = g if prev is None else prev + g  # double-word, or float64
+            kind, mx.complexfloating) else g.astype(want)
+    key = id(a)
+    prev = cot.get(key)
+    cot[key] = g if prev is None else prev + g  # double-word, or float64
 
 
 def _float64_pass(tape: Tape) -> bool:
@@ -256,30 +288,54 @@ class _Float64Values:
     converted once per backward pass; other values as they are."""
 
     def __init__(self):
-        self.as64, self.seen = carry.as64, {}
+        self.seen = {}  # id -> (array, its float64 value)
+
+    def array(self, v: mx.array):
+        hit = self.seen.get(id(v))
+        if hit is None or hit[0] is not v:
+            hit = self.seen[id(v)] = (v, as64(v))  # (as64 leaves other dtypes alone)
+        return hit[1]
 
     def __call__(self, v):
         if isinstance(v, ARRAY):
-            if v.dtype != mx.float32:
-                return v
-            hit = self.seen.get(id(v))
-            if hit is None or hit[0] is not v:
-                hit = self.seen[id(v)] = (v, self.as64(v))
-            return hit[1]
+            return self.array(v)
         if isinstance(v, (list, tuple)):
-            return type(v)(map(self, v))
+            return type(v)([self(x) for x in v])
         if isinstance(v, dict):
             return {k: self(x) for k, x in v.items()} if v else v
         return v
+
+    def entry(self, e: Entry) -> Entry:
+        """``e`` with its operands and output at their float64 values (what its VJP
+        rule reads on the float64 pass)."""
+        array = self.array
+        args = tuple([array(v) if isinstance(v, ARRAY) else self(v) for v in e.args])
+        out = array(e.out) if isinstance(e.out, ARRAY) else self(e.out)
+        return Entry(e.name, e.vjp, e.original, args, self(e.kwargs) if e.kwargs else e.kwargs,
+                     out, None, e.report)
+
+
+class _Traced(_Float64Values):
+    """The float64 values of a pass being traced: every array's is given (an input
+    of the compiled function); any other array would be a constant of the trace."""
+
+    def __init__(self, seen: dict):
+        self.seen = seen
+
+    def array(self, v: mx.array):
+        hit = self.seen.get(id(v))
+        if hit is None or hit[0] is not v:
+            raise _Untraceable("an array outside the tape")
+        return hit[1]
 
 
 def _zeros_for(o: mx.array, wide: bool) -> mx.array:
     return mx.zeros(o.shape, mx.float64) if wide and o.dtype == mx.float32 else mx.zeros_like(o)
 
 
-def backward(tape: Tape, seeds: list, report) -> dict:
+def backward(tape: Tape, seeds: list, report, wanted: list | None = None) -> dict:
     """Walk ``tape`` backwards from ``seeds`` ((array, cotangent) pairs); returns
-    id(array) -> cotangent.
+    id(array) -> cotangent (with ``wanted``, a list of arrays: at least theirs).
 
     Two ways, with the same VJP rules: on the cpu backend (outside any enclosing
     gradient, real values) the rules run with the flow off on the float64 values
@@ -287,8 +343,14 @@ def backward(tape: Tape, seeds: list, report) -> dict:
     bits, where the flow's would be ~48: no per-op dispatch, no split into words
     between steps); elsewhere they run with the flow on, in double-word, and the
     pass is itself recorded by an enclosing gradient. :func:`narrowed` turns a
-    float64 cotangent into the array the user gets."""
+    float64 cotangent into the array the user gets. The float64 pass of a tape
+    whose structure was seen ``COMPILE_AT`` times replays as one compiled MLX
+    function (:func:`_replayed`: a training loop's step)."""
     wide = _float64_pass(tape)
+    if wide and wanted is not None and COMPILED_PASS and _tracing.get() is None:
+        cot = _replayed(tape, seeds, wanted)
+        if cot is not None:
+            return cot
     cot: dict = {}
     with contextlib.ExitStack() as stack:
         if wide:
@@ -298,49 +360,228 @@ def backward(tape: Tape, seeds: list, report) -> dict:
         else:
             stack.enter_context(carry.reporting(report))
             value = None
-        for a, g in seeds:
-            _accumulate(cot, a, g if value is None else value(g), wide)
-        for e in reversed(tape.entries):
-            gs = [cot.get(id(o)) for o in e.outs]
-            if all(g is None for g in gs):
-                continue
-            gs = [_zeros_for(o, wide) if g is None else g for o, g in zip(e.outs, gs)]
-            g = gs if isinstance(e.out, (list, tuple)) else gs[0]
-            grads, named = None, {}
-            if e.vjp is not None and not any(tape.tracks(a) for v in e.kwargs.values()
-                                             for a in arrays_in(v)):
-                grads = e.vjp(e if value is None else Entry(
-                    e.name, e.vjp, e.original, value(e.args), value(e.kwargs), value(e.out),
-                    None, e.report), g)
-            if grads is None or grads is NotImplemented:
-                if wide:  # MLX's float32 VJP reads the float32 values (reported)
-                    g = [x.astype(o.dtype) for x, o in zip(gs, e.outs)] if isinstance(
-                        e.out, (list, tuple)) else g.astype(e.out.dtype)
-                grads, named = _float32_vjp(e, g)
-            for key, ga in named.items():
-                if ga is not None and tape.tracks(e.kwargs[key]):
-                    _accumulate(cot, e.kwargs[key], ga, wide)
-            for arg, ga in zip(e.args, grads):
-                if ga is None:
-                    continue
-                if isinstance(arg, (list, tuple)):
-                    for a, gi in zip(arg, ga):
-                        if gi is not None and tape.tracks(a):
-                            _accumulate(cot, a, gi, wide)
-                elif tape.tracks(arg):
-                    _accumulate(cot, arg, ga, wide)
+        _reverse(tape, seeds, cot, value, wide)
     return cot
 
 
-def narrowed(g, like: mx.array):
+def _reverse(tape: Tape, seeds: list, cot: dict, value, wide: bool, strict: bool = False):
+    """The walk of :func:`backward` (``value``: the float64 values of the operands on
+    the float64 pass, else None); ``strict``: an op without a double-word VJP
+    raises :class:`_Untraceable` instead of running MLX's float32 VJP."""
+    for a, g in seeds:
+        _accumulate(cot, a, g if value is None else value(g), wide)
+    tracked = tape.tracked
+    for e in reversed(tape.entries):
+        out = e.out
+        if isinstance(out, ARRAY):  # (most ops: one output)
+            g = cot.get(id(out))
+            if g is None:
+                continue
+            gs = None
+        else:
+            gs = [cot.get(id(o)) for o in e.outs]
+            if all(g is None for g in gs):
+                continue
+            g = gs = [_zeros_for(o, wide) if g is None else g for o, g in zip(e.outs, gs)]
+        grads, named = None, {}
+        if e.vjp is not None and not (e.kwargs and any(
+                tape.tracks(a) for v in e.kwargs.values() for a in arrays_in(v))):
+            grads = e.vjp(e if value is None else value.entry(e), g)
+        if grads is None or grads is NotImplemented:
+            if strict:
+                raise _Untraceable(e.name)
+            if wide:  # MLX's float32 VJP reads the float32 values (reported)
+                g = g.astype(out.dtype) if gs is None else [
+                    x.astype(o.dtype) for x, o in zip(gs, e.outs)]
+            grads, named = _float32_vjp(e, g)
+        for key, ga in named.items():
+            if ga is not None and tape.tracks(e.kwargs[key]):
+                _accumulate(cot, e.kwargs[key], ga, wide)
+        for arg, ga in zip(e.args, grads):
+            if ga is None:
+                continue
+            if isinstance(arg, ARRAY):
+                if tracked.get(id(arg)) is arg:
+                    _accumulate(cot, arg, ga, wide)
+            elif isinstance(arg, (list, tuple)):
+                for a, gi in zip(arg, ga):
+                    if gi is not None and tape.tracks(a):
+                        _accumulate(cot, a, gi, wide)
+
+
+# ---- the float64 pass replayed --------------------------------------------------------
+# A training loop records the same tape at every step: the same ops on arrays of the
+# same shapes, only the values differ. Its float64 pass, traced once by mx.compile
+# (MLX's float64 ops, the same ones in the same order: the compiler fuses elementwise
+# ops into loops without contracting a * b + c, so the same bits; but it writes a
+# scalar constant -0.0 as 0, so a tape with one is not compiled), then replays without
+# running the VJP rules' Python. A tape is known by its structure (:func:`_structure`:
+# each op's VJP rule, its non-array arguments, and for each array its place among the
+# pass's arrays, shape, dtype and whether it is differentiated), compiled when seen
+# COMPILE_AT times (a trace costs about ten op-by-op passes: gradients taken a few
+# times never compile) and dropped when it cannot be traced (an op without a
+# double-word VJP, a rule that reads values).
+
+COMPILED_PASS = True
+COMPILE_AT = 4
+_SEEN_MAX, _PASSES_MAX = 256, 64
+_seen: dict = {}  # structure -> sightings (forgotten all at once past _SEEN_MAX)
+_passes: dict = {}  # structure -> _Pass, or None (cannot be traced); the oldest dropped
+# (the pass a compiled call is for, read by its trace; a float64 pass inside it runs
+# op by op, traced with it)
+_tracing: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_tracing", default=None)
+
+
+class _Untraceable(Exception):
+    """The float64 pass of this tape cannot be one compiled function."""
+
+
+_KEYED = (int, bool, str, type(None), type(Ellipsis), type(mx.float32))
+
+
+def _structure(tape: Tape, seeds: list, wanted: list):
+    """(key, arrays): the structure of the float64 pass over ``tape`` (a hashable
+    tuple: each value written as a self-delimiting run of items) and the distinct
+    arrays it reads, in order of first use; raises :class:`_Untraceable` for an
+    argument it cannot key."""
+    index: dict = {}
+    arrays: list = []
+    tracked = tape.tracked
+    key = [str(backends.backend()), len(seeds)]
+    add = key.append
+
+    def write(values):
+        # each value: an array as its index among ``arrays`` when seen before, else
+        # its shape (a tuple), dtype and whether it is differentiated; any other
+        # value as its type, then its contents (one call per container, not per item)
+        for v in values:
+            if isinstance(v, ARRAY):
+                i = index.get(id(v))
+                if i is None:
+                    index[id(v)] = len(arrays)
+                    arrays.append(v)
+                    add(v.shape)
+                    add(v.dtype)
+                    add(tracked.get(id(v)) is v)
+                else:
+                    add(i)
+                continue
+            t = type(v)
+            add(t)
+            if t is tuple or t is list:
+                add(len(v))
+                write(v)
+            elif t is dict:
+                add(len(v))
+                for k, x in v.items():
+                    add(k)
+                    write((x,))
+            elif t in _KEYED:
+                add(v)
+            elif t is float or t is complex:
+                # (MLX's compiled CPU kernels write a scalar constant -0.0 as 0: a
+                # pass with one would replay with +0.0)
+                if any(p == 0 and math.copysign(1.0, p) < 0 for p in (v.real, v.imag)):
+                    raise _Untraceable("-0.0")
+                add(repr(v))
+            elif t is slice:
+                write((v.start, v.stop, v.step))
+            else:
+                raise _Untraceable(t.__name__)
+
+    for a, g in seeds:
+        write((a, g))
+    for e in tape.entries:
+        add(e.name)
+        add(e.vjp)
+        write((e.args, e.kwargs, e.out))
+    write(wanted)
+    return tuple(key), arrays
+
+
+class _Pass:
+    """One structure's float64 pass, compiled: called with the tape being walked
+    (read only while tracing), returns the cotangents of ``wanted``."""
+
+    def __init__(self):
+        self.compiled = jit.compile(self._trace)
+        # for each of ``wanted`` (set by the trace): 0 no cotangent, 1 its cotangent,
+        # 2 its float64 cotangent and that rounded to float32 (narrowed in the graph)
+        self.outputs = None
+
+    def _trace(self, *values):
+        tape, seeds, wanted, arrays = _tracing.get()
+        value = _Traced({id(a): (a, v) for a, v in zip(arrays, values)})
+        cot: dict = {}
+        _reverse(tape, seeds, cot, value, True, strict=True)
+        kinds, outs = [], []
+        for a in wanted:
+            g = cot.get(id(a))
+            if g is None:
+                kinds.append(0)
+            elif g.dtype == _F64 and a.dtype == _F32:
+                kinds.append(2)
+                outs += [g, g.astype(_F32)]
+            else:
+                kinds.append(1)
+                outs.append(g)
+        self.outputs = kinds
+        return outs
+
+    def __call__(self, tape, seeds, wanted, arrays) -> dict:
+        """id(array) -> cotangent for ``wanted`` (a float32 array's already
+        narrowed: :func:`narrowed`)."""
+        token = _tracing.set((tape, seeds, wanted, arrays))
+        try:
+            outs = iter(self.compiled(*[as64(a) for a in arrays]))
+        finally:
+            _tracing.reset(token)
+        return {id(a): next(outs) if kind == 1 else narrowed(next(outs), a, next(outs))
+                for a, kind in zip(wanted, self.outputs) if kind}
+
+
+def _replayed(tape: Tape, seeds: list, wanted: list) -> dict | None:
+    """The cotangents of ``wanted`` by the compiled float64 pass of ``tape``'s
+    structure, or None (the pass runs op by op: seen fewer than COMPILE_AT times,
+    untraceable)."""
+    try:
+        key, arrays = _structure(tape, seeds, wanted)
+        hit = _passes.get(key, 0)
+    except (_Untraceable, TypeError):  # (TypeError: an unhashable VJP rule or value)
+        return None
+    if hit == 0:
+        seen = _seen[key] = _seen.get(key, 0) + 1
+        if seen < COMPILE_AT:
+            if len(_seen) > _SEEN_MAX:
+                _seen.clear()
+            return None
+        _seen.pop(key, None)  # (pop: another thread may forget it first)
+        if len(_passes) >= _PASSES_MAX:
+            _passes.pop(next(iter(_passes), None), None)
+        hit = _passes[key] = _Pass()
+    elif hit is None:
+        return None
+    with carry.suspended(), mx.stream(mx.cpu):
+        try:
+            return hit(tape, seeds, wanted, arrays)
+        except Exception:  # noqa: BLE001  (traced once: the pass runs op by op)
+            if hit.outputs is not None:
+                raise
+            _passes[key] = None
+            return None
+
+
+def narrowed(g, like: mx.array, hi: mx.array | None = None):
     """A cotangent from :func:`backward` as the gradient of ``like``: a float64
     cotangent of a float32 array becomes float32 high words carrying the float64
-    value (as the cpu engine's results do)."""
-    if g.dtype != mx.float64 or like.dtype != mx.float32:
+    value (as the cpu engine's results do; ``hi``: those words when computed
+    already). Runs with the flow off."""
+    if g.dtype != _F64 or like.dtype != _F32:
         return g
-    with mx.stream(mx.cpu):
-        z = from64(g)
-    return carry.attach_words(z.hi, z)
+    if hi is None:
+        with mx.stream(mx.cpu):
+            hi = from64(g).hi
+    return carry.attach(hi, None, (g, None))
 
 
 # ---- the transforms --------------------------------------------------------------
@@ -378,12 +619,13 @@ def _run(fun, args, kwargs, argnums, argnames, report):
     a global) stays a constant."""
     tape = Tape()
     args, kwargs = list(args), dict(kwargs)
+    diff, named = {}, {}
     for i in argnums:
-        args[i] = _rebuild(args[i], iter([snapshot(a) for a in _flatten(args[i], [])]))
+        diff[i] = leaves = snapshots(_flatten(args[i], []))
+        args[i] = _rebuild(args[i], iter(leaves))
     for k in argnames:
-        kwargs[k] = _rebuild(kwargs[k], iter([snapshot(a) for a in _flatten(kwargs[k], [])]))
-    diff = {i: _flatten(args[i], []) for i in argnums}
-    named = {k: _flatten(kwargs[k], []) for k in argnames}
+        named[k] = leaves = snapshots(_flatten(kwargs[k], []))
+        kwargs[k] = _rebuild(kwargs[k], iter(leaves))
     for leaves in (*diff.values(), *named.values()):
         for leaf in leaves:
             tape.watch(leaf)
@@ -397,13 +639,19 @@ def _run(fun, args, kwargs, argnums, argnames, report):
 
 
 def _gradients(tape, seeds, args, kwargs, diff, named, report):
-    cot = backward(tape, seeds, report)
+    cot = backward(tape, seeds, report, [a for leaves in (*diff.values(), *named.values())
+                                         for a in leaves])
 
     def grads_of(tree, leaves):
-        with carry.reporting(report):
-            gs = iter([mx.zeros_like(a) if cot.get(id(a)) is None else
-                       narrowed(cot[id(a)], a) for a in leaves])
-        return _rebuild(tree, gs)
+        gs = []
+        with carry.suspended():  # (the casts of narrowed are the package's, not the user's)
+            for a in leaves:
+                g = cot.get(id(a))
+                if g is None:
+                    with carry.reporting(report):
+                        g = mx.zeros_like(a)
+                gs.append(narrowed(g, a))
+        return _rebuild(tree, iter(gs))
 
     pos = tuple(grads_of(args[i], leaves) for i, leaves in diff.items())
     kw = {k: grads_of(kwargs[k], leaves) for k, leaves in named.items()}
