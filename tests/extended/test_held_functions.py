@@ -121,7 +121,7 @@ KINDS = list(_holders())
 @pytest.fixture
 def scan_due(monkeypatch):
     """The default mode's next block scans (as after an import)."""
-    monkeypatch.setitem(dispatch._watch, "modules", -1)
+    monkeypatch.setitem(dispatch._watch, "due", True)
 
 
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "default"])
@@ -149,6 +149,7 @@ def test_without_the_scan_the_held_function_drops(kind, monkeypatch, scan_due):
     carried value in float32, unseen on Python 3.11 (3.12+: reported, through
     sys.monitoring): the results are not all correctly rounded."""
     monkeypatch.setattr(dispatch, "_rebind_held", lambda strict: None)
+    monkeypatch.setattr(dispatch, "_places_held", [])  # (and none found before)
     call, oracle, _ = _holders()[kind]
     with mp.extended_precision() as report:
         x = _carried()
@@ -167,18 +168,18 @@ def test_an_immutable_holder_raises_under_strict_and_warns_otherwise(kind, scan_
         with mp.extended_precision(strict=True):
             pass
     assert dispatch._open == 0 and mx.exp is next(iter(held["frozen"]))  # all put back
-    dispatch._watch["modules"] = -1
+    dispatch._watch["due"] = True
     with pytest.warns(RuntimeWarning, match="cannot be rebound"):
         with mp.extended_precision():
             pass
-    dispatch._watch["modules"] = -1
+    dispatch._watch["due"] = True
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # named once
         with mp.extended_precision():
             pass
 
 
-def test_the_default_mode_scans_again_only_when_the_heap_changed(scan_due):
+def test_the_default_mode_scans_again_only_when_a_function_is_held_anew(scan_due):
     calls = []
     rebind = dispatch._rebind_held
 
@@ -190,13 +191,16 @@ def test_the_default_mode_scans_again_only_when_the_heap_changed(scan_due):
     try:
         with mp.extended_precision():
             pass
-        for _ in range(20):  # nothing imported, nothing grown: no scan
+        for _ in range(20):  # nothing new holds an MLX function: no scan
             with mp.extended_precision():
                 pass
-        assert calls == [False]
         sys.modules["_held_functions_probe"] = types.ModuleType("_held_functions_probe")
-        with mp.extended_precision():  # a module imported: scanned again
+        with mp.extended_precision():  # (an import alone does not hold one)
             pass
+        assert calls == [False]
+        kept = [mx.exp]  # a new reference to mx.exp: scanned again
+        with mp.extended_precision():
+            assert kept[0] is not mx.exp.__wrapped__
         assert calls == [False, False]
         with mp.extended_precision(), mp.extended_precision(strict=True):
             pass  # strict scans (once per installation: the nested strict block here)
@@ -207,7 +211,8 @@ def test_the_default_mode_scans_again_only_when_the_heap_changed(scan_due):
 
 
 def test_nested_blocks_and_a_strict_inner_block(monkeypatch):
-    monkeypatch.setattr(dispatch, "_scan_due", lambda strict: strict)
+    install = dispatch._install
+    monkeypatch.setattr(dispatch, "_install", lambda: install() and False)  # no scan
     table = {"exp": mx.exp}
     with mp.extended_precision():
         assert table["exp"] is mx.exp.__wrapped__  # the default block did not scan
