@@ -3,9 +3,9 @@
 While at least one block is open (in any thread), the callables of ``mx``,
 ``mx.fast``, ``mx.fft``, ``mx.linalg``, ``mx.random`` and ``mx.array``'s operators,
 methods and properties are replaced by thin wrappers, one per entry of
-:mod:`.registry`; so are names bound to them before the block (module globals,
-mlx.nn's pooling layers, the opening frame's locals, and, found by a scan of the
-heap, attributes, containers, closure cells and default arguments), and compiled
+:mod:`.registry`; so are the places that held them before the block (found by a scan of the
+heap: module globals, attributes, containers, closure cells, default arguments,
+``staticmethod``, bound methods of arrays; and the opening frame's locals), and compiled
 functions run their Python function on the arrays they are given. When the last
 block closes the originals are put back, so code outside every block runs MLX
 itself, with no wrapper in between (but for the in-place operators,
