@@ -335,6 +335,7 @@ _MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (3.11+): attributes stored in 
 _CONTAINERS = (dict, list, tuple, set, frozenset, _CELL, types.FunctionType, property,
                staticmethod, classmethod, types.MethodType, functools.partial)
 _BOUND = type(mx.array.__mul__.__get__(mx.array(0)))  # MLX's bound methods
+_METHODS = (_BOUND, types.MethodType)
 # objects implemented in C that hold no user callable (a scan does not read their
 # references): the interpreter's descriptors and builtins, classes, modules, frames
 # (locals: :func:`_rebind_locals`), weak references, MLX's own functions
@@ -546,7 +547,7 @@ def _scan_heap(hit: dict, own: dict) -> tuple[list, list, list]:
         elif t is staticmethod or t is classmethod:
             if id(o.__func__) in keys:
                 mutable.append(o)
-        elif t is _BOUND or t is types.MethodType:
+        elif t in _METHODS:
             if id(o.__func__) in keys and isinstance(o.__self__, constructor.ARRAY):
                 bound.append(o)
         else:
@@ -664,9 +665,9 @@ def _describe(holder, hit: dict) -> str:
                 where = (f" {r['__name__']}.{k}" if isinstance(r.get("__name__"), str)
                          else f" (the attribute or key {k!r})")
                 break
-    functions = sorted({_name(v.__func__ if type(v) in (_BOUND, types.MethodType) else v)
+    functions = sorted({_name(v.__func__ if type(v) in _METHODS else v)
                         for v in gc.get_referents(holder) if id(v) in hit or (
-                            type(v) in (_BOUND, types.MethodType) and id(v.__func__) in hit)})
+                            type(v) in _METHODS and id(v.__func__) in hit)})
     if type(holder) is types.FrameType:
         return (f"a local variable of {holder.f_code.co_qualname} (not the function that "
                 f"opens the block) holding {', '.join(functions)}")
@@ -859,6 +860,11 @@ class _Kept(tuple):
     to undo): a heap scan (:func:`_scan_heap`) skips it."""
 
 
+def _set_each(owner, values: dict) -> None:
+    for name, value in values.items():
+        setattr(owner, name, value)
+
+
 class _Plan:
     """The stand-ins, built once (wrappers for ~350 callables cost milliseconds):
     per owner (a module or a class) the originals and their replacements, so that a
@@ -919,6 +925,12 @@ class _Plan:
                              for n, r in replace.items()
                              if isinstance(r, types.FunctionType)
                              and not isinstance(restore[n], types.FunctionType)})
+        # swap(install): (update one namespace, its values, the class to tell or None)
+        self.steps = {flag: [(
+            functools.partial(_set_each, owner) if namespace is None else namespace.update,
+            replace if flag else restore,
+            owner if isinstance(owner, type) and namespace is not None else None)
+            for owner, namespace, replace, restore in self.swaps] for flag in (True, False)}
         # what a frame's locals are rebound from (:func:`_rebind_locals`)
         self.bindable = {**self.scanned, **self.functions}
         self.own = None  # id -> the package's own holders, found at the first scan
@@ -945,15 +957,10 @@ class _Plan:
         return tuple(map(sys.getrefcount, (o for o, _ in self.scanned.values())))
 
     def swap(self, install: bool) -> None:
-        for owner, namespace, replace, restore in self.swaps:
-            values = replace if install else restore
-            if namespace is None:
-                for name, value in values.items():
-                    setattr(owner, name, value)
-                continue
-            namespace.update(values)
-            if owner.__class__ is not types.ModuleType:  # (a class)
-                _type_modified(owner)
+        for update, values, cls in self.steps[install]:
+            update(values)
+            if cls is not None:
+                _type_modified(cls)
         if not install and self.tags is not None:
             self.tagged = self.tags.read().tobytes()
 
@@ -1036,7 +1043,7 @@ def _local_hit(value, plan):
         # (MLX's own callables only: a Python function that replaced one of them, the
         # caller's own code, keeps its name)
         return hit if hit[0] is value and not isinstance(value, types.FunctionType) else None
-    if type(value) is _BOUND or type(value) is types.MethodType:
+    if value.__class__ in _METHODS:
         hit = plan.scanned.get(id(value.__func__))
         if hit is not None and hit[0] is value.__func__:
             return value, types.MethodType(hit[1], value.__self__)
@@ -1049,7 +1056,7 @@ def _rebind_locals(every: bool):
     (``every``) of all calling frames, rebound to the stand-ins; None when there
     are none."""
     plan = _plans[0]
-    out = []
+    bindable, out = plan.bindable, []
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_globals.get("__name__", "").startswith(_OWN):
@@ -1059,9 +1066,10 @@ def _rebind_locals(every: bool):
         if namespace is not frame.f_globals:
             hits = {}
             for name, value in namespace.items():
-                hit = _local_hit(value, plan)
-                if hit is not None:
-                    hits[name] = hit
+                if id(value) in bindable or value.__class__ in _METHODS:
+                    hit = _local_hit(value, plan)
+                    if hit is not None:
+                        hits[name] = hit
             if hits:
                 _set_locals(frame, {name: standin for name, (_, standin) in hits.items()})
                 out.append((frame, hits))
