@@ -616,7 +616,9 @@ class _Unreached:
                 "collector does not track)")
 
 
-_watch = {"due": True, "scanned": False}  # a scan is due / ran in this installation
+# a scan is due / ran in this installation / sys.modules' size at the last scan
+_watch = {"due": True, "scanned": False, "modules": 0}
+_SKIP = ("mlx.core", "mlx_precise")  # modules whose globals are MLX's or the package's
 _places_held: list = []  # _Place: rebound to the stand-ins at every installation
 _warned: set = set()  # ids of the holders named in a warning already
 
@@ -686,8 +688,16 @@ def _rebind_held(strict: bool) -> None:
         mutable = [h for h in mutable if id(h) not in plan.own]
         frozen = [h for h in frozen if id(h) not in plan.own]
         bound = [b for b in bound if id(b) not in plan.own]
-    _watch.update(due=False, scanned=True)
+    _watch.update(due=False, scanned=True, modules=len(sys.modules))
     found = [p for holder in mutable for p in _places(holder, hit)]
+    # MLX's classes (mx.array: its Constructor) bound in module globals; not scanned
+    # for elsewhere (the class is in every annotation and isinstance tuple)
+    classes = plan.classes
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if type(namespace) is dict and not name.startswith(_SKIP) and not (
+                classes.keys().isdisjoint(map(id, namespace.values()))):
+            found += _places(namespace, classes)
     if bound:
         more, unreached = _bound_places(bound, hit)
         found += more
@@ -931,6 +941,8 @@ class _Plan:
             replace if flag else restore,
             owner if isinstance(owner, type) and namespace is not None else None)
             for owner, namespace, replace, restore in self.swaps] for flag in (True, False)}
+        self.classes = {key: hit for key, hit in self.functions.items()
+                        if isinstance(hit[0], type)}
         # what a frame's locals are rebound from (:func:`_rebind_locals`)
         self.bindable = {**self.scanned, **self.functions}
         self.own = None  # id -> the package's own holders, found at the first scan
@@ -994,7 +1006,7 @@ def _held_anew() -> bool:
     (compared in the same state: the stand-ins installed, the places and the
     outermost block's locals rebound)."""
     plan = _plans[0]
-    return plan.referenced() != plan.counted
+    return plan.referenced() != plan.counted or len(sys.modules) != _watch["modules"]
 
 
 def _uninstall() -> None:

@@ -23,6 +23,7 @@ import pytest
 
 import mlx_precise as mp
 from mlx_precise.extended import PrecisionDropError, dispatch, low_word
+from mlx_precise.extended.constructor import ARRAY
 
 
 def _carried():
@@ -196,17 +197,18 @@ def test_the_default_mode_scans_again_only_when_a_function_is_held_anew(scan_due
         for _ in range(20):  # nothing new holds an MLX function: no scan
             with mp.extended_precision():
                 pass
-        sys.modules["_held_functions_probe"] = types.ModuleType("_held_functions_probe")
-        with mp.extended_precision():  # (an import alone does not hold one)
-            pass
         assert calls == [False]
         kept = [mx.exp]  # a new reference to mx.exp: scanned again
         with mp.extended_precision():
             assert kept[0] is not mx.exp.__wrapped__
         assert calls == [False, False]
+        sys.modules["_held_functions_probe"] = types.ModuleType("_held_functions_probe")
+        with mp.extended_precision():  # a module imported (it may bind mx.array)
+            pass
+        assert calls == [False, False, False]
         with mp.extended_precision(), mp.extended_precision(strict=True):
             pass  # strict scans (once per installation: the nested strict block here)
-        assert calls == [False, False, True]
+        assert calls == [False, False, False, True]
     finally:
         dispatch._rebind_held = rebind
         del sys.modules["_held_functions_probe"]
@@ -215,6 +217,7 @@ def test_the_default_mode_scans_again_only_when_a_function_is_held_anew(scan_due
 def test_nested_blocks_and_a_strict_inner_block(monkeypatch):
     install = dispatch._install
     monkeypatch.setattr(dispatch, "_install", lambda: install() and False)  # no scan
+    monkeypatch.setattr(dispatch, "_held_anew", lambda: False)
     table = {"exp": mx.exp}
     with mp.extended_precision():
         assert table["exp"] is mx.exp.__wrapped__  # the default block did not scan
@@ -502,3 +505,20 @@ def test_outside_blocks_mlx_is_unchanged():
     _settled()
     assert vars(_Static)["act"].__func__ is mx.exp
     assert dispatch._open == 0
+
+
+def test_a_module_global_bound_to_mlx_array_is_the_constructor_inside(scan_due):
+    """``from mlx.core import array`` in a module imported before the block: inside it
+    ``array(x)`` copies the low word x carries, as ``mx.array`` does."""
+    module = types.ModuleType("_held_class_probe")
+    module.array = mx.array
+    sys.modules[module.__name__] = module
+    try:
+        with mp.extended_precision():
+            x = _carried()
+            a = module.array(x)
+        np.testing.assert_array_equal(np.array(a), np.array(x))
+        np.testing.assert_array_equal(np.array(low_word(a)), np.array(low_word(x)))
+        assert module.array is ARRAY
+    finally:
+        del sys.modules[module.__name__]
