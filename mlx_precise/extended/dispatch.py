@@ -627,13 +627,14 @@ def _apply() -> bool:
     """Set the places found so far to their stand-ins; False when one of them holds
     something else since (it was reassigned: a scan is due), or its holder is gone."""
     kept, same = [], True
-    for p in _places_held:
+    for p in _places_held:  # (with _restore_places: about 0.6 us a place per block)
         h = p.holder()
         if h is None:
             continue
-        v = p.get(h)
+        get, set_ = p.access
+        v = get(h, p.key)
         if v is p.original:
-            p.set(h, p.standin)
+            set_(h, p.key, p.standin)
         elif v is not p.standin:
             same = False
             continue
@@ -645,8 +646,10 @@ def _apply() -> bool:
 def _restore_places() -> None:
     for p in _places_held:
         h = p.holder()
-        if h is not None and p.get(h) is p.standin:  # (not reassigned inside the block)
-            p.set(h, p.original)
+        if h is not None:
+            get, set_ = p.access
+            if get(h, p.key) is p.standin:  # (not reassigned inside the block)
+                set_(h, p.key, p.original)
 
 
 def _name(v) -> str:
