@@ -177,8 +177,11 @@ def extended_precision(enabled: bool = True, *, intercept_mlx: bool = True,
                                 # double-word; y is rounded once
         print(report)
     """
-    for name, v in (("enabled", enabled), ("intercept_mlx", intercept_mlx),
-                    ("strict", strict)):
-        if not isinstance(v, bool):
-            raise TypeError(f"extended_precision({name}) takes a bool, got {type(v).__name__}")
+    if enabled.__class__ is not bool or intercept_mlx.__class__ is not bool or (
+            strict.__class__ is not bool):
+        for name, v in (("enabled", enabled), ("intercept_mlx", intercept_mlx),
+                        ("strict", strict)):
+            if not isinstance(v, bool):
+                raise TypeError(
+                    f"extended_precision({name}) takes a bool, got {type(v).__name__}")
     return _Block(enabled, enabled and intercept_mlx, strict)

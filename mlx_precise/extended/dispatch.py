@@ -3,9 +3,9 @@
 While at least one block is open (in any thread), the callables of ``mx``,
 ``mx.fast``, ``mx.fft``, ``mx.linalg``, ``mx.random`` and ``mx.array``'s operators,
 methods and properties are replaced by thin wrappers, one per entry of
-:mod:`.registry`; so are names bound to them before the block (module globals,
-mlx.nn's pooling layers, the opening frame's locals, and, found by a scan of the
-heap, attributes, containers, closure cells and default arguments), and compiled
+:mod:`.registry`; so are the places that held them before the block (found by a scan of the
+heap: module globals, attributes, containers, closure cells, default arguments,
+``staticmethod``, bound methods of arrays; and the opening frame's locals), and compiled
 functions run their Python function on the arrays they are given. When the last
 block closes the originals are put back, so code outside every block runs MLX
 itself, with no wrapper in between (but for the in-place operators,
@@ -30,13 +30,17 @@ from __future__ import annotations
 import ctypes
 import functools
 import gc
+import inspect
 import operator
+import re
 import sys
 import threading
 import types
 import warnings
+import weakref
 
 import mlx.core as mx
+import numpy as np
 
 from ..core import backends, context
 from ..core.plain import plain
@@ -301,81 +305,47 @@ def _run_opaque(name, fn, args, kwargs):
 context.opaque_runner.append(_run_opaque)
 
 
-# Names bound to MLX's functions before a block opens, in the globals of loaded
-# modules (``from mlx.core import exp``, ``f = mx.exp`` at module level) and in
-# layers (mlx.nn's pooling layers keep mx.max / mx.mean): rebound to the stand-ins
-# while blocks are open. Modules are scanned once each, when first seen.
-_bindings: list = []  # (module, name, id of the original)
-_scanned: set = set()
-_SKIP = ("mlx.core", "mlx_precise")
-
-
-def _module_bindings(originals: dict) -> list:
-    """The bindings found so far; ``__main__`` (a script, a notebook) is scanned at
-    every block, other modules once."""
-    main = sys.modules.get("__main__")
-    found = [] if main is None or originals.keys().isdisjoint(
-        map(id, vars(main).values())) else _scan(main, originals)
-    if len(_scanned) != len(sys.modules):
-        for mod_name, module in list(sys.modules.items()):
-            if mod_name in _scanned:
-                continue
-            _scanned.add(mod_name)
-            if module is None or mod_name.split(".")[0] in _SKIP[1:] or (
-                    mod_name.startswith(_SKIP[0])):
-                continue
-            if mod_name != "__main__":
-                _bindings.extend(_scan(module, originals))
-    return _bindings + found
-
-
-def _scan(module, originals: dict) -> list:
-    try:
-        items = list(vars(module).items())
-    except TypeError:
-        return []
-    return [(module, name, id(value)) for name, value in items if not name.startswith("__")
-            and id(value) in originals and originals[id(value)][0] is value]
-
-
-class _Rebound:
-    """A class attribute that shadows an instance attribute holding an MLX function
-    (``_Pool._pooling_function``) with its stand-in while blocks are open."""
-
-    def __init__(self, attr: str, replacements: dict):
-        self.attr, self.replacements = attr, replacements
-
-    def __get__(self, obj, owner=None):
-        if obj is None:
-            return self
-        value = obj.__dict__[self.attr]
-        hit = self.replacements.get(id(value))
-        return hit[1] if hit is not None and hit[0] is value else value
-
-    def __set__(self, obj, value):
-        obj.__dict__[self.attr] = value
-
-
-# MLX functions held anywhere else before the block: in an object's attribute
-# (``self.act = mx.exp``), a dict or list (``ACTS = {"exp": mx.exp}``), a closure cell
-# of a function defined elsewhere, a default argument (``def f(x, act=mx.exp)``), a
-# ``functools.partial``. Python 3.11 has no hook on calls of MLX's (nanobind)
-# functions, so these are found where they sit: by a scan of the objects the garbage
-# collector tracks (MLX's functions are tracked objects, so is every container holding
-# one), and rebound to the stand-ins while blocks are open, as module globals are; a
-# tuple, frozenset or set cannot be rebound in place: it is named (strict=True raises,
-# otherwise a warning). The scan costs about 1 us per tracked object (46-60 ms for
-# 55k objects on a busy 2-core machine): it runs at every strict=True block that
-# installs the stand-ins (with the locals of every calling frame), and in the default
-# mode at the first block, then again once new modules were imported or the collector
-# saw the heap grow by a quarter since the last scan (the rule by which CPython
-# schedules its full collections: amortized, a bounded cost per object created; the
-# check costs about 2 us per block).
+# MLX functions held anywhere before the block: a module global (``from mlx.core
+# import exp``, ``f = mx.exp`` at module level), an object's attribute (``self.act =
+# mx.exp``, mlx.nn's pooling layers), a slot, a class attribute, a ``staticmethod`` or
+# ``classmethod``, a dict or list (``ACTS = {"exp": mx.exp}``), a closure cell of a
+# function defined elsewhere, a default argument (``def f(x, act=mx.exp)``), a
+# ``functools.partial``, a bound method of one array (``f = x.exp``). Python 3.11 has
+# no hook on calls of MLX's (nanobind) functions, so these are found where they sit:
+# by a scan of the objects the garbage collector tracks (MLX's functions are tracked
+# objects, so is every container holding one). Each place found is a :class:`_Place`,
+# set to the stand-in at every installation and back to MLX's function when the last
+# block closes; a bound method's holders get the stand-in bound to the same array.
+# What cannot be rebound in place (a tuple, frozenset or set, an object implemented in
+# C such as a ``functools.lru_cache`` wrapper, a suspended generator, a bound method
+# held by a local of a function that is not the block's) is named: strict=True
+# raises, otherwise a warning (once per holder).
+#
+# The scan costs about 1 us per tracked object (46-60 ms for 55k objects on a busy
+# 2-core machine). It runs at every strict=True block that installs the stand-ins,
+# and in the default mode at the first block and then only when a new reference to
+# one of MLX's functions appeared since the last block closed: a place stores the
+# function, so its reference count grows. The counts of the ~300 functions are read
+# in one numpy gather (:class:`_Gauge`, under a microsecond) when the stand-ins are
+# installed, against their values when the last block closed (the same state: the
+# stand-ins in place, the places found rebound, no frame's locals rebound).
 _CELL = types.CellType
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
 _MANAGED_DICT = 1 << 4  # Py_TPFLAGS_MANAGED_DICT (3.11+): attributes stored in the object
 _CONTAINERS = (dict, list, tuple, set, frozenset, _CELL, types.FunctionType, property,
                staticmethod, classmethod, types.MethodType, functools.partial)
+_BOUND = type(mx.array.__mul__.__get__(mx.array(0)))  # MLX's bound methods
+_METHODS = (_BOUND, types.MethodType)
+# objects implemented in C that hold no user callable (a scan does not read their
+# references): the interpreter's descriptors and builtins, classes, modules, frames
+# (locals: :func:`_rebind_locals`), weak references, MLX's own functions
+_OPAQUE_SKIP = frozenset((
+    types.ModuleType, types.FrameType, types.MappingProxyType, types.GenericAlias,
+    types.UnionType, types.BuiltinFunctionType, types.WrapperDescriptorType,
+    types.MethodDescriptorType, types.ClassMethodDescriptorType,
+    types.GetSetDescriptorType, types.MemberDescriptorType, types.MethodWrapperType,
+    types.CodeType, weakref.ref, weakref.ProxyType, weakref.CallableProxyType,
+    type(re.compile("")), type(mx.exp), type(mx.array.__mul__), property))
 
 
 def _own_type(t: type) -> bool:
@@ -393,104 +363,166 @@ def _holds_attributes(t: type) -> bool:
         "__slots__" in vars(c) for c in t.__mro__ if c.__flags__ & _HEAPTYPE)
 
 
-def _item(holder, key):
-    base = dict if isinstance(holder, dict) else list
+def _opaque(t: type) -> bool:
+    """Instances of ``t`` are objects implemented in C that may keep a callable where
+    no Python code can replace it (``functools.lru_cache``, ``operator.methodcaller``,
+    a ``collections.deque``, ...), or suspended generators."""
+    return t not in _OPAQUE_SKIP and not issubclass(t, type) and not _own_type(t) and (
+        not t.__flags__ & _HEAPTYPE or t.__module__ in ("functools", "operator"))
 
-    def get():
+
+# Reading and writing one place: get(holder, key) (None when gone), set(holder, key, v)
+def _get_item(h, key):
+    try:
+        return (dict if isinstance(h, dict) else list).__getitem__(h, key)
+    except (KeyError, IndexError):
+        return None
+
+
+def _set_item(h, key, v):
+    (dict if isinstance(h, dict) else list).__setitem__(h, key, v)
+
+
+def _get_cell(h, key):
+    try:
+        return h.cell_contents
+    except ValueError:  # emptied
+        return None
+
+
+def _get_default(h, key):
+    d = h.__defaults__ or ()
+    return d[key] if key < len(d) else None
+
+
+def _set_default(h, key, v):
+    d = h.__defaults__
+    h.__defaults__ = (*d[:key], v, *d[key + 1:])
+
+
+def _get_partial(h, key):
+    return h.func if key is None else h.args[key]
+
+
+def _set_partial(h, key, v):
+    state = list(h.__reduce__()[2])  # (func, args, keywords, dict)
+    if key is None:
+        state[0] = v
+    else:
+        state[1] = (*state[1][:key], v, *state[1][key + 1:])
+    h.__setstate__(tuple(state))
+
+
+def _get_class_attr(h, key):
+    v = vars(h).get(key[0])
+    return v.__func__ if isinstance(v, staticmethod) else v
+
+
+def _set_class_attr(h, key, v):
+    # (MLX's functions do not bind as methods, its array methods do: a stand-in, a
+    # Python function, is wrapped in staticmethod where the original did not bind)
+    name, binds = key
+    setattr(h, name, staticmethod(v) if isinstance(v, types.FunctionType) and not binds
+            else v)
+
+
+def _get_dict_attr(h, key):
+    return object.__getattribute__(h, "__dict__").get(key)
+
+
+def _set_dict_attr(h, key, v):
+    object.__getattribute__(h, "__dict__")[key] = v
+
+
+_ITEM, _CELL_CONTENTS = (_get_item, _set_item), (_get_cell, lambda h, k, v: setattr(
+    h, "cell_contents", v))
+_DEFAULT, _PARTIAL = (_get_default, _set_default), (_get_partial, _set_partial)
+_CLASS_ATTR, _DICT_ATTR = (_get_class_attr, _set_class_attr), (_get_dict_attr,
+                                                              _set_dict_attr)
+_SLOT = (lambda h, k: getattr(h, k, None), object.__setattr__)
+# staticmethod / classmethod: their __init__ sets the function they wrap
+_WRAPPED = (lambda h, k: h.__func__, lambda h, k, v: type(h).__init__(h, v))
+
+
+class _Place:
+    """One place outside the package that holds one of MLX's functions (or a bound
+    method of one): the holder (weakly where it can be, so that the place does not
+    keep a model alive), how to read and write it, and the function and its stand-in."""
+
+    __slots__ = ("_holder", "_weak", "access", "key", "original", "standin")
+
+    def __init__(self, holder, access, key, original, standin):
         try:
-            return base.__getitem__(holder, key)
-        except (KeyError, IndexError):
-            return None
+            self._holder, self._weak = weakref.ref(holder), True
+        except TypeError:  # (dicts, lists, cells)
+            self._holder, self._weak = holder, False
+        self.access, self.key, self.original, self.standin = access, key, original, standin
 
-    return get, lambda v: base.__setitem__(holder, key, v)
+    def holder(self):
+        """The holder, or None once nothing but this place holds it."""
+        if self._weak:
+            return self._holder()
+        h = self._holder
+        return h if sys.getrefcount(h) > 3 else None  # (this slot, h, the argument)
 
+    def get(self, h):
+        return self.access[0](h, self.key)
 
-def _cell(holder, key):
-    return (lambda: holder.cell_contents), (lambda v: setattr(holder, "cell_contents", v))
-
-
-def _attr(holder, key):
-    return ((lambda: getattr(holder, key, None)),
-            (lambda v: object.__setattr__(holder, key, v)))
-
-
-def _class_attr(holder, key):
-    def get():
-        v = vars(holder).get(key)
-        return v.__func__ if isinstance(v, staticmethod) else v
-
-    binds = hasattr(type(get()), "__get__")  # (MLX's functions do not, its methods do)
-    return get, lambda v: setattr(holder, key, staticmethod(v) if isinstance(
-        v, types.FunctionType) and not binds else v)
-
-
-def _default(holder, key):
-    def set_(v):
-        d = holder.__defaults__
-        holder.__defaults__ = (*d[:key], v, *d[key + 1:])
-
-    return (lambda: holder.__defaults__[key]), set_
-
-
-def _partial(holder, key):
-    def set_(v):
-        state = list(holder.__reduce__()[2])  # (func, args, keywords, dict)
-        if key is None:
-            state[0] = v
-        else:
-            state[1] = (*state[1][:key], v, *state[1][key + 1:])
-        holder.__setstate__(tuple(state))
-
-    return (lambda: holder.func if key is None else holder.args[key]), set_
+    def set(self, h, value) -> None:
+        self.access[1](h, self.key, value)
 
 
 def _places(holder, hit: dict) -> list:
-    """(get, set, original) for each place in ``holder`` (a container or an
-    instance) that holds one of ``hit``'s originals."""
+    """The :class:`_Place` s in ``holder`` (a container or an instance) that hold one
+    of ``hit``'s originals (id -> (original, stand-in))."""
     def found(v):
         h = hit.get(id(v))
         return h is not None and h[0] is v
 
+    def place(access, key, v):
+        return _Place(holder, access, key, v, hit[id(v)][1])
+
     t = type(holder)
     if t is _CELL:
-        return [(*_cell(holder, None), holder.cell_contents)]
+        return [place(_CELL_CONTENTS, None, holder.cell_contents)]
     if t is types.FunctionType:
-        return [(*_default(holder, i), v) for i, v in enumerate(holder.__defaults__)
+        return [place(_DEFAULT, i, v) for i, v in enumerate(holder.__defaults__ or ())
                 if found(v)]
+    if t is staticmethod or t is classmethod:
+        return [place(_WRAPPED, None, holder.__func__)]
     if t is functools.partial:
-        return ([(*_partial(holder, None), holder.func)] if found(holder.func) else []) + [
-            (*_partial(holder, i), v) for i, v in enumerate(holder.args) if found(v)]
+        return ([place(_PARTIAL, None, holder.func)] if found(holder.func) else []) + [
+            place(_PARTIAL, i, v) for i, v in enumerate(holder.args) if found(v)]
     if isinstance(holder, type):
-        return [(*_class_attr(holder, k), v) for k, v in vars(holder).items() if found(v)]
+        return [place(_CLASS_ATTR, (k, hasattr(type(v), "__get__")), v)
+                for k, v in vars(holder).items() if found(v)]
     out = []
     if isinstance(holder, (dict, list)):
         keys = holder.items() if isinstance(holder, dict) else enumerate(holder)
-        out += [(*_item(holder, k), v) for k, v in list(keys) if found(v)]
+        out += [place(_ITEM, k, v) for k, v in list(keys) if found(v)]
     if t is not dict and t is not list:
         try:
             attrs = object.__getattribute__(holder, "__dict__")
         except AttributeError:
             attrs = {}
-        out += [(*_item(attrs, k), v) for k, v in list(attrs.items()) if found(v)]
+        out += [place(_DICT_ATTR, k, v) for k, v in list(attrs.items()) if found(v)]
         for cls in t.__mro__:
             slots = vars(cls).get("__slots__", ())
             for k in (slots,) if isinstance(slots, str) else slots:
                 v = getattr(holder, k, None)
                 if found(v):
-                    out.append((*_attr(holder, k), v))
+                    out.append(place(_SLOT, k, v))
     return out
 
 
-def _scan_heap(hit: dict, own: dict, exclude: set) -> tuple[list, list]:
-    """(mutable, frozen): the holders among the tracked objects of the originals in
-    ``hit`` (:attr:`_Plan.scanned`), but for the package's own (``own``, ``exclude``:
-    ids); a class's namespace and a function's defaults are reported as the class
-    and the function."""
+def _scan_heap(hit: dict, own: dict) -> tuple[list, list, list]:
+    """(mutable, frozen, bound): the holders among the tracked objects of the
+    originals in ``hit`` (:attr:`_Plan.scanned`), and the bound methods of arrays
+    that hold one, but for the package's own (``own``: ids); a class's namespace and
+    a function's defaults are reported as the class and the function."""
     keys = hit.keys()
-    mutable, frozen, namespaces, defaults, inspected = [], [], [], set(), {}
-    objects = gc.get_objects()
-    _watch["size"] = len(objects)
-    for o in objects:
+    mutable, frozen, bound, namespaces, defaults, inspected = [], [], [], [], set(), {}
+    for o in gc.get_objects():
         t = type(o)
         if t is dict or t is list:
             if not keys.isdisjoint(map(id, o.values() if t is dict else o)):
@@ -512,15 +544,24 @@ def _scan_heap(hit: dict, own: dict, exclude: set) -> tuple[list, list]:
             if not keys.isdisjoint(map(id, (o.func, *o.args))):
                 mutable.append(o)
                 defaults.add(id(o.args))
+        elif t is staticmethod or t is classmethod:
+            if id(o.__func__) in keys:
+                mutable.append(o)
+        elif t in _METHODS:
+            if id(o.__func__) in keys and isinstance(o.__self__, constructor.ARRAY):
+                bound.append(o)
         else:
             inspect = inspected.get(t)
             if inspect is None:
-                inspect = inspected[t] = _holds_attributes(t)
+                inspect = inspected[t] = (
+                    "attributes" if _holds_attributes(t) else
+                    "items" if issubclass(t, (dict, list)) else
+                    "opaque" if _opaque(t) else "")
             if inspect and not keys.isdisjoint(map(id, gc.get_referents(o))):
-                mutable.append(o)
+                (frozen if inspect == "opaque" else mutable).append(o)
 
     def ours(h):
-        return id(h) in own or id(h) in exclude
+        return id(h) in own
 
     namespaces = [d for d in namespaces if not ours(d)]
     if namespaces:  # a class's namespace (a dict with "__module__") or a plain dict
@@ -528,7 +569,157 @@ def _scan_heap(hit: dict, own: dict, exclude: set) -> tuple[list, list]:
                    if isinstance(c, type)}
         mutable += [classes.get(id(d), d) for d in namespaces]
     return ([h for h in mutable if not ours(h)],
-            [h for h in frozen if id(h) not in defaults and not ours(h)])
+            [h for h in frozen if id(h) not in defaults and not ours(h)],
+            [b for b in bound if not ours(b)])
+
+
+def _bound_places(bound: list, hit: dict) -> tuple[list, list]:
+    """(places, frozen) for bound methods of arrays that hold MLX's functions: their
+    holders get the stand-in bound to the same array; a holder that cannot be
+    rebound (a tuple, a local of a running function, an object implemented in C), or
+    a reference no tracked object accounts for (a local of a frame the collector
+    does not see), is named."""
+    rebound = {id(b): _Kept((b, types.MethodType(hit[id(b.__func__)][1], b.__self__)))
+               for b in bound}
+    ours = {id(bound), *map(id, rebound.values())}
+    referrers = [r for r in gc.get_referrers(*bound) if id(r) not in ours]
+    seen = dict.fromkeys(rebound, 0)  # references the referrers account for
+    for r in referrers:
+        for v in gc.get_referents(r):
+            if id(v) in seen:
+                seen[id(v)] += 1
+    # (the others: the list, its _Kept pair, the loop variable, getrefcount's argument)
+    frozen = [_Unreached(b) for b in bound if sys.getrefcount(b) - 4 > seen[id(b)]]
+    places = []
+    for r in referrers:
+        t = type(r)
+        if _own_type(t) or t is types.FrameType and r.f_globals.get(
+                "__name__", "").startswith(_OWN):
+            continue  # (a place found before, the package's own frames)
+        if isinstance(r, (dict, list, _CELL, types.FunctionType, functools.partial,
+                          staticmethod, classmethod, type)) or _holds_attributes(t):
+            places += _places(r, rebound)
+        else:
+            frozen.append(r)
+    return places, frozen
+
+
+class _Unreached:
+    """A bound method of an array held where no tracked object shows it."""
+
+    def __init__(self, method):
+        self.method = method
+
+    def __str__(self):
+        return (f"the bound method {_name(self.method.__func__)} of an array, held by a "
+                "local variable of a function other than the block's (or an object the "
+                "collector does not track)")
+
+
+# a scan is due / ran in this installation / sys.modules' size at the last scan
+_watch = {"due": True, "scanned": False, "modules": 0}
+_SKIP = ("mlx.core", "mlx_precise")  # modules whose globals are MLX's or the package's
+_places_held: list = []  # _Place: rebound to the stand-ins at every installation
+_warned: set = set()  # ids of the holders named in a warning already
+
+
+def _apply() -> bool:
+    """Set the places found so far to their stand-ins; False when one of them holds
+    something else since (it was reassigned: a scan is due), or its holder is gone."""
+    kept, same = [], True
+    for p in _places_held:  # (with _restore_places: about 0.6 us a place per block)
+        h = p.holder()
+        if h is None:
+            continue
+        get, set_ = p.access
+        v = get(h, p.key)
+        if v is p.original:
+            set_(h, p.key, p.standin)
+        elif v is not p.standin:
+            same = False
+            continue
+        kept.append(p)
+    _places_held[:] = kept
+    return same
+
+
+def _restore_places() -> None:
+    for p in _places_held:
+        h = p.holder()
+        if h is not None:
+            get, set_ = p.access
+            if get(h, p.key) is p.standin:  # (not reassigned inside the block)
+                set_(h, p.key, p.original)
+
+
+def _name(v) -> str:
+    return f"{getattr(v, '__module__', None) or 'mlx.core'}.{getattr(v, '__qualname__', v)}"
+
+
+def _describe(holder, hit: dict) -> str:
+    """``holder`` (a tuple, frozenset or set, an object implemented in C, a
+    generator) and where it is (a module global, an attribute), for an error
+    message."""
+    if isinstance(holder, _Unreached):
+        return str(holder)
+    where = ""
+    for r in gc.get_referrers(holder):
+        if type(r) is dict:
+            k = next((k for k, v in r.items() if v is holder), None)
+            if k is not None:
+                where = (f" {r['__name__']}.{k}" if isinstance(r.get("__name__"), str)
+                         else f" (the attribute or key {k!r})")
+                break
+    functions = sorted({_name(v.__func__ if type(v) in _METHODS else v)
+                        for v in gc.get_referents(holder) if id(v) in hit or (
+                            type(v) in _METHODS and id(v.__func__) in hit)})
+    if type(holder) is types.FrameType:
+        return (f"a local variable of {holder.f_code.co_qualname} (not the function that "
+                f"opens the block) holding {', '.join(functions)}")
+    return f"the {type(holder).__name__}{where} holding {', '.join(functions)}"
+
+
+def _rebind_held(strict: bool) -> None:
+    """Scan the heap (:func:`_scan_heap`), rebind what holds MLX's originals to the
+    stand-ins at this and every later installation, name what cannot be rebound."""
+    plan = _plans[0]
+    hit = plan.scanned
+    mutable, frozen, bound = _scan_heap(hit, plan.own or {})
+    if plan.own is None:  # the first scan with this plan: tell the package's own
+        reached = _reached(plan)
+        plan.own = {id(h): h for h in (*mutable, *frozen, *bound) if id(h) in reached}
+        mutable = [h for h in mutable if id(h) not in plan.own]
+        frozen = [h for h in frozen if id(h) not in plan.own]
+        bound = [b for b in bound if id(b) not in plan.own]
+    _watch.update(due=False, scanned=True, modules=len(sys.modules))
+    found = [p for holder in mutable for p in _places(holder, hit)]
+    # MLX's classes (mx.array: its Constructor) bound in module globals; not scanned
+    # for elsewhere (the class is in every annotation and isinstance tuple)
+    classes = plan.classes
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if type(namespace) is dict and not name.startswith(_SKIP) and not (
+                classes.keys().isdisjoint(map(id, namespace.values()))):
+            found += _places(namespace, classes)
+    if bound:
+        more, unreached = _bound_places(bound, hit)
+        found += more
+        frozen += unreached
+    for p in found:
+        p.set(p.holder(), p.standin)
+    _places_held.extend(found)
+    frozen = [h for h in frozen if strict or id(h) not in _warned]
+    if not frozen:
+        return
+    message = ("{} before extended_precision(): it cannot be rebound to the double-word "
+               "stand-ins, so a call through it inside the block computes in float32 "
+               "(hold MLX functions in a list, dict or attribute, or look them up "
+               "through mx. inside the block)").format(
+        "; ".join(_describe(h, hit) for h in frozen))
+    if strict:
+        raise PrecisionDropError(message)
+    _warned.update(map(id, frozen))
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def _reached(plan) -> set:
@@ -556,95 +747,80 @@ def _reached(plan) -> set:
     return seen
 
 
-_watch = {"plan": None, "modules": 0, "young": 0, "size": 0}  # at the last scan
-_held: list = []  # (get, set, original, stand-in) rebound while installed
-_warned: set = set()  # ids of the holders named in a warning already
-_heap_scanned = [False]  # a heap scan ran during this installation
+class _Gauge:
+    """One machine word read at ``offset`` in each of ``objects``, all in one numpy
+    gather over the process's memory: CPython's reference count (offset 0), or a
+    dict's version tag (offset 24 on CPython 3.11-3.13: PyDictObject's
+    ``ma_version_tag``, set anew by every change of the dict). :func:`_gauge` checks
+    the reading against the interpreter before one is used."""
+
+    def __init__(self, objects, offset: int):
+        self.objects = list(objects)  # (kept alive: the addresses stay theirs)
+        addresses = np.array([id(o) + offset for o in self.objects], dtype=np.int64)
+        base = int(addresses.min())
+        if np.any((addresses - base) % 8):
+            raise ValueError("unaligned")
+        words = (ctypes.c_int64 * ((int(addresses.max()) - base) // 8 + 1)).from_address(
+            base)
+        self._memory, self._at = np.frombuffer(words, dtype=np.int64), (addresses - base) // 8
+
+    def read(self) -> np.ndarray:
+        return self._memory[self._at]
 
 
-def _young() -> int:
-    """Tracked objects created so far, as the collector counts them (each collection
-    of the young generation follows ``threshold`` net allocations)."""
-    return gc.get_threshold()[0] * sum(s["collections"] for s in gc.get_stats()) + (
-        gc.get_count()[0])
+def _gauge(objects, offset: int, probe) -> "_Gauge | None":
+    """A :class:`_Gauge`, or None where it does not read what ``probe`` (a function of
+    a gauge and its objects: True when the reading follows the interpreter) expects
+    (another interpreter, another layout)."""
+    if sys.implementation.name != "cpython" or sys.version_info >= (3, 14) or not objects:
+        return None
+    try:
+        g = _Gauge(objects, offset)
+        return g if probe(g) else None
+    except (ValueError, TypeError, OverflowError):
+        return None
 
 
-def _scan_due(strict: bool) -> bool:
-    if _heap_scanned[0]:
-        return False
-    return strict or _watch["plan"] is not _plans[0] or (
-        len(sys.modules) != _watch["modules"]) or (
-        _young() - _watch["young"] > _watch["size"] // 4)
+def _counts_follow(g: _Gauge) -> bool:
+    before = g.read()
+    extra = list(g.objects)
+    grown = g.read() - before
+    del extra
+    return bool(np.all(grown == 1)) and bool(np.all(g.read() == before))
 
 
-def _name(v) -> str:
-    return f"{getattr(v, '__module__', None) or 'mlx.core'}.{getattr(v, '__qualname__', v)}"
+def _tags_follow(g: _Gauge) -> bool:
+    probe = {}
+    t = _Gauge([probe], 24)
+    a, b = t.read(), t.read()
+    probe["changed"] = True
+    return bool(a[0] == b[0] != t.read()[0])
 
 
-def _describe(holder, hit: dict) -> str:
-    """``holder`` (a tuple, frozenset or set) and where it is (a module global, an
-    attribute), for an error message."""
-    where = ""
-    for r in gc.get_referrers(holder):
-        if type(r) is dict:
-            k = next((k for k, v in r.items() if v is holder), None)
-            if k is not None:
-                where = (f" {r['__name__']}.{k}" if isinstance(r.get("__name__"), str)
-                         else f" (the attribute or key {k!r})")
-                break
-    functions = sorted({_name(v) for v in holder if id(v) in hit})
-    return f"the {type(holder).__name__}{where} holding {', '.join(functions)}"
-
-
-def _rebind_held(strict: bool) -> None:
-    """Scan the heap (:func:`_scan_heap`), rebind what holds MLX's originals to the
-    stand-ins until the last block closes, name what cannot be rebound."""
-    plan = _plans[0]
-    hit = plan.scanned
-    mutable, frozen = _scan_heap(hit, plan.own or {}, {id(d) for _, d in _saved})
-    if plan.own is None:  # the first scan with this plan: tell the package's own
-        reached = _reached(plan)
-        plan.own = {id(h): h for h in (*mutable, *frozen) if id(h) in reached}
-        mutable = [h for h in mutable if id(h) not in plan.own]
-        frozen = [h for h in frozen if id(h) not in plan.own]
-    _watch.update(plan=plan, modules=len(sys.modules), young=_young())
-    _heap_scanned[0] = True
-    for holder in mutable:
-        for get, set_, original in _places(holder, hit):
-            standin = hit[id(original)][1]
-            set_(standin)
-            _held.append(_Kept((get, set_, original, standin)))
-    frozen = [h for h in frozen if strict or id(h) not in _warned]
-    if not frozen:
+def _monitor(on: bool) -> None:
+    if _MONITORING is None:
         return
-    message = ("{} before extended_precision(): it cannot be rebound to the double-word "
-               "stand-ins, so a call through it inside the block computes in float32 "
-               "(hold MLX functions in a list, dict or attribute, or look them up "
-               "through mx. inside the block)").format(
-        "; ".join(_describe(h, hit) for h in frozen))
-    if strict:
-        raise PrecisionDropError(message)
-    _warned.update(map(id, frozen))
-    warnings.warn(message, RuntimeWarning, stacklevel=4)
-
-
-def _restore_held() -> None:
-    while _held:
-        get, set_, original, standin = _held.pop()
-        if get() is standin:  # (not reassigned inside the block)
-            set_(original)
-    _heap_scanned[0] = False
+    if on:
+        if _MONITORING.get_tool(_TOOL) is None:
+            _MONITORING.use_tool_id(_TOOL, "mlx_precise")
+            _MONITORING.register_callback(_TOOL, _MONITORING.events.CALL, _on_call)
+        elif _MONITORING.get_tool(_TOOL) != "mlx_precise":
+            return  # another tool holds the id
+        _monitored[:] = [_plans[0].scanned]
+        _MONITORING.set_events(_TOOL, _MONITORING.events.CALL)
+    elif _monitored:
+        _MONITORING.set_events(_TOOL, _MONITORING.events.NO_EVENTS)
+        _monitored.clear()
 
 
 # Python 3.12+ (PEP 669): ``sys.monitoring`` reports every call made from Python code.
 # While blocks are open, a call of one of MLX's originals from inside a block with a
 # carried first operand is a call the rebinding did not reach (a tuple of functions,
-# a bound method of an array, a function stored after the default mode's last scan,
-# a local of a function in another thread): reported as consuming a double-word
-# value in float32 (strict=True raises there). Python 3.11 has no such hook.
+# a C object, a local of a function that is not the block's): reported as consuming
+# a double-word value in float32 (strict=True raises there). Python 3.11 has no such
+# hook.
 _MONITORING = getattr(sys, "monitoring", None)
 _TOOL = 4  # a tool id PEP 669 leaves free (0-2, 5: debugger, coverage, profiler, optimizer)
-_BOUND = type(mx.array.__mul__.__get__(mx.array(0)))  # MLX's bound methods
 _monitored: list = []  # the ids -> (original, stand-in) the hook watches, while installed
 
 
@@ -667,26 +843,8 @@ def _on_call(code, offset, fn, arg0):
                 "could not rebind")
 
 
-def _monitor(on: bool) -> None:
-    if _MONITORING is None:
-        return
-    if on:
-        if _MONITORING.get_tool(_TOOL) is None:
-            _MONITORING.use_tool_id(_TOOL, "mlx_precise")
-            _MONITORING.register_callback(_TOOL, _MONITORING.events.CALL, _on_call)
-        elif _MONITORING.get_tool(_TOOL) != "mlx_precise":
-            return  # another tool holds the id
-        _monitored[:] = [_plans[0].scanned]
-        _MONITORING.set_events(_TOOL, _MONITORING.events.CALL)
-    elif _monitored:
-        _MONITORING.set_events(_TOOL, _MONITORING.events.NO_EVENTS)
-        _monitored.clear()
-
-
 _lock = threading.Lock()
 _open = 0  # blocks open in all threads
-_saved: list = []  # (owner, {name: original or _ABSENT}) while installed
-_ABSENT = object()
 
 
 def _namespace(cls: type):
@@ -713,6 +871,11 @@ except (ImportError, AttributeError):  # pragma: no cover - not CPython
 class _Kept(tuple):
     """A tuple the package keeps beside an MLX original (its stand-in, a rebinding
     to undo): a heap scan (:func:`_scan_heap`) skips it."""
+
+
+def _set_each(owner, values: dict) -> None:
+    for name, value in values.items():
+        setattr(owner, name, value)
 
 
 class _Plan:
@@ -775,26 +938,46 @@ class _Plan:
                              for n, r in replace.items()
                              if isinstance(r, types.FunctionType)
                              and not isinstance(restore[n], types.FunctionType)})
+        # swap(install): (update one namespace, its values, the class to tell or None)
+        self.steps = {flag: [(
+            functools.partial(_set_each, owner) if namespace is None else namespace.update,
+            replace if flag else restore,
+            owner if isinstance(owner, type) and namespace is not None else None)
+            for owner, namespace, replace, restore in self.swaps] for flag in (True, False)}
+        self.classes = {key: hit for key, hit in self.functions.items()
+                        if isinstance(hit[0], type)}
+        # what a frame's locals are rebound from (:func:`_rebind_locals`)
+        self.bindable = {**self.scanned, **self.functions}
         self.own = None  # id -> the package's own holders, found at the first scan
+        # the reference counts of the scanned functions (None: read one by one) and
+        # the version tags of the owners' namespaces (None: compared name by name)
+        self.counts = _gauge([o for o, _ in self.scanned.values()], 0, _counts_follow)
+        self.tags = _gauge([n for n, _, _ in self.held], 24, _tags_follow)
+        self.counted = self.tagged = None  # their readings when the last block closed
 
     def current(self) -> bool:
         """Every owner still holds the originals the plan was built for (nobody
         replaced an MLX function since)."""
+        if self.tags is not None and self.tags.read().tobytes() == self.tagged:
+            return True  # (no namespace changed since the last block closed)
         try:
             return all(get(namespace) == originals for namespace, get, originals in self.held)
         except KeyError:  # a name was deleted
             return False
 
+    def referenced(self) -> "bytes | tuple":
+        """The scanned functions' reference counts."""
+        if self.counts is not None:
+            return self.counts.read().tobytes()
+        return tuple(map(sys.getrefcount, (o for o, _ in self.scanned.values())))
+
     def swap(self, install: bool) -> None:
-        for owner, namespace, replace, restore in self.swaps:
-            values = replace if install else restore
-            if namespace is None:
-                for name, value in values.items():
-                    setattr(owner, name, value)
-                continue
-            namespace.update(values)
-            if isinstance(owner, type):
-                _type_modified(owner)
+        for update, values, cls in self.steps[install]:
+            update(values)
+            if cls is not None:
+                _type_modified(cls)
+        if not install and self.tags is not None:
+            self.tagged = self.tags.read().tobytes()
 
 
 # the current plan first; the earlier ones are kept (their stand-ins may still be bound
@@ -802,43 +985,38 @@ class _Plan:
 _plans: list = []
 
 
-def _install() -> None:
+def _install() -> bool:
+    """Install the stand-ins and rebind the places found so far; True when a heap
+    scan is due (the first block of a plan, a place reassigned, a new reference to
+    one of MLX's functions since the last block closed)."""
     # The plan is rebuilt when an owner no longer holds the original it was built
     # for (someone else replaced an MLX function since).
     plan = _plans[0] if _plans else None
     if plan is None or not plan.current():
         plan = _Plan(plan)
         _plans.insert(0, plan)
+        _watch["due"] = True
     plan.swap(True)
     constructor.install()
     _monitor(True)
-    rebound: dict = {}
-    for module, name, key in _module_bindings(plan.functions):
-        hit = plan.functions.get(key)
-        if hit is not None and getattr(module, name, None) is hit[0]:
-            setattr(module, name, hit[1])
-            rebound.setdefault(module, {})[name] = hit[0]
-    _saved.extend(rebound.items())
-    pooling = sys.modules.get("mlx.nn.layers.pooling")
-    if pooling is not None:
-        pooling._Pool._pooling_function = _Rebound("_pooling_function", plan.functions)
-        _saved.append((pooling._Pool, {"_pooling_function": _ABSENT}))
+    if not _apply():
+        _watch["due"] = True
+    return _watch["due"]
+
+
+def _held_anew() -> bool:
+    """A new reference to one of MLX's functions since the last block closed
+    (compared in the same state: the stand-ins installed, the places and the
+    outermost block's locals rebound)."""
+    plan = _plans[0]
+    return plan.referenced() != plan.counted or len(sys.modules) != _watch["modules"]
 
 
 def _uninstall() -> None:
     _monitor(False)
     constructor.uninstall()
-    _restore_held()
-    while _saved:
-        owner, originals = _saved.pop()
-        if not isinstance(owner, type):
-            vars(owner).update(originals)
-            continue
-        for name, original in originals.items():
-            if original is _ABSENT:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
+    _restore_places()
+    _watch["scanned"] = False
     _plans[0].swap(False)
 
 
@@ -848,24 +1026,21 @@ def active() -> Report | None:
     return report if report is not None and report.open else None
 
 
-# Names bound to MLX's functions in the frame that opens a block (``f = mx.exp``
-# in a function, then ``f(x)`` inside ``with extended_precision():``), its closure
-# cells included: rebound to the stand-ins for the block and put back when it
-# closes (if still the stand-in). A function's fast locals are written through
-# ``f_locals`` and, before Python 3.13 (PEP 667 makes ``f_locals`` write through),
+# Names bound to MLX's functions (or bound methods of arrays) in the frame that opens
+# a block (``f = mx.exp`` in a function, then ``f(x)`` inside ``with
+# extended_precision():``), its closure cells included, are rebound to the stand-ins
+# for the block and put back when it closes (if still the stand-in); so are those of
+# the frame that runs the ``with`` through a context-manager wrapper (a generator
+# under contextlib.contextmanager, an ``__enter__`` method), and with strict=True
+# those of every calling frame. Locals are a thread's own: each thread's block
+# rebinds its own frames. A function's fast locals are written through ``f_locals``
+# and, before Python 3.13 (PEP 667 makes ``f_locals`` write through),
 # ``PyFrame_LocalsToFast``, as debuggers do. Module-level frames are the module
-# globals, rebound above.
+# globals, rebound as places (above).
 _WRITE_THROUGH = sys.version_info >= (3, 13)
 _OWN = ("mlx_precise.", "contextlib")
-
-
-def _user_frame():
-    """The frame that opened the block: the first one outside this package and
-    contextlib (ContextDecorator)."""
-    f = sys._getframe(2)
-    while f is not None and f.f_globals.get("__name__", "").startswith(_OWN):
-        f = f.f_back
-    return f
+_SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+_ENTERS = ("__enter__", "__aenter__")
 
 
 def _set_locals(frame, values: dict) -> None:
@@ -875,29 +1050,48 @@ def _set_locals(frame, values: dict) -> None:
         ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
 
 
+def _local_hit(value, plan):
+    """(value, its stand-in) for a local holding one of MLX's callables or a bound
+    method of an array holding one, else None."""
+    hit = plan.bindable.get(id(value))
+    if hit is not None:
+        # (MLX's own callables only: a Python function that replaced one of them, the
+        # caller's own code, keeps its name)
+        return hit if hit[0] is value and not isinstance(value, types.FunctionType) else None
+    if value.__class__ in _METHODS:
+        hit = plan.scanned.get(id(value.__func__))
+        if hit is not None and hit[0] is value.__func__:
+            return value, types.MethodType(hit[1], value.__self__)
+    return None
+
+
 def _rebind_locals(every: bool):
     """[(frame, {name: (original, stand-in)})] for the locals bound to MLX functions
-    of the frame that opens the block (``every``: and of the frames that called it),
-    rebound to the stand-ins; None when there are none."""
-    functions = _plans[0].functions
-    out = []
-    frame = _user_frame()
+    of the frame that opens the block, through context-manager wrappers, and
+    (``every``) of all calling frames, rebound to the stand-ins; None when there
+    are none."""
+    plan = _plans[0]
+    bindable, out = plan.bindable, []
+    frame = sys._getframe(2)
     while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith(_OWN):
+            frame = frame.f_back
+            continue
         namespace = frame.f_locals
-        if namespace is not frame.f_globals and not frame.f_globals.get(
-                "__name__", "").startswith(_OWN):
+        if namespace is not frame.f_globals:
             hits = {}
             for name, value in namespace.items():
-                hit = functions.get(id(value))
-                # (MLX's own callables only: a Python function that replaced one of
-                # them, the caller's own code, keeps its name)
-                if hit is not None and hit[0] is value and not isinstance(
-                        value, types.FunctionType):
-                    hits[name] = hit
+                if id(value) in bindable or value.__class__ in _METHODS:
+                    hit = _local_hit(value, plan)
+                    if hit is not None:
+                        hits[name] = hit
             if hits:
                 _set_locals(frame, {name: standin for name, (_, standin) in hits.items()})
                 out.append((frame, hits))
-        frame = frame.f_back if every else None
+        code = frame.f_code
+        if not (every or code.co_flags & _SUSPENDS or code.co_name in _ENTERS):
+            break  # (the frame that runs the block's body)
+        frame = frame.f_back
     return out or None
 
 
@@ -924,13 +1118,14 @@ class _FlowBlock:
         if self.on:
             with _lock:
                 if _open == 0:
-                    _install()
-                    due = _scan_due(self.strict)
-                else:
-                    due = self.strict and _scan_due(True)
+                    due = _install() or self.strict
+                else:  # (a strict block in a default one that did not scan)
+                    due = self.strict and not _watch["scanned"]
                 _open += 1
                 try:
                     self.rebound = _rebind_locals(self.strict)
+                    if not due and _open == 1:
+                        due = _held_anew()
                     if due:
                         _rebind_held(self.strict)
                 except BaseException:
@@ -955,6 +1150,8 @@ class _FlowBlock:
 
     def _close(self):  # (under _lock)
         global _open
+        if _open == 1:  # (the state the next _held_anew compares with)
+            _plans[0].counted = _plans[0].referenced()
         if self.rebound is not None:
             _restore_locals(self.rebound)
             self.rebound = None
