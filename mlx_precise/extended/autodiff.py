@@ -418,12 +418,14 @@ def _reverse(tape: Tape, seeds: list, cot: dict, value, wide: bool, strict: bool
 # running the VJP rules' Python. A tape is known by its structure (:func:`_structure`:
 # each op's VJP rule, its non-array arguments, and for each array its place among the
 # pass's arrays, shape, dtype and whether it is differentiated), compiled when seen
-# COMPILE_AT times (a trace costs about ten op-by-op passes: gradients taken a few
-# times never compile) and dropped when it cannot be traced (an op without a
+# COMPILE_AT times (a trace costs about ten op-by-op passes where MLX has built its
+# CPU kernels before, and seconds where it has not: MLX compiles them with the system
+# C++ compiler, about 7 s for the benchmark MLP's pass on a fresh temporary folder,
+# measured; so gradients taken a few dozen times never compile) and dropped when it cannot be traced (an op without a
 # double-word VJP, a rule that reads values).
 
 COMPILED_PASS = True
-COMPILE_AT = 4
+COMPILE_AT = 32
 _SEEN_MAX, _PASSES_MAX = 256, 64
 _seen: dict = {}  # structure -> sightings (forgotten all at once past _SEEN_MAX)
 _passes: dict = {}  # structure -> _Pass, or None (cannot be traced); the oldest dropped

@@ -118,7 +118,7 @@ def test_a_pass_that_cannot_be_traced_is_reported_at_every_call(traces):
 
 @pytest.mark.parametrize("name", ["sgd-momentum", "adam"])
 def test_training_steps_replay_bit_for_bit(name, traces, monkeypatch):
-    """Eight steps of the benchmark MLP, each in its block: the parameters (their
+    """COMPILE_AT + 4 steps of the benchmark MLP, each in its block: the parameters (their
     carried float64 values) are the same bits with the pass compiled and op by op."""
     _, p0 = bt.initial_model(0)
     x, y = (mx.array(a) for a in bt.oracle.mlp_data(bt.MLP_SIZES["samples"],
@@ -129,7 +129,7 @@ def test_training_steps_replay_bit_for_bit(name, traces, monkeypatch):
         monkeypatch.setattr(autodiff, "COMPILED_PASS", compiled)
         model, opt = bt.model_from(p0), bt.mlx_optimizer(name)
         loss_and_grad = nn.value_and_grad(model, bt.mse)
-        for _ in range(8):
+        for _ in range(autodiff.COMPILE_AT + 4):
             with mp.use_backend("cpu"), mp.extended_precision():
                 _, g = loss_and_grad(model, x, y)
                 opt.update(model, g)
