@@ -205,15 +205,29 @@ def _from_rows(a: mx.array, lead: tuple, axis: int) -> mx.array:
 
 
 def _flat(a: mx.array) -> mx.array:
-    """float32 words of a complex64 (or float32) array, flat, at least 8 long so
-    that MLX passes every input as a device buffer (one kernel instantiation)."""
-    f = a.reshape(-1)  # row-contiguous (a copy only where a's strides require one)
-    f = f.view(mx.float32) if f.dtype == mx.complex64 else f
-    return f if f.size >= 8 else mx.pad(f, (0, 8 - f.size))
+    """float32 words of a complex64 (or float32) array, at least 8 of them so that
+    MLX passes every input as a device buffer (one kernel instantiation). The
+    kernels index their inputs flat and MLX hands them row-contiguous (copied only
+    where ``a``'s strides require, as a reshape would), so an array of 8 or more
+    words keeps its shape: no reshape node (complex64: one view, (..., 2n))."""
+    if a.size * (2 if a.dtype == mx.complex64 else 1) < 8:
+        f = a.reshape(-1)
+        f = f.view(mx.float32) if f.dtype == mx.complex64 else f
+        return mx.pad(f, (0, 8 - f.size))
+    return a.view(mx.float32) if a.dtype == mx.complex64 else a
+
+
+def _words(rows: int, n: int) -> tuple:
+    """The shape of a kernel's output of complex64 (rows, n) as float32 words:
+    (rows, 2n), whose complex64 view is (rows, n) with no reshape; flat and padded
+    to 8 words when smaller (an input of the next kernel must be a device buffer)."""
+    return (rows, 2 * n) if 2 * rows * n >= 8 else (8,)
 
 
 def _unflat(f: mx.array, rows: int, n: int) -> mx.array:
-    """complex64 (rows, n) from flat float32 words (drops the padding)."""
+    """complex64 (rows, n) from a kernel's float32 words (:func:`_words`)."""
+    if f.shape == (rows, 2 * n):
+        return f.view(mx.complex64)
     return f[: 2 * rows * n].view(mx.complex64).reshape(rows, n)
 
 
@@ -347,9 +361,9 @@ def _plan(logn: int) -> list[int]:
 
 def _fft_pow2(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_out: bool,
               backend: str, stream, nt: int | None = None, rs: _RowScale | None = None):
-    """Complex FFT of length n = 2^k >= 2 of each row of flat words ``hi``, ``lo``
-    (float32, rows * n * 2 words or more; lo None for plain complex64 data).
-    Returns flat (y_hi, y_lo or None); the result is scaled by 1/scale_den.
+    """Complex FFT of length n = 2^k >= 2 of each row of words ``hi``, ``lo``
+    (float32, rows * n * 2 words or more, read flat; lo None for plain complex64
+    data). Returns (y_hi, y_lo or None) shaped by :func:`_words`; the result is scaled by 1/scale_den.
     ``nt``: order of the twiddle table (a multiple of n, default n); ``rs``: the
     row scaling of the first and last passes."""
     logn = n.bit_length() - 1
@@ -371,11 +385,11 @@ def _fft_pow2(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_ou
             log_nt=nt.bit_length() - 1, inverse=inverse, lo_in=lo is not None,
             lo_out=lo_out or not last, scaled=last and scale_den != 1,
             scale_hi=s_hi if last else 0, scale_lo=s_lo if last else 0, **rs_fields)
-        size = max(2 * rows * n, 8)
+        size = _words(rows, n)
         hi, lo_new = FFT_PASS(
             inputs=[hi, lo if lo is not None else _dummy(), tab, rmax, params],
             grid=(tgs * threads, 1, 1), threadgroup=(threads, 1, 1),
-            output_shapes=[(size,), (size,) if (lo_out or not last) else (1,)],
+            output_shapes=[size, size if (lo_out or not last) else (1,)],
             output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
         lo = lo_new if (lo_out or not last) else None
         log_ns += log_r
@@ -472,13 +486,13 @@ def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo
     params = FFT_REAL_PARAMS.pack(n_half=big_n, rows=rows, pre=pre, lo_in=lo is not None,
                                   lo_out=lo_out, scaled=scale_den != 1, scale_hi=s_hi,
                                   scale_lo=s_lo, **rs_fields)
-    size = max(2 * rows * per_row, 8)
+    size = _words(rows, per_row)
     total = rows * per_row
     y_hi, y_lo = FFT_REAL(
         inputs=[_flat(hi), _dummy() if lo is None else _flat(lo), twiddle_table(2 * big_n),
                 rmax, params],
         grid=(total, 1, 1), threadgroup=(min(_THREADS, total), 1, 1),
-        output_shapes=[(size,), (size,) if lo_out else (1,)],
+        output_shapes=[size, size if lo_out else (1,)],
         output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
     return _unflat(y_hi, rows, per_row), _unflat(y_lo, rows, per_row) if lo_out else None
 
