@@ -76,21 +76,51 @@ def _operands_ok(x, w, nd: int) -> bool:
 
 # ---- the shared core: im2col gather and one batched double-word GEMM -------------------
 
+def _progressions(offsets) -> list[tuple[int, int, int]] | None:
+    """(start, step, count) per spatial dimension when the taps ``offsets`` are the
+    product (``itertools.product`` order) of one arithmetic progression per
+    dimension; None otherwise (a zero tap, irregular taps)."""
+    if not offsets or any(off is None for off in offsets):
+        return None
+    axes = [list(dict.fromkeys(off[i] for off in offsets)) for i in range(len(offsets[0]))]
+    prog = [(v[0], v[1] - v[0] if len(v) > 1 else 0, len(v)) for v in axes]
+    if any(v != [a + b * k for k in range(c)] for v, (a, b, c) in zip(axes, prog)):
+        return None
+    return prog if list(itertools.product(*axes)) == list(offsets) else None
+
+
 def _columns(xp: mx.array, offsets, strides, out) -> mx.array:
     """The im2col gather. ``xp`` (N, *spatial, C) (already padded); ``offsets``: one
     tuple of start indices per tap, None for a zero tap; ``strides``, ``out``: per
-    spatial dimension. Returns (N, *out, T, C): tap t reads
-    ``xp[:, o_0 + s_0 q_0, ..., :]`` at output position q. Slices and ``stack``
-    have rules, so carried low words follow exactly."""
+    spatial dimension. Returns (1, N prod(out), T, C): tap t reads
+    ``xp[:, o_0 + s_0 q_0, ..., :]`` at output position q. Taps on a grid (every
+    correlation's: ``k d`` per dimension) are one ``as_strided`` window of xp's
+    row-major layout (two graph nodes per word instead of 2T + 1); others, and any
+    gradient's recording (the tape's VJP of ``as_strided`` would sum the cotangents
+    of overlapping windows in float32; a slice's are disjoint), one slice per tap
+    and a ``stack``. These ops have rules: carried low words follow exactly (the
+    same values either way)."""
+    N, C = xp.shape[0], xp.shape[-1]
+    rows = (1, N * math.prod(out), len(offsets), C)
+    prog = None if autodiff.recording() else _progressions(offsets)
+    if prog is not None:
+        st = [math.prod(xp.shape[i + 1:]) for i in range(xp.ndim)]  # row-major
+        space = st[1:-1]
+        view = mx.as_strided(
+            xp, (N, *out, *(c for _, _, c in prog), C),
+            (st[0], *(s * t for s, t in zip(strides, space)),
+             *(b * t for (_, b, _), t in zip(prog, space)), 1),
+            sum(a * t for (a, _, _), t in zip(prog, space)))
+        return view.reshape(rows)
     taps = []
     for off in offsets:
         if off is None:  # a phase with fewer taps: zero columns (0 * 0, no NaN from Inf)
-            taps.append(mx.zeros((xp.shape[0], *out, xp.shape[-1]), F32))
+            taps.append(mx.zeros((N, *out, C), F32))
             continue
         index = (slice(None),) + tuple(
             slice(o, o + (n - 1) * s + 1, s) for o, s, n in zip(off, strides, out))
         taps.append(xp[index])
-    return mx.stack(taps, axis=-2)
+    return mx.stack(taps, axis=-2).reshape(rows)
 
 
 def _contract(cols: mx.array, wt: mx.array, groups: int) -> mx.array:
@@ -140,7 +170,7 @@ def correlate(x: mx.array, w: mx.array, stride, padding_lo, padding_hi, dilation
                for tap in itertools.product(*(range(k) for k in kernel))]
     cols = _columns(x, offsets, stride, out)
     T = len(offsets)
-    y = _contract(cols.reshape(1, -1, T, x.shape[-1]), w.reshape(1, w.shape[0], T, -1), groups)
+    y = _contract(cols, w.reshape(1, w.shape[0], T, -1), groups)
     return y.reshape(x.shape[0], *out, w.shape[0])
 
 
@@ -206,7 +236,7 @@ def transposed(x: mx.array, w: mx.array, stride, padding, dilation, output_paddi
         # Every phase reads the same columns (kernel 2s at stride s, ...): one gather
         # and one GEMM against the phases' weights side by side, (M, T Cin) x
         # (T Cin, P Cout): the products and sums of each output as per phase.
-        cols = _columns(xp, offsets[0], (1,) * len(kernel), q_len).reshape(1, M, T, Cin)
+        cols = _columns(xp, offsets[0], (1,) * len(kernel), q_len)
         index = [f for flat in flats for f in flat]
         wt = mx.take(w.reshape(Cout, -1, w.shape[-1]), mx.array(index), axis=1)
         wt = wt.reshape(Cout, len(phases), T, -1).swapaxes(0, 1).reshape(1, -1, T, Cin)
@@ -223,7 +253,7 @@ def transposed(x: mx.array, w: mx.array, stride, padding, dilation, output_paddi
         pad = T - len(offs)
         cols.append(_columns(xp, offs + [None] * pad, (1,) * len(kernel), q_len))
         index.extend(flat + [zero_tap] * pad)
-    cols = mx.stack(cols).reshape(len(phases), M, T, Cin)
+    cols = mx.concatenate(cols)  # (P, M, T, Cin)
     wt = mx.take(w_flat, mx.array(index), axis=1).reshape(Cout, len(phases), T, -1)
     y = _contract(cols, wt.swapaxes(0, 1), groups)  # (P, M, Cout)
     # interleave: (s_0, ..., N, q_0, ..., C) -> (N, q_0, s_0, q_1, s_1, ..., C)
