@@ -89,10 +89,11 @@ def _progressions(offsets) -> list[tuple[int, int, int]] | None:
     return prog if list(itertools.product(*axes)) == list(offsets) else None
 
 
-def _columns(xp: mx.array, offsets, strides, out) -> mx.array:
+def _columns(xp: mx.array, offsets, strides, out, lead: tuple) -> mx.array:
     """The im2col gather. ``xp`` (N, *spatial, C) (already padded); ``offsets``: one
     tuple of start indices per tap, None for a zero tap; ``strides``, ``out``: per
-    spatial dimension. Returns (1, N prod(out), T, C): tap t reads
+    spatial dimension; ``lead``: the leading shape of the result (N prod(out)
+    elements). Returns (*lead, T C): tap t reads
     ``xp[:, o_0 + s_0 q_0, ..., :]`` at output position q. Taps on a grid (every
     correlation's: ``k d`` per dimension) are one ``as_strided`` window of xp's
     row-major layout (two graph nodes per word instead of 2T + 1); others, and any
@@ -101,7 +102,7 @@ def _columns(xp: mx.array, offsets, strides, out) -> mx.array:
     and a ``stack``. These ops have rules: carried low words follow exactly (the
     same values either way)."""
     N, C = xp.shape[0], xp.shape[-1]
-    rows = (1, N * math.prod(out), len(offsets), C)
+    rows = (*lead, len(offsets) * C)
     prog = None if autodiff.recording() else _progressions(offsets)
     if prog is not None:
         st = [math.prod(xp.shape[i + 1:]) for i in range(xp.ndim)]  # row-major
@@ -123,21 +124,20 @@ def _columns(xp: mx.array, offsets, strides, out) -> mx.array:
     return mx.stack(taps, axis=-2).reshape(rows)
 
 
-def _contract(cols: mx.array, wt: mx.array, groups: int) -> mx.array:
+def _contract(cols: mx.array, wt: mx.array, T: int, groups: int) -> mx.array:
     """``y[p, m, o] = sum_{t, c in group(o)} cols[p, m, t, c] wt[p, o, t, c]`` by one
     (batched) double-word matmul.
 
-    cols (P, M, T, Cin), wt (P, Cout, T, Cin / groups); P independent problems
-    (phases of a transposed convolution; 1 otherwise). Returns (P, M, Cout).
+    cols (P, M, T Cin), wt (P, Cout, T Cin / groups), both with (t, c) flattened;
+    P independent problems (phases of a transposed convolution; the batch or 1
+    otherwise: without groups, wt's P may be 1, broadcast). Returns (P, M, Cout).
     Output channel o belongs to group o // (Cout / groups), which reads input
     channels [g Cg, (g + 1) Cg)."""
-    P, M, T, Cin = cols.shape
-    Cout, Cg = wt.shape[1], wt.shape[3]
+    P, M, Cin = *cols.shape[:2], cols.shape[2] // T
+    Cout, Cg = wt.shape[1], wt.shape[2] // T
     G, Og = groups, Cout // groups
-    if G == 1:
-        a = cols.reshape(P, M, T * Cin)
-        b = wt.reshape(P, Cout, T * Cin).swapaxes(1, 2)
-        return a @ b
+    if G == 1:  # (the shapes as given: no reshape node)
+        return cols @ wt.swapaxes(1, 2)
     # (P, M, T, G, Cg) -> (P, G, M, T Cg) against (P, G, T Cg, Og): one batched GEMM
     a = cols.reshape(P, M, T, G, Cg).transpose(0, 3, 1, 2, 4).reshape(P * G, M, T * Cg)
     b = wt.reshape(P, G, Og, T * Cg).swapaxes(2, 3).reshape(P * G, T * Cg, Og)
@@ -168,10 +168,12 @@ def correlate(x: mx.array, w: mx.array, stride, padding_lo, padding_hi, dilation
            for n, k, s, d in zip(x.shape[1:-1], kernel, stride, dilation)]
     offsets = [tuple(k * d for k, d in zip(tap, dilation))
                for tap in itertools.product(*(range(k) for k in kernel))]
-    cols = _columns(x, offsets, stride, out)
-    T = len(offsets)
-    y = _contract(cols, w.reshape(1, w.shape[0], T, -1), groups)
-    return y.reshape(x.shape[0], *out, w.shape[0])
+    # without groups, the batch leads the GEMM (the weights broadcast): a 1-D
+    # convolution's result then has its shape, no reshape
+    N, M = x.shape[0], math.prod(out)
+    cols = _columns(x, offsets, stride, out, (N, M) if groups == 1 else (1, N * M))
+    y = _contract(cols, w.reshape(1, w.shape[0], -1), len(offsets), groups)
+    return y.reshape(N, *out, w.shape[0])
 
 
 def _dilate(x: mx.array, factors) -> mx.array:
@@ -236,11 +238,11 @@ def transposed(x: mx.array, w: mx.array, stride, padding, dilation, output_paddi
         # Every phase reads the same columns (kernel 2s at stride s, ...): one gather
         # and one GEMM against the phases' weights side by side, (M, T Cin) x
         # (T Cin, P Cout): the products and sums of each output as per phase.
-        cols = _columns(xp, offsets[0], (1,) * len(kernel), q_len)
+        cols = _columns(xp, offsets[0], (1,) * len(kernel), q_len, (1, M))
         index = [f for flat in flats for f in flat]
         wt = mx.take(w.reshape(Cout, -1, w.shape[-1]), mx.array(index), axis=1)
-        wt = wt.reshape(Cout, len(phases), T, -1).swapaxes(0, 1).reshape(1, -1, T, Cin)
-        y = _contract(cols, wt, 1).reshape(N, *q_len, *stride, Cout)
+        wt = wt.reshape(Cout, len(phases), -1).swapaxes(0, 1).reshape(1, -1, T * Cin)
+        y = _contract(cols, wt, T, 1).reshape(N, *q_len, *stride, Cout)
         nd = len(kernel)  # (N, q_0, ..., s_0, ..., C) -> (N, q_0, s_0, q_1, s_1, ..., C)
         y = y.transpose([0] + [a for i in range(nd) for a in (1 + i, 1 + nd + i)]
                         + [2 * nd + 1])
@@ -251,11 +253,11 @@ def transposed(x: mx.array, w: mx.array, stride, padding, dilation, output_paddi
     cols, index = [], []
     for offs, flat in zip(offsets, flats):
         pad = T - len(offs)
-        cols.append(_columns(xp, offs + [None] * pad, (1,) * len(kernel), q_len))
+        cols.append(_columns(xp, offs + [None] * pad, (1,) * len(kernel), q_len, (1, M)))
         index.extend(flat + [zero_tap] * pad)
-    cols = mx.concatenate(cols)  # (P, M, T, Cin)
-    wt = mx.take(w_flat, mx.array(index), axis=1).reshape(Cout, len(phases), T, -1)
-    y = _contract(cols, wt.swapaxes(0, 1), groups)  # (P, M, Cout)
+    cols = mx.concatenate(cols)  # (P, M, T Cin)
+    wt = mx.take(w_flat, mx.array(index), axis=1).reshape(Cout, len(phases), -1)
+    y = _contract(cols, wt.swapaxes(0, 1), T, groups)  # (P, M, Cout)
     # interleave: (s_0, ..., N, q_0, ..., C) -> (N, q_0, s_0, q_1, s_1, ..., C)
     nd = len(kernel)
     y = y.reshape(*stride, N, *q_len, Cout)
