@@ -224,11 +224,19 @@ def _words(rows: int, n: int) -> tuple:
     return (rows, 2 * n) if 2 * rows * n >= 8 else (8,)
 
 
+def _word_rows(f: mx.array, rows: int, width: int) -> mx.array:
+    """float32 (rows, width) from a kernel's words (:func:`_words`: drops the padding)."""
+    return f if f.shape == (rows, width) else f[: rows * width].reshape(rows, width)
+
+
 def _unflat(f: mx.array, rows: int, n: int) -> mx.array:
     """complex64 (rows, n) from a kernel's float32 words (:func:`_words`)."""
-    if f.shape == (rows, 2 * n):
-        return f.view(mx.complex64)
-    return f[: 2 * rows * n].view(mx.complex64).reshape(rows, n)
+    return _word_rows(f, rows, 2 * n).view(mx.complex64)
+
+
+def _complex(a: mx.array | None) -> mx.array | None:
+    """complex64 words of complex64 or float32 (..., 2n) (re, im) words (a view)."""
+    return a if a is None or a.dtype == mx.complex64 else a.view(mx.complex64)
 
 
 @functools.lru_cache(maxsize=1)
@@ -458,26 +466,35 @@ def _bluestein(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_o
 
 
 def _cfft_rows(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_out: bool,
-               backend: str, stream, nt: int | None = None, rs: _RowScale | None = None):
-    """Complex FFT (unnormalised, times 1/scale_den) of complex64 (rows, n) words.
-    Returns complex64 (rows, n) (hi, lo or None). ``rs``: the kernels' row scaling
-    (powers of two n >= 2 only)."""
+               backend: str, stream, nt: int | None = None, rs: _RowScale | None = None,
+               words: bool = False):
+    """Complex FFT (unnormalised, times 1/scale_den) of complex64 (rows, n) words
+    (or their float32 (rows, 2n) views). Returns complex64 (rows, n) (hi, lo or
+    None); with ``words``, float32 words as a kernel wrote them (:func:`_words`):
+    a kernel reading them next needs no view of them. ``rs``: the kernels' row
+    scaling (powers of two n >= 2 only)."""
     assert rs is None or (n > 1 and _is_pow2(n))
-    if n == 1:  # the identity; callers never ask for a scale here
-        return hi, (lo if lo is not None or not lo_out else mx.zeros_like(hi))
-    if not _is_pow2(n):
-        return _bluestein(hi, lo, rows, n, inverse=inverse, scale_den=scale_den,
-                          lo_out=lo_out, backend=backend, stream=stream)
+    if n == 1 or not _is_pow2(n):
+        hi, lo = _complex(hi), _complex(lo)
+        if n == 1:  # the identity; callers never ask for a scale here
+            y = hi, (lo if lo is not None or not lo_out else mx.zeros_like(hi))
+        else:
+            y = _bluestein(hi, lo, rows, n, inverse=inverse, scale_den=scale_den,
+                           lo_out=lo_out, backend=backend, stream=stream)
+        return tuple(a.view(mx.float32) if words and a is not None else a for a in y)
     y_hi, y_lo = _fft_pow2(_flat(hi), None if lo is None else _flat(lo), rows, n,
                            inverse=inverse, scale_den=scale_den, lo_out=lo_out,
                            backend=backend, stream=stream, nt=nt, rs=rs)
+    if words:
+        return y_hi, y_lo
     return _unflat(y_hi, rows, n), None if y_lo is None else _unflat(y_lo, rows, n)
 
 
 def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo_out: bool,
-                 backend: str, stream, rs: _RowScale | None = None):
-    """fft_real on complex64 words (rows, N) [post] or (rows, N + 1) [pre];
-    returns complex64 (rows, N + 1) [post] or (rows, N) [pre] words. ``rs``: its
+                 backend: str, stream, rs: _RowScale | None = None, words: bool = False):
+    """fft_real on complex64 words (rows, N) [post] or (rows, N + 1) [pre] (or
+    their float32 views); returns complex64 (rows, N + 1) [post] or (rows, N) [pre]
+    words (``words``: float32, as the kernel wrote them). ``rs``: its
     row scaling (the kernel is both the first and the last of its transform; ``rs``
     says which scalings it does)."""
     per_row = big_n if pre else big_n + 1
@@ -494,6 +511,8 @@ def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo
         grid=(total, 1, 1), threadgroup=(min(_THREADS, total), 1, 1),
         output_shapes=[size, size if lo_out else (1,)],
         output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
+    if words:
+        return y_hi, y_lo if lo_out else None
     return _unflat(y_hi, rows, per_row), _unflat(y_lo, rows, per_row) if lo_out else None
 
 
@@ -513,14 +532,15 @@ def _rfft_rows(hi, lo, rows: int, n: int, *, lo_out: bool, backend: str, stream,
             return mx.concatenate([mx.real(a[:, :1]).astype(mx.complex64), a[:, 1:m]], axis=1)
 
         return cut(y_hi), None if y_lo is None else cut(y_lo)
-    # z_j = x_2j + i x_2j+1 (a free view), half-length FFT, post-processing.
+    # z_j = x_2j + i x_2j+1 (x's words read as complex: no view needed), half-length
+    # FFT, post-processing; the kernels pass words on as they wrote them.
     big_n = n // 2
-    z_hi = hi.reshape(rows, n).view(mx.complex64)
-    z_lo = None if lo is None else lo.reshape(rows, n).view(mx.complex64)
+    z_hi = hi.reshape(rows, n)
+    z_lo = None if lo is None else lo.reshape(rows, n)
     if big_n > 1:
         z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=False, scale_den=1,
                                 lo_out=True, backend=backend, stream=stream, nt=n,
-                                rs=_stage(rs, store=False))
+                                rs=_stage(rs, store=False), words=True)
         rs = _stage(rs, load=False)
     return _real_kernel(z_hi, z_lo, rows, big_n, pre=False, scale_den=1, lo_out=lo_out,
                         backend=backend, stream=stream, rs=rs)
@@ -671,14 +691,15 @@ def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream
         rs = _stage(rs, per_part=True)  # the result's words are real
         z_hi, z_lo = _real_kernel(hi, lo, rows, big_n, pre=True, scale_den=n if single else 1,
                                   lo_out=not (single and round_output), backend=name,
-                                  stream=stream, rs=_stage(rs, store=single))  # N = 1: folds
+                                  stream=stream, rs=_stage(rs, store=single),  # N = 1: folds
+                                  words=True)
         if not single:
             z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=True, scale_den=n,
                                     lo_out=not round_output, backend=name, stream=stream,
-                                    nt=n, rs=_stage(rs, load=False))
-        # z: the kernels' rows (contiguous views of their outputs)
-        y_hi = z_hi.view(mx.float32).reshape(rows, n)
-        y_lo = None if z_lo is None else z_lo.view(mx.float32).reshape(rows, n)
+                                    nt=n, rs=_stage(rs, load=False), words=True)
+        # z: the kernels' float32 words, (rows, n) as they are
+        y_hi = _word_rows(z_hi, rows, n)
+        y_lo = None if z_lo is None else _word_rows(z_lo, rows, n)
     return y_hi, y_lo
 
 
