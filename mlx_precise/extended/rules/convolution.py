@@ -107,10 +107,20 @@ def _columns(xp: mx.array, offsets, strides, out, lead: tuple) -> mx.array:
     if prog is not None:
         st = [math.prod(xp.shape[i + 1:]) for i in range(xp.ndim)]  # row-major
         space = st[1:-1]
+        # (taps, C) dims, merged from the right where adjacent in xp (undilated
+        # taps along the last spatial axis read T C consecutive values): a window
+        # already of the result's shape needs no reshape (a copy) after it
+        tail = [(C, 1)]
+        for (_, b, c), t in reversed(list(zip(prog, space))):
+            if c == 1:
+                continue
+            if b * t == tail[0][0] * tail[0][1]:
+                tail[0] = (c * tail[0][0], tail[0][1])
+            else:
+                tail.insert(0, (c, b * t))
         view = mx.as_strided(
-            xp, (N, *out, *(c for _, _, c in prog), C),
-            (st[0], *(s * t for s, t in zip(strides, space)),
-             *(b * t for (_, b, _), t in zip(prog, space)), 1),
+            xp, (N, *out, *(c for c, _ in tail)),
+            (st[0], *(s * t for s, t in zip(strides, space)), *(t for _, t in tail)),
             sum(a * t for (a, _, _), t in zip(prog, space)))
         return view.reshape(rows)
     taps = []
