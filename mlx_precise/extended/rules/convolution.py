@@ -252,11 +252,13 @@ def transposed(x: mx.array, w: mx.array, stride, padding, dilation, output_paddi
         index = [f for flat in flats for f in flat]
         wt = mx.take(w.reshape(Cout, -1, w.shape[-1]), mx.array(index), axis=1)
         wt = wt.reshape(Cout, len(phases), -1).swapaxes(0, 1).reshape(1, -1, T * Cin)
-        y = _contract(cols, wt, T, 1).reshape(N, *q_len, *stride, Cout)
+        y = _contract(cols, wt, T, 1)
+        full = (N, *(q * s for q, s in zip(q_len, stride)), Cout)
         nd = len(kernel)  # (N, q_0, ..., s_0, ..., C) -> (N, q_0, s_0, q_1, s_1, ..., C)
-        y = y.transpose([0] + [a for i in range(nd) for a in (1 + i, 1 + nd + i)]
-                        + [2 * nd + 1])
-        return _crop(y.reshape(N, *(q * s for q, s in zip(q_len, stride)), Cout), padding, out)
+        if nd > 1:  # (1-D: (N, q, s, C) is already in order: one reshape)
+            y = y.reshape(N, *q_len, *stride, Cout).transpose(
+                [0] + [a for i in range(nd) for a in (1 + i, 1 + nd + i)] + [2 * nd + 1])
+        return _crop(y.reshape(full), padding, out)
     zero_w = mx.zeros((Cout, 1, w.shape[-1]), F32)
     w_flat = mx.concatenate([w.reshape(Cout, -1, w.shape[-1]), zero_w], axis=1)
     zero_tap = w_flat.shape[1] - 1
