@@ -205,16 +205,38 @@ def _from_rows(a: mx.array, lead: tuple, axis: int) -> mx.array:
 
 
 def _flat(a: mx.array) -> mx.array:
-    """float32 words of a complex64 (or float32) array, flat, at least 8 long so
-    that MLX passes every input as a device buffer (one kernel instantiation)."""
-    f = a.reshape(-1)  # row-contiguous (a copy only where a's strides require one)
-    f = f.view(mx.float32) if f.dtype == mx.complex64 else f
-    return f if f.size >= 8 else mx.pad(f, (0, 8 - f.size))
+    """float32 words of a complex64 (or float32) array, at least 8 of them so that
+    MLX passes every input as a device buffer (one kernel instantiation). The
+    kernels index their inputs flat and MLX hands them row-contiguous (copied only
+    where ``a``'s strides require, as a reshape would), so an array of 8 or more
+    words keeps its shape: no reshape node (complex64: one view, (..., 2n))."""
+    if a.size * (2 if a.dtype == mx.complex64 else 1) < 8:
+        f = a.reshape(-1)
+        f = f.view(mx.float32) if f.dtype == mx.complex64 else f
+        return mx.pad(f, (0, 8 - f.size))
+    return a.view(mx.float32) if a.dtype == mx.complex64 else a
+
+
+def _words(rows: int, n: int) -> tuple:
+    """The shape of a kernel's output of complex64 (rows, n) as float32 words:
+    (rows, 2n), whose complex64 view is (rows, n) with no reshape; flat and padded
+    to 8 words when smaller (an input of the next kernel must be a device buffer)."""
+    return (rows, 2 * n) if 2 * rows * n >= 8 else (8,)
+
+
+def _word_rows(f: mx.array, rows: int, width: int) -> mx.array:
+    """float32 (rows, width) from a kernel's words (:func:`_words`: drops the padding)."""
+    return f if f.shape == (rows, width) else f[: rows * width].reshape(rows, width)
 
 
 def _unflat(f: mx.array, rows: int, n: int) -> mx.array:
-    """complex64 (rows, n) from flat float32 words (drops the padding)."""
-    return f[: 2 * rows * n].view(mx.complex64).reshape(rows, n)
+    """complex64 (rows, n) from a kernel's float32 words (:func:`_words`)."""
+    return _word_rows(f, rows, 2 * n).view(mx.complex64)
+
+
+def _complex(a: mx.array | None) -> mx.array | None:
+    """complex64 words of complex64 or float32 (..., 2n) (re, im) words (a view)."""
+    return a if a is None or a.dtype == mx.complex64 else a.view(mx.complex64)
 
 
 @functools.lru_cache(maxsize=1)
@@ -347,9 +369,9 @@ def _plan(logn: int) -> list[int]:
 
 def _fft_pow2(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_out: bool,
               backend: str, stream, nt: int | None = None, rs: _RowScale | None = None):
-    """Complex FFT of length n = 2^k >= 2 of each row of flat words ``hi``, ``lo``
-    (float32, rows * n * 2 words or more; lo None for plain complex64 data).
-    Returns flat (y_hi, y_lo or None); the result is scaled by 1/scale_den.
+    """Complex FFT of length n = 2^k >= 2 of each row of words ``hi``, ``lo``
+    (float32, rows * n * 2 words or more, read flat; lo None for plain complex64
+    data). Returns (y_hi, y_lo or None) shaped by :func:`_words`; the result is scaled by 1/scale_den.
     ``nt``: order of the twiddle table (a multiple of n, default n); ``rs``: the
     row scaling of the first and last passes."""
     logn = n.bit_length() - 1
@@ -371,11 +393,11 @@ def _fft_pow2(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_ou
             log_nt=nt.bit_length() - 1, inverse=inverse, lo_in=lo is not None,
             lo_out=lo_out or not last, scaled=last and scale_den != 1,
             scale_hi=s_hi if last else 0, scale_lo=s_lo if last else 0, **rs_fields)
-        size = max(2 * rows * n, 8)
+        size = _words(rows, n)
         hi, lo_new = FFT_PASS(
             inputs=[hi, lo if lo is not None else _dummy(), tab, rmax, params],
             grid=(tgs * threads, 1, 1), threadgroup=(threads, 1, 1),
-            output_shapes=[(size,), (size,) if (lo_out or not last) else (1,)],
+            output_shapes=[size, size if (lo_out or not last) else (1,)],
             output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
         lo = lo_new if (lo_out or not last) else None
         log_ns += log_r
@@ -444,26 +466,35 @@ def _bluestein(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_o
 
 
 def _cfft_rows(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_out: bool,
-               backend: str, stream, nt: int | None = None, rs: _RowScale | None = None):
-    """Complex FFT (unnormalised, times 1/scale_den) of complex64 (rows, n) words.
-    Returns complex64 (rows, n) (hi, lo or None). ``rs``: the kernels' row scaling
-    (powers of two n >= 2 only)."""
+               backend: str, stream, nt: int | None = None, rs: _RowScale | None = None,
+               words: bool = False):
+    """Complex FFT (unnormalised, times 1/scale_den) of complex64 (rows, n) words
+    (or their float32 (rows, 2n) views). Returns complex64 (rows, n) (hi, lo or
+    None); with ``words``, float32 words as a kernel wrote them (:func:`_words`):
+    a kernel reading them next needs no view of them. ``rs``: the kernels' row
+    scaling (powers of two n >= 2 only)."""
     assert rs is None or (n > 1 and _is_pow2(n))
-    if n == 1:  # the identity; callers never ask for a scale here
-        return hi, (lo if lo is not None or not lo_out else mx.zeros_like(hi))
-    if not _is_pow2(n):
-        return _bluestein(hi, lo, rows, n, inverse=inverse, scale_den=scale_den,
-                          lo_out=lo_out, backend=backend, stream=stream)
+    if n == 1 or not _is_pow2(n):
+        hi, lo = _complex(hi), _complex(lo)
+        if n == 1:  # the identity; callers never ask for a scale here
+            y = hi, (lo if lo is not None or not lo_out else mx.zeros_like(hi))
+        else:
+            y = _bluestein(hi, lo, rows, n, inverse=inverse, scale_den=scale_den,
+                           lo_out=lo_out, backend=backend, stream=stream)
+        return tuple(a.view(mx.float32) if words and a is not None else a for a in y)
     y_hi, y_lo = _fft_pow2(_flat(hi), None if lo is None else _flat(lo), rows, n,
                            inverse=inverse, scale_den=scale_den, lo_out=lo_out,
                            backend=backend, stream=stream, nt=nt, rs=rs)
+    if words:
+        return y_hi, y_lo
     return _unflat(y_hi, rows, n), None if y_lo is None else _unflat(y_lo, rows, n)
 
 
 def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo_out: bool,
-                 backend: str, stream, rs: _RowScale | None = None):
-    """fft_real on complex64 words (rows, N) [post] or (rows, N + 1) [pre];
-    returns complex64 (rows, N + 1) [post] or (rows, N) [pre] words. ``rs``: its
+                 backend: str, stream, rs: _RowScale | None = None, words: bool = False):
+    """fft_real on complex64 words (rows, N) [post] or (rows, N + 1) [pre] (or
+    their float32 views); returns complex64 (rows, N + 1) [post] or (rows, N) [pre]
+    words (``words``: float32, as the kernel wrote them). ``rs``: its
     row scaling (the kernel is both the first and the last of its transform; ``rs``
     says which scalings it does)."""
     per_row = big_n if pre else big_n + 1
@@ -472,14 +503,16 @@ def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo
     params = FFT_REAL_PARAMS.pack(n_half=big_n, rows=rows, pre=pre, lo_in=lo is not None,
                                   lo_out=lo_out, scaled=scale_den != 1, scale_hi=s_hi,
                                   scale_lo=s_lo, **rs_fields)
-    size = max(2 * rows * per_row, 8)
+    size = _words(rows, per_row)
     total = rows * per_row
     y_hi, y_lo = FFT_REAL(
         inputs=[_flat(hi), _dummy() if lo is None else _flat(lo), twiddle_table(2 * big_n),
                 rmax, params],
         grid=(total, 1, 1), threadgroup=(min(_THREADS, total), 1, 1),
-        output_shapes=[(size,), (size,) if lo_out else (1,)],
+        output_shapes=[size, size if lo_out else (1,)],
         output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
+    if words:
+        return y_hi, y_lo if lo_out else None
     return _unflat(y_hi, rows, per_row), _unflat(y_lo, rows, per_row) if lo_out else None
 
 
@@ -499,14 +532,15 @@ def _rfft_rows(hi, lo, rows: int, n: int, *, lo_out: bool, backend: str, stream,
             return mx.concatenate([mx.real(a[:, :1]).astype(mx.complex64), a[:, 1:m]], axis=1)
 
         return cut(y_hi), None if y_lo is None else cut(y_lo)
-    # z_j = x_2j + i x_2j+1 (a free view), half-length FFT, post-processing.
+    # z_j = x_2j + i x_2j+1 (x's words read as complex: no view needed), half-length
+    # FFT, post-processing; the kernels pass words on as they wrote them.
     big_n = n // 2
-    z_hi = hi.reshape(rows, n).view(mx.complex64)
-    z_lo = None if lo is None else lo.reshape(rows, n).view(mx.complex64)
+    z_hi = hi.reshape(rows, n)
+    z_lo = None if lo is None else lo.reshape(rows, n)
     if big_n > 1:
         z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=False, scale_den=1,
                                 lo_out=True, backend=backend, stream=stream, nt=n,
-                                rs=_stage(rs, store=False))
+                                rs=_stage(rs, store=False), words=True)
         rs = _stage(rs, load=False)
     return _real_kernel(z_hi, z_lo, rows, big_n, pre=False, scale_den=1, lo_out=lo_out,
                         backend=backend, stream=stream, rs=rs)
@@ -657,14 +691,15 @@ def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream
         rs = _stage(rs, per_part=True)  # the result's words are real
         z_hi, z_lo = _real_kernel(hi, lo, rows, big_n, pre=True, scale_den=n if single else 1,
                                   lo_out=not (single and round_output), backend=name,
-                                  stream=stream, rs=_stage(rs, store=single))  # N = 1: folds
+                                  stream=stream, rs=_stage(rs, store=single),  # N = 1: folds
+                                  words=True)
         if not single:
             z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=True, scale_den=n,
                                     lo_out=not round_output, backend=name, stream=stream,
-                                    nt=n, rs=_stage(rs, load=False))
-        # z: the kernels' rows (contiguous views of their outputs)
-        y_hi = z_hi.view(mx.float32).reshape(rows, n)
-        y_lo = None if z_lo is None else z_lo.view(mx.float32).reshape(rows, n)
+                                    nt=n, rs=_stage(rs, load=False), words=True)
+        # z: the kernels' float32 words, (rows, n) as they are
+        y_hi = _word_rows(z_hi, rows, n)
+        y_lo = None if z_lo is None else _word_rows(z_lo, rows, n)
     return y_hi, y_lo
 
 

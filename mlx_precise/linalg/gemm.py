@@ -224,16 +224,15 @@ def _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name: Backend,
             stream) -> DoubleWord:
     if not name.has_kernels:
         return _cpu(a, b, bias)
-    a2 = _map(lambda w: w.reshape(sa), a)
-    b2 = _map(lambda w: w.reshape(sb), b)
-    d2 = None
+    # The kernel reads the operands' flat buffers through strides computed from
+    # their 2-D+ shapes (``sa``, ``sb``, the bias's at the output's rank), so no
+    # reshape of the operands is built: each would be one more graph node per call.
+    sd = None
     if bias is not None:  # to the unsqueezed output's rank, size 1 where a / b were 1-D
-        d = _map(lambda w: w.reshape((1,) * (len(out) - bias.ndim) + bias.shape), bias)
-        full = d.shape[:len(batch)] + ((d.shape[len(batch)],) if not a_vec else (1,)) \
-            + ((d.shape[-1],) if not b_vec else (1,))
-        d2 = _map(lambda w: w.reshape(full), d)
-    c = _kernel(a2, b2, d2, batch, name, stream)
-    return _map(lambda w: w.reshape(out), c)
+        d = (1,) * (len(out) - bias.ndim) + bias.shape
+        sd = d[:len(batch)] + ((d[len(batch)],) if not a_vec else (1,)) \
+            + ((d[-1],) if not b_vec else (1,))
+    return _kernel(a, b, bias, sa, sb, sd, batch, out, name, stream)
 
 
 def _map(f, x: DoubleWord) -> DoubleWord:
@@ -271,11 +270,15 @@ def _cpu(a: DoubleWord, b: DoubleWord, bias: DoubleWord | None) -> DoubleWord:
 # ---- metal / emulate: the tiled kernel ----------------------------------------------
 
 def _device(x: mx.array) -> mx.array:
-    """float32 words flattened (complex64 as (re, im) pairs), padded to a device buffer."""
-    flat = (x.view(F32) if x.dtype == C64 else x).reshape(-1)
-    if flat.size < _MIN_DEVICE_ELEMENTS:
-        flat = mx.concatenate([flat, mx.zeros((_MIN_DEVICE_ELEMENTS - flat.size,), F32)])
-    return flat
+    """float32 words (complex64 as (re, im) pairs), padded to a device buffer. The
+    kernel indexes its inputs flat and MLX hands them row-contiguous (copied only
+    where ``x``'s strides require, as a reshape would), so a large enough array
+    keeps its shape: no reshape node."""
+    words = x.view(F32) if x.dtype == C64 else x
+    if words.size >= _MIN_DEVICE_ELEMENTS:
+        return words
+    flat = words.reshape(-1)
+    return mx.concatenate([flat, mx.zeros((_MIN_DEVICE_ELEMENTS - flat.size,), F32)])
 
 
 def _strides(shape, parts: int, like) -> list[int]:
@@ -290,27 +293,30 @@ def _strides(shape, parts: int, like) -> list[int]:
     return [0] * (len(like) - len(shape)) + st
 
 
-def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, batch: tuple,
-            name: str, stream) -> DoubleWord:
-    """a ``[..., M, K]``, b ``[..., K, N]``, d (bias) of rank ``len(batch) + 2``
-    broadcasting to ``batch + [M, N]``; one launch of :data:`DW_GEMM`."""
-    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: tuple,
+            sd: tuple | None, batch: tuple, out: tuple, name: str, stream) -> DoubleWord:
+    """a of shape ``sa`` = ``[..., M, K]``, b of ``sb`` = ``[..., K, N]``, d (bias) of
+    ``sd`` (rank ``len(batch) + 2``) broadcasting to ``batch + [M, N]``, each given
+    in any shape of the same size (their buffers are read flat); one launch of
+    :data:`DW_GEMM`, the result of shape ``out`` (``batch + [M, N]`` less the
+    dimensions of 1-D operands)."""
+    M, K, N = sa[-2], sa[-1], sb[-1]
     cx = a.is_complex or b.is_complex or (d is not None and d.is_complex)
     if cx and not (a.is_complex or b.is_complex):
         # Real product, complex bias: the imaginary part is the bias's (exact).
         dr, di = d.parts()
-        re = _kernel(a, b, dr, batch, name, stream)
-        im = _map(lambda w: mx.broadcast_to(w, re.shape), di)
+        re = _kernel(a, b, dr, sa, sb, sd, batch, out, name, stream)
+        im = _map(lambda w: mx.broadcast_to(w, out), di)
         return combine(re, im)
     if cx and d is not None and not d.is_complex:
         d = _map(lambda w: w.astype(C64), d)  # exact: zero imaginary part
     both = a.is_complex and b.is_complex
     pa, pb, pc = (2 if x else 1 for x in (a.is_complex, b.is_complex, cx))
     lead = list(batch) + [M, N]
-    sa = _strides(a.shape, pa, lead)
-    sb = _strides(b.shape, pb, lead)
     sc = _strides(lead, pc, lead)
-    sd = _strides(d.shape, pc, lead) if d is not None else [0] * len(lead)
+    sd = _strides(sd, pc, lead) if d is not None else [0] * len(lead)
+    sa = _strides(sa, pa, lead)
+    sb = _strides(sb, pb, lead)
     dims = [dict(size=s, sa=sa[i], sb=sb[i], sc=sc[i], sd=sd[i]) for i, s in enumerate(batch)]
     if cx and not both:
         # Mixed real x complex: each part of the complex operand is a real product,
@@ -318,9 +324,8 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, batch: tuple,
         dims.append(dict(size=2, sa=int(a.is_complex), sb=int(b.is_complex), sc=1,
                          sd=int(d is not None)))
     nbatch = math.prod(x["size"] for x in dims)
-    shape_c = tuple(batch) + (M, N)
     if nbatch * M * N == 0:
-        z = mx.zeros(shape_c, C64 if cx else F32)
+        z = mx.zeros(out, C64 if cx else F32)
         return DoubleWord(z, mx.zeros_like(z))
     # Element strides (in floats) of the matrices themselves.
     # float32 operands (and no bias) store no zero words: the kernel reads 0 there
@@ -334,14 +339,14 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, batch: tuple,
         scn=sc[-1], sdm=sd[-2], sdn=sd[-1], has_bias=d is not None, a_lo=a_lo, b_lo=b_lo,
         d_lo=d_lo, batch_dims=len(dims))
     grid, tg = gemm_grid(M, N, nbatch)
-    size = math.prod(shape_c) * pc
+    # the output's float32 words in its own shape (complex: (re, im) pairs along the
+    # last axis), so that the result needs no reshape
+    shape_w = out[:-1] + (out[-1] * pc,) if out else (pc,)
     ch, cl = DW_GEMM(
         inputs=words + [p],
         template={"CPLX": int(both)}, grid=grid, threadgroup=tg,
-        output_shapes=[(size,), (size,)], output_dtypes=[F32, F32], backend=name,
+        output_shapes=[shape_w, shape_w], output_dtypes=[F32, F32], backend=name,
         stream=stream,
     )
-    if cx:
-        return _map(lambda w: w.reshape(shape_c + (2,)).view(C64).reshape(shape_c),
-                    DoubleWord(ch, cl))
-    return _map(lambda w: w.reshape(shape_c), DoubleWord(ch, cl))
+    # (re, im) pairs seen as complex64 in place (the reshape: 0-d outputs only)
+    return _map(lambda w: (w.view(C64) if cx else w).reshape(out), DoubleWord(ch, cl))

@@ -60,13 +60,15 @@ def test_one_gather_on_metal(monkeypatch):
     x = mx.array(rng.standard_normal((2, 16, 8)).astype(np.float32))
     w = mx.array(rng.standard_normal((4, 16, 8)).astype(np.float32))
 
-    def concatenates():
+    def gathers():  # (as_strided windows, concatenates) of both words
         with lazy_metal_executor():
             with mp.use_backend("metal"), mp.extended_precision():
                 y = mx.conv_transpose1d(x * 1.1, w, stride=8, padding=4)
                 g = graph_counts(y, low_word(y))
-        return g["by_primitive"].get("Concatenate", 0)
+        return tuple(g["by_primitive"].get(p, 0) for p in ("AsStrided", "Concatenate"))
 
-    shared = concatenates()
+    shared = gathers()
     monkeypatch.setattr(convolution, "_shared_columns", lambda *_: False)
-    assert shared == 2 and concatenates() == 2 * (8 + 1) + 1  # per phase, + zero taps
+    # shared: one window per word; per phase: one per phase and word, the phases
+    # concatenated (per word), and the weights' zero tap appended
+    assert shared == (2, 0) and gathers() == (2 * 8, 2 + 1)

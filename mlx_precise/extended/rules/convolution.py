@@ -76,38 +76,78 @@ def _operands_ok(x, w, nd: int) -> bool:
 
 # ---- the shared core: im2col gather and one batched double-word GEMM -------------------
 
-def _columns(xp: mx.array, offsets, strides, out) -> mx.array:
+def _progressions(offsets) -> list[tuple[int, int, int]] | None:
+    """(start, step, count) per spatial dimension when the taps ``offsets`` are the
+    product (``itertools.product`` order) of one arithmetic progression per
+    dimension; None otherwise (a zero tap, irregular taps)."""
+    if not offsets or any(off is None for off in offsets):
+        return None
+    axes = [list(dict.fromkeys(off[i] for off in offsets)) for i in range(len(offsets[0]))]
+    prog = [(v[0], v[1] - v[0] if len(v) > 1 else 0, len(v)) for v in axes]
+    if any(v != [a + b * k for k in range(c)] for v, (a, b, c) in zip(axes, prog)):
+        return None
+    return prog if list(itertools.product(*axes)) == list(offsets) else None
+
+
+def _columns(xp: mx.array, offsets, strides, out, lead: tuple) -> mx.array:
     """The im2col gather. ``xp`` (N, *spatial, C) (already padded); ``offsets``: one
     tuple of start indices per tap, None for a zero tap; ``strides``, ``out``: per
-    spatial dimension. Returns (N, *out, T, C): tap t reads
-    ``xp[:, o_0 + s_0 q_0, ..., :]`` at output position q. Slices and ``stack``
-    have rules, so carried low words follow exactly."""
+    spatial dimension; ``lead``: the leading shape of the result (N prod(out)
+    elements). Returns (*lead, T C): tap t reads
+    ``xp[:, o_0 + s_0 q_0, ..., :]`` at output position q. Taps on a grid (every
+    correlation's: ``k d`` per dimension) are one ``as_strided`` window of xp's
+    row-major layout (two graph nodes per word instead of 2T + 1); others, and any
+    gradient's recording (the tape's VJP of ``as_strided`` would sum the cotangents
+    of overlapping windows in float32; a slice's are disjoint), one slice per tap
+    and a ``stack``. These ops have rules: carried low words follow exactly (the
+    same values either way)."""
+    N, C = xp.shape[0], xp.shape[-1]
+    rows = (*lead, len(offsets) * C)
+    prog = None if autodiff.recording() else _progressions(offsets)
+    if prog is not None:
+        st = [math.prod(xp.shape[i + 1:]) for i in range(xp.ndim)]  # row-major
+        space = st[1:-1]
+        # (taps, C) dims, merged from the right where adjacent in xp (undilated
+        # taps along the last spatial axis read T C consecutive values): a window
+        # already of the result's shape needs no reshape (a copy) after it
+        tail = [(C, 1)]
+        for (_, b, c), t in reversed(list(zip(prog, space))):
+            if c == 1:
+                continue
+            if b * t == tail[0][0] * tail[0][1]:
+                tail[0] = (c * tail[0][0], tail[0][1])
+            else:
+                tail.insert(0, (c, b * t))
+        view = mx.as_strided(
+            xp, (N, *out, *(c for c, _ in tail)),
+            (st[0], *(s * t for s, t in zip(strides, space)), *(t for _, t in tail)),
+            sum(a * t for (a, _, _), t in zip(prog, space)))
+        return view.reshape(rows)
     taps = []
     for off in offsets:
         if off is None:  # a phase with fewer taps: zero columns (0 * 0, no NaN from Inf)
-            taps.append(mx.zeros((xp.shape[0], *out, xp.shape[-1]), F32))
+            taps.append(mx.zeros((N, *out, C), F32))
             continue
         index = (slice(None),) + tuple(
             slice(o, o + (n - 1) * s + 1, s) for o, s, n in zip(off, strides, out))
         taps.append(xp[index])
-    return mx.stack(taps, axis=-2)
+    return mx.stack(taps, axis=-2).reshape(rows)
 
 
-def _contract(cols: mx.array, wt: mx.array, groups: int) -> mx.array:
+def _contract(cols: mx.array, wt: mx.array, T: int, groups: int) -> mx.array:
     """``y[p, m, o] = sum_{t, c in group(o)} cols[p, m, t, c] wt[p, o, t, c]`` by one
     (batched) double-word matmul.
 
-    cols (P, M, T, Cin), wt (P, Cout, T, Cin / groups); P independent problems
-    (phases of a transposed convolution; 1 otherwise). Returns (P, M, Cout).
+    cols (P, M, T Cin), wt (P, Cout, T Cin / groups), both with (t, c) flattened;
+    P independent problems (phases of a transposed convolution; the batch or 1
+    otherwise: without groups, wt's P may be 1, broadcast). Returns (P, M, Cout).
     Output channel o belongs to group o // (Cout / groups), which reads input
     channels [g Cg, (g + 1) Cg)."""
-    P, M, T, Cin = cols.shape
-    Cout, Cg = wt.shape[1], wt.shape[3]
+    P, M, Cin = *cols.shape[:2], cols.shape[2] // T
+    Cout, Cg = wt.shape[1], wt.shape[2] // T
     G, Og = groups, Cout // groups
-    if G == 1:
-        a = cols.reshape(P, M, T * Cin)
-        b = wt.reshape(P, Cout, T * Cin).swapaxes(1, 2)
-        return a @ b
+    if G == 1:  # (the shapes as given: no reshape node)
+        return cols @ wt.swapaxes(1, 2)
     # (P, M, T, G, Cg) -> (P, G, M, T Cg) against (P, G, T Cg, Og): one batched GEMM
     a = cols.reshape(P, M, T, G, Cg).transpose(0, 3, 1, 2, 4).reshape(P * G, M, T * Cg)
     b = wt.reshape(P, G, Og, T * Cg).swapaxes(2, 3).reshape(P * G, T * Cg, Og)
@@ -138,10 +178,12 @@ def correlate(x: mx.array, w: mx.array, stride, padding_lo, padding_hi, dilation
            for n, k, s, d in zip(x.shape[1:-1], kernel, stride, dilation)]
     offsets = [tuple(k * d for k, d in zip(tap, dilation))
                for tap in itertools.product(*(range(k) for k in kernel))]
-    cols = _columns(x, offsets, stride, out)
-    T = len(offsets)
-    y = _contract(cols.reshape(1, -1, T, x.shape[-1]), w.reshape(1, w.shape[0], T, -1), groups)
-    return y.reshape(x.shape[0], *out, w.shape[0])
+    # without groups, the batch leads the GEMM (the weights broadcast): a 1-D
+    # convolution's result then has its shape, no reshape
+    N, M = x.shape[0], math.prod(out)
+    cols = _columns(x, offsets, stride, out, (N, M) if groups == 1 else (1, N * M))
+    y = _contract(cols, w.reshape(1, w.shape[0], -1), len(offsets), groups)
+    return y.reshape(N, *out, w.shape[0])
 
 
 def _dilate(x: mx.array, factors) -> mx.array:
@@ -206,26 +248,28 @@ def transposed(x: mx.array, w: mx.array, stride, padding, dilation, output_paddi
         # Every phase reads the same columns (kernel 2s at stride s, ...): one gather
         # and one GEMM against the phases' weights side by side, (M, T Cin) x
         # (T Cin, P Cout): the products and sums of each output as per phase.
-        cols = _columns(xp, offsets[0], (1,) * len(kernel), q_len).reshape(1, M, T, Cin)
+        cols = _columns(xp, offsets[0], (1,) * len(kernel), q_len, (1, M))
         index = [f for flat in flats for f in flat]
         wt = mx.take(w.reshape(Cout, -1, w.shape[-1]), mx.array(index), axis=1)
-        wt = wt.reshape(Cout, len(phases), T, -1).swapaxes(0, 1).reshape(1, -1, T, Cin)
-        y = _contract(cols, wt, 1).reshape(N, *q_len, *stride, Cout)
+        wt = wt.reshape(Cout, len(phases), -1).swapaxes(0, 1).reshape(1, -1, T * Cin)
+        y = _contract(cols, wt, T, 1)
+        full = (N, *(q * s for q, s in zip(q_len, stride)), Cout)
         nd = len(kernel)  # (N, q_0, ..., s_0, ..., C) -> (N, q_0, s_0, q_1, s_1, ..., C)
-        y = y.transpose([0] + [a for i in range(nd) for a in (1 + i, 1 + nd + i)]
-                        + [2 * nd + 1])
-        return _crop(y.reshape(N, *(q * s for q, s in zip(q_len, stride)), Cout), padding, out)
+        if nd > 1:  # (1-D: (N, q, s, C) is already in order: one reshape)
+            y = y.reshape(N, *q_len, *stride, Cout).transpose(
+                [0] + [a for i in range(nd) for a in (1 + i, 1 + nd + i)] + [2 * nd + 1])
+        return _crop(y.reshape(full), padding, out)
     zero_w = mx.zeros((Cout, 1, w.shape[-1]), F32)
     w_flat = mx.concatenate([w.reshape(Cout, -1, w.shape[-1]), zero_w], axis=1)
     zero_tap = w_flat.shape[1] - 1
     cols, index = [], []
     for offs, flat in zip(offsets, flats):
         pad = T - len(offs)
-        cols.append(_columns(xp, offs + [None] * pad, (1,) * len(kernel), q_len))
+        cols.append(_columns(xp, offs + [None] * pad, (1,) * len(kernel), q_len, (1, M)))
         index.extend(flat + [zero_tap] * pad)
-    cols = mx.stack(cols).reshape(len(phases), M, T, Cin)
-    wt = mx.take(w_flat, mx.array(index), axis=1).reshape(Cout, len(phases), T, -1)
-    y = _contract(cols, wt.swapaxes(0, 1), groups)  # (P, M, Cout)
+    cols = mx.concatenate(cols)  # (P, M, T Cin)
+    wt = mx.take(w_flat, mx.array(index), axis=1).reshape(Cout, len(phases), -1)
+    y = _contract(cols, wt.swapaxes(0, 1), T, groups)  # (P, M, Cout)
     # interleave: (s_0, ..., N, q_0, ..., C) -> (N, q_0, s_0, q_1, s_1, ..., C)
     nd = len(kernel)
     y = y.reshape(*stride, N, *q_len, Cout)
