@@ -239,18 +239,82 @@ def _setitem_vjp(e, g):
     return (gx, None, unbroadcast(g[index], value) if isinstance(value, mx.array) else None)
 
 
+def _injective(shape, strides) -> bool:
+    """Every index of an ``as_strided`` window of ``shape`` / ``strides`` (in
+    elements) reads its own element: with the axes of more than one element by
+    increasing |stride|, each stride is past the span of the smaller ones."""
+    span = 0
+    for n, st in sorted(((n, abs(st)) for n, st in zip(shape, strides) if n > 1),
+                        key=lambda t: t[1]):
+        if st <= span:
+            return False
+        span += st * (n - 1)
+    return True
+
+
+def _as_strided_vjp(e, g):
+    """A window that reads each element once moves values (:func:`movement`); an
+    overlapping one (im2col, frames) adds the cotangents of an element read
+    several times: exact on the float64 pass, but word by word elsewhere, so there
+    MLX's float32 VJP runs (reported as ``as_strided (gradient)``)."""
+    a = e.args[0]
+    shape = e.args[1] if len(e.args) > 1 else e.kwargs.get("shape")
+    strides = e.args[2] if len(e.args) > 2 else e.kwargs.get("strides")
+    shape = a.shape if shape is None else shape
+    if strides is None:  # (MLX: row-contiguous strides of shape)
+        strides, acc = [], 1
+        for n in reversed(shape):
+            strides.insert(0, acc)
+            acc *= n
+    gs = g if isinstance(g, (list, tuple)) else [g]
+    if _injective(shape, strides) or all(c.dtype == mx.float64 for c in gs):
+        return movement(e, g)
+    return NotImplemented
+
+
+def _take_along_axis_vjp(e, g):
+    """A selection (distinct indices along the axis) moves the cotangent's words;
+    repeated indices add the cotangents of an element read several times: exact
+    on the float64 pass, elsewhere MLX's float32 VJP (reported). Telling the two
+    apart reads the indices: inside a transformation (nothing can be evaluated)
+    the reported VJP runs."""
+    gs = g if isinstance(g, (list, tuple)) else [g]
+    if all(c.dtype == mx.float64 for c in gs):
+        return movement(e, g)
+    x, indices = e.args[:2]
+    axis = e.args[2] if len(e.args) > 2 else e.kwargs.get("axis")
+    try:
+        with carry.suspended():
+            if axis is None:  # (MLX: the flattened x)
+                idx, axis, n = indices.reshape(-1), 0, x.size
+            else:
+                shape = list(x.shape)
+                shape[axis] = indices.shape[axis]
+                idx = mx.broadcast_to(indices, mx.broadcast_shapes(tuple(shape), indices.shape))
+                n = x.shape[axis]
+            idx = mx.sort(idx % n, axis=axis)  # (negative indices count from the end)
+            k = idx.shape[axis]
+            repeated = k > 1 and bool(mx.any(
+                mx.take(idx, mx.arange(1, k), axis) == mx.take(idx, mx.arange(k - 1), axis)))
+    except ValueError:  # (a function transformation: indices unknown)
+        return NotImplemented
+    return NotImplemented if repeated else movement(e, g)
+
+
 def _each_vjp(e, g):
     return tuple(unbroadcast(gi, a) for gi, a in zip(g, e.args))
 
 
 VJPS = {
     **{name: movement for name in SHAPE_OPS if name not in (
-        "take", "take_along_axis", "broadcast_to", "repeat", "tile", "stop_gradient")},
-    "take": _take_vjp, "take_along_axis": movement, "broadcast_to": _broadcast_to_vjp,
+        "take", "take_along_axis", "broadcast_to", "repeat", "tile", "stop_gradient",
+        "as_strided")},
+    "as_strided": _as_strided_vjp,
+    "take": _take_vjp, "take_along_axis": _take_along_axis_vjp, "broadcast_to": _broadcast_to_vjp,
     "repeat": _repeat_vjp, "tile": _tile_vjp, "stop_gradient": lambda e, g: (None,),
     "concatenate": movement, "stack": movement, "pad": movement, "slice_update": movement,
     "put_along_axis": movement, "broadcast_arrays": _each_vjp,
     "array.__getitem__": _getitem_vjp, "array.__setitem__": _setitem_vjp,
 }
-"""Op name -> VJP rule (see :mod:`.base`). ``take_along_axis`` and
-``put_along_axis`` assume distinct indices along the axis (a selection)."""
+"""Op name -> VJP rule (see :mod:`.base`). ``put_along_axis`` replaces: its
+cotangent moves whatever the indices."""

@@ -1,0 +1,105 @@
+"""Gradients of ops that may read an element several times (``mx.as_strided``,
+``take_along_axis``) in a block. as_strided: a window that reads each element
+once moves the cotangent's words (exact, reported nowhere); an overlapping window
+(frames, im2col) adds the cotangents of an element read several times, exact on
+the cpu backend's float64 pass, and elsewhere MLX's float32 VJP, reported as
+``as_strided (gradient)`` and raising under ``strict=True`` (never a silently
+float32 sum). Oracle: the cotangent scattered by hand in float64 numpy."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlx_precise as mp
+from mlx_precise.extended import PrecisionDropError
+
+from flow_helpers import f64, rng_f32, value64
+
+N = 64
+WINDOWS = {  # (shape, strides, overlapping)
+    "frames (hop 3, length 8)": ((19, 8), (3, 1), True),
+    "disjoint rows": ((8, 8), (8, 1), False),
+    "transposed": ((8, 8), (1, 8), False),
+    "every other": ((32,), (2,), False),
+}
+
+
+def _oracle(shape, strides, w):
+    """d/dx sum(window(x) * w): w's entries added at their offsets, in float64."""
+    g = np.zeros(N)
+    for idx in np.ndindex(*shape):
+        g[sum(i * s for i, s in zip(idx, strides))] += w[idx]
+    return g
+
+
+def _loss(shape, strides, w):
+    return lambda x: (mx.as_strided(x * 1.0, shape, strides) * w).sum()
+
+
+def _window_grad(backend, shape, strides):
+    """(the gradient, the block's report, the float64 oracle)."""
+    x = mx.array(rng_f32(N))
+    w = mx.array(rng_f32(shape, 1)) / 3
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        w = w * 1.0
+        g = mx.grad(_loss(shape, strides, w))(x)
+        want = _oracle(shape, strides, value64(w))
+    return g, rep, want
+
+
+@pytest.mark.parametrize("name", list(WINDOWS))
+def test_cpu_gradient_is_exact(name):
+    shape, strides, _ = WINDOWS[name]
+    g, rep, want = _window_grad("cpu", shape, strides)
+    np.testing.assert_allclose(value64(g), want, rtol=2**-46,
+                               atol=2**-46 * np.abs(want).max())
+    assert not rep.float32, rep
+
+
+@pytest.mark.parametrize("name", list(WINDOWS))
+def test_emulate_gradient_exact_or_reported(name):
+    shape, strides, overlapping = WINDOWS[name]
+    g, rep, want = _window_grad("emulate", shape, strides)
+    if overlapping:
+        assert rep.float32["as_strided (gradient)"] >= 1, rep
+        np.testing.assert_allclose(f64(g), want, rtol=1e-5)
+        x, w = mx.array(rng_f32(N)), mx.array(rng_f32(shape, 1))
+        with pytest.raises(PrecisionDropError):
+            with mp.use_backend("emulate"), mp.extended_precision(strict=True):
+                mx.grad(_loss(shape, strides, w * 1.0))(x)
+    else:
+        assert not rep.float32, rep
+        np.testing.assert_array_equal(value64(g), want)  # a move: one cotangent each
+
+
+@pytest.mark.parametrize("backend", ["cpu", "emulate"])
+@pytest.mark.parametrize("repeated", [False, True])
+def test_take_along_axis_gradient(backend, repeated):
+    """Distinct indices along the axis: the cotangent moves, exact everywhere;
+    repeated ones: exact on cpu, reported (and raising under strict) elsewhere."""
+    x = mx.array(rng_f32((4, 16)))
+    order = np.argsort(rng_f32((4, 16), 2), axis=1)
+    idx = np.concatenate([order[:, :8], order[:, :8]], 1) if repeated else order
+    idx = mx.array(idx.astype(np.int32))
+    w = mx.array(rng_f32((4, 16), 3))
+
+    def loss(a):
+        return (mx.take_along_axis(a * 1.0, idx, axis=1) * w).sum()
+
+    with mp.use_backend(backend), mp.extended_precision() as rep:
+        w = w / 3
+        g = mx.grad(loss)(x)
+        got, wv = value64(g), value64(w)
+    want = np.zeros((4, 16))
+    for r in range(4):
+        for j, i in enumerate(np.array(idx)[r]):
+            want[r, i] += wv[r, j]
+    if repeated and backend == "emulate":
+        assert rep.float32["take_along_axis (gradient)"] >= 1, rep
+        np.testing.assert_allclose(f64(g), want, rtol=1e-5, atol=1e-6)
+        with pytest.raises(PrecisionDropError):
+            with mp.use_backend(backend), mp.extended_precision(strict=True):
+                mx.grad(loss)(x)
+    else:
+        assert not rep.float32, rep
+        np.testing.assert_allclose(got, want, rtol=2**-46, atol=2**-46)
