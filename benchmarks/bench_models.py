@@ -88,15 +88,20 @@ def fp_instructions(name: str, template: dict, inputs, output_shapes) -> float |
         fn = {v: k for k, v in FN_CODES.items()}[template["FN"]]
         return n // (2 if fn == "cexp" else 1) * _DW_MATH[fn]  # cexp: interleaved words
     if name == "dw_gemm":
-        p = np.array(inputs[-1])  # M, N, K, strides..., has_d, ndims, lows, (size, strides)...
-        M, N, K, ndims = int(p[0]), int(p[1]), int(p[2]), int(p[12])
-        batch = math.prod(int(p[14 + 5 * i]) for i in range(ndims))
+        from mlx_precise.linalg.gemm import DW_GEMM_DIM, DW_GEMM_PARAMS
+
+        p = [int(v) for v in np.array(inputs[-1])]  # read by the layout's names
+        M, N, K, ndims = (p[DW_GEMM_PARAMS.index(f)] for f in ("m", "n", "k", "batch_dims"))
+        rec, at = len(DW_GEMM_DIM.names), DW_GEMM_PARAMS.size
+        batch = math.prod(p[at + rec * i + DW_GEMM_DIM["size"]] for i in range(ndims))
         per_term = 21 * (4 if template.get("CPLX") else 1)
         return batch * M * N * (per_term * K + 10)
     if name == "fft_pass":
-        p = np.array(inputs[-1])
+        from mlx_precise.fft.engine import FFT_PASS_PARAMS
+
+        log_r = int(np.array(inputs[-1])[FFT_PASS_PARAMS.index("log_r")])
         points = n // 2  # complex points: the output holds (re, im) pairs
-        return points * (76 + 78 * int(p[1]))
+        return points * (76 + 78 * log_r)
     if name == "fft_real":
         return (n // 2) * 156
     if name == "ext_depthwise":

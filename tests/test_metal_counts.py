@@ -63,3 +63,24 @@ def test_complex_constant_words_are_data(v):
             y = 2j / 3 * x
         g = graph_counts(y)
     assert g["launches"] == 1 and g["glue"] == 0
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((5, 7), (7, 3)), ((2, 4, 6), (6, 3)),
+                                              ((3, 1, 4, 8), (2, 8, 5))])
+def test_gemm_instruction_count(a_shape, b_shape):
+    """bench_models' FP-instruction model of one dw_gemm launch reads M, N, K and
+    the batch from the parameter buffer by the layout's names: batch x M x N x
+    (21 K + 10), counted here from the shapes alone."""
+    import bench_models
+
+    a, b = mx.ones(a_shape, mx.float32), mx.ones(b_shape, mx.float32)
+    record: list = []
+    with lazy_metal_executor(record):
+        with mp.use_backend("metal"), mp.extended_precision():
+            c = (a * 1.5) @ (b * 1.5)
+        mx.eval(c)
+    (k,) = [k for k in record if k.name == "dw_gemm"]
+    M, K, N = a_shape[-2], a_shape[-1], b_shape[-1]
+    batch = math.prod(c.shape[:-2])
+    want = batch * M * N * (21 * K + 10)
+    assert bench_models.fp_instructions(k.name, k.template, k.inputs, k.output_shapes) == want
