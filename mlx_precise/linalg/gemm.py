@@ -190,8 +190,7 @@ def _keyword_only_options(fn):
 
 @_keyword_only_options
 def matmul(a: DoubleWord, b: DoubleWord, *, backend: str | None = None, stream=None,
-           bias: DoubleWord | None = None,
-           transposed: tuple[bool, bool] = (False, False)) -> DoubleWord:
+           bias: DoubleWord | None = None) -> DoubleWord:
     """``bias + a @ b`` in double-word arithmetic.
 
     Args:
@@ -205,13 +204,6 @@ def matmul(a: DoubleWord, b: DoubleWord, *, backend: str | None = None, stream=N
             (metal / emulate; the cpu path computes in float64 on the CPU stream).
         bias: optional DoubleWord broadcast to the output shape, added before the
             one rounding of each output (``mx.addmm(bias, a, b)``).
-        transposed: ``(ta, tb)``: ``a`` (``b``) is given as the transpose of the
-            operand's last two axes (at least 2-D), e.g. the weight ``W`` of
-            ``x @ W.T``: the product is ``swapaxes(a, -1, -2) @ b`` (likewise
-            for ``b``). The metal / emulate
-            kernel reads it with swapped strides: no transpose and no copy of it
-            (the same bits as the product of the transposed operand).
-
     Returns:
         A normalised DoubleWord of shape ``broadcast(...) + [M, N]`` (less the
         removed dimensions), complex64 words if any operand is complex. K = 0
@@ -226,6 +218,28 @@ def matmul(a: DoubleWord, b: DoubleWord, *, backend: str | None = None, stream=N
         MatmulShapeError (ValueError): 0-d operands, mismatched K, batch shapes that
             do not broadcast, a bias that does not broadcast to the output.
         ValueError / BackendUnavailableError: unknown or unavailable backend.
+    """
+    return transposed_matmul(a, b, (False, False), backend=backend, stream=stream, bias=bias)
+
+
+def transposed_matmul(a: DoubleWord, b: DoubleWord, transposed: tuple[bool, bool], *,
+                      backend: str | None = None, stream=None,
+                      bias: DoubleWord | None = None) -> DoubleWord:
+    """:func:`matmul` of operands that may be stored transposed.
+
+    Args:
+        a, b, backend, stream, bias: as in :func:`matmul`.
+        transposed: ``(ta, tb)``: ``a`` (``b``) is given as the transpose of the
+            operand's last two axes (at least 2-D), e.g. the weight ``W`` of
+            ``x @ W.T``: the product is then ``swapaxes(a, -1, -2) @ b`` (likewise
+            for ``b``). The metal / emulate kernel reads it with swapped strides:
+            no transpose and no copy of it.
+
+    Returns:
+        :func:`matmul`'s result (the same bits as with the transposed operand).
+
+    Raises:
+        :func:`matmul`'s errors; MatmulShapeError for a transposed 1-D operand.
     """
     transposed = tuple(bool(t) for t in transposed)
     if any(t and x.ndim < 2 for t, x in zip(transposed, (a, b))):

@@ -118,9 +118,9 @@ def test_gemm_transposed_flag_equals_transposed_operand():
     b = DoubleWord(mx.array(hi), mx.array(lo))
     bt = DoubleWord(mx.swapaxes(b.hi, -1, -2), mx.swapaxes(b.lo, -1, -2))
     for backend in ("emulate", "cpu"):
-        got = gemm.matmul(a, b, backend=backend, transposed=(False, True))
+        got = gemm.transposed_matmul(a, b, (False, True), backend=backend)
         want = gemm.matmul(a, bt, backend=backend)
         assert np.array_equal(np.array(got.hi), np.array(want.hi))
         assert np.array_equal(np.array(got.lo), np.array(want.lo))
     with pytest.raises(gemm.MatmulShapeError):
-        gemm.matmul(a, DoubleWord.exact(mx.ones((7,))), transposed=(False, True))
+        gemm.transposed_matmul(a, DoubleWord.exact(mx.ones((7,))), (False, True))

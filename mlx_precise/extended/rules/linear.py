@@ -95,9 +95,9 @@ def _matmul():
         # The kernel reads the sources' words; the gradient stays MLX's matmul VJP
         # of the operands as given (through their transposes).
         sources = [(v, low_word(v)) if v is x else v for v, x in ((sa, a), (sb, b))]
-        return words_op(lambda A, B: gemm.matmul(
+        return words_op(lambda A, B: gemm.transposed_matmul(
             *(DoubleWord.exact(v) if lo is None else DoubleWord(v, lo) for v, lo in sources),
-            backend=ctx.backend, transposed=(ta, tb)), original, [a, b], ctx.backend)
+            (ta, tb), backend=ctx.backend), original, [a, b], ctx.backend)
 
     return rule
 
