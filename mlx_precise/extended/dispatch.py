@@ -97,6 +97,8 @@ def _wrapper(entry):
         report = _report.get()
         if report is None or not report.open:
             return original(*args, **kwargs)
+        if mutates and args:  # a transpose noted for the GEMM no longer holds
+            rules.linear.forget(args[0])
         token = _report.set(None)  # the rule and MLX's op below see plain MLX
         try:
             recording = _recording()

@@ -117,9 +117,10 @@ def _fmt(shape) -> str:
     return "(" + ",".join(str(int(s)) for s in shape) + ")"
 
 
-def _check(a, b, bias):
-    """Validate the operands; return (a shape, b shape as 2-D+ operands, batch shape,
-    output shape, whether a / b were 1-D)."""
+def _check(a, b, bias, transposed=(False, False)):
+    """Validate the operands (``transposed``: a / b given as the transpose of their
+    last two axes); return (a shape, b shape as 2-D+ operands, batch shape, output
+    shape, whether a / b were 1-D)."""
     for name, x in (("a", a), ("b", b)) + ((("bias", bias),) if bias is not None else ()):
         if not isinstance(x, DoubleWord):
             raise TypeError(f"{name} must be a DoubleWord (make one with DoubleWord.from_array), "
@@ -128,8 +129,8 @@ def _check(a, b, bias):
         raise MatmulShapeError(
             "[matmul] Got 0 dimension input. Inputs must have at least one dimension.")
     a_vec, b_vec = a.ndim == 1, b.ndim == 1
-    sa = (1,) + a.shape if a_vec else a.shape
-    sb = b.shape + (1,) if b_vec else b.shape
+    sa = (1,) + a.shape if a_vec else _logical(a.shape, transposed[0])
+    sb = b.shape + (1,) if b_vec else _logical(b.shape, transposed[1])
     if sa[-1] != sb[-2]:
         raise MatmulShapeError(
             f"[matmul] Last dimension of first input with shape {_fmt(sa)} must match second "
@@ -149,6 +150,11 @@ def _check(a, b, bias):
                 f"[addmm] bias with shape {_fmt(bias.shape)} must broadcast to the output "
                 f"shape {_fmt(out)}.")
     return sa, sb, batch, out, a_vec, b_vec
+
+
+def _logical(shape: tuple, swapped: bool) -> tuple:
+    """The shape of an operand stored as the transpose of its last two axes."""
+    return shape[:-2] + (shape[-1], shape[-2]) if swapped else shape
 
 
 # The options matmul once took positionally, in that order (now keyword-only).
@@ -198,7 +204,6 @@ def matmul(a: DoubleWord, b: DoubleWord, *, backend: str | None = None, stream=N
             (metal / emulate; the cpu path computes in float64 on the CPU stream).
         bias: optional DoubleWord broadcast to the output shape, added before the
             one rounding of each output (``mx.addmm(bias, a, b)``).
-
     Returns:
         A normalised DoubleWord of shape ``broadcast(...) + [M, N]`` (less the
         removed dimensions), complex64 words if any operand is complex. K = 0
@@ -214,15 +219,42 @@ def matmul(a: DoubleWord, b: DoubleWord, *, backend: str | None = None, stream=N
             do not broadcast, a bias that does not broadcast to the output.
         ValueError / BackendUnavailableError: unknown or unavailable backend.
     """
-    sa, sb, batch, out, a_vec, b_vec = _check(a, b, bias)
+    return transposed_matmul(a, b, (False, False), backend=backend, stream=stream, bias=bias)
+
+
+def transposed_matmul(a: DoubleWord, b: DoubleWord, transposed: tuple[bool, bool], *,
+                      backend: str | None = None, stream=None,
+                      bias: DoubleWord | None = None) -> DoubleWord:
+    """:func:`matmul` of operands that may be stored transposed.
+
+    Args:
+        a, b, backend, stream, bias: as in :func:`matmul`.
+        transposed: ``(ta, tb)``: ``a`` (``b``) is given as the transpose of the
+            operand's last two axes (at least 2-D), e.g. the weight ``W`` of
+            ``x @ W.T``: the product is then ``swapaxes(a, -1, -2) @ b`` (likewise
+            for ``b``). The metal / emulate kernel reads it with swapped strides:
+            no transpose and no copy of it.
+
+    Returns:
+        :func:`matmul`'s result (the same bits as with the transposed operand).
+
+    Raises:
+        :func:`matmul`'s errors; MatmulShapeError for a transposed 1-D operand.
+    """
+    transposed = tuple(bool(t) for t in transposed)
+    if any(t and x.ndim < 2 for t, x in zip(transposed, (a, b))):
+        raise MatmulShapeError("[matmul] a transposed operand must have at least two dimensions.")
+    sa, sb, batch, out, a_vec, b_vec = _check(a, b, bias, transposed)
     name = backends.resolve(backend)
     with on_stream(stream, "matmul"):
-        return _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name, stream)
+        return _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name, stream, transposed)
 
 
 def _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name: Backend,
-            stream) -> DoubleWord:
+            stream, transposed=(False, False)) -> DoubleWord:
     if not name.has_kernels:
+        a, b = (_map(lambda w: mx.swapaxes(w, -1, -2), x) if t else x
+                for x, t in zip((a, b), transposed))
         return _cpu(a, b, bias)
     # The kernel reads the operands' flat buffers through strides computed from
     # their 2-D+ shapes (``sa``, ``sb``, the bias's at the output's rank), so no
@@ -232,7 +264,7 @@ def _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name: Backend,
         d = (1,) * (len(out) - bias.ndim) + bias.shape
         sd = d[:len(batch)] + ((d[len(batch)],) if not a_vec else (1,)) \
             + ((d[-1],) if not b_vec else (1,))
-    return _kernel(a, b, bias, sa, sb, sd, batch, out, name, stream)
+    return _kernel(a, b, bias, sa, sb, sd, batch, out, name, stream, transposed)
 
 
 def _map(f, x: DoubleWord) -> DoubleWord:
@@ -293,19 +325,27 @@ def _strides(shape, parts: int, like) -> list[int]:
     return [0] * (len(like) - len(shape)) + st
 
 
+def _swapped(strides: list[int], swap: bool) -> list[int]:
+    """The strides of the transpose of the last two axes (``swap``)."""
+    return strides[:-2] + [strides[-1], strides[-2]] if swap else strides
+
+
 def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: tuple,
-            sd: tuple | None, batch: tuple, out: tuple, name: str, stream) -> DoubleWord:
+            sd: tuple | None, batch: tuple, out: tuple, name: str, stream,
+            transposed=(False, False)) -> DoubleWord:
     """a of shape ``sa`` = ``[..., M, K]``, b of ``sb`` = ``[..., K, N]``, d (bias) of
     ``sd`` (rank ``len(batch) + 2``) broadcasting to ``batch + [M, N]``, each given
     in any shape of the same size (their buffers are read flat); one launch of
     :data:`DW_GEMM`, the result of shape ``out`` (``batch + [M, N]`` less the
-    dimensions of 1-D operands)."""
+    dimensions of 1-D operands). ``transposed``: a / b stored as the transpose of
+    their last two axes (``sa`` / ``sb`` are the operands' shapes, not the stored
+    ones): read with swapped strides."""
     M, K, N = sa[-2], sa[-1], sb[-1]
     cx = a.is_complex or b.is_complex or (d is not None and d.is_complex)
     if cx and not (a.is_complex or b.is_complex):
         # Real product, complex bias: the imaginary part is the bias's (exact).
         dr, di = d.parts()
-        re = _kernel(a, b, dr, sa, sb, sd, batch, out, name, stream)
+        re = _kernel(a, b, dr, sa, sb, sd, batch, out, name, stream, transposed)
         im = _map(lambda w: mx.broadcast_to(w, out), di)
         return combine(re, im)
     if cx and d is not None and not d.is_complex:
@@ -315,8 +355,8 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: t
     lead = list(batch) + [M, N]
     sc = _strides(lead, pc, lead)
     sd = _strides(sd, pc, lead) if d is not None else [0] * len(lead)
-    sa = _strides(sa, pa, lead)
-    sb = _strides(sb, pb, lead)
+    sa = _swapped(_strides(_logical(sa, transposed[0]), pa, lead), transposed[0])
+    sb = _swapped(_strides(_logical(sb, transposed[1]), pb, lead), transposed[1])
     dims = [dict(size=s, sa=sa[i], sb=sb[i], sc=sc[i], sd=sd[i]) for i, s in enumerate(batch)]
     if cx and not both:
         # Mixed real x complex: each part of the complex operand is a real product,

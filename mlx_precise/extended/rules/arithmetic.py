@@ -15,6 +15,7 @@ from .. import arith, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value
 from .base import (as64, carries, conj, decomposed, floating_result, has_float64,
                    is_word_array, movement, result, result64, small64, unbroadcast, words)
+from .linear import noting_transposes
 from .shape import _setitem
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
@@ -409,8 +410,8 @@ RULES = {
         _isclose(a, b, rtol, atol, equal_nan=equal_nan))),
     **{name: _compare(name) for name in ("less", "less_equal", "greater", "greater_equal",
                                          "equal", "not_equal")},
-    "array.real": _property(_real), "array.imag": _property(_imag), "array.T": _property(),
-    "array.mT": _property(),
+    "array.real": _property(_real), "array.imag": _property(_imag), "array.T": noting_transposes(_property(), lambda x: reversed(range(x.ndim))),
+    "array.mT": noting_transposes(_property(), lambda x: [*range(x.ndim - 2), -1, -2]),
 }
 """Op name -> rule (``array.``: ``mx.array`` properties)."""
 

@@ -5,6 +5,7 @@ two-operand ``einsum``."""
 from __future__ import annotations
 
 import math
+import weakref
 
 import mlx.core as mx
 import numpy as np
@@ -12,21 +13,91 @@ import numpy as np
 from ...core import backends
 from ...linalg import gemm
 from .. import carry
+from ..carry import low_word
+from ...doubleword import DoubleWord
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from ..engine import words_op
 from .base import REAL, conj, decomposed, is_word_array, result64, small64, unbroadcast
+
+# Result of a transpose of the last two axes on a kernel backend -> the array it
+# transposes: id -> (weak reference to the result, the block's report, the source's
+# words as they were then: a second Python handle on its graph node, ``__copy__``,
+# which an in-place update of the caller's handle does not change, and its low word
+# or None). The entry is read only in the same block
+# and dropped with the result or by an in-place update of it (:func:`forget`).
+_transposes: dict[int, tuple[weakref.ref, object, tuple]] = {}
+
+
+def _swaps_last_two(ndim: int, perm) -> bool:
+    return ndim >= 2 and [int(p) % ndim for p in perm] == [*range(ndim - 2), ndim - 1, ndim - 2]
+
+
+def noting_transposes(rule, permutation):
+    """``rule`` of a transpose-like op (``transpose``, ``swapaxes``, ``.T``, ...),
+    which on the kernel backends also notes a result that swaps the last two axes
+    of its operand (``permutation(x, *args, **kw)``: the op's axis order),
+    so that :func:`_matmul` reads the operand itself with swapped strides: the
+    transpose node is then unread in a lazy graph that only multiplies by it
+    (``x @ W.T``, ``nn.Linear``), and the kernel's input needs no copy."""
+
+    def noted(ctx, original, x, *args, **kw):
+        out = rule(ctx, original, x, *args, **kw)
+        if ctx.backend.float64_engine or not is_word_array(x) or x.ndim < 2 or (
+                isinstance(out, (list, tuple))):
+            return out
+        try:
+            swaps = _swaps_last_two(x.ndim, permutation(x, *args, **kw))
+        except (TypeError, ValueError):  # arguments MLX refuses: its error below
+            swaps = False
+        if not swaps:
+            return out
+        if out is NotImplemented:  # exact operand: MLX's op, noted
+            out = original(x, *args, **kw)
+        key = id(out)
+        _transposes[key] = (weakref.ref(out, lambda _: _transposes.pop(key, None)),
+                            ctx.report, (x.__copy__(), low_word(x)))
+        return out
+
+    return noted
+
+
+def forget(x) -> None:
+    """Drop what :func:`noting_transposes` noted about ``x`` (updated in place)."""
+    _transposes.pop(id(x), None)
+
+
+def _untransposed(x, report):
+    """((high, low or None) words of the array whose last two axes ``x`` swaps,
+    True) when this block noted ``x`` (:func:`noting_transposes`), else (x, False)."""
+    entry = _transposes.get(id(x))
+    if entry is None or entry[0]() is not x or entry[1] is not report:
+        return x, False
+    return entry[2], True
 
 
 def _matmul():
     """``a @ b`` (``mx.matmul``): the double-word GEMM of :mod:`mlx_precise.linalg`
     (Dot2-style accumulation of exact products on metal / emulate, float64 on
-    cpu); the gradient is MLX's float32 matmul VJP."""
+    cpu); the gradient is MLX's float32 matmul VJP. On metal / emulate an operand
+    that transposes the last two axes of an array (:func:`noting_transposes`) is
+    read from that array with swapped strides."""
 
     def rule(ctx, original, a, b, **kw):
         if not (is_word_array(a) and is_word_array(b)):
             return NotImplemented
-        return words_op(lambda A, B: gemm.matmul(A, B, backend=ctx.backend), original, [a, b],
-                        ctx.backend)
+        if ctx.backend.float64_engine or a.ndim < 2 or b.ndim < 2:
+            return words_op(lambda A, B: gemm.matmul(A, B, backend=ctx.backend), original,
+                            [a, b], ctx.backend)
+        (sa, ta), (sb, tb) = _untransposed(a, ctx.report), _untransposed(b, ctx.report)
+        if not (ta or tb):
+            return words_op(lambda A, B: gemm.matmul(A, B, backend=ctx.backend), original,
+                            [a, b], ctx.backend)
+        # The kernel reads the sources' words; the gradient stays MLX's matmul VJP
+        # of the operands as given (through their transposes).
+        sources = [(v, low_word(v)) if v is x else v for v, x in ((sa, a), (sb, b))]
+        return words_op(lambda A, B: gemm.transposed_matmul(
+            *(DoubleWord.exact(v) if lo is None else DoubleWord(v, lo) for v, lo in sources),
+            (ta, tb), backend=ctx.backend), original, [a, b], ctx.backend)
 
     return rule
 

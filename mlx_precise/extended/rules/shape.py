@@ -11,6 +11,7 @@ from ...core import backends
 from .. import arith, autodiff, carry
 from ..carry import attach, attach_words, has_words, low_word
 from .base import carries, is_word_array, moved, movement, unbroadcast, words
+from .linear import noting_transposes
 
 
 def _words(pos: int = 0, listed: bool = False):
@@ -144,8 +145,29 @@ SHAPE_OPS = ("reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squ
              "fft.fftshift", "fft.ifftshift", "array.__copy__", "array.__deepcopy__",
              "as_strided")
 
+
+def _axes(x, *args, axes=None, **kw):
+    """The axis order of ``transpose(x, axes)`` / ``x.transpose(*axes)``."""
+    if len(args) == 1 and isinstance(args[0], (list, tuple)) or args == (None,):
+        axes = args[0]
+    elif args:
+        axes = args
+    return list(reversed(range(x.ndim))) if axes is None else axes
+
+
+def _swapped(x, axis1, axis2, **kw):
+    return [axis2 if d == axis1 % x.ndim else axis1 if d == axis2 % x.ndim else d
+            for d in range(x.ndim)]
+
+
+_TRANSPOSES = {  # op -> its axis order (a transpose of the last two axes: see .linear)
+    "transpose": _axes, "permute_dims": _axes, "swapaxes": _swapped,
+    "matrix_transpose": lambda x, **kw: [*range(x.ndim - 2), -1, -2],
+}
+
 RULES = {
     **{name: _words() for name in SHAPE_OPS},
+    **{name: noting_transposes(_words(), perm) for name, perm in _TRANSPOSES.items()},
     "concatenate": _words(listed=True), "stack": _words(listed=True),
     "broadcast_arrays": _each, "meshgrid": _each, "pad": _pad, "depends": _depends,
     "slice_update": _update(0, 1), "put_along_axis": _update(0, 2),
