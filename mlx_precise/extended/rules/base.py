@@ -258,6 +258,12 @@ def unbroadcast(g, like):
     return (mx.sum(g, axis=axes, keepdims=True) if axes else g).reshape(like.shape)
 
 
+def float64_cotangent(g) -> bool:
+    """``g`` (a cotangent, or a list of them) is the float64 backward pass's (on
+    cpu: exact float64 values, no words)."""
+    return all(c.dtype == mx.float64 for c in (g if isinstance(g, (list, tuple)) else [g]))
+
+
 def movement(e, g):
     """The VJP of an op that only moves values (a permutation, a selection, zero
     fill: reshape, transpose, slicing, concatenation, ...): MLX's VJP of the op on
@@ -282,7 +288,7 @@ def movement(e, g):
 
     gs = g if isinstance(g, (list, tuple)) else [g]
     with carry.suspended():
-        if all(c.dtype == mx.float64 for c in gs):  # the float64 backward: one pass
+        if float64_cotangent(gs):  # the float64 backward: one pass
             _, cots = mx.vjp(f, primals, list(gs))
         else:
             parts = [words(c) for c in gs]

@@ -10,7 +10,8 @@ from ...doubleword.engine64 import to64
 from ...core import backends
 from .. import arith, autodiff, carry
 from ..carry import attach, attach_words, has_words, low_word
-from .base import carries, is_word_array, moved, movement, unbroadcast, words
+from .base import (carries, float64_cotangent, is_word_array, moved, movement, unbroadcast,
+                   words)
 from .linear import noting_transposes
 
 
@@ -288,8 +289,7 @@ def _as_strided_vjp(e, g):
         for n in reversed(shape):
             strides.insert(0, acc)
             acc *= n
-    gs = g if isinstance(g, (list, tuple)) else [g]
-    if _injective(shape, strides) or all(c.dtype == mx.float64 for c in gs):
+    if _injective(shape, strides) or float64_cotangent(g):
         return movement(e, g)
     return NotImplemented
 
@@ -300,8 +300,7 @@ def _take_along_axis_vjp(e, g):
     on the float64 pass, elsewhere MLX's float32 VJP (reported). Telling the two
     apart reads the indices: inside a transformation (nothing can be evaluated)
     the reported VJP runs."""
-    gs = g if isinstance(g, (list, tuple)) else [g]
-    if all(c.dtype == mx.float64 for c in gs):
+    if float64_cotangent(g):
         return movement(e, g)
     x, indices = e.args[:2]
     axis = e.args[2] if len(e.args) > 2 else e.kwargs.get("axis")
