@@ -18,3 +18,27 @@ def lazy_metal():
 
     with lazy_metal_executor():
         yield
+
+
+# The files that take longest where nothing is cached yet (a fresh machine: MLX's
+# CPU compiler and the emulator's build every kernel; measured with --durations),
+# heaviest first. The suite runs under pytest-xdist with --dist loadfile: each file
+# whole in one worker, handed out in collection order, so the longest ones start
+# first and the short ones fill the other worker, instead of one long file running
+# alone at the end.
+_LONGEST_FIRST = (
+    "extended/test_training_compile.py",
+    "extended/test_training.py",
+    "emulator/test_strict.py",
+    "int8/test_int8.py",
+    "doubleword/test_elementwise.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        path = item.path.as_posix()
+        return next((k for k, f in enumerate(_LONGEST_FIRST) if path.endswith(f)),
+                    len(_LONGEST_FIRST))
+
+    items.sort(key=rank)  # (stable: the order within a file and among the others kept)

@@ -74,7 +74,7 @@ def from64(re: mx.array, im: mx.array | None = None) -> DoubleWord:
 # condition, an index).
 _ARRAYS = {"w": 1, "W": 2, "h": 1, "H": 1, "j": 2, "J": 2, "a": 1}
 
-FUSE_MIN = 1 << 14
+FUSE_MIN = jit.FUSE_MIN
 """Elements from which a step runs compiled (one loop; MLX compiles a kernel for
 each new shape pattern the first time, about a second); smaller ones run as
 separate MLX ops (host-bound either way), with the same operations in the same
@@ -84,10 +84,11 @@ FMA (it does not on x86-64 and Apple silicon: one operation per statement)."""
 
 def _loops(*fns) -> dict:
     """Functions of MLX arrays made of many elementwise ops (the pieces of exp, of a
-    norm, of sin / cos), by name, compiled at every size: their dozens of ops cost
-    more host time and more graph nodes than one compiled call even on 16 elements
-    (exp64: 40 us against 220 us eagerly, evaluation included; a new shape retraces
-    in about 0.5 ms, the kernel is built once per pattern)."""
+    norm, of sin / cos), by name, compiled (:class:`.jit.compile`) when big or
+    repeated: their dozens of ops cost more host time and more graph nodes than one
+    compiled call even on 16 elements (exp64: 40 us against 220 us eagerly,
+    evaluation included; a new shape retraces in about 0.5 ms, the kernel is built
+    once per pattern and machine, about 0.8 s)."""
     return {f.__name__: jit.compile(f) for f in fns}
 
 

@@ -425,7 +425,7 @@ def _reverse(tape: Tape, seeds: list, cot: dict, value, wide: bool, strict: bool
 # double-word VJP, a rule that reads values).
 
 COMPILED_PASS = True
-COMPILE_AT = 32
+COMPILE_AT = jit.COMPILE_AT
 _SEEN_MAX, _PASSES_MAX = 256, 64
 _seen: dict = {}  # structure -> sightings (forgotten all at once past _SEEN_MAX)
 _passes: dict = {}  # structure -> _Pass, or None (cannot be traced); the oldest dropped
@@ -506,7 +506,7 @@ class _Pass:
     (read only while tracing), returns the cotangents of ``wanted``."""
 
     def __init__(self):
-        self.compiled = jit.compile(self._trace)
+        self.compiled = jit.compile(self._trace, at_once=True)
         # for each of ``wanted`` (set by the trace): 0 no cotangent, 1 its cotangent,
         # 2 its float64 cotangent and that rounded to float32 (narrowed in the graph)
         self.outputs = None

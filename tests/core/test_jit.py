@@ -138,3 +138,35 @@ def test_the_check_runs_once_per_folder(temp):
     os.chmod(_folder(temp), 0o777)  # (after the check: only a new <temp> is checked again)
     assert jit.folder_is_private()
     assert list(jit._private) == [os.fsencode(str(temp))]
+
+
+def _built(temp) -> int:
+    folder = _folder(temp)
+    return sum(p.suffix == ".so" for p in folder.iterdir()) if folder.exists() else 0
+
+
+def test_a_small_call_compiles_once_repeated_a_big_one_at_once(temp):
+    """MLX's compiler spends about 0.8 s per kernel: a small call runs its ops
+    separately until a call of the same shapes has been seen COMPILE_AT times, then
+    compiled (one kernel); a call of FUSE_MIN elements compiles at once. The same
+    bits either way; float64 oracle: numpy."""
+    c = 1.0 + float(np.random.default_rng().random())  # a constant: a kernel no one built
+
+    def formula(x):
+        return x * c + c
+
+    f = jit.compile(formula)
+    v = np.linspace(-3.0, 3.0, 7)
+    want = v * c + c
+    with mx.stream(mx.cpu):
+        x = mx.array(v, dtype=mx.float64)
+        for call in range(1, jit.COMPILE_AT + 2):
+            np.testing.assert_array_equal(np.array(f(x)), want)
+            assert _built(temp) == (call >= jit.COMPILE_AT), call
+            if call == 3:  # another shape is counted apart
+                np.testing.assert_array_equal(np.array(f(x[:3])), want[:3])
+                assert _built(temp) == 0
+        g = jit.compile(lambda x: x * (c + 1.0))
+        big = mx.arange(jit.FUSE_MIN, dtype=mx.float64)
+        np.testing.assert_array_equal(np.array(g(big)), np.arange(jit.FUSE_MIN) * (c + 1.0))
+    assert _built(temp) == 2
