@@ -120,3 +120,21 @@ def test_cexp_pieces_same_bits(monkeypatch):
     assert np.all(np.abs(got - ref) <= 4 * np.spacing(np.abs(ref)))
     assert np.array_equal(pieced[1][8:11], b[8:11]) and np.array_equal(
         np.signbit(pieced[1][8:11]), np.signbit(b[8:11]))
+
+
+@pytest.mark.parametrize("n", [engine64.FUSE_MIN, 2 * engine64.PIECE + 3])
+def test_cheap_step_high_word_is_the_rounding(n):
+    """A cheap step's high word is the float32 rounding of the exact float64 result,
+    below 2 PIECE elements (a kernel of its own) and from there (the result's
+    rounding: no high word holding the operands); Inf where it overflows."""
+    rng = np.random.default_rng(7)
+    a, b = (rng.standard_normal(n) * 1e20 for _ in range(2))
+    with mx.stream(mx.cpu):
+        x, y = (engine64.from64(mx.array(v, dtype=mx.float64)) for v in (a, b))
+        z = engine64.arith64("mul", x, y)
+        hi, wide = np.array(z.hi), np.array(z.wide[0])
+    exact = a * b  # (products of doubles below 2^1023: numpy's float64 product)
+    assert wide.tobytes() == exact.tobytes()
+    with np.errstate(over="ignore"):
+        assert hi.tobytes() == exact.astype(np.float32).tobytes()
+    assert np.isinf(hi).any()
