@@ -14,6 +14,7 @@ writes no high word that nothing reads."""
 from __future__ import annotations
 
 import functools
+import weakref
 
 import mlx.core as mx
 import numpy as np
@@ -150,19 +151,68 @@ def _compiled(formula, kinds: tuple, rounded: bool):
 def _fused(formula, operands):
     """(outputs, the compiled function's kinds and arguments, or None when the
     formula ran as separate MLX ops)."""
-    if all((x.hi if isinstance(x, DoubleWord) else x).size < FUSE_MIN for x in operands):
-        # separate ops, each operand read once
-        with mx.stream(mx.cpu):
-            re, im = formula(*(_read(*_reading(x)) for x in operands))
-        return ((re,) if im is None else (re, im)), None
     kinds, arrays = [], []
     for x in operands:
         kind, group = _reading(x)
         kinds.append(kind)
         arrays.extend(group)
     kinds, arrays = tuple(kinds), tuple(arrays)
+    out, compiled = _run(formula, kinds, arrays)
+    _remember(out[0], formula, kinds, arrays)
+    return out, ((kinds, arrays) if compiled else None)
+
+
+def _run(formula, kinds: tuple, arrays: tuple) -> tuple:
+    """(``formula``'s outputs on operands read as ``kinds``, whether it ran
+    compiled): below :data:`FUSE_MIN` elements in every operand, separate MLX ops
+    (each operand read once)."""
     with mx.stream(mx.cpu):
-        return tuple(_compiled(formula, kinds, False)(*arrays)), (kinds, arrays)
+        if all(a.size < FUSE_MIN for a in arrays):
+            return _evaluate(formula, kinds, False, arrays), False
+        return tuple(_compiled(formula, kinds, False)(*arrays)), True
+
+
+# ---- broadcast results rebuilt by rows --------------------------------------------------
+# A step whose result is much larger than its operands (an outer product, a broadcast
+# sum: S4D's Vandermonde exponents dt A[..., None] * arange(L)) records how it was made,
+# for as long as its float64 result lives: a consumer that works in pieces of leading
+# rows (:func:`rows`) then computes each piece's rows from the operands' rows, and the
+# whole result is never written unless something else reads it. The same formula on
+# the same values, elementwise: the same bits.
+_RECIPES: dict[int, tuple] = {}
+
+BROADCAST_GROWTH = 4
+"""A result at least this many times its operands' total size (and of at least 2
+:data:`PIECE` elements) is recorded for :func:`rows`."""
+
+
+def _remember(re: mx.array, formula, kinds: tuple, arrays: tuple) -> None:
+    if re.ndim == 0 or re.shape[0] < 2 or re.size < 2 * PIECE or (
+            re.size < BROADCAST_GROWTH * sum(a.size for a in arrays)):
+        return
+    key = id(re)
+
+    def drop(_ref, key=key):
+        _RECIPES.pop(key, None)
+
+    _RECIPES[key] = (weakref.ref(re, drop), formula, kinds, arrays)
+
+
+def rows(value: tuple, start: int, stop: int) -> tuple:
+    """Rows ``start:stop`` (of axis 0) of a float64 value ``(re, im or None)``
+    made by a step (lazy, CPU stream): from the operands' rows where the step's
+    result was a broadcast much larger than its operands (so that working through
+    such a value by rows never writes it whole), else slices of the value."""
+    re = value[0]
+    entry = _RECIPES.get(id(re))
+    if entry is None or entry[0]() is not re:
+        return tuple(None if v is None else v[start:stop] for v in value)
+    _, formula, kinds, arrays = entry
+    # an operand spanning axis 0 gives its rows; one broadcast along it, itself
+    part = tuple(a[start:stop] if a.ndim == re.ndim and a.shape[0] == re.shape[0] else a
+                 for a in arrays)
+    out = _run(formula, kinds, part)[0]
+    return out if len(out) == 2 else (out[0], None)
 
 
 def apply(formula, *operands) -> tuple:

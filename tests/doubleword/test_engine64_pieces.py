@@ -138,3 +138,48 @@ def test_cheap_step_high_word_is_the_rounding(n):
     with np.errstate(over="ignore"):
         assert hi.tobytes() == exact.astype(np.float32).tobytes()
     assert np.isinf(hi).any()
+
+
+def _broadcast_operands(rng):
+    """Operands of a broadcast step (the result 16x their total size): a complex
+    float64 column (3, 40, 1), a real row (1, 1, 1100) given as two words, and a
+    condition (1, 1100)."""
+    col = (rng.standard_normal((3, 40, 1)), rng.standard_normal((3, 40, 1)))
+    row = rng.standard_normal((1, 1, 1100)).astype(np.float32)
+    low = (rng.standard_normal((1, 1, 1100)) * 2.0**-30).astype(np.float32)
+    cond = rng.uniform(size=(1, 1100)) < 0.5
+    return col, row, low, cond
+
+
+def _masked_product(c, r, w):
+    """where(c, r w, r): a complex result of three kinds of operand."""
+    re, im = engine64._mul(r, w)
+    return mx.where(c, re, r[0]), mx.where(c, im, 0.0)
+
+
+@pytest.mark.parametrize("bounds", [(0, 1), (1, 3), (0, 3)])
+def test_rows_of_a_broadcast_step_same_bits(bounds):
+    """engine64.rows rebuilds rows of a broadcast step's result from its operands'
+    rows: bit for bit the rows of the whole result, which equals numpy's float64."""
+    col, row, low, cond = _broadcast_operands(np.random.default_rng(8))
+    with mx.stream(mx.cpu):
+        w = engine64.from64(*(mx.array(v, dtype=mx.float64) for v in col))
+        r = DoubleWord(mx.array(row), mx.array(low))
+        value = engine64.apply(_masked_product, mx.array(cond), r, w)
+        assert id(value[0]) in engine64._RECIPES
+        part = engine64.rows(value, *bounds)
+        got = [np.array(v) for v in part]
+        whole = [np.array(v) for v in value]
+    lo, hi = bounds
+    for g, v in zip(got, whole):
+        assert g.tobytes() == v[lo:hi].tobytes()
+    exact_r = row.astype(np.float64) + low.astype(np.float64)
+    z = np.where(cond, exact_r * (col[0] + 1j * col[1]), exact_r)
+    assert whole[0].tobytes() == z.real.tobytes() and whole[1].tobytes() == z.imag.tobytes()
+
+
+def test_rows_without_a_recipe_are_slices():
+    v = mx.array(np.arange(6.0 * engine64.PIECE).reshape(6, -1), dtype=mx.float64)
+    with mx.stream(mx.cpu):
+        got = engine64.rows((v, None), 2, 4)
+    assert got[1] is None and np.array_equal(np.array(got[0]), np.array(v)[2:4])
