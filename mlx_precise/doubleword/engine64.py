@@ -221,9 +221,11 @@ def apply(formula, *operands) -> tuple:
     ``(re,)`` or ``(re, im)``, MLX arrays (lazy).
 
     Args:
-        formula: ``formula(*values) -> (re, im or None)``; a DoubleWord operand
-            comes in as its value ``(re, im or None)`` (MLX float64 arrays; they
-            broadcast), an ``mx.array`` operand as it is. Made of MLX ops only, and
+        formula: ``formula(*values) -> (re, im or None)``, elementwise (a
+            broadcast result may be rebuilt by rows from its operands' rows,
+            :func:`rows`); a DoubleWord operand comes in as its value ``(re, im
+            or None)`` (MLX float64 arrays; they broadcast), an ``mx.array``
+            operand as it is. Made of MLX ops only, and
             a module-level function (kernels are cached per formula); the Python
             numbers in it are constants of the kernel, so numbers that vary from
             call to call must come in as operands.
@@ -236,11 +238,15 @@ def step(formula, *operands, cheap: bool = False) -> DoubleWord:
     """One cpu step: :func:`apply`, the result a DoubleWord that keeps its float64
     value (its low word built only when read, its high word a lazy array).
 
-    ``cheap`` (one float64 operation; a complex result ignores it): compiled, the
-    high word comes from a kernel of its own that reads the operands (one rounding
-    of the same operation: equal to the rounding of the float64 result), so that
-    reading the high word writes no float64 result, and a next step reading the
-    float64 result writes no high word.
+    ``cheap`` (one float64 operation; a complex result ignores it): compiled and
+    below 2 :data:`PIECE` elements, the high word comes from a kernel of its own
+    that reads the operands (one rounding of the same operation: equal to the
+    rounding of the float64 result), so that reading the high word writes no
+    float64 result, and a next step reading the float64 result writes no high
+    word. Larger, the high word is the rounding of the result: a kernel of its own
+    would keep the operands' float64 values alive for as long as the high word
+    lives unevaluated (a rule evaluating its operand, as softmax does by pieces,
+    then held them beside the result: 17 MB in a transformer's attention).
 
     Returns:
         The DoubleWord of the result (float32 words, or complex64 where the formula
@@ -248,9 +254,6 @@ def step(formula, *operands, cheap: bool = False) -> DoubleWord:
     """
     wide, kernel = _fused(formula, operands)
     if not cheap or kernel is None or len(wide) == 2 or wide[0].size >= 2 * PIECE:
-        # (from 2 PIECE elements the high word is the rounding of the result: a
-        # kernel of its own would keep the operands' float64 values alive for as
-        # long as the high word lives unevaluated, beside the result's)
         return from64(*wide)
     kinds, arrays = kernel
     with mx.stream(mx.cpu):
