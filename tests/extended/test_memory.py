@@ -43,9 +43,12 @@ from bench_flow import model_runs, peak_mb
 
 
 def model_peaks(name: str) -> tuple[float, float]:
-    """(flow on cpu, MLX float64) peak MB of one forward of a benchmark model."""
+    """(flow on cpu, MLX float64) peak MB of one forward of a benchmark model: the
+    larger of two runs each (MLX's own float64 peak varies with its cpu stream's
+    timing: llama measured 25.0 MB in one run of five, 27.3 MB in the others)."""
     runs = model_runs(name, "large")
-    return peak_mb(runs["cpu flow"]), peak_mb(runs["MLX float64"])
+    peaks = {k: [peak_mb(runs[k]), peak_mb(runs[k])] for k in ("cpu flow", "MLX float64")}
+    return max(peaks["cpu flow"]), max(peaks["MLX float64"])
 
 
 @pytest.mark.parametrize("name, bound", [("hyena", 1.5), ("fno", 1.5), ("s4d", 1.5),
