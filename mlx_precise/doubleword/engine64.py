@@ -502,18 +502,23 @@ faster, a complex exp 1.3-1.7x (2^16 to 2^18 elements within noise)."""
 def in_pieces(fn, arrays: list, piece: int) -> tuple:
     """``fn(*arrays)`` (elementwise, a tuple of arrays of their shape) on runs of
     ``piece`` elements of the flattened ``arrays`` (of one shape), one after
-    another, joined: the same values as whole (each element's operations are
-    the same)."""
+    another, each written into the results as it is made (and evaluated: no piece
+    outlives its update, where joining them held every piece beside the joined
+    result): the same values as whole (each element's operations are the same)."""
     flat = [a.reshape(-1) for a in arrays]
-    outs = []
+    outs, last, settled = None, None, True
     for i in range(0, flat[0].size, piece):
         part = [a[i:i + piece] for a in flat]
-        if outs:
-            # one piece after another (measured: MLX would run an elementwise
-            # function's pieces side by side, holding every piece's temporaries)
-            part = mx.depends(part, list(outs[-1]))
-        outs.append(fn(*part))
-    return tuple(mx.concatenate(list(o)).reshape(arrays[0].shape) for o in zip(*outs))
+        if not settled:
+            # lazily (inside a function transformation) one piece after another:
+            # MLX would run an elementwise function's pieces side by side
+            part = mx.depends(part, list(last))
+        last = fn(*part)
+        if outs is None:
+            outs = [mx.zeros((flat[0].size,), o.dtype) for o in last]
+        outs = [mx.slice_update(o, p, mx.array([i]), [0]) for o, p in zip(outs, last)]
+        settled = settled and _settle(*outs)
+    return tuple(o.reshape(arrays[0].shape) for o in outs)
 
 
 def by_rows(fn, v: mx.array, axes: tuple = (), piece: int | None = None):

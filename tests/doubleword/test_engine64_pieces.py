@@ -183,3 +183,25 @@ def test_rows_without_a_recipe_are_slices():
     with mx.stream(mx.cpu):
         got = engine64.rows((v, None), 2, 4)
     assert got[1] is None and np.array_equal(np.array(got[0]), np.array(v)[2:4])
+
+
+def test_in_pieces_lazy_path_same_bits(monkeypatch):
+    """Where nothing can be evaluated (inside a function transformation: _settle
+    answers False), in_pieces chains its pieces lazily: the same bits as evaluated
+    piece by piece, and as whole."""
+    from mlx_precise.doubleword import functions
+
+    x = np.random.default_rng(10).uniform(-6, 6, 5 * engine64.PIECE // 4 + 9)
+    x[:3] = [np.nan, -0.0, np.inf]
+    with mx.stream(mx.cpu):
+        v = mx.array(x, dtype=mx.float64)
+        settled = np.array(functions.value64("erf", v))
+        monkeypatch.setattr(engine64, "_settle", lambda *a: False)
+        lazy = np.array(functions.value64("erf", v))
+        monkeypatch.setattr(engine64, "PIECE", 1 << 40)  # one piece
+        whole = np.array(functions.value64("erf", v))
+    assert settled.tobytes() == lazy.tobytes() == whole.tobytes()
+    import math
+
+    ref = np.vectorize(math.erf)(x)
+    np.testing.assert_allclose(settled, ref, rtol=4e-16, atol=0)
