@@ -158,7 +158,7 @@ def _fused(formula, operands):
         arrays.extend(group)
     kinds, arrays = tuple(kinds), tuple(arrays)
     out, compiled = _run(formula, kinds, arrays)
-    _remember(out[0], formula, kinds, arrays)
+    _remember(out, formula, kinds, arrays)
     return out, ((kinds, arrays) if compiled else None)
 
 
@@ -186,7 +186,8 @@ BROADCAST_GROWTH = 4
 :data:`PIECE` elements) is recorded for :func:`rows`."""
 
 
-def _remember(re: mx.array, formula, kinds: tuple, arrays: tuple) -> None:
+def _remember(out: tuple, formula, kinds: tuple, arrays: tuple) -> None:
+    re = out[0]
     if re.ndim == 0 or re.shape[0] < 2 or re.size < 2 * PIECE or (
             re.size < BROADCAST_GROWTH * sum(a.size for a in arrays)):
         return
@@ -195,7 +196,10 @@ def _remember(re: mx.array, formula, kinds: tuple, arrays: tuple) -> None:
     def drop(_ref, key=key):
         _RECIPES.pop(key, None)
 
-    _RECIPES[key] = (weakref.ref(re, drop), formula, kinds, arrays)
+    # (the imaginary part by identity too: a value whose real part alone comes
+    # from this step, joined to another imaginary part, is not rebuilt from it)
+    im = weakref.ref(out[1]) if len(out) == 2 else None
+    _RECIPES[key] = (weakref.ref(re, drop), im, formula, kinds, arrays)
 
 
 def rows(value: tuple, start: int, stop: int) -> tuple:
@@ -203,11 +207,12 @@ def rows(value: tuple, start: int, stop: int) -> tuple:
     made by a step (lazy, CPU stream): from the operands' rows where the step's
     result was a broadcast much larger than its operands (so that working through
     such a value by rows never writes it whole), else slices of the value."""
-    re = value[0]
+    re, im = value
     entry = _RECIPES.get(id(re))
-    if entry is None or entry[0]() is not re:
+    if entry is None or entry[0]() is not re or (
+            (entry[1] is None) != (im is None) or (im is not None and entry[1]() is not im)):
         return tuple(None if v is None else v[start:stop] for v in value)
-    _, formula, kinds, arrays = entry
+    _, _, formula, kinds, arrays = entry
     # an operand spanning axis 0 gives its rows; one broadcast along it, itself
     part = tuple(a[start:stop] if a.ndim == re.ndim and a.shape[0] == re.shape[0] else a
                  for a in arrays)

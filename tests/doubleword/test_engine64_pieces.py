@@ -205,3 +205,20 @@ def test_in_pieces_lazy_path_same_bits(monkeypatch):
 
     ref = np.vectorize(math.erf)(x)
     np.testing.assert_allclose(settled, ref, rtol=4e-16, atol=0)
+
+
+def test_rows_of_parts_from_two_steps():
+    """A value whose real part comes from a recorded broadcast step and whose
+    imaginary part from elsewhere (or none where the step had one) is sliced, not
+    rebuilt from the step."""
+    col, row, low, cond = _broadcast_operands(np.random.default_rng(11))
+    with mx.stream(mx.cpu):
+        w = engine64.from64(*(mx.array(v, dtype=mx.float64) for v in col))
+        r = DoubleWord(mx.array(row), mx.array(low))
+        re, im = engine64.apply(_masked_product, mx.array(cond), r, w)
+        other = mx.array(np.random.default_rng(12).standard_normal(re.shape), dtype=mx.float64)
+        for value in ((re, other), (re, None)):
+            got = engine64.rows(value, 1, 3)
+            for g, v in zip(got, value):
+                assert (g is None and v is None) or (
+                    np.array(g).tobytes() == np.array(v)[1:3].tobytes())
