@@ -14,6 +14,7 @@ writes no high word that nothing reads."""
 from __future__ import annotations
 
 import functools
+import weakref
 
 import mlx.core as mx
 import numpy as np
@@ -151,19 +152,73 @@ def _compiled(formula, kinds: tuple, rounded: bool):
 def _fused(formula, operands):
     """(outputs, the compiled function's kinds and arguments, or None when the
     formula ran as separate MLX ops)."""
-    if all((x.hi if isinstance(x, DoubleWord) else x).size < FUSE_MIN for x in operands):
-        # separate ops, each operand read once
-        with mx.stream(mx.cpu):
-            re, im = formula(*(_read(*_reading(x)) for x in operands))
-        return ((re,) if im is None else (re, im)), None
     kinds, arrays = [], []
     for x in operands:
         kind, group = _reading(x)
         kinds.append(kind)
         arrays.extend(group)
     kinds, arrays = tuple(kinds), tuple(arrays)
+    out, compiled = _run(formula, kinds, arrays)
+    _remember(out, formula, kinds, arrays)
+    return out, ((kinds, arrays) if compiled else None)
+
+
+def _run(formula, kinds: tuple, arrays: tuple) -> tuple:
+    """(``formula``'s outputs on operands read as ``kinds``, whether it ran
+    compiled): below :data:`FUSE_MIN` elements in every operand, separate MLX ops
+    (each operand read once)."""
     with mx.stream(mx.cpu):
-        return tuple(_compiled(formula, kinds, False)(*arrays)), (kinds, arrays)
+        if all(a.size < FUSE_MIN for a in arrays):
+            return _evaluate(formula, kinds, False, arrays), False
+        return tuple(_compiled(formula, kinds, False)(*arrays)), True
+
+
+# ---- broadcast results rebuilt by rows --------------------------------------------------
+# A step whose result is much larger than its operands (an outer product, a broadcast
+# sum: S4D's Vandermonde exponents dt A[..., None] * arange(L)) records how it was made,
+# for as long as its float64 result lives: a consumer that works in pieces of leading
+# rows (:func:`rows`) then computes each piece's rows from the operands' rows, and the
+# whole result is never written unless something else reads it. The same formula on
+# the same values, elementwise: the same bits.
+_RECIPES: dict[int, tuple] = {}
+
+BROADCAST_GROWTH = 4
+"""A result at least this many times its operands' total size (and of at least 2
+:data:`PIECE` elements) is recorded for :func:`rows`."""
+
+
+def _remember(out: tuple, formula, kinds: tuple, arrays: tuple) -> None:
+    re = out[0]
+    if re.ndim == 0 or re.shape[0] < 2 or re.size < 2 * PIECE or (
+            re.size < BROADCAST_GROWTH * sum(a.size for a in arrays)):
+        return
+    key = id(re)
+
+    def drop(_ref, key=key):
+        _RECIPES.pop(key, None)
+
+    # (the imaginary part by identity too: a value whose real part alone comes
+    # from this step, joined to another imaginary part, is not rebuilt from it)
+    im = weakref.ref(out[1]) if len(out) == 2 else None
+    _RECIPES[key] = (weakref.ref(re, drop), im, formula, kinds, arrays)
+
+
+def rows(value: tuple, start: int, stop: int) -> tuple:
+    """Rows ``start:stop`` (of axis 0) of a float64 value ``(re, im or None)``
+    made by a step (lazy, CPU stream): from the operands' rows where the step's
+    result was a broadcast much larger than its operands (so that working through
+    such a value by rows never writes it whole), else slices of the value."""
+    re, im = value
+    entry = _RECIPES.get(id(re))
+    if entry is None or entry[0]() is not re or (
+            (entry[1] is None) != (im is None) or (im is not None and entry[1]() is not im)):
+        return tuple(None if v is None else v[start:stop] for v in value)
+    _, _, formula, kinds, arrays = entry
+    # an operand spanning axis 0 gives its rows; one broadcast along it, itself
+    part = tuple(a[start:stop] if a.ndim == re.ndim and a.shape[0] == re.shape[0] else a
+                 for a in arrays)
+    out = _run(formula, kinds, part)[0]
+    return out if len(out) == 2 else (out[0], None)
 
 
 def apply(formula, *operands) -> tuple:
@@ -172,9 +227,11 @@ def apply(formula, *operands) -> tuple:
     ``(re,)`` or ``(re, im)``, MLX arrays (lazy).
 
     Args:
-        formula: ``formula(*values) -> (re, im or None)``; a DoubleWord operand
-            comes in as its value ``(re, im or None)`` (MLX float64 arrays; they
-            broadcast), an ``mx.array`` operand as it is. Made of MLX ops only, and
+        formula: ``formula(*values) -> (re, im or None)``, elementwise (a
+            broadcast result may be rebuilt by rows from its operands' rows,
+            :func:`rows`); a DoubleWord operand comes in as its value ``(re, im
+            or None)`` (MLX float64 arrays; they broadcast), an ``mx.array``
+            operand as it is. Made of MLX ops only, and
             a module-level function (kernels are cached per formula); the Python
             numbers in it are constants of the kernel, so numbers that vary from
             call to call must come in as operands.
@@ -187,18 +244,22 @@ def step(formula, *operands, cheap: bool = False) -> DoubleWord:
     """One cpu step: :func:`apply`, the result a DoubleWord that keeps its float64
     value (its low word built only when read, its high word a lazy array).
 
-    ``cheap`` (one float64 operation; a complex result ignores it): compiled, the
-    high word comes from a kernel of its own that reads the operands (one rounding
-    of the same operation: equal to the rounding of the float64 result), so that
-    reading the high word writes no float64 result, and a next step reading the
-    float64 result writes no high word.
+    ``cheap`` (one float64 operation; a complex result ignores it): compiled and
+    below 2 :data:`PIECE` elements, the high word comes from a kernel of its own
+    that reads the operands (one rounding of the same operation: equal to the
+    rounding of the float64 result), so that reading the high word writes no
+    float64 result, and a next step reading the float64 result writes no high
+    word. Larger, the high word is the rounding of the result: a kernel of its own
+    would keep the operands' float64 values alive for as long as the high word
+    lives unevaluated (a rule evaluating its operand, as softmax does by pieces,
+    then held them beside the result: 17 MB in a transformer's attention).
 
     Returns:
         The DoubleWord of the result (float32 words, or complex64 where the formula
         returns an imaginary part).
     """
     wide, kernel = _fused(formula, operands)
-    if not cheap or kernel is None or len(wide) == 2:
+    if not cheap or kernel is None or len(wide) == 2 or wide[0].size >= 2 * PIECE:
         return from64(*wide)
     kinds, arrays = kernel
     with mx.stream(mx.cpu):
@@ -447,27 +508,34 @@ faster, a complex exp 1.3-1.7x (2^16 to 2^18 elements within noise)."""
 def in_pieces(fn, arrays: list, piece: int) -> tuple:
     """``fn(*arrays)`` (elementwise, a tuple of arrays of their shape) on runs of
     ``piece`` elements of the flattened ``arrays`` (of one shape), one after
-    another, joined: the same values as whole (each element's operations are
-    the same)."""
+    another, each written into the results as it is made (and evaluated: no piece
+    outlives its update, where joining them held every piece beside the joined
+    result): the same values as whole (each element's operations are the same)."""
     flat = [a.reshape(-1) for a in arrays]
-    outs = []
+    outs, last, settled = None, None, True
     for i in range(0, flat[0].size, piece):
         part = [a[i:i + piece] for a in flat]
-        if outs:
-            # one piece after another (measured: MLX would run an elementwise
-            # function's pieces side by side, holding every piece's temporaries)
-            part = mx.depends(part, list(outs[-1]))
-        outs.append(fn(*part))
-    return tuple(mx.concatenate(list(o)).reshape(arrays[0].shape) for o in zip(*outs))
+        if not settled:
+            # lazily (inside a function transformation) one piece after another:
+            # MLX would run an elementwise function's pieces side by side
+            part = mx.depends(part, list(last))
+        last = fn(*part)
+        if outs is None:
+            outs = [mx.zeros((flat[0].size,), o.dtype) for o in last]
+        outs = [mx.slice_update(o, p, mx.array([i]), [0]) for o, p in zip(outs, last)]
+        settled = settled and _settle(*outs)
+    return tuple(o.reshape(arrays[0].shape) for o in outs)
 
 
-def by_rows(fn, v: mx.array, axes: tuple = (), piece: int = PIECE) -> mx.array:
+def by_rows(fn, v: mx.array, axes: tuple = (), piece: int | None = None):
     """``fn(v, axes)`` of a float64 ``v``, in pieces of whole rows when ``axes``
     (where ``fn`` reduces, keeping them; elementwise elsewhere) are the trailing
     axes (none: ``fn`` is elementwise, the pieces runs of elements,
-    :func:`in_pieces`) and ``v`` has at least 2 ``piece`` elements (:data:`PIECE`;
-    less where ``fn``'s temporaries are several times its operand's size). Each row
-    is computed whole, as in one piece: the same bits."""
+    :func:`in_pieces`) and ``v`` has at least 2 ``piece`` elements (:data:`PIECE`
+    when None; less where ``fn``'s temporaries are several times its operand's
+    size). Each row is computed whole, as in one piece: the same bits. ``fn`` may
+    return a tuple of arrays (each of ``v``'s leading shape): so does ``by_rows``."""
+    piece = PIECE if piece is None else piece
     n = v.ndim
     lead = n - len(axes)
     if v.size < 2 * piece or lead == 0 or sorted(a % n for a in axes) != list(range(lead, n)):
@@ -479,21 +547,29 @@ def by_rows(fn, v: mx.array, axes: tuple = (), piece: int = PIECE) -> mx.array:
     if step >= rows.shape[0]:
         return fn(v, axes)
     axes = tuple(range(1, rows.ndim))
-    out = None
+    outs, settled = None, True
     for i in range(0, rows.shape[0], step):
-        # (a reduction's pieces MLX already runs in turn, and faster without depends)
         last = fn(rows[i:i + step], axes)
-        if out is None:
-            out = mx.zeros((rows.shape[0], *last.shape[1:]), last.dtype)
+        single = not isinstance(last, tuple)
+        last = (last,) if single else last
+        if outs is None:
+            outs = [mx.zeros((rows.shape[0], *a.shape[1:]), a.dtype) for a in last]
         # written into the result as each piece is made (its buffer donated from
         # update to update), not concatenated: no piece outlives its update
-        out = mx.slice_update(out, last, mx.array([i]), [0])
-    return out.reshape(*v.shape[:lead], *out.shape[1:])
+        outs = [mx.slice_update(o, a, mx.array([i]), [0]) for o, a in zip(outs, last)]
+        # each piece evaluated before the next is made: lazily, MLX's breadth-first
+        # order ran about 20 pieces side by side, every one's temporaries held
+        # (measured: a (2, 16, 256, 256) softmax held 9 MB of them, 2 whole)
+        settled = settled and _settle(*outs)
+    outs = tuple(o.reshape(*v.shape[:lead], *o.shape[1:]) for o in outs)
+    return outs[0] if single else outs
 
 
-def _softmax(v, axes):
+def _exp_and_sum(v, axes):
+    """(e, sum(e)) along ``axes``, ``e = exp(v - shift)``: softmax's numerator and
+    denominator."""
     e = exp64(v, _float32_shift(v, axes))
-    return e / mx.sum(e, axis=axes, keepdims=True)
+    return e, mx.sum(e, axis=axes, keepdims=True)
 
 
 def _logsumexp(v, axes):
@@ -502,9 +578,14 @@ def _logsumexp(v, axes):
 
 
 def softmax64(x: DoubleWord, axes) -> DoubleWord:
-    """``e / sum(e)``, ``e = exp(x - shift)`` along ``axes``."""
+    """``e / sum(e)``, ``e = exp(x - shift)`` along ``axes``. In pieces of rows
+    (:func:`by_rows`), e and its sums are written out and divided once after the
+    last piece: the division then writes over e (its only reader: MLX donates the
+    buffer), where dividing in each piece made a second piece-size array per piece.
+    The same division of the same values: the same bits."""
     with mx.stream(mx.cpu):
-        return from64(by_rows(_softmax, to64(x)[0], axes))
+        e, s = by_rows(_exp_and_sum, to64(x)[0], axes)
+        return from64(e / s)
 
 
 def logsumexp64(x: DoubleWord, axes, keepdims: bool) -> DoubleWord:

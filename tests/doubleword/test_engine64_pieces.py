@@ -120,3 +120,105 @@ def test_cexp_pieces_same_bits(monkeypatch):
     assert np.all(np.abs(got - ref) <= 4 * np.spacing(np.abs(ref)))
     assert np.array_equal(pieced[1][8:11], b[8:11]) and np.array_equal(
         np.signbit(pieced[1][8:11]), np.signbit(b[8:11]))
+
+
+@pytest.mark.parametrize("n", [engine64.FUSE_MIN, 2 * engine64.PIECE + 3])
+def test_cheap_step_high_word_is_the_rounding(n):
+    """A cheap step's high word is the float32 rounding of the exact float64 result,
+    below 2 PIECE elements (a kernel of its own) and from there (the result's
+    rounding: no high word holding the operands); Inf where it overflows."""
+    rng = np.random.default_rng(7)
+    a, b = (rng.standard_normal(n) * 1e20 for _ in range(2))
+    with mx.stream(mx.cpu):
+        x, y = (engine64.from64(mx.array(v, dtype=mx.float64)) for v in (a, b))
+        z = engine64.arith64("mul", x, y)
+        hi, wide = np.array(z.hi), np.array(z.wide[0])
+    exact = a * b  # (products of doubles below 2^1023: numpy's float64 product)
+    assert wide.tobytes() == exact.tobytes()
+    with np.errstate(over="ignore"):
+        assert hi.tobytes() == exact.astype(np.float32).tobytes()
+    assert np.isinf(hi).any()
+
+
+def _broadcast_operands(rng):
+    """Operands of a broadcast step (the result 16x their total size): a complex
+    float64 column (3, 40, 1), a real row (1, 1, 1100) given as two words, and a
+    condition (1, 1100)."""
+    col = (rng.standard_normal((3, 40, 1)), rng.standard_normal((3, 40, 1)))
+    row = rng.standard_normal((1, 1, 1100)).astype(np.float32)
+    low = (rng.standard_normal((1, 1, 1100)) * 2.0**-30).astype(np.float32)
+    cond = rng.uniform(size=(1, 1100)) < 0.5
+    return col, row, low, cond
+
+
+def _masked_product(c, r, w):
+    """where(c, r w, r): a complex result of three kinds of operand."""
+    re, im = engine64._mul(r, w)
+    return mx.where(c, re, r[0]), mx.where(c, im, 0.0)
+
+
+@pytest.mark.parametrize("bounds", [(0, 1), (1, 3), (0, 3)])
+def test_rows_of_a_broadcast_step_same_bits(bounds):
+    """engine64.rows rebuilds rows of a broadcast step's result from its operands'
+    rows: bit for bit the rows of the whole result, which equals numpy's float64."""
+    col, row, low, cond = _broadcast_operands(np.random.default_rng(8))
+    with mx.stream(mx.cpu):
+        w = engine64.from64(*(mx.array(v, dtype=mx.float64) for v in col))
+        r = DoubleWord(mx.array(row), mx.array(low))
+        value = engine64.apply(_masked_product, mx.array(cond), r, w)
+        assert id(value[0]) in engine64._RECIPES
+        part = engine64.rows(value, *bounds)
+        got = [np.array(v) for v in part]
+        whole = [np.array(v) for v in value]
+    lo, hi = bounds
+    for g, v in zip(got, whole):
+        assert g.tobytes() == v[lo:hi].tobytes()
+    exact_r = row.astype(np.float64) + low.astype(np.float64)
+    z = np.where(cond, exact_r * (col[0] + 1j * col[1]), exact_r)
+    assert whole[0].tobytes() == z.real.tobytes() and whole[1].tobytes() == z.imag.tobytes()
+
+
+def test_rows_without_a_recipe_are_slices():
+    v = mx.array(np.arange(6.0 * engine64.PIECE).reshape(6, -1), dtype=mx.float64)
+    with mx.stream(mx.cpu):
+        got = engine64.rows((v, None), 2, 4)
+    assert got[1] is None and np.array_equal(np.array(got[0]), np.array(v)[2:4])
+
+
+def test_in_pieces_lazy_path_same_bits(monkeypatch):
+    """Where nothing can be evaluated (inside a function transformation: _settle
+    answers False), in_pieces chains its pieces lazily: the same bits as evaluated
+    piece by piece, and as whole."""
+    from mlx_precise.doubleword import functions
+
+    x = np.random.default_rng(10).uniform(-6, 6, 5 * engine64.PIECE // 4 + 9)
+    x[:3] = [np.nan, -0.0, np.inf]
+    with mx.stream(mx.cpu):
+        v = mx.array(x, dtype=mx.float64)
+        settled = np.array(functions.value64("erf", v))
+        monkeypatch.setattr(engine64, "_settle", lambda *a: False)
+        lazy = np.array(functions.value64("erf", v))
+        monkeypatch.setattr(engine64, "PIECE", 1 << 40)  # one piece
+        whole = np.array(functions.value64("erf", v))
+    assert settled.tobytes() == lazy.tobytes() == whole.tobytes()
+    import math
+
+    ref = np.vectorize(math.erf)(x)
+    np.testing.assert_allclose(settled, ref, rtol=4e-16, atol=0)
+
+
+def test_rows_of_parts_from_two_steps():
+    """A value whose real part comes from a recorded broadcast step and whose
+    imaginary part from elsewhere (or none where the step had one) is sliced, not
+    rebuilt from the step."""
+    col, row, low, cond = _broadcast_operands(np.random.default_rng(11))
+    with mx.stream(mx.cpu):
+        w = engine64.from64(*(mx.array(v, dtype=mx.float64) for v in col))
+        r = DoubleWord(mx.array(row), mx.array(low))
+        re, im = engine64.apply(_masked_product, mx.array(cond), r, w)
+        other = mx.array(np.random.default_rng(12).standard_normal(re.shape), dtype=mx.float64)
+        for value in ((re, other), (re, None)):
+            got = engine64.rows(value, 1, 3)
+            for g, v in zip(got, value):
+                assert (g is None and v is None) or (
+                    np.array(g).tobytes() == np.array(v)[1:3].tobytes())

@@ -65,12 +65,20 @@ def _cexp_by_pieces(x: mx.array) -> mx.array | None:
     if x.size < 2 * piece:
         return None
     with mx.stream(mx.cpu):
-        parts = [v.reshape(-1) for v in engine64.to64(words(x))]
-        out = [mx.zeros((x.size,), mx.float64) for _ in parts]
-        for i in range(0, x.size, piece):
-            z = engine64.cexp64(*(engine64.from64(v[i:i + piece]) for v in parts))
+        value = engine64.to64(words(x))
+        # pieces of whole leading rows where a row fits in a piece: a broadcast x
+        # (S4D's exp(dtA[..., None] * arange(L))) is then made by rows, never whole
+        row = x.size // x.shape[0] if x.ndim > 1 else piece + 1
+        count, step = (x.shape[0], piece // row) if row <= piece else (x.size, piece)
+        flat = None if row <= piece else [v.reshape(-1) for v in value]
+        out = [mx.zeros((x.size,), mx.float64) for _ in value]
+        for i in range(0, count, step):
+            part = ([v[i:i + step] for v in flat] if flat is not None else
+                    [v.reshape(-1) for v in engine64.rows(value, i, i + step)])
+            z = engine64.cexp64(*(engine64.from64(v) for v in part))
             # (out's buffers are donated from update to update: written in place)
-            out = [mx.slice_update(o, w, mx.array([i]), [0]) for o, w in zip(out, z.wide)]
+            at = mx.array([i if flat is not None else i * row])
+            out = [mx.slice_update(o, w, at, [0]) for o, w in zip(out, z.wide)]
             del z
             if not engine64._settle(*out):
                 return None
