@@ -109,7 +109,7 @@ def fp_instructions(name: str, template: dict, inputs, output_shapes) -> float |
         return n * (28 * taps + 10)
     if name == "ext_scale":
         return n * (9 if template.get("DW_IN") else 6)
-    if name in ("dw_fused", "dw_reduce"):
+    if name.startswith(("dw_fused", "dw_reduce")):  # (their slot counts, with math)
         return _program_instructions(name, np.array(inputs[-1]), n)
     return None
 
@@ -128,7 +128,7 @@ def _program_instructions(name: str, prog: np.ndarray, n: int) -> float:
     body = prog[L.header:L.header + L.instr * int(prog[L.prog_count])].reshape(-1, L.instr)
     per = sum(_DW_MATH[names[int(f)]] if o == fusion.OP["fn"] else cost.get(int(o), 0)
               for o, _, _, _, f in body)
-    if name == "dw_fused":
+    if name.startswith("dw_fused"):
         return n * per
     row = int(prog[L.prog_n])
     step = 9 if int(prog[L.prog_reduce]) == fusion.OP["mul"] else 20

@@ -84,34 +84,60 @@ _SLOTS, _REGISTERS, _MAX_NDIM, _MAX_INSTRUCTIONS = (
 _REDUCE_MAX, _REDUCE_THREADS = LIMITS.reduce_max, LIMITS.reduce_threads
 _SLOT_NAMES = tuple(f"a{k}" for k in range(_SLOTS))
 
-# What the two kernels of programs share: the word array slots and the program; every
+# What the kernels of programs share: the word array slots and the program; every
 # slot is a view of 8 elements at least and the program has its header, so all are
 # device buffers (one signature for every chain); views are read through their
-# strides (no copy of a broadcast, transposed or sliced operand).
-_PROGRAM_KERNEL = dict(
-    headers=("dw_fused.h",),
-    inputs=_SLOT_NAMES + ("prog",),
-    outputs=("zh", "zl"),
-    template=("MATH",),
-    input_dtypes={**{s: (F32,) for s in _SLOT_NAMES}, "prog": (mx.int32,)},
-    input_forms={n: ("device",) for n in _SLOT_NAMES + ("prog",)},
-    ensure_row_contiguous=False,
-    variants={"MATH": (False, True), "zh": (F32,), "zl": (F32,)},
-)
+# strides (no copy of a broadcast, transposed or sliced operand). Each comes with and
+# without the elementary functions (MATH; dw_math.h is 46 of the 68 KB of source
+# that MLX copies and hashes at every launch) and dw_fused with four slots besides
+# twelve (a launch's host cost grows with its inputs: the replay of a compiled
+# graph copies each, Metal binds each with its strides).
+_SLOTS_FEW = 4
 
-DW_FUSED = Kernel(name="dw_fused", body="dw_fused.metal", grid=per_element_of_first_input,
-                  **_PROGRAM_KERNEL)
+
+def _program_kernel(name: str, body: str, slots: int, math_: bool, **kw) -> Kernel:
+    names = _SLOT_NAMES[:slots]
+    return Kernel(
+        name=name + ("_math" if math_ else ""), body=body,
+        headers=("dw_fused.h", "dw_fused_math.h") if math_ else ("dw_fused.h",),
+        inputs=names + ("prog",),
+        outputs=("zh", "zl"),
+        template=("MATH",),
+        input_dtypes={**{s: (F32,) for s in names}, "prog": (mx.int32,)},
+        input_forms={n: ("device",) for n in names + ("prog",)},
+        ensure_row_contiguous=False,
+        variants={"MATH": (math_,), "zh": (F32,), "zl": (F32,)},
+        **kw)
+
+
+DW_FUSED = _program_kernel("dw_fused", "dw_fused.metal", _SLOTS, False,
+                           grid=per_element_of_first_input)
 """A double-word expression over up to ``DWF_SLOTS`` float32 word arrays ``a0 ..
 a11`` (views of the output's shape, read through their strides), by the program
 ``prog`` (int32, see :func:`program`); outputs ``zh, zl`` (float32, the output's
-shape): the result's words. ``MATH``: the program calls elementary functions."""
+shape): the result's words. ``MATH`` (False; True for :data:`DW_FUSED_MATH`,
+which has the elementary functions): the program calls elementary functions."""
 
-DW_REDUCE = Kernel(name="dw_reduce", body="dw_reduce.metal", **_PROGRAM_KERNEL)
+DW_FUSED_MATH = _program_kernel("dw_fused", "dw_fused.metal", _SLOTS, True,
+                                grid=per_element_of_first_input)
+DW_FUSED4 = _program_kernel("dw_fused4", "dw_fused4.metal", _SLOTS_FEW, False,
+                            grid=per_element_of_first_input)
+DW_FUSED4_MATH = _program_kernel("dw_fused4", "dw_fused4.metal", _SLOTS_FEW, True,
+                                 grid=per_element_of_first_input)
+"""dw_fused with the elementary functions, with four slots ``a0 .. a3``, both."""
+
+_FUSED = {(_SLOTS, False): DW_FUSED, (_SLOTS, True): DW_FUSED_MATH,
+          (_SLOTS_FEW, False): DW_FUSED4, (_SLOTS_FEW, True): DW_FUSED4_MATH}
+
+DW_REDUCE = _program_kernel("dw_reduce", "dw_reduce.metal", _SLOTS, False)
 """The sums (or products) of the rows of a double-word expression by the pairwise
 tree of :func:`mlx_precise.extended.arith.reduce_sum`: slots as :data:`DW_FUSED`'s,
 views of shape ``[kept axes..., reduced axes...]``; ``prog`` with the row length and
 the operation in its header; outputs ``zh, zl`` (float32, one per row). Grid: one
-threadgroup per row (:func:`reduce`)."""
+threadgroup per row (:func:`reduce`). :data:`DW_REDUCE_MATH`: with the elementary
+functions."""
+
+DW_REDUCE_MATH = _program_kernel("dw_reduce", "dw_reduce.metal", _SLOTS, True)
 
 _LOAD, _CONST, _NEG, _SUB, _FN = OP["load"], OP["const"], OP["neg"], OP["sub"], OP["fn"]
 _BINARY = {name: OP[name] for name in ("add", "sub", "mul", "div")}
@@ -533,7 +559,8 @@ _INSTRUCTIONS: dict = {}
 
 
 def _slots(leaves, shape: tuple) -> tuple[list, tuple]:
-    """The slot arrays of a launch over an array of ``shape`` (8 elements at least):
+    """The ``DWF_SLOTS`` slot arrays of a launch over an array of ``shape`` (8
+    elements at least):
     the leaves as they are (any view: the kernel reads their strides and
     broadcasts them by their masks), but for those of fewer than 8 elements,
     broadcast views of ``shape`` (so that every input is a device buffer, one
@@ -541,17 +568,17 @@ def _slots(leaves, shape: tuple) -> tuple[list, tuple]:
     ``(ndim, mask)`` (:func:`program`)."""
     leaves = leaves or _ZERO_LEAVES
     small, specs = _slot_plan(tuple(a.shape for a in leaves), shape)
-    return _slot_arrays(leaves, small, shape), specs
+    return _slot_arrays(leaves, small, shape, _SLOTS), specs
 
 
-def _slot_arrays(leaves, small: tuple, shape: tuple) -> list:
-    """The ``DWF_SLOTS`` slot arrays: the leaves, those ``small`` broadcast to
+def _slot_arrays(leaves, small: tuple, shape: tuple, slots: int) -> list:
+    """The ``slots`` slot arrays: the leaves, those ``small`` broadcast to
     ``shape``, the unused slots repeating the first."""
     if any(small):
         arrays = [mx.broadcast_to(a, shape) if tiny else a for a, tiny in zip(leaves, small)]
     else:
         arrays = list(leaves)
-    return arrays + [arrays[0]] * (_SLOTS - len(arrays))
+    return arrays + [arrays[0]] * (slots - len(arrays))
 
 
 def _slot_plan(shapes: tuple, shape: tuple) -> tuple[tuple, tuple]:
@@ -588,11 +615,11 @@ def _run(prog: Program, leaves, shape: tuple, backend, stream) -> tuple[mx.array
         _cache(_LAUNCHES, (prog, shapes, shape), plan)
     if plan is _EMPTY:
         return mx.zeros(shape, F32), mx.zeros(shape, F32)
-    small, kshape, args = plan
-    arrays = _slot_arrays(leaves, small, kshape)
+    small, kshape, kernel, args = plan
+    arrays = _slot_arrays(leaves, small, kshape, len(kernel.inputs) - 1)
     arrays.append(args["prog"])
-    zh, zl = DW_FUSED.unchecked(inputs=arrays, backend=backends.of(backend), stream=stream,
-                                **args["launch"])
+    zh, zl = kernel.unchecked(inputs=arrays, backend=backends.of(backend), stream=stream,
+                              **args["launch"])
     if len(kshape) > len(shape):  # the 8 copies of a short result
         zh, zl = zh[:1].reshape(shape), zl[:1].reshape(shape)
     return zh, zl
@@ -604,10 +631,11 @@ _EMPTY = object()  # the plan of an empty result (no launch)
 
 def _launch_plan(prog: Program, shapes: tuple, shape: tuple):
     """What :func:`_run` launches for the expression ``prog`` over leaves of
-    ``shapes``: ``(small, kshape, {"prog", "launch"})``, the leaves broadcast to
-    ``kshape`` (those of fewer than 8 elements, :func:`_slots`), the int32
-    program and the launch's keyword arguments; :data:`_EMPTY` for an empty
-    result."""
+    ``shapes``: ``(small, kshape, kernel, {"prog", "launch"})``, the leaves
+    broadcast to ``kshape`` (those of fewer than 8 elements, :func:`_slots`), the
+    dw_fused kernel (the fewest slots that hold the leaves; with the elementary
+    functions where the program calls one), the int32 program and the launch's
+    keyword arguments; :data:`_EMPTY` for an empty result."""
     n = math.prod(shape)
     if n == 0:
         return _EMPTY
@@ -620,7 +648,8 @@ def _launch_plan(prog: Program, shapes: tuple, shape: tuple):
     # every input is float32 / int32 with 8 elements at least: the declared forms
     launch = dict(template=[("MATH", math_)], grid=grid, threadgroup=threadgroup,
                   output_shapes=[kshape, kshape], output_dtypes=[F32, F32])
-    return small, kshape, {"prog": prog_array, "launch": launch}
+    kernel = _FUSED[(_SLOTS_FEW if len(shapes) <= _SLOTS_FEW else _SLOTS, math_)]
+    return small, kshape, kernel, {"prog": prog_array, "launch": launch}
 
 
 def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
@@ -660,7 +689,7 @@ def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
     prog, math_ = program(e.key, ((n, OP[op]), extents, perm, len(ashape), specs))
     rows = m * copies
     threads = min(_REDUCE_THREADS, 1 << max(0, ((n + 1) // 2 - 1).bit_length()))
-    zh, zl = DW_REDUCE.unchecked(
+    zh, zl = (DW_REDUCE_MATH if math_ else DW_REDUCE).unchecked(
         inputs=arrays + [prog], template=[("MATH", math_)], grid=(rows * threads, 1, 1),
         threadgroup=(threads, 1, 1), output_shapes=[(rows,), (rows,)],
         output_dtypes=[F32, F32], backend=backends.of(backend), stream=stream)
