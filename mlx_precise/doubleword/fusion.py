@@ -87,18 +87,32 @@ _SLOT_NAMES = tuple(f"a{k}" for k in range(_SLOTS))
 # What the kernels of programs share: the word array slots and the program; every
 # slot is a view of 8 elements at least and the program has its header, so all are
 # device buffers (one signature for every chain); views are read through their
-# strides (no copy of a broadcast, transposed or sliced operand). Each comes with and
-# without the elementary functions (MATH; dw_math.h is 46 of the 68 KB of source
-# that MLX copies and hashes at every launch) and dw_fused with four slots besides
-# twelve (a launch's host cost grows with its inputs: the replay of a compiled
-# graph copies each, Metal binds each with its strides).
-_SLOTS_FEW = 4
+# strides (no copy of a broadcast, transposed or sliced operand). Each comes with 4,
+# 8 and 12 slots (a launch's host cost grows with its inputs: the replay of a
+# compiled graph copies each per output, Metal binds each with its strides; most
+# chains read at most four arrays) and with and without the elementary functions
+# (dw_math.h is most of the kernel source that MLX copies and hashes at every
+# launch).
+_SLOT_COUNTS = (4, 8, _SLOTS)
 
 
-def _program_kernel(name: str, body: str, slots: int, math_: bool, **kw) -> Kernel:
+def _slots_declaration(slots: int) -> str:
+    """The body's line 1 (:attr:`Kernel.prelude`): ``dwf_slots s`` over the slots
+    ``a0 .. a<slots - 1>``, the ``DWF_SLOTS - slots`` others repeating ``a0`` (no
+    program of the kernel reads them)."""
+    names = [f"a{k}" for k in range(slots)] + ["a0"] * (_SLOTS - slots)
+    return ("const dwf_slots s = {{" + ", ".join(names) + "}, {"
+            + ", ".join(f"{n}_strides" for n in names) + "}};")
+
+
+def _program_kernel(name: str, slots: int, math_: bool, **kw) -> Kernel:
+    """The kernel of ``metal/kernels/<name>.metal`` with ``slots`` slots, with the
+    elementary functions (``math_``: MATH is True) or without them (dw_math.h left
+    out), named ``<name>[<slots>][_math]`` (no count for ``DWF_SLOTS`` slots)."""
     names = _SLOT_NAMES[:slots]
     return Kernel(
-        name=name + ("_math" if math_ else ""), body=body,
+        name=name + ("" if slots == _SLOTS else str(slots)) + ("_math" if math_ else ""),
+        body=f"{name}.metal",
         headers=("dw_fused.h", "dw_fused_math.h") if math_ else ("dw_fused.h",),
         inputs=names + ("prog",),
         outputs=("zh", "zl"),
@@ -107,37 +121,52 @@ def _program_kernel(name: str, body: str, slots: int, math_: bool, **kw) -> Kern
         input_forms={n: ("device",) for n in names + ("prog",)},
         ensure_row_contiguous=False,
         variants={"MATH": (math_,), "zh": (F32,), "zl": (F32,)},
+        prelude=_slots_declaration(slots),
         **kw)
 
 
-DW_FUSED = _program_kernel("dw_fused", "dw_fused.metal", _SLOTS, False,
-                           grid=per_element_of_first_input)
+def _fused(slots: int, math_: bool) -> Kernel:
+    return _program_kernel("dw_fused", slots, math_, grid=per_element_of_first_input)
+
+
+DW_FUSED = _fused(_SLOTS, False)
 """A double-word expression over up to ``DWF_SLOTS`` float32 word arrays ``a0 ..
 a11`` (views of the output's shape, read through their strides), by the program
 ``prog`` (int32, see :func:`program`); outputs ``zh, zl`` (float32, the output's
-shape): the result's words. ``MATH`` (False; True for :data:`DW_FUSED_MATH`,
-which has the elementary functions): the program calls elementary functions."""
+shape): the result's words. ``MATH``: False (the program calls no elementary
+function). Its siblings (:data:`PROGRAM_KERNELS`): ``dw_fused4``, ``dw_fused8``
+(slots ``a0 .. a3``, ``a0 .. a7``) and each with the elementary functions
+(``_math``, MATH True)."""
+DW_FUSED_MATH, DW_FUSED4, DW_FUSED4_MATH, DW_FUSED8, DW_FUSED8_MATH = (
+    _fused(_SLOTS, True), _fused(4, False), _fused(4, True), _fused(8, False), _fused(8, True))
 
-DW_FUSED_MATH = _program_kernel("dw_fused", "dw_fused.metal", _SLOTS, True,
-                                grid=per_element_of_first_input)
-DW_FUSED4 = _program_kernel("dw_fused4", "dw_fused4.metal", _SLOTS_FEW, False,
-                            grid=per_element_of_first_input)
-DW_FUSED4_MATH = _program_kernel("dw_fused4", "dw_fused4.metal", _SLOTS_FEW, True,
-                                 grid=per_element_of_first_input)
-"""dw_fused with the elementary functions, with four slots ``a0 .. a3``, both."""
-
-_FUSED = {(_SLOTS, False): DW_FUSED, (_SLOTS, True): DW_FUSED_MATH,
-          (_SLOTS_FEW, False): DW_FUSED4, (_SLOTS_FEW, True): DW_FUSED4_MATH}
-
-DW_REDUCE = _program_kernel("dw_reduce", "dw_reduce.metal", _SLOTS, False)
+DW_REDUCE = _program_kernel("dw_reduce", _SLOTS, False)
 """The sums (or products) of the rows of a double-word expression by the pairwise
 tree of :func:`mlx_precise.extended.arith.reduce_sum`: slots as :data:`DW_FUSED`'s,
 views of shape ``[kept axes..., reduced axes...]``; ``prog`` with the row length and
 the operation in its header; outputs ``zh, zl`` (float32, one per row). Grid: one
-threadgroup per row (:func:`reduce`). :data:`DW_REDUCE_MATH`: with the elementary
-functions."""
+threadgroup per row (:func:`reduce`). Siblings as dw_fused's."""
+DW_REDUCE_MATH, DW_REDUCE4, DW_REDUCE4_MATH, DW_REDUCE8, DW_REDUCE8_MATH = (
+    _program_kernel("dw_reduce", _SLOTS, True), _program_kernel("dw_reduce", 4, False),
+    _program_kernel("dw_reduce", 4, True), _program_kernel("dw_reduce", 8, False),
+    _program_kernel("dw_reduce", 8, True))
 
-DW_REDUCE_MATH = _program_kernel("dw_reduce", "dw_reduce.metal", _SLOTS, True)
+PROGRAM_KERNELS = {
+    (kind, k.inputs.__len__() - 1, k.variants["MATH"][0]): k
+    for kind, ks in (("dw_fused", (DW_FUSED, DW_FUSED_MATH, DW_FUSED4, DW_FUSED4_MATH,
+                                   DW_FUSED8, DW_FUSED8_MATH)),
+                     ("dw_reduce", (DW_REDUCE, DW_REDUCE_MATH, DW_REDUCE4, DW_REDUCE4_MATH,
+                                    DW_REDUCE8, DW_REDUCE8_MATH)))
+    for k in ks}
+"""``(kind, slots, math) -> Kernel``: the program kernels (module names, so that the
+strict Metal check finds each)."""
+
+
+def _program_kernel_for(kind: str, leaves: int, math_: bool) -> Kernel:
+    """The ``kind`` kernel with the fewest slots that hold ``leaves`` arrays."""
+    slots = next(n for n in _SLOT_COUNTS if n >= leaves)
+    return PROGRAM_KERNELS[(kind, slots, math_)]
+
 
 _LOAD, _CONST, _NEG, _SUB, _FN = OP["load"], OP["const"], OP["neg"], OP["sub"], OP["fn"]
 _BINARY = {name: OP[name] for name in ("add", "sub", "mul", "div")}
@@ -558,22 +587,13 @@ def program(key: tuple, layout: tuple) -> tuple[mx.array, bool]:
 _INSTRUCTIONS: dict = {}
 
 
-def _slots(leaves, shape: tuple) -> tuple[list, tuple]:
-    """The ``DWF_SLOTS`` slot arrays of a launch over an array of ``shape`` (8
-    elements at least):
-    the leaves as they are (any view: the kernel reads their strides and
-    broadcasts them by their masks), but for those of fewer than 8 elements,
-    broadcast views of ``shape`` (so that every input is a device buffer, one
-    signature); a lone constant-only program reads a zero. Also each slot's
-    ``(ndim, mask)`` (:func:`program`)."""
-    leaves = leaves or _ZERO_LEAVES
-    small, specs = _slot_plan(tuple(a.shape for a in leaves), shape)
-    return _slot_arrays(leaves, small, shape, _SLOTS), specs
-
-
 def _slot_arrays(leaves, small: tuple, shape: tuple, slots: int) -> list:
-    """The ``slots`` slot arrays: the leaves, those ``small`` broadcast to
-    ``shape``, the unused slots repeating the first."""
+    """The ``slots`` slot arrays of a launch over an array of ``shape`` (8 elements
+    at least): the leaves as they are (any view: the kernel reads their strides and
+    broadcasts them by their masks), but those ``small`` (fewer than 8 elements:
+    :func:`_slot_plan`) broadcast views of ``shape``, so that every input is a
+    device buffer (one signature); the unused slots repeat the first; a lone
+    constant-only program reads a zero (:data:`_ZERO_LEAVES`)."""
     if any(small):
         arrays = [mx.broadcast_to(a, shape) if tiny else a for a, tiny in zip(leaves, small)]
     else:
@@ -632,7 +652,7 @@ _EMPTY = object()  # the plan of an empty result (no launch)
 def _launch_plan(prog: Program, shapes: tuple, shape: tuple):
     """What :func:`_run` launches for the expression ``prog`` over leaves of
     ``shapes``: ``(small, kshape, kernel, {"prog", "launch"})``, the leaves
-    broadcast to ``kshape`` (those of fewer than 8 elements, :func:`_slots`), the
+    broadcast to ``kshape`` (those of fewer than 8 elements, :func:`_slot_arrays`), the
     dw_fused kernel (the fewest slots that hold the leaves; with the elementary
     functions where the program calls one), the int32 program and the launch's
     keyword arguments; :data:`_EMPTY` for an empty result."""
@@ -648,7 +668,7 @@ def _launch_plan(prog: Program, shapes: tuple, shape: tuple):
     # every input is float32 / int32 with 8 elements at least: the declared forms
     launch = dict(template=[("MATH", math_)], grid=grid, threadgroup=threadgroup,
                   output_shapes=[kshape, kshape], output_dtypes=[F32, F32])
-    kernel = _FUSED[(_SLOTS_FEW if len(shapes) <= _SLOTS_FEW else _SLOTS, math_)]
+    kernel = _program_kernel_for("dw_fused", len(shapes), math_)
     return small, kshape, kernel, {"prog": prog_array, "launch": launch}
 
 
@@ -685,17 +705,23 @@ def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
     copies = 1 if m * n >= 8 else 8  # 8 elements at least: every input a device buffer
     if copies > 1:
         extents, perm, ashape = (8,) + extents, (0,) + tuple(d + 1 for d in order), (8,) + shape
-    arrays, specs = _slots(e.leaves, ashape)
+    leaves = e.leaves or _ZERO_LEAVES
+    small, specs = _slot_plan(tuple(a.shape for a in leaves), ashape)
     prog, math_ = program(e.key, ((n, OP[op]), extents, perm, len(ashape), specs))
+    kernel = _program_kernel_for("dw_reduce", len(leaves), math_)
+    arrays = _slot_arrays(leaves, small, ashape, len(kernel.inputs) - 1)
     rows = m * copies
     threads = min(_REDUCE_THREADS, 1 << max(0, ((n + 1) // 2 - 1).bit_length()))
-    zh, zl = (DW_REDUCE_MATH if math_ else DW_REDUCE).unchecked(
+    # one value per row, row r at flat position r: the result's own shape (no reshape
+    # node) unless there are 8 copies of it
+    zshape = out_shape if copies == 1 else (rows,)
+    zh, zl = kernel.unchecked(
         inputs=arrays + [prog], template=[("MATH", math_)], grid=(rows * threads, 1, 1),
-        threadgroup=(threads, 1, 1), output_shapes=[(rows,), (rows,)],
+        threadgroup=(threads, 1, 1), output_shapes=[zshape, zshape],
         output_dtypes=[F32, F32], backend=backends.of(backend), stream=stream)
     if copies > 1:
-        zh, zl = zh[:m], zl[:m]
-    return DoubleWord(zh.reshape(out_shape), zl.reshape(out_shape))
+        zh, zl = zh[:m].reshape(out_shape), zl[:m].reshape(out_shape)
+    return DoubleWord(zh, zl)
 
 
 # The custom functions of fused expressions (MLX autodiff), by (program, backend, stream).
