@@ -242,7 +242,7 @@ def _forward_on_metal(model):
     return forward
 
 
-def metal_graph(name: str, size: str = "small", rounds: int = 7, calls: int = 20,
+def metal_graph(name: str, size: str = "small", rounds: int = 15, calls: int = 30,
                 seed: int = 0) -> dict:
     """The host side of one forward pass on the metal path against plain float32,
     with the kernels replaced by lazy stand-ins (``mlx_precise.testing``: each
@@ -261,8 +261,10 @@ def metal_graph(name: str, size: str = "small", rounds: int = 7, calls: int = 20
       ``mx.compile``d forward (the block inside it: later calls replay the traced
       graph, running no Python and no rules), its graph built, not evaluated.
 
-    Times: medians over ``rounds`` interleaved rounds (of ``calls`` calls for the
-    compiled forms)."""
+    Times: CPU seconds of this process (``time.process_time``: the host's work,
+    not the machine's other load, which wall time on a shared machine includes),
+    medians over ``rounds`` interleaved rounds of ``calls`` calls (a tenth as many
+    for the uncompiled forms)."""
     from mlx_precise.testing import graph_counts, lazy_metal_executor
 
     mod = importlib.import_module(f"models.{name}")
@@ -278,15 +280,16 @@ def metal_graph(name: str, size: str = "small", rounds: int = 7, calls: int = 20
         times = {k: [] for k in ("plain", "extended", "plain_compiled", "compiled")}
         for _ in range(rounds):
             for k, fn in built.items():
-                t = time.perf_counter()
-                fn(x)
-                times[k].append(time.perf_counter() - t)
+                t = time.process_time()
+                for _ in range(max(calls // 10, 1)):
+                    fn(x)
+                times[k].append((time.process_time() - t) / max(calls // 10, 1))
             for k, fn in compiled.items():
-                t = time.perf_counter()
+                t = time.process_time()
                 for _ in range(calls):
                     fn(x)
                 times["compiled" if k == "extended" else "plain_compiled"].append(
-                    (time.perf_counter() - t) / calls)
+                    (time.process_time() - t) / calls)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"launches": ext["launches"], "glue": ext["glue"], "plain_ops": plain["glue"],
             "dispatch_ratio": (ext["launches"] + ext["glue"]) / plain["glue"],
