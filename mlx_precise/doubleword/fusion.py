@@ -622,17 +622,23 @@ _SLOT_PLANS: dict = {}
 _ZERO_LEAVES = (mx.array(0.0, F32),)
 
 
-def _run(prog: Program, leaves, shape: tuple, backend, stream) -> tuple[mx.array, mx.array]:
+def _run(prog: Program, leaves, shape: tuple, backend, stream,
+         parts: bool = False) -> tuple[mx.array, mx.array]:
     """The words of the expression ``prog`` over ``leaves`` (no autodiff): one
     ``dw_fused`` launch. What the launch derives from the program and the shapes
     (slot masks, the int32 program, grid) is cached per ``(prog, leaf shapes,
-    shape)``: a repeated layer pays a lookup and MLX's launch."""
+    shape, parts)``: a repeated layer pays a lookup and MLX's launch.
+
+    ``parts``: ``shape`` ends with the parts axis (..., n, 2) of complex words;
+    the words are then returned with the last two axes as one, (..., 2 n), the
+    float32 view of complex64 (..., n) words (no reshape to see them so), where
+    the launch writes ``shape`` itself (8 elements at least)."""
     leaves = leaves or _ZERO_LEAVES
     shapes = tuple([a.shape for a in leaves])
-    plan = _LAUNCHES.get((prog, shapes, shape))
+    plan = _LAUNCHES.get((prog, shapes, shape, parts))
     if plan is None:
-        plan = _launch_plan(prog, shapes, shape)
-        _cache(_LAUNCHES, (prog, shapes, shape), plan)
+        plan = _launch_plan(prog, shapes, shape, parts)
+        _cache(_LAUNCHES, (prog, shapes, shape, parts), plan)
     if plan is _EMPTY:
         return mx.zeros(shape, F32), mx.zeros(shape, F32)
     small, kshape, kernel, args = plan
@@ -649,7 +655,7 @@ _LAUNCHES: dict = {}
 _EMPTY = object()  # the plan of an empty result (no launch)
 
 
-def _launch_plan(prog: Program, shapes: tuple, shape: tuple):
+def _launch_plan(prog: Program, shapes: tuple, shape: tuple, parts: bool):
     """What :func:`_run` launches for the expression ``prog`` over leaves of
     ``shapes``: ``(small, kshape, kernel, {"prog", "launch"})``, the leaves
     broadcast to ``kshape`` (those of fewer than 8 elements, :func:`_slot_arrays`), the
@@ -666,8 +672,11 @@ def _launch_plan(prog: Program, shapes: tuple, shape: tuple):
                                            len(kshape), specs))
     grid, threadgroup = elementwise_grid(math.prod(kshape))
     # every input is float32 / int32 with 8 elements at least: the declared forms
+    # the output row-contiguous in the iteration's order, so declared in any shape of
+    # its size: the parts axis joined to the one before (see _run)
+    oshape = kshape[:-2] + (2 * kshape[-2],) if parts and kshape == shape else kshape
     launch = dict(template=[("MATH", math_)], grid=grid, threadgroup=threadgroup,
-                  output_shapes=[kshape, kshape], output_dtypes=[F32, F32])
+                  output_shapes=[oshape, oshape], output_dtypes=[F32, F32])
     kernel = _program_kernel_for("dw_fused", len(shapes), math_)
     return small, kshape, kernel, {"prog": prog_array, "launch": launch}
 
@@ -861,8 +870,12 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
     if not w.is_complex:
         hi, lo = hi.astype(_C64), None if lo is None else lo.astype(_C64)
     entry = _entry(w) if w.is_complex else None
-    if entry is not None and entry[4] is not None:
-        return DoubleWord.of_words(*entry[4])  # the program's own words (their chain)
+    if entry is not None and entry[4] is not None:  # the program's own words (its chain)
+        words, shape = entry[4], tuple(hi.shape) + (2,)
+        if tuple(words[0].shape) != shape:  # (..., 2 n) as written: the parts axis
+            words = tuple(a.reshape(shape) for a in words)
+            _remember(*words, entry[2])
+        return DoubleWord.of_words(*words)
     hi_p, lo_p = _parts(hi), _parts(lo)
     if entry is not None:
         _remember(hi_p, lo_p, entry[2])  # the views read as the chain they show
@@ -917,10 +930,14 @@ def _apply_partwise(op: str, operands: list[DoubleWord], backend, stream):
         return None
     if e is None:
         return None
-    zh, zl = _run(e.prog, e.leaves, e.shape, backend, stream)
-    hi, lo = _from_parts(zh), _from_parts(zl)
-    _remember(zh, zl, e)
-    _remember(hi, lo, e, (zh, zl))
+    zh, zl = _run(e.prog, e.leaves, e.shape, backend, stream, parts=True)
+    if zh.shape == e.shape:  # (a short result's copy)
+        hi, lo = _from_parts(zh), _from_parts(zl)
+        _remember(zh, zl, e)
+        _remember(hi, lo, e, (zh, zl))
+    else:  # (..., 2 n): the complex words are its view (one graph node each)
+        hi, lo = zh.view(_C64), zl.view(_C64)
+        _remember(hi, lo, e, (zh, zl))
     return DoubleWord.of_words(hi, lo)
 
 
