@@ -14,9 +14,10 @@ float32 operands enter without a low word (none is made), Python constants are p
 of the program. (Outside blocks each operation is one launch over its operands.)
 
 The kernel interprets its program (``metal/kernels/dw_fused.metal``; the program is
-an int32 buffer): every chain runs on the same two instantiations (with and without
-the elementary functions of ``dw_math.h``), so chains cost no Metal compilation of
-their own and the emulator compiles two kernels for all of them. Each operation of a
+an int32 buffer): every chain runs on one of six kernels (4, 8 or 12 word array
+slots, the fewest that hold its leaves; with or without the elementary functions of
+``dw_math.h``), so chains cost no Metal compilation of their own and the emulator
+compiles six kernels for all of them. Each operation of a
 program is the one the single-operation kernels run (``dw_add``, ``dw_mul``,
 ``dw_div``, ``dwm_apply``), in the same order, so a fused result has exactly the bits
 of the unfused chain.
