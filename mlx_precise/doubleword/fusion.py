@@ -41,6 +41,7 @@ import contextlib
 import contextvars
 import math
 import weakref
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -139,7 +140,8 @@ function). Its siblings (:data:`PROGRAM_KERNELS`): ``dw_fused4``, ``dw_fused8``
 (slots ``a0 .. a3``, ``a0 .. a7``) and each with the elementary functions
 (``_math``, MATH True)."""
 DW_FUSED_MATH, DW_FUSED4, DW_FUSED4_MATH, DW_FUSED8, DW_FUSED8_MATH = (
-    _fused(_SLOTS, True), _fused(4, False), _fused(4, True), _fused(8, False), _fused(8, True))
+    _fused(slots, math_)
+    for slots, math_ in ((_SLOTS, True), (4, False), (4, True), (8, False), (8, True)))
 
 DW_REDUCE = _program_kernel("dw_reduce", _SLOTS, False)
 """The sums (or products) of the rows of a double-word expression by the pairwise
@@ -148,17 +150,14 @@ views of shape ``[kept axes..., reduced axes...]``; ``prog`` with the row length
 the operation in its header; outputs ``zh, zl`` (float32, one per row). Grid: one
 threadgroup per row (:func:`reduce`). Siblings as dw_fused's."""
 DW_REDUCE_MATH, DW_REDUCE4, DW_REDUCE4_MATH, DW_REDUCE8, DW_REDUCE8_MATH = (
-    _program_kernel("dw_reduce", _SLOTS, True), _program_kernel("dw_reduce", 4, False),
-    _program_kernel("dw_reduce", 4, True), _program_kernel("dw_reduce", 8, False),
-    _program_kernel("dw_reduce", 8, True))
+    _program_kernel("dw_reduce", slots, math_)
+    for slots, math_ in ((_SLOTS, True), (4, False), (4, True), (8, False), (8, True)))
 
 PROGRAM_KERNELS = {
-    (kind, k.inputs.__len__() - 1, k.variants["MATH"][0]): k
-    for kind, ks in (("dw_fused", (DW_FUSED, DW_FUSED_MATH, DW_FUSED4, DW_FUSED4_MATH,
-                                   DW_FUSED8, DW_FUSED8_MATH)),
-                     ("dw_reduce", (DW_REDUCE, DW_REDUCE_MATH, DW_REDUCE4, DW_REDUCE4_MATH,
-                                    DW_REDUCE8, DW_REDUCE8_MATH)))
-    for k in ks}
+    (Path(k.body).stem, len(k.inputs) - 1, k.variants["MATH"][0]): k
+    for k in (DW_FUSED, DW_FUSED_MATH, DW_FUSED4, DW_FUSED4_MATH, DW_FUSED8, DW_FUSED8_MATH,
+              DW_REDUCE, DW_REDUCE_MATH, DW_REDUCE4, DW_REDUCE4_MATH, DW_REDUCE8,
+              DW_REDUCE8_MATH)}
 """``(kind, slots, math) -> Kernel``: the program kernels (module names, so that the
 strict Metal check finds each)."""
 
