@@ -37,6 +37,7 @@ import argparse
 import importlib
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -109,7 +110,7 @@ def fp_instructions(name: str, template: dict, inputs, output_shapes) -> float |
         return n * (28 * taps + 10)
     if name == "ext_scale":
         return n * (9 if template.get("DW_IN") else 6)
-    if name in ("dw_fused", "dw_reduce"):
+    if name.startswith(("dw_fused", "dw_reduce")):  # (their slot counts, with math)
         return _program_instructions(name, np.array(inputs[-1]), n)
     return None
 
@@ -128,7 +129,7 @@ def _program_instructions(name: str, prog: np.ndarray, n: int) -> float:
     body = prog[L.header:L.header + L.instr * int(prog[L.prog_count])].reshape(-1, L.instr)
     per = sum(_DW_MATH[names[int(f)]] if o == fusion.OP["fn"] else cost.get(int(o), 0)
               for o, _, _, _, f in body)
-    if name == "dw_fused":
+    if name.startswith("dw_fused"):
         return n * per
     row = int(prog[L.prog_n])
     step = 9 if int(prog[L.prog_reduce]) == fusion.OP["mul"] else 20
@@ -222,7 +223,9 @@ def launches(name: str, size: str = "small", seed: int = 0) -> dict:
         ops = fp_instructions(k.name, k.template, k.inputs, k.output_shapes)
         total["launches"] += 1
         total["bytes"] += nbytes
-        counts[k.name] = counts.get(k.name, 0) + 1
+        # dw_fused / dw_reduce: one count over their slot counts, with and without math
+        family = re.sub(r"^(dw_fused|dw_reduce)\d*(_math)?$", r"\1", k.name)
+        counts[family] = counts.get(family, 0) + 1
         if ops is None:
             total["uncounted"] += 1
             ops = 0.0
@@ -242,7 +245,7 @@ def _forward_on_metal(model):
     return forward
 
 
-def metal_graph(name: str, size: str = "small", rounds: int = 7, calls: int = 20,
+def metal_graph(name: str, size: str = "small", rounds: int = 15, calls: int = 30,
                 seed: int = 0) -> dict:
     """The host side of one forward pass on the metal path against plain float32,
     with the kernels replaced by lazy stand-ins (``mlx_precise.testing``: each
@@ -261,8 +264,10 @@ def metal_graph(name: str, size: str = "small", rounds: int = 7, calls: int = 20
       ``mx.compile``d forward (the block inside it: later calls replay the traced
       graph, running no Python and no rules), its graph built, not evaluated.
 
-    Times: medians over ``rounds`` interleaved rounds (of ``calls`` calls for the
-    compiled forms)."""
+    Times: CPU seconds of this process (``time.process_time``: the host's work,
+    not the machine's other load, which wall time on a shared machine includes),
+    medians over ``rounds`` interleaved rounds of ``calls`` calls (a tenth as many
+    for the uncompiled forms)."""
     from mlx_precise.testing import graph_counts, lazy_metal_executor
 
     mod = importlib.import_module(f"models.{name}")
@@ -278,15 +283,16 @@ def metal_graph(name: str, size: str = "small", rounds: int = 7, calls: int = 20
         times = {k: [] for k in ("plain", "extended", "plain_compiled", "compiled")}
         for _ in range(rounds):
             for k, fn in built.items():
-                t = time.perf_counter()
-                fn(x)
-                times[k].append(time.perf_counter() - t)
+                t = time.process_time()
+                for _ in range(max(calls // 10, 1)):
+                    fn(x)
+                times[k].append((time.process_time() - t) / max(calls // 10, 1))
             for k, fn in compiled.items():
-                t = time.perf_counter()
+                t = time.process_time()
                 for _ in range(calls):
                     fn(x)
                 times["compiled" if k == "extended" else "plain_compiled"].append(
-                    (time.perf_counter() - t) / calls)
+                    (time.process_time() - t) / calls)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"launches": ext["launches"], "glue": ext["glue"], "plain_ops": plain["glue"],
             "dispatch_ratio": (ext["launches"] + ext["glue"]) / plain["glue"],

@@ -16,8 +16,9 @@ from mlx_precise.testing import graph_counts, lazy_metal_executor
 
 
 def test_launch_bytes_count_each_array_once():
-    """x * y of two (100,) float32 arrays is one dw_fused launch: it reads x, y and
-    its program (the slots it does not use repeat x) and writes two (100,) words."""
+    """x * y of two (100,) float32 arrays is one dw_fused launch (dw_fused4: two
+    leaves): it reads x, y and its program (the slots it does not use repeat x) and
+    writes two (100,) words."""
     x, y = mx.arange(100, dtype=mx.float32), mx.ones((100,), mx.float32)
     record: list = []
     with lazy_metal_executor(record):
@@ -26,7 +27,8 @@ def test_launch_bytes_count_each_array_once():
         mx.eval(z)
     (launch,) = [k for k in record if k.name != "eft_selftest"]
     prog = launch.inputs[-1]
-    assert launch.name == "dw_fused" and prog.dtype == mx.int32
+    assert launch.name == "dw_fused4" and prog.dtype == mx.int32
+    assert len(launch.inputs) == 5  # the four slots and the program
     assert launch.nbytes() == 400 + 400 + prog.nbytes + 2 * 400
 
 

@@ -1,10 +1,11 @@
+// (this line: the slots' declaration, dwf_slots s, made by the kernel's prelude)
 // The sums (or products) of the rows of a double-word expression, each by the
 // pairwise tree of mlx_precise/extended/arith.py's reduce_sum (so its bits): level
 // l + 1 pairs element j with element j + k_(l+1) of level l (size k_l, k_(l+1) =
 // ceil(k_l / 2), the missing partner of an odd level the neutral element), down to
 // one value; a row of one element is that element.
-// Inputs: the slots a0 .. a11 and the program prog of the expression (dw_fused.h);
-// the program's iteration walks the kept axes, then the reduced ones, so that
+// Inputs: the slots (a0 .. a3, a7 or a11: dw_reduce4, dw_reduce8, dw_reduce) and the
+// program prog of the expression (dw_fused.h); the program's iteration walks the kept axes, then the reduced ones, so that
 // element j of row r is its element r n + j; its header also holds the row length n
 // (DWF_PROG_N, at most 2 DWF_REDUCE_MAX) and the operation (DWF_PROG_REDUCE:
 // DWF_OP_ADD or DWF_OP_MUL).
@@ -13,10 +14,6 @@
 // the next ones in threadgroup memory, one barrier apart.
 threadgroup float wh[DWF_REDUCE_MAX];
 threadgroup float wl[DWF_REDUCE_MAX];
-const dwf_slots s = {
-    {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11},
-    {a0_strides, a1_strides, a2_strides, a3_strides, a4_strides, a5_strides, a6_strides,
-     a7_strides, a8_strides, a9_strides, a10_strides, a11_strides}};
 const int n = prog[DWF_PROG_N];
 const bool mul = prog[DWF_PROG_REDUCE] == DWF_OP_MUL;
 const dw neutral = dw_make(mul ? 1.0f : 0.0f, 0.0f);

@@ -62,7 +62,27 @@ _PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\s*$", re.M)
 
 @functools.lru_cache(maxsize=None)
 def _read(path: Path) -> str:
-    return path.read_text()
+    """The Metal file at ``path`` as kernels get it: each line without its
+    ``//`` comment and its indentation (lines kept, so diagnostics' line numbers
+    hold). MLX copies a kernel's whole source (headers included) into every launch
+    and hashes it at every evaluation (``mlx/backend/common/metal_kernel.cpp``,
+    ``mlx/backend/metal/custom_kernel.cpp``): the comments are two thirds of it."""
+    return "".join(_code_of(line) for line in path.read_text().splitlines(keepends=True))
+
+
+def _code_of(line: str) -> str:
+    """``line`` without its ``//`` comment (one outside a string literal: the
+    kernels' strings are static_assert messages) and leading / trailing blanks;
+    its newline kept."""
+    end = len(line)
+    quoted = False
+    for k, c in enumerate(line):
+        if c == '"':
+            quoted = not quoted
+        elif c == "/" and not quoted and line.startswith("//", k):
+            end = k
+            break
+    return line[:end].strip() + ("\n" if line.endswith("\n") else "")
 
 
 def resolve_headers(names: Sequence[str], markers: bool = False) -> str:
@@ -312,6 +332,9 @@ class Kernel:
         codes: ``{template parameter: Codes}`` for parameters that select by code
             (:class:`Codes`): a call may give the name (``template={"OP": "add"}``),
             and the parameter's ``variants`` default to every code.
+        prelude: one line of code made in Python that takes the body's line 1 (a
+            comment line there), e.g. a declaration over the inputs, so that one
+            body serves kernels whose inputs differ (line numbers unchanged).
     """
 
     name: str
@@ -329,6 +352,7 @@ class Kernel:
     variants: Mapping[str, tuple] = field(default_factory=dict)
     input_forms: Mapping[str, tuple] = field(default_factory=dict)
     codes: Mapping[str, "Codes"] = field(default_factory=dict)
+    prelude: str = ""
 
     def __post_init__(self):
         if self.codes:  # every code of a coded parameter is an instantiation
@@ -345,7 +369,14 @@ class Kernel:
         path = self.source_path()
         if not path.is_file():
             raise FileNotFoundError(f"kernel body {self.body!r} not found in {path.parent}")
-        return _read(path)
+        text = _read(path)
+        if not self.prelude:
+            return text
+        first, _, rest = text.partition("\n")
+        if first or "\n" in self.prelude:
+            raise ValueError(f"kernel {self.name!r}: the prelude takes line 1 of {self.body}, "
+                             "which must be a comment, and is one line")
+        return f"{self.prelude}\n{rest}"
 
     def header(self, markers: bool = False) -> str:
         return resolve_headers(self.headers, markers)

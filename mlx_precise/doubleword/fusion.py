@@ -14,9 +14,10 @@ float32 operands enter without a low word (none is made), Python constants are p
 of the program. (Outside blocks each operation is one launch over its operands.)
 
 The kernel interprets its program (``metal/kernels/dw_fused.metal``; the program is
-an int32 buffer): every chain runs on the same two instantiations (with and without
-the elementary functions of ``dw_math.h``), so chains cost no Metal compilation of
-their own and the emulator compiles two kernels for all of them. Each operation of a
+an int32 buffer): every chain runs on one of six kernels (4, 8 or 12 word array
+slots, the fewest that hold its leaves; with or without the elementary functions of
+``dw_math.h``), so chains cost no Metal compilation of their own and the emulator
+compiles six kernels for all of them. Each operation of a
 program is the one the single-operation kernels run (``dw_add``, ``dw_mul``,
 ``dw_div``, ``dwm_apply``), in the same order, so a fused result has exactly the bits
 of the unfused chain.
@@ -40,6 +41,7 @@ import contextlib
 import contextvars
 import math
 import weakref
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -84,34 +86,87 @@ _SLOTS, _REGISTERS, _MAX_NDIM, _MAX_INSTRUCTIONS = (
 _REDUCE_MAX, _REDUCE_THREADS = LIMITS.reduce_max, LIMITS.reduce_threads
 _SLOT_NAMES = tuple(f"a{k}" for k in range(_SLOTS))
 
-# What the two kernels of programs share: the word array slots and the program; every
+# What the kernels of programs share: the word array slots and the program; every
 # slot is a view of 8 elements at least and the program has its header, so all are
 # device buffers (one signature for every chain); views are read through their
-# strides (no copy of a broadcast, transposed or sliced operand).
-_PROGRAM_KERNEL = dict(
-    headers=("dw_fused.h",),
-    inputs=_SLOT_NAMES + ("prog",),
-    outputs=("zh", "zl"),
-    template=("MATH",),
-    input_dtypes={**{s: (F32,) for s in _SLOT_NAMES}, "prog": (mx.int32,)},
-    input_forms={n: ("device",) for n in _SLOT_NAMES + ("prog",)},
-    ensure_row_contiguous=False,
-    variants={"MATH": (False, True), "zh": (F32,), "zl": (F32,)},
-)
+# strides (no copy of a broadcast, transposed or sliced operand). Each comes with 4,
+# 8 and 12 slots (a launch's host cost grows with its inputs: the replay of a
+# compiled graph copies each per output, Metal binds each with its strides; most
+# chains read at most four arrays) and with and without the elementary functions
+# (dw_math.h is most of the kernel source that MLX copies and hashes at every
+# launch).
+_SLOT_COUNTS = (4, 8, _SLOTS)
 
-DW_FUSED = Kernel(name="dw_fused", body="dw_fused.metal", grid=per_element_of_first_input,
-                  **_PROGRAM_KERNEL)
+
+def _slots_declaration(slots: int) -> str:
+    """The body's line 1 (:attr:`Kernel.prelude`): ``dwf_slots s`` over the slots
+    ``a0 .. a<slots - 1>``, the ``DWF_SLOTS - slots`` others repeating ``a0`` (no
+    program of the kernel reads them)."""
+    names = [f"a{k}" for k in range(slots)] + ["a0"] * (_SLOTS - slots)
+    return ("const dwf_slots s = {{" + ", ".join(names) + "}, {"
+            + ", ".join(f"{n}_strides" for n in names) + "}};")
+
+
+def _program_kernel(name: str, slots: int, math_: bool, **kw) -> Kernel:
+    """The kernel of ``metal/kernels/<name>.metal`` with ``slots`` slots, with the
+    elementary functions (``math_``: MATH is True) or without them (dw_math.h left
+    out), named ``<name>[<slots>][_math]`` (no count for ``DWF_SLOTS`` slots)."""
+    names = _SLOT_NAMES[:slots]
+    return Kernel(
+        name=name + ("" if slots == _SLOTS else str(slots)) + ("_math" if math_ else ""),
+        body=f"{name}.metal",
+        headers=("dw_fused.h", "dw_fused_math.h") if math_ else ("dw_fused.h",),
+        inputs=names + ("prog",),
+        outputs=("zh", "zl"),
+        template=("MATH",),
+        input_dtypes={**{s: (F32,) for s in names}, "prog": (mx.int32,)},
+        input_forms={n: ("device",) for n in names + ("prog",)},
+        ensure_row_contiguous=False,
+        variants={"MATH": (math_,), "zh": (F32,), "zl": (F32,)},
+        prelude=_slots_declaration(slots),
+        **kw)
+
+
+def _fused(slots: int, math_: bool) -> Kernel:
+    return _program_kernel("dw_fused", slots, math_, grid=per_element_of_first_input)
+
+
+DW_FUSED = _fused(_SLOTS, False)
 """A double-word expression over up to ``DWF_SLOTS`` float32 word arrays ``a0 ..
 a11`` (views of the output's shape, read through their strides), by the program
 ``prog`` (int32, see :func:`program`); outputs ``zh, zl`` (float32, the output's
-shape): the result's words. ``MATH``: the program calls elementary functions."""
+shape): the result's words. ``MATH``: False (the program calls no elementary
+function). Its siblings (:data:`PROGRAM_KERNELS`): ``dw_fused4``, ``dw_fused8``
+(slots ``a0 .. a3``, ``a0 .. a7``) and each with the elementary functions
+(``_math``, MATH True)."""
+DW_FUSED_MATH, DW_FUSED4, DW_FUSED4_MATH, DW_FUSED8, DW_FUSED8_MATH = (
+    _fused(slots, math_)
+    for slots, math_ in ((_SLOTS, True), (4, False), (4, True), (8, False), (8, True)))
 
-DW_REDUCE = Kernel(name="dw_reduce", body="dw_reduce.metal", **_PROGRAM_KERNEL)
+DW_REDUCE = _program_kernel("dw_reduce", _SLOTS, False)
 """The sums (or products) of the rows of a double-word expression by the pairwise
 tree of :func:`mlx_precise.extended.arith.reduce_sum`: slots as :data:`DW_FUSED`'s,
 views of shape ``[kept axes..., reduced axes...]``; ``prog`` with the row length and
 the operation in its header; outputs ``zh, zl`` (float32, one per row). Grid: one
-threadgroup per row (:func:`reduce`)."""
+threadgroup per row (:func:`reduce`). Siblings as dw_fused's."""
+DW_REDUCE_MATH, DW_REDUCE4, DW_REDUCE4_MATH, DW_REDUCE8, DW_REDUCE8_MATH = (
+    _program_kernel("dw_reduce", slots, math_)
+    for slots, math_ in ((_SLOTS, True), (4, False), (4, True), (8, False), (8, True)))
+
+PROGRAM_KERNELS = {
+    (Path(k.body).stem, len(k.inputs) - 1, k.variants["MATH"][0]): k
+    for k in (DW_FUSED, DW_FUSED_MATH, DW_FUSED4, DW_FUSED4_MATH, DW_FUSED8, DW_FUSED8_MATH,
+              DW_REDUCE, DW_REDUCE_MATH, DW_REDUCE4, DW_REDUCE4_MATH, DW_REDUCE8,
+              DW_REDUCE8_MATH)}
+"""``(kind, slots, math) -> Kernel``: the program kernels (module names, so that the
+strict Metal check finds each)."""
+
+
+def _program_kernel_for(kind: str, leaves: int, math_: bool) -> Kernel:
+    """The ``kind`` kernel with the fewest slots that hold ``leaves`` arrays."""
+    slots = next(n for n in _SLOT_COUNTS if n >= leaves)
+    return PROGRAM_KERNELS[(kind, slots, math_)]
+
 
 _LOAD, _CONST, _NEG, _SUB, _FN = OP["load"], OP["const"], OP["neg"], OP["sub"], OP["fn"]
 _BINARY = {name: OP[name] for name in ("add", "sub", "mul", "div")}
@@ -532,26 +587,18 @@ def program(key: tuple, layout: tuple) -> tuple[mx.array, bool]:
 _INSTRUCTIONS: dict = {}
 
 
-def _slots(leaves, shape: tuple) -> tuple[list, tuple]:
-    """The slot arrays of a launch over an array of ``shape`` (8 elements at least):
-    the leaves as they are (any view: the kernel reads their strides and
-    broadcasts them by their masks), but for those of fewer than 8 elements,
-    broadcast views of ``shape`` (so that every input is a device buffer, one
-    signature); a lone constant-only program reads a zero. Also each slot's
-    ``(ndim, mask)`` (:func:`program`)."""
-    leaves = leaves or _ZERO_LEAVES
-    small, specs = _slot_plan(tuple(a.shape for a in leaves), shape)
-    return _slot_arrays(leaves, small, shape), specs
-
-
-def _slot_arrays(leaves, small: tuple, shape: tuple) -> list:
-    """The ``DWF_SLOTS`` slot arrays: the leaves, those ``small`` broadcast to
-    ``shape``, the unused slots repeating the first."""
+def _slot_arrays(leaves, small: tuple, shape: tuple, slots: int) -> list:
+    """The ``slots`` slot arrays of a launch over an array of ``shape`` (8 elements
+    at least): the leaves as they are (any view: the kernel reads their strides and
+    broadcasts them by their masks), but those ``small`` (fewer than 8 elements:
+    :func:`_slot_plan`) broadcast views of ``shape``, so that every input is a
+    device buffer (one signature); the unused slots repeat the first; a lone
+    constant-only program reads a zero (:data:`_ZERO_LEAVES`)."""
     if any(small):
         arrays = [mx.broadcast_to(a, shape) if tiny else a for a, tiny in zip(leaves, small)]
     else:
         arrays = list(leaves)
-    return arrays + [arrays[0]] * (_SLOTS - len(arrays))
+    return arrays + [arrays[0]] * (slots - len(arrays))
 
 
 def _slot_plan(shapes: tuple, shape: tuple) -> tuple[tuple, tuple]:
@@ -575,24 +622,30 @@ _SLOT_PLANS: dict = {}
 _ZERO_LEAVES = (mx.array(0.0, F32),)
 
 
-def _run(prog: Program, leaves, shape: tuple, backend, stream) -> tuple[mx.array, mx.array]:
+def _run(prog: Program, leaves, shape: tuple, backend, stream,
+         parts: bool = False) -> tuple[mx.array, mx.array]:
     """The words of the expression ``prog`` over ``leaves`` (no autodiff): one
     ``dw_fused`` launch. What the launch derives from the program and the shapes
     (slot masks, the int32 program, grid) is cached per ``(prog, leaf shapes,
-    shape)``: a repeated layer pays a lookup and MLX's launch."""
+    shape, parts)``: a repeated layer pays a lookup and MLX's launch.
+
+    ``parts``: ``shape`` ends with the parts axis (..., n, 2) of complex words;
+    the words are then returned with the last two axes as one, (..., 2 n), the
+    float32 view of complex64 (..., n) words (no reshape to see them so), where
+    the launch writes ``shape`` itself (8 elements at least)."""
     leaves = leaves or _ZERO_LEAVES
     shapes = tuple([a.shape for a in leaves])
-    plan = _LAUNCHES.get((prog, shapes, shape))
+    plan = _LAUNCHES.get((prog, shapes, shape, parts))
     if plan is None:
-        plan = _launch_plan(prog, shapes, shape)
-        _cache(_LAUNCHES, (prog, shapes, shape), plan)
+        plan = _launch_plan(prog, shapes, shape, parts)
+        _cache(_LAUNCHES, (prog, shapes, shape, parts), plan)
     if plan is _EMPTY:
         return mx.zeros(shape, F32), mx.zeros(shape, F32)
-    small, kshape, args = plan
-    arrays = _slot_arrays(leaves, small, kshape)
+    small, kshape, kernel, args = plan
+    arrays = _slot_arrays(leaves, small, kshape, len(kernel.inputs) - 1)
     arrays.append(args["prog"])
-    zh, zl = DW_FUSED.unchecked(inputs=arrays, backend=backends.of(backend), stream=stream,
-                                **args["launch"])
+    zh, zl = kernel.unchecked(inputs=arrays, backend=backends.of(backend), stream=stream,
+                              **args["launch"])
     if len(kshape) > len(shape):  # the 8 copies of a short result
         zh, zl = zh[:1].reshape(shape), zl[:1].reshape(shape)
     return zh, zl
@@ -602,12 +655,13 @@ _LAUNCHES: dict = {}
 _EMPTY = object()  # the plan of an empty result (no launch)
 
 
-def _launch_plan(prog: Program, shapes: tuple, shape: tuple):
+def _launch_plan(prog: Program, shapes: tuple, shape: tuple, parts: bool):
     """What :func:`_run` launches for the expression ``prog`` over leaves of
-    ``shapes``: ``(small, kshape, {"prog", "launch"})``, the leaves broadcast to
-    ``kshape`` (those of fewer than 8 elements, :func:`_slots`), the int32
-    program and the launch's keyword arguments; :data:`_EMPTY` for an empty
-    result."""
+    ``shapes``: ``(small, kshape, kernel, {"prog", "launch"})``, the leaves
+    broadcast to ``kshape`` (those of fewer than 8 elements, :func:`_slot_arrays`), the
+    dw_fused kernel (the fewest slots that hold the leaves; with the elementary
+    functions where the program calls one), the int32 program and the launch's
+    keyword arguments; :data:`_EMPTY` for an empty result."""
     n = math.prod(shape)
     if n == 0:
         return _EMPTY
@@ -618,9 +672,13 @@ def _launch_plan(prog: Program, shapes: tuple, shape: tuple):
                                            len(kshape), specs))
     grid, threadgroup = elementwise_grid(math.prod(kshape))
     # every input is float32 / int32 with 8 elements at least: the declared forms
+    # the output row-contiguous in the iteration's order, so declared in any shape of
+    # its size: the parts axis joined to the one before (see _run)
+    oshape = kshape[:-2] + (2 * kshape[-2],) if parts and kshape == shape else kshape
     launch = dict(template=[("MATH", math_)], grid=grid, threadgroup=threadgroup,
-                  output_shapes=[kshape, kshape], output_dtypes=[F32, F32])
-    return small, kshape, {"prog": prog_array, "launch": launch}
+                  output_shapes=[oshape, oshape], output_dtypes=[F32, F32])
+    kernel = _program_kernel_for("dw_fused", len(shapes), math_)
+    return small, kshape, kernel, {"prog": prog_array, "launch": launch}
 
 
 def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
@@ -656,17 +714,23 @@ def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
     copies = 1 if m * n >= 8 else 8  # 8 elements at least: every input a device buffer
     if copies > 1:
         extents, perm, ashape = (8,) + extents, (0,) + tuple(d + 1 for d in order), (8,) + shape
-    arrays, specs = _slots(e.leaves, ashape)
+    leaves = e.leaves or _ZERO_LEAVES
+    small, specs = _slot_plan(tuple(a.shape for a in leaves), ashape)
     prog, math_ = program(e.key, ((n, OP[op]), extents, perm, len(ashape), specs))
+    kernel = _program_kernel_for("dw_reduce", len(leaves), math_)
+    arrays = _slot_arrays(leaves, small, ashape, len(kernel.inputs) - 1)
     rows = m * copies
     threads = min(_REDUCE_THREADS, 1 << max(0, ((n + 1) // 2 - 1).bit_length()))
-    zh, zl = DW_REDUCE.unchecked(
+    # one value per row, row r at flat position r: the result's own shape (no reshape
+    # node) unless there are 8 copies of it
+    zshape = out_shape if copies == 1 else (rows,)
+    zh, zl = kernel.unchecked(
         inputs=arrays + [prog], template=[("MATH", math_)], grid=(rows * threads, 1, 1),
-        threadgroup=(threads, 1, 1), output_shapes=[(rows,), (rows,)],
+        threadgroup=(threads, 1, 1), output_shapes=[zshape, zshape],
         output_dtypes=[F32, F32], backend=backends.of(backend), stream=stream)
     if copies > 1:
-        zh, zl = zh[:m], zl[:m]
-    return DoubleWord(zh.reshape(out_shape), zl.reshape(out_shape))
+        zh, zl = zh[:m].reshape(out_shape), zl[:m].reshape(out_shape)
+    return DoubleWord(zh, zl)
 
 
 # The custom functions of fused expressions (MLX autodiff), by (program, backend, stream).
@@ -806,8 +870,12 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
     if not w.is_complex:
         hi, lo = hi.astype(_C64), None if lo is None else lo.astype(_C64)
     entry = _entry(w) if w.is_complex else None
-    if entry is not None and entry[4] is not None:
-        return DoubleWord.of_words(*entry[4])  # the program's own words (their chain)
+    if entry is not None and entry[4] is not None:  # the program's own words (its chain)
+        words, shape = entry[4], tuple(hi.shape) + (2,)
+        if tuple(words[0].shape) != shape:  # (..., 2 n) as written: the parts axis
+            words = tuple(a.reshape(shape) for a in words)
+            _remember(*words, entry[2])
+        return DoubleWord.of_words(*words)
     hi_p, lo_p = _parts(hi), _parts(lo)
     if entry is not None:
         _remember(hi_p, lo_p, entry[2])  # the views read as the chain they show
@@ -862,10 +930,14 @@ def _apply_partwise(op: str, operands: list[DoubleWord], backend, stream):
         return None
     if e is None:
         return None
-    zh, zl = _run(e.prog, e.leaves, e.shape, backend, stream)
-    hi, lo = _from_parts(zh), _from_parts(zl)
-    _remember(zh, zl, e)
-    _remember(hi, lo, e, (zh, zl))
+    zh, zl = _run(e.prog, e.leaves, e.shape, backend, stream, parts=True)
+    if zh.shape == e.shape:  # (a short result's copy)
+        hi, lo = _from_parts(zh), _from_parts(zl)
+        _remember(zh, zl, e)
+        _remember(hi, lo, e, (zh, zl))
+    else:  # (..., 2 n): the complex words are its view (one graph node each)
+        hi, lo = zh.view(_C64), zl.view(_C64)
+        _remember(hi, lo, e, (zh, zl))
     return DoubleWord.of_words(hi, lo)
 
 

@@ -360,6 +360,47 @@ def test_reductions_have_the_tree_bits(case):
     assert np.all(np.abs(value - ref) <= 2.0**-40 * size)
 
 
+def _leaf_sum(*xs):
+    """x0 / 3 + x1 + ... + exp(x_(k-1) / 8) (x0 / 3 where k is 1): a program over the
+    k float32 arrays, one slot each."""
+    s = xs[0] / 3
+    for x in xs[1:-1]:
+        s = s + x
+    return s + mx.exp(xs[-1] / 8) if len(xs) > 1 else s
+
+
+@pytest.mark.parametrize("k", [1, 4, 5, 8, 9, 12])
+def test_each_slot_count_has_the_unfused_bits(k):
+    """A program over k word arrays launches the kernel with the fewest slots
+    that hold them (4, 8, 12; with the elementary functions where it calls one):
+    the bits of the unfused chain and the oracle's value, and so for the sum of its
+    rows (dw_reduce of the same slot count)."""
+    rng = np.random.default_rng(20 + k)
+    xs = [_f32(rng, (6, 16)) for _ in range(k)]
+    for fn in (_leaf_sum, lambda *xs: mx.sum(_leaf_sum(*xs), axis=-1)):
+        hi, lo, value = _run(fn, xs, fused=True)
+        hi0, lo0, _ = _run(fn, xs, fused=False)
+        assert np.array_equal(hi.view(np.uint32), hi0.view(np.uint32))
+        assert np.array_equal(lo.view(np.uint32), lo0.view(np.uint32))
+    x64 = [np.array(x).astype(np.longdouble) for x in xs]
+    last = np.exp(x64[-1] / 8) if k > 1 else 0
+    terms = [x64[0] / 3] + x64[1:-1] + ([last] if k > 1 else [])
+    ref = np.sum(sum(terms), axis=-1)
+    assert np.all(np.abs(value - ref) <= 2.0**-40 * np.sum(sum(np.abs(t) for t in terms), -1))
+    from mlx_precise.testing import lazy_metal_executor
+
+    record = []
+    with lazy_metal_executor(record), mp.use_backend("metal"), mp.extended_precision():
+        _leaf_sum(*xs)
+        mx.sum(_leaf_sum(*xs), axis=-1)
+    slots = next(n for n in (4, 8, 12) if n >= k)
+    suffix = ("" if slots == 12 else str(slots)) + ("_math" if k > 1 else "")
+    assert record[-1].name == "dw_reduce" + suffix
+    assert len(record[-1].inputs) == slots + 1
+    last_fused = [r.name for r in record[:-1] if r.name.startswith("dw_fused")][-1]
+    assert last_fused == "dw_fused" + suffix
+
+
 def test_layer_norm_launches_three_times_on_metal(lazy_metal):
     """mean, variance of the centred values, the normalised affine output: three
     launches, no other dispatch."""
@@ -401,7 +442,8 @@ def test_only_the_consumed_result_runs_on_metal():
         with mp.use_backend("metal"), mp.extended_precision():
             y = mx.exp(x / 3 + 1) * 2
         mx.eval(y)
-    assert [k.name for k in record] == ["dw_fused"] * 4
+    # four slots hold x's words; exp makes the last two programs call a function
+    assert [k.name for k in record] == ["dw_fused4"] * 2 + ["dw_fused4_math"] * 2
     assert [k.ran() for k in record] == [False, False, False, True]
 
 

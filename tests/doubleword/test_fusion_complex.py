@@ -150,6 +150,10 @@ def test_chain_on_metal_is_one_launch():
         g = graph_counts(y, low_word(y))
     assert g["launches"] == 1
     assert not {"Real", "Imag", "Concatenate", "Full"} & set(g["by_primitive"])
+    # each complex leaf's word enters as (8, 16, 2) parts (a Reshape and a View); the
+    # launch writes (8, 32), whose complex view is a word of the result (a View, no
+    # Reshape)
+    assert g["by_primitive"]["Reshape"] == g["by_primitive"]["View"] - 2, g
 
 
 def _sum(*cs):
@@ -161,8 +165,8 @@ def _sum(*cs):
 
 def test_a_cut_complex_chain_reads_its_programs_words():
     """A complex chain longer than a program holds is cut: the cut result enters the
-    next program as the float32 words its program wrote (no view of its complex
-    words, none of their parts), with the bits of the unfused chain."""
+    next program as the float32 words its program wrote (their parts axis split
+    off: no view of its complex words), with the bits of the unfused chain."""
     rng = np.random.default_rng(12)
     cs = [_dw(rng, (16,), True, special=False).hi for _ in range(fusion.LIMITS.slots + 2)]
     out = []
@@ -185,5 +189,7 @@ def test_a_cut_complex_chain_reads_its_programs_words():
         y = _sum(*cs)
         g = graph_counts(y, low_word(y))
     # one View per leaf (its float32 parts) and one per word of the result; a cut
-    # result is read as the program's own words
+    # result is read as the program's own words, (16, 2) of its (32,): a Reshape
+    # per word, as each leaf's parts axis
     assert g["by_primitive"]["View"] == len(cs) + 2, g
+    assert g["by_primitive"]["Reshape"] == len(cs) + 2, g
