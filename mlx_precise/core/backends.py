@@ -150,11 +150,17 @@ def validate(name: str) -> Backend:
     return _OBJECTS[name]
 
 
+_ENV_KEY = os.fsencode(ENV_VAR)
+
+
 def default_backend() -> Backend:
     """The backend used when nothing was set: the environment variable
     ``MLX_PRECISE_BACKEND`` if present, else ``metal`` if available, else ``cpu``."""
-    env = os.environ.get(ENV_VAR)
+    # (os.environ's own dictionary of bytes: .get encodes the name and, when it is
+    # unset, raises and catches a KeyError, 1.5 us of a compiled call's 2.3 us here)
+    env = os.environ._data.get(_ENV_KEY)
     if env:
+        env = os.fsdecode(env)
         try:
             return validate(env.strip().lower())
         except ValueError as e:

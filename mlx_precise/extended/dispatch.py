@@ -526,16 +526,24 @@ def _scan_heap(hit: dict, own: dict) -> tuple[list, list, list]:
     mutable, frozen, bound, namespaces, defaults, inspected = [], [], [], [], set(), {}
     for o in gc.get_objects():
         t = type(o)
-        if t is dict or t is list:
-            if not keys.isdisjoint(map(id, o.values() if t is dict else o)):
-                (namespaces if t is dict and "__module__" in o else mutable).append(o)
+        if t is dict:
+            if not keys.isdisjoint(map(id, o.values())):
+                (namespaces if "__module__" in o else mutable).append(o)
+        elif t is list or t is tuple:
+            # (their items read through the collector, which skips empty slots: a
+            # tuple that tuple() is filling from a generator running this block, or
+            # a list C code is filling, has some, and iterating it would crash; one
+            # with empty slots is no holder yet)
+            items = gc.get_referents(o)
+            if not keys.isdisjoint(map(id, items)) and len(items) == len(o):
+                (mutable if t is list else frozen).append(o)
         elif t is _CELL:
             try:
                 if id(o.cell_contents) in keys:
                     mutable.append(o)
             except ValueError:  # an empty cell
                 pass
-        elif t is tuple or t is frozenset or t is set:
+        elif t is frozenset or t is set:
             if not keys.isdisjoint(map(id, o)):
                 frozen.append(o)
         elif t is types.FunctionType:

@@ -522,3 +522,28 @@ def test_a_module_global_bound_to_mlx_array_is_the_constructor_inside(scan_due):
         assert module.array is ARRAY
     finally:
         del sys.modules[module.__name__]
+
+
+_FILLING = """
+import mlx.core as mx, mlx_precise as mp
+held = [mx.exp]  # a holder, so that a scan runs
+def f():
+    with mp.extended_precision(strict={strict}):
+        y = mx.array([0.5]) * 3.0
+    return float(y[0])
+# tuple() fills its tuple from the generator while the blocks run: it has empty slots
+print(tuple(max(f() for _ in range(2)) for k in "ab"))
+"""
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_block_inside_a_tuple_being_filled(strict):
+    """A block opened by a generator that ``tuple()`` is consuming: the heap scan
+    meets a tuple with empty slots (it crashed the interpreter, SIGSEGV, reading
+    one), and skips it."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _FILLING.format(strict=strict)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert out.stdout.strip() == "(1.5, 1.5)"
