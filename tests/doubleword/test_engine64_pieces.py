@@ -140,6 +140,28 @@ def test_cheap_step_high_word_is_the_rounding(n):
     assert np.isinf(hi).any()
 
 
+def test_large_cheap_step_of_float32_operands_writes_no_float64_result():
+    """A cheap step of two float32 arrays (read as their words, held by the caller
+    anyway) of 2^17 elements: its high word comes from its own kernel, one pass
+    that writes 4 bytes an element (writing the float64 result and rounding it
+    took 12 and was 2.5x slower), and is the rounding of numpy's float64 product."""
+    n = 1 << 17
+    assert n >= 2 * engine64.PIECE
+    rng = np.random.default_rng(11)
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    x, y = mx.array(a), mx.array(b)
+    mx.eval(x, y)
+    with mx.stream(mx.cpu):
+        z = engine64.arith64("mul", DoubleWord.exact(x), DoubleWord.exact(y))
+        base = mx.get_active_memory()
+        mx.reset_peak_memory()
+        mx.eval(z.hi)
+        peak = mx.get_peak_memory() - base
+    assert peak <= 6 * n, peak / n
+    exact = a.astype(np.float64) * b.astype(np.float64)
+    assert np.array(z.hi).tobytes() == exact.astype(np.float32).tobytes()
+
+
 def _broadcast_operands(rng):
     """Operands of a broadcast step (the result 16x their total size): a complex
     float64 column (3, 40, 1), a real row (1, 1, 1100) given as two words, and a
