@@ -94,13 +94,20 @@ def fno(x, w):
     return mx.fft.irfft2(mx.pad(f, [(0, 0), (0, H - m), (0, W // 2 + 1 - m)]), s=(H, W))
 
 
-def steady(contenders: dict, rounds: int, burst: int = 3) -> tuple[dict, dict]:
+def steady(contenders: dict, rounds: int, burst: int = 3,
+           warmup: int = 0) -> tuple[dict, dict]:
     """Steady-state times: in each of ``rounds`` rounds every contender (name ->
     function of no arguments) runs a burst of ``burst`` calls, evaluated, and the
     last call is timed; the contenders interleave, and each gets the median of its
-    rounds. Returns ({name: seconds}, {name: last output})."""
+    rounds. ``warmup`` calls of each come first, untimed (:func:`warmup_calls`).
+    Returns ({name: seconds}, {name: last output})."""
     times: dict = {k: [] for k in contenders}
     outs: dict = {}
+    for fn in contenders.values():
+        for _ in range(warmup):
+            out = fn()
+            if isinstance(out, mx.array):
+                mx.eval(out)
     for _ in range(max(rounds, 1)):
         for k, fn in contenders.items():
             for i in range(burst):
@@ -111,6 +118,15 @@ def steady(contenders: dict, rounds: int, burst: int = 3) -> tuple[dict, dict]:
                 if i == burst - 1:
                     times[k].append(time.perf_counter() - t)
     return {k: statistics.median(v) for k, v in times.items()}, outs
+
+
+def warmup_calls() -> int:
+    """Calls of a model before it is timed: ``mlx_precise.core.jit.COMPILE_AT``,
+    after which the cpu engine's small float64 loops run compiled (those of a model
+    run a few times run uncompiled: slower, and no C++ compiler run)."""
+    from mlx_precise.core import jit
+
+    return jit.COMPILE_AT
 
 
 def compare(fn, ref, backend: str, repeat: int):
@@ -244,12 +260,12 @@ def model_runs(name: str, size: str) -> dict:
     return runs
 
 
-def models(names, size: str, rounds: int) -> list:
+def models(names, size: str, rounds: int, warmup: int = 0) -> list:
     """Rows (model, times {run: seconds}, peak MB {run: MB}) of :func:`model_runs`."""
     rows = []
     for name in names:
         runs = model_runs(name, size)
-        times, _ = steady(runs, rounds)
+        times, _ = steady(runs, rounds, warmup=warmup)
         rows.append((name, times, {k: peak_mb(f) for k, f in runs.items()}))
     return rows
 
@@ -340,12 +356,14 @@ def main(argv=None):
     if a.models is not None:
         from models import MODELS
 
-        print(f"Whole models, size {a.size!r}, one forward pass (median of interleaved rounds); "
+        print(f"Whole models, size {a.size!r}, one forward pass (median of interleaved rounds, "
+              f"after {0 if a.quick else warmup_calls()} untimed calls); "
               "peak MB above what was held before the call\n")
         print("| model | float32 | MLX float64 | cpu flow | flow / float32 | flow / float64 "
               "| peak MB float32 / float64 / flow |")
         print("|---|---|---|---|---|---|---|")
-        for name, t, mb in models(a.models or MODELS, a.size, 1 if a.quick else 5):
+        for name, t, mb in models(a.models or MODELS, a.size, 1 if a.quick else 5,
+                                  0 if a.quick else warmup_calls()):
             f64 = t.get("MLX float64")
             cell = (lambda v: "-" if v is None else f"{v * 1e3:.1f} ms")
             ratio = "-" if f64 is None else f"{t['cpu flow'] / f64:.2f}x"

@@ -48,7 +48,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from models import MODELS  # noqa: E402,F401  (examples/whole_models.py imports it from here)
-from bench_flow import steady  # noqa: E402  (interleaved steady-state timing)
+from bench_flow import steady, warmup_calls  # noqa: E402  (interleaved steady-state timing)
 from models._common import params64  # noqa: E402
 
 M2_MAX_BYTES_PER_S = 400e9
@@ -155,13 +155,14 @@ def words64(y) -> np.ndarray:
 
 
 def measure(name: str, size: str = "small", backends=("cpu", "emulate"), repeat: int = 1,
-            seed: int = 0) -> dict:
+            seed: int = 0, warmup: int = 0) -> dict:
     """{"plain": row, backend: row, ..., "floor": float, "float64_time": seconds of
     the numpy float64 oracle (the model rewritten in numpy)} with rows
     {"exact", "err", "dw_err", "time", "float32"} ("float32": the ops that consumed a
     double-word value in float32, from the block's report). Times: the median over
     ``repeat`` interleaved rounds of the last call of a burst of 3 (one call per
-    round on emulate, whose calls take seconds)."""
+    round on emulate, whose calls take seconds), after ``warmup`` calls of each
+    (not on emulate; see bench_flow.warmup_calls)."""
     import mlx_precise
 
     mod = importlib.import_module(f"models.{name}")
@@ -180,7 +181,7 @@ def measure(name: str, size: str = "small", backends=("cpu", "emulate"), repeat:
 
     fast = {"plain": lambda: model(x), "float64": lambda: mod.oracle(p64, x64),
             **{b: extended(b) for b in backends if b != "emulate"}}
-    times, outs = steady(fast, repeat)
+    times, outs = steady(fast, repeat, warmup=warmup)
     if "emulate" in backends:
         t, o = steady({"emulate": extended("emulate")}, 1, burst=1)
         times.update(t)
@@ -346,14 +347,15 @@ def main(argv=None):
     if mp.metal_available() and "metal" not in runs:
         runs.append("metal")
     print(f"Whole models, size {size!r}; one forward pass: median of {repeat} interleaved "
-          f"rounds, each timing the last call of a burst of 3 (emulate: one call); exactly "
+          f"rounds, each timing the last call of a burst of 3, after "
+          f"{0 if a.quick else warmup_calls()} untimed calls (emulate: one call); exactly "
           f"rounded / normwise error against float64\n")
     print("| model | run | time | vs float32 | exactly rounded | normwise error |")
     # numpy float64: what a user would write instead (the model rewritten in numpy: the
     # oracle itself); its rounding to float32 is exactly rounded by definition
     print("|---|---|---|---|---|---|")
     for name in BENCH:
-        r = measure(name, size, runs, repeat)
+        r = measure(name, size, runs, repeat, warmup=0 if a.quick else warmup_calls())
         f64 = dict(time=r["float64_time"], exact=1.0, err=r["floor"])
         rows = [("float32", r["plain"]), ("extended, cpu", r["cpu"]),
                 ("numpy float64 (rewritten model; rounded once)", f64)]
