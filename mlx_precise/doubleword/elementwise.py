@@ -20,7 +20,7 @@ from ..core.autodiff import guarded, host_guard
 from .aware import precision_aware
 from .engine64 import F64, arith64, from_float64_result
 from .types import DoubleWord, read_input
-from ..core.kernels import Kernel, elementwise_grid, per_element_of_first_input
+from ..core.kernels import Kernel, per_element_of_first_input
 
 _C64 = (mx.complex64,)
 _F32 = (mx.float32,)
@@ -35,7 +35,7 @@ CMUL = Kernel(
     input_dtypes={"a_hi": _C64, "a_lo": _C64, "b_hi": _C64, "b_lo": _C64,
                   "size": (mx.int32,)},
     input_forms={"size": ("scalar",)},  # always a 0-d int32
-    grid=lambda arrays, t: elementwise_grid(arrays[4].item()),
+    grid=per_element_of_first_input,  # (the words are broadcast to the result's shape)
     ensure_row_contiguous=False,  # broadcast operands are read through their strides
     variants={"ROUND": (False, True), "out_hi": _C64, "out_lo": _C64},
 )
