@@ -23,16 +23,30 @@ def lazy_metal():
 # The files that take longest where nothing is cached yet (a fresh machine: MLX's
 # CPU compiler and the emulator's build every kernel; measured with --durations),
 # heaviest first. The suite runs under pytest-xdist with --dist loadfile: each file
-# whole in one worker, handed out in collection order, so the longest ones start
-# first and the short ones fill the other worker, instead of one long file running
-# alone at the end.
+# whole in one worker, handed out in collection order (pytest_configure below), so
+# the longest ones start first and the short ones fill the other worker, instead of
+# one long file running alone at the end.
 _LONGEST_FIRST = (
     "extended/test_training_compile.py",
     "extended/test_training.py",
+    "test_notebooks.py",
     "emulator/test_strict.py",
     "int8/test_int8.py",
     "doubleword/test_elementwise.py",
+    "tools/test_install_cli.py",
+    "doubleword/test_tables_source.py",
+    "doubleword/test_sincos64.py",
+    "extended/test_models.py",
+    "test_metal_counts.py",
+    "emulator/test_emulator_robustness.py",
 )
+
+
+def pytest_configure(config):
+    # pytest-xdist would hand out files by their number of tests, most first
+    # (--loadscope-reorder, its default): a file of a few long tests came last
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
