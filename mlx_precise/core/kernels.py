@@ -26,7 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
-from ..emulator.signature import input_form
+from ..emulator.signature import blank_comments, input_form
 
 _ARRAY = mx.array  # the class (inside a block the name is a stand-in)
 
@@ -63,26 +63,12 @@ _PRAGMA_ONCE_RE = re.compile(r"^\s*#\s*pragma\s+once\s*$", re.M)
 @functools.lru_cache(maxsize=None)
 def _read(path: Path) -> str:
     """The Metal file at ``path`` as kernels get it: each line without its
-    ``//`` comment and its indentation (lines kept, so diagnostics' line numbers
-    hold). MLX copies a kernel's whole source (headers included) into every launch
-    and hashes it at every evaluation (``mlx/backend/common/metal_kernel.cpp``,
+    comments (:func:`~mlx_precise.emulator.signature.blank_comments`) and its
+    indentation (lines kept, so diagnostics' line numbers hold). MLX copies a
+    kernel's whole source (headers included) into every launch and hashes it at
+    every evaluation (``mlx/backend/common/metal_kernel.cpp``,
     ``mlx/backend/metal/custom_kernel.cpp``): the comments are two thirds of it."""
-    return "".join(_code_of(line) for line in path.read_text().splitlines(keepends=True))
-
-
-def _code_of(line: str) -> str:
-    """``line`` without its ``//`` comment (one outside a string literal: the
-    kernels' strings are static_assert messages) and leading / trailing blanks;
-    its newline kept."""
-    end = len(line)
-    quoted = False
-    for k, c in enumerate(line):
-        if c == '"':
-            quoted = not quoted
-        elif c == "/" and not quoted and line.startswith("//", k):
-            end = k
-            break
-    return line[:end].strip() + ("\n" if line.endswith("\n") else "")
+    return "\n".join(line.strip() for line in blank_comments(path.read_text()).split("\n"))
 
 
 def resolve_headers(names: Sequence[str], markers: bool = False) -> str:

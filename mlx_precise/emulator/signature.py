@@ -22,14 +22,21 @@ THREADGROUP_DECL_RE = re.compile(
     r"\s*((?:\[[^\[\];]+\]\s*)*);"
 )
 
-_COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+# A comment, or a string literal (matched so that a "//" inside one is left alone)
+_COMMENT_RE = re.compile(r'"(?:\\.|[^"\\\n])*"|//[^\n]*|/\*.*?\*/', re.S)
+
+
+def _blank(m: re.Match) -> str:
+    text = m.group(0)
+    return text if text.startswith('"') else re.sub(r"[^\n]", " ", text)
 
 
 def blank_comments(text: str) -> str:
-    """Comments become spaces (newlines kept, so line numbers hold): rewrites of
-    kernel text (THREADGROUP_DECL_RE, ...) must not act on words in comments
-    (`// offsets within threadgroup` followed by `short sm;` is no declaration)."""
-    return _COMMENT_RE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+    """Comments become spaces (newlines kept, so line numbers hold; string literals
+    kept): rewrites of kernel text (THREADGROUP_DECL_RE, ...) must not act on words
+    in comments (`// offsets within threadgroup` followed by `short sm;` is no
+    declaration)."""
+    return _COMMENT_RE.sub(_blank, text)
 
 
 # Inputs with fewer elements than this are passed in the constant address space.
