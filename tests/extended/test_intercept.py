@@ -373,3 +373,51 @@ def test_demo_row():
     assert wrapped["exactly_rounded"] >= 0.40 > 0.20 >= plain["exactly_rounded"]
     assert plain["normwise"] / wrapped["normwise"] >= 3.0
     assert rows["extended (cpu)"]["exactly_rounded"] >= 0.9999
+
+
+@pytest.mark.parametrize("pointed", [True, False])
+def test_module_names_written_inside_and_between_blocks(pointed, monkeypatch):
+    """A block points MLX's modules at a dictionary with the stand-ins in place
+    (dispatch._Pointed; ``pointed=False``: their names updated in place, as on
+    interpreters where that is not safe): a name set or deleted on a module between
+    blocks is seen inside the next one, and one set, replaced or deleted inside a
+    block stays so after it, as it would without the flow."""
+    from mlx_precise.extended import dispatch
+
+    with extended_precision():
+        pass
+    monkeypatch.setattr(dispatch, "_POINTS", pointed)
+    plan = dispatch._Plan(dispatch._plans[0])
+    assert bool(plan.pointed) == pointed
+    monkeypatch.setattr(dispatch, "_plans", [plan, *dispatch._plans])
+    x = mx.array(np.array([0.1, 2.0, -3.5], np.float32))
+    original = mx.sigmoid
+    mine = lambda a: original(a)  # noqa: E731 (a user's replacement, made in a block)
+    try:
+        mx.between_blocks = 1
+        with extended_precision() as report:
+            assert mx.between_blocks == 1 and "between_blocks" in dir(mx)
+            del mx.between_blocks
+            mx.inside_block = 2
+            mx.fft.inside_block = 3
+            mx.sigmoid = mine
+            mx.exp(x)
+        assert report.extended["exp"] == 1
+        assert not hasattr(mx, "between_blocks")
+        assert mx.inside_block == 2 and mx.fft.inside_block == 3
+        assert mx.sigmoid is mine
+        with extended_precision() as report:
+            assert mx.inside_block == 2 and mx.fft.inside_block == 3
+            mx.exp(x)
+            del mx.inside_block
+        assert report.extended["exp"] == 1 and not hasattr(mx, "inside_block")
+    finally:
+        mx.sigmoid = original
+        for module, name in ((mx, "between_blocks"), (mx, "inside_block"),
+                             (mx.fft, "inside_block")):
+            if name in vars(module):
+                delattr(module, name)
+    sigmoid_id = id(original)  # (not a name: the block rebinds the names that hold it)
+    with extended_precision():
+        assert id(mx.sigmoid) != sigmoid_id and not hasattr(mx.fft, "inside_block")
+    assert mx.sigmoid is original
