@@ -341,22 +341,20 @@ def _dw_math(fn: str, flat: list, threads: int, backend: str, stream):
 # ---- cpu: float64 erf (the kernels' scheme in MLX float64 ops, so traceable) ---------
 
 @functools.cache
-def _erf64_tables() -> tuple[tuple, mx.array]:
+def _erf64_tables() -> mx.array:
     """The float64 coefficients of :func:`_erf64` (the kernels' scheme, one word
-    each), from mpmath at 200 bits: the Maclaurin series of erf in x^2 to x^25
-    (highest first; Python floats, constants of the compiled loop: an array's
-    elements read one by one would each be an MLX gather), and per center
-    x0 = 0.625 + 0.25 m the Taylor coefficients erf^(k)(x0) / k!, k = 0..13
-    (highest first), the derivatives from
-    erf^(k+1)(x) = 2/sqrt(pi) (-1)^k H_k(x) e^(-x^2) (Hermite polynomials,
-    H_(k+1) = 2x H_k - 2k H_(k-1))."""
+    each), from mpmath at 200 bits, highest degree first, one row per polynomial:
+    row 0 the Maclaurin series of erf(x) / x in x^2 (to x^25; its leading
+    coefficient 0, so that every row has ERF_DEGREE + 1), row 1 + m the Taylor
+    coefficients erf^(k)(x0) / k!, k = 0..13, about x0 = 0.625 + 0.25 m, the
+    derivatives from erf^(k+1)(x) = 2/sqrt(pi) (-1)^k H_k(x) e^(-x^2) (Hermite
+    polynomials, H_(k+1) = 2x H_k - 2k H_(k-1))."""
     import mpmath as mp
 
     with mp.workprec(200):
         c = 2 / mp.sqrt(mp.pi)
-        series = [float(c * (-1) ** n / (mp.factorial(n) * (2 * n + 1)))
-                  for n in range(12, -1, -1)]
-        table = []
+        table = [[0.0] * (ERF_DEGREE - 12) + [
+            float(c * (-1) ** n / (mp.factorial(n) * (2 * n + 1))) for n in range(12, -1, -1)]]
         for m in range(ERF_CENTERS):
             x0 = mp.mpf(0.625) + mp.mpf(0.25) * m
             h, h_prev, g = mp.mpf(1), mp.mpf(0), c * mp.exp(-x0 * x0)
@@ -365,20 +363,21 @@ def _erf64_tables() -> tuple[tuple, mx.array]:
                 coeffs.append(g * (-1) ** k * h / mp.factorial(k + 1))
                 h, h_prev = 2 * x0 * h - 2 * k * h_prev, h
             table.append([float(v) for v in reversed(coeffs)])
-    return tuple(series), mx.array(np.array(table), dtype=F64)
+    return mx.array(np.array(table), dtype=F64)
 
 
 def _erf64(v: mx.array) -> mx.array:
     """erf in float64 in MLX ops (lazy, so traceable; MLX's float64 erf is
-    float32-accurate): the series in v^2 for |v| < 1/2 (odd: -0 gives -0), the
-    Taylor polynomial about the nearest center x0 = 0.625 + 0.25 m for 1/2 <= |v|
-    < 6 (|v - x0| <= 1/8), and +-1 beyond (erfc(6) < 2^-55); NaN stays NaN. Each
-    polynomial by Horner's rule in float64 (2 ulps against mpmath). Compiled: its
-    ~50 small ops run as a few fused kernels (4x faster eagerly); in pieces
+    float32-accurate): v p(v^2) with the series for |v| < 1/2 (odd: -0 gives -0),
+    the Taylor polynomial about the nearest center x0 = 0.625 + 0.25 m for 1/2 <=
+    |v| < 6 (|v - x0| <= 1/8), and +-1 beyond (erfc(6) < 2^-55); NaN stays NaN.
+    Each element evaluates one polynomial (its row of the table, in z = v^2 or
+    z = |v| - x0) by Horner's rule in float64 (2 ulps against mpmath). Compiled:
+    its ~30 small ops run as a few fused kernels; in pieces
     (:func:`.engine64.by_rows`; half the usual piece: its gathered coefficients,
     ERF_DEGREE + 1 per element, are the peak of its memory; measured: a third
     less of it, the same time, where a quarter took 13% more)."""
-    table = _erf64_tables()[1]
+    table = _erf64_tables()
     return engine64.by_rows(lambda p, _: _erf64_compiled()(p, table), v,
                             piece=engine64.PIECE // 2)
 
@@ -389,22 +388,18 @@ def _erf64_compiled():
 
 
 def _erf64_body(v, table):
-    series = _erf64_tables()[0]
     a = mx.abs(v)
-    t = v * v
-    p = series[0]
-    for s in series[1:]:
-        p = p * t + s
-    inside = a < 6  # False for NaN too: its index is 0 and its result NaN below
-    m = mx.where(inside, mx.clip(mx.floor((a - 0.5) * 4), 0, ERF_CENTERS - 1), 0).astype(
-        mx.int32)
-    d = a - (0.625 + 0.25 * m.astype(F64))
+    near = a < 0.5
+    inside = a < 6  # False for NaN too: its row is 0 and its result NaN below
+    m = mx.where(near | ~inside, 0, mx.clip(mx.floor((a - 0.5) * 4), 0, ERF_CENTERS - 1)
+                 + 1).astype(mx.int32)
+    z = mx.where(near, v * v, a - (0.375 + 0.25 * m.astype(F64)))
     c = table[m]
     q = c[..., 0]
     for k in range(1, ERF_DEGREE + 1):
-        q = q * d + c[..., k]
+        q = q * z + c[..., k]
     q = mx.where(inside, q, mx.where(a == a, 1.0, a))
-    return mx.where(a < 0.5, v * p, mx.where(v < 0, -q, q))
+    return mx.where(near, v * q, mx.where(v < 0, -q, q))
 
 
 def value64(fn: str, v: mx.array) -> mx.array:
