@@ -28,6 +28,7 @@ result: rounded once.
 from __future__ import annotations
 
 import ctypes
+import dis
 import functools
 import gc
 import inspect
@@ -1161,6 +1162,27 @@ _WRITE_THROUGH = sys.version_info >= (3, 13)
 _OWN = ("mlx_precise.", "contextlib")
 _SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 _ENTERS = ("__enter__", "__aenter__")
+# A frame that enters the block by a ``with`` statement is at BEFORE_WITH (SETUP_WITH
+# before 3.11); one that calls ``__enter__`` itself (a helper that opens the block
+# and returns, ``ExitStack.enter_context``) is at a call, and the block may outlive
+# it: then the locals of every calling frame are rebound, as with strict=True.
+# (From 3.14 a ``with`` statement calls ``__enter__`` too: not told apart there.)
+_WITHS = frozenset(dis.opmap[n] for n in ("BEFORE_WITH", "BEFORE_ASYNC_WITH", "SETUP_WITH",
+                                         "SETUP_ASYNC_WITH") if n in dis.opmap)
+_CALLS = frozenset(op for n, op in dis.opmap.items()
+                   if n.startswith(("CALL", "PRECALL"))) if _WITHS else frozenset()
+
+
+_CACHE = dis.opmap.get("CACHE", -1)  # (3.11+: inline cache entries after an instruction)
+
+
+def _doing(frame, ops: frozenset) -> bool:
+    """The frame's current instruction is one of ``ops`` (during a call ``f_lasti``
+    may point into the call's inline cache: the instruction is the one before)."""
+    code, i = frame.f_code.co_code, frame.f_lasti
+    while i > 0 and code[i] == _CACHE:
+        i -= 2
+    return code[i] in ops
 
 
 def _set_locals(frame, values: dict) -> None:
@@ -1195,6 +1217,10 @@ def _rebind_locals(every: bool):
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_globals.get("__name__", "").startswith(_OWN):
+            code = frame.f_code
+            if not (every or code.co_flags & _SUSPENDS or code.co_name in _ENTERS) and _doing(
+                    frame, _WITHS):
+                break  # (the package runs the block's body: a decorated function)
             frame = frame.f_back
             continue
         namespace = frame.f_locals
@@ -1210,7 +1236,9 @@ def _rebind_locals(every: bool):
                 out.append((frame, hits))
         code = frame.f_code
         if not (every or code.co_flags & _SUSPENDS or code.co_name in _ENTERS):
-            break  # (the frame that runs the block's body)
+            if not _doing(frame, _CALLS):
+                break  # (the frame that runs the block's body)
+            every = True  # (entered by hand: any calling frame may run the body)
         frame = frame.f_back
     return out or None
 

@@ -75,3 +75,55 @@ def test_a_name_rebound_inside_the_block_is_kept():
     x = mx.array([0.5, 2.0])
     assert f is not mx.exp
     np.testing.assert_array_equal(np.array(f(x)), np.array(mx.sin(x)))
+
+
+def _open_block():
+    """A helper that opens a block by hand and returns it open (its caller runs
+    the block's body)."""
+    block = mp.extended_precision()
+    return block, block.__enter__()
+
+
+def test_a_local_of_the_caller_of_a_helper_that_opens_the_block():
+    """The frame that entered the block (by a call of ``__enter__``, not a ``with``
+    statement) returns while the block is open: the locals of the frames that
+    called it are rebound too (default mode), and MLX's own again after it."""
+    import contextlib
+
+    f = mx.exp
+    block, report = _open_block()
+    try:
+        x = _carried()
+        y = f(x)
+        expected = _exp_oracle(x, low_word(x))
+    finally:
+        block.__exit__(None, None, None)
+    assert report.extended["exp"] == 1 and not report.float32
+    np.testing.assert_array_equal(np.array(y), expected)
+    assert f is mx.exp
+    with contextlib.ExitStack() as stack:  # (enter_context calls __enter__ too)
+        report = stack.enter_context(mp.extended_precision())
+        x = _carried()
+        y = f(x)
+        expected = _exp_oracle(x, low_word(x))
+    assert report.extended["exp"] == 1
+    np.testing.assert_array_equal(np.array(y), expected)
+    assert f is mx.exp
+
+
+def test_a_decorated_function_is_extended():
+    """A function decorated with ``@extended_precision()`` runs its body in its own
+    frame (the package's decorator frame runs the ``with``, where the walk over the
+    calling frames stops): extended inside, MLX's own after."""
+    f = mx.exp
+
+    @mp.extended_precision()
+    def body(v):
+        return mx.exp(v * 3.0)
+
+    x = mx.array(np.linspace(0.1, 1.4, 64, dtype=np.float32))
+    y = body(x)
+    with mpmath.workprec(200):
+        want = [np.float32(float(mpmath.exp(mpmath.mpf(float(v)) * 3))) for v in np.array(x)]
+    np.testing.assert_array_equal(np.array(y), np.array(want, dtype=np.float32))
+    assert f is mx.exp
