@@ -25,6 +25,17 @@ def _exp_oracle(x_hi, x_lo):
                          for h, l in zip(np.array(x_hi), np.array(x_lo))], dtype=np.float32)
 
 
+def _exp_of_carried(f):
+    """(f(x), its oracle) for x = _carried(), inside a block."""
+    x = _carried()
+    return f(x), _exp_oracle(x, low_word(x))
+
+
+def _assert_extended(report, y, expected):
+    assert report.extended["exp"] == 1 and not report.float32
+    np.testing.assert_array_equal(np.array(y), expected)
+
+
 def test_local_name_bound_before_the_block_is_extended_and_restored():
     f = mx.exp
     with mp.extended_precision(strict=True) as report:
@@ -45,11 +56,8 @@ def test_closure_over_a_local_is_extended():
         return g(v)
 
     with mp.extended_precision(strict=True) as report:
-        x = _carried()
-        y = inner(x)
-        expected = _exp_oracle(x, low_word(x))
-    assert report.extended["exp"] == 1
-    np.testing.assert_array_equal(np.array(y), expected)
+        y, expected = _exp_of_carried(inner)
+    _assert_extended(report, y, expected)
     assert g is mx.exp
 
 
@@ -93,21 +101,15 @@ def test_a_local_of_the_caller_of_a_helper_that_opens_the_block():
     f = mx.exp
     block, report = _open_block()
     try:
-        x = _carried()
-        y = f(x)
-        expected = _exp_oracle(x, low_word(x))
+        y, expected = _exp_of_carried(f)
     finally:
         block.__exit__(None, None, None)
-    assert report.extended["exp"] == 1 and not report.float32
-    np.testing.assert_array_equal(np.array(y), expected)
+    _assert_extended(report, y, expected)
     assert f is mx.exp
     with contextlib.ExitStack() as stack:  # (enter_context calls __enter__ too)
         report = stack.enter_context(mp.extended_precision())
-        x = _carried()
-        y = f(x)
-        expected = _exp_oracle(x, low_word(x))
-    assert report.extended["exp"] == 1
-    np.testing.assert_array_equal(np.array(y), expected)
+        y, expected = _exp_of_carried(f)
+    _assert_extended(report, y, expected)
     assert f is mx.exp
 
 
