@@ -14,8 +14,9 @@ carries), :func:`carried` (how many arrays carry one).
 from __future__ import annotations
 
 from ..core.context import register_block_hook
-from .carry import carried, low_word
-from .dispatch import PrecisionDropError, Report, active, block, suspended
+from .carry import carried, low_word, suspended
+from .dispatch import active, block
+from .report import PrecisionDropError, Report
 
 register_block_hook(block)
 

@@ -35,7 +35,7 @@ import numpy as np
 from ..doubleword import engine64, fusion
 from ..doubleword.arithmetic import operate
 from ..doubleword.engine64 import from64, to64
-from ..doubleword.types import DoubleWord, as_complex, combine
+from ..doubleword.types import DoubleWord, as_complex
 from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from ..core import backends
 from ..core.backends import Backend

@@ -64,9 +64,9 @@ def test_closure_over_a_local_is_extended():
 def test_without_the_rebinding_the_local_drops(monkeypatch):
     """The tests above can fail: without the rebinding, MLX's own exp consumes the
     carried value in float32, unseen: the results are not all correctly rounded."""
-    from mlx_precise.extended import dispatch
+    from mlx_precise.extended import holders
 
-    monkeypatch.setattr(dispatch, "_rebind_locals", lambda every: None)
+    monkeypatch.setattr(holders, "rebind_locals", lambda every: None)
     f = mx.exp
     with mp.extended_precision() as report:
         x = _carried()

@@ -1,7 +1,7 @@
 """MLX functions held before a block anywhere but a module global or a local of the
 opening frame (an object's attribute, a dict, a list, a closure cell of a function
 defined elsewhere, a default argument, a ``functools.partial``) are rebound to the
-double-word stand-ins while blocks are open (a heap scan, dispatch._rebind_held),
+double-word stand-ins while blocks are open (a heap scan, holders.rebind_held),
 and hold MLX's originals again after the last block; what cannot be rebound (a
 tuple, a frozenset, an object implemented in C, a suspended generator) is named:
 strict=True raises, the default mode warns."""
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import mlx_precise as mp
-from mlx_precise.extended import PrecisionDropError, dispatch, low_word
+from mlx_precise.extended import PrecisionDropError, dispatch, holders, low_word
 from mlx_precise.extended.constructor import ARRAY
 
 
@@ -124,7 +124,7 @@ KINDS = list(_holders())
 @pytest.fixture
 def scan_due(monkeypatch):
     """The default mode's next block scans (as after a new reference to an MLX function)."""
-    monkeypatch.setitem(dispatch._watch, "due", True)
+    monkeypatch.setitem(holders.watch, "due", True)
 
 
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "default"])
@@ -151,8 +151,8 @@ def test_without_the_scan_the_held_function_drops(kind, monkeypatch, scan_due):
     """The test above can fail: without the scan, MLX's own function consumes the
     carried value in float32, unseen on Python 3.11 (3.12+: reported, through
     sys.monitoring): the results are not all correctly rounded."""
-    monkeypatch.setattr(dispatch, "_rebind_held", lambda strict: None)
-    monkeypatch.setattr(dispatch, "_places_held", [])  # (and none found before)
+    monkeypatch.setattr(holders, "rebind_held", lambda strict: None)
+    monkeypatch.setattr(holders, "_places_held", [])  # (and none found before)
     call, oracle, _ = _holders()[kind]
     with mp.extended_precision() as report:
         x = _carried()
@@ -171,11 +171,11 @@ def test_an_immutable_holder_raises_under_strict_and_warns_otherwise(kind, scan_
         with mp.extended_precision(strict=True):
             pass
     assert dispatch._open == 0 and mx.exp is next(iter(held["frozen"]))  # all put back
-    dispatch._watch["due"] = True
+    holders.watch["due"] = True
     with pytest.warns(RuntimeWarning, match="cannot be rebound"):
         with mp.extended_precision():
             pass
-    dispatch._watch["due"] = True
+    holders.watch["due"] = True
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # named once
         with mp.extended_precision():
@@ -184,13 +184,13 @@ def test_an_immutable_holder_raises_under_strict_and_warns_otherwise(kind, scan_
 
 def test_the_default_mode_scans_again_only_when_a_function_is_held_anew(scan_due):
     calls = []
-    rebind = dispatch._rebind_held
+    rebind = holders.rebind_held
 
     def counted(strict):
         calls.append(strict)
         rebind(strict)
 
-    dispatch._rebind_held = counted
+    holders.rebind_held = counted
     try:
         with mp.extended_precision():
             pass
@@ -210,7 +210,7 @@ def test_the_default_mode_scans_again_only_when_a_function_is_held_anew(scan_due
             pass  # strict scans (once per installation: the nested strict block here)
         assert calls == [False, False, False, True]
     finally:
-        dispatch._rebind_held = rebind
+        holders.rebind_held = rebind
         del sys.modules["_held_functions_probe"]
 
 
@@ -479,7 +479,7 @@ def test_an_lru_cache_wrapper_is_named(scan_due):
     with pytest.raises(PrecisionDropError, match="lru_cache_wrapper.*exp"):
         with mp.extended_precision(strict=True):
             pass
-    dispatch._watch["due"] = True
+    holders.watch["due"] = True
     with pytest.warns(RuntimeWarning, match="lru_cache_wrapper.*cannot be rebound"):
         with mp.extended_precision():
             pass

@@ -378,18 +378,18 @@ def test_demo_row():
 @pytest.mark.parametrize("pointed", [True, False])
 def test_module_names_written_inside_and_between_blocks(pointed, monkeypatch):
     """A block points MLX's modules at a dictionary with the stand-ins in place
-    (dispatch._Pointed; ``pointed=False``: their names updated in place, as on
+    (standins._Pointed; ``pointed=False``: their names updated in place, as on
     interpreters where that is not safe): a name set or deleted on a module between
     blocks is seen inside the next one, and one set, replaced or deleted inside a
     block stays so after it, as it would without the flow."""
-    from mlx_precise.extended import dispatch
+    from mlx_precise.extended import dispatch, standins
 
     with extended_precision():
         pass
-    monkeypatch.setattr(dispatch, "_POINTS", pointed)
-    plan = dispatch._Plan(dispatch._plans[0])
+    monkeypatch.setattr(standins, "_POINTS", pointed)
+    plan = dispatch._plan(standins.plans[0])
     assert bool(plan.pointed) == pointed
-    monkeypatch.setattr(dispatch, "_plans", [plan, *dispatch._plans])
+    monkeypatch.setattr(standins, "plans", [plan, *standins.plans])
     x = mx.array(np.array([0.1, 2.0, -3.5], np.float32))
     original = mx.sigmoid
     mine = lambda a: original(a)  # noqa: E731 (a user's replacement, made in a block)
