@@ -352,7 +352,8 @@ def _held_anew() -> bool:
     (compared in the same state: the stand-ins installed, the places and the
     outermost block's locals rebound)."""
     plan = standins.plans[0]
-    return plan.referenced() != plan.counted or len(sys.modules) != holders.watch["modules"]
+    plan.opened = plan.referenced()
+    return plan.opened != plan.counted or len(sys.modules) != holders.watch["modules"]
 
 
 def _uninstall() -> None:
@@ -382,10 +383,13 @@ class _FlowBlock:
         global _open
         if self.on:
             with _lock:
+                # (strict: a scan at every block but where the last one accounted for
+                # every reference and no count has changed since)
+                sure = self.strict and not holders.watch["sealed"]
                 if _open == 0:
-                    due = _install() or self.strict
+                    due = _install() or sure
                 else:  # (a strict block in a default one that did not scan)
-                    due = self.strict and not holders.watch["scanned"]
+                    due = sure and not holders.watch["scanned"]
                 _open += 1
                 try:
                     self.rebound = holders.rebind_locals(self.strict)
@@ -393,6 +397,8 @@ class _FlowBlock:
                         due = _held_anew()
                     if due:
                         holders.rebind_held(self.strict)
+                        if _open == 1:
+                            standins.plans[0].opened = standins.plans[0].referenced()
                 except BaseException:
                     self._close()
                     raise
@@ -415,7 +421,10 @@ class _FlowBlock:
     def _close(self):  # (under _lock)
         global _open
         if _open == 1:  # (the state the next _held_anew compares with)
-            standins.plans[0].counted = standins.plans[0].referenced()
+            plan = standins.plans[0]
+            plan.counted = plan.referenced()
+            if plan.counted != plan.opened:  # (a reference appeared during the block)
+                holders.watch["sealed"] = False
         if self.rebound is not None:
             holders.restore_locals(self.rebound)
             self.rebound = None

@@ -343,8 +343,10 @@ class _Unreached:
                 "collector does not track)")
 
 
-# a scan is due / ran in this installation / sys.modules' size at the last scan
-watch = {"due": True, "scanned": False, "modules": 0}
+# a scan is due / ran in this installation / sys.modules' size at the last scan /
+# every reference to MLX's functions was accounted for at the last strict scan and
+# none has changed since (:func:`_accounted`: strict blocks need no scan then)
+watch = {"due": True, "scanned": False, "modules": 0, "sealed": False}
 _SKIP = ("mlx.core", "mlx_precise")  # modules whose globals are MLX's or the package's
 _places_held: list = []  # _Place: rebound to the stand-ins at every installation
 _warned: set = set()  # ids of the holders named in a warning already
@@ -418,7 +420,7 @@ def rebind_held(strict: bool) -> None:
         mutable = [h for h in mutable if id(h) not in plan.own]
         frozen = [h for h in frozen if id(h) not in plan.own]
         bound = [b for b in bound if id(b) not in plan.own]
-    watch.update(due=False, scanned=True, modules=len(sys.modules))
+    watch.update(due=False, scanned=True, modules=len(sys.modules), sealed=False)
     found = [p for holder in mutable for p in _places(holder, hit)]
     # MLX's classes (mx.array: its Constructor) bound in module globals; not scanned
     # for elsewhere (the class is in every annotation and isinstance tuple)
@@ -437,6 +439,7 @@ def rebind_held(strict: bool) -> None:
     _places_held.extend(found)
     frozen = [h for h in frozen if strict or id(h) not in _warned]
     if not frozen:
+        watch["sealed"] = strict and _accounted(plan)
         return
     message = ("{} before extended_precision(): it cannot be rebound to the double-word "
                "stand-ins, so a call through it inside the block computes in float32 "
@@ -447,6 +450,26 @@ def rebind_held(strict: bool) -> None:
         raise PrecisionDropError(message)
     _warned.update(map(id, frozen))
     warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _accounted(plan) -> bool:
+    """Every reference to each of MLX's functions is held by an object the collector
+    tracks (found by the scan that just ran, the package's own, or rebound), none by
+    a frame's local or a temporary that it cannot see. Then, as long as their
+    reference counts do not change, no holder can have appeared: a new one would add
+    to a count, and no reference outside the tracked objects is left to disappear at
+    the same time (the coincidence a count alone cannot tell). ~30 ms for 55k
+    objects, once per strict scan, where a strict block scans ~30 ms every time."""
+    originals = tuple(o for o, _ in plan.scanned.values())
+    held = dict.fromkeys(map(id, originals), 0)
+    for r in gc.get_referrers(*originals):
+        if r is not originals:
+            for v in gc.get_referents(r):
+                if id(v) in held:
+                    held[id(v)] += 1
+    r = v = None  # (the loops' last values: no reference but those subtracted below)
+    # (uncounted: getrefcount's argument, ``originals``, the generator's ``o``)
+    return all(sys.getrefcount(o) - 3 == held[id(o)] for o in originals)
 
 
 def _reached(plan) -> set:

@@ -229,6 +229,7 @@ class Plan:
         # the reference counts of the scanned functions (None: read one by one)
         self.counts = _gauge([o for o, _ in self.scanned.values()], 0, _counts_follow)
         self.counted = self.tagged = None  # their readings when the last block closed
+        self.opened = None  # the counts when the outermost block opened
         self.installed = None  # the tags' reading when the stand-ins were installed
 
     def _step(self, owner, namespace, values: dict, install: bool):

@@ -214,10 +214,66 @@ def test_the_default_mode_scans_again_only_when_a_function_is_held_anew(scan_due
         del sys.modules["_held_functions_probe"]
 
 
+def test_strict_blocks_scan_until_every_reference_is_accounted_for(scan_due):
+    """A strict scan that accounts for every reference to MLX's functions (all held
+    by objects the collector tracks) seals them: later strict blocks scan only
+    where a count changed (a holder made since), and one held where the collector
+    cannot see it (here a local of another thread's running function) leaves them
+    unsealed, so every strict block scans until it is gone."""
+    calls = []
+    rebind = holders.rebind_held
+
+    def counted(strict):
+        calls.append(strict)
+        rebind(strict)
+
+    def strict_block():
+        with mp.extended_precision(strict=True):
+            pass
+
+    ready, done = threading.Event(), threading.Event()
+
+    def hold():
+        f = mx.sigmoid  # noqa: F841 (a reference the collector does not see)
+        ready.set()
+        done.wait(60)
+
+    holders.rebind_held = counted
+    try:
+        strict_block()
+        assert holders.watch["sealed"]
+        for _ in range(5):
+            strict_block()
+        assert calls == [True]
+        late = [mx.exp]  # a holder made after the scan: its count tells
+        with mp.extended_precision(strict=True):
+            assert late[0] is not mx.exp.__wrapped__  # found and rebound
+        assert calls == [True, True] and late[0] is mx.exp
+        frozen = (mx.exp,)
+        with pytest.raises(PrecisionDropError, match="tuple.*exp"):
+            strict_block()
+        del frozen
+        thread = threading.Thread(target=hold)
+        thread.start()
+        ready.wait(60)
+        strict_block()
+        strict_block()
+        assert not holders.watch["sealed"] and len(calls) == 5
+        done.set()
+        thread.join(60)
+        strict_block()  # (the count fell: scanned, every reference accounted for)
+        strict_block()
+        assert holders.watch["sealed"] and len(calls) == 6
+    finally:
+        done.set()
+        holders.rebind_held = rebind
+
+
 def test_nested_blocks_and_a_strict_inner_block(monkeypatch):
     install = dispatch._install
     monkeypatch.setattr(dispatch, "_install", lambda: install() and False)  # no scan
-    monkeypatch.setattr(dispatch, "_held_anew", lambda: False)
+    monkeypatch.setattr(dispatch, "_held_anew", lambda: False)  # (a new holder unseen)
+    monkeypatch.setitem(holders.watch, "sealed", False)  # (so the strict block scans)
     table = {"exp": mx.exp}
     with mp.extended_precision():
         assert table["exp"] is mx.exp.__wrapped__  # the default block did not scan
