@@ -300,6 +300,19 @@ def _scan_heap(hit: dict, own: dict) -> tuple[list, list, list]:
             [b for b in bound if not ours(b)])
 
 
+def _tracked_references(objects: tuple, ours=frozenset()) -> tuple[list, dict]:
+    """(the objects the collector tracks that refer to ``objects``, but for
+    ``objects`` itself and ``ours`` (ids), {id: the references they hold to each})."""
+    referrers = [r for r in gc.get_referrers(*objects)
+                 if r is not objects and id(r) not in ours]
+    held = dict.fromkeys(map(id, objects), 0)
+    for r in referrers:
+        for v in gc.get_referents(r):
+            if id(v) in held:
+                held[id(v)] += 1
+    return referrers, held
+
+
 def _bound_places(bound: list, hit: dict) -> tuple[list, list]:
     """(places, frozen) for bound methods of arrays that hold MLX's functions: their
     holders get the stand-in bound to the same array; a holder that cannot be
@@ -309,13 +322,8 @@ def _bound_places(bound: list, hit: dict) -> tuple[list, list]:
     rebound = {id(b): standins.Kept((b, types.MethodType(hit[id(b.__func__)][1], b.__self__)))
                for b in bound}
     ours = {id(bound), *map(id, rebound.values())}
-    referrers = [r for r in gc.get_referrers(*bound) if id(r) not in ours]
-    seen = dict.fromkeys(rebound, 0)  # references the referrers account for
-    for r in referrers:
-        for v in gc.get_referents(r):
-            if id(v) in seen:
-                seen[id(v)] += 1
-    # (the others: the list, its standins.Kept pair, the loop variable, getrefcount's argument)
+    referrers, seen = _tracked_references(tuple(bound), ours)
+    # (the others: the list, its Kept pair, the loop variable, getrefcount's argument)
     frozen = [_Unreached(b) for b in bound if sys.getrefcount(b) - 4 > seen[id(b)]]
     places = []
     for r in referrers:
@@ -461,13 +469,7 @@ def _accounted(plan) -> bool:
     the same time (the coincidence a count alone cannot tell). ~30 ms for 55k
     objects, once per strict scan, where a strict block scans ~30 ms every time."""
     originals = tuple(o for o, _ in plan.scanned.values())
-    held = dict.fromkeys(map(id, originals), 0)
-    for r in gc.get_referrers(*originals):
-        if r is not originals:
-            for v in gc.get_referents(r):
-                if id(v) in held:
-                    held[id(v)] += 1
-    r = v = None  # (the loops' last values: no reference but those subtracted below)
+    _, held = _tracked_references(originals)
     # (uncounted: getrefcount's argument, ``originals``, the generator's ``o``)
     return all(sys.getrefcount(o) - 3 == held[id(o)] for o in originals)
 
