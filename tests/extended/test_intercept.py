@@ -421,3 +421,22 @@ def test_module_names_written_inside_and_between_blocks(pointed, monkeypatch):
     with extended_precision():
         assert id(mx.sigmoid) != sigmoid_id and not hasattr(mx.fft, "inside_block")
     assert mx.sigmoid is original
+
+
+def test_mlx_modules_own_their_dictionaries_outside_blocks():
+    """Outside every block MLX's modules point at their own dictionaries again (the
+    same objects, holding MLX's functions), after blocks that closed normally, by an
+    exception, and nested."""
+    modules = (mx, mx.fast, mx.fft, mx.linalg, mx.random)
+    own = [vars(m) for m in modules]
+    exp = own[0]["exp"]
+    exp_id = id(exp)  # (not a name: the block rebinds the names that hold it)
+    with extended_precision():
+        assert id(mx.exp) != exp_id
+        with extended_precision(strict=True):
+            pass
+    with pytest.raises(ZeroDivisionError):
+        with extended_precision():
+            1 / 0
+    assert all(vars(m) is d for m, d in zip(modules, own))
+    assert mx.exp is exp and own[0]["exp"] is exp
