@@ -6,7 +6,9 @@ its (absent) cost outside.
    fresh process without mlx-precise and in one that imported it and opened and
    closed a block first. The two processes alternate; medians of the bursts.
    Results must also be bit-identical.
-2. Host costs: opening and closing an empty block, and building one elementwise
+2. Host costs: opening and closing an empty block (and a strict one: its heap scan,
+   and a strict block once the scan has accounted for every reference to MLX's
+   functions), and building one elementwise
    op in a block (16 elements, graph building only) against plain MLX; one
    elementwise op on 10^6 elements, evaluated, against plain float32 and MLX
    float64 (the cpu backend's limit).
@@ -189,8 +191,8 @@ def _median_us(fn, n: int, rounds: int) -> float:
 def host_costs(backend: str, rounds: int) -> dict:
     import mlx_precise as mp
 
-    def empty():
-        with mp.extended_precision():
+    def empty(strict: bool = False):
+        with mp.extended_precision(strict=strict):
             pass
 
     small = [mx.array(np.linspace(-1, 1, 16, dtype=np.float32) + k) for k in range(2)]
@@ -198,8 +200,30 @@ def host_costs(backend: str, rounds: int) -> dict:
            for k in range(2)]
     big64 = [v.astype(mx.float64) for v in big]
     mx.eval(*big64)
+    import gc
+    import threading
+
+    held, done = threading.Event(), threading.Event()
+
+    def hold():  # a reference to an MLX function out of the collector's sight
+        f = mx.sigmoid
+        held.set()
+        done.wait(600)
+        del f
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(60)
+    objects = len(gc.get_objects())
     out = {"empty block": _median_us(empty, 500, rounds),
-           "op, 16 elements, plain": _median_us(lambda: small[0] * small[1], 2000, rounds)}
+           f"strict block, a reference out of sight: scans the heap ({objects} objects)":
+               _median_us(lambda: empty(True), 3, rounds)}
+    done.set()
+    thread.join(60)
+    out["strict block, every reference accounted for"] = _median_us(lambda: empty(True), 500,
+                                                                    rounds)
+    out.update({
+           "op, 16 elements, plain": _median_us(lambda: small[0] * small[1], 2000, rounds)})
     with mp.use_backend(backend), mp.extended_precision():
         out["op, 16 elements, in a block"] = _median_us(lambda: small[0] * small[1], 2000,
                                                          rounds)

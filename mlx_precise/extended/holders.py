@@ -354,7 +354,7 @@ class _Unreached:
 # a scan is due / ran in this installation / sys.modules' size at the last scan /
 # every reference to MLX's functions was accounted for at the last strict scan and
 # none has changed since (:func:`_accounted`: strict blocks need no scan then)
-watch = {"due": True, "scanned": False, "modules": 0, "sealed": False}
+watch = {"due": True, "scanned": False, "modules": 0, "sealed": False, "unaccounted": None}
 _SKIP = ("mlx.core", "mlx_precise")  # modules whose globals are MLX's or the package's
 _places_held: list = []  # _Place: rebound to the stand-ins at every installation
 _warned: set = set()  # ids of the holders named in a warning already
@@ -447,7 +447,13 @@ def rebind_held(strict: bool) -> None:
     _places_held.extend(found)
     frozen = [h for h in frozen if strict or id(h) not in _warned]
     if not frozen:
-        watch["sealed"] = strict and _accounted(plan)
+        if strict:
+            # (counted again only where a count moved since a count that failed:
+            # a reference out of sight that stays keeps costing one scan, not two)
+            counts = plan.referenced()
+            if counts != watch["unaccounted"]:
+                watch["sealed"] = _accounted(plan)
+                watch["unaccounted"] = None if watch["sealed"] else counts
         return
     message = ("{} before extended_precision(): it cannot be rebound to the double-word "
                "stand-ins, so a call through it inside the block computes in float32 "

@@ -234,9 +234,10 @@ def test_strict_blocks_scan_until_every_reference_is_accounted_for(scan_due):
     ready, done = threading.Event(), threading.Event()
 
     def hold():
-        f = mx.sigmoid  # noqa: F841 (a reference the collector does not see)
+        f = mx.sigmoid  # (a reference the collector does not see)
         ready.set()
         done.wait(60)
+        del f
 
     holders.rebind_held = counted
     try:
