@@ -264,6 +264,8 @@ def metal_graph(name: str, size: str = "small", rounds: int = 15, calls: int = 3
     * ``compiled``, ``plain_compiled``: seconds of host work per call of the
       ``mx.compile``d forward (the block inside it: later calls replay the traced
       graph, running no Python and no rules), its graph built, not evaluated.
+    * ``nodes``, ``plain_nodes``: the primitives of the graph a compiled call
+      replays (views included), extended and plain.
 
     Times: CPU seconds of this process (``time.process_time``: the host's work,
     not the machine's other load, which wall time on a shared machine includes),
@@ -280,6 +282,7 @@ def metal_graph(name: str, size: str = "small", rounds: int = 15, calls: int = 3
         ext = graph_counts(forward(x))
         compiled = {"plain": mx.compile(lambda x: model(x)), "extended": mx.compile(forward)}
         mx.eval(compiled["plain"](x), compiled["extended"](x))  # traced once
+        replayed = {k: _nodes(graph_counts(fn(x))) for k, fn in compiled.items()}
         built = {"plain": model, "extended": forward}
         times = {k: [] for k in ("plain", "extended", "plain_compiled", "compiled")}
         for _ in range(rounds):
@@ -299,7 +302,32 @@ def metal_graph(name: str, size: str = "small", rounds: int = 15, calls: int = 3
             "dispatch_ratio": (ext["launches"] + ext["glue"]) / plain["glue"],
             "build": med["extended"], "plain_build": med["plain"],
             "compiled": med["compiled"], "plain_compiled": med["plain_compiled"],
+            "nodes": replayed["extended"], "plain_nodes": replayed["plain"],
             "by_primitive": ext["by_primitive"]}
+
+
+def _nodes(counts: dict) -> int:
+    """The primitives of a graph (:func:`~mlx_precise.testing.graph_counts`), views
+    included: what a compiled call replays, one node at a time."""
+    return sum(counts["by_primitive"].values())
+
+
+def compiled_graph(name: str, size: str = "large", seed: int = 0) -> dict:
+    """:func:`~mlx_precise.testing.graph_counts` of the graph one call of the
+    ``mx.compile``d forward on the metal path replays (the lazy stand-in for the
+    kernels; after MLX's simplification and fusion of the traced graph), and
+    ``"nodes"``: its primitives, views included (a compiled call's host cost grows
+    with them, and with each node's inputs and outputs)."""
+    from mlx_precise.testing import graph_counts, lazy_metal_executor
+
+    mod = importlib.import_module(f"models.{name}")
+    model, x = mod.build(size, seed)
+    mx.eval(model.parameters())
+    with lazy_metal_executor():
+        fn = mx.compile(_forward_on_metal(model))
+        mx.eval(fn(x))  # traced once
+        counts = graph_counts(fn(x))
+    return {**counts, "nodes": _nodes(counts)}
 
 
 def print_metal_table(names, size: str) -> None:
@@ -309,12 +337,13 @@ def print_metal_table(names, size: str) -> None:
     print("Metal path, host side (lazy stand-in for the kernels: counts and host "
           "times on this machine, no Apple GPU)\n")
     print("| model | launches | glue | plain ops | dispatches / plain (<= 2) "
+          "| compiled graph nodes: extended / plain "
           "| build: extended / plain (<= 10) | compiled call: extended / plain (<= 3) |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name in names:
         g = metal_graph(name, size)
         print(f"| {name} | {g['launches']} | {g['glue']} | {g['plain_ops']} "
-              f"| {g['dispatch_ratio']:.2f} "
+              f"| {g['dispatch_ratio']:.2f} | {g['nodes']} / {g['plain_nodes']} "
               f"| {1e3 * g['build']:.2f} / {1e3 * g['plain_build']:.3f} ms = "
               f"{g['build'] / g['plain_build']:.1f}x "
               f"| {1e3 * g['compiled']:.3f} / {1e3 * g['plain_compiled']:.3f} ms = "

@@ -47,6 +47,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
+from ..core.autodiff import guarded as _guarded
 from ..core.context import flow_suspended, register_block_hook, restore
 from ..core.kernels import (Codes, Constants, Kernel, elementwise_grid, generated_block,
                             per_element_of_first_input)
@@ -794,6 +795,21 @@ def mlx_gradients():
         yield
     finally:
         _traced.reset(token)
+
+
+def guarded(fn, arrays: list, what: str, backend):
+    """``fn(*arrays)``, a function of DoubleWord words that has no gradient, through
+    :func:`~mlx_precise.core.autodiff.guarded` (a VJP raising NotDifferentiableError
+    naming ``what``) where MLX's autodiff may differentiate it: inside
+    :func:`mlx_gradients`, and always on the cpu engine (MLX would differentiate its
+    float64 ops). Elsewhere on a kernel backend it runs bare: nothing differentiates
+    it, and a transform made outside the package would stop at its first kernel (MLX's
+    CustomKernel and the emulator's launches raise for a derivative); the custom
+    function would only add a graph node that every call of a compiled function
+    replays."""
+    if _traced.get() or not backends.of(backend).has_kernels:
+        return _guarded(fn, arrays, what)
+    return fn(*arrays)
 
 
 def apply(op: str, operands: list[DoubleWord], backend, stream=None,

@@ -29,8 +29,8 @@ import numpy as np
 
 from ..core import backends
 from . import engine as _fft
-from ..core.autodiff import guarded
 from ..doubleword.engine64 import from64
+from ..doubleword.fusion import guarded
 from ..doubleword.types import DoubleWord
 from ..doubleword.elementwise import scale_extended
 
@@ -225,7 +225,7 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
             return tuple(v for v in y.wide if v is not None)
         return y.hi, y.lo
 
-    out = guarded(run, arrays, f"the {kind} of a DoubleWord or with round_output=False")
+    out = guarded(run, arrays, f"the {kind} of a DoubleWord or with round_output=False", name)
     if round_output:
         return out
     if out[0].dtype == mx.float64:  # (re[, im]): the float64 value
