@@ -397,7 +397,8 @@ def _composed_program(op: int, fn: int, progs: tuple, slots: list) -> Program:
 # words are the caller's): no entry is made there, each operation is one launch.
 # parts: for complex words made by a program over the parts axis, that program's
 # float32 words (hi and lo are views of them), which a later program reads as they
-# are; else None.
+# are; else None. Complex words another kernel wrote (note_parts) have parts and no
+# Expr (None): they are leaves.
 _table: dict[int, tuple] = {}
 _scope: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_fusion_scope",
                                                         default=None)
@@ -448,6 +449,27 @@ def _block_scope(on: bool, strict: bool):
 
 
 register_block_hook(_block_scope)  # before the flow's hook, whose report the block yields
+
+
+def note_parts(hi: mx.array, lo: mx.array, words: tuple) -> None:
+    """Record that the complex64 words ``hi``, ``lo`` are views of the float32
+    ``words`` a kernel wrote (hi's, lo's: the (re, im) pairs in hi's row-major order,
+    in any shape of that size), so that a program over the parts axis reads those
+    (one reshape, none where they have the shape) instead of views of the complex
+    words (a reshape and a view each). Inside a block, outside MLX's autodiff (whose
+    programs read no parts)."""
+    if not _traced.get():
+        _remember(hi, lo, None, tuple(words))
+
+
+def words_of(w: DoubleWord) -> tuple | None:
+    """The float32 words (hi's, lo's) that the complex words of ``w`` view, as a
+    kernel wrote them (a program over the parts axis, :func:`note_parts`): the
+    (re, im) pairs in w's row-major order, in any shape of that size; None where
+    none are known. A kernel that reads complex words flat reads these as they are
+    (the same floats) instead of a float32 view of a reshape of the complex view."""
+    entry = _entry(w) if w.is_complex else None
+    return None if entry is None else entry[4]
 
 
 def note_constant(w: DoubleWord, hi: float, lo: float) -> DoubleWord:
@@ -886,14 +908,15 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
     if not w.is_complex:
         hi, lo = hi.astype(_C64), None if lo is None else lo.astype(_C64)
     entry = _entry(w) if w.is_complex else None
-    if entry is not None and entry[4] is not None:  # the program's own words (its chain)
+    if entry is not None and entry[4] is not None:  # the words a kernel wrote
         words, shape = entry[4], tuple(hi.shape) + (2,)
         if tuple(words[0].shape) != shape:  # (..., 2 n) as written: the parts axis
             words = tuple(a.reshape(shape) for a in words)
-            _remember(*words, entry[2])
+            if entry[2] is not None:  # a program's words: its chain goes with them
+                _remember(*words, entry[2])
         return DoubleWord.of_words(*words)
     hi_p, lo_p = _parts(hi), _parts(lo)
-    if entry is not None:
+    if entry is not None and entry[2] is not None:
         _remember(hi_p, lo_p, entry[2])  # the views read as the chain they show
     return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
 

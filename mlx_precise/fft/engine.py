@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 
 import mlx.core as mx
 import numpy as np
@@ -40,6 +41,7 @@ from ..doubleword import pow2scale
 from ..doubleword.engine64 import from64, from_float64_result
 from ..doubleword.types import DoubleWord, read_input
 from ..doubleword.elementwise import complex_multiply_extended, reciprocal_words
+from ..doubleword.fusion import note_parts
 from ..core.kernels import Constants, Kernel, ParamLayout, generated_block
 from . import cpu
 from .twiddles import chirp_words, twiddle_table
@@ -229,9 +231,28 @@ def _word_rows(f: mx.array, rows: int, width: int) -> mx.array:
     return f if f.shape == (rows, width) else f[: rows * width].reshape(rows, width)
 
 
-def _unflat(f: mx.array, rows: int, n: int) -> mx.array:
-    """complex64 (rows, n) from a kernel's float32 words (:func:`_words`)."""
-    return _word_rows(f, rows, 2 * n).view(mx.complex64)
+def _unflat(f: mx.array, rows: int, n: int, note: bool = False) -> mx.array:
+    """complex64 (rows, n) from a kernel's float32 words (:func:`_words`); ``note``:
+    a transform's result, whose words :func:`_finish` may hand on (:data:`_VIEWED`)."""
+    words = _word_rows(f, rows, 2 * n)
+    c = words.view(mx.complex64)
+    if note:
+        key = id(c)
+        _VIEWED[key] = (weakref.ref(c, lambda _ref, key=key: _VIEWED.pop(key, None)), words)
+    return c
+
+
+# id of a transform's complex64 result (rows, n) -> (a weak reference to it, the float32
+# words (rows, 2n) it views): where the rows are the caller's last axis, the
+# DoubleWord result views them too, and a fused program reads them as they are
+# (fusion.note_parts) instead of views of its complex words.
+_VIEWED: dict[int, tuple] = {}
+
+
+def _viewed(c: mx.array | None) -> mx.array | None:
+    """The float32 words the complex64 ``c`` views (:func:`_unflat`), or None."""
+    entry = None if c is None else _VIEWED.get(id(c))
+    return entry[1] if entry is not None and entry[0]() is c else None
 
 
 def _complex(a: mx.array | None) -> mx.array | None:
@@ -270,9 +291,17 @@ def _batch(a: mx.array, ax: int):
 
 
 def _finish(y_hi, y_lo, lead: tuple, ax: int, round_output: bool):
-    """Rows back to the caller's layout: an array, or a DoubleWord."""
+    """Rows back to the caller's layout: an array, or a DoubleWord (complex words
+    that view the kernels' float32 words in their order, the rows being the last
+    axis: noted so, :func:`~mlx_precise.doubleword.fusion.note_parts`)."""
     out = _from_rows(y_hi, lead, ax)
-    return out if round_output else DoubleWord(out, _from_rows(y_lo, lead, ax))
+    if round_output:
+        return out
+    lo = _from_rows(y_lo, lead, ax)
+    words = (_viewed(y_hi), _viewed(y_lo)) if ax == len(lead) else (None, None)
+    if words[0] is not None and words[1] is not None:
+        note_parts(out, lo, words)
+    return DoubleWord(out, lo)
 
 
 def _empty(lead: tuple, m: int, dtype, ax: int, round_output: bool):
@@ -487,7 +516,7 @@ def _cfft_rows(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_o
                            backend=backend, stream=stream, nt=nt, rs=rs)
     if words:
         return y_hi, y_lo
-    return _unflat(y_hi, rows, n), None if y_lo is None else _unflat(y_lo, rows, n)
+    return _unflat(y_hi, rows, n, True), None if y_lo is None else _unflat(y_lo, rows, n, True)
 
 
 def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo_out: bool,
@@ -513,7 +542,8 @@ def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo
         output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
     if words:
         return y_hi, y_lo if lo_out else None
-    return _unflat(y_hi, rows, per_row), _unflat(y_lo, rows, per_row) if lo_out else None
+    return (_unflat(y_hi, rows, per_row, True),
+            _unflat(y_lo, rows, per_row, True) if lo_out else None)
 
 
 def _rfft_rows(hi, lo, rows: int, n: int, *, lo_out: bool, backend: str, stream,

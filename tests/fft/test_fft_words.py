@@ -1,0 +1,89 @@
+"""A transform's complex result inside a block is a view of the float32 words its
+last kernel wrote; the kernels that read it next (a fused program over the parts
+axis, the complex exponential, the complex division) read those words as they are
+(mlx_precise.doubleword.fusion.note_parts / words_of), not float32 views of
+reshapes of its complex view: the same floats, fewer graph nodes (a compiled
+call on metal replays every one)."""
+
+import importlib
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlx_precise as mp
+from mlx_precise.extended import low_word
+from mlx_precise.testing import graph_counts, lazy_metal_executor
+
+fftengine = importlib.import_module("mlx_precise.fft.engine")
+
+
+def _ops(X, c):
+    """rfft result X (complex words) read by a fused product, the complex
+    exponential and a complex division."""
+    return [X * c + X, mx.exp(X / 64), c / X]
+
+
+def _inputs():
+    rng = np.random.default_rng(3)
+    x = mx.array(rng.standard_normal((4, 32)).astype(np.float32))
+    c = mx.array((rng.standard_normal((4, 17)) + 1j * rng.standard_normal((4, 17)))
+                 .astype(np.complex64))
+    return x, c
+
+
+def _bits(a):
+    return np.array(a).view(np.uint32)
+
+
+def test_reading_the_words_keeps_the_bits(monkeypatch):
+    """On emulate, each result and its low word have the same bits whether the
+    readers take the transform's words or views of its complex words, and the
+    carried values agree with a float64 oracle."""
+    x, c = _inputs()
+    out = []
+    for noted in (True, False):
+        if not noted:
+            monkeypatch.setattr(fftengine, "note_parts", lambda *a: None)
+        with mp.use_backend("emulate"), mp.extended_precision() as rep:
+            ys = _ops(mx.fft.rfft(x), c)
+            mx.eval(ys, [low_word(y) for y in ys])
+        assert not rep.float32, rep.float32
+        out.append([(_bits(y), _bits(low_word(y))) for y in ys])
+    for (h1, l1), (h2, l2) in zip(*out):
+        assert np.array_equal(h1, h2) and np.array_equal(l1, l2)
+    X = np.fft.rfft(np.array(x).astype(np.float64))
+    c64 = np.array(c).astype(np.complex128)
+    for y, ref in zip(ys, [X * c64 + X, np.exp(X / 64), c64 / X]):
+        got = np.array(y).astype(np.complex128) + np.array(low_word(y)).astype(np.complex128)
+        assert np.max(np.abs(got - ref)) <= 1e-12 * np.max(np.abs(ref))
+
+
+# View nodes in the graph of each reader (the product, the exponential, the
+# division). With the transform's words read as they are, the Views left are the
+# result's own complex views of the words its kernel wrote and those of c's float32
+# parts; through views of X's complex words, each word of X a reader takes costs
+# two more (a complex view and a float32 view; the division, reading flat, one
+# more), with as many Reshapes either way.
+VIEWS = {"noted": (4, 2, 5), "viewed": (10, 6, 8)}
+
+
+@pytest.mark.parametrize("which", range(3))
+def test_readers_take_the_words(lazy_metal, monkeypatch, which):
+    """On metal (lazy stand-in) each reader's graph holds the View nodes counted
+    in :data:`VIEWS`, with the same launches and Reshapes as when the transform's
+    complex words are read through views (the note turned off)."""
+    x, c = _inputs()
+    mx.eval(x, c)
+    counts = {}
+    for form in ("noted", "viewed"):
+        if form == "viewed":
+            monkeypatch.setattr(fftengine, "note_parts", lambda *a: None)
+        with mp.use_backend("metal"), mp.extended_precision():
+            y = _ops(mx.fft.rfft(x), c)[which]
+            counts[form] = graph_counts(y, low_word(y))
+    for form, g in counts.items():
+        assert g["by_primitive"].get("View", 0) == VIEWS[form][which], (form, g)
+    noted, viewed = (counts[f]["by_primitive"] for f in ("noted", "viewed"))
+    assert counts["noted"]["launches"] == counts["viewed"]["launches"]
+    assert noted["Reshape"] == viewed["Reshape"], (noted, viewed)
