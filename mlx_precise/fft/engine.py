@@ -633,13 +633,14 @@ def cpu_transform(steps, x, factor, round_output: bool):
 # ---- public API --------------------------------------------------------------------
 
 
-def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
+def _complex_transform(x, n, axis, inverse, round_output, backend, stream, scaled=True):
     x = read_input(x, "x", "words", ANY)
     ax = _check_axis(x.ndim, axis, "x")
     n = _check_n(n, x.shape[ax])
     name = backends.resolve(backend)
     if name.float64_engine:
-        return cpu_transform([("ifft" if inverse else "fft", n, ax)], x, None, round_output)
+        return cpu_transform([("ifft" if inverse else "fft", n, ax)], x,
+                             None if scaled or not inverse else float(n), round_output)
     real_in = x.dtype == mx.float32
     hi, lo = _hi_lo(x, complex_out=inverse)
     lead, rows = _batch(hi, ax)
@@ -656,7 +657,7 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
         stockham = n > 1 and _is_pow2(n)  # its first and last passes scale the rows
         y_hi, y_lo = _in_range(
             lambda h, l, rs: _cfft_rows(h, l, rows, n, inverse=inverse,
-                                        scale_den=n if inverse else 1,
+                                        scale_den=n if inverse and scaled else 1,
                                         lo_out=not round_output, backend=name, stream=stream,
                                         rs=rs),
             hi, lo, _growth_log2(n), stockham, stockham)
@@ -681,13 +682,13 @@ def _rfft_words(x, n, axis, round_output, backend, stream):
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 
-def _irfft_words(X, n, axis, round_output, backend, stream):
+def _irfft_words(X, n, axis, round_output, backend, stream, scaled=True):
     X = read_input(X, "X", "words", ANY)
     ax = _check_axis(X.ndim, axis, "X")
     n = _check_n(n, 2 * (X.shape[ax] - 1))
     name = backends.resolve(backend)
     if name.float64_engine:
-        return cpu_transform([("irfft", n, ax)], X, None, round_output)
+        return cpu_transform([("irfft", n, ax)], X, None if scaled else float(n), round_output)
     hi, lo = _hi_lo(X, complex_out=True)
     lead, rows = _batch(hi, ax)
     if rows == 0:
@@ -695,15 +696,18 @@ def _irfft_words(X, n, axis, round_output, backend, stream):
     m = n // 2 + 1
     growth = _growth_log2(n) if n % 2 else _growth_log2(n // 2) + 2  # + pre-processing
     y_hi, y_lo = _in_range(
-        lambda h, l, rs: _irfft_rows(h, l, rows, n, round_output, name, stream, rs),
+        lambda h, l, rs: _irfft_rows(h, l, rows, n, round_output, name, stream, rs,
+                                     n if scaled else 1),
         _to_rows(hi, ax, m), _to_rows(lo, ax, m), growth, *_real_folds(n)[::-1])
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 
 def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream,
-                rs: _RowScale | None = None):
-    """irfft of complex64 (rows, n//2 + 1) words: float32 (rows, n) (hi, lo or None).
-    ``rs``: the kernels' row scaling (:func:`_real_folds` sizes)."""
+                rs: _RowScale | None = None, scale_den: int | None = None):
+    """irfft of complex64 (rows, n//2 + 1) words: float32 (rows, n) (hi, lo or None),
+    times 1/scale_den (default n: numpy's irfft). ``rs``: the kernels' row scaling
+    (:func:`_real_folds` sizes)."""
+    den = n if scale_den is None else scale_den
     m = n // 2 + 1
     if n % 2:  # odd: Hermitian extension to n points, complex inverse, real part
         def extend(a):
@@ -711,20 +715,20 @@ def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream
             return mx.concatenate([first, a[:, 1:], mx.conj(a[:, m - 1:0:-1])], axis=1)
 
         y_hi, y_lo = _cfft_rows(extend(hi), None if lo is None else extend(lo), rows, n,
-                                inverse=True, scale_den=n, lo_out=not round_output,
+                                inverse=True, scale_den=den, lo_out=not round_output,
                                 backend=name, stream=stream)
         y_hi = mx.real(y_hi)
         y_lo = None if y_lo is None else mx.real(y_lo)
     else:
         big_n = n // 2
-        single = big_n == 1  # no complex FFT runs: the kernel applies the 1/2
+        single = big_n == 1  # no complex FFT runs: the kernel applies the 1/den
         rs = _stage(rs, per_part=True)  # the result's words are real
-        z_hi, z_lo = _real_kernel(hi, lo, rows, big_n, pre=True, scale_den=n if single else 1,
+        z_hi, z_lo = _real_kernel(hi, lo, rows, big_n, pre=True, scale_den=den if single else 1,
                                   lo_out=not (single and round_output), backend=name,
                                   stream=stream, rs=_stage(rs, store=single),  # N = 1: folds
                                   words=True)
         if not single:
-            z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=True, scale_den=n,
+            z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=True, scale_den=den,
                                     lo_out=not round_output, backend=name, stream=stream,
                                     nt=n, rs=_stage(rs, load=False), words=True)
         # z: the kernels' float32 words, (rows, n) as they are
@@ -733,10 +737,14 @@ def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream
     return y_hi, y_lo
 
 
-def transform_words(kind: str, x, n, axis, round_output: bool, backend, stream):
+def transform_words(kind: str, x, n, axis, round_output: bool, backend, stream,
+                    scaled: bool = True):
     """One 1-D transform ``kind`` (fft, ifft, rfft, irfft) with no autodiff
-    wrapper: the building block of :mod:`mlx_precise.fft.nd`."""
+    wrapper: the building block of :mod:`mlx_precise.fft.nd`. ``scaled=False``: an
+    inverse (ifft, irfft) without its 1/n (the kernel backends; norm="forward")."""
     if kind in ("fft", "ifft"):
-        return _complex_transform(x, n, axis, kind == "ifft", round_output, backend, stream)
-    return (_rfft_words if kind == "rfft" else _irfft_words)(x, n, axis, round_output, backend,
-                                                             stream)
+        return _complex_transform(x, n, axis, kind == "ifft", round_output, backend, stream,
+                                  scaled)
+    if kind == "irfft":
+        return _irfft_words(x, n, axis, round_output, backend, stream, scaled)
+    return _rfft_words(x, n, axis, round_output, backend, stream)

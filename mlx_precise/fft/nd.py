@@ -77,9 +77,15 @@ def _chain(kind, x, s, axes, norm, round_output, backend, stream):
     if backend.float64_engine and x.size:  # the float64 steps on the host, in one go
         return _fft.cpu_transform(steps, x, None if factor is None else float(factor),
                                   round_output)
+    # an inverse with norm="forward" is the unnormalised sum: its 1-D steps leave out
+    # their 1/n and no factor n is applied after them (one launch fewer, no rounding
+    # of 1/n where n is not a power of two; the same bits where it is)
+    scaled = not (norm == "forward" and kind in ("ifft", "irfft"))
+    if not scaled:
+        factor = None
     for i, (k, n, ax) in enumerate(steps):
         last = i == len(steps) - 1 and factor is None
-        x = _fft.transform_words(k, x, n, ax, round_output and last, backend, stream)
+        x = _fft.transform_words(k, x, n, ax, round_output and last, backend, stream, scaled)
     if factor is not None:
         x = scale_extended(x, factor, round_output=round_output, backend=backend, stream=stream)
     return x

@@ -87,3 +87,33 @@ def test_readers_take_the_words(lazy_metal, monkeypatch, which):
     noted, viewed = (counts[f]["by_primitive"] for f in ("noted", "viewed"))
     assert counts["noted"]["launches"] == counts["viewed"]["launches"]
     assert noted["Reshape"] == viewed["Reshape"], (noted, viewed)
+
+
+fftnd = importlib.import_module("mlx_precise.fft.nd")
+
+
+@pytest.mark.parametrize("kind, shape, n", [("irfft", (3, 33), 64), ("ifft", (3, 32), 32),
+                                            ("irfft", (2, 7), 12)])
+def test_forward_norm_inverse_is_the_unscaled_sum(kind, shape, n):
+    """An inverse transform with norm="forward" runs without its 1/n and without a
+    scaling by n after it (one launch fewer): for a power-of-two n the bits of
+    1/n applied by the kernels and n by a scaling after them (exact: powers of
+    two), for another n (Bluestein's 1/n, not exact) within the double-word bound
+    of numpy's sum in float64."""
+    rng = np.random.default_rng(4)
+    x = mx.array((rng.standard_normal(shape) + 1j * rng.standard_normal(shape))
+                 .astype(np.complex64))
+    with mp.use_backend("emulate"):
+        y = fftnd.transform(kind, x, (n,), (1,), "forward", round_output=False)
+        if n & (n - 1) == 0:
+            scaled = fftnd.transform(kind, x, (n,), (1,), "backward", round_output=False)
+            z = fftnd.scale_extended(scaled, n, round_output=False)
+            for a, b in ((y.hi, z.hi), (y.lo, z.lo)):
+                assert np.array_equal(_bits(a), _bits(b))
+    ref = getattr(np.fft, kind)(np.array(x).astype(np.complex128), n, axis=1, norm="forward")
+    got = np.array(y.hi).astype(np.complex128) + np.array(y.lo).astype(np.complex128)
+    assert np.max(np.abs(got - ref)) <= 1e-13 * np.max(np.abs(ref))
+    with lazy_metal_executor(record := []), mp.use_backend("metal"):
+        y = fftnd.transform(kind, x, (n,), (1,), "forward", round_output=False)
+        mx.eval(y.hi, y.lo)
+    assert not [k for k in record if k.name == "ext_scale"]
