@@ -63,9 +63,9 @@ M2_MAX_FP32_PER_S = 38 * 128 * 1.398e9
 #   terms per complex one; an FFT pass of radix 2^r: one complex twiddle product per
 #   point and r radix-2 stages of a complex add and subtract per pair plus half a
 #   twiddle product per point (76 + 78 r per point); fft_real: one complex product
-#   and two complex adds per output (156); ext_depthwise: a TwoProdFMA and an accumulator
-#   step (TwoSum and two DW + FP) per tap, 28, and a DW + FP per output; ext_scale: a
-#   DW x DW (9) or DW x FP (6) per element.
+#   and two complex adds per output (156); ext_depthwise (_nlc): a TwoProdFMA and an
+#   accumulator step (TwoSum and two DW + FP) per (spread) tap, 28, and a DW + FP per
+#   output; ext_scale: a DW x DW (9) or DW x FP (6) per element.
 _DW_OPS = {0: 6, 1: 3, 2: 2, 3: 10, 4: 20, 5: 6, 6: 9, 7: 35, 8: 37, 9: 8}
 _CDW_OPS = {0: 40, 1: 76}
 # dw_math, per element (metal/include/dw_math.h: argument reduction, Horner's rule in
@@ -108,6 +108,8 @@ def fp_instructions(name: str, template: dict, inputs, output_shapes) -> float |
     if name == "ext_depthwise":
         taps = template["TAPS"] or inputs[1].shape[1]  # TAPS 0: K from w (C, K)
         return n * (28 * taps + 10)
+    if name == "ext_depthwise_nlc":  # its taps spread by DIL, zeros between them
+        return n * (28 * (template["DIL"] * (template["TAPS"] - 1) + 1) + 10)
     if name == "ext_scale":
         return n * (9 if template.get("DW_IN") else 6)
     if name.startswith(("dw_fused", "dw_reduce")):  # (their slot counts, with math)

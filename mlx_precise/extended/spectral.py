@@ -16,7 +16,8 @@ from typing import Callable
 
 import mlx.core as mx
 
-from ..conv.depthwise import depthwise_conv_extended
+from ..conv.depthwise import conv1d_words, depthwise_conv_extended
+from ..core import backends
 from ..doubleword.types import DoubleWord, real_imag
 from ..fft import nd as fftn
 from . import arith
@@ -60,6 +61,8 @@ def depthwise(x, w, stride: int, padding: int, dilation: int, backend: str, stre
     ``dilation`` (zeros between them), keep every ``stride``-th output from
     index K' - 1 (K' = dilation (K - 1) + 1). ``round_output=False``: a
     DoubleWord."""
+    if not round_output and backends.of(backend).has_kernels:  # in place: one launch
+        return conv1d_words(x, w, stride, padding, dilation, backend, stream)
     C, (Cout, K, _) = x.shape[2], w.shape
     xe = x.transpose(0, 2, 1)  # (N, C, L)
     if Cout != C:  # channel multiplier m: output channel o reads input channel o // m
