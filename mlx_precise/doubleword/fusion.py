@@ -905,9 +905,11 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
             return w
         return DoubleWord.exact(hi[..., None]) if lo is None else DoubleWord(
             hi[..., None], lo[..., None])
-    if not w.is_complex:
-        hi, lo = hi.astype(_C64), None if lo is None else lo.astype(_C64)
-    entry = _entry(w) if w.is_complex else None
+    if not w.is_complex:  # (x, +0): the parts of x + 0i, as astype(complex64) makes them
+        hi_p, lo_p = (None if a is None else mx.pad(a[..., None], [(0, 0)] * a.ndim + [(0, 1)])
+                      for a in (hi, lo))
+        return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
+    entry = _entry(w)
     if entry is not None and entry[4] is not None:  # the words a kernel wrote
         words, shape = entry[4], tuple(hi.shape) + (2,)
         if tuple(words[0].shape) != shape:  # (..., 2 n) as written: the parts axis
