@@ -387,7 +387,7 @@ def _composed_program(op: int, fn: int, progs: tuple, slots: list) -> Program:
 
 
 # ---- the expressions of arrays ----------------------------------------------------------
-# id(hi) -> (weak reference to hi, its low word, Expr, scope, parts). An entry holds while hi is
+# id(hi) -> (weak reference to hi, its low word, Expr, scope, parts, layout). An entry holds while hi is
 # alive, the words read with hi still include that very low word (inside a block every
 # in-place update runs through the flow, which attaches another low word, or none:
 # then hi is a leaf again), and within the block that made it (scope): a block's entries
@@ -398,7 +398,9 @@ def _composed_program(op: int, fn: int, progs: tuple, slots: list) -> Program:
 # parts: for complex words made by a program over the parts axis, that program's
 # float32 words (hi and lo are views of them), which a later program reads as they
 # are; else None. Complex words another kernel wrote (note_parts) have parts and no
-# Expr (None): they are leaves.
+# Expr (None): they are leaves. layout: None where the parts are in hi's row-major
+# order, else (shape, axes): they are the complex array of that shape whose axes are
+# hi's axes in that order (a transform's rows), which only rows_of reads.
 _table: dict[int, tuple] = {}
 _scope: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_fusion_scope",
                                                         default=None)
@@ -417,7 +419,8 @@ def _open_scope() -> _Scope | None:
     return scope if scope is not None and scope.open else None
 
 
-def _remember(hi: mx.array, lo: mx.array | None, e: Expr, parts: tuple | None = None) -> None:
+def _remember(hi: mx.array, lo: mx.array | None, e: Expr | None, parts: tuple | None = None,
+              layout: tuple | None = None) -> None:
     scope = _open_scope()
     if scope is None:  # outside blocks nothing sees an in-place update of hi: no entry
         return
@@ -426,7 +429,7 @@ def _remember(hi: mx.array, lo: mx.array | None, e: Expr, parts: tuple | None = 
     def drop(_ref, key=key):
         _table.pop(key, None)
 
-    _table[key] = (weakref.ref(hi, drop), lo, e, scope, parts)
+    _table[key] = (weakref.ref(hi, drop), lo, e, scope, parts, layout)
     scope.append(key)
 
 
@@ -451,15 +454,17 @@ def _block_scope(on: bool, strict: bool):
 register_block_hook(_block_scope)  # before the flow's hook, whose report the block yields
 
 
-def note_parts(hi: mx.array, lo: mx.array, words: tuple) -> None:
+def note_parts(hi: mx.array, lo: mx.array, words: tuple, layout: tuple | None = None) -> None:
     """Record that the complex64 words ``hi``, ``lo`` are views of the float32
     ``words`` a kernel wrote (hi's, lo's: the (re, im) pairs in hi's row-major order,
     in any shape of that size), so that a program over the parts axis reads those
     (one reshape, none where they have the shape) instead of views of the complex
-    words (a reshape and a view each). Inside a block, outside MLX's autodiff (whose
-    programs read no parts)."""
+    words (a reshape and a view each). ``layout``: ``(shape, axes)``, the words
+    hold the complex array of ``shape`` whose axes are hi's ``axes`` in that order
+    (hi is a transpose of it): then only :func:`rows_of` reads them. Inside a block,
+    outside MLX's autodiff (whose programs read no parts)."""
     if not _traced.get():
-        _remember(hi, lo, None, tuple(words))
+        _remember(hi, lo, None, tuple(words), layout)
 
 
 def words_of(w: DoubleWord) -> tuple | None:
@@ -469,7 +474,19 @@ def words_of(w: DoubleWord) -> tuple | None:
     none are known. A kernel that reads complex words flat reads these as they are
     (the same floats) instead of a float32 view of a reshape of the complex view."""
     entry = _entry(w) if w.is_complex else None
-    return None if entry is None else entry[4]
+    return None if entry is None or entry[5] is not None else entry[4]
+
+
+def rows_of(w: DoubleWord) -> tuple | None:
+    """``(words hi, words lo, shape, axes)``: the float32 words a kernel wrote that
+    the complex words of ``w`` view, holding the complex array of ``shape`` whose
+    axes are w's ``axes`` in that order (w's own order where :func:`words_of` knows
+    them); None where none are known."""
+    entry = _entry(w) if w.is_complex else None
+    if entry is None or entry[4] is None:
+        return None
+    shape, axes = entry[5] or (tuple(w.shape), tuple(range(w.ndim)))
+    return (*entry[4], shape, axes)
 
 
 def note_constant(w: DoubleWord, hi: float, lo: float) -> DoubleWord:
@@ -910,7 +927,7 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
                       for a in (hi, lo))
         return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
     entry = _entry(w)
-    if entry is not None and entry[4] is not None:  # the words a kernel wrote
+    if entry is not None and entry[4] is not None and entry[5] is None:  # a kernel's words
         words, shape = entry[4], tuple(hi.shape) + (2,)
         if tuple(words[0].shape) != shape:  # (..., 2 n) as written: the parts axis
             words = tuple(a.reshape(shape) for a in words)

@@ -41,7 +41,7 @@ from ..doubleword import pow2scale
 from ..doubleword.engine64 import from64, from_float64_result
 from ..doubleword.types import DoubleWord, read_input
 from ..doubleword.elementwise import complex_multiply_extended, reciprocal_words
-from ..doubleword.fusion import note_parts
+from ..doubleword.fusion import note_parts, rows_of
 from ..core.kernels import Constants, Kernel, ParamLayout, generated_block
 from . import cpu
 from .twiddles import chirp_words, twiddle_table
@@ -291,17 +291,49 @@ def _batch(a: mx.array, ax: int):
 
 
 def _finish(y_hi, y_lo, lead: tuple, ax: int, round_output: bool):
-    """Rows back to the caller's layout: an array, or a DoubleWord (complex words
-    that view the kernels' float32 words in their order, the rows being the last
-    axis: noted so, :func:`~mlx_precise.doubleword.fusion.note_parts`)."""
+    """Rows back to the caller's layout: an array, or a DoubleWord whose complex
+    words are noted as views of the kernels' float32 words, in the rows' layout
+    (:func:`~mlx_precise.doubleword.fusion.note_parts`: a fused program reads them
+    where the rows are the last axis, the next transform everywhere,
+    :func:`_rows_of_words`)."""
     out = _from_rows(y_hi, lead, ax)
     if round_output:
         return out
     lo = _from_rows(y_lo, lead, ax)
-    words = (_viewed(y_hi), _viewed(y_lo)) if ax == len(lead) else (None, None)
+    words = _viewed(y_hi), _viewed(y_lo)
     if words[0] is not None and words[1] is not None:
-        note_parts(out, lo, words)
+        layout = None if ax == len(lead) else (  # the axes but ax, then ax
+            lead + (y_hi.shape[-1],), tuple(d for d in range(len(lead) + 1) if d != ax) + (ax,))
+        note_parts(out, lo, words, layout)
     return DoubleWord(out, lo)
+
+
+def _rows_of_words(x, ax: int, n: int, rows: int) -> tuple | None:
+    """float32 (rows, 2n) words of the rows of the complex DoubleWord ``x`` along
+    ``ax``, fitted to n, made from the float32 words a kernel wrote that x's words
+    view (:func:`~mlx_precise.doubleword.fusion.rows_of`: a fused program's, a
+    transform's): one transpose of them as (..., m, 2) and a reshape, the same
+    floats as :func:`_to_rows` of x's complex words and their float32 view (which
+    move x's axes back and forth, in views of views); None where none are known."""
+    src = rows_of(x) if isinstance(x, DoubleWord) else None
+    if src is None:
+        return None
+    words, (shape, axes) = src[:2], src[2:]
+    target = tuple(d for d in range(x.ndim) if d != ax) + (ax,)
+    perm = [axes.index(d) for d in target] + [len(axes)]
+
+    def rows_of_word(w):
+        a = w.reshape(tuple(shape) + (2,))
+        if perm != sorted(perm):
+            a = a.transpose(perm)
+        m = a.shape[-2]
+        if m > n:
+            a = a[..., :n, :]
+        elif m < n:  # zeros, as _fit pads the complex words
+            a = mx.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, n - m), (0, 0)])
+        return a.reshape(rows, 2 * n)
+
+    return tuple(rows_of_word(w) for w in words)
 
 
 def _empty(lead: tuple, m: int, dtype, ax: int, round_output: bool):
@@ -365,13 +397,15 @@ def _stage(rs: _RowScale | None, **changes) -> _RowScale | None:
     return rs if rs.load or rs.store else None
 
 
-def _in_range(run, hi, lo, growth_log2: int, load: bool, store: bool):
+def _in_range(run, hi, lo, growth_log2: int, load: bool, store: bool, seen=None):
     """``run(hi, lo, rs)`` on rows scaled by exact powers of two so that no
     intermediate overflows (:mod:`mlx_precise.doubleword.pow2scale`), and its result
     scaled back: by the transform's first kernel (``load``) and last (``store``),
     told so by ``rs`` (a :class:`_RowScale`), else by MLX ops around ``run`` (the
-    Bluestein ends of a transform: a complex product)."""
-    m = pow2scale.row_maxima(hi)
+    Bluestein ends of a transform: a complex product). ``seen``: the rows whose
+    maxima count, where ``hi`` holds complex rows as float32 words (their complex
+    view: |z|, not |re| and |im|)."""
+    m = pow2scale.row_maxima(hi if seen is None else seen)
     rs = _RowScale(_flat(m), growth_log2, load, store) if load or store else None
     if not (load and store):
         e = pow2scale.exponents(m, growth_log2)
@@ -646,7 +680,9 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream, scale
     lead, rows = _batch(hi, ax)
     if rows == 0:
         return _empty(lead, n, mx.complex64, ax, round_output)
-    hi, lo = _to_rows(hi, ax, n), _to_rows(lo, ax, n)
+    stockham = n > 1 and _is_pow2(n)  # its first and last passes scale the rows
+    # (Stockham's passes read float32 words as they are; Bluestein's reads complex)
+    hi, lo, seen = _rows(x, hi, lo, ax, n, rows, stockham and not real_in)
     if real_in and not inverse:  # half the work, and exact Hermitian symmetry
         y_hi, y_lo = _in_range(
             lambda h, l, rs: _rfft_rows(h, l, rows, n, lo_out=not round_output, backend=name,
@@ -654,14 +690,24 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream, scale
             hi, lo, _growth_log2(n) + 1, *_real_folds(n))
         y_hi, y_lo = _hermitian_extend(y_hi, n), _hermitian_extend(y_lo, n)
     else:
-        stockham = n > 1 and _is_pow2(n)  # its first and last passes scale the rows
         y_hi, y_lo = _in_range(
             lambda h, l, rs: _cfft_rows(h, l, rows, n, inverse=inverse,
                                         scale_den=n if inverse and scaled else 1,
                                         lo_out=not round_output, backend=name, stream=stream,
                                         rs=rs),
-            hi, lo, _growth_log2(n), stockham, stockham)
+            hi, lo, _growth_log2(n), stockham, stockham, seen)
     return _finish(y_hi, y_lo, lead, ax, round_output)
+
+
+def _rows(x, hi, lo, ax: int, n: int, rows: int, words: bool):
+    """(hi rows, lo rows, the complex rows whose maxima count or None): where
+    ``words`` and x's float32 words are known, :func:`_rows_of_words` (the kernels
+    read them as they are), else :func:`_to_rows` of the complex words ``hi``,
+    ``lo``."""
+    w = _rows_of_words(x, ax, n, rows) if words else None
+    if w is None:
+        return _to_rows(hi, ax, n), _to_rows(lo, ax, n), None
+    return w[0], w[1], w[0].view(mx.complex64)
 
 
 def _rfft_words(x, n, axis, round_output, backend, stream):
@@ -695,10 +741,12 @@ def _irfft_words(X, n, axis, round_output, backend, stream, scaled=True):
         return _empty(lead, n, mx.float32, ax, round_output)
     m = n // 2 + 1
     growth = _growth_log2(n) if n % 2 else _growth_log2(n // 2) + 2  # + pre-processing
+    # (an even length's kernels read float32 words as they are; an odd one's, complex)
+    hi, lo, seen = _rows(X, hi, lo, ax, m, rows, n % 2 == 0)
     y_hi, y_lo = _in_range(
         lambda h, l, rs: _irfft_rows(h, l, rows, n, round_output, name, stream, rs,
                                      n if scaled else 1),
-        _to_rows(hi, ax, m), _to_rows(lo, ax, m), growth, *_real_folds(n)[::-1])
+        hi, lo, growth, *_real_folds(n)[::-1], seen)
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 

@@ -33,7 +33,7 @@ def _inputs():
 
 
 def _bits(a):
-    return np.array(a).view(np.uint32)
+    return np.ascontiguousarray(np.array(a)).view(np.uint32)
 
 
 def test_reading_the_words_keeps_the_bits(monkeypatch):
@@ -117,3 +117,42 @@ def test_forward_norm_inverse_is_the_unscaled_sum(kind, shape, n):
         y = fftnd.transform(kind, x, (n,), (1,), "forward", round_output=False)
         mx.eval(y.hi, y.lo)
     assert not [k for k in record if k.name == "ext_scale"]
+
+
+def _nd_ops(x, c):
+    """N-D transforms whose later steps read the rows of an earlier one (moved
+    axes), and 1-D transforms of a fused product along a middle axis."""
+    X = mx.fft.rfft2(x, axes=(0, 1))
+    Y = mx.fft.fftn(c, s=(8, 16), axes=(1, 0))  # the second step pads its rows
+    Z = mx.fft.ifft(c * c, axis=0)
+    return [mx.fft.irfft2(X * 0.5, s=x.shape[:2], axes=(0, 1)), Y, mx.fft.irfft(Z, n=8, axis=0),
+            mx.fft.ifft2(c * 2.0, axes=(0, 1))]
+
+
+def test_transforms_of_transform_rows_keep_the_bits(monkeypatch):
+    """On emulate, N-D transforms (each step after the first takes its rows from
+    the words the previous step wrote: one transpose of them, no moves of views
+    back and forth) and 1-D ones of fused products along a middle axis give the
+    bits of the rows taken from the complex words; on metal (lazy stand-in) with
+    fewer graph nodes, and the same launches."""
+    rng = np.random.default_rng(8)
+    x = mx.array(rng.standard_normal((16, 8, 3)).astype(np.float32))
+    c = mx.array((rng.standard_normal((8, 4, 2)) + 1j * rng.standard_normal((8, 4, 2)))
+                 .astype(np.complex64))
+    out, nodes = [], []
+    for rows in (True, False):
+        if not rows:
+            monkeypatch.setattr(fftengine, "rows_of", lambda w: None)
+        with mp.use_backend("emulate"), mp.extended_precision() as rep:
+            ys = _nd_ops(x, c)
+            mx.eval(ys, [low_word(y) for y in ys])
+        assert not rep.float32, rep.float32
+        out.append([(_bits(y), _bits(low_word(y))) for y in ys])
+        with lazy_metal_executor(), mp.use_backend("metal"), mp.extended_precision():
+            ys = _nd_ops(x, c)
+            nodes.append([graph_counts(y, low_word(y)) for y in ys])
+    for (h1, l1), (h2, l2) in zip(*out):
+        assert np.array_equal(h1, h2) and np.array_equal(l1, l2)
+    for g1, g2 in zip(*nodes):
+        assert g1["launches"] == g2["launches"]
+        assert sum(g1["by_primitive"].values()) < sum(g2["by_primitive"].values()), (g1, g2)
