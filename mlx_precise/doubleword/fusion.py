@@ -400,7 +400,7 @@ def _composed_program(op: int, fn: int, progs: tuple, slots: list) -> Program:
 # are; else None. Complex words another kernel wrote (note_parts) have parts and no
 # Expr (None): they are leaves. layout: None where the parts are in hi's row-major
 # order, else (shape, axes): they are the complex array of that shape whose axes are
-# hi's axes in that order (a transform's rows), which only rows_of reads.
+# hi's axes in that order (a transform's rows), read through a transpose.
 _table: dict[int, tuple] = {}
 _scope: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_fusion_scope",
                                                         default=None)
@@ -461,8 +461,10 @@ def note_parts(hi: mx.array, lo: mx.array, words: tuple, layout: tuple | None = 
     (one reshape, none where they have the shape) instead of views of the complex
     words (a reshape and a view each). ``layout``: ``(shape, axes)``, the words
     hold the complex array of ``shape`` whose axes are hi's ``axes`` in that order
-    (hi is a transpose of it): then only :func:`rows_of` reads them. Inside a block,
-    outside MLX's autodiff (whose programs read no parts)."""
+    (hi is a transpose of it): a program reads them through one transpose (as
+    (..., 2) parts), a transform through :func:`rows_of`, the flat readers
+    (:func:`words_of`) not at all. Inside a block, outside MLX's autodiff (whose
+    programs read no parts)."""
     if not _traced.get():
         _remember(hi, lo, None, tuple(words), layout)
 
@@ -927,7 +929,14 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
                       for a in (hi, lo))
         return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
     entry = _entry(w)
-    if entry is not None and entry[4] is not None and entry[5] is None:  # a kernel's words
+    if entry is not None and entry[4] is not None and entry[5] is not None:
+        # a kernel's words in another layout (a transform's rows): one transpose of
+        # them as (..., 2) parts (where the complex view needed a move and a copy)
+        shape, axes = entry[5]
+        perm = [axes.index(d) for d in range(hi.ndim)] + [hi.ndim]
+        return DoubleWord.of_words(*(a.reshape(tuple(shape) + (2,)).transpose(perm)
+                                     for a in entry[4]))
+    if entry is not None and entry[4] is not None:  # a kernel's words
         words, shape = entry[4], tuple(hi.shape) + (2,)
         if tuple(words[0].shape) != shape:  # (..., 2 n) as written: the parts axis
             words = tuple(a.reshape(shape) for a in words)

@@ -132,17 +132,19 @@ def _nd_ops(x, c):
 def test_transforms_of_transform_rows_keep_the_bits(monkeypatch):
     """On emulate, N-D transforms (each step after the first takes its rows from
     the words the previous step wrote: one transpose of them, no moves of views
-    back and forth) and 1-D ones of fused products along a middle axis give the
-    bits of the rows taken from the complex words; on metal (lazy stand-in) with
-    fewer graph nodes, and the same launches."""
+    back and forth), 1-D ones of fused products along a middle axis, and fused
+    programs reading a transform's words in its rows' layout (a transpose of them)
+    give the bits of the paths through the complex words; on metal (lazy stand-in)
+    with fewer graph nodes, and the same launches."""
     rng = np.random.default_rng(8)
     x = mx.array(rng.standard_normal((16, 8, 3)).astype(np.float32))
     c = mx.array((rng.standard_normal((8, 4, 2)) + 1j * rng.standard_normal((8, 4, 2)))
                  .astype(np.complex64))
     out, nodes = [], []
     for rows in (True, False):
-        if not rows:
+        if not rows:  # no transform's words noted, none read
             monkeypatch.setattr(fftengine, "rows_of", lambda w: None)
+            monkeypatch.setattr(fftengine, "note_parts", lambda *a: None)
         with mp.use_backend("emulate"), mp.extended_precision() as rep:
             ys = _nd_ops(x, c)
             mx.eval(ys, [low_word(y) for y in ys])
