@@ -60,12 +60,14 @@ def conv1d_words(x: mx.array, w: mx.array, stride: int, padding: int, dilation: 
     Cout a multiple of C (channel o reads input channel o // (Cout / C)), both
     read in place by one launch of :data:`DEPTHWISE_NLC`, which writes the words
     of the (N, Q, Cout) result, Q = (L + 2 padding - dilation (K - 1) - 1) //
-    stride + 1 >= 1 (MLX's checks come first). The sum of :data:`DEPTHWISE` on
+    stride + 1 (Q < 1: MLX's ValueError). The sum of :data:`DEPTHWISE` on
     the transposed signal padded by ``padding``, the taps spread by ``dilation``,
     cut to every ``stride``-th output from K' - 1, bit for bit, without those ops
     around the launch (one graph node where they made five per word)."""
-    (N, L, _), (Cout, K, _) = x.shape, w.shape
+    (N, L, C), (Cout, K, _) = x.shape, w.shape
     Q = (L + 2 * padding - dilation * (K - 1) - 1) // stride + 1
+    if Q < 1:  # MLX's own error for a kernel longer than the padded signal
+        plain.conv1d(x, w, stride, padding, dilation, C)
     size = N * Q * Cout
     if size == 0:
         z = mx.zeros((N, Q, Cout), mx.float32)

@@ -181,3 +181,13 @@ def test_conv1d_words_in_place(C, m, K, stride, padding, dilation):
     mag = sum(np.abs(w[None, None, :, j, 0].astype(np.float64) * xp[:, j * dilation::stride][:, :Lout])
               for j in range(K))
     assert np.all(np.abs(got - ref) <= 2.0**-46 * mag)
+
+
+def test_conv1d_words_kernel_longer_than_the_signal():
+    """A filter longer than the padded signal raises MLX's own ValueError (the
+    composition it replaced returned an empty result)."""
+    from mlx_precise.conv.depthwise import conv1d_words
+    from mlx_precise.core import backends
+
+    with pytest.raises(ValueError, match=r"\[conv\] Spatial dimensions"):
+        conv1d_words(mx.ones((1, 2, 4)), mx.ones((4, 5, 1)), 1, 0, 1, backends.get("emulate"))
