@@ -925,6 +925,9 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
         return DoubleWord.exact(hi[..., None]) if lo is None else DoubleWord(
             hi[..., None], lo[..., None])
     if not w.is_complex:  # (x, +0): the parts of x + 0i, as astype(complex64) makes them
+        parts = _constant_parts(w)
+        if parts is not None:
+            return parts
         hi_p, lo_p = (None if a is None else mx.pad(a[..., None], [(0, 0)] * a.ndim + [(0, 1)])
                       for a in (hi, lo))
         return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
@@ -947,6 +950,25 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
     if entry is not None and entry[2] is not None:
         _remember(hi_p, lo_p, entry[2])  # the views read as the chain they show
     return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
+
+
+def _constant_parts(w: DoubleWord) -> DoubleWord | None:
+    """The parts (c, +0) of a real constant ``w`` (:func:`note_constant`: 0-d words
+    c = hi + lo) as data, float32 (2,) words made once per constant (no graph
+    node, where the pad of its words makes two per word); None for other ``w``."""
+    e = expression(w)
+    if e is None or e.leaves or len(e.code) != 1 or e.code[0][0] != _CONST:
+        return None
+    key = e.code[0][1:3]
+    parts = _CONSTANT_PARTS.get(key)
+    if parts is None:
+        hi, lo = np.array(key, np.int32).view(np.float32)
+        parts = tuple(mx.array(np.array([v, 0.0], np.float32)) for v in (hi, lo))
+        _cache(_CONSTANT_PARTS, key, parts)
+    return DoubleWord.of_words(*parts)
+
+
+_CONSTANT_PARTS: dict = {}  # the int32 bits of a constant's words -> its parts' words
 
 
 def _conj(w: DoubleWord) -> DoubleWord:
