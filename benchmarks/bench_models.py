@@ -63,9 +63,9 @@ M2_MAX_FP32_PER_S = 38 * 128 * 1.398e9
 #   terms per complex one; an FFT pass of radix 2^r: one complex twiddle product per
 #   point and r radix-2 stages of a complex add and subtract per pair plus half a
 #   twiddle product per point (76 + 78 r per point); fft_real: one complex product
-#   and two complex adds per output (156); ext_depthwise: a TwoProdFMA and an accumulator
-#   step (TwoSum and two DW + FP) per tap, 28, and a DW + FP per output; ext_scale: a
-#   DW x DW (9) or DW x FP (6) per element.
+#   and two complex adds per output (156); ext_depthwise (_nlc): a TwoProdFMA and an
+#   accumulator step (TwoSum and two DW + FP) per (spread) tap, 28, and a DW + FP per
+#   output; ext_scale: a DW x DW (9) or DW x FP (6) per element.
 _DW_OPS = {0: 6, 1: 3, 2: 2, 3: 10, 4: 20, 5: 6, 6: 9, 7: 35, 8: 37, 9: 8}
 _CDW_OPS = {0: 40, 1: 76}
 # dw_math, per element (metal/include/dw_math.h: argument reduction, Horner's rule in
@@ -108,6 +108,8 @@ def fp_instructions(name: str, template: dict, inputs, output_shapes) -> float |
     if name == "ext_depthwise":
         taps = template["TAPS"] or inputs[1].shape[1]  # TAPS 0: K from w (C, K)
         return n * (28 * taps + 10)
+    if name == "ext_depthwise_nlc":  # its taps spread by DIL, zeros between them
+        return n * (28 * (template["DIL"] * (template["TAPS"] - 1) + 1) + 10)
     if name == "ext_scale":
         return n * (9 if template.get("DW_IN") else 6)
     if name.startswith(("dw_fused", "dw_reduce")):  # (their slot counts, with math)
@@ -264,6 +266,8 @@ def metal_graph(name: str, size: str = "small", rounds: int = 15, calls: int = 3
     * ``compiled``, ``plain_compiled``: seconds of host work per call of the
       ``mx.compile``d forward (the block inside it: later calls replay the traced
       graph, running no Python and no rules), its graph built, not evaluated.
+    * ``nodes``, ``plain_nodes``: the primitives of the graph a compiled call
+      replays (views included), extended and plain.
 
     Times: CPU seconds of this process (``time.process_time``: the host's work,
     not the machine's other load, which wall time on a shared machine includes),
@@ -280,6 +284,7 @@ def metal_graph(name: str, size: str = "small", rounds: int = 15, calls: int = 3
         ext = graph_counts(forward(x))
         compiled = {"plain": mx.compile(lambda x: model(x)), "extended": mx.compile(forward)}
         mx.eval(compiled["plain"](x), compiled["extended"](x))  # traced once
+        replayed = {k: _nodes(graph_counts(fn(x))) for k, fn in compiled.items()}
         built = {"plain": model, "extended": forward}
         times = {k: [] for k in ("plain", "extended", "plain_compiled", "compiled")}
         for _ in range(rounds):
@@ -299,7 +304,32 @@ def metal_graph(name: str, size: str = "small", rounds: int = 15, calls: int = 3
             "dispatch_ratio": (ext["launches"] + ext["glue"]) / plain["glue"],
             "build": med["extended"], "plain_build": med["plain"],
             "compiled": med["compiled"], "plain_compiled": med["plain_compiled"],
+            "nodes": replayed["extended"], "plain_nodes": replayed["plain"],
             "by_primitive": ext["by_primitive"]}
+
+
+def _nodes(counts: dict) -> int:
+    """The primitives of a graph (:func:`~mlx_precise.testing.graph_counts`), views
+    included: what a compiled call replays, one node at a time."""
+    return sum(counts["by_primitive"].values())
+
+
+def compiled_graph(name: str, size: str = "large", seed: int = 0) -> dict:
+    """:func:`~mlx_precise.testing.graph_counts` of the graph one call of the
+    ``mx.compile``d forward on the metal path replays (the lazy stand-in for the
+    kernels; after MLX's simplification and fusion of the traced graph), and
+    ``"nodes"``: its primitives, views included (a compiled call's host cost grows
+    with them, and with each node's inputs and outputs)."""
+    from mlx_precise.testing import graph_counts, lazy_metal_executor
+
+    mod = importlib.import_module(f"models.{name}")
+    model, x = mod.build(size, seed)
+    mx.eval(model.parameters())
+    with lazy_metal_executor():
+        fn = mx.compile(_forward_on_metal(model))
+        mx.eval(fn(x))  # traced once
+        counts = graph_counts(fn(x))
+    return {**counts, "nodes": _nodes(counts)}
 
 
 def print_metal_table(names, size: str) -> None:
@@ -309,12 +339,13 @@ def print_metal_table(names, size: str) -> None:
     print("Metal path, host side (lazy stand-in for the kernels: counts and host "
           "times on this machine, no Apple GPU)\n")
     print("| model | launches | glue | plain ops | dispatches / plain (<= 2) "
+          "| compiled graph nodes: extended / plain "
           "| build: extended / plain (<= 10) | compiled call: extended / plain (<= 3) |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name in names:
         g = metal_graph(name, size)
         print(f"| {name} | {g['launches']} | {g['glue']} | {g['plain_ops']} "
-              f"| {g['dispatch_ratio']:.2f} "
+              f"| {g['dispatch_ratio']:.2f} | {g['nodes']} / {g['plain_nodes']} "
               f"| {1e3 * g['build']:.2f} / {1e3 * g['plain_build']:.3f} ms = "
               f"{g['build'] / g['plain_build']:.1f}x "
               f"| {1e3 * g['compiled']:.3f} / {1e3 * g['plain_compiled']:.3f} ms = "

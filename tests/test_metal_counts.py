@@ -10,6 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+import bench_models as bm
 import bench_training as bt
 import mlx_precise as mp
 from mlx_precise.testing import graph_counts, lazy_metal_executor
@@ -30,6 +31,28 @@ def test_launch_bytes_count_each_array_once():
     assert launch.name == "dw_fused4" and prog.dtype == mx.int32
     assert len(launch.inputs) == 5  # the four slots and the program
     assert launch.nbytes() == 400 + 400 + prog.nbytes + 2 * 400
+
+
+# The graph one call of each model's compiled forward replays on the metal path
+# (benchmarks/bench_models.py, size "large"; the lazy stand-in: one node per launch),
+# views included: a compiled call's host cost grows with it. Counts are deterministic:
+# a change that adds glue between the kernels fails here, not only in a timing.
+COMPILED_NODES = {"hyena": 94, "s4d": 148, "fno": 157, "logmel": 378, "vocoder": 98,
+                  "transformer": 51, "llama": 87}
+
+
+@pytest.mark.parametrize("name", sorted(COMPILED_NODES))
+def test_compiled_forward_graph_nodes(name):
+    """At most the nodes counted when the FFTs and complex products of DoubleWords
+    stopped wrapping themselves in a custom function outside MLX's autodiff (an
+    ``mx.custom_function`` node of 2 outputs per transform, replayed at every call):
+    no ``CustomTransforms`` node is left but hostsplit's complex_from_parts (FNO),
+    and the launches are the flow's."""
+    g = bm.compiled_graph(name)
+    assert g["nodes"] <= COMPILED_NODES[name], g["by_primitive"]
+    custom = g["by_primitive"].get("CustomTransforms", 0)
+    assert custom == (2 if name == "fno" else 0), g["by_primitive"]
+    assert g["launches"] >= 10
 
 
 def test_training_step_metal_section():

@@ -36,6 +36,50 @@ DEPTHWISE = Kernel(
     variants={"TAPS": (0, 3), "HAS_BIAS": (False, True), "ROUND": (False, True), "out_hi": _F32, "out_lo": _F32},
 )
 
+DEPTHWISE_NLC = Kernel(
+    name="ext_depthwise_nlc",
+    body="ext_depthwise_nlc.metal",
+    headers=("doubleword.h",),
+    inputs=("x", "w"),
+    outputs=("out_hi", "out_lo"),
+    template=("TAPS", "PAD", "DIL", "STRIDE"),
+    input_dtypes={"x": _F32, "w": _F32},
+    variants={"TAPS": (3,), "PAD": (2,), "DIL": (1, 3), "STRIDE": (1, 2), "out_hi": _F32,
+              "out_lo": _F32},
+)
+"""MLX's depthwise ``conv1d`` of a channels-last signal in double-word (see
+``metal/kernels/ext_depthwise_nlc.metal``): x float32 (N, L, C), w float32
+(Cout, K, 1) read in place; the geometry as template parameters; outputs the
+words (N, Q, Cout). :func:`conv1d_words` launches it."""
+
+
+def conv1d_words(x: mx.array, w: mx.array, stride: int, padding: int, dilation: int,
+                 backend: Backend, stream=None) -> DoubleWord:
+    """``mx.conv1d(x, w, stride, padding, dilation, groups=C)`` in double-word on a
+    kernel backend, unrounded: x float32 (N, L, C), w float32 (Cout, K, 1) with
+    Cout a multiple of C (channel o reads input channel o // (Cout / C)), both
+    read in place by one launch of :data:`DEPTHWISE_NLC`, which writes the words
+    of the (N, Q, Cout) result, Q = (L + 2 padding - dilation (K - 1) - 1) //
+    stride + 1 (Q < 1: MLX's ValueError). The sum of :data:`DEPTHWISE` on
+    the transposed signal padded by ``padding``, the taps spread by ``dilation``,
+    cut to every ``stride``-th output from K' - 1, bit for bit, without those ops
+    around the launch (one graph node where they made five per word)."""
+    (N, L, C), (Cout, K, _) = x.shape, w.shape
+    Q = (L + 2 * padding - dilation * (K - 1) - 1) // stride + 1
+    if Q < 1:  # MLX's own error for a kernel longer than the padded signal
+        plain.conv1d(x, w, stride, padding, dilation, C)
+    size = N * Q * Cout
+    if size == 0:
+        z = mx.zeros((N, Q, Cout), mx.float32)
+        return DoubleWord(z, z)
+    hi, lo = DEPTHWISE_NLC(
+        inputs=[x, w],
+        template={"TAPS": K, "PAD": padding, "DIL": dilation, "STRIDE": stride},
+        grid=(size, 1, 1), threadgroup=(min(size, 256), 1, 1),
+        output_shapes=[(N, Q, Cout)] * 2, output_dtypes=[mx.float32] * 2,
+        backend=backend, stream=stream)
+    return DoubleWord(hi, lo)
+
 
 LAYOUTS = ("NCL", "NLC")
 """Signal layouts of the convolutions: ``"NCL"`` (batch, channels, L), the default,

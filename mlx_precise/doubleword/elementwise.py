@@ -16,9 +16,10 @@ import numpy as np
 
 from ..core import backends
 from ..core.arrays import as_int
-from ..core.autodiff import guarded, host_guard
+from ..core.autodiff import host_guard
 from .aware import precision_aware
 from .engine64 import F64, arith64, from_float64_result
+from .fusion import guarded
 from .types import DoubleWord, read_input
 from ..core.kernels import Kernel, per_element_of_first_input
 
@@ -102,7 +103,8 @@ def complex_multiply_extended(a, b, *, round_output: bool = True, backend: str |
         y = _cmul(xa, xb, shape, round_output, name, stream)
         return y if round_output else (y.hi, y.lo)
 
-    out = guarded(run, arrays, "complex_multiply_extended of a DoubleWord or with round_output=False")
+    out = guarded(run, arrays, "complex_multiply_extended of a DoubleWord or with "
+                  "round_output=False", name)
     return out if round_output else DoubleWord(*out)
 
 
@@ -253,7 +255,8 @@ def _scale(x, s_hi: float, s_lo: float, cpu_op: tuple, round_output, backend, st
         return tuple(out)
 
     out_form = None
-    out = guarded(run, words, "a double-word scaling of a DoubleWord or with round_output=False")
+    out = guarded(run, words, "a double-word scaling of a DoubleWord or with round_output=False",
+                  name)
     return out if round_output else _unpack(out_form, out)
 
 

@@ -322,9 +322,13 @@ def _cexp(x: DoubleWord, backend: str, stream) -> DoubleWord:
     if size == 0:
         z = mx.zeros(shape, mx.complex64)
         return DoubleWord(z, z)
-    zh, zl = _dw_math("cexp", [w.reshape(-1).view(F32) for w in (x.hi, x.lo)], size, backend,
-                      stream)
-    return DoubleWord(*(w.view(mx.complex64).reshape(shape) for w in (zh, zl)))
+    words = fusion.words_of(x)  # the floats a kernel wrote, read as they are
+    flat = ([w.reshape(-1) for w in words] if words is not None
+            else [w.reshape(-1).view(F32) for w in (x.hi, x.lo)])
+    zh, zl = _dw_math("cexp", flat, size, backend, stream)
+    hi, lo = (w.view(mx.complex64).reshape(shape) for w in (zh, zl))
+    fusion.note_parts(hi, lo, (zh, zl))  # a program reads the words as written
+    return DoubleWord(hi, lo)
 
 
 def _dw_math(fn: str, flat: list, threads: int, backend: str, stream):

@@ -47,6 +47,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
+from ..core.autodiff import guarded as _guarded
 from ..core.context import flow_suspended, register_block_hook, restore
 from ..core.kernels import (Codes, Constants, Kernel, elementwise_grid, generated_block,
                             per_element_of_first_input)
@@ -386,7 +387,7 @@ def _composed_program(op: int, fn: int, progs: tuple, slots: list) -> Program:
 
 
 # ---- the expressions of arrays ----------------------------------------------------------
-# id(hi) -> (weak reference to hi, its low word, Expr, scope, parts). An entry holds while hi is
+# id(hi) -> (weak reference to hi, its low word, Expr, scope, parts, layout). An entry holds while hi is
 # alive, the words read with hi still include that very low word (inside a block every
 # in-place update runs through the flow, which attaches another low word, or none:
 # then hi is a leaf again), and within the block that made it (scope): a block's entries
@@ -396,7 +397,10 @@ def _composed_program(op: int, fn: int, progs: tuple, slots: list) -> Program:
 # words are the caller's): no entry is made there, each operation is one launch.
 # parts: for complex words made by a program over the parts axis, that program's
 # float32 words (hi and lo are views of them), which a later program reads as they
-# are; else None.
+# are; else None. Complex words another kernel wrote (note_parts) have parts and no
+# Expr (None): they are leaves. layout: None where the parts are in hi's row-major
+# order, else (shape, axes): they are the complex array of that shape whose axes are
+# hi's axes in that order (a transform's rows), read through a transpose.
 _table: dict[int, tuple] = {}
 _scope: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_fusion_scope",
                                                         default=None)
@@ -415,7 +419,8 @@ def _open_scope() -> _Scope | None:
     return scope if scope is not None and scope.open else None
 
 
-def _remember(hi: mx.array, lo: mx.array | None, e: Expr, parts: tuple | None = None) -> None:
+def _remember(hi: mx.array, lo: mx.array | None, e: Expr | None, parts: tuple | None = None,
+              layout: tuple | None = None) -> None:
     scope = _open_scope()
     if scope is None:  # outside blocks nothing sees an in-place update of hi: no entry
         return
@@ -424,7 +429,7 @@ def _remember(hi: mx.array, lo: mx.array | None, e: Expr, parts: tuple | None = 
     def drop(_ref, key=key):
         _table.pop(key, None)
 
-    _table[key] = (weakref.ref(hi, drop), lo, e, scope, parts)
+    _table[key] = (weakref.ref(hi, drop), lo, e, scope, parts, layout)
     scope.append(key)
 
 
@@ -447,6 +452,43 @@ def _block_scope(on: bool, strict: bool):
 
 
 register_block_hook(_block_scope)  # before the flow's hook, whose report the block yields
+
+
+def note_parts(hi: mx.array, lo: mx.array, words: tuple, layout: tuple | None = None) -> None:
+    """Record that the complex64 words ``hi``, ``lo`` are views of the float32
+    ``words`` a kernel wrote (hi's, lo's: the (re, im) pairs in hi's row-major order,
+    in any shape of that size), so that a program over the parts axis reads those
+    (one reshape, none where they have the shape) instead of views of the complex
+    words (a reshape and a view each). ``layout``: ``(shape, axes)``, the words
+    hold the complex array of ``shape`` whose axes are hi's ``axes`` in that order
+    (hi is a transpose of it): a program reads them through one transpose (as
+    (..., 2) parts), a transform through :func:`rows_of`, the flat readers
+    (:func:`words_of`) not at all. Inside a block, outside MLX's autodiff (whose
+    programs read no parts)."""
+    if not _traced.get():
+        _remember(hi, lo, None, tuple(words), layout)
+
+
+def words_of(w: DoubleWord) -> tuple | None:
+    """The float32 words (hi's, lo's) that the complex words of ``w`` view, as a
+    kernel wrote them (a program over the parts axis, :func:`note_parts`): the
+    (re, im) pairs in w's row-major order, in any shape of that size; None where
+    none are known. A kernel that reads complex words flat reads these as they are
+    (the same floats) instead of a float32 view of a reshape of the complex view."""
+    entry = _entry(w) if w.is_complex else None
+    return None if entry is None or entry[5] is not None else entry[4]
+
+
+def rows_of(w: DoubleWord) -> tuple | None:
+    """``(words hi, words lo, shape, axes)``: the float32 words a kernel wrote that
+    the complex words of ``w`` view, holding the complex array of ``shape`` whose
+    axes are w's ``axes`` in that order (w's own order where :func:`words_of` knows
+    them); None where none are known."""
+    entry = _entry(w) if w.is_complex else None
+    if entry is None or entry[4] is None:
+        return None
+    shape, axes = entry[5] or (tuple(w.shape), tuple(range(w.ndim)))
+    return (*entry[4], shape, axes)
 
 
 def note_constant(w: DoubleWord, hi: float, lo: float) -> DoubleWord:
@@ -796,6 +838,21 @@ def mlx_gradients():
         _traced.reset(token)
 
 
+def guarded(fn, arrays: list, what: str, backend):
+    """``fn(*arrays)``, a function of DoubleWord words that has no gradient, through
+    :func:`~mlx_precise.core.autodiff.guarded` (a VJP raising NotDifferentiableError
+    naming ``what``) where MLX's autodiff may differentiate it: inside
+    :func:`mlx_gradients`, and always on the cpu engine (MLX would differentiate its
+    float64 ops). Elsewhere on a kernel backend it runs bare: nothing differentiates
+    it, and a transform made outside the package would stop at its first kernel (MLX's
+    CustomKernel and the emulator's launches raise for a derivative); the custom
+    function would only add a graph node that every call of a compiled function
+    replays."""
+    if _traced.get() or not backends.of(backend).has_kernels:
+        return _guarded(fn, arrays, what)
+    return fn(*arrays)
+
+
 def apply(op: str, operands: list[DoubleWord], backend, stream=None,
           fn: tuple[str, int] | None = None) -> DoubleWord | None:
     """``op`` ("add", "sub", "mul", "div", "neg", "abs", "max", "min", or "fn" with the
@@ -867,19 +924,51 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
             return w
         return DoubleWord.exact(hi[..., None]) if lo is None else DoubleWord(
             hi[..., None], lo[..., None])
-    if not w.is_complex:
-        hi, lo = hi.astype(_C64), None if lo is None else lo.astype(_C64)
-    entry = _entry(w) if w.is_complex else None
-    if entry is not None and entry[4] is not None:  # the program's own words (its chain)
+    if not w.is_complex:  # (x, +0): the parts of x + 0i, as astype(complex64) makes them
+        parts = _constant_parts(w)
+        if parts is not None:
+            return parts
+        hi_p, lo_p = (None if a is None else mx.pad(a[..., None], [(0, 0)] * a.ndim + [(0, 1)])
+                      for a in (hi, lo))
+        return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
+    entry = _entry(w)
+    if entry is not None and entry[4] is not None and entry[5] is not None:
+        # a kernel's words in another layout (a transform's rows): one transpose of
+        # them as (..., 2) parts (where the complex view needed a move and a copy)
+        shape, axes = entry[5]
+        perm = [axes.index(d) for d in range(hi.ndim)] + [hi.ndim]
+        return DoubleWord.of_words(*(a.reshape(tuple(shape) + (2,)).transpose(perm)
+                                     for a in entry[4]))
+    if entry is not None and entry[4] is not None:  # a kernel's words
         words, shape = entry[4], tuple(hi.shape) + (2,)
         if tuple(words[0].shape) != shape:  # (..., 2 n) as written: the parts axis
             words = tuple(a.reshape(shape) for a in words)
-            _remember(*words, entry[2])
+            if entry[2] is not None:  # a program's words: its chain goes with them
+                _remember(*words, entry[2])
         return DoubleWord.of_words(*words)
     hi_p, lo_p = _parts(hi), _parts(lo)
-    if entry is not None:
+    if entry is not None and entry[2] is not None:
         _remember(hi_p, lo_p, entry[2])  # the views read as the chain they show
     return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
+
+
+def _constant_parts(w: DoubleWord) -> DoubleWord | None:
+    """The parts (c, +0) of a real constant ``w`` (:func:`note_constant`: 0-d words
+    c = hi + lo) as data, float32 (2,) words made once per constant (no graph
+    node, where the pad of its words makes two per word); None for other ``w``."""
+    e = expression(w)
+    if e is None or e.leaves or len(e.code) != 1 or e.code[0][0] != _CONST:
+        return None
+    key = e.code[0][1:3]
+    parts = _CONSTANT_PARTS.get(key)
+    if parts is None:
+        hi, lo = np.array(key, np.int32).view(np.float32)
+        parts = tuple(mx.array(np.array([v, 0.0], np.float32)) for v in (hi, lo))
+        _cache(_CONSTANT_PARTS, key, parts)
+    return DoubleWord.of_words(*parts)
+
+
+_CONSTANT_PARTS: dict = {}  # the int32 bits of a constant's words -> its parts' words
 
 
 def _conj(w: DoubleWord) -> DoubleWord:

@@ -5,9 +5,12 @@ underflows (:func:`arith_kernels`)."""
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import numpy as np
 
+from . import fusion
 from .dw_kernels import CDW_DIV, CDW_OPS, DW_OPS
 from .types import DoubleWord, as_complex, combine, real_imag
 
@@ -19,6 +22,16 @@ def _flat8(a: mx.array, shape: tuple) -> mx.array:
     ``ensure_row_contiguous``: MLX copies a strided one)."""
     f = a.reshape(-1) if tuple(a.shape) == shape else mx.broadcast_to(a, shape).reshape(-1)
     return f if f.size >= 8 else mx.pad(f, (0, 8 - f.size))
+
+
+def _complex_words(x: DoubleWord, shape: tuple) -> list[mx.array]:
+    """The float32 (re, im) words of complex ``x`` broadcast to ``shape``, flat and
+    padded (:func:`_flat8`): where x has the shape and its words are a kernel's
+    (:func:`.fusion.words_of`), those floats as they are."""
+    words = fusion.words_of(x) if tuple(x.shape) == shape and math.prod(shape) >= 8 else None
+    if words is not None:
+        return [w.reshape(-1) for w in words]
+    return [_flat8(a, shape).view(mx.float32) for a in (x.hi, x.lo)]
 
 
 def _launch(kernel, op: str, words: list[mx.array], n_out: int, backend: str, stream):
@@ -71,8 +84,7 @@ def _complex_div(x: DoubleWord, y: DoubleWord, backend: str, stream) -> DoubleWo
     if size == 0:
         z = mx.zeros(shape, mx.complex64)
         return DoubleWord(z, z)
-    xc = as_complex(x)
-    words = [_flat8(a, shape).view(mx.float32) for a in (xc.hi, xc.lo, y.hi, y.lo)]
+    words = [w for v in (as_complex(x), y) for w in _complex_words(v, shape)]
     n = max(size, 8)
     zh, zl, special = CDW_DIV(inputs=words, grid=(size, 1, 1),
                               threadgroup=(min(size, 256), 1, 1),

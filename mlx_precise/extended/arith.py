@@ -65,6 +65,9 @@ def constant(v) -> DoubleWord:
         out = DoubleWord.from_wide(c64(rh, ih), (ARRAY(rv, dtype=mx.float64),
                                                  ARRAY(iv, dtype=mx.float64)))
         out._lo = c64(rl, il)  # the parts' low words (none from the float64 value)
+        if backends.backend().has_kernels:  # the words' parts as data, for fused programs
+            fusion.note_parts(out.hi, out._lo, (ARRAY(np.array([rh, ih], np.float32)),
+                                                ARRAY(np.array([rl, il], np.float32))))
         return out
     hi, lo, value = _split_scalar(*_key(v))
     out = DoubleWord.from_wide(ARRAY(hi, dtype=mx.float32), (ARRAY(value, dtype=mx.float64), None))

@@ -4,7 +4,7 @@ operands in, double-word results out, with gradients.
 The intercepted calls (:mod:`mlx_precise.extended.intercept`) hand their normalised
 arguments here when a block carries values. Operands enter with their carried low
 words (or exactly), the double-word engines run without rounding
-(:mod:`mlx_precise.fft.nd`, :func:`mlx_precise.depthwise_conv_extended`), and the
+(:mod:`mlx_precise.fft.nd`, :func:`mlx_precise.conv.depthwise.conv1d_words`), and the
 result's low word is attached to the returned array. Gradients are those of the
 op's rounded (float32-accurate) form, through
 :func:`~mlx_precise.extended.engine.words_op`.
@@ -16,7 +16,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from ..conv.depthwise import depthwise_conv_extended
+from ..conv.depthwise import conv1d_words
 from ..doubleword.types import DoubleWord, real_imag
 from ..fft import nd as fftn
 from . import arith
@@ -52,32 +52,13 @@ def is_depthwise(x, w, groups) -> bool:
             and w.shape[2] == 1 and w.shape[0] % groups == 0)
 
 
-def depthwise(x, w, stride: int, padding: int, dilation: int, backend: str, stream,
-              round_output: bool = True):
+def depthwise(x, w, stride: int, padding: int, dilation: int, backend: Backend,
+              stream) -> DoubleWord:
     """MLX's ``conv1d(x, w, stride, padding, dilation, groups=C)`` with
-    x (N, L, C) float32 and w (m C, K, 1) float32, through the causal double-word
-    depthwise kernel: pad x by ``padding`` on both sides, spread the taps by
-    ``dilation`` (zeros between them), keep every ``stride``-th output from
-    index K' - 1 (K' = dilation (K - 1) + 1). ``round_output=False``: a
-    DoubleWord."""
-    C, (Cout, K, _) = x.shape[2], w.shape
-    xe = x.transpose(0, 2, 1)  # (N, C, L)
-    if Cout != C:  # channel multiplier m: output channel o reads input channel o // m
-        xe = mx.repeat(xe, Cout // C, axis=1)
-    if padding:
-        xe = mx.pad(xe, [(0, 0), (0, 0), (padding, padding)])
-    we = w[:, :, 0]
-    if dilation > 1:
-        gaps = mx.zeros((Cout, K, dilation - 1), mx.float32)
-        we = mx.concatenate([we[:, :, None], gaps], axis=2).reshape(Cout, -1)
-        we = we[:, : dilation * (K - 1) + 1]
-    y = depthwise_conv_extended(xe, we, round_output=round_output, backend=backend,
-                                stream=stream)
-    if not round_output:
-        return DoubleWord(*(v[:, :, we.shape[1] - 1::stride].transpose(0, 2, 1)
-                            for v in (y.hi, y.lo)))
-    return y[:, :, we.shape[1] - 1::stride].transpose(0, 2, 1)
-
+    x (N, L, C) float32 and w (m C, K, 1) float32 in double-word on a kernel
+    backend, unrounded: one launch reading both in place
+    (:func:`~mlx_precise.conv.depthwise.conv1d_words`)."""
+    return conv1d_words(x, w, stride, padding, dilation, backend, stream)
 
 
 def taps(x: mx.array, w: mx.array, stride: int, padding: int, dilation: int) -> mx.array:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 
 import mlx.core as mx
 import numpy as np
@@ -40,6 +41,7 @@ from ..doubleword import pow2scale
 from ..doubleword.engine64 import from64, from_float64_result
 from ..doubleword.types import DoubleWord, read_input
 from ..doubleword.elementwise import complex_multiply_extended, reciprocal_words
+from ..doubleword.fusion import note_parts, rows_of
 from ..core.kernels import Constants, Kernel, ParamLayout, generated_block
 from . import cpu
 from .twiddles import chirp_words, twiddle_table
@@ -229,9 +231,28 @@ def _word_rows(f: mx.array, rows: int, width: int) -> mx.array:
     return f if f.shape == (rows, width) else f[: rows * width].reshape(rows, width)
 
 
-def _unflat(f: mx.array, rows: int, n: int) -> mx.array:
-    """complex64 (rows, n) from a kernel's float32 words (:func:`_words`)."""
-    return _word_rows(f, rows, 2 * n).view(mx.complex64)
+def _unflat(f: mx.array, rows: int, n: int, note: bool = False) -> mx.array:
+    """complex64 (rows, n) from a kernel's float32 words (:func:`_words`); ``note``:
+    a transform's result, whose words :func:`_finish` may hand on (:data:`_VIEWED`)."""
+    words = _word_rows(f, rows, 2 * n)
+    c = words.view(mx.complex64)
+    if note:
+        key = id(c)
+        _VIEWED[key] = (weakref.ref(c, lambda _ref, key=key: _VIEWED.pop(key, None)), words)
+    return c
+
+
+# id of a transform's complex64 result (rows, n) -> (a weak reference to it, the float32
+# words (rows, 2n) it views): where the rows are the caller's last axis, the
+# DoubleWord result views them too, and a fused program reads them as they are
+# (fusion.note_parts) instead of views of its complex words.
+_VIEWED: dict[int, tuple] = {}
+
+
+def _viewed(c: mx.array | None) -> mx.array | None:
+    """The float32 words the complex64 ``c`` views (:func:`_unflat`), or None."""
+    entry = None if c is None else _VIEWED.get(id(c))
+    return entry[1] if entry is not None and entry[0]() is c else None
 
 
 def _complex(a: mx.array | None) -> mx.array | None:
@@ -270,9 +291,49 @@ def _batch(a: mx.array, ax: int):
 
 
 def _finish(y_hi, y_lo, lead: tuple, ax: int, round_output: bool):
-    """Rows back to the caller's layout: an array, or a DoubleWord."""
+    """Rows back to the caller's layout: an array, or a DoubleWord whose complex
+    words are noted as views of the kernels' float32 words, in the rows' layout
+    (:func:`~mlx_precise.doubleword.fusion.note_parts`: a fused program reads them
+    where the rows are the last axis, the next transform everywhere,
+    :func:`_rows_of_words`)."""
     out = _from_rows(y_hi, lead, ax)
-    return out if round_output else DoubleWord(out, _from_rows(y_lo, lead, ax))
+    if round_output:
+        return out
+    lo = _from_rows(y_lo, lead, ax)
+    words = _viewed(y_hi), _viewed(y_lo)
+    if words[0] is not None and words[1] is not None:
+        layout = None if ax == len(lead) else (  # the axes but ax, then ax
+            lead + (y_hi.shape[-1],), tuple(d for d in range(len(lead) + 1) if d != ax) + (ax,))
+        note_parts(out, lo, words, layout)
+    return DoubleWord(out, lo)
+
+
+def _rows_of_words(x, ax: int, n: int, rows: int) -> tuple | None:
+    """float32 (rows, 2n) words of the rows of the complex DoubleWord ``x`` along
+    ``ax``, fitted to n, made from the float32 words a kernel wrote that x's words
+    view (:func:`~mlx_precise.doubleword.fusion.rows_of`: a fused program's, a
+    transform's): one transpose of them as (..., m, 2) and a reshape, the same
+    floats as :func:`_to_rows` of x's complex words and their float32 view (which
+    move x's axes back and forth, in views of views); None where none are known."""
+    src = rows_of(x) if isinstance(x, DoubleWord) else None
+    if src is None:
+        return None
+    words, (shape, axes) = src[:2], src[2:]
+    target = tuple(d for d in range(x.ndim) if d != ax) + (ax,)
+    perm = [axes.index(d) for d in target] + [len(axes)]
+
+    def rows_of_word(w):
+        a = w.reshape(tuple(shape) + (2,))
+        if perm != sorted(perm):
+            a = a.transpose(perm)
+        m = a.shape[-2]
+        if m > n:
+            a = a[..., :n, :]
+        elif m < n:  # zeros, as _fit pads the complex words
+            a = mx.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, n - m), (0, 0)])
+        return a.reshape(rows, 2 * n)
+
+    return tuple(rows_of_word(w) for w in words)
 
 
 def _empty(lead: tuple, m: int, dtype, ax: int, round_output: bool):
@@ -336,13 +397,15 @@ def _stage(rs: _RowScale | None, **changes) -> _RowScale | None:
     return rs if rs.load or rs.store else None
 
 
-def _in_range(run, hi, lo, growth_log2: int, load: bool, store: bool):
+def _in_range(run, hi, lo, growth_log2: int, load: bool, store: bool, seen=None):
     """``run(hi, lo, rs)`` on rows scaled by exact powers of two so that no
     intermediate overflows (:mod:`mlx_precise.doubleword.pow2scale`), and its result
     scaled back: by the transform's first kernel (``load``) and last (``store``),
     told so by ``rs`` (a :class:`_RowScale`), else by MLX ops around ``run`` (the
-    Bluestein ends of a transform: a complex product)."""
-    m = pow2scale.row_maxima(hi)
+    Bluestein ends of a transform: a complex product). ``seen``: the rows whose
+    maxima count, where ``hi`` holds complex rows as float32 words (their complex
+    view: |z|, not |re| and |im|)."""
+    m = pow2scale.row_maxima(hi if seen is None else seen)
     rs = _RowScale(_flat(m), growth_log2, load, store) if load or store else None
     if not (load and store):
         e = pow2scale.exponents(m, growth_log2)
@@ -487,7 +550,7 @@ def _cfft_rows(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_o
                            backend=backend, stream=stream, nt=nt, rs=rs)
     if words:
         return y_hi, y_lo
-    return _unflat(y_hi, rows, n), None if y_lo is None else _unflat(y_lo, rows, n)
+    return _unflat(y_hi, rows, n, True), None if y_lo is None else _unflat(y_lo, rows, n, True)
 
 
 def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo_out: bool,
@@ -513,7 +576,8 @@ def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo
         output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
     if words:
         return y_hi, y_lo if lo_out else None
-    return _unflat(y_hi, rows, per_row), _unflat(y_lo, rows, per_row) if lo_out else None
+    return (_unflat(y_hi, rows, per_row, True),
+            _unflat(y_lo, rows, per_row, True) if lo_out else None)
 
 
 def _rfft_rows(hi, lo, rows: int, n: int, *, lo_out: bool, backend: str, stream,
@@ -603,19 +667,22 @@ def cpu_transform(steps, x, factor, round_output: bool):
 # ---- public API --------------------------------------------------------------------
 
 
-def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
+def _complex_transform(x, n, axis, inverse, round_output, backend, stream, scaled=True):
     x = read_input(x, "x", "words", ANY)
     ax = _check_axis(x.ndim, axis, "x")
     n = _check_n(n, x.shape[ax])
     name = backends.resolve(backend)
     if name.float64_engine:
-        return cpu_transform([("ifft" if inverse else "fft", n, ax)], x, None, round_output)
+        return cpu_transform([("ifft" if inverse else "fft", n, ax)], x,
+                             None if scaled or not inverse else float(n), round_output)
     real_in = x.dtype == mx.float32
     hi, lo = _hi_lo(x, complex_out=inverse)
     lead, rows = _batch(hi, ax)
     if rows == 0:
         return _empty(lead, n, mx.complex64, ax, round_output)
-    hi, lo = _to_rows(hi, ax, n), _to_rows(lo, ax, n)
+    stockham = n > 1 and _is_pow2(n)  # its first and last passes scale the rows
+    # (Stockham's passes read float32 words as they are; Bluestein's reads complex)
+    hi, lo, seen = _rows(x, hi, lo, ax, n, rows, stockham and not real_in)
     if real_in and not inverse:  # half the work, and exact Hermitian symmetry
         y_hi, y_lo = _in_range(
             lambda h, l, rs: _rfft_rows(h, l, rows, n, lo_out=not round_output, backend=name,
@@ -623,14 +690,24 @@ def _complex_transform(x, n, axis, inverse, round_output, backend, stream):
             hi, lo, _growth_log2(n) + 1, *_real_folds(n))
         y_hi, y_lo = _hermitian_extend(y_hi, n), _hermitian_extend(y_lo, n)
     else:
-        stockham = n > 1 and _is_pow2(n)  # its first and last passes scale the rows
         y_hi, y_lo = _in_range(
             lambda h, l, rs: _cfft_rows(h, l, rows, n, inverse=inverse,
-                                        scale_den=n if inverse else 1,
+                                        scale_den=n if inverse and scaled else 1,
                                         lo_out=not round_output, backend=name, stream=stream,
                                         rs=rs),
-            hi, lo, _growth_log2(n), stockham, stockham)
+            hi, lo, _growth_log2(n), stockham, stockham, seen)
     return _finish(y_hi, y_lo, lead, ax, round_output)
+
+
+def _rows(x, hi, lo, ax: int, n: int, rows: int, words: bool):
+    """(hi rows, lo rows, the complex rows whose maxima count or None): where
+    ``words`` and x's float32 words are known, :func:`_rows_of_words` (the kernels
+    read them as they are), else :func:`_to_rows` of the complex words ``hi``,
+    ``lo``."""
+    w = _rows_of_words(x, ax, n, rows) if words else None
+    if w is None:
+        return _to_rows(hi, ax, n), _to_rows(lo, ax, n), None
+    return w[0], w[1], w[0].view(mx.complex64)
 
 
 def _rfft_words(x, n, axis, round_output, backend, stream):
@@ -651,29 +728,34 @@ def _rfft_words(x, n, axis, round_output, backend, stream):
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 
-def _irfft_words(X, n, axis, round_output, backend, stream):
+def _irfft_words(X, n, axis, round_output, backend, stream, scaled=True):
     X = read_input(X, "X", "words", ANY)
     ax = _check_axis(X.ndim, axis, "X")
     n = _check_n(n, 2 * (X.shape[ax] - 1))
     name = backends.resolve(backend)
     if name.float64_engine:
-        return cpu_transform([("irfft", n, ax)], X, None, round_output)
+        return cpu_transform([("irfft", n, ax)], X, None if scaled else float(n), round_output)
     hi, lo = _hi_lo(X, complex_out=True)
     lead, rows = _batch(hi, ax)
     if rows == 0:
         return _empty(lead, n, mx.float32, ax, round_output)
     m = n // 2 + 1
     growth = _growth_log2(n) if n % 2 else _growth_log2(n // 2) + 2  # + pre-processing
+    # (an even length's kernels read float32 words as they are; an odd one's, complex)
+    hi, lo, seen = _rows(X, hi, lo, ax, m, rows, n % 2 == 0)
     y_hi, y_lo = _in_range(
-        lambda h, l, rs: _irfft_rows(h, l, rows, n, round_output, name, stream, rs),
-        _to_rows(hi, ax, m), _to_rows(lo, ax, m), growth, *_real_folds(n)[::-1])
+        lambda h, l, rs: _irfft_rows(h, l, rows, n, round_output, name, stream, rs,
+                                     n if scaled else 1),
+        hi, lo, growth, *_real_folds(n)[::-1], seen)
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 
 def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream,
-                rs: _RowScale | None = None):
-    """irfft of complex64 (rows, n//2 + 1) words: float32 (rows, n) (hi, lo or None).
-    ``rs``: the kernels' row scaling (:func:`_real_folds` sizes)."""
+                rs: _RowScale | None = None, scale_den: int | None = None):
+    """irfft of complex64 (rows, n//2 + 1) words: float32 (rows, n) (hi, lo or None),
+    times 1/scale_den (default n: numpy's irfft). ``rs``: the kernels' row scaling
+    (:func:`_real_folds` sizes)."""
+    den = n if scale_den is None else scale_den
     m = n // 2 + 1
     if n % 2:  # odd: Hermitian extension to n points, complex inverse, real part
         def extend(a):
@@ -681,20 +763,20 @@ def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream
             return mx.concatenate([first, a[:, 1:], mx.conj(a[:, m - 1:0:-1])], axis=1)
 
         y_hi, y_lo = _cfft_rows(extend(hi), None if lo is None else extend(lo), rows, n,
-                                inverse=True, scale_den=n, lo_out=not round_output,
+                                inverse=True, scale_den=den, lo_out=not round_output,
                                 backend=name, stream=stream)
         y_hi = mx.real(y_hi)
         y_lo = None if y_lo is None else mx.real(y_lo)
     else:
         big_n = n // 2
-        single = big_n == 1  # no complex FFT runs: the kernel applies the 1/2
+        single = big_n == 1  # no complex FFT runs: the kernel applies the 1/den
         rs = _stage(rs, per_part=True)  # the result's words are real
-        z_hi, z_lo = _real_kernel(hi, lo, rows, big_n, pre=True, scale_den=n if single else 1,
+        z_hi, z_lo = _real_kernel(hi, lo, rows, big_n, pre=True, scale_den=den if single else 1,
                                   lo_out=not (single and round_output), backend=name,
                                   stream=stream, rs=_stage(rs, store=single),  # N = 1: folds
                                   words=True)
         if not single:
-            z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=True, scale_den=n,
+            z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=True, scale_den=den,
                                     lo_out=not round_output, backend=name, stream=stream,
                                     nt=n, rs=_stage(rs, load=False), words=True)
         # z: the kernels' float32 words, (rows, n) as they are
@@ -703,10 +785,14 @@ def _irfft_rows(hi, lo, rows: int, n: int, round_output: bool, name: str, stream
     return y_hi, y_lo
 
 
-def transform_words(kind: str, x, n, axis, round_output: bool, backend, stream):
+def transform_words(kind: str, x, n, axis, round_output: bool, backend, stream,
+                    scaled: bool = True):
     """One 1-D transform ``kind`` (fft, ifft, rfft, irfft) with no autodiff
-    wrapper: the building block of :mod:`mlx_precise.fft.nd`."""
+    wrapper: the building block of :mod:`mlx_precise.fft.nd`. ``scaled=False``: an
+    inverse (ifft, irfft) without its 1/n (the kernel backends; norm="forward")."""
     if kind in ("fft", "ifft"):
-        return _complex_transform(x, n, axis, kind == "ifft", round_output, backend, stream)
-    return (_rfft_words if kind == "rfft" else _irfft_words)(x, n, axis, round_output, backend,
-                                                             stream)
+        return _complex_transform(x, n, axis, kind == "ifft", round_output, backend, stream,
+                                  scaled)
+    if kind == "irfft":
+        return _irfft_words(x, n, axis, round_output, backend, stream, scaled)
+    return _rfft_words(x, n, axis, round_output, backend, stream)

@@ -29,8 +29,8 @@ import numpy as np
 
 from ..core import backends
 from . import engine as _fft
-from ..core.autodiff import guarded
 from ..doubleword.engine64 import from64
+from ..doubleword.fusion import guarded
 from ..doubleword.types import DoubleWord
 from ..doubleword.elementwise import scale_extended
 
@@ -77,9 +77,15 @@ def _chain(kind, x, s, axes, norm, round_output, backend, stream):
     if backend.float64_engine and x.size:  # the float64 steps on the host, in one go
         return _fft.cpu_transform(steps, x, None if factor is None else float(factor),
                                   round_output)
+    # an inverse with norm="forward" is the unnormalised sum: its 1-D steps leave out
+    # their 1/n and no factor n is applied after them (one launch fewer, no rounding
+    # of 1/n where n is not a power of two; the same bits where it is)
+    scaled = not (norm == "forward" and kind in ("ifft", "irfft"))
+    if not scaled:
+        factor = None
     for i, (k, n, ax) in enumerate(steps):
         last = i == len(steps) - 1 and factor is None
-        x = _fft.transform_words(k, x, n, ax, round_output and last, backend, stream)
+        x = _fft.transform_words(k, x, n, ax, round_output and last, backend, stream, scaled)
     if factor is not None:
         x = scale_extended(x, factor, round_output=round_output, backend=backend, stream=stream)
     return x
@@ -225,7 +231,7 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
             return tuple(v for v in y.wide if v is not None)
         return y.hi, y.lo
 
-    out = guarded(run, arrays, f"the {kind} of a DoubleWord or with round_output=False")
+    out = guarded(run, arrays, f"the {kind} of a DoubleWord or with round_output=False", name)
     if round_output:
         return out
     if out[0].dtype == mx.float64:  # (re[, im]): the float64 value

@@ -127,3 +127,67 @@ def test_bad_input():
         depthwise_conv_extended(x, mx.zeros((3, 3), mx.int32), backend="emulate")
     with pytest.raises(ValueError, match=r"shape \(channels, 3\)"):
         depthwise3_extended(x, mx.zeros((3, 4)), backend="emulate")
+
+
+# ---- MLX's channels-last depthwise conv1d read in place (conv1d_words) --------------
+
+def _spread_path(x, w, stride, padding, dilation):
+    """The same convolution composed around DEPTHWISE as the flow did it before
+    conv1d_words: x (N, L, C) transposed, channels repeated (multiplier), padded;
+    the taps spread by dilation (zeros between them); every stride-th output from
+    K' - 1, transposed back."""
+    C, (Cout, K, _) = x.shape[2], w.shape
+    xe = mx.repeat(x.transpose(0, 2, 1), Cout // C, axis=1)
+    xe = mx.pad(xe, [(0, 0), (0, 0), (padding, padding)])
+    we = w[:, :, 0]
+    if dilation > 1:
+        gaps = mx.zeros((Cout, K, dilation - 1), mx.float32)
+        we = mx.concatenate([we[:, :, None], gaps], axis=2).reshape(Cout, -1)
+        we = we[:, : dilation * (K - 1) + 1]
+    y = depthwise_conv_extended(xe, we, round_output=False, backend="emulate")
+    return [v[:, :, we.shape[1] - 1::stride].transpose(0, 2, 1) for v in (y.hi, y.lo)]
+
+
+@pytest.mark.parametrize("C, m, K, stride, padding, dilation", [
+    (8, 1, 3, 1, 2, 1), (4, 2, 5, 2, 1, 1), (6, 1, 4, 1, 3, 2), (1, 1, 7, 3, 0, 1),
+    (3, 3, 3, 2, 4, 3), (2, 1, 1, 1, 0, 1)])
+def test_conv1d_words_in_place(C, m, K, stride, padding, dilation):
+    """One launch on the channels-last signal gives the bits of the transposed,
+    padded, spread and cut composition, special values included (Inf and NaN
+    inputs meet the spread zeros and the padding as they did there), and the
+    float64 sum of the exact products within 2u^2 on finite data."""
+    from mlx_precise.conv.depthwise import conv1d_words
+    from mlx_precise.core import backends
+
+    rng = np.random.default_rng(C * 100 + K)
+    x = rng.standard_normal((2, 40, C)).astype(np.float32)
+    w = rng.standard_normal((C * m, K, 1)).astype(np.float32)
+    xs, ws = x.copy(), w.copy()
+    xs[0, 5, 0], xs[1, 11, -1], ws[-1, 0, 0] = np.inf, np.nan, -np.inf
+    for xa, wa in ((x, w), (xs, ws)):
+        X, W = mx.array(xa), mx.array(wa)
+        y = conv1d_words(X, W, stride, padding, dilation, backends.get("emulate"))
+        want = _spread_path(X, W, stride, padding, dilation)
+        for got, ref in zip((y.hi, y.lo), want):
+            assert got.shape == ref.shape
+            assert np.array_equal(np.array(got).view(np.uint32), np.array(ref).view(np.uint32))
+    Lout = (40 + 2 * padding - dilation * (K - 1) - 1) // stride + 1
+    xp = np.repeat(np.pad(x.astype(np.float64), [(0, 0), (padding, padding), (0, 0)]), m, axis=2)
+    ref = sum(w[None, None, :, j, 0].astype(np.float64) * xp[:, j * dilation::stride][:, :Lout]
+              for j in range(K))
+    y = conv1d_words(mx.array(x), mx.array(w), stride, padding, dilation,
+                     backends.get("emulate"))
+    got = np.array(y.hi).astype(np.float64) + np.array(y.lo).astype(np.float64)
+    mag = sum(np.abs(w[None, None, :, j, 0].astype(np.float64) * xp[:, j * dilation::stride][:, :Lout])
+              for j in range(K))
+    assert np.all(np.abs(got - ref) <= 2.0**-46 * mag)
+
+
+def test_conv1d_words_kernel_longer_than_the_signal():
+    """A filter longer than the padded signal raises MLX's own ValueError (the
+    composition it replaced returned an empty result)."""
+    from mlx_precise.conv.depthwise import conv1d_words
+    from mlx_precise.core import backends
+
+    with pytest.raises(ValueError, match=r"\[conv\] Spatial dimensions"):
+        conv1d_words(mx.ones((1, 2, 4)), mx.ones((4, 5, 1)), 1, 0, 1, backends.get("emulate"))

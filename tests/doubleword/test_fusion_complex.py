@@ -193,3 +193,46 @@ def test_a_cut_complex_chain_reads_its_programs_words():
     # per word, as each leaf's parts axis
     assert g["by_primitive"]["View"] == len(cs) + 2, g
     assert g["by_primitive"]["Reshape"] == len(cs) + 2, g
+
+
+def _with_constants(c):
+    return (c - 1.0) * 0.5 + (2.0 - 1j) - 0.25j
+
+
+def test_constants_enter_complex_programs_as_data():
+    """Python constants in a complex chain (a real one added, complex ones) enter
+    the program as their parts' words made once as data: on metal (lazy stand-in)
+    the chain is one launch whose graph has no Pad, ExpandDims, View or Reshape
+    for them (c's own parts: a Reshape and a View; the result: two Views; each
+    constant word: a Broadcast of its (2,) parts, as every leaf of fewer than 8
+    elements); on
+    emulate the bits are those of the unfused chain (the single-operation kernels),
+    whose values agree with mpmath."""
+    rng = np.random.default_rng(21)
+    c = _dw(rng, (4, 8), True, special=False).hi
+    mx.eval(c)
+    with lazy_metal_executor():
+        with mp.use_backend("metal"), mp.extended_precision():
+            y = _with_constants(c)
+        g = graph_counts(y, low_word(y))
+    assert g["launches"] == 1, g
+    prims = g["by_primitive"]
+    assert not {"Pad", "ExpandDims"} & set(prims), prims
+    assert prims.get("View") == 3 and prims.get("Reshape") == 1, prims
+    out = []
+    for fused in (True, False):
+        with mp.use_backend("emulate"), mp.extended_precision():
+            if fused:
+                y = _with_constants(c)
+            else:
+                with fusion._unfused():
+                    y = _with_constants(c)
+            mx.eval(y, low_word(y))
+            out.append([np.array(a).view(np.uint32) for a in (y, low_word(y))])
+    for a, b in zip(*out):
+        assert np.array_equal(a, b)
+    for k, v in enumerate(np.array(c).ravel()):
+        z = (mpmath.mpc(complex(v)) - 1) * 0.5 + mpmath.mpc(2, -1) - mpmath.mpc(0, 0.25)
+        got = complex(np.array(y).ravel()[k]), complex(np.array(low_word(y)).ravel()[k])
+        err = abs(mpmath.mpc(got[0]) + mpmath.mpc(got[1]) - z)
+        assert err <= 64 * U * U * abs(z) + 1e-300

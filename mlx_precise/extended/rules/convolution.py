@@ -401,7 +401,7 @@ def _conv1d(ctx, original, input, weight, stride=1, padding=0, dilation=1, group
             lambda X, W: from64(spectral.depthwise64(to64(X)[0], to64(W)[0], *geometry)),
             lambda x, w: plain(x, w, *geometry, groups), [input, weight], ctx.backend)
     return spectral.conv(
-        lambda x, w: spectral.depthwise(x, w, *geometry, ctx.backend, None, False),
+        lambda x, w: spectral.depthwise(x, w, *geometry, ctx.backend, None),
         lambda x, w: plain(x, w, *geometry, groups), input, weight, ctx.backend, None)
 
 
