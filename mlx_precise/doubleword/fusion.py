@@ -838,6 +838,11 @@ def mlx_gradients():
         _traced.reset(token)
 
 
+def differentiating() -> bool:
+    """True inside :func:`mlx_gradients` (MLX's autodiff traces the caller)."""
+    return _traced.get()
+
+
 def guarded(fn, arrays: list, what: str, backend):
     """``fn(*arrays)``, a function of DoubleWord words that has no gradient, through
     :func:`~mlx_precise.core.autodiff.guarded` (a VJP raising NotDifferentiableError
@@ -1069,6 +1074,8 @@ def words_op(forward, plain, operands: list[mx.array], lows: list) -> tuple[mx.a
 
     @f.vjp
     def f_vjp(primals, cotangents, outputs):
+        if not isinstance(primals, (list, tuple)):  # (MLX passes a lone input as it is)
+            primals = (primals,)
         with flow_suspended():
             _, grads = _mlx.vjp(plain, list(primals[:n]), [cotangents[0]])
         return (*grads, *(mx.zeros_like(lo) for lo in primals[n:]))

@@ -7,14 +7,14 @@ from typing import Callable
 
 import mlx.core as mx
 
-from ..doubleword.fusion import words_op as kernel_words_op
+from ..doubleword.fusion import differentiating, words_op as kernel_words_op
 from ..doubleword.types import DoubleWord
 from .carry import attach, attach_words, low_word, words_of
 from ..core.backends import Backend
 
 
 def words_op(forward: Callable, plain: Callable, operands: list[mx.array],
-             backend: Backend) -> mx.array:
+             backend: Backend, on_host: bool = False) -> mx.array:
     """Run a double-word op on ``operands`` (float32 / complex64 arrays, each with
     its carried low word or exact) and attach the result's low word.
 
@@ -26,6 +26,8 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array],
         backend: the resolved backend; on a float64 engine (cpu) the operands
             enter as their float64 values and the result leaves as one
             (:func:`_wide_op`).
+        on_host: the cpu ``forward`` computes on the host (numpy / scipy: the
+            FFTs), which MLX's autodiff cannot differentiate.
 
     Returns:
         the high words of the result (MLX's shape and dtype), low words attached.
@@ -33,9 +35,10 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array],
         differentiates; inside a block gradients are the flow's) gives ``plain``'s
         VJP for the high words on the kernel backends (the low words are constants
         of relative size u), and MLX's derivative of the float64 computation on
-        cpu.
+        cpu (``on_host``: ``plain``'s VJP there too; the result then carries its
+        two words, not its float64 value).
     """
-    if backend.float64_engine:
+    if backend.float64_engine and not (on_host and differentiating()):
         return _wide_op(forward, operands)
     return attach(*kernel_words_op(forward, plain, operands, [low_word(a) for a in operands]))
 

@@ -226,6 +226,28 @@ def test_gradients_outside_blocks_are_mlx_own():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_mlx_grad_of_a_function_that_opens_a_block_with_ffts(backend):
+    """``mx.grad`` (MLX's: no block is open where it is called) of a function whose
+    block runs FFTs: the transforms' VJP is that of their float32 form at the high
+    words (on cpu too, where the float64 transform runs on the host, out of MLX's
+    autodiff; it raised there, and on emulate the VJP read a lone input as a list:
+    IndexError). Against the float64 gradient of sum |fft(x)| (Re(fft^H (y / |y|)))
+    within float32's rounding of the forward values."""
+    xs = rng_f32((3, 64), seed=7)
+    x = mx.array(xs)
+
+    def loss(v):
+        with mp.extended_precision():
+            return mx.abs(mx.fft.fft(v)).sum() + mx.fft.irfft(mx.fft.rfft(v) * 2).sum()
+
+    with mp.use_backend(backend):
+        got = np.array(mx.grad(loss)(x), np.float64)
+    y = np.fft.fft(xs.astype(np.float64), axis=-1)
+    want = np.real(np.fft.ifft(y / np.abs(y), axis=-1)) * 64 + 2.0
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), np.max(np.abs(got - want))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_vjp_jvp_argnums_and_argnames(backend):
     a, b = mx.array(rng_f32(6, 5)), mx.array(rng_f32(6, 6))
 
