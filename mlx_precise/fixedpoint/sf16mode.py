@@ -69,7 +69,9 @@ def _straight_through(matmul: bool, threshold: float, rounding: str, storage, ba
     @quantize.vjp
     def quantize_vjp(primals, cotangent, output):
         # Straight-through: d(quantize)/dx taken as the identity, also where clamped.
-        return cotangent.astype(primals[0].dtype)
+        # (MLX passes a custom function's lone input as it is, not in a tuple.)
+        x = primals[0] if isinstance(primals, (list, tuple)) else primals
+        return cotangent.astype(x.dtype)
 
     return quantize
 

@@ -192,6 +192,9 @@ def test_straight_through_at_clamp():
     assert np.array_equal(np.array(gm), np.ones(8, np.float32))
     assert np.array(y).tolist()[:2] == [-32735 / 32768] * 2
     assert np.array_equal(np.array(sf16_boundary(x)), np.array(x))  # inactive: identity
+    with sf16(backend="cpu"):  # a 0-d value (MLX hands the VJP a lone input unwrapped)
+        g0 = mx.grad(lambda v: sf16_boundary(v) * 3.0)(mx.array(np.float32(0.25)))
+    assert g0.shape == () and g0.item() == 3.0
 
 
 def test_training_lowers_loss():
