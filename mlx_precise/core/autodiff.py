@@ -26,6 +26,12 @@ class TransformUnsupportedError(RuntimeError):
     that computes eagerly on the host (``cpu``, ``emulate``)."""
 
 
+def primals_of(primals) -> tuple:
+    """A custom function's VJP primals as a tuple: MLX passes a lone input as it
+    is, not in a tuple (``list(primals)`` would split its rows)."""
+    return tuple(primals) if isinstance(primals, (list, tuple)) else (primals,)
+
+
 def guarded(fn, arrays, what: str,
             hint: str = "use an mx.array input and round_output=True for a gradient"):
     """``fn(*arrays)`` (arrays: ``mx.array``\\ s; fn returns an array or a tuple

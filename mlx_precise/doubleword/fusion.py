@@ -47,7 +47,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
-from ..core.autodiff import guarded as _guarded
+from ..core.autodiff import guarded as _guarded, primals_of
 from ..core.context import flow_suspended, register_block_hook, restore
 from ..core.kernels import (Codes, Constants, Kernel, elementwise_grid, generated_block,
                             per_element_of_first_input)
@@ -795,7 +795,8 @@ def _differentiable(prog: Program, backend, stream):
     @f.vjp
     def f_vjp(primals, cotangents, outputs):
         with flow_suspended():
-            _, grads = _mlx.vjp(_replay(prog.key, backend, stream), list(primals), list(cotangents))
+            _, grads = _mlx.vjp(_replay(prog.key, backend, stream), list(primals_of(primals)),
+                                list(cotangents))
         return tuple(grads)
 
     _cache(_DIFFERENTIABLE, cache_key, f)
@@ -1074,8 +1075,7 @@ def words_op(forward, plain, operands: list[mx.array], lows: list) -> tuple[mx.a
 
     @f.vjp
     def f_vjp(primals, cotangents, outputs):
-        if not isinstance(primals, (list, tuple)):  # (MLX passes a lone input as it is)
-            primals = (primals,)
+        primals = primals_of(primals)
         with flow_suspended():
             _, grads = _mlx.vjp(plain, list(primals[:n]), [cotangents[0]])
         return (*grads, *(mx.zeros_like(lo) for lo in primals[n:]))

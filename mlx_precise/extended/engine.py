@@ -14,7 +14,7 @@ from ..core.backends import Backend
 
 
 def words_op(forward: Callable, plain: Callable, operands: list[mx.array],
-             backend: Backend, on_host: bool = False) -> mx.array:
+             backend: Backend, opaque: bool = False) -> mx.array:
     """Run a double-word op on ``operands`` (float32 / complex64 arrays, each with
     its carried low word or exact) and attach the result's low word.
 
@@ -26,8 +26,9 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array],
         backend: the resolved backend; on a float64 engine (cpu) the operands
             enter as their float64 values and the result leaves as one
             (:func:`_wide_op`).
-        on_host: the cpu ``forward`` computes on the host (numpy / scipy: the
-            FFTs), which MLX's autodiff cannot differentiate.
+        opaque: MLX's autodiff cannot differentiate the cpu ``forward`` (the FFTs
+            run on the host; the elementary functions build powers of two from
+            exponent bits, a view).
 
     Returns:
         the high words of the result (MLX's shape and dtype), low words attached.
@@ -35,10 +36,10 @@ def words_op(forward: Callable, plain: Callable, operands: list[mx.array],
         differentiates; inside a block gradients are the flow's) gives ``plain``'s
         VJP for the high words on the kernel backends (the low words are constants
         of relative size u), and MLX's derivative of the float64 computation on
-        cpu (``on_host``: ``plain``'s VJP there too; the result then carries its
+        cpu (``opaque``: ``plain``'s VJP there too; the result then carries its
         two words, not its float64 value).
     """
-    if backend.float64_engine and not (on_host and differentiating()):
+    if backend.float64_engine and not (opaque and differentiating()):
         return _wide_op(forward, operands)
     return attach(*kernel_words_op(forward, plain, operands, [low_word(a) for a in operands]))
 

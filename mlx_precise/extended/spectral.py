@@ -40,7 +40,7 @@ def transform(kind: str, a: mx.array, s, axes, norm: str, backend: Backend,
     kw = dict(backend=backend, stream=stream)
     return words_op(
         lambda x: fftn.transform(kind, _cast(x, kind), s, axes, norm, round_output=False, **kw),
-        lambda x: fftn.transform(kind, x, s, axes, norm, **kw), [a], backend, on_host=True)
+        lambda x: fftn.transform(kind, x, s, axes, norm, **kw), [a], backend, opaque=True)
 
 
 def is_depthwise(x, w, groups) -> bool:

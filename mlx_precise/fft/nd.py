@@ -28,6 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
+from ..core.autodiff import primals_of
 from . import engine as _fft
 from ..doubleword.engine64 import from64
 from ..doubleword.fusion import guarded
@@ -154,7 +155,7 @@ def _differentiable(kind, s, axes, norm, backend, stream):
     @f.vjp
     def f_vjp(primals, cotangent, output):
         # One input and one output: MLX passes them bare, not in lists.
-        x = primals[0] if isinstance(primals, (list, tuple)) else primals
+        x = primals_of(primals)[0]
         g = cotangent[0] if isinstance(cotangent, (list, tuple)) else cotangent
         again = dict(round_output=True, backend=backend, stream=stream)
         if kind in ("fft", "ifft"):

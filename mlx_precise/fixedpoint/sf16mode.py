@@ -40,6 +40,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core import backends
+from ..core.autodiff import primals_of
 from ..core.streams import streamed
 from .qformat import (
     Q115_THRESHOLD,
@@ -69,9 +70,7 @@ def _straight_through(matmul: bool, threshold: float, rounding: str, storage, ba
     @quantize.vjp
     def quantize_vjp(primals, cotangent, output):
         # Straight-through: d(quantize)/dx taken as the identity, also where clamped.
-        # (MLX passes a custom function's lone input as it is, not in a tuple.)
-        x = primals[0] if isinstance(primals, (list, tuple)) else primals
-        return cotangent.astype(x.dtype)
+        return cotangent.astype(primals_of(primals)[0].dtype)
 
     return quantize
 

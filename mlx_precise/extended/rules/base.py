@@ -24,6 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 from ...doubleword import engine64, functions
+from ...doubleword.fusion import differentiating
 from ...doubleword.types import DoubleWord
 from ...doubleword.engine64 import to64
 from .. import arith, autodiff, carry
@@ -190,12 +191,14 @@ def float64_form(fast, decomposition):
     as one op (its VJP rule, declared in its family's ``VJPS``, differentiates
     it) unless an array is passed by keyword (the tape differentiates keyword
     arrays by MLX's float32 VJP: the decomposition's ops are recorded instead);
-    elsewhere (emulate, metal) the tape records the decomposition's ops."""
+    elsewhere (emulate, metal) the tape records the decomposition's ops. Under
+    MLX's own autodiff (:func:`~mlx_precise.doubleword.fusion.differentiating`)
+    the decomposition runs: its steps are what MLX can differentiate."""
     slow = decomposed(decomposition)
 
     def rule(ctx, original, *args, **kw):
-        if ctx.backend.float64_engine and not (autodiff.recording() and any(
-                isinstance(v, ARRAY) for v in kw.values())):
+        if ctx.backend.float64_engine and not differentiating() and not (
+                autodiff.recording() and any(isinstance(v, ARRAY) for v in kw.values())):
             out = fast(*args, **kw)
             if out is not NotImplemented:
                 return out

@@ -11,6 +11,7 @@ import mlx.core as mx
 
 from ...core import backends
 from ...doubleword import engine64, functions
+from ...doubleword.fusion import differentiating
 from .. import arith, autodiff, carry
 from ..engine import words_op
 from .base import (REAL, conj, decomposed, elementary, floating_result, has_float64, is_word_array,
@@ -35,7 +36,7 @@ def function(fn: str):
                     return z
         # the emulator evaluates; on cpu, erf is scipy's (host)
         return words_op(lambda X: functions.unary(fn, X, ctx.backend), original, [x],
-                        ctx.backend)
+                        ctx.backend, opaque=True)
 
     return rule
 
@@ -91,7 +92,8 @@ def _fast_function(fn: str):
     rule computes it, without its DoubleWords."""
 
     def fast(x):
-        if not isinstance(x, ARRAY) or not backends.backend().float64_engine:
+        if not isinstance(x, ARRAY) or not backends.backend().float64_engine or (
+                differentiating()):  # (MLX's autodiff: the rule's custom function)
             return None
         a = small64(x)
         if a is None:
