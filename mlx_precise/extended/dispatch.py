@@ -38,6 +38,7 @@ import mlx.core as mx
 from ..core import backends, context
 from ..core.plain import plain
 from ..core.autodiff import TransformUnsupportedError
+from ..doubleword.fusion import differentiating
 from . import autodiff, carry, constructor, holders, registry, rules, scatter, standins
 from .report import Report, dropped
 
@@ -370,6 +371,16 @@ def active() -> Report | None:
     return report if report is not None and report.open else None
 
 
+# A block opened while MLX's own autodiff traces (mx.grad & co. called outside every
+# block): the forward runs double-word, the gradient is MLX's, each op's float32 VJP
+# at its high words (on cpu MLX's derivative of the float64 values where it can
+# take one): reported, and strict=True raises.
+_MLX_GRADIENT = "gradient (MLX's autodiff, outside the block)"
+_MLX_GRADIENT_WHY = ("mx.grad / value_and_grad / vjp / jvp, called outside every block, "
+                     "differentiates it with each op's float32 derivative; open the block "
+                     "around the gradient transform for double-word gradients")
+
+
 class _FlowBlock:
     """The flow's part of one block (:func:`block`)."""
 
@@ -382,6 +393,9 @@ class _FlowBlock:
     def __enter__(self):
         global _open
         if self.on:
+            outside = differentiating()
+            if outside and self.strict:
+                dropped(Report(True), _MLX_GRADIENT, _MLX_GRADIENT_WHY)  # (raises)
             with _lock:
                 # (strict: a scan at every block but where the last one accounted for
                 # every reference and no count has changed since)
@@ -403,6 +417,8 @@ class _FlowBlock:
                     self._close()
                     raise
             self.report = Report(self.strict)
+            if outside:
+                dropped(self.report, _MLX_GRADIENT, _MLX_GRADIENT_WHY)
         self.token = _report.set(self.report)  # None: the flow is off inside
         return self.report
 

@@ -288,6 +288,30 @@ def test_mlx_grad_of_a_function_that_opens_a_block(backend):
         assert err <= 2e-6, (name, err)
 
 
+def test_a_gradient_taken_outside_the_block_is_reported():
+    """MLX's gradient of a function that opens a block is float32's (each op's
+    VJP at its high words): the block reports it under float32 and strict=True
+    raises; the gradient taken inside the block reports nothing of the kind."""
+    x = mx.array(rng_f32((4, 8), seed=2))
+    reports = []
+
+    def loss(v, strict=False):
+        with mp.extended_precision(strict=strict) as report:
+            reports.append(report)
+            return (mx.exp(v) * v).sum()
+
+    mx.grad(loss)(x)
+    assert reports[-1].float32["gradient (MLX's autodiff, outside the block)"] == 1
+    with pytest.raises(PrecisionDropError, match="gradient .MLX's autodiff"):
+        mx.grad(lambda v: loss(v, strict=True))(x)
+    with mp.extended_precision(strict=True) as outer:
+        mx.grad(loss)(x)  # (the flow's reverse mode)
+    assert not reports[-1].float32 and not outer.float32
+    with mp.extended_precision():
+        pass
+    assert mx.grad(lambda v: (mx.exp(v) * v).sum())(x).shape == x.shape  # MLX's, no block
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_vjp_jvp_argnums_and_argnames(backend):
     a, b = mx.array(rng_f32(6, 5)), mx.array(rng_f32(6, 6))
