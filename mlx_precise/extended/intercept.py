@@ -54,6 +54,8 @@ def _gradient_dispatcher(name: str):
         def call(*args, **kwargs):
             report = flow.active()
             if report is None:  # MLX differentiates: kernel results need custom VJPs
+                if name == "checkpoint":  # (no gradient of its own: an outer one's, if any)
+                    return made(*args, **kwargs)
                 with fusion.mlx_gradients():
                     return made(*args, **kwargs)
             if name == "checkpoint":  # recomputation is MLX's memory trade: same values
