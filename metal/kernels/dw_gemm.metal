@@ -12,6 +12,12 @@
 // of batch z at oa(z) + m sam + k sak, B(k, n) at ob(z) + k sbk + n sbn, C(m, n) at oc(z) + m scm + n scn, D(m, n) at od(z) + m sdm + n sdn, where
 // o*(z) = sum_d i_d s*_d for the batch index z = (i_0, ..., i_{nb-1}) (row-major, as
 // MLX's elem_to_loc; a broadcast dimension has stride 0).
+// WIN = 1 (real only): A is the window of a 1-D convolution over the signal in ah, al
+// (an im2col read in place, Chellapilla et al. 2006, without the copy): k = t kc + c
+// (tap t, channel c < kc), A(m, k) = signal[pos] at oa(z) + pos sam + c sak with
+// pos = m win_s + t win_d - win_lo, and 0 where pos is outside [0, win_len) (the zero
+// padding); B(k, n) at ob(z) + t sbt + c sbk + n sbn. The k order is that of the
+// gathered columns, so the sums are the same.
 // Outputs: ch, cl float32 (C's words), written at oc(z) + m scm + n scn (+1 imag).
 // Grid (ceil(N / 32) * 256, ceil(M / 32), batches), threadgroup (256, 1, 1): a group
 // computes one 32 x 32 tile of one batch, each thread 2 x 2 outputs.
@@ -33,6 +39,9 @@ const bool has_bias = p[DW_GEMM_P_HAS_BIAS] != 0;
 const int nb = int(p[DW_GEMM_P_BATCH_DIMS]);
 const bool a_lo = p[DW_GEMM_P_A_LO] != 0, b_lo = p[DW_GEMM_P_B_LO] != 0;
 const bool d_lo = p[DW_GEMM_P_D_LO] != 0;
+const long kc = p[DW_GEMM_P_KC], sbt = p[DW_GEMM_P_SBT];
+const long win_s = p[DW_GEMM_P_WIN_S], win_d = p[DW_GEMM_P_WIN_D];
+const long win_lo = p[DW_GEMM_P_WIN_LO], win_len = p[DW_GEMM_P_WIN_LEN];
 const uint3 g = threadgroup_position_in_grid;
 const int tid = int(thread_index_in_threadgroup);
 
@@ -72,8 +81,13 @@ for (long k0 = 0; k0 < K; k0 += BK) {
   for (int e = tid; e < BM * BK; e += NT) {
     const int mm = e / BK, kk = e % BK;
     const long m = m0 + mm, k = k0 + kk;
-    const bool in = m < M && k < K;
-    const long at = oa + m * sam + k * sak;
+    bool in = m < M && k < K;
+    long at = oa + m * sam + k * sak;
+    if (WIN) {  // tap t, channel k - t kc, at its position in the signal (0 outside)
+      const long t = k / kc, pos = m * win_s + t * win_d - win_lo;
+      in = in && pos >= 0 && pos < win_len;
+      at = oa + pos * sam + (k - t * kc) * sak;
+    }
     for (int q = 0; q < NC; ++q) {
       As[((q * 2 + 0) * BM + mm) * BK + kk] = in ? ah[at + q] : 0.0f;
       As[((q * 2 + 1) * BM + mm) * BK + kk] = in && a_lo ? al[at + q] : 0.0f;
@@ -83,7 +97,8 @@ for (long k0 = 0; k0 < K; k0 += BK) {
     const int kk = e / BN, nn = e % BN;
     const long k = k0 + kk, n = n0 + nn;
     const bool in = k < K && n < N;
-    const long at = ob + k * sbk + n * sbn;
+    const long t = WIN ? k / kc : 0;
+    const long at = ob + t * sbt + (k - t * kc) * sbk + n * sbn;
     for (int q = 0; q < NC; ++q) {
       Bs[((q * 2 + 0) * BK + kk) * BN + nn] = in ? bh[at + q] : 0.0f;
       Bs[((q * 2 + 1) * BK + kk) * BN + nn] = in && b_lo ? bl[at + q] : 0.0f;

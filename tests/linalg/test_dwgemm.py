@@ -371,4 +371,4 @@ def test_kernel_is_declared_for_the_strict_check():
 
     assert kernel_check.registry()["dw_gemm"] is dwgemm.DW_GEMM
     assert dwgemm.DW_GEMM.coverage_gaps() == []
-    assert len(kernel_check.instances(dwgemm.DW_GEMM)) == 2  # CPLX 0 and 1
+    assert len(kernel_check.instances(dwgemm.DW_GEMM)) == 4  # CPLX 0 and 1, WIN 0 and 1
