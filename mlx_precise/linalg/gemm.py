@@ -86,24 +86,43 @@ def codes_source() -> str:
 
 
 _WORDS = ("ah", "al", "bh", "bl", "dh", "dl")
-DW_GEMM = Kernel(
-    name="dw_gemm",
-    body="dw_gemm.metal",
-    headers=("dw_gemm.h",),
-    inputs=_WORDS + ("p",),
-    outputs=("ch", "cl"),
-    template=("CPLX", "WIN"),
-    input_dtypes={**{w: (F32,) for w in _WORDS}, "p": (mx.int64,)},
-    extended=True,
-    variants={"CPLX": (0, 1), "WIN": (0, 1), "ch": (F32,), "cl": (F32,)},
-    input_forms=dict.fromkeys(_WORDS + ("p",), ("device",)),  # _device pads
-)
+
+
+def _gemm_kernel(name: str, words: tuple[str, ...] = _WORDS) -> Kernel:
+    """:data:`DW_GEMM` with only the inputs ``words`` (and ``p``): the body's
+    line 1 (:attr:`Kernel.prelude`) names the others after ``ah`` (never read: their
+    ``p`` flags say there is no such word), so that a launch passes no array twice."""
+    absent = [w for w in _WORDS if w not in words]
+    return Kernel(
+        name=name,
+        body="dw_gemm.metal",
+        headers=("dw_gemm.h",),
+        inputs=words + ("p",),
+        outputs=("ch", "cl"),
+        template=("CPLX", "WIN"),
+        input_dtypes={**{w: (F32,) for w in words}, "p": (mx.int64,)},
+        extended=True,
+        variants={"CPLX": (0, 1), "WIN": (0, 1), "ch": (F32,), "cl": (F32,)},
+        input_forms=dict.fromkeys(words + ("p",), ("device",)),  # _device pads
+        prelude=" ".join(f"const device float* {w} = ah;" for w in absent),
+    )
+
+
+DW_GEMM = _gemm_kernel("dw_gemm")
 """``C = D + A B`` in double-word (see ``metal/kernels/dw_gemm.metal``): inputs
 ``ah, al, bh, bl, dh, dl`` float32 flat buffers (complex values as (re, im) float
 pairs when ``CPLX`` is 1), ``p`` int64 launch parameters with strides in floats
 (:data:`DW_GEMM_PARAMS`, then the batch records :data:`DW_GEMM_DIM`);
 outputs ``ch, cl`` float32 flat; grid from :func:`gemm_grid`. ``WIN`` 1 (real
 operands): A is read as a 1-D convolution's window of a signal (:func:`window_matmul`)."""
+# Without a bias (matmul, the convolutions), by the low words stored: no placeholder
+# input (each would be one more input of the launch's graph node).
+DW_GEMM_HI = _gemm_kernel("dw_gemm_hi", ("ah", "bh"))
+DW_GEMM_AL = _gemm_kernel("dw_gemm_al", ("ah", "al", "bh"))
+DW_GEMM_BL = _gemm_kernel("dw_gemm_bl", ("ah", "bh", "bl"))
+DW_GEMM_AL_BL = _gemm_kernel("dw_gemm_al_bl", ("ah", "al", "bh", "bl"))
+_UNBIASED = {(False, False): DW_GEMM_HI, (True, False): DW_GEMM_AL,
+             (False, True): DW_GEMM_BL, (True, True): DW_GEMM_AL_BL}
 
 
 class MatmulShapeError(ValueError):
@@ -395,13 +414,16 @@ def _launch(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, dims: list[dict]
     words = [_device(a.hi), _stored_lo(a), _device(b.hi), _stored_lo(b)]
     words += [_device(d.hi), _stored_lo(d)] if d is not None else [None, None]
     a_lo, b_lo, d_lo = (w is not None for w in words[1::2])
-    words = [words[0] if w is None else w for w in words]  # never read
+    if d is None:  # a kernel without the absent words' inputs
+        kernel, words = _UNBIASED[a_lo, b_lo], [w for w in words if w is not None]
+    else:
+        kernel, words = DW_GEMM, [words[0] if w is None else w for w in words]  # never read
     p = DW_GEMM_PARAMS.pack(
         [x[f] for x in dims for f in DW_GEMM_DIM.names],  # the records, by name
         **{**_NO_WINDOW, **fields}, has_bias=d is not None, a_lo=a_lo, b_lo=b_lo,
         d_lo=d_lo, batch_dims=len(dims))
     grid, tg = gemm_grid(fields["m"], fields["n"], math.prod(x["size"] for x in dims))
-    return DW_GEMM(inputs=words + [p], template=template, grid=grid, threadgroup=tg,
+    return kernel(inputs=words + [p], template=template, grid=grid, threadgroup=tg,
                    output_shapes=[shape, shape], output_dtypes=[F32, F32], backend=name,
                    stream=stream)
 

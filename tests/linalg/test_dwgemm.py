@@ -414,6 +414,27 @@ def test_metal_glue_is_lazy(lazy_metal, case):
 def test_kernel_is_declared_for_the_strict_check():
     from mlx_precise.tools import kernel_check
 
-    assert kernel_check.registry()["dw_gemm"] is dwgemm.DW_GEMM
-    assert dwgemm.DW_GEMM.coverage_gaps() == []
-    assert len(kernel_check.instances(dwgemm.DW_GEMM)) == 4  # CPLX 0 and 1, WIN 0 and 1
+    found = kernel_check.registry()
+    for kernel in (dwgemm.DW_GEMM, *dwgemm._UNBIASED.values()):
+        assert found[kernel.name] is kernel
+        assert kernel.coverage_gaps() == []
+        assert len(kernel_check.instances(kernel)) == 4  # CPLX 0 and 1, WIN 0 and 1
+
+
+@pytest.mark.parametrize("a_lo,b_lo", [(False, False), (True, False), (False, True), (True, True)])
+def test_launch_passes_each_word_once(a_lo, b_lo):
+    """Without a bias a launch's inputs are the stored words and p, none twice (a
+    float32 operand stores no low word, no placeholder stands for it)."""
+    from mlx_precise.testing import lazy_metal_executor
+
+    rng = np.random.default_rng(12)
+    a, b = dw(rand(rng, (4, 6))), dw(rand(rng, (6, 3)))
+    a = a if a_lo else DoubleWord.exact(a.hi)
+    b = b if b_lo else DoubleWord.exact(b.hi)
+    record = []
+    with lazy_metal_executor(record):
+        dwgemm.matmul(a, b, backend="metal")
+    (launch,) = record
+    assert launch.name == dwgemm._UNBIASED[a_lo, b_lo].name
+    assert len(launch.inputs) == 3 + a_lo + b_lo
+    assert len({id(x) for x in launch.inputs}) == len(launch.inputs)
