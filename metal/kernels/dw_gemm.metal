@@ -8,7 +8,7 @@
 // low word reads as 0). p: int64 parameters, the fields DW_GEMM_P_* (dw_gemm.h,
 // generated from DW_GEMM_PARAMS in mlx_precise/linalg/gemm.py), then from
 // p[DW_GEMM_DIMS_AT] on one record of DW_GEMM_DIM_COUNT fields DW_GEMM_DIM_* per batch
-// dimension, outermost first (size, sa, sb, sc, sd). Strides are in floats: A(m, k)
+// dimension, outermost first (size, sa, sb, sc, sd, sj). Strides are in floats: A(m, k)
 // of batch z at oa(z) + m sam + k sak, B(k, n) at ob(z) + k sbk + n sbn, C(m, n) at oc(z) + m scm + n scn, D(m, n) at od(z) + m sdm + n sdn, where
 // o*(z) = sum_d i_d s*_d for the batch index z = (i_0, ..., i_{nb-1}) (row-major, as
 // MLX's elem_to_loc; a broadcast dimension has stride 0).
@@ -17,7 +17,9 @@
 // (tap t, channel c < kc), A(m, k) = signal[pos] at oa(z) + pos sam + c sak with
 // pos = m win_s + t win_d - win_lo, and 0 where pos is outside [0, win_len) (the zero
 // padding); B(k, n) at ob(z) + t sbt + c sbk + n sbn. The k order is that of the
-// gathered columns, so the sums are the same.
+// gathered columns, so the sums are the same. Row m of C is the output position
+// j = m out_s + oj(z) - out_lo (oj(z) = sum_d i_d sj_d: a transposed convolution's
+// phase), written at oc(z) + j scm + n scn only for j in [0, out_len) (the crop).
 // Outputs: ch, cl float32 (C's words), written at oc(z) + m scm + n scn (+1 imag).
 // Grid (ceil(N / 32) * 256, ceil(M / 32), batches), threadgroup (256, 1, 1): a group
 // computes one 32 x 32 tile of one batch, each thread 2 x 2 outputs.
@@ -42,10 +44,12 @@ const bool d_lo = p[DW_GEMM_P_D_LO] != 0;
 const long kc = p[DW_GEMM_P_KC], sbt = p[DW_GEMM_P_SBT];
 const long win_s = p[DW_GEMM_P_WIN_S], win_d = p[DW_GEMM_P_WIN_D];
 const long win_lo = p[DW_GEMM_P_WIN_LO], win_len = p[DW_GEMM_P_WIN_LEN];
+const long out_s = p[DW_GEMM_P_OUT_S], out_lo = p[DW_GEMM_P_OUT_LO];
+const long out_len = p[DW_GEMM_P_OUT_LEN];
 const uint3 g = threadgroup_position_in_grid;
 const int tid = int(thread_index_in_threadgroup);
 
-long oa = 0, ob = 0, oc = 0, od = 0;
+long oa = 0, ob = 0, oc = 0, od = 0, oj = 0;
 long z = long(g.z);
 for (int d = nb - 1; d >= 0; --d) {
   const int rec = DW_GEMM_DIMS_AT + DW_GEMM_DIM_COUNT * d;
@@ -56,6 +60,7 @@ for (int d = nb - 1; d >= 0; --d) {
   ob += i * p[rec + DW_GEMM_DIM_SB];
   oc += i * p[rec + DW_GEMM_DIM_SC];
   od += i * p[rec + DW_GEMM_DIM_SD];
+  oj += i * p[rec + DW_GEMM_DIM_SJ];
 }
 
 const long m0 = long(g.y) * BM, n0 = long(g.x) * BN;
@@ -141,7 +146,12 @@ if (active) {
     for (int j = 0; j < TN; ++j) {
       const long n = n0 + c + j * COLS;
       if (n >= N) break;
-      const long at = oc + m * scm + n * scn;
+      long row = m;
+      if (WIN) {  // the output position of row m: outside the crop, not written
+        row = m * out_s + oj - out_lo;
+        if (row < 0 || row >= out_len) continue;
+      }
+      const long at = oc + row * scm + n * scn;
       for (int q = 0; q < NC; ++q) {
         const dw v = dwg_acc_value(acc[i][j][q]);
         ch[at + q] = v.hi;

@@ -65,15 +65,18 @@ DW_GEMM_PARAMS = ParamLayout("DW_GEMM_P", (
     # stride per tap t, and A's signal position m win_s + t win_d - win_lo in
     # [0, win_len) (else A reads 0)
     "kc", "sbt", "win_s", "win_d", "win_lo", "win_len",
-), size=24, dtype=np.int64)
+    # WIN = 1 only: row m is the output position m out_s + oj - out_lo (oj: the batch
+    # records' sj), written when in [0, out_len)
+    "out_s", "out_lo", "out_len",
+), size=28, dtype=np.int64)
 """The fixed part of the int64 ``p`` buffer of :data:`DW_GEMM` (``DW_GEMM_P_M`` ... in
 ``metal/include/dw_gemm.h``); ``batch_dims`` records of :data:`DW_GEMM_DIM` follow
 it, from ``p[DW_GEMM_DIMS_AT]`` on, outermost dimension first."""
 
-DW_GEMM_DIM = Codes("DW_GEMM_DIM", ("size", "sa", "sb", "sc", "sd"))
-"""The fields of one batch dimension's record in ``p``: its size and the strides in
-floats of A, B, C and D along it (``DW_GEMM_DIM_SIZE`` ...; ``DW_GEMM_DIM_COUNT`` per
-record)."""
+DW_GEMM_DIM = Codes("DW_GEMM_DIM", ("size", "sa", "sb", "sc", "sd", "sj"))
+"""The fields of one batch dimension's record in ``p``: its size, the strides in
+floats of A, B, C and D along it and (``WIN`` = 1) its step of the output position
+(``DW_GEMM_DIM_SIZE`` ...; ``DW_GEMM_DIM_COUNT`` per record)."""
 
 DW_GEMM_DIMS = Constants("DW_GEMM", {"dims_at": DW_GEMM_PARAMS.size})
 
@@ -381,12 +384,13 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: t
     sd = _strides(sd, pc, lead) if d is not None else [0] * len(lead)
     sa = _swapped(_strides(_logical(sa, transposed[0]), pa, lead), transposed[0])
     sb = _swapped(_strides(_logical(sb, transposed[1]), pb, lead), transposed[1])
-    dims = [dict(size=s, sa=sa[i], sb=sb[i], sc=sc[i], sd=sd[i]) for i, s in enumerate(batch)]
+    dims = [dict(size=s, sa=sa[i], sb=sb[i], sc=sc[i], sd=sd[i], sj=0)
+            for i, s in enumerate(batch)]
     if cx and not both:
         # Mixed real x complex: each part of the complex operand is a real product,
         # one more batch dimension (size 2, stride 1 in the complex arrays).
         dims.append(dict(size=2, sa=int(a.is_complex), sb=int(b.is_complex), sc=1,
-                         sd=int(d is not None)))
+                         sd=int(d is not None), sj=0))
     if math.prod(x["size"] for x in dims) * M * N == 0:
         z = mx.zeros(out, C64 if cx else F32)
         return DoubleWord(z, mx.zeros_like(z))
@@ -401,7 +405,8 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: t
     return _map(lambda w: (w.view(C64) if cx else w).reshape(out), DoubleWord(ch, cl))
 
 
-_NO_WINDOW = dict(kc=0, sbt=0, win_s=0, win_d=0, win_lo=0, win_len=0)
+_NO_WINDOW = dict(kc=0, sbt=0, win_s=0, win_d=0, win_lo=0, win_len=0, out_s=0, out_lo=0,
+                  out_len=0)
 
 
 def _launch(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, dims: list[dict],
@@ -432,7 +437,8 @@ def window_matmul(signal: DoubleWord, b: DoubleWord, *, taps: int, channels: int
                   rows: int, cols: int, window: tuple[int, int, int, int],
                   a_strides: tuple[int, int], b_strides: tuple[int, int, int],
                   c_strides: tuple[int, int], dims: list[dict], shape: tuple,
-                  backend: Backend, stream=None) -> DoubleWord:
+                  crop: tuple[int, int, int] | None = None, backend: Backend,
+                  stream=None) -> DoubleWord:
     """A 1-D convolution's product ``C = A B`` with A the window of ``signal``
     (im2col read in place: no padded or gathered copy), one launch of
     :data:`DW_GEMM` (``WIN`` = 1): per output the sum of :func:`matmul` of the
@@ -448,11 +454,16 @@ def window_matmul(signal: DoubleWord, b: DoubleWord, *, taps: int, channels: int
             ``m s + t d - lo``, zero outside ``[0, length)``.
         a_strides: ``(sam, sak)``: floats per position and per channel of the signal.
         b_strides: ``(sbt, sbk, sbn)``: B(t kc + c, n) at ``t sbt + c sbk + n sbn``.
-        c_strides: ``(scm, scn)``: C(m, n) at ``m scm + n scn``.
-        dims: batch records ``dict(size, sa, sb, sc, sd)`` (:data:`DW_GEMM_DIM`,
-            offsets in floats), outermost first.
+        c_strides: ``(scm, scn)``: C(m, n) at ``j scm + n scn``, j the output
+            position of row m (``m``, or as ``crop`` says).
+        dims: batch records ``dict(size, sa, sb, sc)`` (:data:`DW_GEMM_DIM`, offsets
+            in floats), outermost first, with ``sj`` (the step of the output position
+            along the dimension; 0 if not given).
         shape: the shape of each output word (float32, row-major); the records and
             ``c_strides`` place every output in it exactly once.
+        crop: ``(out_s, out_lo, out_len)``: row m of a batch index with position
+            steps ``oj`` is the output position ``j = m out_s + oj - out_lo``, and
+            is written only for j in ``[0, out_len)``; None: ``j = m``.
         backend: a kernel backend (:class:`~mlx_precise.core.backends.Backend`).
 
     Returns:
@@ -466,6 +477,8 @@ def window_matmul(signal: DoubleWord, b: DoubleWord, *, taps: int, channels: int
                   sbk=b_strides[1], sbn=b_strides[2], scm=c_strides[0], scn=c_strides[1],
                   sdm=0, sdn=0, kc=channels, sbt=b_strides[0], win_s=s, win_d=d, win_lo=lo,
                   win_len=length)
+    fields.update(zip(("out_s", "out_lo", "out_len"), crop or (1, 0, rows)))
+    dims = [dict(sd=0, sj=0) | x for x in dims]
     ch, cl = _launch(signal, b, None, dims, fields, tuple(shape), {"CPLX": 0, "WIN": 1},
                      backend, stream)
     return DoubleWord(ch, cl)

@@ -136,7 +136,7 @@ def test_window_matmul_reads_the_window(L, C, T, M, win):
     c = dwgemm.window_matmul(
         X, W, taps=T, channels=C, rows=M, cols=n_out, window=(*win, L), a_strides=(C, 1),
         b_strides=(C, 1, T * C), c_strides=(n_out, 1),
-        dims=[dict(size=batch, sa=L * C, sb=0, sc=M * n_out, sd=0)], shape=(batch, M, n_out),
+        dims=[dict(size=batch, sa=L * C, sb=0, sc=M * n_out)], shape=(batch, M, n_out),
         backend="emulate")
     # the columns of both words, gathered in numpy (zero padding: zero words)
     hi, lo = (np.stack([window_columns(v, T, M, *win) for v in np.array(word, np.float64)])

@@ -323,9 +323,9 @@ def window_correlate(x: DoubleWord, w: DoubleWord, stride: int, padding: int,
     (N, L, Cin), (Cout, K, Cg) = x.shape, w.shape
     Q = (L + 2 * padding - dilation * (K - 1) - 1) // stride + 1
     Og = Cout // groups
-    dims = [dict(size=N, sa=L * Cin, sb=0, sc=Q * Cout, sd=0)]
+    dims = [dict(size=N, sa=L * Cin, sb=0, sc=Q * Cout)]
     if groups > 1:  # group g reads channels [g Cg, (g + 1) Cg), writes [g Og, (g + 1) Og)
-        dims.append(dict(size=groups, sa=Cg, sb=Og * K * Cg, sc=Og, sd=0))
+        dims.append(dict(size=groups, sa=Cg, sb=Og * K * Cg, sc=Og))
     return gemm.window_matmul(
         x, w, taps=K, channels=Cg, rows=Q, cols=Og, window=(stride, dilation, padding, L),
         a_strides=(Cin, 1), b_strides=(Cg, 1, K * Cg), c_strides=(Cout, 1), dims=dims,
@@ -338,7 +338,8 @@ def _window_transposed_plan(x_shape, w_shape, stride: int, padding: int, dilatio
     whose phases share their columns and take their taps by a progression in the
     phase and in the tap (``kernel 2s`` at stride s, ...): one launch of the GEMM
     reading x's window in place, the phases a batch dimension of the weights' taps,
-    written interleaved, then cropped; the same sums bit for bit. None otherwise."""
+    each row written interleaved where the crop keeps it; the same sums bit for bit.
+    None otherwise."""
     (N, L, Cin), (Cout, K, _) = x_shape, w_shape
     out, (q_len,), (lo,), _, flats, offsets = _polyphase(
         (L,), (K,), (stride,), (padding,), (dilation,), (output_padding,))
@@ -352,16 +353,16 @@ def _window_transposed_plan(x_shape, w_shape, stride: int, padding: int, dilatio
             t != tap_t[0] for t in tap_t) or any(len(f) != len(starts) for f in flats):
         return None
     T, P = len(starts), stride
-    dims = [dict(size=N, sa=L * Cin, sb=0, sc=q_len * P * Cout, sd=0),
-            dict(size=P, sa=0, sb=step_r * Cin, sc=Cout, sd=0)]  # phase r: taps from r step_r
+    # phase r: the taps from r step_r, output positions q P + r - padding
+    dims = [dict(size=N, sa=L * Cin, sb=0, sc=out[0] * Cout),
+            dict(size=P, sa=0, sb=step_r * Cin, sc=0, sj=1)]
 
     def run(x: DoubleWord, w: DoubleWord, backend) -> DoubleWord:
-        y = gemm.window_matmul(
+        return gemm.window_matmul(
             x, w, taps=T, channels=Cin, rows=q_len, cols=Cout,
             window=(1, step_t, lo - starts[0], L), a_strides=(Cin, 1),
-            b_strides=(tap_t[0] * Cin, 1, K * Cin), c_strides=(P * Cout, 1), dims=dims,
-            shape=(N, q_len * P, Cout), backend=backend)
-        return DoubleWord(*(_crop(v, (padding,), out) for v in (y.hi, y.lo)))
+            b_strides=(tap_t[0] * Cin, 1, K * Cin), c_strides=(Cout, 1), dims=dims,
+            shape=(N, out[0], Cout), crop=(P, padding, out[0]), backend=backend)
 
     return run
 
