@@ -46,6 +46,7 @@ Public: :data:`RULES` (MLX function name -> rule, see :mod:`.base`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -332,6 +333,7 @@ def window_correlate(x: DoubleWord, w: DoubleWord, stride: int, padding: int,
         shape=(N, Q, Cout), backend=backend)
 
 
+@functools.lru_cache(maxsize=256)  # (a pure function of the shapes and arguments)
 def _window_transposed_plan(x_shape, w_shape, stride: int, padding: int, dilation: int,
                             output_padding: int, groups: int):
     """``run(x, w, backend)`` of a 1-D transposed convolution (:func:`transposed`)
