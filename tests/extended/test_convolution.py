@@ -228,6 +228,34 @@ def test_window_gemm_graph_is_one_launch(lazy_metal):
     assert gt["by_primitive"] == {"Depends": 1}, gt
 
 
+@pytest.mark.parametrize("kind, wshape, args", [("conv1d", (6, 3, 8), (1, 1, 1)),
+                                                ("conv_transpose1d", (4, 8, 8), (4, 2))])
+def test_window_gemm_under_mlx_grad(kind, wshape, args, monkeypatch):
+    """mx.grad of a function that opens a block around the one-launch convolution:
+    MLX differentiates it by its own convolution's float32 VJP, so the gradients are
+    MLX's plain ones but for the double-word forward value in the cotangent (2 y):
+    within 1e-6 relative, and the launch ran."""
+    x, w = mx.array(rng_f32((2, 9, 8), 36)), mx.array(rng_f32(wshape, 37))
+    launched = []
+    window = convolution.gemm.window_matmul
+    monkeypatch.setattr(convolution.gemm, "window_matmul",
+                        lambda *a, **k: launched.append(1) or window(*a, **k))
+
+    def loss(x, w, extended):
+        if not extended:
+            return (getattr(mx, kind)(x, w, *args) ** 2).sum()
+        with mp.use_backend("emulate"), mp.extended_precision():
+            y = getattr(mx, kind)(x, w, *args)
+            assert low_word(y) is not None
+        return (y ** 2).sum()
+
+    got = mx.grad(lambda x, w: loss(x, w, True), argnums=(0, 1))(x, w)
+    want = mx.grad(lambda x, w: loss(x, w, False), argnums=(0, 1))(x, w)
+    assert launched == [1]
+    for g, ref in zip(got, want):
+        assert np.abs(f64(g) - f64(ref)).max() <= 1e-6 * np.abs(f64(ref)).max()
+
+
 def test_declines_and_errors():
     """Depthwise conv1d is left to the table's dedicated rule; other dtypes and
     MLX's own output-length convention (transpose padding > d (K - 1)) to MLX; an

@@ -16,6 +16,15 @@ leaves the chain:
 The gather holds T copies of the input (T = taps per output), twice (both
 words): memory, not flops, is the price of the single GEMM.
 
+On ``metal`` / ``emulate`` a 1-D convolution (``conv1d``, and ``conv_transpose1d``
+whose phases share their columns, such as kernel 2s at stride s) is instead one
+launch of that GEMM reading the input through each output's window, its padding
+as zeros, and the weights in place (:func:`window_correlate`,
+:func:`_window_transposed_plan`, ``gemm.window_matmul``): no pad, gather, weight
+rearrangement or crop around it, and the same sums bit for bit (the k order of the
+gathered columns). Its gradient under MLX's autodiff is MLX's convolution's VJP;
+a recording of the flow's own gradients takes the composition above.
+
 Every output is therefore a double-word dot product of exact float32 products,
 with the GEMM's bound ``|y - y_exact| <= (T Cin/groups + 12) u^2 |x| |w|``
 (T taps, u = 2^-24) on metal / emulate, and float64's on cpu. Gradients are
