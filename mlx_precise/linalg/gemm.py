@@ -414,7 +414,9 @@ def _launch(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, dims: list[dict]
     """One launch of :data:`DW_GEMM` on the words of a, b and the bias d (or None):
     ``dims`` its batch records (:data:`DW_GEMM_DIM` fields by name), ``fields`` the
     sizes and strides of :data:`DW_GEMM_PARAMS` (the window's too when
-    ``template["WIN"]``), ``shape`` that of each output word. Returns (ch, cl)."""
+    ``template["WIN"]``), ``shape`` that of each output word; ``template``
+    ``{"CPLX": .., "WIN": ..}`` in that order; ``name`` a resolved kernel backend.
+    Returns (ch, cl)."""
     # float32 operands (and no bias) store no zero words: the kernel reads 0 there
     words = [_device(a.hi), _stored_lo(a), _device(b.hi), _stored_lo(b)]
     words += [_device(d.hi), _stored_lo(d)] if d is not None else [None, None]
@@ -428,9 +430,11 @@ def _launch(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, dims: list[dict]
         **{**_NO_WINDOW, **fields}, has_bias=d is not None, a_lo=a_lo, b_lo=b_lo,
         d_lo=d_lo, batch_dims=len(dims))
     grid, tg = gemm_grid(fields["m"], fields["n"], math.prod(x["size"] for x in dims))
-    return kernel(inputs=words + [p], template=template, grid=grid, threadgroup=tg,
-                   output_shapes=[shape, shape], output_dtypes=[F32, F32], backend=name,
-                   stream=stream)
+    # (the declared inputs by construction: float32 words padded to device buffers,
+    # p int64 of more than 8 values: no per-call checks)
+    return kernel.unchecked(inputs=words + [p], template=list(template.items()), grid=grid,
+                            threadgroup=tg, output_shapes=[shape, shape],
+                            output_dtypes=[F32, F32], backend=name, stream=stream)
 
 
 def window_matmul(signal: DoubleWord, b: DoubleWord, *, taps: int, channels: int,
@@ -480,5 +484,5 @@ def window_matmul(signal: DoubleWord, b: DoubleWord, *, taps: int, channels: int
     fields.update(zip(("out_s", "out_lo", "out_len"), crop or (1, 0, rows)))
     dims = [dict(sd=0, sj=0) | x for x in dims]
     ch, cl = _launch(signal, b, None, dims, fields, tuple(shape), {"CPLX": 0, "WIN": 1},
-                     backend, stream)
+                     backends.resolve(backend), stream)
     return DoubleWord(ch, cl)
