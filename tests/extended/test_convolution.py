@@ -180,7 +180,8 @@ def test_window_gemm_gives_the_bits_of_the_composition(cfg, special, monkeypatch
     """On emulate a 1-D convolution is one GEMM launch reading its input's window and
     its weights in place; both words equal, bit for bit, those of the composition it
     replaced (pad, im2col gather, weight rearrangement, dw_gemm, interleave, crop),
-    with a carried low word in, Inf, NaN, -0 and an overflowing sum among the operands."""
+    with a carried low word in (the input's; also the weights' with the special
+    values), Inf, NaN, -0 and an overflowing sum among the operands."""
     kind, N, L, Cin, Cout, K, s, p, d, extra = cfg
     groups = extra if kind == "conv1d" else 1
     x, w = rng_f32((N, L, Cin), 31), rng_f32((Cout, K, Cin // groups), 32)
@@ -201,7 +202,8 @@ def test_window_gemm_gives_the_bits_of_the_composition(cfg, special, monkeypatch
             else:
                 m.setattr(convolution, "_direct", lambda *a: None)
             with mp.extended_precision() as rep:
-                y = fn(mx.array(x) / 3, mx.array(w), *args)
+                wa = mx.array(w) / 7 if special else mx.array(w)  # (a low word too)
+                y = fn(mx.array(x) / 3, wa, *args)
                 lo = low_word(y)
             assert rep.extended[kind] >= 1 and not rep.float32, rep
             return np.array(y), np.array(lo)
