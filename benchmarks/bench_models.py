@@ -88,7 +88,7 @@ def fp_instructions(name: str, template: dict, inputs, output_shapes) -> float |
 
         fn = {v: k for k, v in FN_CODES.items()}[template["FN"]]
         return n // (2 if fn == "cexp" else 1) * _DW_MATH[fn]  # cexp: interleaved words
-    if name == "dw_gemm":
+    if name.startswith("dw_gemm"):  # (and its siblings without a bias: linalg.gemm)
         from mlx_precise.linalg.gemm import DW_GEMM_DIM, DW_GEMM_PARAMS
 
         p = [int(v) for v in np.array(inputs[-1])]  # read by the layout's names

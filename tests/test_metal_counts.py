@@ -37,7 +37,7 @@ def test_launch_bytes_count_each_array_once():
 # (benchmarks/bench_models.py, size "large"; the lazy stand-in: one node per launch),
 # views included: a compiled call's host cost grows with it. Counts are deterministic:
 # a change that adds glue between the kernels fails here, not only in a timing.
-COMPILED_NODES = {"hyena": 94, "s4d": 148, "fno": 157, "logmel": 378, "vocoder": 98,
+COMPILED_NODES = {"hyena": 94, "s4d": 148, "fno": 157, "logmel": 378, "vocoder": 17,
                   "transformer": 51, "llama": 87}
 
 
@@ -104,7 +104,7 @@ def test_gemm_instruction_count(a_shape, b_shape):
         with mp.use_backend("metal"), mp.extended_precision():
             c = (a * 1.5) @ (b * 1.5)
         mx.eval(c)
-    (k,) = [k for k in record if k.name == "dw_gemm"]
+    (k,) = [k for k in record if k.name.startswith("dw_gemm")]
     M, K, N = a_shape[-2], a_shape[-1], b_shape[-1]
     batch = math.prod(c.shape[:-2])
     want = batch * M * N * (21 * K + 10)

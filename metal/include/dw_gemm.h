@@ -60,13 +60,23 @@ constant constexpr int DW_GEMM_P_A_LO = 12;
 constant constexpr int DW_GEMM_P_B_LO = 13;
 constant constexpr int DW_GEMM_P_D_LO = 14;
 constant constexpr int DW_GEMM_P_BATCH_DIMS = 15;
+constant constexpr int DW_GEMM_P_KC = 16;
+constant constexpr int DW_GEMM_P_SBT = 17;
+constant constexpr int DW_GEMM_P_WIN_S = 18;
+constant constexpr int DW_GEMM_P_WIN_D = 19;
+constant constexpr int DW_GEMM_P_WIN_LO = 20;
+constant constexpr int DW_GEMM_P_WIN_LEN = 21;
+constant constexpr int DW_GEMM_P_OUT_S = 22;
+constant constexpr int DW_GEMM_P_OUT_LO = 23;
+constant constexpr int DW_GEMM_P_OUT_LEN = 24;
 constant constexpr int DW_GEMM_DIM_SIZE = 0;
 constant constexpr int DW_GEMM_DIM_SA = 1;
 constant constexpr int DW_GEMM_DIM_SB = 2;
 constant constexpr int DW_GEMM_DIM_SC = 3;
 constant constexpr int DW_GEMM_DIM_SD = 4;
-constant constexpr int DW_GEMM_DIM_COUNT = 5;
-constant constexpr int DW_GEMM_DIMS_AT = 16;
+constant constexpr int DW_GEMM_DIM_SJ = 5;
+constant constexpr int DW_GEMM_DIM_COUNT = 6;
+constant constexpr int DW_GEMM_DIMS_AT = 28;
 // ---- end of generated codes ----
 
 struct dwg_acc {

@@ -8,10 +8,18 @@
 // low word reads as 0). p: int64 parameters, the fields DW_GEMM_P_* (dw_gemm.h,
 // generated from DW_GEMM_PARAMS in mlx_precise/linalg/gemm.py), then from
 // p[DW_GEMM_DIMS_AT] on one record of DW_GEMM_DIM_COUNT fields DW_GEMM_DIM_* per batch
-// dimension, outermost first (size, sa, sb, sc, sd). Strides are in floats: A(m, k)
+// dimension, outermost first (size, sa, sb, sc, sd, sj). Strides are in floats: A(m, k)
 // of batch z at oa(z) + m sam + k sak, B(k, n) at ob(z) + k sbk + n sbn, C(m, n) at oc(z) + m scm + n scn, D(m, n) at od(z) + m sdm + n sdn, where
 // o*(z) = sum_d i_d s*_d for the batch index z = (i_0, ..., i_{nb-1}) (row-major, as
 // MLX's elem_to_loc; a broadcast dimension has stride 0).
+// WIN = 1 (real only): A is the window of a 1-D convolution over the signal in ah, al
+// (an im2col read in place, Chellapilla et al. 2006, without the copy): k = t kc + c
+// (tap t, channel c < kc), A(m, k) = signal[pos] at oa(z) + pos sam + c sak with
+// pos = m win_s + t win_d - win_lo, and 0 where pos is outside [0, win_len) (the zero
+// padding); B(k, n) at ob(z) + t sbt + c sbk + n sbn. The k order is that of the
+// gathered columns, so the sums are the same. Row m of C is the output position
+// j = m out_s + oj(z) - out_lo (oj(z) = sum_d i_d sj_d: a transposed convolution's
+// phase), written at oc(z) + j scm + n scn only for j in [0, out_len) (the crop).
 // Outputs: ch, cl float32 (C's words), written at oc(z) + m scm + n scn (+1 imag).
 // Grid (ceil(N / 32) * 256, ceil(M / 32), batches), threadgroup (256, 1, 1): a group
 // computes one 32 x 32 tile of one batch, each thread 2 x 2 outputs.
@@ -33,10 +41,15 @@ const bool has_bias = p[DW_GEMM_P_HAS_BIAS] != 0;
 const int nb = int(p[DW_GEMM_P_BATCH_DIMS]);
 const bool a_lo = p[DW_GEMM_P_A_LO] != 0, b_lo = p[DW_GEMM_P_B_LO] != 0;
 const bool d_lo = p[DW_GEMM_P_D_LO] != 0;
+const long kc = p[DW_GEMM_P_KC], sbt = p[DW_GEMM_P_SBT];
+const long win_s = p[DW_GEMM_P_WIN_S], win_d = p[DW_GEMM_P_WIN_D];
+const long win_lo = p[DW_GEMM_P_WIN_LO], win_len = p[DW_GEMM_P_WIN_LEN];
+const long out_s = p[DW_GEMM_P_OUT_S], out_lo = p[DW_GEMM_P_OUT_LO];
+const long out_len = p[DW_GEMM_P_OUT_LEN];
 const uint3 g = threadgroup_position_in_grid;
 const int tid = int(thread_index_in_threadgroup);
 
-long oa = 0, ob = 0, oc = 0, od = 0;
+long oa = 0, ob = 0, oc = 0, od = 0, oj = 0;
 long z = long(g.z);
 for (int d = nb - 1; d >= 0; --d) {
   const int rec = DW_GEMM_DIMS_AT + DW_GEMM_DIM_COUNT * d;
@@ -47,6 +60,7 @@ for (int d = nb - 1; d >= 0; --d) {
   ob += i * p[rec + DW_GEMM_DIM_SB];
   oc += i * p[rec + DW_GEMM_DIM_SC];
   od += i * p[rec + DW_GEMM_DIM_SD];
+  oj += i * p[rec + DW_GEMM_DIM_SJ];
 }
 
 const long m0 = long(g.y) * BM, n0 = long(g.x) * BN;
@@ -72,8 +86,13 @@ for (long k0 = 0; k0 < K; k0 += BK) {
   for (int e = tid; e < BM * BK; e += NT) {
     const int mm = e / BK, kk = e % BK;
     const long m = m0 + mm, k = k0 + kk;
-    const bool in = m < M && k < K;
-    const long at = oa + m * sam + k * sak;
+    bool in = m < M && k < K;
+    long at = oa + m * sam + k * sak;
+    if (WIN) {  // tap t, channel k - t kc, at its position in the signal (0 outside)
+      const long t = k / kc, pos = m * win_s + t * win_d - win_lo;
+      in = in && pos >= 0 && pos < win_len;
+      at = oa + pos * sam + (k - t * kc) * sak;
+    }
     for (int q = 0; q < NC; ++q) {
       As[((q * 2 + 0) * BM + mm) * BK + kk] = in ? ah[at + q] : 0.0f;
       As[((q * 2 + 1) * BM + mm) * BK + kk] = in && a_lo ? al[at + q] : 0.0f;
@@ -83,7 +102,8 @@ for (long k0 = 0; k0 < K; k0 += BK) {
     const int kk = e / BN, nn = e % BN;
     const long k = k0 + kk, n = n0 + nn;
     const bool in = k < K && n < N;
-    const long at = ob + k * sbk + n * sbn;
+    const long t = WIN ? k / kc : 0;
+    const long at = ob + t * sbt + (k - t * kc) * sbk + n * sbn;
     for (int q = 0; q < NC; ++q) {
       Bs[((q * 2 + 0) * BK + kk) * BN + nn] = in ? bh[at + q] : 0.0f;
       Bs[((q * 2 + 1) * BK + kk) * BN + nn] = in && b_lo ? bl[at + q] : 0.0f;
@@ -126,7 +146,12 @@ if (active) {
     for (int j = 0; j < TN; ++j) {
       const long n = n0 + c + j * COLS;
       if (n >= N) break;
-      const long at = oc + m * scm + n * scn;
+      long row = m;
+      if (WIN) {  // the output position of row m: outside the crop, not written
+        row = m * out_s + oj - out_lo;
+        if (row < 0 || row >= out_len) continue;
+      }
+      const long at = oc + row * scm + n * scn;
       for (int q = 0; q < NC; ++q) {
         const dw v = dwg_acc_value(acc[i][j][q]);
         ch[at + q] = v.hi;

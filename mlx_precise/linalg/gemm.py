@@ -61,15 +61,22 @@ DW_GEMM_PARAMS = ParamLayout("DW_GEMM_P", (
     "has_bias",
     "a_lo", "b_lo", "d_lo",  # whether al, bl, dl hold a low word (else it reads as 0)
     "batch_dims",            # nb: the number of DW_GEMM_DIM records that follow
-), size=16, dtype=np.int64)
+    # WIN = 1 only (a convolution's window, :func:`window_matmul`): k = t kc + c, B's
+    # stride per tap t, and A's signal position m win_s + t win_d - win_lo in
+    # [0, win_len) (else A reads 0)
+    "kc", "sbt", "win_s", "win_d", "win_lo", "win_len",
+    # WIN = 1 only: row m is the output position m out_s + oj - out_lo (oj: the batch
+    # records' sj), written when in [0, out_len)
+    "out_s", "out_lo", "out_len",
+), size=28, dtype=np.int64)
 """The fixed part of the int64 ``p`` buffer of :data:`DW_GEMM` (``DW_GEMM_P_M`` ... in
 ``metal/include/dw_gemm.h``); ``batch_dims`` records of :data:`DW_GEMM_DIM` follow
 it, from ``p[DW_GEMM_DIMS_AT]`` on, outermost dimension first."""
 
-DW_GEMM_DIM = Codes("DW_GEMM_DIM", ("size", "sa", "sb", "sc", "sd"))
-"""The fields of one batch dimension's record in ``p``: its size and the strides in
-floats of A, B, C and D along it (``DW_GEMM_DIM_SIZE`` ...; ``DW_GEMM_DIM_COUNT`` per
-record)."""
+DW_GEMM_DIM = Codes("DW_GEMM_DIM", ("size", "sa", "sb", "sc", "sd", "sj"))
+"""The fields of one batch dimension's record in ``p``: its size, the strides in
+floats of A, B, C and D along it and (``WIN`` = 1) its step of the output position
+(``DW_GEMM_DIM_SIZE`` ...; ``DW_GEMM_DIM_COUNT`` per record)."""
 
 DW_GEMM_DIMS = Constants("DW_GEMM", {"dims_at": DW_GEMM_PARAMS.size})
 
@@ -82,23 +89,43 @@ def codes_source() -> str:
 
 
 _WORDS = ("ah", "al", "bh", "bl", "dh", "dl")
-DW_GEMM = Kernel(
-    name="dw_gemm",
-    body="dw_gemm.metal",
-    headers=("dw_gemm.h",),
-    inputs=_WORDS + ("p",),
-    outputs=("ch", "cl"),
-    template=("CPLX",),
-    input_dtypes={**{w: (F32,) for w in _WORDS}, "p": (mx.int64,)},
-    extended=True,
-    variants={"CPLX": (0, 1), "ch": (F32,), "cl": (F32,)},
-    input_forms=dict.fromkeys(_WORDS + ("p",), ("device",)),  # _device pads
-)
+
+
+def _gemm_kernel(name: str, words: tuple[str, ...] = _WORDS) -> Kernel:
+    """:data:`DW_GEMM` with only the inputs ``words`` (and ``p``): the body's
+    line 1 (:attr:`Kernel.prelude`) names the others after ``ah`` (never read: their
+    ``p`` flags say there is no such word), so that a launch passes no array twice."""
+    absent = [w for w in _WORDS if w not in words]
+    return Kernel(
+        name=name,
+        body="dw_gemm.metal",
+        headers=("dw_gemm.h",),
+        inputs=words + ("p",),
+        outputs=("ch", "cl"),
+        template=("CPLX", "WIN"),
+        input_dtypes={**{w: (F32,) for w in words}, "p": (mx.int64,)},
+        extended=True,
+        variants={"CPLX": (0, 1), "WIN": (0, 1), "ch": (F32,), "cl": (F32,)},
+        input_forms=dict.fromkeys(words + ("p",), ("device",)),  # _device pads
+        prelude=" ".join(f"const device float* {w} = ah;" for w in absent),
+    )
+
+
+DW_GEMM = _gemm_kernel("dw_gemm")
 """``C = D + A B`` in double-word (see ``metal/kernels/dw_gemm.metal``): inputs
 ``ah, al, bh, bl, dh, dl`` float32 flat buffers (complex values as (re, im) float
 pairs when ``CPLX`` is 1), ``p`` int64 launch parameters with strides in floats
 (:data:`DW_GEMM_PARAMS`, then the batch records :data:`DW_GEMM_DIM`);
-outputs ``ch, cl`` float32 flat; grid from :func:`gemm_grid`."""
+outputs ``ch, cl`` float32 flat; grid from :func:`gemm_grid`. ``WIN`` 1 (real
+operands): A is read as a 1-D convolution's window of a signal (:func:`window_matmul`)."""
+# Without a bias (matmul, the convolutions), by the low words stored: no placeholder
+# input (each would be one more input of the launch's graph node).
+DW_GEMM_HI = _gemm_kernel("dw_gemm_hi", ("ah", "bh"))
+DW_GEMM_AL = _gemm_kernel("dw_gemm_al", ("ah", "al", "bh"))
+DW_GEMM_BL = _gemm_kernel("dw_gemm_bl", ("ah", "bh", "bl"))
+DW_GEMM_AL_BL = _gemm_kernel("dw_gemm_al_bl", ("ah", "al", "bh", "bl"))
+_UNBIASED = {(False, False): DW_GEMM_HI, (True, False): DW_GEMM_AL,
+             (False, True): DW_GEMM_BL, (True, True): DW_GEMM_AL_BL}
 
 
 class MatmulShapeError(ValueError):
@@ -357,36 +384,105 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: t
     sd = _strides(sd, pc, lead) if d is not None else [0] * len(lead)
     sa = _swapped(_strides(_logical(sa, transposed[0]), pa, lead), transposed[0])
     sb = _swapped(_strides(_logical(sb, transposed[1]), pb, lead), transposed[1])
-    dims = [dict(size=s, sa=sa[i], sb=sb[i], sc=sc[i], sd=sd[i]) for i, s in enumerate(batch)]
+    dims = [dict(size=s, sa=sa[i], sb=sb[i], sc=sc[i], sd=sd[i], sj=0)
+            for i, s in enumerate(batch)]
     if cx and not both:
         # Mixed real x complex: each part of the complex operand is a real product,
         # one more batch dimension (size 2, stride 1 in the complex arrays).
         dims.append(dict(size=2, sa=int(a.is_complex), sb=int(b.is_complex), sc=1,
-                         sd=int(d is not None)))
-    nbatch = math.prod(x["size"] for x in dims)
-    if nbatch * M * N == 0:
+                         sd=int(d is not None), sj=0))
+    if math.prod(x["size"] for x in dims) * M * N == 0:
         z = mx.zeros(out, C64 if cx else F32)
         return DoubleWord(z, mx.zeros_like(z))
-    # Element strides (in floats) of the matrices themselves.
+    # the output's float32 words in its own shape (complex: (re, im) pairs along the
+    # last axis), so that the result needs no reshape
+    shape_w = out[:-1] + (out[-1] * pc,) if out else (pc,)
+    ch, cl = _launch(
+        a, b, d, dims, dict(m=M, n=N, k=K, sam=sa[-2], sak=sa[-1], sbk=sb[-2], sbn=sb[-1],
+                            scm=sc[-2], scn=sc[-1], sdm=sd[-2], sdn=sd[-1]),
+        shape_w, {"CPLX": int(both), "WIN": 0}, name, stream)
+    # (re, im) pairs seen as complex64 in place (the reshape: 0-d outputs only)
+    return _map(lambda w: (w.view(C64) if cx else w).reshape(out), DoubleWord(ch, cl))
+
+
+_NO_WINDOW = dict(kc=0, sbt=0, win_s=0, win_d=0, win_lo=0, win_len=0, out_s=0, out_lo=0,
+                  out_len=0)
+
+
+def _launch(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, dims: list[dict],
+            fields: dict, shape: tuple, template: dict, name, stream) -> list[mx.array]:
+    """One launch of :data:`DW_GEMM` on the words of a, b and the bias d (or None):
+    ``dims`` its batch records (:data:`DW_GEMM_DIM` fields by name), ``fields`` the
+    sizes and strides of :data:`DW_GEMM_PARAMS` (the window's too when
+    ``template["WIN"]``), ``shape`` that of each output word; ``template``
+    ``{"CPLX": .., "WIN": ..}`` in that order; ``name`` a resolved kernel backend.
+    Returns (ch, cl)."""
     # float32 operands (and no bias) store no zero words: the kernel reads 0 there
     words = [_device(a.hi), _stored_lo(a), _device(b.hi), _stored_lo(b)]
     words += [_device(d.hi), _stored_lo(d)] if d is not None else [None, None]
     a_lo, b_lo, d_lo = (w is not None for w in words[1::2])
-    words = [words[0] if w is None else w for w in words]  # never read
+    if d is None:  # a kernel without the absent words' inputs
+        kernel, words = _UNBIASED[a_lo, b_lo], [w for w in words if w is not None]
+    else:
+        kernel, words = DW_GEMM, [words[0] if w is None else w for w in words]  # never read
     p = DW_GEMM_PARAMS.pack(
         [x[f] for x in dims for f in DW_GEMM_DIM.names],  # the records, by name
-        m=M, n=N, k=K, sam=sa[-2], sak=sa[-1], sbk=sb[-2], sbn=sb[-1], scm=sc[-2],
-        scn=sc[-1], sdm=sd[-2], sdn=sd[-1], has_bias=d is not None, a_lo=a_lo, b_lo=b_lo,
+        **{**_NO_WINDOW, **fields}, has_bias=d is not None, a_lo=a_lo, b_lo=b_lo,
         d_lo=d_lo, batch_dims=len(dims))
-    grid, tg = gemm_grid(M, N, nbatch)
-    # the output's float32 words in its own shape (complex: (re, im) pairs along the
-    # last axis), so that the result needs no reshape
-    shape_w = out[:-1] + (out[-1] * pc,) if out else (pc,)
-    ch, cl = DW_GEMM(
-        inputs=words + [p],
-        template={"CPLX": int(both)}, grid=grid, threadgroup=tg,
-        output_shapes=[shape_w, shape_w], output_dtypes=[F32, F32], backend=name,
-        stream=stream,
-    )
-    # (re, im) pairs seen as complex64 in place (the reshape: 0-d outputs only)
-    return _map(lambda w: (w.view(C64) if cx else w).reshape(out), DoubleWord(ch, cl))
+    grid, tg = gemm_grid(fields["m"], fields["n"], math.prod(x["size"] for x in dims))
+    # (the declared inputs by construction: float32 words padded to device buffers,
+    # p int64 of more than 8 values: no per-call checks)
+    return kernel.unchecked(inputs=words + [p], template=list(template.items()), grid=grid,
+                            threadgroup=tg, output_shapes=[shape, shape],
+                            output_dtypes=[F32, F32], backend=name, stream=stream)
+
+
+def window_matmul(signal: DoubleWord, b: DoubleWord, *, taps: int, channels: int,
+                  rows: int, cols: int, window: tuple[int, int, int, int],
+                  a_strides: tuple[int, int], b_strides: tuple[int, int, int],
+                  c_strides: tuple[int, int], dims: list[dict], shape: tuple,
+                  crop: tuple[int, int, int] | None = None, backend: Backend,
+                  stream=None) -> DoubleWord:
+    """A 1-D convolution's product ``C = A B`` with A the window of ``signal``
+    (im2col read in place: no padded or gathered copy), one launch of
+    :data:`DW_GEMM` (``WIN`` = 1): per output the sum of :func:`matmul` of the
+    gathered columns, bit for bit (the same k order; positions outside the signal
+    read as the zeros of its padding).
+
+    Args:
+        signal: real DoubleWord, read flat through the strides below.
+        b: real DoubleWord (the weights), read flat through ``b_strides``.
+        taps, channels: T and kc: the depth is K = T kc, k = t kc + c.
+        rows, cols: M and N of each batch's product.
+        window: ``(s, d, lo, length)``: row m, tap t reads the signal at position
+            ``m s + t d - lo``, zero outside ``[0, length)``.
+        a_strides: ``(sam, sak)``: floats per position and per channel of the signal.
+        b_strides: ``(sbt, sbk, sbn)``: B(t kc + c, n) at ``t sbt + c sbk + n sbn``.
+        c_strides: ``(scm, scn)``: C(m, n) at ``j scm + n scn``, j the output
+            position of row m (``m``, or as ``crop`` says).
+        dims: batch records ``dict(size, sa, sb, sc)`` (:data:`DW_GEMM_DIM`, offsets
+            in floats), outermost first, with ``sj`` (the step of the output position
+            along the dimension; 0 if not given).
+        shape: the shape of each output word (float32, row-major); the records and
+            ``c_strides`` place every output in it exactly once.
+        crop: ``(out_s, out_lo, out_len)``: row m of a batch index with position
+            steps ``oj`` is the output position ``j = m out_s + oj - out_lo``, and
+            is written only for j in ``[0, out_len)``; None: ``j = m``.
+        backend: a kernel backend (:class:`~mlx_precise.core.backends.Backend`).
+
+    Returns:
+        The DoubleWord of ``shape``.
+    """
+    s, d, lo, length = window
+    if math.prod(x["size"] for x in dims) * rows * cols == 0:
+        z = mx.zeros(shape, F32)
+        return DoubleWord(z, z)
+    fields = dict(m=rows, n=cols, k=taps * channels, sam=a_strides[0], sak=a_strides[1],
+                  sbk=b_strides[1], sbn=b_strides[2], scm=c_strides[0], scn=c_strides[1],
+                  sdm=0, sdn=0, kc=channels, sbt=b_strides[0], win_s=s, win_d=d, win_lo=lo,
+                  win_len=length)
+    fields.update(zip(("out_s", "out_lo", "out_len"), crop or (1, 0, rows)))
+    dims = [dict(sd=0, sj=0) | x for x in dims]
+    ch, cl = _launch(signal, b, None, dims, fields, tuple(shape), {"CPLX": 0, "WIN": 1},
+                     backends.resolve(backend), stream)
+    return DoubleWord(ch, cl)

@@ -161,6 +161,103 @@ def test_special_values_follow_float32(backend):
     assert np.array_equal(y[np.isinf(y)], plain[np.isinf(plain)])
 
 
+# 1-D geometries of the one-launch path (rules.convolution.window_correlate,
+# _window_transposed_plan): (kind, N, L, Cin, Cout, K, stride, padding, dilation, groups
+# or output_padding)
+WINDOWED = [("conv1d", 2, 9, 4, 6, 3, 1, 1, 1, 1), ("conv1d", 1, 13, 6, 4, 5, 2, 2, 1, 2),
+            ("conv1d", 2, 20, 3, 5, 3, 1, 3, 3, 1), ("conv1d", 1, 7, 8, 4, 7, 1, 3, 1, 4),
+            ("conv1d", 2, 40, 33, 35, 3, 3, 0, 2, 1), ("conv1d", 1, 3, 2, 3, 5, 1, 4, 1, 1),
+            ("conv_transpose1d", 2, 9, 8, 4, 16, 8, 4, 1, 0),  # the vocoder's upsamplers
+            ("conv_transpose1d", 1, 12, 6, 3, 8, 4, 2, 1, 0),
+            ("conv_transpose1d", 1, 5, 3, 2, 4, 2, 1, 1, 1),
+            ("conv_transpose1d", 2, 7, 4, 5, 3, 1, 1, 1, 0),
+            ("conv_transpose1d", 1, 6, 3, 3, 6, 3, 0, 1, 0)]
+
+
+@pytest.mark.parametrize("special", [False, True], ids=["finite", "special"])
+@pytest.mark.parametrize("cfg", WINDOWED, ids=lambda c: "{}-N{}L{}Cin{}Cout{}K{}s{}p{}d{}x{}".format(*c))
+def test_window_gemm_gives_the_bits_of_the_composition(cfg, special, monkeypatch):
+    """On emulate a 1-D convolution is one GEMM launch reading its input's window and
+    its weights in place; both words equal, bit for bit, those of the composition it
+    replaced (pad, im2col gather, weight rearrangement, dw_gemm, interleave, crop),
+    with a carried low word in (the input's; also the weights' with the special
+    values), Inf, NaN, -0 and an overflowing sum among the operands."""
+    kind, N, L, Cin, Cout, K, s, p, d, extra = cfg
+    groups = extra if kind == "conv1d" else 1
+    x, w = rng_f32((N, L, Cin), 31), rng_f32((Cout, K, Cin // groups), 32)
+    if special:
+        x[0, 1, 0], x[-1, L // 2, -1], x[0, -1, Cin // 2] = np.inf, np.nan, -0.0
+        w[-1, K // 2, 0], w[0, 0, -1] = -np.inf, 3e38
+        x[-1, 0, :] = 3e38  # overflows the sums that meet it
+    args = (s, p, d, extra) if kind == "conv_transpose1d" else (s, p, d, groups)
+    fn = getattr(mx, kind)
+    launched = []
+
+    def words(direct):
+        with mp.use_backend("emulate"), monkeypatch.context() as m:
+            if direct:
+                window = convolution.gemm.window_matmul
+                m.setattr(convolution.gemm, "window_matmul",
+                          lambda *a, **k: launched.append(1) or window(*a, **k))
+            else:
+                m.setattr(convolution, "_direct", lambda *a: None)
+            with mp.extended_precision() as rep:
+                wa = mx.array(w) / 7 if special else mx.array(w)  # (a low word too)
+                y = fn(mx.array(x) / 3, wa, *args)
+                lo = low_word(y)
+            assert rep.extended[kind] >= 1 and not rep.float32, rep
+            return np.array(y), np.array(lo)
+
+    (yd, ld), (yc, lc) = words(True), words(False)
+    assert launched == [1]
+    assert yd.shape == tuple(fn(mx.array(x), mx.array(w), *args).shape)
+    np.testing.assert_array_equal(yd.view(np.uint32), yc.view(np.uint32))
+    np.testing.assert_array_equal(ld.view(np.uint32), lc.view(np.uint32))
+    assert np.isnan(yd).any() == special  # (the NaN reached the outputs it meets)
+
+
+def test_window_gemm_graph_is_one_launch(lazy_metal):
+    """On the metal path a conv1d is one launch and nothing else, and so is a
+    vocoder's transposed conv1d."""
+    from mlx_precise.testing import graph_counts
+
+    x, w = mx.array(rng_f32((2, 9, 8), 33)), mx.array(rng_f32((4, 16, 8), 34))
+    with mp.use_backend("metal"), mp.extended_precision():
+        y = mx.conv1d(mx.exp(x), mx.array(rng_f32((4, 3, 8), 35)), 1, 1)
+        t = mx.conv_transpose1d(x, w, 8, 4)
+        gy, gt = graph_counts(y, low_word(y)), graph_counts(t, low_word(t))
+    assert gy["by_primitive"] == {"Depends": 2}, gy  # exp, then the GEMM
+    assert gt["by_primitive"] == {"Depends": 1}, gt
+
+
+@pytest.mark.parametrize("kind, wshape, args", [("conv1d", (6, 3, 8), (1, 1, 1)),
+                                                ("conv_transpose1d", (4, 8, 8), (4, 2))])
+def test_window_gemm_under_mlx_grad(kind, wshape, args, monkeypatch):
+    """mx.grad of a function that opens a block around the one-launch convolution:
+    MLX differentiates it by its own convolution's float32 VJP, so the gradients are
+    MLX's plain ones but for the double-word forward value in the cotangent (2 y):
+    within 1e-6 relative, and the launch ran."""
+    x, w = mx.array(rng_f32((2, 9, 8), 36)), mx.array(rng_f32(wshape, 37))
+    launched = []
+    window = convolution.gemm.window_matmul
+    monkeypatch.setattr(convolution.gemm, "window_matmul",
+                        lambda *a, **k: launched.append(1) or window(*a, **k))
+
+    def loss(x, w, extended):
+        if not extended:
+            return (getattr(mx, kind)(x, w, *args) ** 2).sum()
+        with mp.use_backend("emulate"), mp.extended_precision():
+            y = getattr(mx, kind)(x, w, *args)
+            assert low_word(y) is not None
+        return (y ** 2).sum()
+
+    got = mx.grad(lambda x, w: loss(x, w, True), argnums=(0, 1))(x, w)
+    want = mx.grad(lambda x, w: loss(x, w, False), argnums=(0, 1))(x, w)
+    assert launched == [1]
+    for g, ref in zip(got, want):
+        assert np.abs(f64(g) - f64(ref)).max() <= 1e-6 * np.abs(f64(ref)).max()
+
+
 def test_declines_and_errors():
     """Depthwise conv1d is left to the table's dedicated rule; other dtypes and
     MLX's own output-length convention (transpose padding > d (K - 1)) to MLX; an

@@ -105,6 +105,51 @@ def check(c: DoubleWord, a, b, bias=None, slack=12):
     return worst
 
 
+def window_columns(x: np.ndarray, taps: int, rows: int, s: int, d: int, lo: int) -> np.ndarray:
+    """numpy im2col of a 1-D signal x (L, C) float64: (rows, taps C), row m tap t
+    holding x[m s + t d - lo] (zeros outside the signal)."""
+    L, C = x.shape
+    cols = np.zeros((rows, taps, C))
+    for m in range(rows):
+        for t in range(taps):
+            if 0 <= m * s + t * d - lo < L:
+                cols[m, t] = x[m * s + t * d - lo]
+    return cols.reshape(rows, taps * C)
+
+
+# (L, C, taps, rows, (s, d, lo)): a convolution's window (padding, stride, dilation),
+# a transposed one's (a step back), a filter longer than the signal
+WINDOWS = [(20, 3, 3, 20, (1, 1, 1)), (40, 17, 5, 12, (3, 2, 4)), (9, 8, 2, 10, (1, -1, 0)),
+           (3, 2, 7, 4, (1, 1, 4))]
+
+
+@pytest.mark.parametrize("L,C,T,M,win", WINDOWS)
+def test_window_matmul_reads_the_window(L, C, T, M, win):
+    """gemm.window_matmul (dw_gemm with WIN = 1, on the emulator) against the exact
+    product of the gathered columns, batched over two signals: the bound, and the
+    bits of matmul of those columns (the same sums)."""
+    rng = np.random.default_rng(L + C)
+    n_out, batch = 5, 2
+    x = rand(rng, (batch, L, C))
+    w = rand(rng, (n_out, T, C))  # (out, tap, channel): B(t C + c, o) = w[o, t, c]
+    X, W = dw(x), dw(w)
+    c = dwgemm.window_matmul(
+        X, W, taps=T, channels=C, rows=M, cols=n_out, window=(*win, L), a_strides=(C, 1),
+        b_strides=(C, 1, T * C), c_strides=(n_out, 1),
+        dims=[dict(size=batch, sa=L * C, sb=0, sc=M * n_out)], shape=(batch, M, n_out),
+        backend="emulate")
+    # the columns of both words, gathered in numpy (zero padding: zero words)
+    hi, lo = (np.stack([window_columns(v, T, M, *win) for v in np.array(word, np.float64)])
+              for word in (X.hi, X.lo))
+    cols = DoubleWord(mx.array(hi.astype(np.float32)), mx.array(lo.astype(np.float32)))
+    wt = DoubleWord(*(mx.array(np.array(v).reshape(n_out, T * C).T) for v in (W.hi, W.lo)))
+    check(c, cols, wt)
+    ref = dwgemm.matmul(cols, wt, backend="emulate")
+    for got, want in ((c.hi, ref.hi), (c.lo, ref.lo)):
+        np.testing.assert_array_equal(np.array(got).view(np.uint32),
+                                      np.array(want).view(np.uint32))
+
+
 # ---- accuracy ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -369,6 +414,27 @@ def test_metal_glue_is_lazy(lazy_metal, case):
 def test_kernel_is_declared_for_the_strict_check():
     from mlx_precise.tools import kernel_check
 
-    assert kernel_check.registry()["dw_gemm"] is dwgemm.DW_GEMM
-    assert dwgemm.DW_GEMM.coverage_gaps() == []
-    assert len(kernel_check.instances(dwgemm.DW_GEMM)) == 2  # CPLX 0 and 1
+    found = kernel_check.registry()
+    for kernel in (dwgemm.DW_GEMM, *dwgemm._UNBIASED.values()):
+        assert found[kernel.name] is kernel
+        assert kernel.coverage_gaps() == []
+        assert len(kernel_check.instances(kernel)) == 4  # CPLX 0 and 1, WIN 0 and 1
+
+
+@pytest.mark.parametrize("a_lo,b_lo", [(False, False), (True, False), (False, True), (True, True)])
+def test_launch_passes_each_word_once(a_lo, b_lo):
+    """Without a bias a launch's inputs are the stored words and p, none twice (a
+    float32 operand stores no low word, no placeholder stands for it)."""
+    from mlx_precise.testing import lazy_metal_executor
+
+    rng = np.random.default_rng(12)
+    a, b = dw(rand(rng, (4, 6))), dw(rand(rng, (6, 3)))
+    a = a if a_lo else DoubleWord.exact(a.hi)
+    b = b if b_lo else DoubleWord.exact(b.hi)
+    record = []
+    with lazy_metal_executor(record):
+        dwgemm.matmul(a, b, backend="metal")
+    (launch,) = record
+    assert launch.name == dwgemm._UNBIASED[a_lo, b_lo].name
+    assert len(launch.inputs) == 3 + a_lo + b_lo
+    assert len({id(x) for x in launch.inputs}) == len(launch.inputs)

@@ -16,6 +16,15 @@ leaves the chain:
 The gather holds T copies of the input (T = taps per output), twice (both
 words): memory, not flops, is the price of the single GEMM.
 
+On ``metal`` / ``emulate`` a 1-D convolution (``conv1d``, and ``conv_transpose1d``
+whose phases share their columns, such as kernel 2s at stride s) is instead one
+launch of that GEMM reading the input through each output's window, its padding
+as zeros, and the weights in place (:func:`window_correlate`,
+:func:`_window_transposed_plan`, ``gemm.window_matmul``): no pad, gather, weight
+rearrangement or crop around it, and the same sums bit for bit (the k order of the
+gathered columns). Its gradient under MLX's autodiff is MLX's convolution's VJP;
+a recording of the flow's own gradients takes the composition above.
+
 Every output is therefore a double-word dot product of exact float32 products,
 with the GEMM's bound ``|y - y_exact| <= (T Cin/groups + 12) u^2 |x| |w|``
 (T taps, u = 2^-24) on metal / emulate, and float64's on cpu. Gradients are
@@ -46,12 +55,15 @@ Public: :data:`RULES` (MLX function name -> rule, see :mod:`.base`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
 import mlx.core as mx
 
+from ...doubleword import DoubleWord
 from ...doubleword.engine64 import from64, to64
+from ...linalg import gemm
 from .. import autodiff, carry, spectral
 from ..engine import words_op
 
@@ -225,24 +237,11 @@ def transposed(x: mx.array, w: mx.array, stride, padding, dilation, output_paddi
     """
     N, Cin, Cout = x.shape[0], x.shape[-1], w.shape[0]
     kernel = w.shape[1:-1]
-    spatial = x.shape[1:-1]
-    out = [(n - 1) * s - 2 * p + d * (k - 1) + op + 1 for n, k, s, p, d, op in
-           zip(spatial, kernel, stride, padding, dilation, output_padding)]
-    q_len = [-(-(p + o) // s) for p, o, s in zip(padding, out, stride)]  # ceil
-    # per dimension and phase r: [(k, shift m = (k d - r) / s)]
-    taps = [[[(k, (k * d - r) // s) for k in range(K) if (k * d) % s == r] for r in range(s)]
-            for K, s, d in zip(kernel, stride, dilation)]
-    lo = [max((k * d) // s for k in range(K)) for K, s, d in zip(kernel, stride, dilation)]
-    hi = [max(q - n, 0) for q, n in zip(q_len, spatial)]
+    out, q_len, lo, hi, flats, offsets = _polyphase(
+        x.shape[1:-1], kernel, stride, padding, dilation, output_padding)
     xp = mx.pad(x, [(0, 0), *zip(lo, hi), (0, 0)]) if any(lo) or any(hi) else x
     phases = list(itertools.product(*(range(s) for s in stride)))
-    per_phase = [list(itertools.product(*(taps[i][r] for i, r in enumerate(ph))))
-                 for ph in phases]
-    T = max(1, max(len(t) for t in per_phase))
-    flats = [[sum(k * math.prod(kernel[i + 1:]) for i, (k, _) in enumerate(tap))
-              for tap in combo] for combo in per_phase]
-    offsets = [[tuple(lo[i] - m for i, (_, m) in enumerate(tap)) for tap in combo]
-               for combo in per_phase]
+    T = max(1, max(len(t) for t in offsets))
     M = N * math.prod(q_len)
     if _shared_columns(offsets, groups):
         # Every phase reads the same columns (kernel 2s at stride s, ...): one gather
@@ -278,6 +277,29 @@ def transposed(x: mx.array, w: mx.array, stride, padding, dilation, output_paddi
     return _crop(y, padding, out)
 
 
+def _polyphase(spatial, kernel, stride, padding, dilation, output_padding):
+    """The polyphase plan of a transposed convolution (:func:`transposed`): ``out``
+    and ``q_len`` (output points, and rows per phase, per dimension), the padding
+    ``lo``, ``hi`` of the input, and per phase (``itertools.product`` of the
+    strides' ranges) its taps' flat kernel indices ``flats`` and their start
+    offsets in the padded input ``offsets`` (tuples, one int per dimension)."""
+    out = [(n - 1) * s - 2 * p + d * (k - 1) + op + 1 for n, k, s, p, d, op in
+           zip(spatial, kernel, stride, padding, dilation, output_padding)]
+    q_len = [-(-(p + o) // s) for p, o, s in zip(padding, out, stride)]  # ceil
+    # per dimension and phase r: [(k, shift m = (k d - r) / s)]
+    taps = [[[(k, (k * d - r) // s) for k in range(K) if (k * d) % s == r] for r in range(s)]
+            for K, s, d in zip(kernel, stride, dilation)]
+    lo = [max((k * d) // s for k in range(K)) for K, s, d in zip(kernel, stride, dilation)]
+    hi = [max(q - n, 0) for q, n in zip(q_len, spatial)]
+    per_phase = [list(itertools.product(*(taps[i][r] for i, r in enumerate(ph))))
+                 for ph in itertools.product(*(range(s) for s in stride))]
+    flats = [[sum(k * math.prod(kernel[i + 1:]) for i, (k, _) in enumerate(tap))
+              for tap in combo] for combo in per_phase]
+    offsets = [[tuple(lo[i] - m for i, (_, m) in enumerate(tap)) for tap in combo]
+               for combo in per_phase]
+    return out, q_len, lo, hi, flats, offsets
+
+
 def _shared_columns(offsets: list, groups: int) -> bool:
     """Whether every phase of a transposed convolution reads the same input columns
     (``offsets``: each phase's tap offsets), so that one GEMM serves them all."""
@@ -291,13 +313,89 @@ def _crop(y: mx.array, padding, out) -> mx.array:
              + (slice(None),)]
 
 
+# ---- 1-D on the kernel backends: the GEMM reads the window in place ------------------
+
+def _affine(values: list[int]) -> int | None:
+    """The common difference of ``values`` (an arithmetic progression), else None
+    (0 for one value)."""
+    step = values[1] - values[0] if len(values) > 1 else 0
+    return step if values == [values[0] + step * i for i in range(len(values))] else None
+
+
+def window_correlate(x: DoubleWord, w: DoubleWord, stride: int, padding: int,
+                     dilation: int, groups: int, backend) -> DoubleWord:
+    """:func:`correlate` of a 1-D convolution in one launch of the double-word GEMM
+    reading x (N, L, Cin) through the window of each output (its zero padding
+    included) and w (Cout, K, Cin / groups) in place (:func:`gemm.window_matmul`):
+    no pad, gather or reshape around it, the same sums bit for bit (the k order
+    (tap, channel) of the gathered columns). The groups are a batch dimension.
+    Returns the words of the (N, Q, Cout) result."""
+    (N, L, Cin), (Cout, K, Cg) = x.shape, w.shape
+    Q = (L + 2 * padding - dilation * (K - 1) - 1) // stride + 1
+    Og = Cout // groups
+    dims = [dict(size=N, sa=L * Cin, sb=0, sc=Q * Cout)]
+    if groups > 1:  # group g reads channels [g Cg, (g + 1) Cg), writes [g Og, (g + 1) Og)
+        dims.append(dict(size=groups, sa=Cg, sb=Og * K * Cg, sc=Og))
+    return gemm.window_matmul(
+        x, w, taps=K, channels=Cg, rows=Q, cols=Og, window=(stride, dilation, padding, L),
+        a_strides=(Cin, 1), b_strides=(Cg, 1, K * Cg), c_strides=(Cout, 1), dims=dims,
+        shape=(N, Q, Cout), backend=backend)
+
+
+@functools.lru_cache(maxsize=256)  # (a pure function of the shapes and arguments)
+def _window_transposed_plan(x_shape, w_shape, stride: int, padding: int, dilation: int,
+                            output_padding: int, groups: int):
+    """``run(x, w, backend)`` of a 1-D transposed convolution (:func:`transposed`)
+    whose phases share their columns and take their taps by a progression in the
+    phase and in the tap (``kernel 2s`` at stride s, ...): one launch of the GEMM
+    reading x's window in place, the phases a batch dimension of the weights' taps,
+    each row written interleaved where the crop keeps it; the same sums bit for bit.
+    None otherwise."""
+    (N, L, Cin), (Cout, K, _) = x_shape, w_shape
+    out, (q_len,), (lo,), _, flats, offsets = _polyphase(
+        (L,), (K,), (stride,), (padding,), (dilation,), (output_padding,))
+    if not _shared_columns(offsets, groups):
+        return None
+    starts = [o[0] for o in offsets[0]]
+    step_t = _affine(starts)
+    tap_t = [_affine(f) for f in flats]
+    step_r = _affine([f[0] for f in flats])
+    if step_t is None or step_r is None or flats[0][0] != 0 or any(
+            t != tap_t[0] for t in tap_t) or any(len(f) != len(starts) for f in flats):
+        return None
+    T, P = len(starts), stride
+    # phase r: the taps from r step_r, output positions q P + r - padding
+    dims = [dict(size=N, sa=L * Cin, sb=0, sc=out[0] * Cout),
+            dict(size=P, sa=0, sb=step_r * Cin, sc=0, sj=1)]
+
+    def run(x: DoubleWord, w: DoubleWord, backend) -> DoubleWord:
+        return gemm.window_matmul(
+            x, w, taps=T, channels=Cin, rows=q_len, cols=Cout,
+            window=(1, step_t, lo - starts[0], L), a_strides=(Cin, 1),
+            b_strides=(tap_t[0] * Cin, 1, K * Cin), c_strides=(Cout, 1), dims=dims,
+            shape=(N, out[0], Cout), crop=(P, padding, out[0]), backend=backend)
+
+    return run
+
+
+def _direct(ctx, original, x, w, args, kw, run):
+    """``run(X, W, backend)`` (a 1-D convolution in one GEMM launch) as the rule's
+    result on the kernel backends, outside a gradient's recording (whose tape takes
+    the composition's ops); None elsewhere. Its VJP is MLX's convolution's."""
+    if run is None or not ctx.backend.has_kernels or autodiff.recording():
+        return None
+    return words_op(lambda X, W: run(X, W, ctx.backend),
+                    lambda a, b: original(a, b, *args, **kw), [x, w], ctx.backend)
+
+
 # ---- the rules -----------------------------------------------------------------------
 
 def _rule(nd: int, plan, skip=None):
     """A rule for an ``nd``-dimensional MLX convolution. ``plan(x, w, *args)``
-    normalises the call's remaining arguments and returns ``(compute, shape)``
-    (``compute()`` runs the decomposition; ``shape`` its output shape) or None to
-    decline. ``skip(x, w, *args)``: calls left to another rule, declined before
+    normalises the call's remaining arguments and returns ``(compute, shape, run)``
+    (``compute()`` runs the decomposition; ``shape`` its output shape; ``run``: the
+    same sums in one GEMM launch on the kernel backends, :func:`_direct`, or None)
+    or None to decline. ``skip(x, w, *args)``: calls left to another rule, declined before
     anything runs."""
 
     def rule(ctx, original, x=None, w=None, *args, **kw):
@@ -309,9 +407,12 @@ def _rule(nd: int, plan, skip=None):
         planned = plan(x, w, *args, **kw)
         if planned is None:
             return NotImplemented
-        compute, shape = planned
+        compute, shape, run = planned
         if tuple(shape) != tuple(ref.shape):  # not MLX's convolution: let MLX answer
             return NotImplemented
+        direct = _direct(ctx, original, x, w, args, kw, run)
+        if direct is not None:
+            return direct
         with carry.reporting(ctx.report):
             return compute()
 
@@ -325,7 +426,11 @@ def _forward_plan(nd: int):
         groups = int(groups)
         shape = (x.shape[0], *((n + 2 * pp - dd * (k - 1) - 1) // ss + 1 for n, k, ss, pp, dd
                                in zip(x.shape[1:-1], w.shape[1:-1], s, p, d)), w.shape[0])
-        return (lambda: correlate(x, w, s, p, p, d, groups)), shape
+        run = None
+        if nd == 1:
+            run = (lambda X, W, backend: window_correlate(X, W, s[0], p[0], d[0], groups,
+                                                          backend))
+        return (lambda: correlate(x, w, s, p, p, d, groups)), shape, run
 
     return plan
 
@@ -340,7 +445,9 @@ def _transpose_plan(nd: int):
             return None  # MLX's own convention there (its output length differs)
         shape = (x.shape[0], *((n - 1) * ss - 2 * pp + dd * (k - 1) + o + 1 for n, k, ss, pp, dd, o
                                in zip(x.shape[1:-1], kernel, s, p, d, op)), w.shape[0])
-        return (lambda: transposed(x, w, s, p, d, op, int(groups))), shape
+        run = None if nd > 1 else _window_transposed_plan(x.shape, w.shape, *s, *p, *d, *op,
+                                                          int(groups))
+        return (lambda: transposed(x, w, s, p, d, op, int(groups))), shape, run
 
     return plan
 
