@@ -57,11 +57,20 @@ def bench(backend: str | None, full: bool, out: str | None = None, quick: bool =
         print(f"error: no bench_*.py script in {folder}", file=sys.stderr)
         return 2
     size = ["--quick"] if quick else ["--full"] if full else []
-    rc, parts = 0, []
-    for script in scripts:
-        print(f"\n## {script.stem}\n", flush=True)
+
+    def run(script):
         cmd = [sys.executable, str(script)] + (["--backend", backend] if backend else [])
-        proc = subprocess.run(cmd + size, capture_output=True, text=True)
+        return subprocess.run(cmd + size, capture_output=True, text=True)
+
+    # (a quick run's times mean nothing: its scripts run side by side, one per core;
+    # a timed run runs them one at a time, alone on the machine)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() if quick else 1) as pool:
+        procs = pool.map(run, scripts)
+    rc, parts = 0, []
+    for script, proc in zip(scripts, procs):
+        print(f"\n## {script.stem}\n", flush=True)
         print(proc.stdout + proc.stderr, flush=True)
         table = proc.stdout.strip()
         if proc.returncode != 0 or not table:
