@@ -26,10 +26,11 @@ class TransformUnsupportedError(RuntimeError):
     that computes eagerly on the host (``cpu``, ``emulate``)."""
 
 
-def primals_of(primals) -> tuple:
-    """A custom function's VJP primals as a tuple: MLX passes a lone input as it
-    is, not in a tuple (``list(primals)`` would split its rows)."""
-    return tuple(primals) if isinstance(primals, (list, tuple)) else (primals,)
+def as_tuple(args) -> tuple:
+    """A custom function's primals, cotangents or tangents (what its VJP / JVP is
+    given) as a tuple: MLX passes a lone one as it is, not in a tuple
+    (``list(primals)`` would split its rows)."""
+    return tuple(args) if isinstance(args, (list, tuple)) else (args,)
 
 
 def guarded(fn, arrays, what: str,

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..core import backends
 from ..core.arrays import as_int
-from ..core.autodiff import host_guard
+from ..core.autodiff import as_tuple, host_guard
 from .aware import precision_aware
 from .engine64 import F64, arith64, from_float64_result
 from .fusion import guarded
@@ -121,7 +121,7 @@ def _cmul_differentiable(shape: tuple, name: str, stream):
     @f.vjp
     def f_vjp(primals, cotangent, output):
         a, b = primals
-        g = cotangent[0] if isinstance(cotangent, (list, tuple)) else cotangent
+        g = as_tuple(cotangent)[0]
         return tuple(_sum_to(f(g, mx.conj(other)), tuple(x.shape)) for x, other in ((a, b), (b, a)))
 
     return f
@@ -240,7 +240,7 @@ def _scale(x, s_hi: float, s_lo: float, cpu_op: tuple, round_output, backend, st
 
         @f.vjp
         def f_vjp(primals, cotangent, output):  # linear: the same scaling, any order
-            g = cotangent[0] if isinstance(cotangent, (list, tuple)) else cotangent
+            g = as_tuple(cotangent)[0]
             return (f(g),)
 
         return f(x)

@@ -47,7 +47,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
-from ..core.autodiff import guarded as _guarded, primals_of
+from ..core.autodiff import guarded as _guarded, as_tuple
 from ..core.context import flow_suspended, register_block_hook, restore
 from ..core.kernels import (Codes, Constants, Kernel, elementwise_grid, generated_block,
                             per_element_of_first_input)
@@ -795,7 +795,7 @@ def _differentiable(prog: Program, backend, stream):
     @f.vjp
     def f_vjp(primals, cotangents, outputs):
         with flow_suspended():
-            _, grads = _mlx.vjp(_replay(prog.key, backend, stream), list(primals_of(primals)),
+            _, grads = _mlx.vjp(_replay(prog.key, backend, stream), list(as_tuple(primals)),
                                 list(cotangents))
         return tuple(grads)
 
@@ -1075,7 +1075,7 @@ def words_op(forward, plain, operands: list[mx.array], lows: list) -> tuple[mx.a
 
     @f.vjp
     def f_vjp(primals, cotangents, outputs):
-        primals = primals_of(primals)
+        primals = as_tuple(primals)
         with flow_suspended():
             _, grads = _mlx.vjp(plain, list(primals[:n]), [cotangents[0]])
         return (*grads, *(mx.zeros_like(lo) for lo in primals[n:]))

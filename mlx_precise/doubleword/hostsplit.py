@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import context
+from ..core.autodiff import as_tuple
 from ..core.plain import plain
 
 
@@ -84,7 +85,7 @@ def _complex_bits(re: mx.array, im: mx.array) -> mx.array:
 
 @_complex_bits.vjp
 def _complex_bits_vjp(primals, cotangent, output):
-    g = cotangent[0] if isinstance(cotangent, (list, tuple)) else cotangent
+    g = as_tuple(cotangent)[0]
     return _real(g), _imag(g)
 
 

@@ -271,10 +271,7 @@ class Plan:
         if not install and (self.tags is None or self.tags.read().tobytes() != self.installed):
             self._written_back()
             return
-        for step, value, cls in self.steps[install]:
-            step(value)
-            if cls is not None:
-                _type_modified(cls)
+        _take(self.steps[install])
         if self.tags is not None:
             if install:
                 self.installed = self.tags.read().tobytes()
@@ -284,6 +281,7 @@ class Plan:
     def _written_back(self) -> None:
         """Swap back after code in the block wrote to an owner's namespace (or where
         that cannot be told): what it set, replaced or deleted stays so."""
+        steps = []
         for owner, namespace, replace, restore in self.swaps:
             pointed = self.pointed.get(id(owner))
             if pointed is not None:
@@ -292,11 +290,17 @@ class Plan:
                 continue
             held = vars(owner)
             back = {n: o for n, o in restore.items() if held.get(n) is replace[n]}
-            step, value, cls = self._step(owner, namespace, back, False)
-            step(value)
-            if cls is not None:
-                _type_modified(cls)
+            steps.append(self._step(owner, namespace, back, False))
+        _take(steps)
         self.tagged = None  # (compared name by name at the next block)
+
+
+def _take(steps) -> None:
+    """Run :meth:`Plan._step`'s steps: each update, and tell its class if any."""
+    for step, value, cls in steps:
+        step(value)
+        if cls is not None:
+            _type_modified(cls)
 
 
 # the current plan first; the earlier ones are kept (their stand-ins may still be bound

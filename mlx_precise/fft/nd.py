@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
-from ..core.autodiff import primals_of
+from ..core.autodiff import as_tuple
 from . import engine as _fft
 from ..doubleword.engine64 import from64
 from ..doubleword.fusion import guarded
@@ -155,8 +155,8 @@ def _differentiable(kind, s, axes, norm, backend, stream):
     @f.vjp
     def f_vjp(primals, cotangent, output):
         # One input and one output: MLX passes them bare, not in lists.
-        x = primals_of(primals)[0]
-        g = cotangent[0] if isinstance(cotangent, (list, tuple)) else cotangent
+        x = as_tuple(primals)[0]
+        g = as_tuple(cotangent)[0]
         again = dict(round_output=True, backend=backend, stream=stream)
         if kind in ("fft", "ifft"):
             v = mx.conj(transform(kind, mx.conj(g), s, axes, norm, **again))

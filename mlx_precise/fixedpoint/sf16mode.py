@@ -40,7 +40,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core import backends
-from ..core.autodiff import primals_of
+from ..core.autodiff import as_tuple
 from ..core.streams import streamed
 from .qformat import (
     Q115_THRESHOLD,
@@ -70,7 +70,7 @@ def _straight_through(matmul: bool, threshold: float, rounding: str, storage, ba
     @quantize.vjp
     def quantize_vjp(primals, cotangent, output):
         # Straight-through: d(quantize)/dx taken as the identity, also where clamped.
-        return cotangent.astype(primals_of(primals)[0].dtype)
+        return cotangent.astype(as_tuple(primals)[0].dtype)
 
     return quantize
 
