@@ -491,6 +491,13 @@ def rows_of(w: DoubleWord) -> tuple | None:
     return (*entry[4], shape, axes)
 
 
+def constant(hi: float, lo: float) -> Expr:
+    """The expression of the constant ``hi + lo`` (host floats, the words of a
+    scalar), an operand :func:`apply` takes beside DoubleWords: a fused program
+    holds it, so no array is made for it."""
+    return Expr.constant(hi, lo)
+
+
 def note_constant(w: DoubleWord, hi: float, lo: float) -> DoubleWord:
     """Record that the 0-d words of ``w`` are the constant ``hi + lo`` (host floats),
     so that fused programs hold it instead of reading arrays. Returns ``w``."""
@@ -510,6 +517,8 @@ def _entry(w: DoubleWord) -> tuple | None:
 def expression(w: DoubleWord) -> Expr | None:
     """The expression of ``w``: the one recorded with its words, else ``w`` as a leaf
     (float32 words only; None for complex words)."""
+    if type(w) is _Deferred:
+        return w.expr
     hi = w.hi
     if hi.dtype != F32:
         return None
@@ -522,10 +531,11 @@ def expression(w: DoubleWord) -> Expr | None:
     return Expr.leaf(hi, lo)
 
 
-def _fuse(op: int, fn: int, operands: list[DoubleWord]) -> Expr | None:
-    """The expression of ``op`` on the operands within the bounds (the largest
-    composite operand made a leaf while it does not fit), or None: complex words,
-    shapes that do not broadcast, too many axes."""
+def _fuse(op: int, fn: int, operands: list) -> Expr | None:
+    """The expression of ``op`` on the operands (DoubleWords, or constants'
+    expressions: :func:`constant`) within the bounds (the largest composite operand
+    made a leaf while it does not fit), or None: complex words, shapes that do not
+    broadcast, too many axes."""
     exprs = []
     for k, w in enumerate(operands):
         for j in range(k):
@@ -533,7 +543,7 @@ def _fuse(op: int, fn: int, operands: list[DoubleWord]) -> Expr | None:
                 e = exprs[j]
                 break
         else:
-            e = expression(w)
+            e = w if type(w) is Expr else expression(w)
             if e is None:
                 return None
         exprs.append(e)
@@ -863,7 +873,7 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
           fn: tuple[str, int] | None = None) -> DoubleWord | None:
     """``op`` ("add", "sub", "mul", "div", "neg", "abs", "max", "min", or "fn" with the
     function ``fn = (name, code)``: the name of MLX's function and its code of
-    :data:`~.functions.FN`) of real DoubleWords (broadcasting;
+    :data:`~.functions.FN`) of real DoubleWords (or constants: :func:`constant`; broadcasting;
     abs, max and min as ``extended.arith`` defines them on words), fused with the
     expressions of the operands: one ``dw_fused`` launch, the result's expression
     recorded. Inside :func:`mlx_gradients` MLX differentiates the result as the
@@ -873,7 +883,7 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
     if not _fusing.get():
         return None  # the unfused replay of a chain
     for w in operands:
-        if w.hi.dtype == _C64:
+        if type(w) not in _NOT_WORDS and w.hi.dtype == _C64:
             return _apply_partwise(op, operands, backend, stream) if fn is None else None
     code = _FN if op == "fn" else OP[op]
     if code in _EXACT_WORDS and _traced.get():
@@ -885,10 +895,65 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
         return None
     if _traced.get() and e.leaves:
         hi, lo = _differentiable(e.prog, backend, stream)(*e.leaves)
+    elif _deferring.get():
+        return _Deferred(e, backend, stream)
     else:
         hi, lo = _run(e.prog, e.leaves, e.shape, backend, stream)
     _remember(hi, lo, e)
     return DoubleWord.of_words(hi, lo)
+
+
+# ---- deferred launches ---------------------------------------------------------------
+# A rule that chains engine steps on words (a layer norm: nine steps, three of which
+# are read: the two sums and the result) launches each step's program although a
+# lazy graph runs only those that are read: inside deferred(), a fused step's words
+# are launched only when something reads them (a reduction's leaf, the rule's
+# result); a later step composes its expression as it would the launched step's.
+# The same programs run: the same bits, with fewer launches built on the host.
+_deferring: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_deferring",
+                                                                  default=False)
+
+
+@contextlib.contextmanager
+def deferred():
+    """Fused results made inside are :class:`_Deferred` (launched when read),
+    outside MLX's autodiff. For a rule's own chain of engine steps: nothing inside
+    may keep a result past the block but by its words."""
+    token = _deferring.set(True)
+    try:
+        yield
+    finally:
+        _deferring.reset(token)
+
+
+class _Deferred(DoubleWord):
+    """The real words of the expression ``expr`` (:func:`deferred`), launched on
+    ``at = (backend, stream)`` when ``hi`` or a low word is first read; its shape
+    and dtype known without the launch."""
+
+    __slots__ = ("expr", "_at", "_words")
+
+    def __init__(self, expr: Expr, backend, stream):
+        self.expr, self._at, self._words, self.wide = expr, (backend, stream), None, None
+
+    def _launched(self) -> tuple:
+        if self._words is None:
+            e = self.expr
+            hi, lo = _run(e.prog, e.leaves, e.shape, *self._at)
+            _remember(hi, lo, e)
+            self._words = (hi, lo)
+        return self._words
+
+    hi = property(lambda self: self._launched()[0])
+    _lo = property(lambda self: self._launched()[1])
+    shape = property(lambda self: self.expr.shape)
+    ndim = property(lambda self: len(self.expr.shape))
+    size = property(lambda self: math.prod(self.expr.shape))
+    dtype = property(lambda self: F32)
+    is_complex = property(lambda self: False)
+
+
+_NOT_WORDS = (Expr, _Deferred)  # apply's operands that are not launched words
 
 
 # ---- complex words: their parts as a trailing axis ------------------------------------

@@ -77,6 +77,11 @@ def constant(v) -> DoubleWord:
     return fusion.note_constant(out, hi, lo)  # fused kernels hold it in their program
 
 
+def scalar_words(v) -> tuple[float, float]:
+    """The two words of a real scalar, as :func:`constant` splits it (host floats)."""
+    return _split_scalar(*_key(v))[:2]
+
+
 def constant64(v) -> mx.array:
     """The float64 value of :func:`constant` of a real scalar ``v`` (0-d), alone
     (one array per value, kept: an operand only, never changed)."""
@@ -198,6 +203,16 @@ def binary(op: str, x: DoubleWord, y: DoubleWord, backend: Backend,
     if op == "div" and y.is_complex:  # float32's special values of complex quotients
         return operate(op, x, y, backend)
     return engine64.arith64(op, x, y)  # MLX float64 ops: differentiable as they are
+
+
+def scalar_binary(op: str, x: DoubleWord, v, backend: Backend, stream=None) -> DoubleWord:
+    """:func:`binary` of ``x`` and the real scalar ``v`` (:func:`constant`'s words):
+    on a kernel backend the fused program holds ``v`` (no array is made for it)."""
+    if backend.has_kernels and not x.is_complex:
+        z = fusion.apply(op, [x, fusion.constant(*scalar_words(v))], backend, stream)
+        if z is not None:
+            return z
+    return binary(op, x, constant(v), backend, stream)
 
 
 _NEUTRAL = {"add": 0.0, "mul": 1.0}

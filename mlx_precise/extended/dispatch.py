@@ -68,14 +68,16 @@ def _foreign(args) -> bool:
     return False
 
 
-def _traced_on_host(e: Exception, name: str, backend: str):
-    """MLX's "[eval] ... during function transformations" from a rule that computes
-    on the host (cpu, emulate) under mx.compile / mx.vmap / an export: the named
-    error instead."""
-    return TransformUnsupportedError(
+def _on_host(e: ValueError, name: str):
+    """Re-raise ``e``, raised by a rule or a fast path: MLX's "[eval] ... during
+    function transformations" from one that computes on the host (cpu, emulate)
+    under mx.compile / mx.vmap / an export as the named error."""
+    if "function transformations" not in str(e):
+        raise e
+    raise TransformUnsupportedError(
         f"{name} inside extended_precision() was traced by mx.compile, mx.vmap or an "
-        f"export on backend {backend!r}, which computes on the host and cannot be traced: "
-        "run it untraced inside the block, or use the 'metal' backend")
+        f"export on backend {backends.backend()!r}, which computes on the host and cannot "
+        "be traced: run it untraced inside the block, or use the 'metal' backend") from e
 
 
 def _wrapper(entry):
@@ -98,7 +100,10 @@ def _wrapper(entry):
             # in-place update while recording takes _mutate's path)
             if fast is not None and not kwargs and (not recording or (
                     entry.vjp is not None and not mutates)):
-                out = fast(*args)
+                try:
+                    out = fast(*args)
+                except ValueError as e:  # (a fused launch on emulate, traced)
+                    _on_host(e, name)
                 if out is not None:
                     report.extended[name] += 1
                     if recording:
@@ -134,9 +139,7 @@ def _run(entry, report, args, kwargs):
                     out = rule(_Operands(backend, stream, report), original, *args, **kwargs)
                 kwargs["stream"] = stream
         except ValueError as e:
-            if "function transformations" not in str(e):
-                raise
-            raise _traced_on_host(e, name, backend) from e
+            _on_host(e, name)
         if out is not NotImplemented:
             report.extended[name] += 1
             if entry.kind != "in-place":

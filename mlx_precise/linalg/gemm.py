@@ -366,8 +366,9 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: t
     :data:`DW_GEMM`, the result of shape ``out`` (``batch + [M, N]`` less the
     dimensions of 1-D operands). ``transposed``: a / b stored as the transpose of
     their last two axes (``sa`` / ``sb`` are the operands' shapes, not the stored
-    ones): read with swapped strides."""
-    M, K, N = sa[-2], sa[-1], sb[-1]
+    ones): read with swapped strides. What the launch derives from the shapes (the
+    kernel, its parameter buffer, the grid) is cached: a repeated layer pays a
+    lookup and MLX's launch."""
     cx = a.is_complex or b.is_complex or (d is not None and d.is_complex)
     if cx and not (a.is_complex or b.is_complex):
         # Real product, complex bias: the imaginary part is the bias's (exact).
@@ -377,11 +378,43 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: t
         return combine(re, im)
     if cx and d is not None and not d.is_complex:
         d = _map(lambda w: w.astype(C64), d)  # exact: zero imaginary part
-    both = a.is_complex and b.is_complex
-    pa, pb, pc = (2 if x else 1 for x in (a.is_complex, b.is_complex, cx))
+    key = (sa, sb, sd, batch, out, transposed, a.is_complex, b.is_complex, cx, _stores_lo(a),
+           _stores_lo(b), None if d is None else _stores_lo(d))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _gemm_plan(*key)
+        if len(_PLANS) > _PLAN_CACHE:
+            _PLANS.pop(next(iter(_PLANS)), None)
+    if plan is None:  # an empty result
+        z = mx.zeros(out, C64 if cx else F32)
+        return DoubleWord(z, mx.zeros_like(z))
+    ch, cl = _run(plan, a, b, d, name, stream)
+    # (re, im) pairs seen as complex64 in place (the reshape: 0-d outputs only)
+    if cx:
+        ch, cl = ch.view(C64), cl.view(C64)
+    if ch.shape != out:
+        ch, cl = ch.reshape(out), cl.reshape(out)
+    return DoubleWord.of_words(ch, cl)
+
+
+_PLANS: dict = {}  # _kernel's key -> _gemm_plan (the oldest entry first out)
+_PLAN_CACHE = 1024
+
+
+def _stores_lo(x: DoubleWord) -> bool:
+    """x has a low word (a float32 operand stores none: the kernel reads 0)."""
+    return x._lo is not None or x.wide is not None
+
+
+def _gemm_plan(sa, sb, sd, batch, out, transposed, a_cx, b_cx, cx, a_lo, b_lo, d_lo):
+    """The launch of :func:`_kernel` for its key (:func:`_plan`), or None for an
+    empty result."""
+    both = a_cx and b_cx
+    pa, pb, pc = (2 if x else 1 for x in (a_cx, b_cx, cx))
+    M, K, N = sa[-2], sa[-1], sb[-1]
     lead = list(batch) + [M, N]
     sc = _strides(lead, pc, lead)
-    sd = _strides(sd, pc, lead) if d is not None else [0] * len(lead)
+    sd = _strides(sd, pc, lead) if d_lo is not None else [0] * len(lead)
     sa = _swapped(_strides(_logical(sa, transposed[0]), pa, lead), transposed[0])
     sb = _swapped(_strides(_logical(sb, transposed[1]), pb, lead), transposed[1])
     dims = [dict(size=s, sa=sa[i], sb=sb[i], sc=sc[i], sd=sd[i], sj=0)
@@ -389,52 +422,57 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: t
     if cx and not both:
         # Mixed real x complex: each part of the complex operand is a real product,
         # one more batch dimension (size 2, stride 1 in the complex arrays).
-        dims.append(dict(size=2, sa=int(a.is_complex), sb=int(b.is_complex), sc=1,
-                         sd=int(d is not None), sj=0))
+        dims.append(dict(size=2, sa=int(a_cx), sb=int(b_cx), sc=1, sd=int(d_lo is not None),
+                         sj=0))
     if math.prod(x["size"] for x in dims) * M * N == 0:
-        z = mx.zeros(out, C64 if cx else F32)
-        return DoubleWord(z, mx.zeros_like(z))
+        return None
     # the output's float32 words in its own shape (complex: (re, im) pairs along the
     # last axis), so that the result needs no reshape
     shape_w = out[:-1] + (out[-1] * pc,) if out else (pc,)
-    ch, cl = _launch(
-        a, b, d, dims, dict(m=M, n=N, k=K, sam=sa[-2], sak=sa[-1], sbk=sb[-2], sbn=sb[-1],
+    return _plan(dims, dict(m=M, n=N, k=K, sam=sa[-2], sak=sa[-1], sbk=sb[-2], sbn=sb[-1],
                             scm=sc[-2], scn=sc[-1], sdm=sd[-2], sdn=sd[-1]),
-        shape_w, {"CPLX": int(both), "WIN": 0}, name, stream)
-    # (re, im) pairs seen as complex64 in place (the reshape: 0-d outputs only)
-    return _map(lambda w: (w.view(C64) if cx else w).reshape(out), DoubleWord(ch, cl))
+                 shape_w, {"CPLX": int(both), "WIN": 0}, (a_lo, b_lo, d_lo))
 
 
 _NO_WINDOW = dict(kc=0, sbt=0, win_s=0, win_d=0, win_lo=0, win_len=0, out_s=0, out_lo=0,
                   out_len=0)
 
 
-def _launch(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, dims: list[dict],
-            fields: dict, shape: tuple, template: dict, name, stream) -> list[mx.array]:
-    """One launch of :data:`DW_GEMM` on the words of a, b and the bias d (or None):
-    ``dims`` its batch records (:data:`DW_GEMM_DIM` fields by name), ``fields`` the
-    sizes and strides of :data:`DW_GEMM_PARAMS` (the window's too when
-    ``template["WIN"]``), ``shape`` that of each output word; ``template``
-    ``{"CPLX": .., "WIN": ..}`` in that order; ``name`` a resolved kernel backend.
-    Returns (ch, cl)."""
+def _plan(dims: list[dict], fields: dict, shape: tuple, template: dict, lows: tuple) -> tuple:
+    """What a launch of :data:`DW_GEMM` derives from its shapes: ``dims`` its batch
+    records (:data:`DW_GEMM_DIM` fields by name), ``fields`` the sizes and strides of
+    :data:`DW_GEMM_PARAMS` (the window's too when ``template["WIN"]``), ``shape``
+    that of each output word; ``template`` ``{"CPLX": .., "WIN": ..}`` in that
+    order; ``lows``: whether a, b and the bias (None: no bias) store low words.
+    Returns ``(kernel, parameters, grid, threadgroup, shape, template)``
+    (:func:`_run`)."""
+    a_lo, b_lo, d_lo = lows
     # float32 operands (and no bias) store no zero words: the kernel reads 0 there
-    words = [_device(a.hi), _stored_lo(a), _device(b.hi), _stored_lo(b)]
-    words += [_device(d.hi), _stored_lo(d)] if d is not None else [None, None]
-    a_lo, b_lo, d_lo = (w is not None for w in words[1::2])
-    if d is None:  # a kernel without the absent words' inputs
-        kernel, words = _UNBIASED[a_lo, b_lo], [w for w in words if w is not None]
-    else:
-        kernel, words = DW_GEMM, [words[0] if w is None else w for w in words]  # never read
+    kernel = _UNBIASED[a_lo, b_lo] if d_lo is None else DW_GEMM
     p = DW_GEMM_PARAMS.pack(
         [x[f] for x in dims for f in DW_GEMM_DIM.names],  # the records, by name
-        **{**_NO_WINDOW, **fields}, has_bias=d is not None, a_lo=a_lo, b_lo=b_lo,
-        d_lo=d_lo, batch_dims=len(dims))
+        **{**_NO_WINDOW, **fields}, has_bias=d_lo is not None, a_lo=a_lo, b_lo=b_lo,
+        d_lo=bool(d_lo), batch_dims=len(dims))
     grid, tg = gemm_grid(fields["m"], fields["n"], math.prod(x["size"] for x in dims))
+    return kernel, p, grid, tg, shape, list(template.items())
+
+
+def _run(plan: tuple, a: DoubleWord, b: DoubleWord, d: DoubleWord | None, name,
+         stream) -> list[mx.array]:
+    """One launch of :data:`DW_GEMM` (:func:`_plan`) on the words of a, b and the
+    bias d (or None), on the resolved kernel backend ``name``. Returns (ch, cl)."""
+    kernel, p, grid, tg, shape, template = plan
+    words = [_device(a.hi), _stored_lo(a), _device(b.hi), _stored_lo(b)]
+    if d is None:  # a kernel without the absent words' inputs
+        words = [w for w in words if w is not None]
+    else:
+        words += [_device(d.hi), _stored_lo(d)]
+        words = [words[0] if w is None else w for w in words]  # never read
     # (the declared inputs by construction: float32 words padded to device buffers,
     # p int64 of more than 8 values: no per-call checks)
-    return kernel.unchecked(inputs=words + [p], template=list(template.items()), grid=grid,
-                            threadgroup=tg, output_shapes=[shape, shape],
-                            output_dtypes=[F32, F32], backend=name, stream=stream)
+    return kernel.unchecked(inputs=words + [p], template=template, grid=grid, threadgroup=tg,
+                            output_shapes=[shape, shape], output_dtypes=[F32, F32],
+                            backend=name, stream=stream)
 
 
 def window_matmul(signal: DoubleWord, b: DoubleWord, *, taps: int, channels: int,
@@ -483,6 +521,6 @@ def window_matmul(signal: DoubleWord, b: DoubleWord, *, taps: int, channels: int
                   win_len=length)
     fields.update(zip(("out_s", "out_lo", "out_len"), crop or (1, 0, rows)))
     dims = [dict(sd=0, sj=0) | x for x in dims]
-    ch, cl = _launch(signal, b, None, dims, fields, tuple(shape), {"CPLX": 0, "WIN": 1},
-                     backends.resolve(backend), stream)
-    return DoubleWord(ch, cl)
+    plan = _plan(dims, fields, tuple(shape), {"CPLX": 0, "WIN": 1},
+                 (_stores_lo(signal), _stores_lo(b), None))
+    return DoubleWord(*_run(plan, signal, b, None, backends.resolve(backend), stream))

@@ -13,7 +13,7 @@ from ...doubleword import engine64
 from ...doubleword.types import DoubleWord, real_imag
 from .. import arith, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value
-from .base import (as64, carries, conj, decomposed, floating_result, has_float64,
+from .base import (as64, carries, conj, decomposed, floating_result, fused, has_float64,
                    is_word_array, movement, result, result64, small64, unbroadcast, words)
 from .linear import noting_transposes
 from .shape import _setitem
@@ -25,16 +25,19 @@ _OPS64 = {"add": mx.add, "sub": mx.subtract, "mul": mx.multiply, "div": mx.divid
 
 
 def _fast(op: str):
-    """The frequent case of ``x op y`` on the cpu engine, for the dispatcher to try
-    before the rule (no keyword arguments, no gradient recording): both operands
-    read by :func:`.base.small64`, one MLX float64 op and the float32 rounding, the
-    float64 value attached (x - y is x + (-y) exactly, as IEEE 754 defines it);
-    None: the general path decides."""
+    """The frequent case of ``x op y``, for the dispatcher to try before the rule
+    (no keyword arguments): on a kernel backend the fused op of float32 arrays and
+    Python scalars (:func:`.base.fused`); on the cpu engine both operands read by
+    :func:`.base.small64`, one MLX float64 op and the float32 rounding, the float64
+    value attached (x - y is x + (-y) exactly, as IEEE 754 defines it); None: the
+    general path decides."""
     compute = _OPS64[op]
 
     def fast(x, y):
-        if not backends.backend().float64_engine or not (
-                isinstance(x, ARRAY) or isinstance(y, ARRAY)):
+        backend = backends.backend()
+        if backend.has_kernels:
+            return fused(op, (x, y), backend)
+        if not (isinstance(x, ARRAY) or isinstance(y, ARRAY)):
             return None
         a = small64(x)
         if a is None:
@@ -53,7 +56,7 @@ def _arith(op: str):
     fast = _fast(op)
 
     def rule(ctx, original, x, y, *rest, **kw):
-        if not (rest or kw):  # the frequent case, without DoubleWords
+        if not (rest or kw) and ctx.backend.float64_engine:  # the frequent case
             z = fast(x, y)
             if z is not None:
                 return z
@@ -118,6 +121,8 @@ def inplace_fast(fast):
     Not while a gradient records (the dispatcher keeps the old value for it)."""
 
     def fast_(x, y):
+        if not backends.backend().float64_engine:
+            return None  # (kernels: the rule writes the words into x)
         z = fast(x, y)
         if z is None or z.shape != x.shape:
             return None

@@ -23,7 +23,7 @@ import numbers
 import mlx.core as mx
 import numpy as np
 
-from ...doubleword import engine64, functions
+from ...doubleword import engine64, functions, fusion
 from ...doubleword.fusion import differentiating
 from ...doubleword.types import DoubleWord
 from ...doubleword.engine64 import to64
@@ -112,6 +112,37 @@ def small64(v):
     return None
 
 
+_F32 = mx.float32
+
+
+def fused(op: str, args: tuple, backend, fn: tuple | None = None) -> mx.array | None:
+    """The frequent case of an elementwise op on a kernel backend, for the
+    dispatcher to try before the rule (no keyword arguments): ``op`` of
+    :func:`~mlx_precise.doubleword.fusion.apply` (``fn``: its function) on float32
+    arrays (their carried low words, else exact) and Python floats / ints (their
+    two words, held by the program: no array is made for them), fused with the
+    operands' expressions, the result's low word attached. What the rule computes,
+    without its DoubleWords of scalars; None for any other operand, inside MLX's
+    autodiff, and where the operands do not fuse (the rule decides)."""
+    operands = []
+    for k, v in enumerate(args):
+        if k and v is args[0]:  # x * x: one operand (one slot)
+            operands.append(operands[0])
+        elif isinstance(v, ARRAY):
+            if v.dtype != _F32:
+                return None
+            lo = low_word(v)
+            operands.append(DoubleWord.exact(v) if lo is None else DoubleWord.of_words(v, lo))
+        elif type(v) is float or type(v) is int:
+            operands.append(fusion.constant(*arith.scalar_words(v)))
+        else:
+            return None
+    if differentiating() or all(type(w) is not DoubleWord for w in operands):
+        return None
+    z = fusion.apply(op, operands, backend, fn=fn)
+    return None if z is None else attach(z.hi, z._lo)
+
+
 def result64(re: mx.array) -> mx.array:
     """The array a cpu fast path returns for the float64 value ``re``: its float32
     rounding, carrying ``re`` (what :func:`result` of ``engine64.from64(re)``
@@ -182,7 +213,7 @@ def decomposed(fn):
     return rule
 
 
-def float64_form(fast, decomposition):
+def float64_form(fast, decomposition, kernels=None):
     """The rule of an op defined by ``decomposition`` (see :func:`decomposed`) that
     the cpu backend computes by ``fast(*args, **kw)`` instead, a float64 formula
     of the same operations in the same order (the same bits, without the
@@ -193,13 +224,24 @@ def float64_form(fast, decomposition):
     arrays by MLX's float32 VJP: the decomposition's ops are recorded instead);
     elsewhere (emulate, metal) the tape records the decomposition's ops. Under
     MLX's own autodiff (:func:`~mlx_precise.doubleword.fusion.differentiating`)
-    the decomposition runs: its steps are what MLX can differentiate."""
+    the decomposition runs: its steps are what MLX can differentiate.
+
+    ``kernels``: the kernel backends' form, ``kernels(ctx, *args, **kw)``, the
+    decomposition's steps called on the words (the same bits, without the flow's
+    work per step), or NotImplemented; the decomposition runs instead while a
+    gradient records (the tape records its steps) and under MLX's autodiff."""
     slow = decomposed(decomposition)
 
     def rule(ctx, original, *args, **kw):
-        if ctx.backend.float64_engine and not differentiating() and not (
-                autodiff.recording() and any(isinstance(v, ARRAY) for v in kw.values())):
-            out = fast(*args, **kw)
+        if differentiating():
+            return slow(ctx, original, *args, **kw)
+        if ctx.backend.float64_engine:
+            if not (autodiff.recording() and any(isinstance(v, ARRAY) for v in kw.values())):
+                out = fast(*args, **kw)
+                if out is not NotImplemented:
+                    return out
+        elif kernels is not None and not autodiff.recording():
+            out = kernels(ctx, *args, **kw)
             if out is not NotImplemented:
                 return out
         return slow(ctx, original, *args, **kw)

@@ -14,8 +14,8 @@ from ...doubleword import engine64, functions
 from ...doubleword.fusion import differentiating
 from .. import arith, autodiff, carry
 from ..engine import words_op
-from .base import (REAL, conj, decomposed, elementary, floating_result, has_float64, is_word_array,
-                   operand_array, result, result64, small64, unbroadcast, words)
+from .base import (REAL, conj, decomposed, elementary, floating_result, fused, has_float64,
+                   is_word_array, operand_array, result, result64, small64, unbroadcast, words)
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 
@@ -87,14 +87,18 @@ def _cexp_by_pieces(x: mx.array) -> mx.array | None:
 
 
 def _fast_function(fn: str):
-    """The cpu fast path of ``fn(x)``: the float64 engine's evaluation
+    """The fast path of ``fn(x)``: on a kernel backend the fused function of a
+    float32 array (:func:`.base.fused`); on cpu the float64 engine's evaluation
     (:func:`..functions.value64`) of the value :func:`.base.small64` reads, as the
     rule computes it, without its DoubleWords."""
+    code = ("fn", functions.FN[fn])
 
     def fast(x):
-        if not isinstance(x, ARRAY) or not backends.backend().float64_engine or (
-                differentiating()):  # (MLX's autodiff: the rule's custom function)
-            return None
+        backend = backends.backend()
+        if backend.has_kernels:
+            return fused("fn", (x,), backend, fn=code)
+        if not isinstance(x, ARRAY) or differentiating():  # (MLX's autodiff: the rule's
+            return None                                    # custom function)
         a = small64(x)
         if a is None:
             return None

@@ -9,8 +9,8 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from ...doubleword import engine64
-from .. import carry
+from ...doubleword import engine64, functions, fusion
+from .. import arith, carry
 from .base import (ARRAY, REAL, decomposed, float64_form, is_word_array, result, unbroadcast,
                    words)
 from .constructors import grid
@@ -145,6 +145,40 @@ def _rms_norm64(x, weight, eps):
     return _norm64(x, weight, None, eps, False)
 
 
+def _norm_words(ctx, x, weight, bias, eps, centred: bool):
+    """:func:`_layer_norm` (``centred``) or :func:`_rms_norm` on a kernel backend:
+    the decomposition's steps, in its order and on its operands, called on the
+    words (each step the rule its op runs: the same fused programs and launches,
+    so the same bits) without going through the flow op by op."""
+    if not all(v is None or is_word_array(v) and v.dtype == mx.float32
+               for v in (x, weight, bias)) or not isinstance(eps, (int, float)) or (
+            x.ndim == 0 or x.size == 0):
+        return NotImplemented
+    b, s = ctx.backend, ctx.stream
+    axes, n = (x.ndim - 1,), x.shape[-1]
+
+    def mean(v):  # the mean rule (reductions._reduction)
+        return arith.scalar_binary("div", arith.reduce_sum(v, axes, True, b, s), n, b, s)
+
+    X = words(x)
+    with fusion.deferred():  # launched: the two sums and the result
+        d = arith.binary("sub", X, mean(X), b, s) if centred else X
+        r = arith.scalar_binary("add", mean(arith.binary("mul", d, d, b, s)), eps, b, s)
+        y = arith.binary("mul", d, functions.unary("rsqrt", r, b, s), b, s)
+        for op, v in (("mul", weight), ("add", bias)):
+            if v is not None:
+                y = arith.binary(op, y, words(v), b, s)
+        return result(y)
+
+
+def _layer_norm_words(ctx, x, weight, bias, eps):
+    return _norm_words(ctx, x, weight, bias, eps, True)
+
+
+def _rms_norm_words(ctx, x, weight, eps):
+    return _norm_words(ctx, x, weight, None, eps, False)
+
+
 def _gated_delta(q, k, v, gamma, beta, initial_state=None, mask=None):
     """``mx.fast.gated_delta_update`` by its recurrence (gated DeltaNet, Yang et al.
     2024), step by step in double-word: with S [B, Hv, Dv, Dk] (0 without
@@ -178,8 +212,8 @@ def _gated_delta(q, k, v, gamma, beta, initial_state=None, mask=None):
     return [mx.stack(ys, axis=1), state]
 
 
-RULES = {"fast.layer_norm": float64_form(_layer_norm64, _layer_norm),
-         "fast.rms_norm": float64_form(_rms_norm64, _rms_norm),
+RULES = {"fast.layer_norm": float64_form(_layer_norm64, _layer_norm, _layer_norm_words),
+         "fast.rms_norm": float64_form(_rms_norm64, _rms_norm, _rms_norm_words),
          "fast.scaled_dot_product_attention": _sdpa_rule, "fast.rope": _rope_rule,
          "fast.cross_entropy": decomposed(_cross_entropy),
          "fast.gated_delta_update": decomposed(_gated_delta)}

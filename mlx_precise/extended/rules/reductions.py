@@ -58,7 +58,7 @@ def _reduction(kind: str):
                              op="mul" if kind == "prod" else "add")
         if kind == "mean":
             n = math.prod([a.shape[d] for d in axes])
-            s = arith.binary("div", s, arith.constant(n), ctx.backend, ctx.stream)
+            s = arith.scalar_binary("div", s, n, ctx.backend, ctx.stream)
         return result(s)
 
     return rule

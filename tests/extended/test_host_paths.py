@@ -1,0 +1,167 @@
+"""The kernel backends' short host paths give the general paths' bits.
+
+The dispatcher's fused fast path of elementwise ops (float32 arrays and Python
+scalars straight to the fused program), the norms' chains of engine steps with
+deferred launches, and the GEMM's cached launch plans must each compute what the
+general path computes: the same words, bit for bit, special values included. The
+general path is taken by passing ``stream=`` (the dispatcher tries a fast path only
+without keyword arguments) or by running the decomposition's ops through the flow.
+"""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlx_precise as mp
+from mlx_precise.extended import low_word
+from mlx_precise.extended.rules import fast as fast_rules
+
+from flow_helpers import rng_f32, value64
+
+SPECIAL = np.array([np.inf, -np.inf, np.nan, 3.0e38, -3.0e38, 1e-30, 0.0, -0.0],
+                   np.float32)
+
+
+def _data(shape, seed):
+    a = rng_f32(shape, seed)
+    flat = a.reshape(-1)
+    flat[:SPECIAL.size] = SPECIAL  # special values in the first row(s)
+    return mx.array(a)
+
+
+def _words(a) -> tuple[np.ndarray, np.ndarray]:
+    """The high and low words' bit patterns (a NaN is a NaN whatever its bits)."""
+    hi = np.array(a)
+    lo = low_word(a)
+    lo = np.zeros_like(hi) if lo is None else np.array(lo)
+    out = []
+    for w in (hi, lo):
+        bits = w.view(np.uint32).copy()
+        bits[np.isnan(w)] = 0x7FC00000
+        out.append(bits)
+    return tuple(out)
+
+
+def _same(a, b):
+    for x, y in zip(_words(a), _words(b)):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.fixture
+def kernels():
+    with mp.use_backend("emulate"):
+        yield
+
+
+OPS = {
+    "x * y": (lambda x, y: x * y, lambda x, y, s: mx.multiply(x, y, stream=s)),
+    "x + y": (lambda x, y: x + y, lambda x, y, s: mx.add(x, y, stream=s)),
+    "x - y": (lambda x, y: x - y, lambda x, y, s: mx.subtract(x, y, stream=s)),
+    "x / y": (lambda x, y: x / y, lambda x, y, s: mx.divide(x, y, stream=s)),
+    "x * x": (lambda x, y: x * x, lambda x, y, s: mx.multiply(x, x, stream=s)),
+    "square": (lambda x, y: mx.square(x), lambda x, y, s: mx.square(x, stream=s)),
+    "x + 0.1": (lambda x, y: x + 0.1, lambda x, y, s: mx.add(x, 0.1, stream=s)),
+    "0.1 - x": (lambda x, y: 0.1 - x, lambda x, y, s: mx.subtract(0.1, x, stream=s)),
+    "x / 3": (lambda x, y: x / 3, lambda x, y, s: mx.divide(x, 3, stream=s)),
+    "x * 1e39": (lambda x, y: x * 1e39, lambda x, y, s: mx.multiply(x, 1e39, stream=s)),
+    "exp": (lambda x, y: mx.exp(x), lambda x, y, s: mx.exp(x, stream=s)),
+    "rsqrt": (lambda x, y: mx.rsqrt(x), lambda x, y, s: mx.rsqrt(x, stream=s)),
+    "erf": (lambda x, y: mx.erf(x), lambda x, y, s: mx.erf(x, stream=s)),
+}
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_fused_fast_path_bits(kernels, name):
+    """Each op once on operands with low words (a chain's results, fused into the
+    op's program) and once on plain float32 arrays, by the fast path and by the
+    rule: the same words."""
+    fast, general = OPS[name]
+    x, y = _data((4, 33), 0), _data((33,), 1)
+    s = mx.default_stream(mx.default_device())
+    with mp.extended_precision() as report:
+        pairs = [(fast(u, v), general(u, v, s)) for u, v in ((x, y), (x * 0.7 + y, y / 3.0 - x))]
+        mx.eval(pairs)
+    for a, b in pairs:
+        _same(a, b)
+    assert not report.float32 and report.extended
+
+
+def test_fused_fast_path_reports_and_declines(kernels):
+    """The fast path counts its op as extended, and leaves what it does not take
+    to the rule: float16 operands (MLX's op, reported as plain), numpy scalars,
+    shapes that do not broadcast (MLX's error)."""
+    x = mx.array(rng_f32((8,), 2))
+    with mp.extended_precision() as report:
+        z = x * 2.0
+        h = x.astype(mx.float16) * 2.0
+        n = x * np.float32(0.1)
+        with pytest.raises(ValueError):
+            x + mx.ones((3,))
+        mx.eval(z, h, n)
+    assert report.extended["__mul__"] >= 2
+    assert h.dtype == mx.float16
+    np.testing.assert_array_equal(value64(z), np.array(x).astype(np.float64) * 2.0)
+    np.testing.assert_array_equal(
+        value64(n), np.array(x).astype(np.float64) * np.float64(np.float32(0.1)))
+
+
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("affine", [False, True])
+def test_norm_chain_bits(kernels, norm, affine):
+    """mx.fast.layer_norm / rms_norm (the chain of engine steps, launched where
+    read) against their decompositions run op by op through the flow: the same
+    words, for exact inputs, carried inputs and special values."""
+    x = _data((3, 5, 48), 3)
+    w = _data((48,), 4) if affine else None
+    b = _data((48,), 5) if affine else None
+    pairs = []
+    with mp.extended_precision() as report:
+        for u in (x, x * 1.25 + 0.1):
+            if norm == "layer_norm":
+                pairs.append((mx.fast.layer_norm(u, w, b, 1e-5),
+                              fast_rules._layer_norm(u, w, b, 1e-5)))
+            else:
+                pairs.append((mx.fast.rms_norm(u, w, 1e-6), fast_rules._rms_norm(u, w, 1e-6)))
+        mx.eval(pairs)
+    for a, ref in pairs:
+        _same(a, ref)
+    assert report.extended[f"fast.{norm}"] == 2
+    assert not report.float32
+
+
+def test_norm_chain_against_float64(kernels):
+    """The chain's layer norm is the exactly rounded value of float64's on
+    ordinary rows (an independent oracle, numpy float64)."""
+    x = mx.array(rng_f32((16, 64), 6))
+    w, b = mx.array(rng_f32((64,), 7)), mx.array(rng_f32((64,), 8))
+    with mp.extended_precision():
+        y = mx.fast.layer_norm(x, w, b, 1e-5)
+        mx.eval(y)
+    x64 = np.array(x).astype(np.float64)
+    d = x64 - x64.mean(-1, keepdims=True)
+    ref = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * np.array(w).astype(
+        np.float64) + np.array(b).astype(np.float64)
+    assert np.mean(np.array(y) == ref.astype(np.float32)) > 0.999
+    assert np.max(np.abs(value64(y) - ref) / np.abs(ref).max()) < 2.0 ** -40
+
+
+def test_gemm_plans_follow_the_operands(kernels):
+    """One product shape with operands that store low words or not, a bias or
+    not: each call gets its own launch plan (a cached plan never serves another
+    kind of operand), against float64 products."""
+    a, b = mx.array(rng_f32((2, 7, 5), 9)), mx.array(rng_f32((6, 5), 10))
+    c = mx.array(rng_f32((6,), 11))
+    with mp.extended_precision():
+        a2 = a * 1.1  # carries a low word
+        outs = [a @ b.T, a2 @ b.T, mx.addmm(c, a, b.T), mx.addmm(c, a2, b.T), a @ b.T]
+        mx.eval(outs)
+        vals = [value64(o) for o in outs]
+    A, B, C = (np.array(v).astype(np.float64) for v in (a, b, c))
+    A2 = value64(a2)
+    refs = [A @ B.T, A2 @ B.T, A @ B.T + C, A2 @ B.T + C, A @ B.T]
+    for v, r in zip(vals, refs):
+        assert np.max(np.abs(v - r)) < 1e-12 * max(1.0, np.abs(r).max())
+    np.testing.assert_array_equal(vals[0], vals[4])
+    assert not math.isclose(float(np.abs(vals[0] - vals[1]).max()), 0.0)
