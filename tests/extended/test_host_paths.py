@@ -27,7 +27,7 @@ SPECIAL = np.array([np.inf, -np.inf, np.nan, 3.0e38, -3.0e38, 1e-30, 0.0, -0.0],
 def _data(shape, seed):
     a = rng_f32(shape, seed)
     flat = a.reshape(-1)
-    flat[:SPECIAL.size] = SPECIAL  # special values in the first row(s)
+    flat[:SPECIAL.size] = SPECIAL[:flat.size]  # special values in the first row(s)
     return mx.array(a)
 
 
@@ -66,6 +66,11 @@ OPS = {
     "0.1 - x": (lambda x, y: 0.1 - x, lambda x, y, s: mx.subtract(0.1, x, stream=s)),
     "x / 3": (lambda x, y: x / 3, lambda x, y, s: mx.divide(x, 3, stream=s)),
     "x * 1e39": (lambda x, y: x * 1e39, lambda x, y, s: mx.multiply(x, 1e39, stream=s)),
+    "maximum": (lambda x, y: mx.maximum(x, y), lambda x, y, s: mx.maximum(x, y, stream=s)),
+    "minimum(x, 0.1)": (lambda x, y: mx.minimum(x, 0.1),
+                        lambda x, y, s: mx.minimum(x, 0.1, stream=s)),
+    "maximum(0.2 x, x)": (lambda x, y: mx.maximum(0.2 * x, x),
+                          lambda x, y, s: mx.maximum(0.2 * x, x, stream=s)),
     "exp": (lambda x, y: mx.exp(x), lambda x, y, s: mx.exp(x, stream=s)),
     "rsqrt": (lambda x, y: mx.rsqrt(x), lambda x, y, s: mx.rsqrt(x, stream=s)),
     "erf": (lambda x, y: mx.erf(x), lambda x, y, s: mx.erf(x, stream=s)),
@@ -165,3 +170,18 @@ def test_gemm_plans_follow_the_operands(kernels):
         assert np.max(np.abs(v - r)) < 1e-12 * max(1.0, np.abs(r).max())
     np.testing.assert_array_equal(vals[0], vals[4])
     assert not math.isclose(float(np.abs(vals[0] - vals[1]).max()), 0.0)
+
+
+@pytest.mark.parametrize("carried", [False, True])
+def test_addmm_steps_bits(kernels, carried):
+    """mx.addmm (nn.Linear: the matmul rule and the fused sum called directly)
+    against its decomposition through the flow, a @ b.T + c: the same words."""
+    a, w, c = _data((2, 9, 12), 12), _data((7, 12), 13), _data((7,), 14)
+    with mp.extended_precision() as report:
+        u = a * 1.5 - 0.25 if carried else a
+        pairs = [(mx.addmm(c, u, w.T), u @ w.T + c), (mx.addmm(c * 3.0, u, w.T),
+                                                       u @ w.T + c * 3.0)]
+        mx.eval(pairs)
+    for x, y in pairs:
+        _same(x, y)
+    assert report.extended["addmm"] == 2 and not report.float32

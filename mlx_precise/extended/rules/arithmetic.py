@@ -394,8 +394,21 @@ def _array_equal(a, b, equal_nan=False):
     return mx.all(same)
 
 
+def _fast_extremum(op: str):
+    """``maximum`` / ``minimum`` (op "max" / "min") on a kernel backend: the fused
+    op of float32 arrays and Python scalars (:func:`.base.fused`), as the rule's
+    :func:`..arith.extremum` runs it; None elsewhere (the rule decides)."""
+
+    def fast(x, y):
+        backend = backends.backend()
+        return fused(op, (x, y), backend) if backend.has_kernels else None
+
+    return fast
+
+
 FAST = {"add": _fast("add"), "subtract": _fast("sub"), "multiply": _fast("mul"),
-        "divide": _fast("div")}
+        "divide": _fast("div"), "maximum": _fast_extremum("max"),
+        "minimum": _fast_extremum("min")}
 FAST["square"] = lambda x, multiply=FAST["multiply"]: multiply(x, x)
 """Op name -> a fast path the dispatcher tries first (None: the rule runs)."""
 

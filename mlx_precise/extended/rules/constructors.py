@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 import numpy as np
 
@@ -16,10 +18,40 @@ def grid(values: np.ndarray, dtype) -> mx.array | object:
     """A float32 grid computed in float64 on the host, in two words."""
     if dtype is not None and dtype != mx.float32:
         return NotImplemented
+    return attach(*(mx.array(w) for w in _split(values)))
+
+
+def _split(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The float32 words (hi, lo) of float64 ``values``."""
     with np.errstate(over="ignore", invalid="ignore"):
         hi = values.astype(np.float32)
         lo = np.where(np.isfinite(hi), values - hi.astype(np.float64), 0).astype(np.float32)
-    return attach(mx.array(hi), mx.array(lo))
+    return hi, lo
+
+
+@functools.lru_cache(maxsize=256)
+def _grid_words(kind: str, *key) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_split` of the float64 grid ``kind`` of ``args`` (``"linspace"``:
+    numpy's; ``"arange"``: ``start + i step``; ``"fftfreq"`` / ``"rfftfreq"``),
+    cached: model code builds the same grids at every call (mx.array copies the
+    words: the cached ones are never handed out). Floats are keyed by their hex
+    form (-0.0 apart from 0.0, a NaN equal to itself)."""
+    args = [float.fromhex(v) if isinstance(v, str) else v for v in key]
+    if kind == "linspace":
+        values = np.linspace(*args)
+    elif kind == "arange":
+        start, step, n = args
+        values = start + np.arange(n) * step
+    else:
+        values = getattr(np.fft, kind)(*args)
+    return _split(values)
+
+
+def _cached_grid(dtype, kind: str, *args):
+    if dtype is not None and dtype != mx.float32:
+        return NotImplemented
+    key = [float(v).hex() if isinstance(v, float) else v for v in args]
+    return attach(*(mx.array(w) for w in _grid_words(kind, *key)))
 
 
 def _linspace(ctx, original, start, stop, num=50, endpoint=True, dtype=mx.float32, **kw):
@@ -27,7 +59,7 @@ def _linspace(ctx, original, start, stop, num=50, endpoint=True, dtype=mx.float3
     exact in float64 (numpy's formula), not accumulated in float32."""
     if not isinstance(num, int) or num < 0:
         return NotImplemented
-    return grid(np.linspace(float(start), float(stop), num, endpoint=endpoint), dtype)
+    return _cached_grid(dtype, "linspace", float(start), float(stop), num, bool(endpoint))
 
 
 def _arange(ctx, original, *args, dtype=None, **kw):
@@ -42,7 +74,7 @@ def _arange(ctx, original, *args, dtype=None, **kw):
     if step is None:
         step = 1.0
     n = max(int(np.ceil((float(stop) - float(start)) / float(step))), 0)
-    return grid(float(start) + np.arange(n) * float(step), dtype)
+    return _cached_grid(dtype, "arange", float(start), float(step), n)
 
 
 def _frequencies(kind: str):
@@ -51,7 +83,7 @@ def _frequencies(kind: str):
     def rule(ctx, original, n, d=1.0, **kw):
         if not isinstance(n, int) or n <= 0 or not isinstance(d, (int, float)):
             return NotImplemented
-        return grid(getattr(np.fft, kind)(n, d), None)
+        return _cached_grid(None, kind, n, float(d))
 
     return rule
 

@@ -12,12 +12,14 @@ import numpy as np
 
 from ...core import backends
 from ...linalg import gemm
-from .. import carry
+from .. import arith, autodiff, carry
 from ..carry import low_word
 from ...doubleword import DoubleWord
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from ..engine import words_op
-from .base import REAL, conj, decomposed, is_word_array, result64, small64, unbroadcast
+from ...doubleword.fusion import differentiating
+from .base import (REAL, conj, decomposed, fused, is_word_array, result, result64, small64,
+                   unbroadcast, words)
 
 # Result of a transpose of the last two axes on a kernel backend -> the array it
 # transposes: id -> (weak reference to the result, the block's report, the source's
@@ -124,6 +126,26 @@ def _addmm(c, a, b, alpha=1.0, beta=1.0):
     ab = a @ b
     ab = ab if alpha == 1 else ab * alpha
     return ab + (c if beta == 1 else c * beta)
+
+
+def _addmm_rule():
+    """``mx.addmm``: :func:`_addmm`; on a kernel backend, outside gradient recording
+    and MLX's autodiff, with ``alpha = beta = 1`` (``nn.Linear``), its two steps
+    called directly (the matmul rule, then the fused sum's fast path: the same
+    launches and bits as the decomposition, without the flow's work per step)."""
+    slow, product = decomposed(_addmm), _matmul()
+
+    def rule(ctx, original, c, a, b, alpha=1.0, beta=1.0, **kw):
+        if (ctx.backend.has_kernels and alpha == 1 and beta == 1 and not kw
+                and is_word_array(c) and not autodiff.recording() and not differentiating()):
+            ab = product(ctx, _MATMUL, a, b)
+            if ab is not NotImplemented:
+                z = fused("add", (ab, c), ctx.backend)
+                return z if z is not None else result(
+                    arith.binary("add", words(ab), words(c), ctx.backend, ctx.stream))
+        return slow(ctx, original, c, a, b, alpha, beta, **kw)
+
+    return rule
 
 
 def _tensordot(a, b, axes=2, **kw):
@@ -339,7 +361,7 @@ def _hadamard_transform(a, scale=None):
 
 
 RULES = {
-    "matmul": _matmul(), "addmm": decomposed(_addmm), "tensordot": decomposed(_tensordot),
+    "matmul": _matmul(), "addmm": _addmm_rule(), "tensordot": decomposed(_tensordot),
     "inner": decomposed(_inner), "outer": decomposed(_outer), "einsum": _einsum_rule,
     "trace": decomposed(_trace), "vecdot": decomposed(_vecdot),
     "gather_mm": decomposed(_gather_mm), "kron": decomposed(_kron),
