@@ -328,29 +328,35 @@ def _compose(op: int, fn: int, operands: list[Expr]) -> Expr | None:
     expressions, leaves and equal instructions shared. The program depends only on
     the operands' programs and on which leaves they share, so a repeated layer finds
     it in :data:`_COMPOSED` (one lookup)."""
-    shape = _broadcast([e.shape for e in operands])
-    if shape is None:
-        return None
     first = operands[0]
-    leaves = list(first.leaves)
-    slot = {id(a): k for k, a in enumerate(leaves)}  # an alias read twice: one slot
+    shape, leaves = first.shape, first.leaves
     slots = []
-    for e in operands[1:]:
-        taken = []
+    for e in operands[1:]:  # (an op has one or two operands: a short loop, kept cheap)
+        if e.shape != shape:
+            shape = _broadcast((shape, e.shape))
+            if shape is None:
+                return None
+        if not e.leaves:
+            slots.append(())
+            continue
+        # an alias read twice: one slot
+        slot = {id(a): k for k, a in enumerate(leaves)}
+        taken, extra = [], []
         for a in e.leaves:
             k = slot.get(id(a))
             if k is None:
-                k = slot[id(a)] = len(leaves)
-                leaves.append(a)
+                k = slot[id(a)] = len(leaves) + len(extra)
+                extra.append(a)
             taken.append(k)
+        if extra:
+            leaves = leaves + tuple(extra)
         slots.append(tuple(taken))
-    progs = tuple(e.prog for e in operands)
-    key = (op, fn, progs, tuple(slots))
+    key = (op, fn, tuple([e.prog for e in operands]), tuple(slots))
     prog = _COMPOSED.get(key)
     if prog is None:
-        prog = _composed_program(op, fn, progs, slots)
+        prog = _composed_program(op, fn, key[2], slots)
         _cache(_COMPOSED, key, prog)
-    return Expr(tuple(leaves), prog, shape)
+    return Expr(leaves, prog, shape)
 
 
 _COMPOSED: dict = {}  # (op, fn, operand programs, leaf slots) -> Program
@@ -646,16 +652,18 @@ def _slot_arrays(leaves, small: tuple, shape: tuple, slots: int) -> list:
     :func:`_slot_plan`) broadcast views of ``shape``, so that every input is a
     device buffer (one signature); the unused slots repeat the first; a lone
     constant-only program reads a zero (:data:`_ZERO_LEAVES`)."""
-    if any(small):
+    if small is not None:
         arrays = [mx.broadcast_to(a, shape) if tiny else a for a, tiny in zip(leaves, small)]
     else:
         arrays = list(leaves)
-    return arrays + [arrays[0]] * (slots - len(arrays))
+    if len(arrays) < slots:
+        arrays += [arrays[0]] * (slots - len(arrays))
+    return arrays
 
 
 def _slot_plan(shapes: tuple, shape: tuple) -> tuple[tuple, tuple]:
     """For leaves of ``shapes`` read over ``shape``: which have fewer than 8
-    elements, and each slot's ``(ndim, mask)``. Cached."""
+    elements (None: none), and each slot's ``(ndim, mask)``. Cached."""
     plan = _SLOT_PLANS.get((shapes, shape))
     if plan is None:
         small = tuple(math.prod(s) < 8 for s in shapes)
@@ -665,7 +673,7 @@ def _slot_plan(shapes: tuple, shape: tuple) -> tuple[tuple, tuple]:
             lead = len(shape) - len(s_)
             mask = sum(1 << d for d, n in enumerate(s_) if n == 1 and shape[lead + d] != 1)
             specs.append((len(s_), mask))
-        plan = (small, tuple(specs))
+        plan = (small if any(small) else None, tuple(specs))
         _cache(_SLOT_PLANS, (shapes, shape), plan)
     return plan
 
@@ -693,11 +701,11 @@ def _run(prog: Program, leaves, shape: tuple, backend, stream,
         _cache(_LAUNCHES, (prog, shapes, shape, parts), plan)
     if plan is _EMPTY:
         return mx.zeros(shape, F32), mx.zeros(shape, F32)
-    small, kshape, kernel, args = plan
-    arrays = _slot_arrays(leaves, small, kshape, len(kernel.inputs) - 1)
-    arrays.append(args["prog"])
+    small, kshape, kernel, prog_array, launch, slots = plan
+    arrays = _slot_arrays(leaves, small, kshape, slots)
+    arrays.append(prog_array)
     zh, zl = kernel.unchecked(inputs=arrays, backend=backends.of(backend), stream=stream,
-                              **args["launch"])
+                              **launch)
     if len(kshape) > len(shape):  # the 8 copies of a short result
         zh, zl = zh[:1].reshape(shape), zl[:1].reshape(shape)
     return zh, zl
@@ -709,11 +717,12 @@ _EMPTY = object()  # the plan of an empty result (no launch)
 
 def _launch_plan(prog: Program, shapes: tuple, shape: tuple, parts: bool):
     """What :func:`_run` launches for the expression ``prog`` over leaves of
-    ``shapes``: ``(small, kshape, kernel, {"prog", "launch"})``, the leaves
+    ``shapes``: ``(small, kshape, kernel, prog, launch, slots)``, the leaves
     broadcast to ``kshape`` (those of fewer than 8 elements, :func:`_slot_arrays`), the
     dw_fused kernel (the fewest slots that hold the leaves; with the elementary
-    functions where the program calls one), the int32 program and the launch's
-    keyword arguments; :data:`_EMPTY` for an empty result."""
+    functions where the program calls one), the int32 program, the launch's
+    keyword arguments and the kernel's slot count; :data:`_EMPTY` for an empty
+    result."""
     n = math.prod(shape)
     if n == 0:
         return _EMPTY
@@ -730,7 +739,7 @@ def _launch_plan(prog: Program, shapes: tuple, shape: tuple, parts: bool):
     launch = dict(template=[("MATH", math_)], grid=grid, threadgroup=threadgroup,
                   output_shapes=[oshape, oshape], output_dtypes=[F32, F32])
     kernel = _program_kernel_for("dw_fused", len(shapes), math_)
-    return small, kshape, kernel, {"prog": prog_array, "launch": launch}
+    return small, kshape, kernel, prog_array, launch, len(kernel.inputs) - 1
 
 
 def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
@@ -870,7 +879,7 @@ def guarded(fn, arrays: list, what: str, backend):
 
 
 def apply(op: str, operands: list[DoubleWord], backend, stream=None,
-          fn: tuple[str, int] | None = None) -> DoubleWord | None:
+          fn: tuple[str, int] | None = None, real: bool = False) -> DoubleWord | None:
     """``op`` ("add", "sub", "mul", "div", "neg", "abs", "max", "min", or "fn" with the
     function ``fn = (name, code)``: the name of MLX's function and its code of
     :data:`~.functions.FN`) of real DoubleWords (or constants: :func:`constant`; broadcasting;
@@ -879,10 +888,11 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
     recorded. Inside :func:`mlx_gradients` MLX differentiates the result as the
     unfused chain. None when the operands cannot be fused (or inside the unfused
     replay of a chain)
-    (complex words, too many axes): the caller runs the single-operation kernels."""
+    (complex words, too many axes): the caller runs the single-operation kernels.
+    ``real``: the caller knows every operand is real."""
     if not _fusing.get():
         return None  # the unfused replay of a chain
-    for w in operands:
+    for w in () if real else operands:
         if type(w) not in _NOT_WORDS and w.hi.dtype == _C64:
             return _apply_partwise(op, operands, backend, stream) if fn is None else None
     code = _FN if op == "fn" else OP[op]

@@ -57,24 +57,45 @@ def constant(v) -> DoubleWord:
     word, as float32 arithmetic would (``wide``, the float64 value for cpu steps,
     is then that Inf too)."""
     if isinstance(v, (complex, np.complexfloating)):
-        (rh, rl, rv), (ih, il, iv) = (_split_scalar(*_key(p)) for p in (v.real, v.imag))
-
-        def c64(a, b):  # the words joined bit for bit, as data (no graph node)
-            return ARRAY(np.array([a, b], np.float32).view(np.complex64)[0])
-
-        out = DoubleWord.from_wide(c64(rh, ih), (ARRAY(rv, dtype=mx.float64),
-                                                 ARRAY(iv, dtype=mx.float64)))
-        out._lo = c64(rl, il)  # the parts' low words (none from the float64 value)
+        hi, lo, re, im, parts = _complex_arrays(*_key(v.real), *_key(v.imag))
+        out = DoubleWord.from_wide(hi, (re, im))
+        out._lo = lo  # the parts' low words (none from the float64 value)
         if backends.backend().has_kernels:  # the words' parts as data, for fused programs
-            fusion.note_parts(out.hi, out._lo, (ARRAY(np.array([rh, ih], np.float32)),
-                                                ARRAY(np.array([rl, il], np.float32))))
+            fusion.note_parts(out.hi, out._lo, parts)
         return out
     hi, lo, value = _split_scalar(*_key(v))
-    out = DoubleWord.from_wide(ARRAY(hi, dtype=mx.float32), (ARRAY(value, dtype=mx.float64), None))
-    out._lo = ARRAY(lo, dtype=mx.float32)  # (0-d float32 words: no checks needed)
+    words = _real_arrays(*_key(v))
+    out = DoubleWord.from_wide(words[0], (words[2], None))
+    out._lo = words[1]
     if not backends.backend().has_kernels:  # (the cpu engine reads the float64 value)
         return out
     return fusion.note_constant(out, hi, lo)  # fused kernels hold it in their program
+
+
+# The arrays of a constant's words (0-d data: no graph node), one set per value, kept
+# (model code uses a few constants many times; no rule hands them out or updates
+# them: they are operands only, as :func:`constant64`'s).
+
+@functools.lru_cache(maxsize=1024)
+def _real_arrays(f: float, sign: float) -> tuple[mx.array, mx.array, mx.array]:
+    """(hi, lo) float32 and the float64 value of :func:`constant` of a real scalar."""
+    hi, lo, value = _split_scalar(f, sign)
+    return (ARRAY(hi, dtype=mx.float32), ARRAY(lo, dtype=mx.float32),
+            ARRAY(value, dtype=mx.float64))
+
+
+@functools.lru_cache(maxsize=1024)
+def _complex_arrays(re: float, re_sign: float, im: float, im_sign: float) -> tuple:
+    """(hi, lo) complex64, the float64 parts (re, im), and the words' parts as
+    float32 (2,) arrays (hi's, lo's), of :func:`constant` of a complex scalar."""
+    (rh, rl, rv), (ih, il, iv) = _split_scalar(re, re_sign), _split_scalar(im, im_sign)
+
+    def c64(a, b):  # the words joined bit for bit, as data (no graph node)
+        return ARRAY(np.array([a, b], np.float32).view(np.complex64)[0])
+
+    return (c64(rh, ih), c64(rl, il), ARRAY(rv, dtype=mx.float64),
+            ARRAY(iv, dtype=mx.float64), (ARRAY(np.array([rh, ih], np.float32)),
+                                         ARRAY(np.array([rl, il], np.float32))))
 
 
 def scalar_words(v) -> tuple[float, float]:

@@ -124,22 +124,26 @@ def fused(op: str, args: tuple, backend, fn: tuple | None = None) -> mx.array | 
     operands' expressions, the result's low word attached. What the rule computes,
     without its DoubleWords of scalars; None for any other operand, inside MLX's
     autodiff, and where the operands do not fuse (the rule decides)."""
-    operands = []
-    for k, v in enumerate(args):
-        if k and v is args[0]:  # x * x: one operand (one slot)
-            operands.append(operands[0])
-        elif isinstance(v, ARRAY):
+    if differentiating():
+        return None
+    operands, arrays = [], False
+    for v in args:
+        if isinstance(v, ARRAY):
             if v.dtype != _F32:
                 return None
+            if arrays and v is args[0]:  # x * x: one operand (one slot)
+                operands.append(operands[0])
+                continue
             lo = low_word(v)
             operands.append(DoubleWord.exact(v) if lo is None else DoubleWord.of_words(v, lo))
+            arrays = True
         elif type(v) is float or type(v) is int:
             operands.append(fusion.constant(*arith.scalar_words(v)))
         else:
             return None
-    if differentiating() or all(type(w) is not DoubleWord for w in operands):
+    if not arrays:
         return None
-    z = fusion.apply(op, operands, backend, fn=fn)
+    z = fusion.apply(op, operands, backend, fn=fn, real=True)
     return None if z is None else attach(z.hi, z._lo)
 
 
@@ -255,7 +259,8 @@ def operand_array(v):
     if isinstance(v, ARRAY):
         return v
     c = arith.constant(v)
-    return attach(c.hi, c.lo)
+    # (an alias of the constant's array, which is shared: the alias carries the word)
+    return attach(_ASTYPE(c.hi, c.hi.dtype), c.lo)
 
 
 # ---- helpers of the VJP rules ---------------------------------------------------------
