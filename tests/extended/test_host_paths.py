@@ -112,6 +112,43 @@ def test_fused_fast_path_reports_and_declines(kernels):
         value64(n), np.array(x).astype(np.float64) * np.float64(np.float32(0.1)))
 
 
+CX = {
+    "c + d": (lambda c, d, x: c + d, lambda c, d, x, s: mx.add(c, d, stream=s)),
+    "c - 1.5": (lambda c, d, x: c - 1.5, lambda c, d, x, s: mx.subtract(c, 1.5, stream=s)),
+    "1j * x": (lambda c, d, x: 1j * x, lambda c, d, x, s: mx.multiply(1j, x, stream=s)),
+    "x + 0.25j": (lambda c, d, x: x + 0.25j, lambda c, d, x, s: mx.add(x, 0.25j, stream=s)),
+    "c * x": (lambda c, d, x: c * x, lambda c, d, x, s: mx.multiply(c, x, stream=s)),
+    "x * c": (lambda c, d, x: x * c, lambda c, d, x, s: mx.multiply(x, c, stream=s)),
+    "c * d": (lambda c, d, x: c * d, lambda c, d, x, s: mx.multiply(c, d, stream=s)),
+    "c * c": (lambda c, d, x: c * c, lambda c, d, x, s: mx.multiply(c, c, stream=s)),
+    "c / x": (lambda c, d, x: c / x, lambda c, d, x, s: mx.divide(c, x, stream=s)),
+    "c / d": (lambda c, d, x: c / d, lambda c, d, x, s: mx.divide(c, d, stream=s)),
+    "c / 3": (lambda c, d, x: c / 3, lambda c, d, x, s: mx.divide(c, 3, stream=s)),
+}
+
+
+@pytest.mark.parametrize("name", CX)
+def test_complex_fast_path_bits(kernels, name):
+    """Complex operands by the fast path (the partwise programs) and by the rule:
+    the same words, on exact and on carried operands."""
+    fast, general = CX[name]
+    x = _data((5, 16), 15)
+    c = (x + 1j * _data((5, 16), 16)).astype(mx.complex64)
+    d = (_data((16,), 17) - 0.5j).astype(mx.complex64)
+    s = mx.default_stream(mx.default_device())
+    with mp.extended_precision() as report:
+        pairs = []
+        for u, v, w in ((c, d, x), (c * 1.1 + d, d / 3.0 - c, x * 0.3 + 1.0)):
+            pairs.append((fast(u, v, w), general(u, v, w, s)))
+        mx.eval(pairs)
+    for a, b in pairs:
+        for p in (mx.real, mx.imag):
+            np.testing.assert_array_equal(*(np.array(p(t)).view(np.uint32) for t in (a, b)))
+            la, lb = low_word(a), low_word(b)
+            np.testing.assert_array_equal(*(np.array(p(t)).view(np.uint32) for t in (la, lb)))
+    assert not report.float32 and report.extended
+
+
 @pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("affine", [False, True])
 def test_norm_chain_bits(kernels, norm, affine):

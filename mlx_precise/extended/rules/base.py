@@ -112,7 +112,7 @@ def small64(v):
     return None
 
 
-_F32 = mx.float32
+_F32, _C64 = mx.float32, mx.complex64
 
 
 def fused(op: str, args: tuple, backend, fn: tuple | None = None) -> mx.array | None:
@@ -121,29 +121,43 @@ def fused(op: str, args: tuple, backend, fn: tuple | None = None) -> mx.array | 
     :func:`~mlx_precise.doubleword.fusion.apply` (``fn``: its function) on float32
     arrays (their carried low words, else exact) and Python floats / ints (their
     two words, held by the program: no array is made for them), fused with the
-    operands' expressions, the result's low word attached. What the rule computes,
-    without its DoubleWords of scalars; None for any other operand, inside MLX's
+    operands' expressions, the result's low word attached; complex64 arrays and
+    Python complex numbers too for ``+ - *`` and ``/`` by a real divisor (the
+    partwise programs, scalars as :func:`~..arith.constant` makes them). What the
+    rule computes, without its checks; None for any other operand, inside MLX's
     autodiff, and where the operands do not fuse (the rule decides)."""
     if differentiating():
         return None
-    operands, arrays = [], False
+    operands, arrays, cx = [], False, False
     for v in args:
         if isinstance(v, ARRAY):
             if v.dtype != _F32:
-                return None
+                if v.dtype != _C64:
+                    return None
+                cx = True
             if arrays and v is args[0]:  # x * x: one operand (one slot)
                 operands.append(operands[0])
                 continue
             lo = low_word(v)
             operands.append(DoubleWord.exact(v) if lo is None else DoubleWord.of_words(v, lo))
             arrays = True
-        elif type(v) is float or type(v) is int:
-            operands.append(fusion.constant(*arith.scalar_words(v)))
+        elif type(v) is float or type(v) is int or type(v) is complex:
+            cx = cx or type(v) is complex
+            operands.append(v)
         else:
             return None
     if not arrays:
         return None
-    z = fusion.apply(op, operands, backend, fn=fn, real=True)
+    if cx:  # the rule's words: scalars as constants' DoubleWords
+        if fn is not None or op not in ("add", "sub", "mul", "div") or op == "div" and (
+                type(args[1]) is complex or isinstance(args[1], ARRAY) and args[1].dtype == _C64):
+            return None  # (a complex quotient: the rule's cdw_div)
+        operands = [arith.constant(w) if type(w) is not DoubleWord else w for w in operands]
+        z = fusion.apply(op, operands, backend)
+    else:
+        operands = [fusion.constant(*arith.scalar_words(w)) if type(w) is not DoubleWord else w
+                    for w in operands]
+        z = fusion.apply(op, operands, backend, fn=fn, real=True)
     return None if z is None else attach(z.hi, z._lo)
 
 

@@ -28,6 +28,7 @@ from .base import (REAL, conj, decomposed, fused, is_word_array, result, result6
 # or None). The entry is read only in the same block
 # and dropped with the result or by an in-place update of it (:func:`forget`).
 _transposes: dict[int, tuple[weakref.ref, object, tuple]] = {}
+_COPY = ARRAY.__copy__  # MLX's own (captured at import: inside a block a stand-in)
 
 
 def _swaps_last_two(ndim: int, perm) -> bool:
@@ -57,7 +58,7 @@ def noting_transposes(rule, permutation):
             out = original(x, *args, **kw)
         key = id(out)
         _transposes[key] = (weakref.ref(out, lambda _: _transposes.pop(key, None)),
-                            ctx.report, (x.__copy__(), low_word(x)))
+                            ctx.report, (_COPY(x), low_word(x)))
         return out
 
     return noted

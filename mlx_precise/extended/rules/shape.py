@@ -9,7 +9,7 @@ from ...doubleword.types import DoubleWord
 from ...doubleword.engine64 import to64
 from ...core import backends
 from .. import arith, autodiff, carry
-from ..carry import attach, attach_words, has_words, low_word
+from ..carry import attach, attach_words, has_words, low_word, words_of
 from .base import (carries, float64_cotangent, is_word_array, moved, movement, unbroadcast,
                    words)
 from .linear import noting_transposes
@@ -25,12 +25,18 @@ def _words(pos: int = 0, listed: bool = False):
             return NotImplemented
         arg = args[pos]
         listed_ = listed and isinstance(arg, (list, tuple))  # mx.stack(x) iterates x
-        items = list(arg) if listed_ else [arg]
-        if not any(is_word_array(a) and has_words(a) for a in items):
-            return NotImplemented  # nothing carried: MLX's op is the exact answer
-        if not all(is_word_array(a) for a in items) or len({a.dtype for a in items}) > 1:
-            return NotImplemented
-        ws = [words(a) for a in items]
+        if not listed_:  # one array (the frequent case, without the list's tests)
+            w = words_of(arg) if is_word_array(arg) else None
+            if w is None:
+                return NotImplemented  # nothing carried: MLX's op is the exact answer
+            ws = [w]
+        else:
+            items = list(arg)
+            if not any(is_word_array(a) and has_words(a) for a in items):
+                return NotImplemented  # nothing carried: MLX's op is the exact answer
+            if not all(is_word_array(a) for a in items) or len({a.dtype for a in items}) > 1:
+                return NotImplemented
+            ws = [words(a) for a in items]
 
         def call(new):
             a = list(args)
