@@ -397,7 +397,7 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: t
     return DoubleWord.of_words(ch, cl)
 
 
-_PLANS: dict = {}  # _kernel's key -> _gemm_plan (the oldest entry first out)
+_PLANS: dict = {}  # _kernel's / window_matmul's key -> its plan (the oldest entry first out)
 _PLAN_CACHE = 1024
 
 
@@ -511,16 +511,28 @@ def window_matmul(signal: DoubleWord, b: DoubleWord, *, taps: int, channels: int
     Returns:
         The DoubleWord of ``shape``.
     """
-    s, d, lo, length = window
     if math.prod(x["size"] for x in dims) * rows * cols == 0:
         z = mx.zeros(shape, F32)
         return DoubleWord(z, z)
+    key = (taps, channels, rows, cols, tuple(window), tuple(a_strides), tuple(b_strides),
+           tuple(c_strides), tuple(tuple(x.items()) for x in dims), tuple(shape),
+           None if crop is None else tuple(crop), _stores_lo(signal), _stores_lo(b))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _window_plan(*key)
+        if len(_PLANS) > _PLAN_CACHE:
+            _PLANS.pop(next(iter(_PLANS)), None)
+    return DoubleWord(*_run(plan, signal, b, None, backends.resolve(backend), stream))
+
+
+def _window_plan(taps, channels, rows, cols, window, a_strides, b_strides, c_strides, dims,
+                 shape, crop, a_lo, b_lo) -> tuple:
+    """The launch of :func:`window_matmul` for its key (:func:`_plan`)."""
+    s, d, lo, length = window
     fields = dict(m=rows, n=cols, k=taps * channels, sam=a_strides[0], sak=a_strides[1],
                   sbk=b_strides[1], sbn=b_strides[2], scm=c_strides[0], scn=c_strides[1],
                   sdm=0, sdn=0, kc=channels, sbt=b_strides[0], win_s=s, win_d=d, win_lo=lo,
                   win_len=length)
     fields.update(zip(("out_s", "out_lo", "out_len"), crop or (1, 0, rows)))
-    dims = [dict(sd=0, sj=0) | x for x in dims]
-    plan = _plan(dims, fields, tuple(shape), {"CPLX": 0, "WIN": 1},
-                 (_stores_lo(signal), _stores_lo(b), None))
-    return DoubleWord(*_run(plan, signal, b, None, backends.resolve(backend), stream))
+    dims = [dict(sd=0, sj=0) | dict(x) for x in dims]
+    return _plan(dims, fields, shape, {"CPLX": 0, "WIN": 1}, (a_lo, b_lo, None))

@@ -71,6 +71,8 @@ OPS = {
                         lambda x, y, s: mx.minimum(x, 0.1, stream=s)),
     "maximum(0.2 x, x)": (lambda x, y: mx.maximum(0.2 * x, x),
                           lambda x, y, s: mx.maximum(0.2 * x, x, stream=s)),
+    "x ** 2": (lambda x, y: x ** 2, lambda x, y, s: mx.power(x, 2, stream=s)),
+    "x ** 2.0": (lambda x, y: x ** 2.0, lambda x, y, s: mx.power(x, 2.0, stream=s)),
     "exp": (lambda x, y: mx.exp(x), lambda x, y, s: mx.exp(x, stream=s)),
     "rsqrt": (lambda x, y: mx.rsqrt(x), lambda x, y, s: mx.rsqrt(x, stream=s)),
     "erf": (lambda x, y: mx.erf(x), lambda x, y, s: mx.erf(x, stream=s)),
@@ -222,3 +224,23 @@ def test_addmm_steps_bits(kernels, carried):
     for x, y in pairs:
         _same(x, y)
     assert report.extended["addmm"] == 2 and not report.float32
+
+
+@pytest.mark.parametrize("backend_name", ["cpu", "emulate"])
+@pytest.mark.parametrize("value", [0, 0.1, -2])
+def test_complex_pad_words(backend_name, value):
+    """mx.pad of carried complex words with a real constant: the data's words where
+    they were, the constant's two words (numpy float64 split) in the real part and
+    +0 in the imaginary part of the padding."""
+    x = _data((3, 4), 18)
+    with mp.use_backend(backend_name), mp.extended_precision():
+        c = (x + 1j * _data((3, 4), 19)) * (1.0 + 0.1j)  # carried complex words
+        y = mx.pad(c, [(1, 2), (0, 1)], constant_values=value)
+        mx.eval(y, c)
+    hi = np.float32(value)
+    lo = np.float32(value - np.float64(hi))
+    for words, fill in ((np.array(y), hi), (np.array(low_word(y)), lo)):
+        src = np.array(c) if fill is hi else np.array(low_word(c))
+        ref = np.pad(src, [(1, 2), (0, 1)], constant_values=fill)
+        for p in (np.real, np.imag):
+            np.testing.assert_array_equal(p(words).view(np.uint32), p(ref).view(np.uint32))

@@ -256,7 +256,17 @@ _DEGREES = 180 / math.pi  # float64 values, entering in two words
 _RADIANS = math.pi / 180
 
 
-FAST = {fn: _fast_function(fn) for fn in functions.UNARY}
+def _fast_power(x, y):
+    """``x ** 2`` of a float32 array on a kernel backend: the fused square, as the
+    rule computes it (``x * x`` on one operand); None elsewhere (the rule decides)."""
+    backend = backends.backend()
+    if backend.has_kernels and (type(y) is int or type(y) is float) and y == 2 and (
+            isinstance(x, ARRAY) and x.dtype == mx.float32):
+        return fused("mul", (x, x), backend)
+    return None
+
+
+FAST = {**{fn: _fast_function(fn) for fn in functions.UNARY}, "power": _fast_power}
 """Op name -> its fast path (the dispatcher tries it before the rule)."""
 
 RULES = {

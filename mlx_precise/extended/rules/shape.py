@@ -78,7 +78,9 @@ def _iter(ctx, original, x):
 def _pad(ctx, original, a, pad_width, mode="constant", constant_values=0, **kw):
     if not is_word_array(a) or mode != "constant" or isinstance(constant_values, mx.array):
         return NotImplemented
-    w, c = words(a), arith.constant(constant_values)
+    w, v = words(a), constant_values
+    # complex words: the value's words as a complex constant (v + 0i: made once)
+    c = arith.constant(complex(v) if arith.is_complex(w) and isinstance(v, (int, float)) else v)
     if arith.is_complex(w) != arith.is_complex(c):
         c = arith.as_complex(c)
     if not has_words(a) and arith.is_float32(constant_values):
