@@ -757,9 +757,39 @@ def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
         return None
     if len(e.code) > 1 and not e.fits():
         e = Expr.leaf(x.hi, x.lo)
-    if x.ndim >= _MAX_NDIM:
-        return None
     shape = tuple(x.shape)
+    leaves = e.leaves or _ZERO_LEAVES
+    key = (e.prog, tuple([a.shape for a in leaves]), shape, tuple(axes), keepdims, op)
+    plan = _REDUCTIONS.get(key, False)
+    if plan is False:
+        plan = _reduce_plan(*key)
+        _cache(_REDUCTIONS, key, plan)
+    if plan is None:
+        return None
+    if len(plan) == 1:  # an empty result
+        return DoubleWord(mx.zeros(plan[0], F32), mx.zeros(plan[0], F32))
+    small, ashape, kernel, prog, launch, m, out_shape = plan
+    arrays = _slot_arrays(leaves, small, ashape, len(kernel.inputs) - 1)
+    arrays.append(prog)
+    zh, zl = kernel.unchecked(inputs=arrays, backend=backends.of(backend), stream=stream,
+                              **launch)
+    if m is not None:  # the 8 copies of a short result
+        zh, zl = zh[:m].reshape(out_shape), zl[:m].reshape(out_shape)
+    return DoubleWord.of_words(zh, zl)
+
+
+_REDUCTIONS: dict = {}
+
+
+def _reduce_plan(prog: Program, shapes: tuple, shape: tuple, axes: tuple, keepdims: bool,
+                 op: str):
+    """What :func:`reduce` launches for the expression ``prog`` over leaves of
+    ``shapes``, reduced over ``axes`` of ``shape``: ``(small, ashape, kernel, int32
+    program, launch keywords, m or None, out_shape)`` (``m``: the rows of a short
+    result, launched 8 times over), ``(out_shape,)`` for an empty result, or None
+    (the caller's tree instead). Cached by :func:`reduce`."""
+    if len(shape) >= _MAX_NDIM:
+        return None
     keep = [d for d in range(len(shape)) if d not in axes]
     m = math.prod(shape[d] for d in keep)
     n = math.prod(shape[d] for d in axes)
@@ -768,30 +798,25 @@ def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
     out_shape = tuple(1 if d in axes else shape[d] for d in range(len(shape))) if keepdims \
         else tuple(shape[d] for d in keep)
     if m == 0:
-        return DoubleWord(mx.zeros(out_shape, F32), mx.zeros(out_shape, F32))
+        return (out_shape,)
     # rows: the kept axes, then the reduced ones (row r, element j: flat r n + j)
     order = keep + list(axes)
     extents, perm, ashape = tuple(shape[d] for d in order), tuple(order), shape
     copies = 1 if m * n >= 8 else 8  # 8 elements at least: every input a device buffer
     if copies > 1:
         extents, perm, ashape = (8,) + extents, (0,) + tuple(d + 1 for d in order), (8,) + shape
-    leaves = e.leaves or _ZERO_LEAVES
-    small, specs = _slot_plan(tuple(a.shape for a in leaves), ashape)
-    prog, math_ = program(e.key, ((n, OP[op]), extents, perm, len(ashape), specs))
-    kernel = _program_kernel_for("dw_reduce", len(leaves), math_)
-    arrays = _slot_arrays(leaves, small, ashape, len(kernel.inputs) - 1)
+    small, specs = _slot_plan(shapes, ashape)
+    prog_array, math_ = program(prog.key, ((n, OP[op]), extents, perm, len(ashape), specs))
+    kernel = _program_kernel_for("dw_reduce", len(shapes), math_)
     rows = m * copies
     threads = min(_REDUCE_THREADS, 1 << max(0, ((n + 1) // 2 - 1).bit_length()))
     # one value per row, row r at flat position r: the result's own shape (no reshape
     # node) unless there are 8 copies of it
     zshape = out_shape if copies == 1 else (rows,)
-    zh, zl = kernel.unchecked(
-        inputs=arrays + [prog], template=[("MATH", math_)], grid=(rows * threads, 1, 1),
-        threadgroup=(threads, 1, 1), output_shapes=[zshape, zshape],
-        output_dtypes=[F32, F32], backend=backends.of(backend), stream=stream)
-    if copies > 1:
-        zh, zl = zh[:m].reshape(out_shape), zl[:m].reshape(out_shape)
-    return DoubleWord(zh, zl)
+    launch = dict(template=[("MATH", math_)], grid=(rows * threads, 1, 1),
+                  threadgroup=(threads, 1, 1), output_shapes=[zshape, zshape],
+                  output_dtypes=[F32, F32])
+    return small, ashape, kernel, prog_array, launch, (m if copies > 1 else None), out_shape
 
 
 # The custom functions of fused expressions (MLX autodiff), by (program, backend, stream).
