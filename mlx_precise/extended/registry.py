@@ -213,7 +213,7 @@ def _array_entry(attr: str, value) -> Entry | None:
     own = rules.TABLE.get(f"array.{attr}")
     if own is not None:
         return Entry(owner=_ARRAY, attr=attr, original=value, op=attr, rule=own, kind="rule",
-                     vjp=rules.VJPS.get(f"array.{attr}"))
+                     vjp=rules.VJPS.get(f"array.{attr}"), fast=rules.FAST.get(f"array.{attr}"))
     op, how = attr, "method"
     if attr.startswith("__"):
         base = attr[2:-2]

@@ -244,3 +244,21 @@ def test_complex_pad_words(backend_name, value):
         ref = np.pad(src, [(1, 2), (0, 1)], constant_values=fill)
         for p in (np.real, np.imag):
             np.testing.assert_array_equal(p(words).view(np.uint32), p(ref).view(np.uint32))
+
+
+@pytest.mark.parametrize("backend_name", ["cpu", "emulate"])
+def test_getitem_fast_path(backend_name):
+    """x[index] of an array without a low word is MLX's slice (the fast path); of a
+    carried one, the slice of both words (the rule); of a float16 array, MLX's op
+    counted as plain."""
+    x = _data((6, 10), 20)
+    with mp.use_backend(backend_name), mp.extended_precision() as report:
+        a = x[1:4, ::3]
+        c = x * 1.1
+        b = c[1:4, ::3]
+        h = x.astype(mx.float16)[2]
+        mx.eval(a, b, c, h)
+    _same(a, mx.array(np.array(x)[1:4, ::3]))
+    assert low_word(a) is None
+    np.testing.assert_array_equal(value64(b), value64(c)[1:4, ::3])
+    assert report.plain["__getitem__"] == 1 and h.dtype == mx.float16

@@ -13,6 +13,7 @@ from ..carry import attach, attach_words, has_words, low_word, words_of
 from .base import (carries, float64_cotangent, is_word_array, moved, movement, unbroadcast,
                    words)
 from .linear import noting_transposes
+from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 
 def _words(pos: int = 0, listed: bool = False):
@@ -173,6 +174,21 @@ _TRANSPOSES = {  # op -> its axis order (a transpose of the last two axes: see .
     "transpose": _axes, "permute_dims": _axes, "swapaxes": _swapped,
     "matrix_transpose": lambda x, **kw: [*range(x.ndim - 2), -1, -2],
 }
+
+_GETITEM = ARRAY.__getitem__  # MLX's own (captured at import: inside a block a stand-in)
+
+
+def _fast_getitem(x, index):
+    """``x[index]`` of a float32 / complex64 array that carries no low word: MLX's
+    op, the exact answer (what the rule leaves to MLX), without the flow's checks
+    (a framing loop slices its input hundreds of times); None: the rule decides."""
+    if is_word_array(x) and not has_words(x):
+        return _GETITEM(x, index)
+    return None
+
+
+FAST = {"array.__getitem__": _fast_getitem}
+"""Op name -> its fast path (the dispatcher tries it before the rule)."""
 
 RULES = {
     **{name: _words() for name in SHAPE_OPS},
