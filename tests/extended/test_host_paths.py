@@ -165,3 +165,55 @@ def test_gemm_plans_follow_the_operands(kernels):
         assert np.max(np.abs(v - r)) < 1e-12 * max(1.0, np.abs(r).max())
     np.testing.assert_array_equal(vals[0], vals[4])
     assert not math.isclose(float(np.abs(vals[0] - vals[1]).max()), 0.0)
+
+
+ROPES = {  # name -> (dims, keyword arguments of mx.fast.rope)
+    "plain": (8, dict(traditional=False, base=10000.0, scale=1.0, offset=0)),
+    "traditional": (8, dict(traditional=True, base=10000.0, scale=1.0, offset=3)),
+    "partial dims": (4, dict(traditional=False, base=500.0, scale=0.5, offset=7)),
+    "partial traditional": (6, dict(traditional=True, base=10000.0, scale=1.0, offset=0)),
+    "offset array": (8, dict(traditional=False, base=10000.0, scale=1.0,
+                             offset=mx.array(5))),
+    "offset per batch": (8, dict(traditional=False, base=10000.0, scale=2.0,
+                                 offset=mx.array([0, 9]))),
+    "freqs": (8, dict(traditional=False, base=None, scale=1.0, offset=2,
+                      freqs=mx.array([1.0, 3.5, 20.0, 700.0]))),
+    "freqs traditional": (6, dict(traditional=True, base=None, scale=1.0, offset=1,
+                                  freqs=mx.array([1.0, 0.3, 11.0]) * 1.1)),
+}
+
+
+@pytest.mark.parametrize("name", ROPES)
+def test_rope_chain_bits(kernels, name):
+    """mx.fast.rope (its chain of engine steps, launched where read) against its
+    decomposition run op by op through the flow: the same words, for exact and
+    carried inputs (special values in the first row) and each variant."""
+    dims, kw = ROPES[name]
+    x = _data((2, 3, 5, 8), 12)
+    ref_kw = dict(kw)
+    if isinstance(kw["offset"], mx.array) and kw["offset"].size == 1:
+        ref_kw["offset"] = kw["offset"].reshape(())
+    pairs = []
+    with mp.extended_precision() as report:
+        for u in (x, x * 1.25 + 0.1):
+            pairs.append((mx.fast.rope(u, dims, **kw), fast_rules._rope(u, dims, **ref_kw)))
+        mx.eval(pairs)
+    for a, ref in pairs:
+        _same(a, ref)
+    assert report.extended["fast.rope"] == 2
+    assert not report.float32
+
+
+def test_rope_chain_against_float64(kernels):
+    """The chain's rotation against numpy float64 (an independent oracle): within
+    double-word accuracy of the exact rotation of the float32 input."""
+    x = mx.array(rng_f32((1, 2, 40, 8), 13))
+    with mp.extended_precision():
+        y = mx.fast.rope(x, 8, traditional=False, base=10000.0, scale=1.0, offset=4)
+        mx.eval(y)
+    theta = (np.arange(40)[:, None] + 4) * np.exp(-np.arange(4) * (math.log(10000.0) / 4))
+    c, s = np.cos(theta), np.sin(theta)
+    x64 = np.array(x).astype(np.float64)
+    ref = np.concatenate([x64[..., :4] * c - x64[..., 4:] * s,
+                          x64[..., :4] * s + x64[..., 4:] * c], axis=-1)
+    assert np.max(np.abs(value64(y) - ref)) < 2.0 ** -40 * np.abs(ref).max()

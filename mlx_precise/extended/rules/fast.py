@@ -4,13 +4,15 @@ step double-word."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import mlx.core as mx
 import numpy as np
 
 from ...doubleword import engine64, functions, fusion
-from .. import arith, carry
+from ...doubleword.types import DoubleWord
+from .. import arith, autodiff, carry
 from .base import (ARRAY, REAL, decomposed, float64_form, is_word_array, result, unbroadcast,
                    words)
 from .constructors import grid
@@ -77,6 +79,59 @@ def _rope(a, dims, *, traditional, base, scale, offset, freqs=None, **kw):
     return y if dims == a.shape[-1] else mx.concatenate([y, a[..., dims:]], axis=-1)
 
 
+def _moved(f, *ws: DoubleWord) -> DoubleWord:
+    """``f`` (a movement: slice, concatenate, repeat, ...) of the high and of the low
+    words of ``ws``, as the flow's movement rule (``moved``): MLX's op alone where
+    no operand carries a low word (the result exact)."""
+    if all(w._lo is None for w in ws):
+        return DoubleWord.exact(f(*(w.hi for w in ws)))
+    return DoubleWord.of_words(f(*(w.hi for w in ws)), f(*(w.lo for w in ws)))
+
+
+def _rope_words(ctx, a, dims, *, traditional, base, scale, offset, freqs=None):
+    """:func:`_rope` on a kernel backend: its steps called on the words (each the
+    rule its op runs, on the same operands: the same fused programs, so the same
+    bits), the fused ones launched only where read (the positions, the two
+    rotated halves: a movement reads them)."""
+    if not (type(offset) in (int, float) or isinstance(offset, mx.array)) or (
+            type(scale) not in (int, float)):
+        return NotImplemented
+    b, s = ctx.backend, ctx.stream
+    T, half = a.shape[-2], dims // 2
+    A = words(a)
+    with fusion.deferred():
+        if freqs is None:
+            inv = words(grid(np.exp(-np.arange(half) * (math.log(base) / half)), None))
+        else:
+            inv = fusion.apply("div", [fusion.constant(1.0, 0.0), words(freqs)], b, s)
+        positions = arith.exact(mx.arange(T, dtype=mx.float32))
+        if isinstance(offset, mx.array):
+            if offset.size > 1:  # one offset per batch element (see _rope)
+                offset = offset.reshape(-1, *([1] * (a.ndim - 2)))
+            positions = arith.binary("add", positions, words(offset), b, s)
+        else:
+            positions = arith.scalar_binary("add", positions, offset, b, s)
+        positions = arith.scalar_binary("mul", positions, scale, b, s)
+        theta = arith.binary("mul", _moved(lambda t: mx.expand_dims(t, -1), positions),
+                             inv, b, s)
+        c, sn = functions.unary("cos", theta, b, s), functions.unary("sin", theta, b, s)
+        if traditional:
+            x1, x2 = (_moved(lambda t: t[..., k:dims:2], A) for k in (0, 1))
+        else:
+            x1, x2 = _moved(lambda t: t[..., :half], A), _moved(lambda t: t[..., half:dims], A)
+        mul = functools.partial(arith.binary, "mul", backend=b, stream=s)
+        y1 = arith.binary("sub", mul(x1, c), mul(x2, sn), b, s)
+        y2 = arith.binary("add", mul(x1, sn), mul(x2, c), b, s)
+        if traditional:
+            y = _moved(lambda u, v: mx.stack([u, v], axis=-1).reshape(*a.shape[:-1], dims),
+                       y1, y2)
+        else:
+            y = _moved(lambda u, v: mx.concatenate([u, v], axis=-1), y1, y2)
+        if dims != a.shape[-1]:
+            y = _moved(lambda u, v: mx.concatenate([u, v[..., dims:]], axis=-1), y, A)
+        return result(y)
+
+
 def _rope_rule(ctx, original, a, dims, **kw):
     offset, freqs = kw.get("offset", 0), kw.get("freqs")
     if not is_word_array(a) or a.dtype != mx.float32:
@@ -89,6 +144,10 @@ def _rope_rule(ctx, original, a, dims, **kw):
         return NotImplemented
     if isinstance(offset, mx.array) and offset.size == 1:
         kw["offset"] = offset.reshape(())
+    if not (ctx.backend.float64_engine or autodiff.recording() or fusion.differentiating()):
+        out = _rope_words(ctx, a, dims, **kw)
+        if out is not NotImplemented:
+            return out
     with carry.reporting(ctx.report):
         return _rope(a, dims, **kw)
 
