@@ -17,6 +17,7 @@ import pytest
 import mlx_precise as mp
 from mlx_precise.extended import low_word
 from mlx_precise.extended.rules import fast as fast_rules
+from mlx_precise.extended.rules import reductions
 
 from flow_helpers import rng_f32, value64
 
@@ -217,3 +218,59 @@ def test_rope_chain_against_float64(kernels):
     ref = np.concatenate([x64[..., :4] * c - x64[..., 4:] * s,
                           x64[..., :4] * s + x64[..., 4:] * c], axis=-1)
     assert np.max(np.abs(value64(y) - ref)) < 2.0 ** -40 * np.abs(ref).max()
+
+
+def _rows(shape, seed):
+    """Data whose first rows along the last axis hold -inf only, a NaN, +inf,
+    +inf and -inf, and float32's extremes (the cases of the shift by the maximum)."""
+    a = rng_f32(shape, seed)
+    rows = a.reshape(-1, shape[-1])
+    rows[0] = -np.inf
+    rows[1, 2] = np.nan
+    rows[2, 1] = np.inf
+    rows[3, :2] = (np.inf, -np.inf)
+    rows[4, :3] = (3.0e38, -3.0e38, 1e-30)
+    return mx.array(a)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1, (0, 2), None])
+@pytest.mark.parametrize("op", ["softmax", "softmax precise", "logsumexp",
+                                "logsumexp keepdims"])
+def test_softmax_chain_bits(kernels, op, axis):
+    """mx.softmax / mx.logsumexp (their chains of engine steps) against their
+    decompositions run op by op through the flow: the same words, special rows
+    included, over one axis, several and all."""
+    x = _rows((6, 5, 7), 14)
+    if op.startswith("softmax"):
+        kw = dict(precise=True) if "precise" in op else {}
+        run, ref = (lambda u: mx.softmax(u, axis=axis, **kw),
+                    lambda u: reductions._softmax(u, axis=axis, **kw))
+    else:
+        keep = "keepdims" in op
+        run, ref = (lambda u: mx.logsumexp(u, axis=axis, keepdims=keep),
+                    lambda u: reductions._logsumexp(u, axis=axis, keepdims=keep))
+    pairs = []
+    with mp.extended_precision() as report:
+        for u in (x, x * 1.25 + 0.1):
+            pairs.append((run(u), ref(u)))
+        mx.eval(pairs)
+    for a, b in pairs:
+        assert a.shape == b.shape
+        _same(a, b)
+    assert report.extended[op.split()[0]] == 2
+    assert not report.float32
+
+
+def test_softmax_chain_against_float64(kernels):
+    """The chain's softmax and logsumexp against numpy float64 (an independent
+    oracle) on ordinary rows: within double-word accuracy."""
+    x = mx.array(rng_f32((8, 300), 15) * 10)
+    with mp.extended_precision():
+        y, z = mx.softmax(x, axis=-1), mx.logsumexp(x, axis=-1)
+        mx.eval(y, z)
+    x64 = np.array(x).astype(np.float64)
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    ref = e / e.sum(-1, keepdims=True)
+    lse = np.log(e.sum(-1)) + x64.max(-1)
+    assert np.max(np.abs(value64(y) - ref) / ref) < 2.0 ** -40
+    assert np.max(np.abs(value64(z) - lse) / np.abs(lse)) < 2.0 ** -40
