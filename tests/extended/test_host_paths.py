@@ -168,6 +168,20 @@ def test_gemm_plans_follow_the_operands(kernels):
     assert not math.isclose(float(np.abs(vals[0] - vals[1]).max()), 0.0)
 
 
+def _same_as_decomposition(op, run, decomposition, inputs):
+    """``run(*args)`` (the op through the flow) and ``decomposition(*args)`` (its
+    decomposition, op by op through the flow) give the same words for each tuple
+    of ``inputs``; the op counted as extended, nothing reported as float32."""
+    with mp.extended_precision() as report:
+        pairs = [(run(*args), decomposition(*args)) for args in inputs]
+        mx.eval(pairs)
+    for a, ref in pairs:
+        assert a.shape == ref.shape
+        _same(a, ref)
+    assert report.extended[op] == len(inputs)
+    assert not report.float32
+
+
 ROPES = {  # name -> (dims, keyword arguments of mx.fast.rope)
     "plain": (8, dict(traditional=False, base=10000.0, scale=1.0, offset=0)),
     "traditional": (8, dict(traditional=True, base=10000.0, scale=1.0, offset=3)),
@@ -194,15 +208,9 @@ def test_rope_chain_bits(kernels, name):
     ref_kw = dict(kw)
     if isinstance(kw["offset"], mx.array) and kw["offset"].size == 1:
         ref_kw["offset"] = kw["offset"].reshape(())
-    pairs = []
-    with mp.extended_precision() as report:
-        for u in (x, x * 1.25 + 0.1):
-            pairs.append((mx.fast.rope(u, dims, **kw), fast_rules._rope(u, dims, **ref_kw)))
-        mx.eval(pairs)
-    for a, ref in pairs:
-        _same(a, ref)
-    assert report.extended["fast.rope"] == 2
-    assert not report.float32
+    _same_as_decomposition("fast.rope", lambda u: mx.fast.rope(u, dims, **kw),
+                           lambda u: fast_rules._rope(u, dims, **ref_kw),
+                           [(x,), (x * 1.25 + 0.1,)])
 
 
 def test_rope_chain_against_float64(kernels):
@@ -249,16 +257,7 @@ def test_softmax_chain_bits(kernels, op, axis):
         keep = "keepdims" in op
         run, ref = (lambda u: mx.logsumexp(u, axis=axis, keepdims=keep),
                     lambda u: reductions._logsumexp(u, axis=axis, keepdims=keep))
-    pairs = []
-    with mp.extended_precision() as report:
-        for u in (x, x * 1.25 + 0.1):
-            pairs.append((run(u), ref(u)))
-        mx.eval(pairs)
-    for a, b in pairs:
-        assert a.shape == b.shape
-        _same(a, b)
-    assert report.extended[op.split()[0]] == 2
-    assert not report.float32
+    _same_as_decomposition(op.split()[0], run, ref, [(x,), (x * 1.25 + 0.1,)])
 
 
 def test_softmax_chain_against_float64(kernels):
@@ -274,3 +273,49 @@ def test_softmax_chain_against_float64(kernels):
     lse = np.log(e.sum(-1)) + x64.max(-1)
     assert np.max(np.abs(value64(y) - ref) / ref) < 2.0 ** -40
     assert np.max(np.abs(value64(z) - lse) / np.abs(lse)) < 2.0 ** -40
+
+
+def _masks(L, S):
+    rng = np.random.default_rng(16)
+    return {"none": None, "causal": "causal",
+            "bool": mx.array(rng.random((L, S)) < 0.7),
+            "additive": mx.array(rng_f32((1, 1, L, S), 17)),
+            "additive -inf": mx.array(np.where(rng.random((L, S)) < 0.3, -np.inf, 0.0)
+                                      .astype(np.float32))}
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "bool", "additive", "additive -inf"])
+@pytest.mark.parametrize("shape", ["square", "more keys", "more queries", "grouped", "sinks"])
+def test_sdpa_chain_bits(kernels, mask, shape):
+    """mx.fast.scaled_dot_product_attention (the engine steps on the words, the
+    GEMMs and the softmax's kernel form) against its decomposition run op by op
+    through the flow: the same words, for exact and carried inputs (special values
+    in the first rows), each mask, grouped-query heads and sinks."""
+    L, S = {"more keys": (5, 9), "more queries": (9, 5)}.get(shape, (6, 6))
+    heads, kv = (4, 2) if shape == "grouped" else (2, 2)
+    q, k, v = _data((2, heads, L, 8), 18), _data((2, kv, S, 8), 19), _data((2, kv, S, 8), 20)
+    m = _masks(L, S)[mask]
+    sinks = mx.array(rng_f32((heads,), 21)) if shape == "sinks" else None
+    kw = dict(scale=0.35, mask=m, **({} if sinks is None else dict(sinks=sinks)))
+    _same_as_decomposition(
+        "fast.scaled_dot_product_attention",
+        lambda *a: mx.fast.scaled_dot_product_attention(*a, **kw),
+        lambda *a: fast_rules._sdpa(*a, **kw),
+        [(q, k, v), (q * 1.25 + 0.1, k * 0.75 - 0.2, v * 1.5 + 0.3)])
+
+
+def test_sdpa_chain_against_float64(kernels):
+    """The chain's attention against numpy float64 (an independent oracle) with a
+    causal mask and grouped heads: within double-word accuracy."""
+    q, k, v = (mx.array(rng_f32(s, n)) for s, n in (((1, 4, 16, 8), 22), ((1, 2, 16, 8), 23),
+                                                     ((1, 2, 16, 8), 24)))
+    with mp.extended_precision():
+        y = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask="causal")
+        mx.eval(y)
+    Q, K, V = (np.repeat(np.array(t).astype(np.float64), 4 // t.shape[1], axis=1)
+               for t in (q, k, v))
+    s = Q @ K.transpose(0, 1, 3, 2) * 0.25
+    s = np.where(np.tril(np.ones((16, 16), bool)), s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    ref = e / e.sum(-1, keepdims=True) @ V
+    assert np.max(np.abs(value64(y) - ref)) < 2.0 ** -40 * np.abs(ref).max()

@@ -12,13 +12,17 @@ import numpy as np
 
 from ...doubleword import engine64, functions, fusion
 from ...doubleword.types import DoubleWord
+from ...linalg import gemm
 from .. import arith, autodiff, carry
 from .base import (ARRAY, REAL, decomposed, float64_form, is_word_array, result, unbroadcast,
                    words)
 from .constructors import grid
+from .linear import RULES as _LINEAR
+from .reductions import _softmax_words
 
 
 _LOWEST = float(np.finfo(np.float32).min)
+_MATMUL_RULE = _LINEAR["matmul"]
 
 
 def _sdpa(q, k, v, *, scale, mask=None, sinks=None, force_fused=False, stream=None):
@@ -77,6 +81,13 @@ def _rope(a, dims, *, traditional, base, scale, offset, freqs=None, **kw):
     else:
         y = mx.concatenate([y1, y2], axis=-1)
     return y if dims == a.shape[-1] else mx.concatenate([y, a[..., dims:]], axis=-1)
+
+
+def _kernel_form(ctx) -> bool:
+    """Whether a rule runs its kernel form (:func:`_rope_words`, :func:`_sdpa_words`):
+    on a kernel backend, outside gradient recording (the tape records the
+    decomposition's ops) and MLX's autodiff (it differentiates them)."""
+    return not (ctx.backend.float64_engine or autodiff.recording() or fusion.differentiating())
 
 
 def _moved(f, *ws: DoubleWord) -> DoubleWord:
@@ -144,12 +155,47 @@ def _rope_rule(ctx, original, a, dims, **kw):
         return NotImplemented
     if isinstance(offset, mx.array) and offset.size == 1:
         kw["offset"] = offset.reshape(())
-    if not (ctx.backend.float64_engine or autodiff.recording() or fusion.differentiating()):
+    if _kernel_form(ctx):
         out = _rope_words(ctx, a, dims, **kw)
         if out is not NotImplemented:
             return out
     with carry.reporting(ctx.report):
         return _rope(a, dims, **kw)
+
+
+def _sdpa_words(ctx, q, k, v, *, scale, mask=None, sinks=None, **kw):
+    """:func:`_sdpa` on a kernel backend: its steps called on the words, each the
+    rule its op runs on the same operands (the same fused programs and GEMMs, so
+    the same bits): ``q k^T`` the GEMM reading k with swapped strides (the rule of
+    ``q @ swapaxes(k)``), the softmax's kernel form, the product by v its rule."""
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if type(scale) not in (int, float) or heads % kv_heads or 0 in (q.size, k.size, v.size) or (
+            isinstance(mask, mx.array) and mask.dtype not in (mx.bool_, mx.float32)):
+        return NotImplemented
+    b, st = ctx.backend, ctx.stream
+    K, V = words(k), words(v)
+    if heads != kv_heads:
+        K, V = (_moved(lambda t: mx.repeat(t, heads // kv_heads, axis=-3), W) for W in (K, V))
+        v = result(V)
+    with fusion.deferred():
+        qs = result(arith.scalar_binary("mul", words(q), scale, b, st))  # (read by the GEMM)
+        s = gemm.transposed_matmul(words(qs), K, (False, True), backend=b)
+        if isinstance(mask, str):  # "causal" (see _sdpa)
+            L, S = s.shape[-2], s.shape[-1]
+            keep = mx.arange(S)[None, :] <= mx.arange(L)[:, None] + (S - L)
+            s = arith.where(keep, s, arith.constant(_LOWEST), b)
+        elif mask is not None and mask.dtype == mx.bool_:
+            s = arith.where(mask, s, arith.constant(_LOWEST), b)
+        elif mask is not None:
+            s = arith.binary("add", s, words(mask), b, st)
+        if sinks is not None:
+            column = _moved(lambda t: mx.broadcast_to(t.reshape(-1, 1, 1), (*s.shape[:-1], 1)),
+                            words(sinks))
+            s = _moved(lambda c, t: mx.concatenate([c, t], axis=-1), column, s)
+        p = _softmax_words(ctx, result(s), axis=-1)
+        if sinks is not None:
+            p = result(_moved(lambda t: t[..., 1:], words(p)))
+    return _MATMUL_RULE(ctx, mx.matmul, p, v)
 
 
 def _sdpa_rule(ctx, original, q, k, v, **kw):
@@ -162,6 +208,10 @@ def _sdpa_rule(ctx, original, q, k, v, **kw):
         return NotImplemented
     if not all(is_word_array(t) and t.dtype == mx.float32 for t in (q, k, v)):
         return NotImplemented
+    if _kernel_form(ctx):
+        out = _sdpa_words(ctx, q, k, v, **kw)
+        if out is not NotImplemented:
+            return out
     with carry.reporting(ctx.report):
         return _sdpa(q, k, v, **kw)
 
