@@ -319,3 +319,21 @@ def test_sdpa_chain_against_float64(kernels):
     e = np.exp(s - s.max(-1, keepdims=True))
     ref = e / e.sum(-1, keepdims=True) @ V
     assert np.max(np.abs(value64(y) - ref)) < 2.0 ** -40 * np.abs(ref).max()
+
+
+def test_rope_angles_shared_in_a_block(kernels):
+    """Calls of mx.fast.rope in one block share the angles of one sequence length
+    and one set of options only: lengths, offsets, scales (0.0 and -0.0 apart),
+    bases and layouts that differ each get their own, as the decomposition."""
+    x = _data((1, 2, 6, 8), 25)
+    calls = [(x, dict(offset=0, scale=1.0)), (x, dict(offset=3, scale=1.0)),
+             (x[:, :, :4], dict(offset=0, scale=1.0)), (x, dict(offset=0, scale=-0.0)),
+             (x, dict(offset=0, scale=0.0)), (x, dict(offset=0, scale=1.0, base=500.0)),
+             (x * 3.0, dict(offset=3, scale=1.0, traditional=True))]
+
+    def options(kw):
+        return dict(dict(traditional=False, base=10000.0), **kw)
+
+    _same_as_decomposition(
+        "fast.rope", lambda u, kw: mx.fast.rope(u, 8, **options(kw)),
+        lambda u, kw: fast_rules._rope(u, 8, **options(kw)), calls)

@@ -99,6 +99,43 @@ def _moved(f, *ws: DoubleWord) -> DoubleWord:
     return DoubleWord.of_words(f(*(w.hi for w in ws)), f(*(w.lo for w in ws)))
 
 
+def _number_key(v) -> tuple:
+    """A number as a key: its value and its sign (-0.0 apart from 0.0)."""
+    return v, math.copysign(1.0, v)
+
+
+def _angles(a, dims, base, scale, offset, freqs, b, s) -> tuple:
+    """The cos and sin words of :func:`_rope`'s angles for ``a``'s positions, by its
+    steps (inside :func:`_rope_words`' ``fusion.deferred()``); for an offset given
+    as a number and no ``freqs``, computed once per block (they depend on the
+    options and the sequence length alone: llama's q and k share them)."""
+    T, half = a.shape[-2], dims // 2
+    memo = key = None
+    if freqs is None and not isinstance(offset, mx.array):
+        memo = fusion.block_memo()
+        key = ("rope", T, half, *(_number_key(v) for v in (base, scale, offset)), b, s)
+        angles = None if memo is None else memo.get(key)
+        if angles is not None:
+            return angles
+    if freqs is None:
+        inv = words(grid(np.exp(-np.arange(half) * (math.log(base) / half)), None))
+    else:
+        inv = fusion.apply("div", [fusion.constant(1.0, 0.0), words(freqs)], b, s)
+    positions = arith.exact(mx.arange(T, dtype=mx.float32))
+    if isinstance(offset, mx.array):
+        if offset.size > 1:  # one offset per batch element (see _rope)
+            offset = offset.reshape(-1, *([1] * (a.ndim - 2)))
+        positions = arith.binary("add", positions, words(offset), b, s)
+    else:
+        positions = arith.scalar_binary("add", positions, offset, b, s)
+    positions = arith.scalar_binary("mul", positions, scale, b, s)
+    theta = arith.binary("mul", _moved(lambda t: mx.expand_dims(t, -1), positions), inv, b, s)
+    angles = functions.unary("cos", theta, b, s), functions.unary("sin", theta, b, s)
+    if memo is not None:
+        memo[key] = angles
+    return angles
+
+
 def _rope_words(ctx, a, dims, *, traditional, base, scale, offset, freqs=None):
     """:func:`_rope` on a kernel backend: its steps called on the words (each the
     rule its op runs, on the same operands: the same fused programs, so the same
@@ -108,24 +145,10 @@ def _rope_words(ctx, a, dims, *, traditional, base, scale, offset, freqs=None):
             type(scale) not in (int, float)):
         return NotImplemented
     b, s = ctx.backend, ctx.stream
-    T, half = a.shape[-2], dims // 2
+    half = dims // 2
     A = words(a)
     with fusion.deferred():
-        if freqs is None:
-            inv = words(grid(np.exp(-np.arange(half) * (math.log(base) / half)), None))
-        else:
-            inv = fusion.apply("div", [fusion.constant(1.0, 0.0), words(freqs)], b, s)
-        positions = arith.exact(mx.arange(T, dtype=mx.float32))
-        if isinstance(offset, mx.array):
-            if offset.size > 1:  # one offset per batch element (see _rope)
-                offset = offset.reshape(-1, *([1] * (a.ndim - 2)))
-            positions = arith.binary("add", positions, words(offset), b, s)
-        else:
-            positions = arith.scalar_binary("add", positions, offset, b, s)
-        positions = arith.scalar_binary("mul", positions, scale, b, s)
-        theta = arith.binary("mul", _moved(lambda t: mx.expand_dims(t, -1), positions),
-                             inv, b, s)
-        c, sn = functions.unary("cos", theta, b, s), functions.unary("sin", theta, b, s)
+        c, sn = _angles(a, dims, base, scale, offset, freqs, b, s)
         if traditional:
             x1, x2 = (_moved(lambda t: t[..., k:dims:2], A) for k in (0, 1))
         else:
