@@ -337,3 +337,15 @@ def test_rope_angles_shared_in_a_block(kernels):
     _same_as_decomposition(
         "fast.rope", lambda u, kw: mx.fast.rope(u, 8, **options(kw)),
         lambda u, kw: fast_rules._rope(u, 8, **options(kw)), calls)
+
+
+def test_sdpa_causal_masks_in_a_block(kernels):
+    """Causal attention of several query / key lengths in one block: each gets
+    its own mask (made once per block and shape), as the decomposition."""
+    shapes = [(6, 6), (6, 9), (9, 6), (5, 9), (6, 6)]
+    inputs = [(_data((1, 2, L, 8), 26 + n), _data((1, 2, S, 8), 36 + n),
+               _data((1, 2, S, 8), 46 + n)) for n, (L, S) in enumerate(shapes)]
+    _same_as_decomposition(
+        "fast.scaled_dot_product_attention",
+        lambda *a: mx.fast.scaled_dot_product_attention(*a, scale=0.5, mask="causal"),
+        lambda *a: fast_rules._sdpa(*a, scale=0.5, mask="causal"), inputs)

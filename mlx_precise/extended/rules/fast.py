@@ -18,7 +18,7 @@ from .base import (ARRAY, REAL, decomposed, float64_form, is_word_array, result,
                    words)
 from .constructors import grid
 from .linear import RULES as _LINEAR
-from .reductions import _softmax_words
+from .reductions import _softmax_words, filling
 
 
 _LOWEST = float(np.finfo(np.float32).min)
@@ -186,6 +186,18 @@ def _rope_rule(ctx, original, a, dims, **kw):
         return _rope(a, dims, **kw)
 
 
+def _causal(L: int, S: int) -> mx.array:
+    """The keys query i sees, ``j <= i + (S - L)`` (:func:`_sdpa`'s "causal"),
+    made once per block and shape."""
+    memo = fusion.block_memo()
+    keep = None if memo is None else memo.get(("causal", L, S))
+    if keep is None:
+        keep = mx.arange(S)[None, :] <= mx.arange(L)[:, None] + (S - L)
+        if memo is not None:
+            memo[("causal", L, S)] = keep
+    return keep
+
+
 def _sdpa_words(ctx, q, k, v, *, scale, mask=None, sinks=None, **kw):
     """:func:`_sdpa` on a kernel backend: its steps called on the words, each the
     rule its op runs on the same operands (the same fused programs and GEMMs, so
@@ -204,11 +216,9 @@ def _sdpa_words(ctx, q, k, v, *, scale, mask=None, sinks=None, **kw):
         qs = result(arith.scalar_binary("mul", words(q), scale, b, st))  # (read by the GEMM)
         s = gemm.transposed_matmul(words(qs), K, (False, True), backend=b)
         if isinstance(mask, str):  # "causal" (see _sdpa)
-            L, S = s.shape[-2], s.shape[-1]
-            keep = mx.arange(S)[None, :] <= mx.arange(L)[:, None] + (S - L)
-            s = arith.where(keep, s, arith.constant(_LOWEST), b)
+            s = arith.where(_causal(*s.shape[-2:]), s, filling(_LOWEST), b)
         elif mask is not None and mask.dtype == mx.bool_:
-            s = arith.where(mask, s, arith.constant(_LOWEST), b)
+            s = arith.where(mask, s, filling(_LOWEST), b)
         elif mask is not None:
             s = arith.binary("add", s, words(mask), b, st)
         if sinks is not None:
