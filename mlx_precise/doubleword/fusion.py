@@ -418,11 +418,25 @@ class _Scope(list):
     suspended inside its block, closed from another thread or task)."""
 
     open = True
+    memo = None
 
 
 def _open_scope() -> _Scope | None:
     scope = _scope.get()
     return scope if scope is not None and scope.open else None
+
+
+def block_memo() -> dict | None:
+    """A dict that lives as long as the open block (None outside blocks): for the
+    words a rule computes from shapes and options alone (rope's angles), shared
+    by its calls in the block and never kept past it (they are nodes of the
+    block's graph, of a trace when the block opens inside one)."""
+    scope = _open_scope()
+    if scope is None:
+        return None
+    if scope.memo is None:
+        scope.memo = {}
+    return scope.memo
 
 
 def _remember(hi: mx.array, lo: mx.array | None, e: Expr | None, parts: tuple | None = None,

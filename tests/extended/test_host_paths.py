@@ -17,6 +17,7 @@ import pytest
 import mlx_precise as mp
 from mlx_precise.extended import low_word
 from mlx_precise.extended.rules import fast as fast_rules
+from mlx_precise.extended.rules import reductions
 
 from flow_helpers import rng_f32, value64
 
@@ -262,3 +263,186 @@ def test_getitem_fast_path(backend_name):
     assert low_word(a) is None
     np.testing.assert_array_equal(value64(b), value64(c)[1:4, ::3])
     assert report.plain["__getitem__"] == 1 and h.dtype == mx.float16
+
+
+def _same_as_decomposition(op, run, decomposition, inputs):
+    """``run(*args)`` (the op through the flow) and ``decomposition(*args)`` (its
+    decomposition, op by op through the flow) give the same words for each tuple
+    of ``inputs``; the op counted as extended, nothing reported as float32."""
+    with mp.extended_precision() as report:
+        pairs = [(run(*args), decomposition(*args)) for args in inputs]
+        mx.eval(pairs)
+    for a, ref in pairs:
+        assert a.shape == ref.shape
+        _same(a, ref)
+    assert report.extended[op] == len(inputs)
+    assert not report.float32
+
+
+ROPES = {  # name -> (dims, keyword arguments of mx.fast.rope)
+    "plain": (8, dict(traditional=False, base=10000.0, scale=1.0, offset=0)),
+    "traditional": (8, dict(traditional=True, base=10000.0, scale=1.0, offset=3)),
+    "partial dims": (4, dict(traditional=False, base=500.0, scale=0.5, offset=7)),
+    "partial traditional": (6, dict(traditional=True, base=10000.0, scale=1.0, offset=0)),
+    "offset array": (8, dict(traditional=False, base=10000.0, scale=1.0,
+                             offset=mx.array(5))),
+    "offset per batch": (8, dict(traditional=False, base=10000.0, scale=2.0,
+                                 offset=mx.array([0, 9]))),
+    "freqs": (8, dict(traditional=False, base=None, scale=1.0, offset=2,
+                      freqs=mx.array([1.0, 3.5, 20.0, 700.0]))),
+    "freqs traditional": (6, dict(traditional=True, base=None, scale=1.0, offset=1,
+                                  freqs=mx.array([1.0, 0.3, 11.0]) * 1.1)),
+}
+
+
+@pytest.mark.parametrize("name", ROPES)
+def test_rope_chain_bits(kernels, name):
+    """mx.fast.rope (its chain of engine steps, launched where read) against its
+    decomposition run op by op through the flow: the same words, for exact and
+    carried inputs (special values in the first row) and each variant."""
+    dims, kw = ROPES[name]
+    x = _data((2, 3, 5, 8), 12)
+    ref_kw = dict(kw)
+    if isinstance(kw["offset"], mx.array) and kw["offset"].size == 1:
+        ref_kw["offset"] = kw["offset"].reshape(())
+    _same_as_decomposition("fast.rope", lambda u: mx.fast.rope(u, dims, **kw),
+                           lambda u: fast_rules._rope(u, dims, **ref_kw),
+                           [(x,), (x * 1.25 + 0.1,)])
+
+
+def test_rope_chain_against_float64(kernels):
+    """The chain's rotation against numpy float64 (an independent oracle): within
+    double-word accuracy of the exact rotation of the float32 input."""
+    x = mx.array(rng_f32((1, 2, 40, 8), 13))
+    with mp.extended_precision():
+        y = mx.fast.rope(x, 8, traditional=False, base=10000.0, scale=1.0, offset=4)
+        mx.eval(y)
+    theta = (np.arange(40)[:, None] + 4) * np.exp(-np.arange(4) * (math.log(10000.0) / 4))
+    c, s = np.cos(theta), np.sin(theta)
+    x64 = np.array(x).astype(np.float64)
+    ref = np.concatenate([x64[..., :4] * c - x64[..., 4:] * s,
+                          x64[..., :4] * s + x64[..., 4:] * c], axis=-1)
+    assert np.max(np.abs(value64(y) - ref)) < 2.0 ** -40 * np.abs(ref).max()
+
+
+def _rows(shape, seed):
+    """Data whose first rows along the last axis hold -inf only, a NaN, +inf,
+    +inf and -inf, and float32's extremes (the cases of the shift by the maximum)."""
+    a = rng_f32(shape, seed)
+    rows = a.reshape(-1, shape[-1])
+    rows[0] = -np.inf
+    rows[1, 2] = np.nan
+    rows[2, 1] = np.inf
+    rows[3, :2] = (np.inf, -np.inf)
+    rows[4, :3] = (3.0e38, -3.0e38, 1e-30)
+    return mx.array(a)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1, (0, 2), None])
+@pytest.mark.parametrize("op", ["softmax", "softmax precise", "logsumexp",
+                                "logsumexp keepdims"])
+def test_softmax_chain_bits(kernels, op, axis):
+    """mx.softmax / mx.logsumexp (their chains of engine steps) against their
+    decompositions run op by op through the flow: the same words, special rows
+    included, over one axis, several and all."""
+    x = _rows((6, 5, 7), 14)
+    if op.startswith("softmax"):
+        kw = dict(precise=True) if "precise" in op else {}
+        run, ref = (lambda u: mx.softmax(u, axis=axis, **kw),
+                    lambda u: reductions._softmax(u, axis=axis, **kw))
+    else:
+        keep = "keepdims" in op
+        run, ref = (lambda u: mx.logsumexp(u, axis=axis, keepdims=keep),
+                    lambda u: reductions._logsumexp(u, axis=axis, keepdims=keep))
+    _same_as_decomposition(op.split()[0], run, ref, [(x,), (x * 1.25 + 0.1,)])
+
+
+def test_softmax_chain_against_float64(kernels):
+    """The chain's softmax and logsumexp against numpy float64 (an independent
+    oracle) on ordinary rows: within double-word accuracy."""
+    x = mx.array(rng_f32((8, 300), 15) * 10)
+    with mp.extended_precision():
+        y, z = mx.softmax(x, axis=-1), mx.logsumexp(x, axis=-1)
+        mx.eval(y, z)
+    x64 = np.array(x).astype(np.float64)
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    ref = e / e.sum(-1, keepdims=True)
+    lse = np.log(e.sum(-1)) + x64.max(-1)
+    assert np.max(np.abs(value64(y) - ref) / ref) < 2.0 ** -40
+    assert np.max(np.abs(value64(z) - lse) / np.abs(lse)) < 2.0 ** -40
+
+
+def _masks(L, S):
+    rng = np.random.default_rng(16)
+    return {"none": None, "causal": "causal",
+            "bool": mx.array(rng.random((L, S)) < 0.7),
+            "additive": mx.array(rng_f32((1, 1, L, S), 17)),
+            "additive -inf": mx.array(np.where(rng.random((L, S)) < 0.3, -np.inf, 0.0)
+                                      .astype(np.float32))}
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "bool", "additive", "additive -inf"])
+@pytest.mark.parametrize("shape", ["square", "more keys", "more queries", "grouped", "sinks"])
+def test_sdpa_chain_bits(kernels, mask, shape):
+    """mx.fast.scaled_dot_product_attention (the engine steps on the words, the
+    GEMMs and the softmax's kernel form) against its decomposition run op by op
+    through the flow: the same words, for exact and carried inputs (special values
+    in the first rows), each mask, grouped-query heads and sinks."""
+    L, S = {"more keys": (5, 9), "more queries": (9, 5)}.get(shape, (6, 6))
+    heads, kv = (4, 2) if shape == "grouped" else (2, 2)
+    q, k, v = _data((2, heads, L, 8), 18), _data((2, kv, S, 8), 19), _data((2, kv, S, 8), 20)
+    m = _masks(L, S)[mask]
+    sinks = mx.array(rng_f32((heads,), 21)) if shape == "sinks" else None
+    kw = dict(scale=0.35, mask=m, **({} if sinks is None else dict(sinks=sinks)))
+    _same_as_decomposition(
+        "fast.scaled_dot_product_attention",
+        lambda *a: mx.fast.scaled_dot_product_attention(*a, **kw),
+        lambda *a: fast_rules._sdpa(*a, **kw),
+        [(q, k, v), (q * 1.25 + 0.1, k * 0.75 - 0.2, v * 1.5 + 0.3)])
+
+
+def test_sdpa_chain_against_float64(kernels):
+    """The chain's attention against numpy float64 (an independent oracle) with a
+    causal mask and grouped heads: within double-word accuracy."""
+    q, k, v = (mx.array(rng_f32(s, n)) for s, n in (((1, 4, 16, 8), 22), ((1, 2, 16, 8), 23),
+                                                     ((1, 2, 16, 8), 24)))
+    with mp.extended_precision():
+        y = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask="causal")
+        mx.eval(y)
+    Q, K, V = (np.repeat(np.array(t).astype(np.float64), 4 // t.shape[1], axis=1)
+               for t in (q, k, v))
+    s = Q @ K.transpose(0, 1, 3, 2) * 0.25
+    s = np.where(np.tril(np.ones((16, 16), bool)), s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    ref = e / e.sum(-1, keepdims=True) @ V
+    assert np.max(np.abs(value64(y) - ref)) < 2.0 ** -40 * np.abs(ref).max()
+
+
+def test_rope_angles_shared_in_a_block(kernels):
+    """Calls of mx.fast.rope in one block share the angles of one sequence length
+    and one set of options only: lengths, offsets, scales (0.0 and -0.0 apart),
+    bases and layouts that differ each get their own, as the decomposition."""
+    x = _data((1, 2, 6, 8), 25)
+    calls = [(x, dict(offset=0, scale=1.0)), (x, dict(offset=3, scale=1.0)),
+             (x[:, :, :4], dict(offset=0, scale=1.0)), (x, dict(offset=0, scale=-0.0)),
+             (x, dict(offset=0, scale=0.0)), (x, dict(offset=0, scale=1.0, base=500.0)),
+             (x * 3.0, dict(offset=3, scale=1.0, traditional=True))]
+
+    def options(kw):
+        return dict(dict(traditional=False, base=10000.0), **kw)
+
+    _same_as_decomposition(
+        "fast.rope", lambda u, kw: mx.fast.rope(u, 8, **options(kw)),
+        lambda u, kw: fast_rules._rope(u, 8, **options(kw)), calls)
+
+
+def test_sdpa_causal_masks_in_a_block(kernels):
+    """Causal attention of several query / key lengths in one block: each gets
+    its own mask (made once per block and shape), as the decomposition."""
+    shapes = [(6, 6), (6, 9), (9, 6), (5, 9), (6, 6)]
+    inputs = [(_data((1, 2, L, 8), 26 + n), _data((1, 2, S, 8), 36 + n),
+               _data((1, 2, S, 8), 46 + n)) for n, (L, S) in enumerate(shapes)]
+    _same_as_decomposition(
+        "fast.scaled_dot_product_attention",
+        lambda *a: mx.fast.scaled_dot_product_attention(*a, scale=0.5, mask="causal"),
+        lambda *a: fast_rules._sdpa(*a, scale=0.5, mask="causal"), inputs)

@@ -4,19 +4,25 @@ step double-word."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import mlx.core as mx
 import numpy as np
 
 from ...doubleword import engine64, functions, fusion
-from .. import arith, carry
+from ...doubleword.types import DoubleWord
+from ...linalg import gemm
+from .. import arith, autodiff, carry
 from .base import (ARRAY, REAL, decomposed, float64_form, is_word_array, result, unbroadcast,
                    words)
 from .constructors import grid
+from .linear import RULES as _LINEAR
+from .reductions import _softmax_words, filling
 
 
 _LOWEST = float(np.finfo(np.float32).min)
+_MATMUL_RULE = _LINEAR["matmul"]
 
 
 def _sdpa(q, k, v, *, scale, mask=None, sinks=None, force_fused=False, stream=None):
@@ -77,6 +83,89 @@ def _rope(a, dims, *, traditional, base, scale, offset, freqs=None, **kw):
     return y if dims == a.shape[-1] else mx.concatenate([y, a[..., dims:]], axis=-1)
 
 
+def _kernel_form(ctx) -> bool:
+    """Whether a rule runs its kernel form (:func:`_rope_words`, :func:`_sdpa_words`):
+    on a kernel backend, outside gradient recording (the tape records the
+    decomposition's ops) and MLX's autodiff (it differentiates them)."""
+    return not (ctx.backend.float64_engine or autodiff.recording() or fusion.differentiating())
+
+
+def _moved(f, *ws: DoubleWord) -> DoubleWord:
+    """``f`` (a movement: slice, concatenate, repeat, ...) of the high and of the low
+    words of ``ws``, as the flow's movement rule (``moved``): MLX's op alone where
+    no operand carries a low word (the result exact)."""
+    if all(w._lo is None for w in ws):
+        return DoubleWord.exact(f(*(w.hi for w in ws)))
+    return DoubleWord.of_words(f(*(w.hi for w in ws)), f(*(w.lo for w in ws)))
+
+
+def _number_key(v) -> tuple:
+    """A number as a key: its value and its sign (-0.0 apart from 0.0)."""
+    return v, math.copysign(1.0, v)
+
+
+def _angles(a, dims, base, scale, offset, freqs, b, s) -> tuple:
+    """The cos and sin words of :func:`_rope`'s angles for ``a``'s positions, by its
+    steps (inside :func:`_rope_words`' ``fusion.deferred()``); for an offset given
+    as a number and no ``freqs``, computed once per block (they depend on the
+    options and the sequence length alone: llama's q and k share them)."""
+    T, half = a.shape[-2], dims // 2
+    memo = key = None
+    if freqs is None and not isinstance(offset, mx.array):
+        memo = fusion.block_memo()
+        key = ("rope", T, half, *(_number_key(v) for v in (base, scale, offset)), b, s)
+        angles = None if memo is None else memo.get(key)
+        if angles is not None:
+            return angles
+    if freqs is None:
+        inv = words(grid(np.exp(-np.arange(half) * (math.log(base) / half)), None))
+    else:
+        inv = fusion.apply("div", [fusion.constant(1.0, 0.0), words(freqs)], b, s)
+    positions = arith.exact(mx.arange(T, dtype=mx.float32))
+    if isinstance(offset, mx.array):
+        if offset.size > 1:  # one offset per batch element (see _rope)
+            offset = offset.reshape(-1, *([1] * (a.ndim - 2)))
+        positions = arith.binary("add", positions, words(offset), b, s)
+    else:
+        positions = arith.scalar_binary("add", positions, offset, b, s)
+    positions = arith.scalar_binary("mul", positions, scale, b, s)
+    theta = arith.binary("mul", _moved(lambda t: mx.expand_dims(t, -1), positions), inv, b, s)
+    angles = functions.unary("cos", theta, b, s), functions.unary("sin", theta, b, s)
+    if memo is not None:
+        memo[key] = angles
+    return angles
+
+
+def _rope_words(ctx, a, dims, *, traditional, base, scale, offset, freqs=None):
+    """:func:`_rope` on a kernel backend: its steps called on the words (each the
+    rule its op runs, on the same operands: the same fused programs, so the same
+    bits), the fused ones launched only where read (the positions, the two
+    rotated halves: a movement reads them)."""
+    if not (type(offset) in (int, float) or isinstance(offset, mx.array)) or (
+            type(scale) not in (int, float)):
+        return NotImplemented
+    b, s = ctx.backend, ctx.stream
+    half = dims // 2
+    A = words(a)
+    with fusion.deferred():
+        c, sn = _angles(a, dims, base, scale, offset, freqs, b, s)
+        if traditional:
+            x1, x2 = (_moved(lambda t: t[..., k:dims:2], A) for k in (0, 1))
+        else:
+            x1, x2 = _moved(lambda t: t[..., :half], A), _moved(lambda t: t[..., half:dims], A)
+        mul = functools.partial(arith.binary, "mul", backend=b, stream=s)
+        y1 = arith.binary("sub", mul(x1, c), mul(x2, sn), b, s)
+        y2 = arith.binary("add", mul(x1, sn), mul(x2, c), b, s)
+        if traditional:
+            y = _moved(lambda u, v: mx.stack([u, v], axis=-1).reshape(*a.shape[:-1], dims),
+                       y1, y2)
+        else:
+            y = _moved(lambda u, v: mx.concatenate([u, v], axis=-1), y1, y2)
+        if dims != a.shape[-1]:
+            y = _moved(lambda u, v: mx.concatenate([u, v[..., dims:]], axis=-1), y, A)
+        return result(y)
+
+
 def _rope_rule(ctx, original, a, dims, **kw):
     offset, freqs = kw.get("offset", 0), kw.get("freqs")
     if not is_word_array(a) or a.dtype != mx.float32:
@@ -89,8 +178,57 @@ def _rope_rule(ctx, original, a, dims, **kw):
         return NotImplemented
     if isinstance(offset, mx.array) and offset.size == 1:
         kw["offset"] = offset.reshape(())
+    if _kernel_form(ctx):
+        out = _rope_words(ctx, a, dims, **kw)
+        if out is not NotImplemented:
+            return out
     with carry.reporting(ctx.report):
         return _rope(a, dims, **kw)
+
+
+def _causal(L: int, S: int) -> mx.array:
+    """The keys query i sees, ``j <= i + (S - L)`` (:func:`_sdpa`'s "causal"),
+    made once per block and shape."""
+    memo = fusion.block_memo()
+    keep = None if memo is None else memo.get(("causal", L, S))
+    if keep is None:
+        keep = mx.arange(S)[None, :] <= mx.arange(L)[:, None] + (S - L)
+        if memo is not None:
+            memo[("causal", L, S)] = keep
+    return keep
+
+
+def _sdpa_words(ctx, q, k, v, *, scale, mask=None, sinks=None, **kw):
+    """:func:`_sdpa` on a kernel backend: its steps called on the words, each the
+    rule its op runs on the same operands (the same fused programs and GEMMs, so
+    the same bits): ``q k^T`` the GEMM reading k with swapped strides (the rule of
+    ``q @ swapaxes(k)``), the softmax's kernel form, the product by v its rule."""
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if type(scale) not in (int, float) or heads % kv_heads or 0 in (q.size, k.size, v.size) or (
+            isinstance(mask, mx.array) and mask.dtype not in (mx.bool_, mx.float32)):
+        return NotImplemented
+    b, st = ctx.backend, ctx.stream
+    K, V = words(k), words(v)
+    if heads != kv_heads:
+        K, V = (_moved(lambda t: mx.repeat(t, heads // kv_heads, axis=-3), W) for W in (K, V))
+        v = result(V)
+    with fusion.deferred():
+        qs = result(arith.scalar_binary("mul", words(q), scale, b, st))  # (read by the GEMM)
+        s = gemm.transposed_matmul(words(qs), K, (False, True), backend=b)
+        if isinstance(mask, str):  # "causal" (see _sdpa)
+            s = arith.where(_causal(*s.shape[-2:]), s, filling(_LOWEST), b)
+        elif mask is not None and mask.dtype == mx.bool_:
+            s = arith.where(mask, s, filling(_LOWEST), b)
+        elif mask is not None:
+            s = arith.binary("add", s, words(mask), b, st)
+        if sinks is not None:
+            column = _moved(lambda t: mx.broadcast_to(t.reshape(-1, 1, 1), (*s.shape[:-1], 1)),
+                            words(sinks))
+            s = _moved(lambda c, t: mx.concatenate([c, t], axis=-1), column, s)
+        p = _softmax_words(ctx, result(s), axis=-1)
+        if sinks is not None:
+            p = result(_moved(lambda t: t[..., 1:], words(p)))
+    return _MATMUL_RULE(ctx, mx.matmul, p, v)
 
 
 def _sdpa_rule(ctx, original, q, k, v, **kw):
@@ -103,6 +241,10 @@ def _sdpa_rule(ctx, original, q, k, v, **kw):
         return NotImplemented
     if not all(is_word_array(t) and t.dtype == mx.float32 for t in (q, k, v)):
         return NotImplemented
+    if _kernel_form(ctx):
+        out = _sdpa_words(ctx, q, k, v, **kw)
+        if out is not NotImplemented:
+            return out
     with carry.reporting(ctx.report):
         return _sdpa(q, k, v, **kw)
 

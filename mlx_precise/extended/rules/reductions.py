@@ -4,15 +4,18 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import mlx.core as mx
 import numpy as np
 
-from ...doubleword import engine64
+from ...doubleword import engine64, functions, fusion
+from ...doubleword.types import DoubleWord
 from .. import arith, carry
 from . import float64
 from ..carry import attach, has_words, low_word
+from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from .base import (REAL, axes_of, decomposed, elementary, float64_form, is_word_array, result,
                    words)
 
@@ -149,6 +152,62 @@ def _logsumexp64(x, axis=None, keepdims=False, **kw):
     if not axes or x.dtype != mx.float32 or x.size == 0:
         return NotImplemented
     return result(engine64.logsumexp64(words(x), axes, keepdims))
+
+
+@functools.lru_cache(maxsize=16)
+def _filling(f: float, sign: float) -> tuple:
+    hi, lo = arith.scalar_words(f)
+    return ARRAY(hi, dtype=mx.float32), ARRAY(lo, dtype=mx.float32)
+
+
+def filling(v: float) -> DoubleWord:
+    """The words of the number ``v`` that the where rule selects (``words(v)``:
+    :func:`~mlx_precise.extended.arith.constant`'s), for the kernel forms, made
+    once (0-d data, never changed)."""
+    return DoubleWord.of_words(*_filling(v, math.copysign(1.0, v)))
+
+
+def _exponentials(ctx, x, axis):
+    """The first steps of :func:`_softmax` / :func:`_logsumexp` on the words, for
+    their kernel forms (inside ``fusion.deferred()``): ``(exp(x - shift), shift,
+    the reduced axes)`` with ``shift`` the rule of ``mx.where(mx.isfinite(m), m,
+    0.0)`` on the stopped maximum ``m``; None where they decline (the
+    decomposition decides)."""
+    axes = axes_of(x.ndim, axis) if isinstance(x, mx.array) else None
+    if not axes or x.dtype != mx.float32 or x.size == 0:
+        return None
+    b, s = ctx.backend, ctx.stream
+    m = _stopped_max(x, axis)
+    shift = arith.where(mx.isfinite(m), arith.exact(m), filling(0.0), b)
+    return functions.unary("exp", arith.binary("sub", words(x), shift, b, s), b, s), shift, axes
+
+
+def _softmax_words(ctx, x, axis=None, precise=False, **kw):
+    """:func:`_softmax` on a kernel backend: its steps called on the words (each
+    the rule its op runs: the same fused programs, so the same bits), the
+    exponentials launched only where the sum reads them."""
+    b, s = ctx.backend, ctx.stream
+    with fusion.deferred():
+        given = _exponentials(ctx, x, axis)
+        if given is None:
+            return NotImplemented
+        e, _, axes = given
+        return result(arith.binary("div", e, arith.reduce_sum(e, axes, True, b, s), b, s))
+
+
+def _logsumexp_words(ctx, x, axis=None, keepdims=False, **kw):
+    """:func:`_logsumexp` on a kernel backend (as :func:`_softmax_words`)."""
+    b, s = ctx.backend, ctx.stream
+    with fusion.deferred():
+        given = _exponentials(ctx, x, axis)
+        if given is None:
+            return NotImplemented
+        e, shift, axes = given
+        total = arith.reduce_sum(e, axes, True, b, s)
+        y = arith.binary("add", functions.unary("log", total, b, s), shift, b, s)
+        if not keepdims:  # (the squeeze: a movement of both words)
+            y = DoubleWord.of_words(*(mx.squeeze(w, axis=axes) for w in (y.hi, y.lo)))
+        return result(y)
 
 
 def _std(a, axis=None, keepdims=False, ddof=0, **kw):
@@ -291,8 +350,8 @@ RULES = {
     "max": _extreme_reduction(True), "min": _extreme_reduction(False),
     "argmax": _arg_extreme(True), "argmin": _arg_extreme(False),
     "cumsum": _scan("add"), "cumprod": _scan("mul"), "var": decomposed(_var),
-    "std": decomposed(_std), "softmax": float64_form(_softmax64, _softmax),
-    "logsumexp": float64_form(_logsumexp64, _logsumexp),
+    "std": decomposed(_std), "softmax": float64_form(_softmax64, _softmax, _softmax_words),
+    "logsumexp": float64_form(_logsumexp64, _logsumexp, _logsumexp_words),
     "argsort": _ordering(False, False), "sort": _ordering(True, False),
     "argpartition": _ordering(False, True), "partition": _ordering(True, True),
     "topk": _topk, "median": decomposed(_median), "logcumsumexp": decomposed(_logcumsumexp),
