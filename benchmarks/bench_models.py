@@ -350,6 +350,46 @@ def print_metal_table(names, size: str) -> None:
               f"{g['build'] / g['plain_build']:.1f}x "
               f"| {1e3 * g['compiled']:.3f} / {1e3 * g['plain_compiled']:.3f} ms = "
               f"{g['compiled'] / g['plain_compiled']:.1f}x |")
+    costs = replay_costs()
+    print("\nHost cost of a compiled call per node it replays (a chain of 16 nodes, CPU "
+          "time per node): " + ", ".join(f"{k} {1e6 * v:.2f} us" for k, v in costs.items()))
+
+
+def replay_costs(nodes: int = 16, calls: int = 2000, rounds: int = 5) -> dict:
+    """Seconds of host work per node when a compiled function replays a chain of
+    ``nodes`` nodes of one kind: a launch as the lazy stand-in makes it (``Depends``
+    with 5 inputs and 1 or 2 outputs: a double-word kernel writes 2 words), a view
+    (reshape), and MLX's elementwise op (``exp``: MLX fuses a chain of them into one
+    node, so its figure is the fused chain's cost shared out). Minimum over rounds
+    of the mean over ``calls`` calls (CPU time)."""
+    x = mx.random.normal((64, 64))
+    deps = [mx.random.normal((64, 64)) for _ in range(4)]
+    zeros = [mx.array(np.zeros((64, 64), np.float32)) for _ in range(2)]
+    mx.eval(x, deps, zeros)
+
+    def chain(step):
+        def f(y):
+            for _ in range(nodes):
+                y = step(y)
+            return y
+        return mx.compile(f)
+
+    kinds = {"launch, 1 output": lambda y: mx.depends(zeros[:1], [y] + deps)[0],
+             "launch, 2 outputs": lambda y: mx.depends(zeros, [y] + deps)[0],
+             "view": lambda y: y.reshape(32, 128) if y.shape == (64, 64) else y.reshape(64, 64),
+             "MLX exp (fused)": mx.exp}
+    out = {}
+    for name, step in kinds.items():
+        fn = chain(step)
+        mx.eval(fn(x))
+        best = math.inf
+        for _ in range(rounds):
+            t = time.process_time()
+            for _ in range(calls):
+                fn(x)
+            best = min(best, (time.process_time() - t) / calls / nodes)
+        out[name] = best
+    return out
 
 
 # ---- the benchmark --------------------------------------------------------------------

@@ -18,7 +18,7 @@ from .base import (ARRAY, REAL, decomposed, float64_form, is_word_array, result,
                    words)
 from .constructors import grid
 from .linear import RULES as _LINEAR
-from .reductions import _softmax_words, filling
+from .reductions import _softmax_words
 
 
 _LOWEST = float(np.finfo(np.float32).min)
@@ -216,9 +216,9 @@ def _sdpa_words(ctx, q, k, v, *, scale, mask=None, sinks=None, **kw):
         qs = result(arith.scalar_binary("mul", words(q), scale, b, st))  # (read by the GEMM)
         s = gemm.transposed_matmul(words(qs), K, (False, True), backend=b)
         if isinstance(mask, str):  # "causal" (see _sdpa)
-            s = arith.where(_causal(*s.shape[-2:]), s, filling(_LOWEST), b)
+            s = arith.where(_causal(*s.shape[-2:]), s, arith.constant(_LOWEST), b)
         elif mask is not None and mask.dtype == mx.bool_:
-            s = arith.where(mask, s, filling(_LOWEST), b)
+            s = arith.where(mask, s, arith.constant(_LOWEST), b)
         elif mask is not None:
             s = arith.binary("add", s, words(mask), b, st)
         if sinks is not None:

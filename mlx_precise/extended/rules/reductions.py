@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 
 import mlx.core as mx
@@ -15,7 +14,6 @@ from ...doubleword.types import DoubleWord
 from .. import arith, carry
 from . import float64
 from ..carry import attach, has_words, low_word
-from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from .base import (REAL, axes_of, decomposed, elementary, float64_form, is_word_array, result,
                    words)
 
@@ -154,19 +152,6 @@ def _logsumexp64(x, axis=None, keepdims=False, **kw):
     return result(engine64.logsumexp64(words(x), axes, keepdims))
 
 
-@functools.lru_cache(maxsize=16)
-def _filling(f: float, sign: float) -> tuple:
-    hi, lo = arith.scalar_words(f)
-    return ARRAY(hi, dtype=mx.float32), ARRAY(lo, dtype=mx.float32)
-
-
-def filling(v: float) -> DoubleWord:
-    """The words of the number ``v`` that the where rule selects (``words(v)``:
-    :func:`~mlx_precise.extended.arith.constant`'s), for the kernel forms, made
-    once (0-d data, never changed)."""
-    return DoubleWord.of_words(*_filling(v, math.copysign(1.0, v)))
-
-
 def _exponentials(ctx, x, axis):
     """The first steps of :func:`_softmax` / :func:`_logsumexp` on the words, for
     their kernel forms (inside ``fusion.deferred()``): ``(exp(x - shift), shift,
@@ -178,7 +163,7 @@ def _exponentials(ctx, x, axis):
         return None
     b, s = ctx.backend, ctx.stream
     m = _stopped_max(x, axis)
-    shift = arith.where(mx.isfinite(m), arith.exact(m), filling(0.0), b)
+    shift = arith.where(mx.isfinite(m), arith.exact(m), arith.constant(0.0), b)
     return functions.unary("exp", arith.binary("sub", words(x), shift, b, s), b, s), shift, axes
 
 
