@@ -29,9 +29,10 @@ a DoubleWord). The plain-named twins :func:`fft`, :func:`ifft`, :func:`rfft`,
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import math
 import weakref
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -287,7 +288,7 @@ def _batch(a: mx.array, ax: int):
     """(lead shape, rows) of the axes other than ``ax`` (sizes were checked
     before dispatch: :func:`mlx_precise.fft.nd.check_limits`)."""
     lead = tuple(int(s) for i, s in enumerate(a.shape) if i != ax)
-    return lead, int(np.prod(lead, dtype=np.int64))
+    return lead, math.prod(lead)
 
 
 def _finish(y_hi, y_lo, lead: tuple, ax: int, round_output: bool):
@@ -354,8 +355,7 @@ def _growth_log2(n: int) -> int:
     return 3 * (_next_pow2(2 * n - 1).bit_length() - 1) + 1
 
 
-@dataclasses.dataclass(frozen=True)
-class _RowScale:
+class _RowScale(NamedTuple):
     """The range scaling of :mod:`mlx_precise.doubleword.pow2scale` done by the
     kernels themselves: the first kernel of a transform loads each row times 2^-e
     (``load``), the last stores it times 2^e (``store``), e computed per row from
@@ -371,30 +371,36 @@ class _RowScale:
     store: bool = True
     per_part: bool = False
 
-    def fields(self, first: bool, last: bool) -> dict:
-        """The ``rs_*`` params of a kernel that is the transform's ``first`` /
-        ``last``."""
-        return dict(rs_in=first and self.load, rs_out=last and self.store,
-                    rs_per_part=self.per_part, rs_growth=self.growth)
+    @property
+    def key(self) -> tuple:
+        """(growth, load, store, per_part): what a launch plan depends on."""
+        return self[1:]
+
+
+def _row_scale_fields(key: tuple | None, first: bool, last: bool) -> dict:
+    """The ``rs_*`` params of a kernel that is the transform's ``first`` / ``last``,
+    for a :attr:`_RowScale.key` (None: no row scaling)."""
+    if key is None:
+        return _NO_ROW_SCALE
+    growth, load, store, per_part = key
+    return dict(rs_in=first and load, rs_out=last and store, rs_per_part=per_part,
+                rs_growth=growth)
 
 
 _NO_ROW_SCALE = dict(rs_in=False, rs_out=False, rs_per_part=False, rs_growth=0)
 
 
-def _row_scale_args(rs: _RowScale | None, first: bool, last: bool):
-    """(rmax input, rs_* params) of a kernel launch."""
-    if rs is None:
-        return _dummy(), _NO_ROW_SCALE
-    return rs.rmax, rs.fields(first, last)
-
-
-def _stage(rs: _RowScale | None, **changes) -> _RowScale | None:
+def _stage(rs: _RowScale | None, load: bool | None = None, store: bool | None = None,
+           per_part: bool | None = None) -> _RowScale | None:
     """``rs`` for one kernel stage of a transform (``load`` / ``store`` / ``per_part``
-    changed), or None (also when the stage scales nothing)."""
+    changed where given), or None (also when the stage scales nothing)."""
     if rs is None:
         return None
-    rs = dataclasses.replace(rs, **changes)
-    return rs if rs.load or rs.store else None
+    load = rs.load if load is None else load
+    store = rs.store if store is None else store
+    if not (load or store):
+        return None
+    return _RowScale(rs.rmax, rs.growth, load, store, rs.per_part if per_part is None else per_part)
 
 
 def _in_range(run, hi, lo, growth_log2: int, load: bool, store: bool, seen=None):
@@ -436,13 +442,49 @@ def _fft_pow2(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_ou
     (float32, rows * n * 2 words or more, read flat; lo None for plain complex64
     data). Returns (y_hi, y_lo or None) shaped by :func:`_words`; the result is scaled by 1/scale_den.
     ``nt``: order of the twiddle table (a multiple of n, default n); ``rs``: the
-    row scaling of the first and last passes."""
+    row scaling of the first and last passes. What the passes derive from the
+    sizes (parameter buffers, grids, output shapes) is planned once per key
+    (:func:`_pass_plan`): a repeated layer pays a lookup and MLX's launches."""
+    key = ("pass", rows, n, nt or n, inverse, scale_den, lo is not None, lo_out,
+           None if rs is None else rs.key)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _cache(key, _pass_plan(*key[1:]))
+    rmax = _dummy() if rs is None else rs.rmax
+    tab = twiddle_table(key[3])
+    backend = backends.resolve(backend)
+    for params, grid, tg, shapes, keep_lo in plan:
+        # (the declared inputs by construction: float32 words of >= 8 elements,
+        # int32 params: no per-launch checks)
+        hi, lo_new = FFT_PASS.unchecked(
+            inputs=[hi, lo if lo is not None else _dummy(), tab, rmax, params], template=None,
+            grid=grid, threadgroup=tg, output_shapes=shapes,
+            output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
+        lo = lo_new if keep_lo else None
+    return hi, lo
+
+
+_PLANS: dict = {}  # ("pass" | "real", a launch's key) -> its plan (the oldest first out)
+_PLAN_CACHE = 1024
+
+
+def _cache(key, plan):
+    """``plan`` stored under ``key`` in :data:`_PLANS`; returns it."""
+    _PLANS[key] = plan
+    if len(_PLANS) > _PLAN_CACHE:
+        _PLANS.pop(next(iter(_PLANS)), None)
+    return plan
+
+
+def _pass_plan(rows: int, n: int, nt: int, inverse: bool, scale_den: int, lo_in: bool,
+               lo_out: bool, rs_key) -> tuple:
+    """The launches of :func:`_fft_pow2` for its key: per pass (params, grid,
+    threadgroup, output shapes, whether its low words are kept)."""
     logn = n.bit_length() - 1
-    nt = nt or n
-    tab = twiddle_table(nt)
     logs = _plan(logn)
     s_hi, s_lo = _scale_bits(scale_den)
-    log_ns = 0
+    size = _words(rows, n)
+    plan, log_ns = [], 0
     for i, log_r in enumerate(logs):
         last = i == len(logs) - 1
         groups = rows << (logn - log_r)
@@ -450,21 +492,17 @@ def _fft_pow2(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_ou
         npts = 1 << (log_r + log_c)
         threads = min(_THREADS, max(npts // 4, 1))
         tgs = -(-groups // (1 << log_c))
-        rmax, rs_fields = _row_scale_args(rs, i == 0, last)
+        keep_lo = lo_out or not last
         params = FFT_PASS_PARAMS.pack(
             logn=logn, log_r=log_r, log_ns=log_ns, log_c=log_c, groups=groups,
-            log_nt=nt.bit_length() - 1, inverse=inverse, lo_in=lo is not None,
-            lo_out=lo_out or not last, scaled=last and scale_den != 1,
-            scale_hi=s_hi if last else 0, scale_lo=s_lo if last else 0, **rs_fields)
-        size = _words(rows, n)
-        hi, lo_new = FFT_PASS(
-            inputs=[hi, lo if lo is not None else _dummy(), tab, rmax, params],
-            grid=(tgs * threads, 1, 1), threadgroup=(threads, 1, 1),
-            output_shapes=[size, size if (lo_out or not last) else (1,)],
-            output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
-        lo = lo_new if (lo_out or not last) else None
+            log_nt=nt.bit_length() - 1, inverse=inverse, lo_in=lo_in if i == 0 else True,
+            lo_out=keep_lo, scaled=last and scale_den != 1,
+            scale_hi=s_hi if last else 0, scale_lo=s_lo if last else 0,
+            **_row_scale_fields(rs_key, i == 0, last))
+        plan.append((params, (tgs * threads, 1, 1), (threads, 1, 1),
+                     [size, size if keep_lo else (1,)], keep_lo))
         log_ns += log_r
-    return hi, lo
+    return tuple(plan)
 
 
 # ---- Bluestein (chirp-z) for other sizes ------------------------------------------
@@ -561,23 +599,37 @@ def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo
     row scaling (the kernel is both the first and the last of its transform; ``rs``
     says which scalings it does)."""
     per_row = big_n if pre else big_n + 1
-    s_hi, s_lo = _scale_bits(scale_den)
-    rmax, rs_fields = _row_scale_args(rs, True, True)
-    params = FFT_REAL_PARAMS.pack(n_half=big_n, rows=rows, pre=pre, lo_in=lo is not None,
-                                  lo_out=lo_out, scaled=scale_den != 1, scale_hi=s_hi,
-                                  scale_lo=s_lo, **rs_fields)
-    size = _words(rows, per_row)
-    total = rows * per_row
-    y_hi, y_lo = FFT_REAL(
+    key = ("real", rows, big_n, pre, scale_den, lo is not None, lo_out,
+           None if rs is None else rs.key)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _cache(key, _real_plan(*key[1:]))
+    params, grid, tg, shapes = plan
+    y_hi, y_lo = FFT_REAL.unchecked(
         inputs=[_flat(hi), _dummy() if lo is None else _flat(lo), twiddle_table(2 * big_n),
-                rmax, params],
-        grid=(total, 1, 1), threadgroup=(min(_THREADS, total), 1, 1),
-        output_shapes=[size, size if lo_out else (1,)],
-        output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
+                _dummy() if rs is None else rs.rmax, params],
+        template=None, grid=grid, threadgroup=tg, output_shapes=shapes,
+        output_dtypes=[mx.float32, mx.float32], backend=backends.resolve(backend),
+        stream=stream)
     if words:
         return y_hi, y_lo if lo_out else None
     return (_unflat(y_hi, rows, per_row, True),
             _unflat(y_lo, rows, per_row, True) if lo_out else None)
+
+
+def _real_plan(rows: int, big_n: int, pre: bool, scale_den: int, lo_in: bool, lo_out: bool,
+               rs_key) -> tuple:
+    """The launch of :func:`_real_kernel` for its key: (params, grid, threadgroup,
+    output shapes)."""
+    per_row = big_n if pre else big_n + 1
+    s_hi, s_lo = _scale_bits(scale_den)
+    params = FFT_REAL_PARAMS.pack(n_half=big_n, rows=rows, pre=pre, lo_in=lo_in,
+                                  lo_out=lo_out, scaled=scale_den != 1, scale_hi=s_hi,
+                                  scale_lo=s_lo, **_row_scale_fields(rs_key, True, True))
+    size = _words(rows, per_row)
+    total = rows * per_row
+    return (params, (total, 1, 1), (min(_THREADS, total), 1, 1),
+            [size, size if lo_out else (1,)])
 
 
 def _rfft_rows(hi, lo, rows: int, n: int, *, lo_out: bool, backend: str, stream,
