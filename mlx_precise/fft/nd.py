@@ -21,6 +21,7 @@ double-word transforms, so they are differentiable again:
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -70,11 +71,18 @@ def _steps(kind: str, s, axes):
     return [(kind, n, a) for n, a in reversed(list(zip(s, axes)))]
 
 
+@functools.lru_cache(maxsize=256)
+def _chain_plan(kind: str, s: tuple, axes: tuple, norm: str):
+    """(the norm factor still to apply or None, the 1-D steps) of a transform:
+    :func:`_norm_factor` (exact ints; np.prod costs ~7 us) and :func:`_steps`,
+    planned once per sizes."""
+    return _norm_factor(kind, math.prod(s), norm), tuple(_steps(kind, s, axes))
+
+
 def _chain(kind, x, s, axes, norm, round_output, backend, stream):
     """The N-D transform without autodiff: double-word between the steps, one
     rounding (or a DoubleWord) at the end."""
-    factor = _norm_factor(kind, math.prod(s), norm)  # exact ints; np.prod costs ~7 us
-    steps = _steps(kind, s, axes)
+    factor, steps = _chain_plan(kind, s, axes, norm)
     if backend.float64_engine and x.size:  # the float64 steps on the host, in one go
         return _fft.cpu_transform(steps, x, None if factor is None else float(factor),
                                   round_output)
@@ -179,6 +187,23 @@ def check_norm(norm) -> None:
         raise ValueError(f'norm must be one of "backward", "ortho", "forward", got {norm!r}')
 
 
+# (kind, norm, shape, s, axes) of a call -> its checked (s, axes) (the oldest first out)
+_CHECKED: dict = {}
+
+
+def _check_call(kind: str, shape, s, axes, norm: str):
+    """(s, axes) of a :func:`transform` call as ints, its arguments checked
+    (:func:`transform`'s errors)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    check_norm(norm)
+    s, axes = tuple(int(v) for v in s), tuple(int(a) for a in axes)
+    if len(s) != len(axes) or not axes:
+        raise ValueError(f"s and axes must be non-empty and of one length, got {s} and {axes}")
+    check_limits(kind, shape, s, axes)
+    return s, axes
+
+
 def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bool = True,
               backend: str | None = None, stream=None):
     """N-D double-word transform ``kind`` over ``axes`` with sizes ``s``.
@@ -203,13 +228,18 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
     Raises:
         ValueError: unknown kind or norm, ``s`` and ``axes`` of different lengths.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    check_norm(norm)
-    s, axes = tuple(int(v) for v in s), tuple(int(a) for a in axes)
-    if len(s) != len(axes) or not axes:
-        raise ValueError(f"s and axes must be non-empty and of one length, got {s} and {axes}")
-    check_limits(kind, x.shape, s, axes)
+    key = (kind, norm, tuple(x.shape), s, axes)
+    try:
+        checked = _CHECKED.get(key)
+    except TypeError:  # unhashable arguments (lists): checked each time
+        checked = key = None
+    if checked is None:
+        checked = _check_call(kind, x.shape, s, axes, norm)
+        if key is not None:
+            _CHECKED[key] = checked
+            if len(_CHECKED) > 1024:
+                _CHECKED.pop(next(iter(_CHECKED)), None)
+    s, axes = checked
     name = backends.resolve(backend)
     if round_output and isinstance(x, mx.array):
         return _differentiable(kind, s, axes, norm, name, stream)(x)

@@ -31,6 +31,31 @@ def _signature(name: str) -> inspect.Signature:
     return inspect.Signature(first + rest)
 
 
+def _binder(name: str):
+    """``bind(args, kwargs) -> {parameter: value}`` for MLX's ``mx.fft.<name>``
+    (:func:`_signature`, defaults applied). Every parameter is positional-or-keyword,
+    so a binding depends only on how many arguments are positional and which are
+    named: each such form is bound once by the signature (its TypeErrors) and
+    then by a dict of its names (~0.5 us instead of inspect's ~4 us)."""
+    sig = _signature(name)
+    params = list(sig.parameters)
+    defaults = {k: p.default for k, p in sig.parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    forms = set()
+
+    def bind(args, kwargs):
+        form = (len(args), tuple(kwargs))
+        if form not in forms:
+            sig.bind(*args, **kwargs)  # raises for a form MLX's signature refuses
+            forms.add(form)
+        b = dict(defaults)
+        b.update(zip(params, args))
+        b.update(kwargs)
+        return b
+
+    return bind
+
+
 def _operand(a, kind: str) -> mx.array:
     """MLX's input casts: rfft takes the real part of complex input; others keep
     complex64 and make every real dtype float32 (float64 too, as MLX does)."""
@@ -64,14 +89,12 @@ def _sizes(name: str, kind: str, a: mx.array, b: dict):
 
 
 def _transform(name: str):
-    sig = _signature(name)
+    bind = _binder(name)
     kind = name[:-1] if name[-1] in "2n" else name  # fft2, fftn -> fft
 
     def rule(ctx, original, *args, **kwargs):
         ref = original(*args, **kwargs)  # lazy: MLX checks the arguments, gives the shape
-        b = sig.bind(*args, **kwargs)
-        b.apply_defaults()
-        b = b.arguments
+        b = bind(args, kwargs)
         if not isinstance(b["a"], mx.array) or b["a"].dtype not in (
                 mx.float32, mx.complex64, mx.float64) and not mx.issubdtype(b["a"].dtype,
                                                                           mx.integer):
@@ -224,13 +247,11 @@ def _fit(v, shape, axes):
 
 
 def _transform_vjp(name: str):
-    sig = _signature(name)
+    bind = _binder(name)
     kind = name[:-1] if name[-1] in "2n" else name
 
     def vjp(e, g):
-        b = sig.bind(*e.args, **e.kwargs)
-        b.apply_defaults()
-        b = b.arguments
+        b = bind(e.args, e.kwargs)
         a = b["a"]
         if not isinstance(a, mx.array) or a.dtype not in (mx.float32, mx.complex64):
             return NotImplemented
