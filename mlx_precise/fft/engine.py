@@ -41,9 +41,9 @@ from ..core import backends
 from ..doubleword import pow2scale
 from ..doubleword.engine64 import from64, from_float64_result
 from ..doubleword.types import DoubleWord, read_input
-from ..doubleword.elementwise import complex_multiply_extended, reciprocal_words
+from ..doubleword.elementwise import CMUL, reciprocal_words
 from ..doubleword.fusion import note_parts, rows_of
-from ..core.kernels import Constants, Kernel, ParamLayout, generated_block
+from ..core.kernels import Constants, Kernel, ParamLayout, elementwise_grid, generated_block
 from . import cpu
 from .twiddles import chirp_words, twiddle_table
 
@@ -549,21 +549,41 @@ def _bluestein(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_o
     convolution by power-of-two FFTs of length M >= 2n - 1, all in double-word.
     Returns complex64 (rows, n) words (hi, lo or None), scaled by 1/scale_den."""
     m_len = _next_pow2(2 * n - 1)
-    x = DoubleWord(hi, lo if lo is not None else mx.zeros_like(hi))
-    a = complex_multiply_extended(x, _chirp(n, inverse, 1), round_output=False,
-                                  backend=backend, stream=stream)
-    a_hi, a_lo = _to_rows(a.hi, 1, m_len), _to_rows(a.lo, 1, m_len)
+    a_hi, a_lo = _times_row(hi, lo if lo is not None else mx.zeros_like(hi),
+                            _chirp(n, inverse, 1), False, backend, stream)
+    a_hi, a_lo = _to_rows(a_hi, 1, m_len), _to_rows(a_lo, 1, m_len)
     f_hi, f_lo = _fft_pow2(_flat(a_hi), _flat(a_lo), rows, m_len, inverse=False, scale_den=1,
                            lo_out=True, backend=backend, stream=stream)
-    spec = DoubleWord(_unflat(f_hi, rows, m_len), _unflat(f_lo, rows, m_len))
-    prod = complex_multiply_extended(spec, _bluestein_kernel(n, inverse, backend),
-                                     round_output=False, backend=backend, stream=stream)
-    g_hi, g_lo = _fft_pow2(_flat(prod.hi), _flat(prod.lo), rows, m_len, inverse=True,
+    p_hi, p_lo = _times_row(_unflat(f_hi, rows, m_len), _unflat(f_lo, rows, m_len),
+                            _bluestein_kernel(n, inverse, backend), False, backend, stream)
+    g_hi, g_lo = _fft_pow2(_flat(p_hi), _flat(p_lo), rows, m_len, inverse=True,
                            scale_den=m_len, lo_out=True, backend=backend, stream=stream)
-    conv = DoubleWord(_unflat(g_hi, rows, m_len)[:, :n], _unflat(g_lo, rows, m_len)[:, :n])
-    out = complex_multiply_extended(conv, _chirp(n, inverse, scale_den),
-                                    round_output=not lo_out, backend=backend, stream=stream)
-    return (out.hi, out.lo) if lo_out else (out, None)
+    return _times_row(_unflat(g_hi, rows, m_len)[:, :n], _unflat(g_lo, rows, m_len)[:, :n],
+                      _chirp(n, inverse, scale_den), not lo_out, backend, stream)
+
+
+def _times_row(hi, lo, c: DoubleWord, round_output: bool, backend, stream):
+    """The complex double-word product of each row of complex64 (rows, m) words
+    (hi, lo) and the (m,) DoubleWord c: (hi, lo) complex64 (rows, m), lo None when
+    ``round_output`` (the high word then rounded once). The ``ext_cmul`` launch of
+    :func:`~mlx_precise.doubleword.elementwise.complex_multiply_extended` (c's words
+    broadcast to the rows, read through their strides: the same kernel, inputs and
+    bits) without its argument checks, planned once per shape."""
+    shape = tuple(hi.shape)
+    key = ("cmul", shape, round_output)
+    plan = _PLANS.get(key)
+    if plan is None:
+        size = math.prod(shape)
+        grid, tg = elementwise_grid(size)
+        plan = _cache(key, (mx.array(np.int32(size)), [("ROUND", round_output)], grid, tg,
+                            [shape, shape if not round_output else (1,)]))
+    size, template, grid, tg, shapes = plan
+    y_hi, y_lo = CMUL.unchecked(
+        inputs=[hi, lo, mx.broadcast_to(c.hi, shape), mx.broadcast_to(c.lo, shape), size],
+        template=template, grid=grid, threadgroup=tg, output_shapes=shapes,
+        output_dtypes=[mx.complex64, mx.complex64], backend=backends.resolve(backend),
+        stream=stream)
+    return y_hi, None if round_output else y_lo
 
 
 def _cfft_rows(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_out: bool,
