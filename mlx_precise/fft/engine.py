@@ -199,12 +199,17 @@ def _to_rows(a, axis: int, n: int):
     :func:`_flat`)."""
     if a is None:
         return None
-    a = _fit(mx.moveaxis(a, axis, -1), n)
-    return a.reshape(-1, n)
+    # (an axis already last, a 2-D array: MLX's moves would return it as it is; the
+    # calls are skipped, each a dispatched op inside a block)
+    a = _fit(a if axis == a.ndim - 1 else mx.moveaxis(a, axis, -1), n)
+    return a if a.ndim == 2 else a.reshape(-1, n)
 
 
 def _from_rows(a: mx.array, lead: tuple, axis: int) -> mx.array:
-    return mx.moveaxis(a.reshape(lead + (a.shape[-1],)), -1, axis)
+    """(rows, m) back to ``lead`` with m at ``axis`` (:func:`_to_rows`'s inverse)."""
+    if len(lead) != 1:
+        a = a.reshape(lead + (a.shape[-1],))
+    return a if axis == len(lead) else mx.moveaxis(a, -1, axis)
 
 
 def _flat(a: mx.array) -> mx.array:
@@ -306,7 +311,7 @@ def _finish(y_hi, y_lo, lead: tuple, ax: int, round_output: bool):
         layout = None if ax == len(lead) else (  # the axes but ax, then ax
             lead + (y_hi.shape[-1],), tuple(d for d in range(len(lead) + 1) if d != ax) + (ax,))
         note_parts(out, lo, words, layout)
-    return DoubleWord(out, lo)
+    return DoubleWord.of_words(out, lo)  # (the kernels' words: one shape and dtype)
 
 
 def _rows_of_words(x, ax: int, n: int, rows: int) -> tuple | None:
@@ -671,8 +676,7 @@ def _rfft_rows(hi, lo, rows: int, n: int, *, lo_out: bool, backend: str, stream,
     # z_j = x_2j + i x_2j+1 (x's words read as complex: no view needed), half-length
     # FFT, post-processing; the kernels pass words on as they wrote them.
     big_n = n // 2
-    z_hi = hi.reshape(rows, n)
-    z_lo = None if lo is None else lo.reshape(rows, n)
+    z_hi, z_lo = hi, lo  # (rows, n) (_to_rows)
     if big_n > 1:
         z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=False, scale_den=1,
                                 lo_out=True, backend=backend, stream=stream, nt=n,
