@@ -405,7 +405,8 @@ def _stage(rs: _RowScale | None, load: bool | None = None, store: bool | None = 
     store = rs.store if store is None else store
     if not (load or store):
         return None
-    return _RowScale(rs.rmax, rs.growth, load, store, rs.per_part if per_part is None else per_part)
+    per_part = rs.per_part if per_part is None else per_part
+    return _RowScale(rs.rmax, rs.growth, load, store, per_part)
 
 
 def _in_range(run, hi, lo, growth_log2: int, load: bool, store: bool, seen=None):

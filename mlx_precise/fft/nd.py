@@ -36,6 +36,7 @@ from ..doubleword.fusion import guarded
 from ..doubleword.types import DoubleWord
 from ..doubleword.elementwise import scale_extended
 
+_ARRAY = mx.array  # the class (inside a block the name is a stand-in: a slower isinstance)
 KINDS = ("fft", "ifft", "rfft", "irfft")
 NORMS = ("backward", "ortho", "forward")
 _DUAL = {"backward": "forward", "forward": "backward", "ortho": "ortho"}
@@ -241,7 +242,7 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
                 _CHECKED.pop(next(iter(_CHECKED)), None)
     s, axes = checked
     name = backends.resolve(backend)
-    if round_output and isinstance(x, mx.array):
+    if round_output and isinstance(x, _ARRAY):
         return _differentiable(kind, s, axes, norm, name, stream)(x)
     if isinstance(x, DoubleWord) and x._lo is None and x.wide is None:
         x = x.hi  # exact: no low word to make (the engine reads none)
@@ -254,7 +255,7 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
     arrays = [v for v in x.wide if v is not None] if wide else [x.hi, x.lo] if dw_in else [x]
 
     def run(*a):
-        y = _chain(kind, x if wide else DoubleWord(*a) if dw_in else a[0], s, axes, norm,
+        y = _chain(kind, x if wide else DoubleWord.of_words(*a) if dw_in else a[0], s, axes, norm,
                    round_output, name, stream)
         if round_output:
             return y
@@ -268,4 +269,4 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
     if out[0].dtype == mx.float64:  # (re[, im]): the float64 value
         with mx.stream(mx.cpu):
             return from64(*out)
-    return DoubleWord(*out)
+    return DoubleWord.of_words(*out)  # (the words of one shape and dtype, as x's / y's)
