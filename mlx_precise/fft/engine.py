@@ -292,7 +292,7 @@ def _check_size(points: int, what: str) -> None:
 def _batch(a: mx.array, ax: int):
     """(lead shape, rows) of the axes other than ``ax`` (sizes were checked
     before dispatch: :func:`mlx_precise.fft.nd.check_limits`)."""
-    lead = tuple(int(s) for i, s in enumerate(a.shape) if i != ax)
+    lead = a.shape[:ax] + a.shape[ax + 1:]  # (MLX's shapes: tuples of ints)
     return lead, math.prod(lead)
 
 
