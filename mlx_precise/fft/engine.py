@@ -29,9 +29,10 @@ a DoubleWord). The plain-named twins :func:`fft`, :func:`ifft`, :func:`rfft`,
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import math
 import weakref
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -40,9 +41,9 @@ from ..core import backends
 from ..doubleword import pow2scale
 from ..doubleword.engine64 import from64, from_float64_result
 from ..doubleword.types import DoubleWord, read_input
-from ..doubleword.elementwise import complex_multiply_extended, reciprocal_words
+from ..doubleword.elementwise import CMUL, reciprocal_words
 from ..doubleword.fusion import note_parts, rows_of
-from ..core.kernels import Constants, Kernel, ParamLayout, generated_block
+from ..core.kernels import Constants, Kernel, ParamLayout, elementwise_grid, generated_block
 from . import cpu
 from .twiddles import chirp_words, twiddle_table
 
@@ -198,12 +199,17 @@ def _to_rows(a, axis: int, n: int):
     :func:`_flat`)."""
     if a is None:
         return None
-    a = _fit(mx.moveaxis(a, axis, -1), n)
-    return a.reshape(-1, n)
+    # (an axis already last, a 2-D array: MLX's moves would return it as it is; the
+    # calls are skipped, each a dispatched op inside a block)
+    a = _fit(a if axis == a.ndim - 1 else mx.moveaxis(a, axis, -1), n)
+    return a if a.ndim == 2 else a.reshape(-1, n)
 
 
 def _from_rows(a: mx.array, lead: tuple, axis: int) -> mx.array:
-    return mx.moveaxis(a.reshape(lead + (a.shape[-1],)), -1, axis)
+    """(rows, m) back to ``lead`` with m at ``axis`` (:func:`_to_rows`'s inverse)."""
+    if len(lead) != 1:
+        a = a.reshape(lead + (a.shape[-1],))
+    return a if axis == len(lead) else mx.moveaxis(a, -1, axis)
 
 
 def _flat(a: mx.array) -> mx.array:
@@ -286,8 +292,8 @@ def _check_size(points: int, what: str) -> None:
 def _batch(a: mx.array, ax: int):
     """(lead shape, rows) of the axes other than ``ax`` (sizes were checked
     before dispatch: :func:`mlx_precise.fft.nd.check_limits`)."""
-    lead = tuple(int(s) for i, s in enumerate(a.shape) if i != ax)
-    return lead, int(np.prod(lead, dtype=np.int64))
+    lead = a.shape[:ax] + a.shape[ax + 1:]  # (MLX's shapes: tuples of ints)
+    return lead, math.prod(lead)
 
 
 def _finish(y_hi, y_lo, lead: tuple, ax: int, round_output: bool):
@@ -305,7 +311,7 @@ def _finish(y_hi, y_lo, lead: tuple, ax: int, round_output: bool):
         layout = None if ax == len(lead) else (  # the axes but ax, then ax
             lead + (y_hi.shape[-1],), tuple(d for d in range(len(lead) + 1) if d != ax) + (ax,))
         note_parts(out, lo, words, layout)
-    return DoubleWord(out, lo)
+    return DoubleWord.of_words(out, lo)  # (the kernels' words: one shape and dtype)
 
 
 def _rows_of_words(x, ax: int, n: int, rows: int) -> tuple | None:
@@ -354,8 +360,7 @@ def _growth_log2(n: int) -> int:
     return 3 * (_next_pow2(2 * n - 1).bit_length() - 1) + 1
 
 
-@dataclasses.dataclass(frozen=True)
-class _RowScale:
+class _RowScale(NamedTuple):
     """The range scaling of :mod:`mlx_precise.doubleword.pow2scale` done by the
     kernels themselves: the first kernel of a transform loads each row times 2^-e
     (``load``), the last stores it times 2^e (``store``), e computed per row from
@@ -371,30 +376,37 @@ class _RowScale:
     store: bool = True
     per_part: bool = False
 
-    def fields(self, first: bool, last: bool) -> dict:
-        """The ``rs_*`` params of a kernel that is the transform's ``first`` /
-        ``last``."""
-        return dict(rs_in=first and self.load, rs_out=last and self.store,
-                    rs_per_part=self.per_part, rs_growth=self.growth)
+    @property
+    def key(self) -> tuple:
+        """(growth, load, store, per_part): what a launch plan depends on."""
+        return self[1:]
+
+
+def _row_scale_fields(key: tuple | None, first: bool, last: bool) -> dict:
+    """The ``rs_*`` params of a kernel that is the transform's ``first`` / ``last``,
+    for a :attr:`_RowScale.key` (None: no row scaling)."""
+    if key is None:
+        return _NO_ROW_SCALE
+    growth, load, store, per_part = key
+    return dict(rs_in=first and load, rs_out=last and store, rs_per_part=per_part,
+                rs_growth=growth)
 
 
 _NO_ROW_SCALE = dict(rs_in=False, rs_out=False, rs_per_part=False, rs_growth=0)
 
 
-def _row_scale_args(rs: _RowScale | None, first: bool, last: bool):
-    """(rmax input, rs_* params) of a kernel launch."""
-    if rs is None:
-        return _dummy(), _NO_ROW_SCALE
-    return rs.rmax, rs.fields(first, last)
-
-
-def _stage(rs: _RowScale | None, **changes) -> _RowScale | None:
+def _stage(rs: _RowScale | None, load: bool | None = None, store: bool | None = None,
+           per_part: bool | None = None) -> _RowScale | None:
     """``rs`` for one kernel stage of a transform (``load`` / ``store`` / ``per_part``
-    changed), or None (also when the stage scales nothing)."""
+    changed where given), or None (also when the stage scales nothing)."""
     if rs is None:
         return None
-    rs = dataclasses.replace(rs, **changes)
-    return rs if rs.load or rs.store else None
+    load = rs.load if load is None else load
+    store = rs.store if store is None else store
+    if not (load or store):
+        return None
+    per_part = rs.per_part if per_part is None else per_part
+    return _RowScale(rs.rmax, rs.growth, load, store, per_part)
 
 
 def _in_range(run, hi, lo, growth_log2: int, load: bool, store: bool, seen=None):
@@ -436,13 +448,49 @@ def _fft_pow2(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_ou
     (float32, rows * n * 2 words or more, read flat; lo None for plain complex64
     data). Returns (y_hi, y_lo or None) shaped by :func:`_words`; the result is scaled by 1/scale_den.
     ``nt``: order of the twiddle table (a multiple of n, default n); ``rs``: the
-    row scaling of the first and last passes."""
+    row scaling of the first and last passes. What the passes derive from the
+    sizes (parameter buffers, grids, output shapes) is planned once per key
+    (:func:`_pass_plan`): a repeated layer pays a lookup and MLX's launches."""
+    key = ("pass", rows, n, nt or n, inverse, scale_den, lo is not None, lo_out,
+           None if rs is None else rs.key)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _cache(key, _pass_plan(*key[1:]))
+    rmax = _dummy() if rs is None else rs.rmax
+    tab = twiddle_table(key[3])
+    backend = backends.resolve(backend)
+    for params, grid, tg, shapes, keep_lo in plan:
+        # (the declared inputs by construction: float32 words of >= 8 elements,
+        # int32 params: no per-launch checks)
+        hi, lo_new = FFT_PASS.unchecked(
+            inputs=[hi, lo if lo is not None else _dummy(), tab, rmax, params], template=None,
+            grid=grid, threadgroup=tg, output_shapes=shapes,
+            output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
+        lo = lo_new if keep_lo else None
+    return hi, lo
+
+
+_PLANS: dict = {}  # ("pass" | "real", a launch's key) -> its plan (the oldest first out)
+_PLAN_CACHE = 1024
+
+
+def _cache(key, plan):
+    """``plan`` stored under ``key`` in :data:`_PLANS`; returns it."""
+    _PLANS[key] = plan
+    if len(_PLANS) > _PLAN_CACHE:
+        _PLANS.pop(next(iter(_PLANS)), None)
+    return plan
+
+
+def _pass_plan(rows: int, n: int, nt: int, inverse: bool, scale_den: int, lo_in: bool,
+               lo_out: bool, rs_key) -> tuple:
+    """The launches of :func:`_fft_pow2` for its key: per pass (params, grid,
+    threadgroup, output shapes, whether its low words are kept)."""
     logn = n.bit_length() - 1
-    nt = nt or n
-    tab = twiddle_table(nt)
     logs = _plan(logn)
     s_hi, s_lo = _scale_bits(scale_den)
-    log_ns = 0
+    size = _words(rows, n)
+    plan, log_ns = [], 0
     for i, log_r in enumerate(logs):
         last = i == len(logs) - 1
         groups = rows << (logn - log_r)
@@ -450,21 +498,17 @@ def _fft_pow2(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_ou
         npts = 1 << (log_r + log_c)
         threads = min(_THREADS, max(npts // 4, 1))
         tgs = -(-groups // (1 << log_c))
-        rmax, rs_fields = _row_scale_args(rs, i == 0, last)
+        keep_lo = lo_out or not last
         params = FFT_PASS_PARAMS.pack(
             logn=logn, log_r=log_r, log_ns=log_ns, log_c=log_c, groups=groups,
-            log_nt=nt.bit_length() - 1, inverse=inverse, lo_in=lo is not None,
-            lo_out=lo_out or not last, scaled=last and scale_den != 1,
-            scale_hi=s_hi if last else 0, scale_lo=s_lo if last else 0, **rs_fields)
-        size = _words(rows, n)
-        hi, lo_new = FFT_PASS(
-            inputs=[hi, lo if lo is not None else _dummy(), tab, rmax, params],
-            grid=(tgs * threads, 1, 1), threadgroup=(threads, 1, 1),
-            output_shapes=[size, size if (lo_out or not last) else (1,)],
-            output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
-        lo = lo_new if (lo_out or not last) else None
+            log_nt=nt.bit_length() - 1, inverse=inverse, lo_in=lo_in if i == 0 else True,
+            lo_out=keep_lo, scaled=last and scale_den != 1,
+            scale_hi=s_hi if last else 0, scale_lo=s_lo if last else 0,
+            **_row_scale_fields(rs_key, i == 0, last))
+        plan.append((params, (tgs * threads, 1, 1), (threads, 1, 1),
+                     [size, size if keep_lo else (1,)], keep_lo))
         log_ns += log_r
-    return hi, lo
+    return tuple(plan)
 
 
 # ---- Bluestein (chirp-z) for other sizes ------------------------------------------
@@ -511,21 +555,41 @@ def _bluestein(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_o
     convolution by power-of-two FFTs of length M >= 2n - 1, all in double-word.
     Returns complex64 (rows, n) words (hi, lo or None), scaled by 1/scale_den."""
     m_len = _next_pow2(2 * n - 1)
-    x = DoubleWord(hi, lo if lo is not None else mx.zeros_like(hi))
-    a = complex_multiply_extended(x, _chirp(n, inverse, 1), round_output=False,
-                                  backend=backend, stream=stream)
-    a_hi, a_lo = _to_rows(a.hi, 1, m_len), _to_rows(a.lo, 1, m_len)
+    a_hi, a_lo = _times_row(hi, lo if lo is not None else mx.zeros_like(hi),
+                            _chirp(n, inverse, 1), False, backend, stream)
+    a_hi, a_lo = _to_rows(a_hi, 1, m_len), _to_rows(a_lo, 1, m_len)
     f_hi, f_lo = _fft_pow2(_flat(a_hi), _flat(a_lo), rows, m_len, inverse=False, scale_den=1,
                            lo_out=True, backend=backend, stream=stream)
-    spec = DoubleWord(_unflat(f_hi, rows, m_len), _unflat(f_lo, rows, m_len))
-    prod = complex_multiply_extended(spec, _bluestein_kernel(n, inverse, backend),
-                                     round_output=False, backend=backend, stream=stream)
-    g_hi, g_lo = _fft_pow2(_flat(prod.hi), _flat(prod.lo), rows, m_len, inverse=True,
+    p_hi, p_lo = _times_row(_unflat(f_hi, rows, m_len), _unflat(f_lo, rows, m_len),
+                            _bluestein_kernel(n, inverse, backend), False, backend, stream)
+    g_hi, g_lo = _fft_pow2(_flat(p_hi), _flat(p_lo), rows, m_len, inverse=True,
                            scale_den=m_len, lo_out=True, backend=backend, stream=stream)
-    conv = DoubleWord(_unflat(g_hi, rows, m_len)[:, :n], _unflat(g_lo, rows, m_len)[:, :n])
-    out = complex_multiply_extended(conv, _chirp(n, inverse, scale_den),
-                                    round_output=not lo_out, backend=backend, stream=stream)
-    return (out.hi, out.lo) if lo_out else (out, None)
+    return _times_row(_unflat(g_hi, rows, m_len)[:, :n], _unflat(g_lo, rows, m_len)[:, :n],
+                      _chirp(n, inverse, scale_den), not lo_out, backend, stream)
+
+
+def _times_row(hi, lo, c: DoubleWord, round_output: bool, backend, stream):
+    """The complex double-word product of each row of complex64 (rows, m) words
+    (hi, lo) and the (m,) DoubleWord c: (hi, lo) complex64 (rows, m), lo None when
+    ``round_output`` (the high word then rounded once). The ``ext_cmul`` launch of
+    :func:`~mlx_precise.doubleword.elementwise.complex_multiply_extended` (c's words
+    broadcast to the rows, read through their strides: the same kernel, inputs and
+    bits) without its argument checks, planned once per shape."""
+    shape = tuple(hi.shape)
+    key = ("cmul", shape, round_output)
+    plan = _PLANS.get(key)
+    if plan is None:
+        size = math.prod(shape)
+        grid, tg = elementwise_grid(size)
+        plan = _cache(key, (mx.array(np.int32(size)), [("ROUND", round_output)], grid, tg,
+                            [shape, shape if not round_output else (1,)]))
+    size, template, grid, tg, shapes = plan
+    y_hi, y_lo = CMUL.unchecked(
+        inputs=[hi, lo, mx.broadcast_to(c.hi, shape), mx.broadcast_to(c.lo, shape), size],
+        template=template, grid=grid, threadgroup=tg, output_shapes=shapes,
+        output_dtypes=[mx.complex64, mx.complex64], backend=backends.resolve(backend),
+        stream=stream)
+    return y_hi, None if round_output else y_lo
 
 
 def _cfft_rows(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_out: bool,
@@ -561,23 +625,37 @@ def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo
     row scaling (the kernel is both the first and the last of its transform; ``rs``
     says which scalings it does)."""
     per_row = big_n if pre else big_n + 1
-    s_hi, s_lo = _scale_bits(scale_den)
-    rmax, rs_fields = _row_scale_args(rs, True, True)
-    params = FFT_REAL_PARAMS.pack(n_half=big_n, rows=rows, pre=pre, lo_in=lo is not None,
-                                  lo_out=lo_out, scaled=scale_den != 1, scale_hi=s_hi,
-                                  scale_lo=s_lo, **rs_fields)
-    size = _words(rows, per_row)
-    total = rows * per_row
-    y_hi, y_lo = FFT_REAL(
+    key = ("real", rows, big_n, pre, scale_den, lo is not None, lo_out,
+           None if rs is None else rs.key)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _cache(key, _real_plan(*key[1:]))
+    params, grid, tg, shapes = plan
+    y_hi, y_lo = FFT_REAL.unchecked(
         inputs=[_flat(hi), _dummy() if lo is None else _flat(lo), twiddle_table(2 * big_n),
-                rmax, params],
-        grid=(total, 1, 1), threadgroup=(min(_THREADS, total), 1, 1),
-        output_shapes=[size, size if lo_out else (1,)],
-        output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
+                _dummy() if rs is None else rs.rmax, params],
+        template=None, grid=grid, threadgroup=tg, output_shapes=shapes,
+        output_dtypes=[mx.float32, mx.float32], backend=backends.resolve(backend),
+        stream=stream)
     if words:
         return y_hi, y_lo if lo_out else None
     return (_unflat(y_hi, rows, per_row, True),
             _unflat(y_lo, rows, per_row, True) if lo_out else None)
+
+
+def _real_plan(rows: int, big_n: int, pre: bool, scale_den: int, lo_in: bool, lo_out: bool,
+               rs_key) -> tuple:
+    """The launch of :func:`_real_kernel` for its key: (params, grid, threadgroup,
+    output shapes)."""
+    per_row = big_n if pre else big_n + 1
+    s_hi, s_lo = _scale_bits(scale_den)
+    params = FFT_REAL_PARAMS.pack(n_half=big_n, rows=rows, pre=pre, lo_in=lo_in,
+                                  lo_out=lo_out, scaled=scale_den != 1, scale_hi=s_hi,
+                                  scale_lo=s_lo, **_row_scale_fields(rs_key, True, True))
+    size = _words(rows, per_row)
+    total = rows * per_row
+    return (params, (total, 1, 1), (min(_THREADS, total), 1, 1),
+            [size, size if lo_out else (1,)])
 
 
 def _rfft_rows(hi, lo, rows: int, n: int, *, lo_out: bool, backend: str, stream,
@@ -599,8 +677,7 @@ def _rfft_rows(hi, lo, rows: int, n: int, *, lo_out: bool, backend: str, stream,
     # z_j = x_2j + i x_2j+1 (x's words read as complex: no view needed), half-length
     # FFT, post-processing; the kernels pass words on as they wrote them.
     big_n = n // 2
-    z_hi = hi.reshape(rows, n)
-    z_lo = None if lo is None else lo.reshape(rows, n)
+    z_hi, z_lo = hi, lo  # (rows, n) (_to_rows)
     if big_n > 1:
         z_hi, z_lo = _cfft_rows(z_hi, z_lo, rows, big_n, inverse=False, scale_den=1,
                                 lo_out=True, backend=backend, stream=stream, nt=n,

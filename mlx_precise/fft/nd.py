@@ -21,6 +21,7 @@ double-word transforms, so they are differentiable again:
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -35,6 +36,7 @@ from ..doubleword.fusion import guarded
 from ..doubleword.types import DoubleWord
 from ..doubleword.elementwise import scale_extended
 
+_ARRAY = mx.array  # the class (inside a block the name is a stand-in: a slower isinstance)
 KINDS = ("fft", "ifft", "rfft", "irfft")
 NORMS = ("backward", "ortho", "forward")
 _DUAL = {"backward": "forward", "forward": "backward", "ortho": "ortho"}
@@ -70,11 +72,18 @@ def _steps(kind: str, s, axes):
     return [(kind, n, a) for n, a in reversed(list(zip(s, axes)))]
 
 
+@functools.lru_cache(maxsize=256)
+def _chain_plan(kind: str, s: tuple, axes: tuple, norm: str):
+    """(the norm factor still to apply or None, the 1-D steps) of a transform:
+    :func:`_norm_factor` (exact ints; np.prod costs ~7 us) and :func:`_steps`,
+    planned once per sizes."""
+    return _norm_factor(kind, math.prod(s), norm), tuple(_steps(kind, s, axes))
+
+
 def _chain(kind, x, s, axes, norm, round_output, backend, stream):
     """The N-D transform without autodiff: double-word between the steps, one
     rounding (or a DoubleWord) at the end."""
-    factor = _norm_factor(kind, math.prod(s), norm)  # exact ints; np.prod costs ~7 us
-    steps = _steps(kind, s, axes)
+    factor, steps = _chain_plan(kind, s, axes, norm)
     if backend.float64_engine and x.size:  # the float64 steps on the host, in one go
         return _fft.cpu_transform(steps, x, None if factor is None else float(factor),
                                   round_output)
@@ -179,6 +188,23 @@ def check_norm(norm) -> None:
         raise ValueError(f'norm must be one of "backward", "ortho", "forward", got {norm!r}')
 
 
+# (kind, norm, shape, s, axes) of a call -> its checked (s, axes) (the oldest first out)
+_CHECKED: dict = {}
+
+
+def _check_call(kind: str, shape, s, axes, norm: str):
+    """(s, axes) of a :func:`transform` call as ints, its arguments checked
+    (:func:`transform`'s errors)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    check_norm(norm)
+    s, axes = tuple(int(v) for v in s), tuple(int(a) for a in axes)
+    if len(s) != len(axes) or not axes:
+        raise ValueError(f"s and axes must be non-empty and of one length, got {s} and {axes}")
+    check_limits(kind, shape, s, axes)
+    return s, axes
+
+
 def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bool = True,
               backend: str | None = None, stream=None):
     """N-D double-word transform ``kind`` over ``axes`` with sizes ``s``.
@@ -203,15 +229,20 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
     Raises:
         ValueError: unknown kind or norm, ``s`` and ``axes`` of different lengths.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    check_norm(norm)
-    s, axes = tuple(int(v) for v in s), tuple(int(a) for a in axes)
-    if len(s) != len(axes) or not axes:
-        raise ValueError(f"s and axes must be non-empty and of one length, got {s} and {axes}")
-    check_limits(kind, x.shape, s, axes)
+    key = (kind, norm, tuple(x.shape), s, axes)
+    try:
+        checked = _CHECKED.get(key)
+    except TypeError:  # unhashable arguments (lists): checked each time
+        checked = key = None
+    if checked is None:
+        checked = _check_call(kind, x.shape, s, axes, norm)
+        if key is not None:
+            _CHECKED[key] = checked
+            if len(_CHECKED) > 1024:
+                _CHECKED.pop(next(iter(_CHECKED)), None)
+    s, axes = checked
     name = backends.resolve(backend)
-    if round_output and isinstance(x, mx.array):
+    if round_output and isinstance(x, _ARRAY):
         return _differentiable(kind, s, axes, norm, name, stream)(x)
     if isinstance(x, DoubleWord) and x._lo is None and x.wide is None:
         x = x.hi  # exact: no low word to make (the engine reads none)
@@ -224,7 +255,7 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
     arrays = [v for v in x.wide if v is not None] if wide else [x.hi, x.lo] if dw_in else [x]
 
     def run(*a):
-        y = _chain(kind, x if wide else DoubleWord(*a) if dw_in else a[0], s, axes, norm,
+        y = _chain(kind, x if wide else DoubleWord.of_words(*a) if dw_in else a[0], s, axes, norm,
                    round_output, name, stream)
         if round_output:
             return y
@@ -238,4 +269,4 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
     if out[0].dtype == mx.float64:  # (re[, im]): the float64 value
         with mx.stream(mx.cpu):
             return from64(*out)
-    return DoubleWord(*out)
+    return DoubleWord.of_words(*out)  # (the words of one shape and dtype, as x's / y's)

@@ -4,6 +4,7 @@ two-operand ``einsum``."""
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 
@@ -174,6 +175,7 @@ def _outer(a, b, **kw):
     return a.reshape(-1, 1) * b.reshape(1, -1)
 
 
+@functools.lru_cache(maxsize=256)
 def _einsum_plan(spec: str, ndims: tuple[int, ...]):
     """Batch / contracted / free letters of a two-operand einsum without ellipsis or
     repeated letters within an operand; None when it is not of that kind."""
@@ -195,25 +197,62 @@ def _einsum_plan(spec: str, ndims: tuple[int, ...]):
     return ta, tb, out, batch, contract, fa, fb
 
 
+@functools.lru_cache(maxsize=256)
+def _einsum_layout(spec: str, shape_a: tuple, shape_b: tuple):
+    """The one batched matmul of an einsum (:func:`_einsum_plan`) on operands of
+    these shapes: ``(a's axis order, a as (batch, m, k), b's axis order, b as
+    (batch, k, n), the product's shape by letters (batch, free a, free b), the axis
+    order of the result)``; an axis order is None where it is the identity."""
+    ta, tb, out, batch, contract, fa, fb = _einsum_plan(spec, (len(shape_a), len(shape_b)))
+    size = {**dict(zip(ta, shape_a)), **dict(zip(tb, shape_b))}
+    dims = (lambda letters: [size[c] for c in letters])
+    n_b, m, k, n = (math.prod(dims(x)) for x in (batch, fa, contract, fb))
+    order = batch + fa + fb
+
+    def perm(p):
+        return None if p == sorted(p) else p
+
+    return (perm([ta.index(c) for c in batch + fa + contract]), (n_b, m, k),
+            perm([tb.index(c) for c in batch + contract + fb]), (n_b, k, n),
+            tuple(dims(batch) + dims(fa) + dims(fb)), perm([order.index(c) for c in out]))
+
+
 def _einsum(spec, *operands, **kw):
     """Two-operand contractions as one batched double-word matmul (others: MLX)."""
     if len(operands) != 2 or kw:
         return NotImplemented
     a, b = operands
-    plan = _einsum_plan(spec, (a.ndim, b.ndim))
-    if plan is None:
+    if _einsum_plan(spec, (a.ndim, b.ndim)) is None:
         return NotImplemented
-    ta, tb, out, batch, contract, fa, fb = plan
-    size = {**dict(zip(ta, a.shape)), **dict(zip(tb, b.shape))}
-    dims = (lambda letters: [size[c] for c in letters])
-    A = mx.transpose(a, [ta.index(c) for c in batch + fa + contract])
-    B = mx.transpose(b, [tb.index(c) for c in batch + contract + fb])
-    n_b = math.prod(dims(batch))
-    m, k, n = (math.prod(dims(x)) for x in (fa, contract, fb))
-    C = A.reshape(n_b, m, k) @ B.reshape(n_b, k, n)
-    C = C.reshape(dims(batch) + dims(fa) + dims(fb))
-    order = batch + fa + fb
-    return mx.transpose(C, [order.index(c) for c in out]) if order != list(out) else C
+    pa, sa, pb, sb, sc, pc = _einsum_layout(spec, a.shape, b.shape)
+    A = (a if pa is None else mx.transpose(a, pa)).reshape(sa)
+    B = (b if pb is None else mx.transpose(b, pb)).reshape(sb)
+    C = (A @ B).reshape(sc)
+    return C if pc is None else mx.transpose(C, pc)
+
+
+def _einsum_words(spec, a, b, original, backend):
+    """:func:`_einsum` on a kernel backend as one op of the words: the operands'
+    words moved (exact) into the batched GEMM, its result's words moved to the
+    output (the same launch and bits as the decomposition, without a rule per
+    transpose and reshape); MLX's einsum VJP."""
+    pa, sa, pb, sb, sc, pc = _einsum_layout(spec, a.shape, b.shape)
+
+    def moved(x: DoubleWord, perm, shape) -> DoubleWord:
+        def move(w):
+            w = w if perm is None else mx.transpose(w, perm)
+            return w if w.shape == shape else w.reshape(shape)
+        if x._lo is None and x.wide is None:  # a float32 operand: no low word made
+            return DoubleWord.exact(move(x.hi))
+        return DoubleWord.of_words(move(x.hi), move(x.lo))
+
+    def forward(A, B):
+        C = gemm.matmul(moved(A, pa, sa), moved(B, pb, sb), backend=backend)
+        C = moved(C, None, sc)
+        return C if pc is None else DoubleWord.of_words(mx.transpose(C.hi, pc),
+                                                        mx.transpose(C.lo, pc))
+
+    return words_op(forward, lambda x, y: original(spec, x, y), [a, b], backend)
 
 
 def _einsum_rule(ctx, original, spec, *operands, **kw):
@@ -221,7 +260,9 @@ def _einsum_rule(ctx, original, spec, *operands, **kw):
         return NotImplemented
     if len(operands) != 2 or kw or _einsum_plan(spec, tuple(o.ndim for o in operands)) is None:
         return NotImplemented
-    with carry.reporting(ctx.report):
+    if ctx.backend.has_kernels and not autodiff.recording():
+        return _einsum_words(spec, *operands, original, ctx.backend)
+    with carry.reporting(ctx.report):  # a recorded gradient: each step of the flow
         return _einsum(spec, *operands)
 
 
