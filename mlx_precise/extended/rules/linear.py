@@ -9,7 +9,6 @@ import math
 import weakref
 
 import mlx.core as mx
-import numpy as np
 
 from ...core import backends
 from ...linalg import gemm
