@@ -17,10 +17,11 @@ from typing import Callable
 import mlx.core as mx
 
 from ..conv.depthwise import conv1d_words
+from ..doubleword.fusion import differentiating
 from ..doubleword.types import DoubleWord, real_imag
 from ..fft import nd as fftn
 from . import arith
-from .carry import low_word
+from .carry import attach, low_word
 from .engine import words_op
 from ..core.backends import Backend
 
@@ -37,10 +38,19 @@ def transform(kind: str, a: mx.array, s, axes, norm: str, backend: Backend,
     """The double-word N-D transform ``kind`` of ``a`` (float32 / complex64, with
     or without a carried low word)."""
     s, axes = tuple(s), tuple(axes)
+    if not backend.float64_engine and not differentiating():
+        # the kernel backends' frequent case: words_op's steps there (operand words in,
+        # the transform's words attached), without its layers
+        lo = low_word(a)
+        y = fftn.kernel_words(kind, _cast(DoubleWord.exact(a) if lo is None else
+                                          DoubleWord(a, lo), kind), s, axes, norm, backend,
+                              stream)
+        return attach(y.hi, y.lo)
     kw = dict(backend=backend, stream=stream)
     return words_op(
         lambda x: fftn.transform(kind, _cast(x, kind), s, axes, norm, round_output=False, **kw),
-        lambda x: fftn.transform(kind, x, s, axes, norm, **kw), [a], backend, opaque=True)
+        lambda x: fftn.transform(kind, mx.real(x) if kind == "rfft" and x.dtype == mx.complex64
+                                 else x, s, axes, norm, **kw), [a], backend, opaque=True)
 
 
 def is_depthwise(x, w, groups) -> bool:

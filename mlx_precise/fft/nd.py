@@ -205,6 +205,35 @@ def _check_call(kind: str, shape, s, axes, norm: str):
     return s, axes
 
 
+def _checked(kind: str, shape, s, axes, norm: str):
+    """:func:`_check_call`, once per call form (kind, norm, shape, s, axes)."""
+    key = (kind, norm, tuple(shape), s, axes)
+    try:
+        checked = _CHECKED.get(key)
+    except TypeError:  # unhashable arguments (lists): checked each time
+        checked = key = None
+    if checked is None:
+        checked = _check_call(kind, shape, s, axes, norm)
+        if key is not None:
+            _CHECKED[key] = checked
+            if len(_CHECKED) > 1024:
+                _CHECKED.pop(next(iter(_CHECKED)), None)
+    return checked
+
+
+def kernel_words(kind: str, x: DoubleWord, s: tuple, axes: tuple, norm: str, backend,
+                 stream) -> DoubleWord:
+    """``transform(kind, x, s, axes, norm, round_output=False)`` of a DoubleWord on a
+    kernel backend (``backend`` resolved) where MLX's autodiff does not trace the
+    caller: the same steps without the general entry's layers (no guard runs there,
+    :func:`~mlx_precise.doubleword.fusion.guarded`), for the flow's rules, whose
+    host cost every layer adds to."""
+    s, axes = _checked(kind, x.shape, s, axes, norm)
+    if x._lo is None and x.wide is None:
+        x = x.hi  # exact: no low word to make (the engine reads none)
+    return _chain(kind, x, s, axes, norm, False, backend, stream)
+
+
 def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bool = True,
               backend: str | None = None, stream=None):
     """N-D double-word transform ``kind`` over ``axes`` with sizes ``s``.
@@ -229,18 +258,7 @@ def transform(kind: str, x, s, axes, norm: str = "backward", *, round_output: bo
     Raises:
         ValueError: unknown kind or norm, ``s`` and ``axes`` of different lengths.
     """
-    key = (kind, norm, tuple(x.shape), s, axes)
-    try:
-        checked = _CHECKED.get(key)
-    except TypeError:  # unhashable arguments (lists): checked each time
-        checked = key = None
-    if checked is None:
-        checked = _check_call(kind, x.shape, s, axes, norm)
-        if key is not None:
-            _CHECKED[key] = checked
-            if len(_CHECKED) > 1024:
-                _CHECKED.pop(next(iter(_CHECKED)), None)
-    s, axes = checked
+    s, axes = _checked(kind, x.shape, s, axes, norm)
     name = backends.resolve(backend)
     if round_output and isinstance(x, _ARRAY):
         return _differentiable(kind, s, axes, norm, name, stream)(x)

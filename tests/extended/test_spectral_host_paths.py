@@ -194,3 +194,66 @@ def test_einsum_words_bits(kernels, case, special):
         if not special:
             r = np.einsum(spec, _value(u), _value(v))
             assert np.max(np.abs(_value(y) - r)) <= 1e-12 * max(1.0, np.abs(r).max())
+
+
+# inputs whose casts the direct route must keep: a real input of fft (complex words
+# made from it), a complex input of rfft (its real part), a 3-axis fftn with sizes
+ROUTE_CASES = CASES + [
+    ("fft of real", lambda a, nm: mx.fft.fft(a, norm=nm), (3, 16), False,
+     lambda v, nm: np.fft.fft(v, norm=nm)),
+    ("rfft of complex", lambda a, nm: mx.fft.rfft(a, norm=nm), (2, 16), True,
+     lambda v, nm: np.fft.rfft(v.real, norm=nm)),
+    ("fftn sized", lambda a, nm: mx.fft.fftn(a, s=(4, 6, 8), axes=(0, 1, 2), norm=nm), (3, 5, 8), True,
+     lambda v, nm: np.fft.fftn(v, s=(4, 6, 8), axes=(0, 1, 2), norm=nm)),
+]
+
+
+@pytest.mark.parametrize("special", [False, True])
+@pytest.mark.parametrize("case", ROUTE_CASES, ids=[c[0] for c in ROUTE_CASES])
+def test_fft_rule_direct_route(kernels, monkeypatch, case, special):
+    """The rules' direct route to the N-D engine on the kernel backends
+    (``spectral.transform`` -> ``nd.kernel_words``) against the general one
+    (``words_op`` -> ``nd.transform``, taken where MLX's autodiff traces), on a plain
+    and a carried input, each norm: the same words; without special values, numpy's
+    complex128 transform of the input's value to 1e-12."""
+    from mlx_precise.extended import spectral
+
+    _, call, shape, cx, ref = case
+    x = _data(shape, 3, cx, special=special)
+
+    def run():
+        with mp.extended_precision():
+            carried = x * 1.1 + 0.1
+            out = [call(v, nm) for v in (x, carried) for nm in ("backward", "ortho", "forward")]
+            mx.eval(out)
+        return carried, out
+
+    carried, direct = run()
+    with monkeypatch.context() as m:
+        m.setattr(spectral, "differentiating", lambda: True)  # the general route
+        _, general = run()
+    for a, b in zip(direct, general):
+        _same(a, b)
+    if special:
+        assert all(np.isnan(np.array(y)).any() for y in direct)
+        return
+    for i, y in enumerate(direct):
+        r = ref(_value((x, carried)[i // 3]), ("backward", "ortho", "forward")[i % 3])
+        err = np.linalg.norm(_value(y) - r) / np.linalg.norm(r)
+        assert err < 1e-12, err
+
+
+@pytest.mark.parametrize("backend", ["cpu", "emulate"])
+def test_rfft_of_complex_keeps_low_word(backend):
+    """rfft of a complex input transforms its real part (MLX's cast): a carried low
+    word is that of the real part, kept (a float32 cast of the input would drop it:
+    an error ~1e-8); numpy's complex128 rfft of the real part of the value."""
+    x = _data((3, 32), 4, cx=True)
+    with mp.use_backend(backend), mp.extended_precision() as report:
+        carried = x * 1.1 + 0.1
+        y = mx.fft.rfft(carried, norm="ortho")
+        mx.eval(y)
+    assert not report.float32
+    r = np.fft.rfft(_value(carried).real, norm="ortho")
+    err = np.linalg.norm(_value(y) - r) / np.linalg.norm(r)
+    assert err < 1e-12, err

@@ -58,11 +58,13 @@ def _binder(name: str):
 
 
 def _operand(a, kind: str) -> mx.array:
-    """MLX's input casts: rfft takes the real part of complex input; others keep
-    complex64 and make every real dtype float32 (float64 too, as MLX does)."""
+    """MLX's input casts: rfft takes the real part of complex input (complex64 kept
+    here: :func:`..spectral.transform` takes it of both words, where a cast would drop
+    the carried low word); others keep complex64 and make every real dtype float32
+    (float64 too, as MLX does)."""
     a = a if isinstance(a, ARRAY) else mx.array(a)
     if kind == "rfft":
-        return a if a.dtype == mx.float32 else a.astype(mx.float32)
+        return a if a.dtype in (mx.float32, mx.complex64) else a.astype(mx.float32)
     if kind == "irfft":
         return a if a.dtype == mx.complex64 else a.astype(mx.complex64)
     return a if a.dtype in (mx.float32, mx.complex64) else a.astype(
