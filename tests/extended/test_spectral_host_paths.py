@@ -21,7 +21,9 @@ from mlx_precise.core import backends
 from mlx_precise.doubleword import DoubleWord
 from mlx_precise.doubleword.elementwise import complex_multiply_extended
 from mlx_precise.extended import low_word
+from mlx_precise.core.plain import FFT_NAMES
 from mlx_precise.extended.rules import linear
+from mlx_precise.extended.rules.fft import RULES
 from mlx_precise.fft import engine, nd
 
 SPECIAL = np.array([np.inf, -np.inf, np.nan, 3.0e38, -3.0e38, 1e-30, 0.0, -0.0],
@@ -71,6 +73,8 @@ def _value(a) -> np.ndarray:
 
 
 def _forget_plans():
+    for name in FFT_NAMES:
+        RULES[f"fft.{name}"].planned.clear()
     engine._PLANS.clear()
     nd._CHECKED.clear()
     nd._chain_plan.cache_clear()
@@ -257,3 +261,24 @@ def test_rfft_of_complex_keeps_low_word(backend):
     r = np.fft.rfft(_value(carried).real, norm="ortho")
     err = np.linalg.norm(_value(y) - r) / np.linalg.norm(r)
     assert err < 1e-12, err
+
+
+def test_fft_rule_plans_keep_mlx_errors(kernels):
+    """A call form planned by the rule (its reference op skipped) serves only calls
+    of the same argument types: after rfft(x, n=16), MLX's own errors for n=16.0, a
+    bad axis and a bad norm are still raised, and n=16 by position or name gives the
+    first call's words."""
+    x = _data((3, 16), 5)
+    _forget_plans()
+    with mp.extended_precision():
+        first = mx.fft.rfft(x, n=16, axis=-1)
+        for bad in (dict(n=16.0, axis=-1), dict(n=16, axis=2), dict(n=16, norm="bad")):
+            with pytest.raises((TypeError, ValueError, IndexError)):
+                mx.fft.rfft(x, **bad)
+        again = [mx.fft.rfft(x, n=16, axis=-1), mx.fft.rfft(x, 16, -1), mx.fft.rfft(x, 16)]
+        mx.eval(first, again)
+    assert any(RULES["fft.rfft"].planned)
+    for y in again:
+        _same(first, y)
+    r = np.fft.rfft(np.array(x).astype(np.float64))
+    assert np.abs(_value(first) - r).max() <= 1e-12 * np.abs(r).max()

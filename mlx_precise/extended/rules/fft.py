@@ -91,14 +91,51 @@ def _sizes(name: str, kind: str, a: mx.array, b: dict):
     return s, axes
 
 
+_SCALARS = (int, str, type(None))
+
+
+def _form(args: tuple, kwargs: dict) -> tuple | None:
+    """The arguments after the operand ``args[0]`` as a key that tells apart what
+    compares equal but MLX may take differently (512 and 512.0, 1 and True, a list
+    and a tuple); None where one is not an int, str, None or a tuple / list of ints."""
+    key = []
+    for v in (*args[1:], *kwargs.values()):
+        t = type(v)
+        if t in _SCALARS:
+            key.append(v)
+        elif (t is tuple or t is list) and all(type(i) is int for i in v):
+            key.append((t, *v))
+        else:
+            return None
+    key.extend(kwargs)  # (the names: a positional and a named value are two forms)
+    return tuple(key)
+
+
 _TAKEN = (mx.float32, mx.complex64, mx.float64)  # and the integer dtypes
+_PLANNED = (mx.float32, mx.complex64)
 
 
 def _transform(name: str):
     bind = _binder(name)
     kind = name[:-1] if name[-1] in "2n" else name  # fft2, fftn -> fft
+    # a call form (operand shape and dtype, the other arguments) that MLX took and
+    # the engine's result matched -> its (s, axes, norm): MLX's checks and result
+    # shape depend on nothing else, so a repeated form skips its lazy reference op,
+    # the binding and the sizes (the oldest first out). Only float32 / complex64
+    # operands (MLX's checks of float64 depend on the stream's device).
+    planned: dict = {}
 
     def rule(ctx, original, *args, **kwargs):
+        a = args[0] if args else None
+        form = _form(args, kwargs) if isinstance(a, ARRAY) else None
+        key = None
+        if form is not None:
+            key = (a.shape, a.dtype, form)
+            plan = planned.get(key)
+            if plan is not None:
+                # (the dispatcher runs a rule with the flow off: the engine's ops are MLX's)
+                return spectral.transform(kind, _operand(a, kind), *plan, ctx.backend,
+                                          ctx.stream)
         ref = original(*args, **kwargs)  # lazy: MLX checks the arguments, gives the shape
         b = bind(args, kwargs)
         a = b["a"]
@@ -107,14 +144,18 @@ def _transform(name: str):
             return NotImplemented
         a = _operand(a, kind)
         s, axes = _sizes(name, kind, a, b)
-        # (the dispatcher runs a rule with the flow off: the engine's ops are MLX's)
-        y = spectral.transform(kind, a, s, axes, b.get("norm", "backward"), ctx.backend,
-                               ctx.stream)
+        plan = (tuple(s), tuple(axes), b.get("norm", "backward"))
+        y = spectral.transform(kind, a, *plan, ctx.backend, ctx.stream)
         if tuple(y.shape) != tuple(ref.shape) or y.dtype != ref.dtype:
             raise AssertionError(f"mlx_precise: extended mx.fft.{name} gave {y.shape} "
                                  f"{y.dtype}, MLX {ref.shape} {ref.dtype}")
+        if key is not None and key[1] in _PLANNED:
+            planned[key] = plan
+            if len(planned) > 256:
+                planned.pop(next(iter(planned)), None)
         return y
 
+    rule.planned = planned
     return rule
 
 
