@@ -1018,7 +1018,7 @@ _PARTWISE = ("add", "sub", "neg")
 # the flow's stand-ins): the rules below call them on words, where a stand-in would
 # only check that no block report is open and call these (the same nodes, host time).
 _RESHAPE, _VIEW, _INDEX = mx.array.reshape, mx.array.view, mx.array.__getitem__
-_TRANSPOSE, _CONJUGATE, _PAD = mx.array.transpose, mx.conj, mx.pad
+_TRANSPOSE, _CONJUGATE, _PAD, _SPLIT = mx.array.transpose, mx.conj, mx.pad, mx.split
 _AXIS = (..., None)  # a new trailing axis
 
 
@@ -1109,7 +1109,16 @@ def _cut(w: DoubleWord, index) -> Expr:
     return Expr.leaf(_INDEX(w.hi, index), None if lo is None else _INDEX(lo, index))
 
 
-_RE, _IM, _SWAP = (..., slice(0, 1)), (..., slice(1, 2)), (..., slice(None, None, -1))
+def _halves(w: DoubleWord) -> tuple[Expr, Expr]:
+    """The real and the imaginary part of the parts words of ``w``, (..., 1) each,
+    as leaves: one split per word (one graph node for both views, where two
+    slices are two)."""
+    his = _SPLIT(w.hi, 2, -1)
+    los = (None, None) if w._lo is None else _SPLIT(w._lo, 2, -1)
+    return Expr.leaf(his[0], los[0]), Expr.leaf(his[1], los[1])
+
+
+_SWAP = (..., slice(None, None, -1))
 
 
 def _complex_product(x: DoubleWord, y: DoubleWord) -> Expr | None:
@@ -1120,8 +1129,9 @@ def _complex_product(x: DoubleWord, y: DoubleWord) -> Expr | None:
     symmetric) and ``x_re y_im + x_im y_re`` (dw_add). None where the shapes do not
     broadcast."""
     xp, vp, wp = (_part_words(a, False) for a in (x, y, _conj(y)))
-    terms = [_compose(OP["mul"], 0, [_cut(xp, _RE), expression(vp)]),
-             _compose(OP["mul"], 0, [_cut(xp, _IM), _cut(wp, _SWAP)])]
+    x_re, x_im = _halves(xp)
+    terms = [_compose(OP["mul"], 0, [x_re, expression(vp)]),
+             _compose(OP["mul"], 0, [x_im, _cut(wp, _SWAP)])]
     return None if None in terms else _compose(OP["add"], 0, terms)
 
 
