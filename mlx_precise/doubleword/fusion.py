@@ -1014,17 +1014,23 @@ _NOT_WORDS = (Expr, _Deferred)  # apply's operands that are not launched words
 # words into parts, no join of the results, and chains of such operations fused.
 # A product of complex words is one program too (:func:`_complex_product`).
 _PARTWISE = ("add", "sub", "neg")
+# MLX's own array methods and functions (captured at import, before any block installs
+# the flow's stand-ins): the rules below call them on words, where a stand-in would
+# only check that no block report is open and call these (the same nodes, host time).
+_RESHAPE, _VIEW, _INDEX = mx.array.reshape, mx.array.view, mx.array.__getitem__
+_TRANSPOSE, _CONJUGATE, _PAD, _SPLIT = mx.array.transpose, mx.conj, mx.pad, mx.split
+_AXIS = (..., None)  # a new trailing axis
 
 
 def _parts(a: mx.array | None) -> mx.array | None:
     """float32 (..., 2) view of complex64 (...) words (MLX copies only an array
     whose last axis is strided)."""
-    return None if a is None else a.reshape(tuple(a.shape) + (1,)).view(F32)
+    return None if a is None else _VIEW(_RESHAPE(a, tuple(a.shape) + (1,)), F32)
 
 
 def _from_parts(a: mx.array) -> mx.array:
     """complex64 (...) words of their float32 (..., 2) parts (a view)."""
-    return a.view(_C64).reshape(tuple(a.shape[:-1]))
+    return _RESHAPE(_VIEW(a, _C64), tuple(a.shape[:-1]))
 
 
 def _low(w: DoubleWord) -> mx.array | None:
@@ -1042,14 +1048,14 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
         e = expression(w)
         if e is not None and e.shape == ():
             return w
-        return DoubleWord.exact(hi[..., None]) if lo is None else DoubleWord(
-            hi[..., None], lo[..., None])
+        return DoubleWord.exact(_INDEX(hi, _AXIS)) if lo is None else DoubleWord(
+            _INDEX(hi, _AXIS), _INDEX(lo, _AXIS))
     if not w.is_complex:  # (x, +0): the parts of x + 0i, as astype(complex64) makes them
         parts = _constant_parts(w)
         if parts is not None:
             return parts
-        hi_p, lo_p = (None if a is None else mx.pad(a[..., None], [(0, 0)] * a.ndim + [(0, 1)])
-                      for a in (hi, lo))
+        hi_p, lo_p = (None if a is None else
+                      _PAD(_INDEX(a, _AXIS), [(0, 0)] * a.ndim + [(0, 1)]) for a in (hi, lo))
         return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
     entry = _entry(w)
     if entry is not None and entry[4] is not None and entry[5] is not None:
@@ -1057,12 +1063,12 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
         # them as (..., 2) parts (where the complex view needed a move and a copy)
         shape, axes = entry[5]
         perm = [axes.index(d) for d in range(hi.ndim)] + [hi.ndim]
-        return DoubleWord.of_words(*(a.reshape(tuple(shape) + (2,)).transpose(perm)
+        return DoubleWord.of_words(*(_TRANSPOSE(_RESHAPE(a, tuple(shape) + (2,)), perm)
                                      for a in entry[4]))
     if entry is not None and entry[4] is not None:  # a kernel's words
         words, shape = entry[4], tuple(hi.shape) + (2,)
         if tuple(words[0].shape) != shape:  # (..., 2 n) as written: the parts axis
-            words = tuple(a.reshape(shape) for a in words)
+            words = tuple(_RESHAPE(a, shape) for a in words)
             if entry[2] is not None:  # a program's words: its chain goes with them
                 _remember(*words, entry[2])
         return DoubleWord.of_words(*words)
@@ -1093,17 +1099,26 @@ _CONSTANT_PARTS: dict = {}  # the int32 bits of a constant's words -> its parts'
 
 def _conj(w: DoubleWord) -> DoubleWord:
     """conj(w) (exact: the imaginary words change sign)."""
-    hi = mx.conj(w.hi)
-    return DoubleWord.exact(hi) if w._lo is None else DoubleWord(hi, mx.conj(w._lo))
+    hi = _CONJUGATE(w.hi)
+    return DoubleWord.exact(hi) if w._lo is None else DoubleWord(hi, _CONJUGATE(w._lo))
 
 
 def _cut(w: DoubleWord, index) -> Expr:
     """A view of the words of ``w`` (parts), as a leaf."""
     lo = w._lo
-    return Expr.leaf(w.hi[index], None if lo is None else lo[index])
+    return Expr.leaf(_INDEX(w.hi, index), None if lo is None else _INDEX(lo, index))
 
 
-_RE, _IM, _SWAP = (..., slice(0, 1)), (..., slice(1, 2)), (..., slice(None, None, -1))
+def _halves(w: DoubleWord) -> tuple[Expr, Expr]:
+    """The real and the imaginary part of the parts words of ``w``, (..., 1) each,
+    as leaves: one split per word (one graph node for both views, where two
+    slices are two)."""
+    his = _SPLIT(w.hi, 2, -1)
+    los = (None, None) if w._lo is None else _SPLIT(w._lo, 2, -1)
+    return Expr.leaf(his[0], los[0]), Expr.leaf(his[1], los[1])
+
+
+_SWAP = (..., slice(None, None, -1))
 
 
 def _complex_product(x: DoubleWord, y: DoubleWord) -> Expr | None:
@@ -1114,8 +1129,9 @@ def _complex_product(x: DoubleWord, y: DoubleWord) -> Expr | None:
     symmetric) and ``x_re y_im + x_im y_re`` (dw_add). None where the shapes do not
     broadcast."""
     xp, vp, wp = (_part_words(a, False) for a in (x, y, _conj(y)))
-    terms = [_compose(OP["mul"], 0, [_cut(xp, _RE), expression(vp)]),
-             _compose(OP["mul"], 0, [_cut(xp, _IM), _cut(wp, _SWAP)])]
+    x_re, x_im = _halves(xp)
+    terms = [_compose(OP["mul"], 0, [x_re, expression(vp)]),
+             _compose(OP["mul"], 0, [x_im, _cut(wp, _SWAP)])]
     return None if None in terms else _compose(OP["add"], 0, terms)
 
 
@@ -1145,7 +1161,7 @@ def _apply_partwise(op: str, operands: list[DoubleWord], backend, stream):
         _remember(zh, zl, e)
         _remember(hi, lo, e, (zh, zl))
     else:  # (..., 2 n): the complex words are its view (one graph node each)
-        hi, lo = zh.view(_C64), zl.view(_C64)
+        hi, lo = _VIEW(zh, _C64), _VIEW(zl, _C64)
         _remember(hi, lo, e, (zh, zl))
     return DoubleWord.of_words(hi, lo)
 

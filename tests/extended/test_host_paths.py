@@ -152,6 +152,35 @@ def test_complex_fast_path_bits(kernels, name):
     assert not report.float32 and report.extended
 
 
+def _low(a) -> np.ndarray:
+    """The low word of ``a`` (zeros where exact: none is carried)."""
+    lo = low_word(a)
+    return np.zeros(a.shape, np.dtype(str(a.dtype).split(".")[-1])) if lo is None else np.array(lo)
+
+
+def test_complex_parts_bits(kernels):
+    """z.real, z.imag, mx.real, mx.imag of complex words (exact, carried, a
+    kernel's words read as written): numpy's parts of the high and of the low
+    words, bit for bit, special values included (no low word lost)."""
+    x = _data((5, 16), 18)
+    c = (x + 1j * _data((5, 16), 19)).astype(mx.complex64)
+    with mp.extended_precision() as report:
+        zs = [c, c * 1.1 + 0.3j, mx.exp(c * 0.01)]
+        parts = [(z, (z.real, z.imag, mx.real(z), mx.imag(z))) for z in zs]
+        mx.eval(parts)
+    carried = 0
+    for z, (re, im, re_, im_) in parts:
+        hi, lo = np.array(z), _low(z)
+        for got, take in ((re, np.real), (im, np.imag), (re_, np.real), (im_, np.imag)):
+            assert got.dtype == mx.float32
+            for a, b in ((np.array(got), hi), (_low(got), lo)):
+                np.testing.assert_array_equal(a.view(np.uint32),
+                                              np.ascontiguousarray(take(b)).view(np.uint32))
+            carried += int(np.count_nonzero(take(lo)))
+    assert carried > 0
+    assert not report.float32
+
+
 @pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("affine", [False, True])
 def test_norm_chain_bits(kernels, norm, affine):

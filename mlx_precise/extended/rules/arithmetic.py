@@ -234,10 +234,25 @@ def _property(fn=None):
     return rule
 
 
-_real = (lambda w: real_imag(w)[0])
+def _part(take, k: int):
+    """Part ``k`` (0 real, 1 imaginary) of DoubleWord words, exact: of complex
+    kernel-backend words (no float64 value) ``take`` (MLX's own mx.real / mx.imag,
+    captured at import) of that part's words alone (real_imag makes both parts'
+    words); else :func:`~mlx_precise.doubleword.types.real_imag`'s."""
+
+    def part(w: DoubleWord) -> DoubleWord:
+        if not w.is_complex or w.wide is not None:
+            return real_imag(w)[k]
+        hi = take(w.hi)
+        return DoubleWord.exact(hi) if w._lo is None else DoubleWord(hi, take(w._lo))
+
+    return part
 
 
-_imag = (lambda w: real_imag(w)[1])
+_real = _part(mx.real, 0)
+
+
+_imag = _part(mx.imag, 1)
 
 
 def _complex_abs(z):
