@@ -98,9 +98,15 @@ def _complex_arrays(re: float, re_sign: float, im: float, im_sign: float) -> tup
                                          ARRAY(np.array([rl, il], np.float32))))
 
 
-def scalar_words(v) -> tuple[float, float]:
-    """The two words of a real scalar, as :func:`constant` splits it (host floats)."""
-    return _split_scalar(*_key(v))[:2]
+def scalar_expression(v):
+    """The fused programs' expression of a real scalar (:func:`fusion.constant` of
+    its two words), made once per value."""
+    return _scalar_expression(*_key(v))
+
+
+@functools.lru_cache(maxsize=1024)
+def _scalar_expression(f: float, sign: float):
+    return fusion.constant(*_split_scalar(f, sign)[:2])
 
 
 def constant64(v) -> mx.array:
@@ -230,7 +236,7 @@ def scalar_binary(op: str, x: DoubleWord, v, backend: Backend, stream=None) -> D
     """:func:`binary` of ``x`` and the real scalar ``v`` (:func:`constant`'s words):
     on a kernel backend the fused program holds ``v`` (no array is made for it)."""
     if backend.has_kernels and not x.is_complex:
-        z = fusion.apply(op, [x, fusion.constant(*scalar_words(v))], backend, stream)
+        z = fusion.apply(op, [x, scalar_expression(v)], backend, stream)
         if z is not None:
             return z
     return binary(op, x, constant(v), backend, stream)

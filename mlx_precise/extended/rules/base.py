@@ -155,7 +155,7 @@ def fused(op: str, args: tuple, backend, fn: tuple | None = None) -> mx.array | 
         operands = [arith.constant(w) if type(w) is not DoubleWord else w for w in operands]
         z = fusion.apply(op, operands, backend)
     else:
-        operands = [fusion.constant(*arith.scalar_words(w)) if type(w) is not DoubleWord else w
+        operands = [arith.scalar_expression(w) if type(w) is not DoubleWord else w
                     for w in operands]
         z = fusion.apply(op, operands, backend, fn=fn, real=True)
     return None if z is None else attach(z.hi, z._lo)
