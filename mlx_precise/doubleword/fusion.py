@@ -918,7 +918,7 @@ def guarded(fn, arrays: list, what: str, backend):
 
 
 def apply(op: str, operands: list[DoubleWord], backend, stream=None,
-          fn: tuple[str, int] | None = None, real: bool = False) -> DoubleWord | None:
+          fn: tuple[str, int] | None = None) -> DoubleWord | None:
     """``op`` ("add", "sub", "mul", "div", "neg", "abs", "max", "min", or "fn" with the
     function ``fn = (name, code)``: the name of MLX's function and its code of
     :data:`~.functions.FN`) of real DoubleWords (or constants: :func:`constant`; broadcasting;
@@ -927,11 +927,10 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
     recorded. Inside :func:`mlx_gradients` MLX differentiates the result as the
     unfused chain. None when the operands cannot be fused (or inside the unfused
     replay of a chain)
-    (complex words, too many axes): the caller runs the single-operation kernels.
-    ``real``: the caller knows every operand is real."""
+    (complex words, too many axes): the caller runs the single-operation kernels."""
     if not _fusing.get():
         return None  # the unfused replay of a chain
-    for w in () if real else operands:
+    for w in operands:
         if type(w) not in _NOT_WORDS and w.hi.dtype == _C64:
             return _apply_partwise(op, operands, backend, stream) if fn is None else None
     code = _FN if op == "fn" else OP[op]
@@ -950,6 +949,42 @@ def apply(op: str, operands: list[DoubleWord], backend, stream=None,
         hi, lo = _run(e.prog, e.leaves, e.shape, backend, stream)
     _remember(hi, lo, e)
     return DoubleWord.of_words(hi, lo)
+
+
+def apply_pairs(op: str, operands: list, backend, fn: tuple[str, int] | None = None
+                ) -> tuple[mx.array, mx.array] | None:
+    """:func:`apply` of real operands given as ``(hi, lo or None)`` pairs of float32
+    arrays (the same pair twice: one operand) or constants' expressions
+    (:func:`constant`), on the default stream, as the result's words ``(hi, lo)``:
+    the frequent case of a user's op inside a block (the dispatcher's fast path),
+    without DoubleWords. None where :func:`apply` would take another way: outside a
+    chain's fusion, inside MLX's autodiff or a deferred chain, shapes that do not
+    broadcast, an expression that does not fit the kernel (the caller's rule then
+    runs :func:`apply`)."""
+    if not _fusing.get() or _traced.get() or _deferring.get():
+        return None
+    scope = _open_scope()
+    exprs = []
+    for k, p in enumerate(operands):
+        if type(p) is Expr:
+            exprs.append(p)
+        elif k and p is operands[0]:
+            exprs.append(exprs[0])
+        else:
+            hi, lo = p
+            entry = _table.get(id(hi))
+            if entry is not None and entry[0]() is hi and entry[1] is lo and entry[3] is scope:
+                exprs.append(entry[2])  # (the check of :func:`_entry`)
+            else:
+                exprs.append(Expr.leaf(hi, lo))
+    e = _compose(_FN if op == "fn" else OP[op], 0 if fn is None else fn[1], exprs)
+    if e is None or not e.fits():
+        return None
+    if fn is not None:
+        _FN_NAMES[fn[1]] = fn[0]  # for the replay (MLX's VJP of the function)
+    hi, lo = _run(e.prog, e.leaves, e.shape, backend, None)
+    _remember(hi, lo, e)
+    return hi, lo
 
 
 # ---- deferred launches ---------------------------------------------------------------

@@ -475,3 +475,22 @@ def test_sdpa_causal_masks_in_a_block(kernels):
         "fast.scaled_dot_product_attention",
         lambda *a: mx.fast.scaled_dot_product_attention(*a, scale=0.5, mask="causal"),
         lambda *a: fast_rules._sdpa(*a, scale=0.5, mask="causal"), inputs)
+
+
+def test_long_chain_past_the_kernel_bounds(kernels):
+    """A chain longer than a fused program holds (its expression no longer fits:
+    the rule makes the longest operand a leaf) by the fast path and by the rule:
+    the same words after 60 steps, against float64 within the chain's bound."""
+    x = mx.array(rng_f32((4, 32), 21))
+    s = mx.default_stream(mx.default_device())
+    with mp.extended_precision():
+        a, b = x, x
+        for k in range(30):
+            a = a * 1.0001 + 0.5
+            b = mx.add(mx.multiply(b, 1.0001, stream=s), 0.5, stream=s)
+        mx.eval(a, b)
+    _same(a, b)
+    ref = np.array(x).astype(np.float64)
+    for k in range(30):
+        ref = ref * 1.0001 + 0.5
+    assert np.max(np.abs(value64(a) - ref) / np.abs(ref)) < 2.0 ** -44

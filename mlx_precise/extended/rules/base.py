@@ -138,8 +138,7 @@ def fused(op: str, args: tuple, backend, fn: tuple | None = None) -> mx.array | 
             if arrays and v is args[0]:  # x * x: one operand (one slot)
                 operands.append(operands[0])
                 continue
-            lo = low_word(v)
-            operands.append(DoubleWord.exact(v) if lo is None else DoubleWord.of_words(v, lo))
+            operands.append((v, low_word(v)))
             arrays = True
         elif type(v) is float or type(v) is int or type(v) is complex:
             cx = cx or type(v) is complex
@@ -148,16 +147,23 @@ def fused(op: str, args: tuple, backend, fn: tuple | None = None) -> mx.array | 
             return None
     if not arrays:
         return None
-    if cx:  # the rule's words: scalars as constants' DoubleWords
-        if fn is not None or op not in ("add", "sub", "mul", "div") or op == "div" and (
-                type(args[1]) is complex or isinstance(args[1], ARRAY) and args[1].dtype == _C64):
-            return None  # (a complex quotient: the rule's cdw_div)
-        operands = [arith.constant(w) if type(w) is not DoubleWord else w for w in operands]
-        z = fusion.apply(op, operands, backend)
-    else:
-        operands = [arith.scalar_expression(w) if type(w) is not DoubleWord else w
-                    for w in operands]
-        z = fusion.apply(op, operands, backend, fn=fn, real=True)
+    if not cx:
+        words = fusion.apply_pairs(op, [arith.scalar_expression(w) if type(w) is not tuple
+                                        else w for w in operands], backend, fn)
+        return None if words is None else attach(*words)
+    # complex: the rule's words, scalars as constants' DoubleWords
+    if fn is not None or op not in ("add", "sub", "mul", "div") or op == "div" and (
+            type(args[1]) is complex or isinstance(args[1], ARRAY) and args[1].dtype == _C64):
+        return None  # (a complex quotient: the rule's cdw_div)
+    seen = {}
+    for k, w in enumerate(operands):
+        if type(w) is tuple:  # (the same pair twice: one DoubleWord, as x * x above)
+            seen.setdefault(id(w), DoubleWord.exact(w[0]) if w[1] is None
+                            else DoubleWord.of_words(*w))
+            operands[k] = seen[id(w)]
+        else:
+            operands[k] = arith.constant(w)
+    z = fusion.apply(op, operands, backend)
     return None if z is None else attach(z.hi, z._lo)
 
 
