@@ -409,21 +409,22 @@ def _array_equal(a, b, equal_nan=False):
     return mx.all(same)
 
 
-def _fast_extremum(op: str):
-    """``maximum`` / ``minimum`` (op "max" / "min") on a kernel backend: the fused
+def _fast_fused(op: str):
+    """The fast path of an exact op of the words on a kernel backend (op "max",
+    "min": ``maximum`` / ``minimum``; "neg", "abs": of one real operand): the fused
     op of float32 arrays and Python scalars (:func:`.base.fused`), as the rule's
-    :func:`..arith.extremum` runs it; None elsewhere (the rule decides)."""
+    :mod:`..arith` function runs it; None elsewhere (the rule decides)."""
 
-    def fast(x, y):
+    def fast(*args):
         backend = backends.backend()
-        return fused(op, (x, y), backend) if backend.has_kernels else None
+        return fused(op, args, backend) if backend.has_kernels else None
 
     return fast
 
 
 FAST = {"add": _fast("add"), "subtract": _fast("sub"), "multiply": _fast("mul"),
-        "divide": _fast("div"), "maximum": _fast_extremum("max"),
-        "minimum": _fast_extremum("min")}
+        "divide": _fast("div"), "maximum": _fast_fused("max"), "minimum": _fast_fused("min"),
+        "negative": _fast_fused("neg"), "abs": _fast_fused("abs")}
 FAST["square"] = lambda x, multiply=FAST["multiply"]: multiply(x, x)
 """Op name -> a fast path the dispatcher tries first (None: the rule runs)."""
 
