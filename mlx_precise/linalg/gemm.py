@@ -152,12 +152,19 @@ def _check(a, b, bias, transposed=(False, False)):
         if not isinstance(x, DoubleWord):
             raise TypeError(f"{name} must be a DoubleWord (make one with DoubleWord.from_array), "
                             f"got {type(x).__name__}")
-    if a.ndim == 0 or b.ndim == 0:
+    return _shapes(a.shape, b.shape, None if bias is None else bias.shape, transposed)
+
+
+@functools.lru_cache(maxsize=1024)
+def _shapes(a_shape: tuple, b_shape: tuple, bias_shape: tuple | None, transposed: tuple):
+    """The shape part of :func:`_check`, cached (a layer multiplies the same shapes
+    at every call; an error is raised again every time, never cached)."""
+    if not a_shape or not b_shape:
         raise MatmulShapeError(
             "[matmul] Got 0 dimension input. Inputs must have at least one dimension.")
-    a_vec, b_vec = a.ndim == 1, b.ndim == 1
-    sa = (1,) + a.shape if a_vec else _logical(a.shape, transposed[0])
-    sb = b.shape + (1,) if b_vec else _logical(b.shape, transposed[1])
+    a_vec, b_vec = len(a_shape) == 1, len(b_shape) == 1
+    sa = (1,) + a_shape if a_vec else _logical(a_shape, transposed[0])
+    sb = b_shape + (1,) if b_vec else _logical(b_shape, transposed[1])
     if sa[-1] != sb[-2]:
         raise MatmulShapeError(
             f"[matmul] Last dimension of first input with shape {_fmt(sa)} must match second "
@@ -167,14 +174,14 @@ def _check(a, b, bias, transposed=(False, False)):
     except ValueError as e:
         raise MatmulShapeError(str(e)) from None
     out = batch + ((sa[-2],) if not a_vec else ()) + ((sb[-1],) if not b_vec else ())
-    if bias is not None:
+    if bias_shape is not None:
         try:
-            ok = tuple(mx.broadcast_shapes(bias.shape, out)) == out
+            ok = tuple(mx.broadcast_shapes(bias_shape, out)) == out
         except ValueError:
             ok = False
         if not ok:
             raise MatmulShapeError(
-                f"[addmm] bias with shape {_fmt(bias.shape)} must broadcast to the output "
+                f"[addmm] bias with shape {_fmt(bias_shape)} must broadcast to the output "
                 f"shape {_fmt(out)}.")
     return sa, sb, batch, out, a_vec, b_vec
 
@@ -268,11 +275,13 @@ def transposed_matmul(a: DoubleWord, b: DoubleWord, transposed: tuple[bool, bool
     Raises:
         :func:`matmul`'s errors; MatmulShapeError for a transposed 1-D operand.
     """
-    transposed = tuple(bool(t) for t in transposed)
-    if any(t and x.ndim < 2 for t, x in zip(transposed, (a, b))):
+    transposed = (bool(transposed[0]), bool(transposed[1]))
+    if transposed[0] and a.ndim < 2 or transposed[1] and b.ndim < 2:
         raise MatmulShapeError("[matmul] a transposed operand must have at least two dimensions.")
     sa, sb, batch, out, a_vec, b_vec = _check(a, b, bias, transposed)
     name = backends.resolve(backend)
+    if stream is None:  # (on_stream's own shortcut, without its context manager)
+        return _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name, stream, transposed)
     with on_stream(stream, "matmul"):
         return _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name, stream, transposed)
 
