@@ -276,6 +276,13 @@ class Expr:
 
 
 _ASTYPE = mx.array.astype  # MLX's own (to the same dtype: an alias, no graph node)
+# MLX's own array methods and functions (captured at import, before any block installs
+# the flow's stand-ins): the engine calls them on words, where a stand-in would only
+# check that no block report is open and call these (the same nodes, host time).
+_RESHAPE, _VIEW, _INDEX = mx.array.reshape, mx.array.view, mx.array.__getitem__
+_TRANSPOSE, _CONJUGATE, _PAD, _SPLIT = mx.array.transpose, mx.conj, mx.pad, mx.split
+_BROADCAST_TO = mx.broadcast_to
+_FIRST = slice(0, 1)
 
 
 def _cache(table: dict, key, value) -> None:
@@ -667,7 +674,7 @@ def _slot_arrays(leaves, small: tuple, shape: tuple, slots: int) -> list:
     device buffer (one signature); the unused slots repeat the first; a lone
     constant-only program reads a zero (:data:`_ZERO_LEAVES`)."""
     if small is not None:
-        arrays = [mx.broadcast_to(a, shape) if tiny else a for a, tiny in zip(leaves, small)]
+        arrays = [_BROADCAST_TO(a, shape) if tiny else a for a, tiny in zip(leaves, small)]
     else:
         arrays = list(leaves)
     if len(arrays) < slots:
@@ -721,7 +728,7 @@ def _run(prog: Program, leaves, shape: tuple, backend, stream,
     zh, zl = kernel.unchecked(inputs=arrays, backend=backends.of(backend), stream=stream,
                               **launch)
     if len(kshape) > len(shape):  # the 8 copies of a short result
-        zh, zl = zh[:1].reshape(shape), zl[:1].reshape(shape)
+        zh, zl = (_RESHAPE(_INDEX(w, _FIRST), shape) for w in (zh, zl))
     return zh, zl
 
 
@@ -788,7 +795,7 @@ def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
     zh, zl = kernel.unchecked(inputs=arrays, backend=backends.of(backend), stream=stream,
                               **launch)
     if m is not None:  # the 8 copies of a short result
-        zh, zl = zh[:m].reshape(out_shape), zl[:m].reshape(out_shape)
+        zh, zl = (_RESHAPE(_INDEX(w, slice(0, m)), out_shape) for w in (zh, zl))
     return DoubleWord.of_words(zh, zl)
 
 
@@ -1049,11 +1056,6 @@ _NOT_WORDS = (Expr, _Deferred)  # apply's operands that are not launched words
 # words into parts, no join of the results, and chains of such operations fused.
 # A product of complex words is one program too (:func:`_complex_product`).
 _PARTWISE = ("add", "sub", "neg")
-# MLX's own array methods and functions (captured at import, before any block installs
-# the flow's stand-ins): the rules below call them on words, where a stand-in would
-# only check that no block report is open and call these (the same nodes, host time).
-_RESHAPE, _VIEW, _INDEX = mx.array.reshape, mx.array.view, mx.array.__getitem__
-_TRANSPOSE, _CONJUGATE, _PAD, _SPLIT = mx.array.transpose, mx.conj, mx.pad, mx.split
 _AXIS = (..., None)  # a new trailing axis
 
 
