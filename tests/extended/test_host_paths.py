@@ -498,3 +498,22 @@ def test_long_chain_past_the_kernel_bounds(kernels):
     for k in range(30):
         ref = ref * 1.0001 + 0.5
     assert np.max(np.abs(value64(a) - ref) / np.abs(ref)) < 2.0 ** -44
+
+
+def test_kernel_forms_keep_a_float64_carried_value():
+    """A value made on the cpu backend carries its float64 value (no low word array
+    yet); rope's and grouped attention's kernel forms on emulate move its words as
+    the decomposition does: the low word built from it, not dropped (it was, in
+    their movements: a silent rounding)."""
+    x, k, v = _data((1, 4, 6, 8), 51), _data((1, 2, 6, 8), 52), _data((1, 2, 6, 8), 53)
+    with mp.use_backend("cpu"), mp.extended_precision():
+        xc, kc, vc = x * 1.1, k * 1.3, v * 0.7
+        mx.eval(xc, kc, vc)
+    rope = dict(traditional=False, base=10000.0, scale=1.0, offset=2)
+    with mp.use_backend("emulate"):
+        _same_as_decomposition("fast.rope", lambda a: mx.fast.rope(a, 8, **rope),
+                               lambda a: fast_rules._rope(a, 8, **rope), [(xc,)])
+        _same_as_decomposition(
+            "fast.scaled_dot_product_attention",
+            lambda *a: mx.fast.scaled_dot_product_attention(*a, scale=0.5),
+            lambda *a: fast_rules._sdpa(*a, scale=0.5), [(xc, kc, vc)])

@@ -93,8 +93,9 @@ def _kernel_form(ctx) -> bool:
 def _moved(f, *ws: DoubleWord) -> DoubleWord:
     """``f`` (a movement: slice, concatenate, repeat, ...) of the high and of the low
     words of ``ws``, as the flow's movement rule (``moved``): MLX's op alone where
-    no operand carries a low word (the result exact)."""
-    if all(w._lo is None for w in ws):
+    no operand carries a low word (the result exact; a carried float64 value has
+    one, built from it when read)."""
+    if all(w._lo is None and w.wide is None for w in ws):
         return DoubleWord.exact(f(*(w.hi for w in ws)))
     return DoubleWord.of_words(f(*(w.hi for w in ws)), f(*(w.lo for w in ws)))
 
