@@ -377,6 +377,16 @@ def combine(re: DoubleWord, im: DoubleWord) -> DoubleWord:
     return DoubleWord(hi, complex_from_parts(re.lo, im.lo))
 
 
+def map_words(f, *ws: DoubleWord) -> DoubleWord:
+    """``f`` (an op that moves or selects values: slice, reshape, concatenate,
+    repeat, ...) of the high words and of the low words of ``ws``; where none
+    stores a low word (float32 operands, not a carried float64 value) the result
+    stores none either (no zero word is made)."""
+    if all(w._lo is None and w.wide is None for w in ws):
+        return DoubleWord.exact(f(*(w.hi for w in ws)))
+    return DoubleWord.of_words(f(*(w.hi for w in ws)), f(*(w.lo for w in ws)))
+
+
 def as_complex(x: DoubleWord) -> DoubleWord:
     """x as a complex DoubleWord (exact)."""
     if x.is_complex:

@@ -57,14 +57,14 @@ def constant(v) -> DoubleWord:
     word, as float32 arithmetic would (``wide``, the float64 value for cpu steps,
     is then that Inf too)."""
     if isinstance(v, (complex, np.complexfloating)):
-        hi, lo, re, im, parts = _complex_arrays(*_key(v.real), *_key(v.imag))
+        hi, lo, re, im, parts = _complex_arrays(*scalar_key(v.real), *scalar_key(v.imag))
         out = DoubleWord.from_wide(hi, (re, im))
         out._lo = lo  # the parts' low words (none from the float64 value)
         if backends.backend().has_kernels:  # the words' parts as data, for fused programs
             fusion.note_parts(out.hi, out._lo, parts)
         return out
-    hi, lo, value = _split_scalar(*_key(v))
-    words = _real_arrays(*_key(v))
+    hi, lo, value = _split_scalar(*scalar_key(v))
+    words = _real_arrays(*scalar_key(v))
     out = DoubleWord.from_wide(words[0], (words[2], None))
     out._lo = words[1]
     if not backends.backend().has_kernels:  # (the cpu engine reads the float64 value)
@@ -101,7 +101,7 @@ def _complex_arrays(re: float, re_sign: float, im: float, im_sign: float) -> tup
 def scalar_expression(v):
     """The fused programs' expression of a real scalar (:func:`fusion.constant` of
     its two words), made once per value."""
-    return _scalar_expression(*_key(v))
+    return _scalar_expression(*scalar_key(v))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -112,7 +112,7 @@ def _scalar_expression(f: float, sign: float):
 def constant64(v) -> mx.array:
     """The float64 value of :func:`constant` of a real scalar ``v`` (0-d), alone
     (one array per value, kept: an operand only, never changed)."""
-    return _constant64(*_key(v))
+    return _constant64(*scalar_key(v))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -120,7 +120,8 @@ def _constant64(f: float, sign: float) -> mx.array:
     return ARRAY(_split_scalar(f, sign)[2], dtype=mx.float64)
 
 
-def _key(v) -> tuple[float, float]:
+def scalar_key(v) -> tuple[float, float]:
+    """A real scalar as a cache key: its float value and its sign (-0.0 apart from 0.0)."""
     f = float(v)
     return f, math.copysign(1.0, f)
 

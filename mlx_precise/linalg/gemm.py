@@ -37,7 +37,7 @@ import numpy as np
 
 from ..core import backends
 from ..doubleword import DoubleWord
-from ..doubleword.types import combine
+from ..doubleword.types import combine, map_words
 from ..doubleword.engine64 import from64, to64
 from ..core.kernels import Codes, Constants, Kernel, ParamLayout, generated_block
 from ..core.streams import on_stream
@@ -289,7 +289,7 @@ def transposed_matmul(a: DoubleWord, b: DoubleWord, transposed: tuple[bool, bool
 def _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name: Backend,
             stream, transposed=(False, False)) -> DoubleWord:
     if not name.has_kernels:
-        a, b = (_map(lambda w: mx.swapaxes(w, -1, -2), x) if t else x
+        a, b = (map_words(lambda w: mx.swapaxes(w, -1, -2), x) if t else x
                 for x, t in zip((a, b), transposed))
         return _cpu(a, b, bias)
     # The kernel reads the operands' flat buffers through strides computed from
@@ -301,13 +301,6 @@ def _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name: Backend,
         sd = d[:len(batch)] + ((d[len(batch)],) if not a_vec else (1,)) \
             + ((d[-1],) if not b_vec else (1,))
     return _kernel(a, b, bias, sa, sb, sd, batch, out, name, stream, transposed)
-
-
-def _map(f, x: DoubleWord) -> DoubleWord:
-    """``f`` of both words; a float32 operand stays one (no zero low word made)."""
-    if x._lo is None and x.wide is None:
-        return DoubleWord.exact(f(x.hi))
-    return DoubleWord(f(x.hi), f(x.lo))
 
 
 def _stored_lo(x: DoubleWord) -> mx.array | None:
@@ -383,10 +376,10 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: t
         # Real product, complex bias: the imaginary part is the bias's (exact).
         dr, di = d.parts()
         re = _kernel(a, b, dr, sa, sb, sd, batch, out, name, stream, transposed)
-        im = _map(lambda w: mx.broadcast_to(w, out), di)
+        im = map_words(lambda w: mx.broadcast_to(w, out), di)
         return combine(re, im)
     if cx and d is not None and not d.is_complex:
-        d = _map(lambda w: w.astype(C64), d)  # exact: zero imaginary part
+        d = map_words(lambda w: w.astype(C64), d)  # exact: zero imaginary part
     key = (sa, sb, sd, batch, out, transposed, a.is_complex, b.is_complex, cx, _stores_lo(a),
            _stores_lo(b), None if d is None else _stores_lo(d))
     plan = _PLANS.get(key)

@@ -237,6 +237,13 @@ def decomposed(fn):
     return rule
 
 
+def kernel_form(ctx) -> bool:
+    """Whether a rule runs its kernel form (its decomposition's steps called on the
+    words): on a kernel backend, outside gradient recording (the tape records the
+    decomposition's ops) and MLX's autodiff (it differentiates them)."""
+    return not (ctx.backend.float64_engine or autodiff.recording() or differentiating())
+
+
 def float64_form(fast, decomposition, kernels=None):
     """The rule of an op defined by ``decomposition`` (see :func:`decomposed`) that
     the cpu backend computes by ``fast(*args, **kw)`` instead, a float64 formula
@@ -264,7 +271,7 @@ def float64_form(fast, decomposition, kernels=None):
                 out = fast(*args, **kw)
                 if out is not NotImplemented:
                     return out
-        elif kernels is not None and not autodiff.recording():
+        elif kernels is not None and kernel_form(ctx):
             out = kernels(ctx, *args, **kw)
             if out is not NotImplemented:
                 return out

@@ -11,11 +11,11 @@ import mlx.core as mx
 import numpy as np
 
 from ...doubleword import engine64, functions, fusion
-from ...doubleword.types import DoubleWord
+from ...doubleword.types import map_words
 from ...linalg import gemm
-from .. import arith, autodiff, carry
-from .base import (ARRAY, REAL, decomposed, float64_form, is_word_array, result, unbroadcast,
-                   words)
+from .. import arith, carry
+from .base import (ARRAY, REAL, decomposed, float64_form, is_word_array, kernel_form, result,
+                   unbroadcast, words)
 from .constructors import grid
 from .linear import RULES as _LINEAR
 from .reductions import _softmax_words
@@ -83,28 +83,6 @@ def _rope(a, dims, *, traditional, base, scale, offset, freqs=None, **kw):
     return y if dims == a.shape[-1] else mx.concatenate([y, a[..., dims:]], axis=-1)
 
 
-def _kernel_form(ctx) -> bool:
-    """Whether a rule runs its kernel form (:func:`_rope_words`, :func:`_sdpa_words`):
-    on a kernel backend, outside gradient recording (the tape records the
-    decomposition's ops) and MLX's autodiff (it differentiates them)."""
-    return not (ctx.backend.float64_engine or autodiff.recording() or fusion.differentiating())
-
-
-def _moved(f, *ws: DoubleWord) -> DoubleWord:
-    """``f`` (a movement: slice, concatenate, repeat, ...) of the high and of the low
-    words of ``ws``, as the flow's movement rule (``moved``): MLX's op alone where
-    no operand carries a low word (the result exact; a carried float64 value has
-    one, built from it when read)."""
-    if all(w._lo is None and w.wide is None for w in ws):
-        return DoubleWord.exact(f(*(w.hi for w in ws)))
-    return DoubleWord.of_words(f(*(w.hi for w in ws)), f(*(w.lo for w in ws)))
-
-
-def _number_key(v) -> tuple:
-    """A number as a key: its value and its sign (-0.0 apart from 0.0)."""
-    return v, math.copysign(1.0, v)
-
-
 def _angles(a, dims, base, scale, offset, freqs, b, s) -> tuple:
     """The cos and sin words of :func:`_rope`'s angles for ``a``'s positions, by its
     steps (inside :func:`_rope_words`' ``fusion.deferred()``); for an offset given
@@ -114,7 +92,7 @@ def _angles(a, dims, base, scale, offset, freqs, b, s) -> tuple:
     memo = key = None
     if freqs is None and not isinstance(offset, mx.array):
         memo = fusion.block_memo()
-        key = ("rope", T, half, *(_number_key(v) for v in (base, scale, offset)), b, s)
+        key = ("rope", T, half, *(arith.scalar_key(v) for v in (base, scale, offset)), b, s)
         angles = None if memo is None else memo.get(key)
         if angles is not None:
             return angles
@@ -130,7 +108,7 @@ def _angles(a, dims, base, scale, offset, freqs, b, s) -> tuple:
     else:
         positions = arith.scalar_binary("add", positions, offset, b, s)
     positions = arith.scalar_binary("mul", positions, scale, b, s)
-    theta = arith.binary("mul", _moved(lambda t: mx.expand_dims(t, -1), positions), inv, b, s)
+    theta = arith.binary("mul", map_words(lambda t: mx.expand_dims(t, -1), positions), inv, b, s)
     angles = functions.unary("cos", theta, b, s), functions.unary("sin", theta, b, s)
     if memo is not None:
         memo[key] = angles
@@ -151,19 +129,19 @@ def _rope_words(ctx, a, dims, *, traditional, base, scale, offset, freqs=None):
     with fusion.deferred():
         c, sn = _angles(a, dims, base, scale, offset, freqs, b, s)
         if traditional:
-            x1, x2 = (_moved(lambda t: t[..., k:dims:2], A) for k in (0, 1))
+            x1, x2 = (map_words(lambda t: t[..., k:dims:2], A) for k in (0, 1))
         else:
-            x1, x2 = _moved(lambda t: t[..., :half], A), _moved(lambda t: t[..., half:dims], A)
+            x1, x2 = map_words(lambda t: t[..., :half], A), map_words(lambda t: t[..., half:dims], A)
         mul = functools.partial(arith.binary, "mul", backend=b, stream=s)
         y1 = arith.binary("sub", mul(x1, c), mul(x2, sn), b, s)
         y2 = arith.binary("add", mul(x1, sn), mul(x2, c), b, s)
         if traditional:
-            y = _moved(lambda u, v: mx.stack([u, v], axis=-1).reshape(*a.shape[:-1], dims),
+            y = map_words(lambda u, v: mx.stack([u, v], axis=-1).reshape(*a.shape[:-1], dims),
                        y1, y2)
         else:
-            y = _moved(lambda u, v: mx.concatenate([u, v], axis=-1), y1, y2)
+            y = map_words(lambda u, v: mx.concatenate([u, v], axis=-1), y1, y2)
         if dims != a.shape[-1]:
-            y = _moved(lambda u, v: mx.concatenate([u, v[..., dims:]], axis=-1), y, A)
+            y = map_words(lambda u, v: mx.concatenate([u, v[..., dims:]], axis=-1), y, A)
         return result(y)
 
 
@@ -179,7 +157,7 @@ def _rope_rule(ctx, original, a, dims, **kw):
         return NotImplemented
     if isinstance(offset, mx.array) and offset.size == 1:
         kw["offset"] = offset.reshape(())
-    if _kernel_form(ctx):
+    if kernel_form(ctx):
         out = _rope_words(ctx, a, dims, **kw)
         if out is not NotImplemented:
             return out
@@ -211,7 +189,7 @@ def _sdpa_words(ctx, q, k, v, *, scale, mask=None, sinks=None, **kw):
     b, st = ctx.backend, ctx.stream
     K, V = words(k), words(v)
     if heads != kv_heads:
-        K, V = (_moved(lambda t: mx.repeat(t, heads // kv_heads, axis=-3), W) for W in (K, V))
+        K, V = (map_words(lambda t: mx.repeat(t, heads // kv_heads, axis=-3), W) for W in (K, V))
         v = result(V)
     with fusion.deferred():
         qs = result(arith.scalar_binary("mul", words(q), scale, b, st))  # (read by the GEMM)
@@ -223,12 +201,12 @@ def _sdpa_words(ctx, q, k, v, *, scale, mask=None, sinks=None, **kw):
         elif mask is not None:
             s = arith.binary("add", s, words(mask), b, st)
         if sinks is not None:
-            column = _moved(lambda t: mx.broadcast_to(t.reshape(-1, 1, 1), (*s.shape[:-1], 1)),
+            column = map_words(lambda t: mx.broadcast_to(t.reshape(-1, 1, 1), (*s.shape[:-1], 1)),
                             words(sinks))
-            s = _moved(lambda c, t: mx.concatenate([c, t], axis=-1), column, s)
+            s = map_words(lambda c, t: mx.concatenate([c, t], axis=-1), column, s)
         p = _softmax_words(ctx, result(s), axis=-1)
         if sinks is not None:
-            p = result(_moved(lambda t: t[..., 1:], words(p)))
+            p = result(map_words(lambda t: t[..., 1:], words(p)))
     return _MATMUL_RULE(ctx, mx.matmul, p, v)
 
 
@@ -242,7 +220,7 @@ def _sdpa_rule(ctx, original, q, k, v, **kw):
         return NotImplemented
     if not all(is_word_array(t) and t.dtype == mx.float32 for t in (q, k, v)):
         return NotImplemented
-    if _kernel_form(ctx):
+    if kernel_form(ctx):
         out = _sdpa_words(ctx, q, k, v, **kw)
         if out is not NotImplemented:
             return out

@@ -15,11 +15,11 @@ from ...linalg import gemm
 from .. import arith, autodiff, carry
 from ..carry import low_word
 from ...doubleword import DoubleWord
+from ...doubleword.types import map_words
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from ..engine import words_op
-from ...doubleword.fusion import differentiating
-from .base import (REAL, conj, decomposed, fused, is_word_array, result, result64, small64,
-                   unbroadcast, words)
+from .base import (REAL, conj, decomposed, fused, is_word_array, kernel_form, result, result64,
+                   small64, unbroadcast, words)
 
 # Result of a transpose of the last two axes on a kernel backend -> the array it
 # transposes: id -> (weak reference to the result, the block's report, the source's
@@ -137,8 +137,7 @@ def _addmm_rule():
     slow, product = decomposed(_addmm), _matmul()
 
     def rule(ctx, original, c, a, b, alpha=1.0, beta=1.0, **kw):
-        if (ctx.backend.has_kernels and alpha == 1 and beta == 1 and not kw
-                and is_word_array(c) and not autodiff.recording() and not differentiating()):
+        if alpha == 1 and beta == 1 and not kw and is_word_array(c) and kernel_form(ctx):
             ab = product(ctx, _MATMUL, a, b)
             if ab is not NotImplemented:
                 z = fused("add", (ab, c), ctx.backend)
@@ -241,9 +240,7 @@ def _einsum_words(spec, a, b, original, backend):
         def move(w):
             w = w if perm is None else mx.transpose(w, perm)
             return w if w.shape == shape else w.reshape(shape)
-        if x._lo is None and x.wide is None:  # a float32 operand: no low word made
-            return DoubleWord.exact(move(x.hi))
-        return DoubleWord.of_words(move(x.hi), move(x.lo))
+        return map_words(move, x)  # (a float32 operand: no low word made)
 
     def forward(A, B):
         C = gemm.matmul(moved(A, pa, sa), moved(B, pb, sb), backend=backend)

@@ -167,32 +167,39 @@ def _exponentials(ctx, x, axis):
     return functions.unary("exp", arith.binary("sub", words(x), shift, b, s), b, s), shift, axes
 
 
-def _softmax_words(ctx, x, axis=None, precise=False, **kw):
-    """:func:`_softmax` on a kernel backend: its steps called on the words (each
-    the rule its op runs: the same fused programs, so the same bits), the
-    exponentials launched only where the sum reads them."""
-    b, s = ctx.backend, ctx.stream
-    with fusion.deferred():
-        given = _exponentials(ctx, x, axis)
-        if given is None:
-            return NotImplemented
-        e, _, axes = given
-        return result(arith.binary("div", e, arith.reduce_sum(e, axes, True, b, s), b, s))
+def _exponentials_form(finish):
+    """The kernel form of :func:`_softmax` / :func:`_logsumexp`: their steps called on
+    the words (each the rule its op runs: the same fused programs, so the same
+    bits) inside ``fusion.deferred()`` (the exponentials launched only where the sum
+    reads them): :func:`_exponentials`, then ``finish(ctx, e, shift, axes, *rest,
+    **kw)`` (a DoubleWord; ``rest``, ``kw``: the op's other arguments)."""
+
+    def form(ctx, x, axis=None, *rest, **kw):
+        with fusion.deferred():
+            given = _exponentials(ctx, x, axis)
+            if given is None:
+                return NotImplemented
+            return result(finish(ctx, *given, *rest, **kw))
+
+    return form
 
 
-def _logsumexp_words(ctx, x, axis=None, keepdims=False, **kw):
-    """:func:`_logsumexp` on a kernel backend (as :func:`_softmax_words`)."""
+def _softmax_finish(ctx, e, shift, axes, precise=False, **kw):
     b, s = ctx.backend, ctx.stream
-    with fusion.deferred():
-        given = _exponentials(ctx, x, axis)
-        if given is None:
-            return NotImplemented
-        e, shift, axes = given
-        total = arith.reduce_sum(e, axes, True, b, s)
-        y = arith.binary("add", functions.unary("log", total, b, s), shift, b, s)
-        if not keepdims:  # (the squeeze: a movement of both words)
-            y = DoubleWord.of_words(*(mx.squeeze(w, axis=axes) for w in (y.hi, y.lo)))
-        return result(y)
+    return arith.binary("div", e, arith.reduce_sum(e, axes, True, b, s), b, s)
+
+
+def _logsumexp_finish(ctx, e, shift, axes, keepdims=False, **kw):
+    b, s = ctx.backend, ctx.stream
+    total = arith.reduce_sum(e, axes, True, b, s)
+    y = arith.binary("add", functions.unary("log", total, b, s), shift, b, s)
+    if not keepdims:  # (the squeeze: a movement of both words)
+        y = DoubleWord.of_words(*(mx.squeeze(w, axis=axes) for w in (y.hi, y.lo)))
+    return y
+
+
+_softmax_words = _exponentials_form(_softmax_finish)
+_logsumexp_words = _exponentials_form(_logsumexp_finish)
 
 
 def _std(a, axis=None, keepdims=False, ddof=0, **kw):
