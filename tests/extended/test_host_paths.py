@@ -517,3 +517,26 @@ def test_kernel_forms_keep_a_float64_carried_value():
             "fast.scaled_dot_product_attention",
             lambda *a: mx.fast.scaled_dot_product_attention(*a, scale=0.5),
             lambda *a: fast_rules._sdpa(*a, scale=0.5), [(xc, kc, vc)])
+
+
+def test_short_paths_under_strict(kernels):
+    """A block of the ops the short paths take (elementwise with scalars, norms,
+    softmax, rope, attention, addmm, einsum, an FFT, a slice) in strict mode: no
+    value leaves double-word (nothing raised, nothing in float32), every result
+    carries a low word, and the report counts the ops as extended."""
+    x = _data((1, 2, 8, 16), 60)
+    w, c = _data((16, 16), 61), _data((16,), 62)
+    with mp.extended_precision(strict=True) as report:
+        y = mx.fast.layer_norm(x * 0.5 + 1.0, c, c, 1e-5)
+        y = mx.fast.rope(y, 16, traditional=False, base=10000.0, scale=1.0, offset=0)
+        y = mx.fast.scaled_dot_product_attention(y, y, y, scale=0.25, mask="causal")
+        y = mx.addmm(c, mx.softmax(y, axis=-1), w.T)
+        y = mx.einsum("bhtd,de->bhte", y, w) / 3.0
+        z = mx.fft.rfft(y[..., :8], axis=-1)
+        outs = [y, -mx.abs(y), mx.exp(y[0]), z]
+        mx.eval(outs)
+    assert not report.float32
+    assert all(low_word(o) is not None for o in outs)
+    for op in ("fast.layer_norm", "fast.rope", "fast.scaled_dot_product_attention", "addmm",
+               "softmax", "einsum", "fft.rfft", "__mul__", "__truediv__", "exp"):
+        assert report.extended[op] >= 1, op
