@@ -27,6 +27,8 @@ def lazy_metal():
 # the longest ones start first and the short ones fill the other worker, instead of
 # one long file running alone at the end.
 _LONGEST_FIRST = (
+    "extended/test_compiled_ops_cpu.py",
+    "extended/test_compiled_ops_emulate.py",
     "extended/test_training_compile.py",
     "extended/test_training.py",
     "test_notebooks.py",

@@ -1,0 +1,8 @@
+"""mx.compile and the block on the cpu backend, for every op with a rule and its
+gradient: see compile_sweep (one file per backend: the sweeps run on two workers)."""
+
+from compile_sweep import check_every_op
+
+
+def test_compiled_block_for_every_op():
+    check_every_op("cpu")
