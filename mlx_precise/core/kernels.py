@@ -474,6 +474,16 @@ class Kernel:
             output_dtypes=list(output_dtypes), backend=name, stream=stream,
             init_value=init_value)
 
+    def launcher(self, backend: str) -> Callable:
+        """MLX's launch function of this kernel on a resolved ``backend`` (with
+        kernels; the device self-test run once), which takes MLX's keyword arguments
+        (``inputs``, ``template``, ``grid``, ...): for a wrapper that launches one
+        kernel often with arguments it prepared once (the fused programs' launch
+        plans); :meth:`unchecked` calls it."""
+        if self.extended:
+            _device_check(backend)
+        return _build(self, backend)
+
     def unchecked(self, *, inputs: list, template: list, grid: tuple, threadgroup: tuple,
                   output_shapes: list, output_dtypes: list, backend: str, stream=None,
                   init_value: float | None = None) -> list[mx.array]:
@@ -484,9 +494,7 @@ class Kernel:
         as MLX takes it, ``[(name, value), ...]`` in declaration order, codes as
         numbers. The host cost of a launch is then MLX's (a fused chain launches
         once per consumed result: :mod:`mlx_precise.doubleword.fusion`)."""
-        if self.extended:
-            _device_check(backend)
-        fn = _build(self, backend)
+        fn = self.launcher(backend)
         if stream is None and init_value is None:
             return fn(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
                       output_shapes=output_shapes, output_dtypes=output_dtypes)

@@ -346,17 +346,16 @@ def _compose(op: int, fn: int, operands: list[Expr]) -> Expr | None:
         if not e.leaves:
             slots.append(())
             continue
-        # an alias read twice: one slot
-        slot = {id(a): k for k, a in enumerate(leaves)}
-        taken, extra = [], []
+        # an alias read twice: one slot (a scan by identity: a dozen leaves at most)
+        taken = []
         for a in e.leaves:
-            k = slot.get(id(a))
-            if k is None:
-                k = slot[id(a)] = len(leaves) + len(extra)
-                extra.append(a)
+            for k, b in enumerate(leaves):
+                if b is a:
+                    break
+            else:
+                k = len(leaves)
+                leaves += (a,)
             taken.append(k)
-        if extra:
-            leaves = leaves + tuple(extra)
         slots.append(tuple(taken))
     key = (op, fn, tuple([e.prog for e in operands]), tuple(slots))
     prog = _COMPOSED.get(key)
@@ -449,8 +448,13 @@ def block_memo() -> dict | None:
 def _remember(hi: mx.array, lo: mx.array | None, e: Expr | None, parts: tuple | None = None,
               layout: tuple | None = None) -> None:
     scope = _open_scope()
-    if scope is None:  # outside blocks nothing sees an in-place update of hi: no entry
-        return
+    if scope is not None:  # outside blocks nothing sees an in-place update of hi: no entry
+        _note(scope, hi, lo, e, parts, layout)
+
+
+def _note(scope: _Scope, hi: mx.array, lo: mx.array | None, e: Expr | None,
+          parts: tuple | None = None, layout: tuple | None = None) -> None:
+    """:func:`_remember` in the open block's ``scope``."""
     key = id(hi)
 
     def drop(_ref, key=key):
@@ -700,6 +704,7 @@ def _slot_plan(shapes: tuple, shape: tuple) -> tuple[tuple, tuple]:
 
 
 _SLOT_PLANS: dict = {}
+_BACKEND = backends.Backend
 _ZERO_LEAVES = (mx.array(0.0, F32),)
 
 
@@ -725,8 +730,11 @@ def _run(prog: Program, leaves, shape: tuple, backend, stream,
     small, kshape, kernel, prog_array, launch, slots = plan
     arrays = _slot_arrays(leaves, small, kshape, slots)
     arrays.append(prog_array)
-    zh, zl = kernel.unchecked(inputs=arrays, backend=backends.of(backend), stream=stream,
-                              **launch)
+    fn = kernel.launcher(backend if type(backend) is _BACKEND else backends.of(backend))
+    if stream is None:
+        zh, zl = fn(inputs=arrays, **launch)
+    else:
+        zh, zl = fn(inputs=arrays, stream=stream, **launch)
     if len(kshape) > len(shape):  # the 8 copies of a short result
         zh, zl = (_RESHAPE(_INDEX(w, _FIRST), shape) for w in (zh, zl))
     return zh, zl
@@ -968,9 +976,11 @@ def apply_pairs(op: str, operands: list, backend, fn: tuple[str, int] | None = N
     chain's fusion, inside MLX's autodiff or a deferred chain, shapes that do not
     broadcast, an expression that does not fit the kernel (the caller's rule then
     runs :func:`apply`)."""
-    if not _fusing.get() or _traced.get() or _deferring.get():
+    if _traced.get() or _deferring.get() or not _fusing.get():
         return None
-    scope = _open_scope()
+    scope = _scope.get()
+    if scope is not None and not scope.open:
+        scope = None
     exprs = []
     for k, p in enumerate(operands):
         if type(p) is Expr:
@@ -990,7 +1000,8 @@ def apply_pairs(op: str, operands: list, backend, fn: tuple[str, int] | None = N
     if fn is not None:
         _FN_NAMES[fn[1]] = fn[0]  # for the replay (MLX's VJP of the function)
     hi, lo = _run(e.prog, e.leaves, e.shape, backend, None)
-    _remember(hi, lo, e)
+    if scope is not None:  # (outside blocks: no entry, see _remember)
+        _note(scope, hi, lo, e)
     return hi, lo
 
 

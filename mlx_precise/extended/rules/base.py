@@ -140,16 +140,17 @@ def fused(op: str, args: tuple, backend, fn: tuple | None = None) -> mx.array | 
                 continue
             operands.append((v, low_word(v)))
             arrays = True
-        elif type(v) is float or type(v) is int or type(v) is complex:
-            cx = cx or type(v) is complex
+        elif type(v) is float or type(v) is int:
+            operands.append(arith.scalar_expression(v))
+        elif type(v) is complex:
+            cx = True
             operands.append(v)
         else:
             return None
     if not arrays:
         return None
     if not cx:
-        words = fusion.apply_pairs(op, [arith.scalar_expression(w) if type(w) is not tuple
-                                        else w for w in operands], backend, fn)
+        words = fusion.apply_pairs(op, operands, backend, fn)
         return None if words is None else attach(*words)
     # complex: the rule's words, scalars as constants' DoubleWords
     if fn is not None or op not in ("add", "sub", "mul", "div") or op == "div" and (
@@ -161,8 +162,8 @@ def fused(op: str, args: tuple, backend, fn: tuple | None = None) -> mx.array | 
             seen.setdefault(id(w), DoubleWord.exact(w[0]) if w[1] is None
                             else DoubleWord.of_words(*w))
             operands[k] = seen[id(w)]
-        else:
-            operands[k] = arith.constant(w)
+        else:  # (args and operands align: one operand per argument)
+            operands[k] = arith.constant(args[k])
     z = fusion.apply(op, operands, backend)
     return None if z is None else attach(z.hi, z._lo)
 
