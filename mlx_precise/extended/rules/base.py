@@ -69,11 +69,32 @@ def words(x) -> DoubleWord | None:
         hi = x.astype(mx.float32)
         if x.dtype in (mx.bool_, mx.int8, mx.uint8, mx.int16, mx.uint16):
             return arith.exact(hi)  # exact in float32
-        wide = mx.int64 if x.dtype in (mx.int32, mx.int64) else mx.uint64
-        return DoubleWord(hi, (x.astype(wide) - hi.astype(wide)).astype(mx.float32))
+        return DoubleWord(hi, _integer_low(x, hi))
     if isinstance(x, SCALARS) and not isinstance(x, (bool, np.bool_)):
         return arith.constant(x)
     return None
+
+
+_OUTSIDE = {mx.int64: 2.0 ** 63, mx.uint64: 2.0 ** 64}  # a float32 hi there: outside the type
+
+
+def _integer_low(x: mx.array, hi: mx.array) -> mx.array:
+    """``x - hi`` in float32 for an integer array ``x`` (32 or 64 bits) and its
+    float32 rounding ``hi``: exact in the integer type (|x - hi| <= ulp(hi) / 2, so
+    a float32 value for |x| < 2^48). RN32 may round up, past ``x``: the difference
+    of unsigned integers is then taken the other way round and negated (it would
+    wrap), and where ``hi`` is 2^63 (int64) or 2^64 (uint64), outside the type,
+    ``hi - x`` is ``(2^63 - 1 - x) + 1``, or ``0 - x`` in uint64's arithmetic
+    modulo 2^64."""
+    if x.dtype in (mx.int32, mx.uint32):  # both fit int64
+        return (x.astype(mx.int64) - hi.astype(mx.int64)).astype(mx.float32)
+    out = hi >= _OUTSIDE[x.dtype]
+    h = mx.where(out, 0.0, hi).astype(x.dtype)
+    up = h > x  # (False where out: h is 0 there)
+    below = mx.where(up, h - x, x - h).astype(mx.float32)  # |x - h|, without a wrap
+    past = (mx.array(np.iinfo(np.int64).max, mx.int64) - x) + 1 if x.dtype == mx.int64 else (
+        mx.array(0, mx.uint64) - x)
+    return mx.where(out, -past.astype(mx.float32), mx.where(up, -below, below))
 
 
 def floating_result(x, y) -> bool:
@@ -281,10 +302,15 @@ def float64_form(fast, decomposition, kernels=None):
     return rule
 
 
-def operand_array(v):
+def operand_array(v, backend=None):
     """An operand of an engine rule as an array: a scalar becomes a 0-d constant
-    carrying its second word."""
+    carrying its second word; an integer array on a kernel backend (``backend``
+    with kernels, which read float32 words) its float32 rounding carrying the
+    rest (:func:`words`; the cpu engine reads integers in float64 itself)."""
     if isinstance(v, ARRAY):
+        if backend is not None and backend.has_kernels and is_integer_array(v):
+            w = words(v)
+            return attach_words(w.hi, w)
         return v
     c = arith.constant(v)
     # (an alias of the constant's array, which is shared: the alias carries the word)

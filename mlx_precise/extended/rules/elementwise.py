@@ -131,7 +131,7 @@ def _power(ctx, original, x, y, **kw):
             return result(arith.where(special, arith.exact(mx.abs(x)), r))
         if y == -1:
             return function("reciprocal")(ctx, mx.reciprocal, x)
-    a, b = operand_array(x), operand_array(y)
+    a, b = operand_array(x, ctx.backend), operand_array(y, ctx.backend)
     return words_op(lambda X, Y: functions.binary("power", X, Y, ctx.backend), original,
                     [a, b], ctx.backend)
 
@@ -143,7 +143,8 @@ def _arctan2(ctx, original, a, b, **kw):
             isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (a, b)):
         return NotImplemented
     return words_op(lambda X, Y: functions.binary("arctan2", X, Y, ctx.backend), original,
-                    [operand_array(a), operand_array(b)], ctx.backend)
+                    [operand_array(a, ctx.backend), operand_array(b, ctx.backend)],
+                    ctx.backend)
 
 
 _LN2 = math.log(2.0)  # its float64 value enters in two words
