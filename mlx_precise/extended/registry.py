@@ -65,7 +65,7 @@ VALUE_FREE = frozenset({
     "isnan", "isinf", "isfinite", "isposinf", "isneginf", "sign", "all", "any",
     "count_nonzero", "logical_and", "logical_or", "logical_not", "logical_xor",
     # read only the shape and dtype
-    "zeros_like", "ones_like", "empty_like", "full_like",
+    "zeros_like", "ones_like", "empty_like",
     # refuse floating operands (MLX raises): no carried value reaches them
     "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_invert", "left_shift",
     "right_shift", "bitwise_left_shift", "bitwise_right_shift",
@@ -102,7 +102,7 @@ NOT_OPS = frozenset({
     "isdtype", "can_cast", "result_type", "broadcast_shapes", "finfo", "iinfo",
     "from_dlpack", "einsum_path",
     # constructors from shapes and scalars (float32 scalars are exact there)
-    "zeros", "ones", "full", "eye", "identity", "tri", "empty", "bartlett", "blackman",
+    "zeros", "ones", "eye", "identity", "tri", "empty", "bartlett", "blackman",
     "hamming", "hanning",
     # exits: a value leaves here as the float32 rounding of its double-word value
     "save", "savez", "savez_compressed", "save_gguf", "save_safetensors", "view",
