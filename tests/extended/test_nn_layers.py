@@ -263,6 +263,25 @@ def test_list_arguments_changed_after_the_call(backend):
     assert not rep.float32
 
 
+def test_saturated_tanh_and_sigmoid_gradients(backend):
+    """nn.Tanh / nn.Sigmoid / nn.SiLU far into saturation (LSTM and GRU gates):
+    the derivatives 1 / cosh^2 and e^-|x| / (1 + e^-|x|)^2 stay faithful (they
+    were computed as 1 - o^2 and o (1 - o), which cancel: 1e7 ulps off at 20)."""
+    x = np.array([-40, -20, -12, -7, 7, 9, 12, 15, 20, 30, 40], np.float32)
+    G = rng_f32(x.shape, 45)
+    x64, G64 = x.astype(np.float64), G.astype(np.float64)
+    t = np.exp(-np.abs(x64))
+    s = np.where(x64 >= 0, 1 / (1 + t), t / (1 + t))
+    want = {"Tanh": 1 / np.cosh(x64) ** 2, "Sigmoid": t / (1 + t) ** 2,
+            "SiLU": s + x64 * t / (1 + t) ** 2}
+    for name, d in want.items():
+        m = getattr(nn, name)()
+        with mp.extended_precision() as rep:
+            g = mx.grad(lambda v: (m(v) * mx.array(G)).sum())(mx.array(x))
+        assert ulps(g, G64 * d) <= 1.0, name
+        assert not rep.float32, rep
+
+
 def test_sinusoidal_positional_encoding(backend):
     """cos / sin of x * sigma (numpy oracle: MLX's float64 sin / cos are float32-
     accurate): the output and d/dx sum(y * G)."""
