@@ -218,10 +218,11 @@ def errors(name):
 
 # What the block reports leaving double-word, where a layer legitimately does: the
 # sampling positions of Upsample's linear / cubic modes become integer indices
-# (astype uint32: exact integers, nothing rounds); on emulate the scatter-adds of
-# their gradients along a spatial axis and the overlapping windows' gradient of
-# pooling (as_strided) are float32 (docs/training.md, Limits), within the float32
-# error of a short sum (ULPS_REPORTED).
+# (astype uint32: exact integers, nothing rounds); on emulate, the gradients of
+# x[(slice, i, j)] (an index tuple: its scatter-add is float32 there, port_guide.md)
+# of the modes that sample that way, and of pooling's overlapping windows
+# (as_strided, test_repeated_read_grads.py) are float32, within the error of a
+# short float32 sum (ULPS_REPORTED).
 REPORTED = {
     **{f"Upsample.{m}.{ac}": {"cpu": {"astype"}, "emulate": {"astype"}}
        for m in ("linear", "cubic") for ac in (False, True)},
