@@ -283,6 +283,23 @@ def test_saturated_tanh_and_sigmoid_gradients(backend):
         assert not rep.float32, rep
 
 
+def test_quotients_by_huge_divisors(backend):
+    """nn.Softsign at |x| near float32's top (x / (1 + |x|)) and divisions by
+    |y| > 2^126, whose float32 reciprocal is subnormal: the quotients, not 0 (the
+    kernels flushed 1 / y.hi and returned 0 where float32 gives ~1)."""
+    x = np.array([3e38, -3e38, 2.0**127, 1e38, 5.0], np.float32)
+    y = np.array([3e38, 2.0**127, 2.0**127, -2.0**126 * 1.5, 2.0**127], np.float32)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    with mp.extended_precision() as rep:
+        soft = nn.Softsign()(mx.array(x))
+        q = mx.array(x) / mx.array(y)
+        q3 = (mx.array(x) / 3) / mx.array(y)  # a carried dividend
+    assert ulps(soft, x64 / (1 + np.abs(x64))) <= 1.0
+    assert ulps(q[:4], x64[:4] / y64[:4]) <= 1.0 and ulps(q3[:4], x64[:4] / 3 / y64[:4]) <= 1.0
+    assert np.array(q)[4] in (0.0, np.float32(5.0 / 2.0**127))  # subnormal: flushed on GPUs
+    assert not rep.float32, rep
+
+
 def test_sinusoidal_positional_encoding(backend):
     """cos / sin of x * sigma (numpy oracle: MLX's float64 sin / cos are float32-
     accurate): the output and d/dx sum(y * G)."""
