@@ -90,6 +90,8 @@ ACTIVATIONS = {
     "PReLU": lambda: nn.PReLU(1, 0.3), "ReLU6": nn.ReLU6, "ReLU2": nn.ReLU2, "SiLU": nn.SiLU,
     "Softmin": nn.Softmin, "Softplus": nn.Softplus, "Softshrink": lambda: nn.Softshrink(0.4),
     "Softsign": nn.Softsign, "Step": lambda: nn.Step(0.2), "Tanh": nn.Tanh, "GLU": nn.GLU,
+    "GELU.fast": lambda: nn.GELU("fast"), "Sigmoid": nn.Sigmoid, "ReLU": nn.ReLU,
+    "Softmax": nn.Softmax,
 }
 
 ACT_INPUT = rng_f32((4, 12), 1, 2.5)
@@ -106,7 +108,16 @@ CASES = {
     "InstanceNorm": (seeded(lambda: nn.InstanceNorm(4, affine=True), 1,
                             weight=rng_f32(4, 2), bias=rng_f32(4, 3)),
                      (rng_f32((2, 3, 5, 4), 7, 3.0) + 2,), _call),
+    "BatchNorm.train.4d_no_affine": (seeded(lambda: nn.BatchNorm(3, affine=False), 1),
+                                     (rng_f32((2, 3, 4, 3), 4, 2.0) - 1,), _call),
     "RNN": (seeded(lambda: nn.RNN(3, 5), 2), (rng_f32((2, 4, 3), 8),), _call),
+    "RNN.relu.hidden": (seeded(lambda: nn.RNN(3, 5, nonlinearity=nn.relu), 2),
+                        (rng_f32((2, 4, 3), 8), rng_f32((2, 5), 31)), _call),
+    "GRU.hidden": (seeded(lambda: nn.GRU(3, 5), 3), (rng_f32((2, 4, 3), 8), rng_f32((2, 5), 32)),
+                   _call),
+    "LSTM.hidden_cell": (seeded(lambda: nn.LSTM(3, 5), 4),
+                         (rng_f32((4, 3), 8, 3.0), rng_f32((5,), 33), rng_f32((5,), 34)),
+                         lambda m, x, h, c: tuple(m(x, h, c))),
     "GRU": (seeded(lambda: nn.GRU(3, 5), 3), (rng_f32((2, 4, 3), 8),), _call),
     "LSTM": (seeded(lambda: nn.LSTM(3, 5), 4), (rng_f32((2, 4, 3), 8),), _two_outputs),
     "MultiHeadAttention": (seeded(lambda: nn.MultiHeadAttention(8, 2, bias=True), 5),
@@ -119,6 +130,10 @@ CASES = {
                            (rng_f32((2, 4, 8), 12),), lambda m, x: m(x, mx.array(CAUSAL4))),
     "TransformerDecoder": (seeded(lambda: nn.TransformerDecoder(1, 8, 2, 16, norm_first=False), 7),
                            (rng_f32((2, 4, 8), 13), rng_f32((2, 3, 8), 14)), _decoder),
+    "TransformerEncoder.post_norm_checkpoint": (
+        seeded(lambda: nn.TransformerEncoder(2, 8, 2, 16, norm_first=False, checkpoint=True,
+                                             activation=nn.gelu), 6),
+        (rng_f32((2, 4, 8), 12),), lambda m, x: m(x, None)),
     "Transformer": (seeded(lambda: nn.Transformer(8, 2, 1, 1, 16), 8),
                     (rng_f32((2, 3, 8), 15), rng_f32((2, 4, 8), 16)), _transformer),
     "MaxPool2d": (nn.MaxPool2d(2, 1), (rng_f32((2, 4, 5, 3), 17),), _call),
