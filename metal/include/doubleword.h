@@ -205,8 +205,8 @@ METAL_FUNC dw dw_mul(dw x, dw y) {
 // Fast2Sum(rh, rl), delta = e*t (DWTimesFP3), m = delta + t (DWPlusFP) ~ 1/y (one
 // Newton step in double-word), z = x*m (DWTimesDW3). Relative error <= 9.8u^2
 // (JMP, Table 1: "DW/DW with FMA, alg 18").
-// Domain: 2^-126 <= |y.hi| <= 2^126 (so 1/y.hi is normal; for larger |y.hi| the
-// flushed reciprocal makes the result 0) and a result well above 2^-78 in
+// Domain: 2^-126 <= |y.hi| <= 2^96 (so 1/y.hi and e*t are normal; dw_div scales
+// larger |y.hi| into it) and a result well above 2^-78 in
 // magnitude (see Range); y == 0 gives Inf/NaN.
 METAL_FUNC float dw_recip_refine(float yh, float t0) {
   float e0 = metal::fma(-yh, t0, 1.0f);
@@ -230,7 +230,16 @@ METAL_FUNC dw dw_div_from_recip(dw x, dw y, float t0) {
 // DW / DW: relative error <= 9.8u^2 (see dw_div_from_recip). The one float32 division
 // in the extended path: `/` is correctly rounded under safe math (measured on an M2)
 // and in the emulator, but the bound only needs it faithful.
-METAL_FUNC dw dw_div(dw x, dw y) { return dw_div_from_recip(x, y, 1.0f / y.hi); }
+// Divisors above 2^96 divide x 2^-64 by y 2^-64 (exact scalings, the same quotient):
+// above 2^126 1/y.hi is subnormal, flushed (the quotient came out 0), and above
+// ~2^101 the Newton correction e*t (|e| up to u) falls below 2^-126 (2^-24 error).
+METAL_FUNC dw dw_div(dw x, dw y) {
+  if (metal::fabs(y.hi) > 7.9228163e28f) {  // 2^96; 2^-64 below
+    x = dw_make(x.hi * 5.4210109e-20f, x.lo * 5.4210109e-20f);
+    y = dw_make(y.hi * 5.4210109e-20f, y.lo * 5.4210109e-20f);
+  }
+  return dw_div_from_recip(x, y, 1.0f / y.hi);
+}
 
 // ---- complex ----------------------------------------------------------------
 

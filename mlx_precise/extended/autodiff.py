@@ -106,6 +106,17 @@ _INEXACT = frozenset((mx.float32, mx.float64, mx.complex64, mx.float16, mx.bfloa
 _F32, _F64, _C64 = mx.float32, mx.float64, mx.complex64
 
 
+def _held(value):
+    """An op's argument as the tape keeps it: lists copied (MLX reads a shape or an
+    axis list at the call, and callers reuse the list afterwards: nn.Upsample's
+    nearest mode reshapes with a list it then edits for the next reshape)."""
+    if isinstance(value, list):
+        return [_held(v) for v in value]
+    if isinstance(value, tuple) and any(isinstance(v, list) for v in value):
+        return tuple(_held(v) for v in value)
+    return value
+
+
 def record(name: str, vjp, original, args, kwargs, out, report) -> None:
     """Record one op on every tape whose differentiated inputs it reads."""
     # (once per op while a gradient records: plain loops, no comprehension or
@@ -117,7 +128,7 @@ def record(name: str, vjp, original, args, kwargs, out, report) -> None:
             break
     if ins is None or kwargs:
         ins = [a for v in (*args, *kwargs.values()) for a in arrays_in(v)]
-    outs = None
+    outs = held = None
     for tape in _tapes.get():
         tracked = tape.tracked
         for a in ins:
@@ -142,7 +153,9 @@ def record(name: str, vjp, original, args, kwargs, out, report) -> None:
                 if complex_:
                     break
                 complex_ = a.dtype == _C64
-        tape.entries.append(Entry(name, vjp, original, args, kwargs, out, outs, report))
+        if held is None:
+            held = _held(args), {k: _held(v) for k, v in kwargs.items()} if kwargs else kwargs
+        tape.entries.append(Entry(name, vjp, original, *held, out, outs, report))
         if complex_:
             tape.complex = True
         for o in inexact:

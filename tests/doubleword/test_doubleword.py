@@ -568,10 +568,19 @@ def test_adversarial_products_and_quotients():
     for op in ("mul_fp", "mul", "div"):
         zh, zl = run_dw(op, zx, zx, zy, 0 * zy)
         assert (zh == 0).all() and (zl == 0).all()
-    # Documented limits: |yh| > 2^126 makes 1/yh subnormal, flushed: the quotient
-    # comes out 0; y == 0 gives inf/NaN.
+    # Divisors up to the top of the range (1/yh subnormal above 2^126, flushed: the
+    # quotient was 0; the Newton correction subnormal above ~2^101: 2^-24 error):
+    # within the bound; y == 0 gives inf/NaN.
+    rng = np.random.default_rng(7)
+    yh = f32(*(rng.uniform(1, 2, 40) * 2.0 ** rng.integers(90, 128, 40)))
+    xh = f32(*(rng.uniform(1, 2, 40) * 2.0 ** rng.integers(80, 128, 40)))
+    xl, yl = xh * f32(2.0**-26), yh * f32(-(2.0**-27))
+    X, Y = Exact.dw(xh, xl), Exact.dw(yh, yl)
+    zh, zl = run_dw("div", xh, xl, yh, yl)
+    ok, err = check_rel(Exact.dw(zh, zl) * Y - X, X, B_DIV)
+    assert ok.all(), err
     zh, zl = run_dw("div", f32(1.5 * 2**127, 1), f32(0, 0), f32(1.5 * 2**126, 0), f32(0, 0))
-    assert zh[0] == 0 and zl[0] == 0
+    assert zh[0] == 2 and zl[0] == 0
     assert not np.isfinite(zh[1])
 
 

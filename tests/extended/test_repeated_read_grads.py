@@ -1,8 +1,9 @@
 """Gradients of ops that may read an element several times (``mx.as_strided``,
 ``take_along_axis``) in a block. as_strided: a window that reads each element
 once moves the cotangent's words (exact, reported nowhere); an overlapping window
-(frames, im2col) adds the cotangents of an element read several times, exact on
-the cpu backend's float64 pass, and elsewhere MLX's float32 VJP, reported as
+(frames, im2col, pooling) adds the cotangents of an element read several times,
+exact on the cpu backend's float64 pass, elsewhere a double-word sum of injective
+windows (at most 64 of them), beyond that MLX's float32 VJP, reported as
 ``as_strided (gradient)`` and raising under ``strict=True`` (never a silently
 float32 sum). Oracle: the cotangent scattered by hand in float64 numpy."""
 
@@ -16,11 +17,12 @@ from mlx_precise.extended import PrecisionDropError
 from flow_helpers import f64, rng_f32, value64
 
 N = 64
-WINDOWS = {  # (shape, strides, overlapping)
-    "frames (hop 3, length 8)": ((19, 8), (3, 1), True),
-    "disjoint rows": ((8, 8), (8, 1), False),
-    "transposed": ((8, 8), (1, 8), False),
-    "every other": ((32,), (2,), False),
+WINDOWS = {  # (shape, strides, emulate's VJP: a move, a double-word sum, or float32)
+    "frames (hop 3, length 8)": ((19, 8), (3, 1), "sum"),
+    "cube of overlaps (81 windows)": ((9, 9, 9), (1, 1, 1), "float32"),
+    "disjoint rows": ((8, 8), (8, 1), "move"),
+    "transposed": ((8, 8), (1, 8), "move"),
+    "every other": ((32,), (2,), "move"),
 }
 
 
@@ -58,15 +60,19 @@ def test_cpu_gradient_is_exact(name):
 
 @pytest.mark.parametrize("name", list(WINDOWS))
 def test_emulate_gradient_exact_or_reported(name):
-    shape, strides, overlapping = WINDOWS[name]
+    shape, strides, kind = WINDOWS[name]
     g, rep, want = _window_grad("emulate", shape, strides)
-    if overlapping:
+    if kind == "float32":
         assert rep.float32["as_strided (gradient)"] >= 1, rep
         np.testing.assert_allclose(f64(g), want, rtol=1e-5)
         x, w = mx.array(rng_f32(N)), mx.array(rng_f32(shape, 1))
         with pytest.raises(PrecisionDropError):
             with mp.use_backend("emulate"), mp.extended_precision(strict=True):
                 mx.grad(_loss(shape, strides, w * 1.0))(x)
+    elif kind == "sum":
+        assert not rep.float32, rep
+        np.testing.assert_allclose(value64(g), want, rtol=2**-46,
+                                   atol=2**-46 * np.abs(want).max())
     else:
         assert not rep.float32, rep
         np.testing.assert_array_equal(value64(g), want)  # a move: one cotangent each

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import itertools
+import types
+
 import mlx.core as mx
 
 from ...doubleword.types import DoubleWord
@@ -312,11 +315,46 @@ def _injective(shape, strides) -> bool:
     return True
 
 
+_MAX_SUBWINDOWS = 64
+
+
+def _overlap_sum(e, g, shape, strides):
+    """The VJP of an overlapping window as a double-word sum of injective ones:
+    the axes kept (largest first, while the window stays injective) move ``g``'s
+    words exactly (:func:`movement`), one window per index of the other axes
+    (pooling: one per kernel tap); None past ``_MAX_SUBWINDOWS`` of them."""
+    kept, loop = [], []
+    for ax in sorted(range(len(shape)), key=lambda i: -shape[i]):
+        ok = _injective([shape[i] for i in kept + [ax]], [strides[i] for i in kept + [ax]])
+        (kept if ok else loop).append(ax)
+    kept.sort()
+    count = 1
+    for ax in loop:
+        count *= shape[ax]
+    if count > _MAX_SUBWINDOWS:
+        return None
+    a = e.args[0]
+    offset = e.args[3] if len(e.args) > 3 else e.kwargs.get("offset", 0)
+    acc = None
+    for idx in itertools.product(*(range(shape[ax]) for ax in loop)):
+        at = [slice(None)] * len(shape)
+        for ax, i in zip(loop, idx):
+            at[ax] = i
+        sub = types.SimpleNamespace(
+            args=(a, [shape[i] for i in kept], [strides[i] for i in kept],
+                  offset + sum(i * strides[ax] for ax, i in zip(loop, idx))),
+            kwargs={}, original=e.original)
+        part = movement(sub, g[tuple(at)])[0]
+        acc = part if acc is None else acc + part
+    return acc
+
+
 def _as_strided_vjp(e, g):
     """A window that reads each element once moves values (:func:`movement`); an
-    overlapping one (im2col, frames) adds the cotangents of an element read
-    several times: exact on the float64 pass, but word by word elsewhere, so there
-    MLX's float32 VJP runs (reported as ``as_strided (gradient)``)."""
+    overlapping one (im2col, frames, pooling) adds the cotangents of an element
+    read several times: exact on the float64 pass, elsewhere a double-word sum of
+    injective windows (:func:`_overlap_sum`), or past its count MLX's float32 VJP
+    (reported as ``as_strided (gradient)``)."""
     a = e.args[0]
     shape = e.args[1] if len(e.args) > 1 else e.kwargs.get("shape")
     strides = e.args[2] if len(e.args) > 2 else e.kwargs.get("strides")
@@ -328,7 +366,8 @@ def _as_strided_vjp(e, g):
             acc *= n
     if _injective(shape, strides) or float64_cotangent(g):
         return movement(e, g)
-    return NotImplemented
+    acc = _overlap_sum(e, g, list(shape), list(strides))
+    return NotImplemented if acc is None else (acc,)
 
 
 def _take_along_axis_vjp(e, g):
