@@ -494,10 +494,14 @@ def exp64(x: mx.array, shift: mx.array | None = None) -> mx.array:
 # written: only what a reduction reads is.
 
 def _float32_shift(v, axes):
-    """The float32 maximum of the high words along ``axes`` (= the rounding of the
-    float64 maximum), 0 where it is not finite: softmax's and logsumexp's shift."""
-    m = mx.max(v, axis=axes, keepdims=True).astype(F32).astype(F64)
-    return mx.where(mx.isfinite(m), m, 0.0)
+    """softmax's and logsumexp's shift along ``axes``: the float32 maximum of the
+    high words (= the rounding of the float64 maximum ``m``), 0 where it is not
+    finite, and ``m`` itself from 2^24 on, where the maximum's low word reaches 1
+    (its exp would overflow past ~2^31: see the flow's rule,
+    ``extended.rules.reductions._shift_low``)."""
+    m = mx.max(v, axis=axes, keepdims=True)
+    m32 = m.astype(F32).astype(F64)
+    return mx.where(mx.isfinite(m32), mx.where(mx.abs(m32) >= 2.0**24, m, m32), 0.0)
 
 
 PIECE = 1 << 15

@@ -123,17 +123,45 @@ def _stopped_max(x, axis):
                                        keepdims=True))
 
 
+_WIDE_SHIFT = 2.0**24  # from here on a maximum's low word reaches 1 (exp(lo) is no constant)
+
+
+def _shift_low(hi: mx.array, lo: mx.array | None, m: mx.array, axis) -> mx.array | None:
+    """The low word of the shift ``m`` (the maximum of the high words ``hi``, 0
+    where not finite): where ``|m| >= 2^24``, the largest low word among the
+    elements whose high word is ``m`` (the shift is then the exact maximum), 0
+    elsewhere; None where ``hi`` carries no low word. Shifting by the high words'
+    maximum alone left ``x - shift`` = that element's low word, up to
+    ``|x| 2^-25``: past ~2^31 its exp overflowed or vanished, and softmax gave NaN
+    where float32 gives 1. Below 2^24 the shift keeps its float32 value: a zero
+    low word adds exactly as none (JMP alg. 6 with y.lo = 0 is alg. 4), the same
+    bits."""
+    if lo is None:
+        return None
+    with carry.suspended():
+        top = mx.max(mx.where(hi == m, lo, -math.inf), axis=axis, keepdims=True)
+        return mx.stop_gradient(mx.where(mx.abs(m) >= _WIDE_SHIFT, top, 0.0))
+
+
+def _shift(x, axis):
+    """softmax's and logsumexp's shift of ``x``: the maximum of the high words (0
+    where it is not finite), with :func:`_shift_low`'s low word attached."""
+    m = _stopped_max(x, axis)
+    m = mx.where(mx.isfinite(m), m, 0.0)
+    if x.dtype != mx.float32:
+        return m
+    return attach(m, _shift_low(x, low_word(x), m, axis))
+
+
 def _softmax(x, axis=None, precise=False, **kw):
     if x.size == 0:
         return NotImplemented  # nothing to compute: MLX's empty result
-    m = _stopped_max(x, axis)
-    e = mx.exp(x - mx.where(mx.isfinite(m), m, 0.0))
+    e = mx.exp(x - _shift(x, axis))
     return e / mx.sum(e, axis=axis, keepdims=True)
 
 
 def _logsumexp(x, axis=None, keepdims=False, **kw):
-    m = _stopped_max(x, axis)
-    m = mx.where(mx.isfinite(m), m, 0.0)
+    m = _shift(x, axis)
     s = mx.log(mx.sum(mx.exp(x - m), axis=axis, keepdims=True)) + m
     return s if keepdims else mx.squeeze(s, axis=axis) if axis is not None else s.reshape(())
 
@@ -164,7 +192,11 @@ def _exponentials(ctx, x, axis):
     b, s = ctx.backend, ctx.stream
     m = _stopped_max(x, axis)
     shift = arith.where(mx.isfinite(m), arith.exact(m), arith.constant(0.0), b)
-    return functions.unary("exp", arith.binary("sub", words(x), shift, b, s), b, s), shift, axes
+    w = words(x)
+    low = _shift_low(w.hi, w._lo if w.wide is None else w.lo, shift.hi, axis)
+    if low is not None:
+        shift = DoubleWord(shift.hi, low)
+    return functions.unary("exp", arith.binary("sub", w, shift, b, s), b, s), shift, axes
 
 
 def _exponentials_form(finish):
