@@ -196,12 +196,14 @@ def ulps(got, ref) -> float:
 
 def extended(name):
     """(outputs, gradients, running stats, report) of case ``name`` inside a block."""
+    # (both modules built outside the block, as the oracle's: inside it mx.full(shape,
+    # 0.3) and the like make parameters at the Python float's value, in two words)
     m, xs, call = make_case(name)
+    m2, xs2, call2 = make_case(name)
     with mp.extended_precision() as rep:
         ys = outputs_of(m, xs, call)
         mx.eval(ys)
         state = {k: np.array(m[k]) for k in ("running_mean", "running_var") if k in m}
-        m2, xs2, call2 = make_case(name)
         _, g = value_and_grads(m2, xs2, call2, loss_weights(ys))
         g = flat({"p": g[0], "x": g[1]})
     return [np.array(y) for y in ys], g, state, rep
