@@ -319,8 +319,10 @@ def _integer_part(kind: str):
     neighbour). The result is the sum of two integers, in double-word (exact)."""
 
     def rule(ctx, original, a, *rest, **kw):
+        if kind == "round" and (rest or kw) and is_word_array(a) and a.dtype == mx.float32:
+            return _round_to(ctx, a, *rest, **kw)
         if not is_word_array(a) or a.dtype == mx.complex64 or not has_words(a) or rest or kw:
-            return NotImplemented  # exact values (MLX's op), or decimals=...
+            return NotImplemented  # exact values (MLX's op)
         w = words(a)
         hi, lo = w.hi, w.lo
         with carry.suspended():
@@ -347,9 +349,27 @@ def _integer_part(kind: str):
         z = arith.binary("add", arith.exact(base), arith.exact(extra), ctx.backend, ctx.stream)
         if kind in ("ceil", "trunc"):
             z = arith.neg(z) if kind == "ceil" else arith.where(neg, arith.neg(z), z)
-        return result(z)
+        with carry.suspended():  # a zero has the operand's sign (IEEE 754: round(-0.3) = -0;
+            hi = mx.where(z.hi == 0, w.hi * 0.0, z.hi)  # the sum above made it +0)
+        exact = z._lo is None and z.wide is None
+        return result(DoubleWord.exact(hi) if exact else DoubleWord(hi, z.lo))
 
     return rule
+
+
+def _round_to(ctx, a, decimals=0, **kw):
+    """``mx.round(a, decimals)``: MLX's ``round(a 10^d) / 10^d`` (``round(a / 10^-d)
+    10^-d`` for d < 0, where 10^d is no double) in ops of the flow: the scaling, the
+    rounding to an integer (half to even, of the exact value) and the division each
+    double-word, so the result is ``a`` to ``d`` decimals, rounded once (MLX's float32
+    steps round the product and the quotient: round(x, 2) 0.5 ulp off and more)."""
+    if kw or not isinstance(decimals, int) or isinstance(decimals, bool):
+        return NotImplemented  # (MLX's op or its error)
+    with carry.reporting(ctx.report):
+        if decimals == 0:
+            return mx.round(a)
+        scale = 10.0 ** abs(decimals)
+        return mx.round(a * scale) / scale if decimals > 0 else mx.round(a / scale) * scale
 
 
 def _divmod_words(a, b):
