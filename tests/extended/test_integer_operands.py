@@ -1,12 +1,16 @@
-"""``power`` and ``arctan2`` with an integer or bool array operand inside a block.
+"""Integer and bool array operands next to float32 ones inside a block.
 
 MLX promotes the integer array to float32 (``mx.arange(1, 6) ** 0.5``, ``0.9 **
-step`` with an integer step, ``mx.arctan2(i, x)``); the flow takes integers
-exactly (their two words), as its arithmetic does. On the kernel backends the
-rules passed the integer array itself to the double-word kernels, which read
-float32 words only: the block raised where MLX computes. Oracle: mpmath at 80 bits
-on the exact integers and float32 values.
+step`` with an integer step, ``mx.arctan2(i, x)``, ``x @ counts``, a bool mask in a
+matmul or an einsum); the flow takes integers exactly (their two words), as its
+arithmetic does. Before: on the kernel backends ``power`` and ``arctan2`` passed
+the integer array itself to the double-word kernels, which read float32 words only
+(the block raised where MLX computes), and the products declined such operands on
+every backend (MLX's float32 product, its rounding reported as "plain" only).
+Oracles: mpmath at 80 bits, and exact sums of exact float64 products (math.fsum).
 """
+
+import math
 
 import mlx.core as mx
 import mpmath
@@ -78,3 +82,52 @@ def test_arctan2_integer_operand(backend):
            [mpmath.atan2(int(a), float(b)) for a, b in zip(SIGNED, FLOATS)])
     _check(_block(mx.arctan2, x, i),
            [mpmath.atan2(float(b), int(a)) for a, b in zip(SIGNED, FLOATS)])
+
+
+def _products(x: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """x @ k rounded once from the exact sums (float32 times integers below 2^20:
+    each product exact in float64, fsum correctly rounded)."""
+    x, k = x.astype(np.float64), k.astype(np.float64)
+    return np.array([[math.fsum(x[r] * k[:, c]) for c in range(k.shape[1])]
+                     for r in range(x.shape[0])])
+
+
+PRODUCTS = {
+    "x @ k": lambda x, k: x @ k,
+    "k.T @ x.T": lambda x, k: (mx.swapaxes(k, 0, 1) @ mx.swapaxes(x, 0, 1)).T,
+    "matmul": lambda x, k: mx.matmul(x, k),
+    "einsum": lambda x, k: mx.einsum("ij,jk->ik", x, k),
+    "tensordot": lambda x, k: mx.tensordot(x, k, axes=1),
+    "addmm": lambda x, k: mx.addmm(mx.zeros((x.shape[0], k.shape[1])), x, k),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRODUCTS))
+@pytest.mark.parametrize("dtype", ["int32", "bool", "uint8"])
+def test_products_with_integer_operands(backend, name, dtype):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 24)).astype(np.float32)
+    k = (rng.integers(-(2**19), 2**19, (24, 5)) if dtype == "int32" else
+         rng.integers(0, 2, (24, 5)) if dtype == "bool" else rng.integers(0, 256, (24, 5)))
+    k = k.astype(dtype)
+    ref = _products(x, k)
+    fn = PRODUCTS[name]
+    with mp.extended_precision(strict=True) as report:
+        y = fn(mx.array(x), mx.array(k))
+        mx.eval(y)
+    assert y.dtype == mx.float32 and not report.float32
+    assert "matmul" not in report.plain and "__matmul__" not in report.plain
+    assert "einsum" not in report.plain
+    np.testing.assert_array_less(np.abs(value64(y) - ref), 2.0 ** -44 * np.abs(ref).max())
+    np.testing.assert_array_equal(np.array(y), ref.astype(np.float32))
+
+
+def test_product_gradient_with_integer_operand(backend):
+    """MLX's autodiff through ``x @ k`` in a block: d sum(x @ k) / dx = the row
+    sums of k, broadcast (exact)."""
+    k = np.arange(12, dtype=np.int32).reshape(4, 3) - 5
+    x = mx.array(np.ones((2, 4), np.float32))
+    with mp.extended_precision():
+        g = mx.grad(lambda t: (t @ mx.array(k)).sum())(x)
+        mx.eval(g)
+    np.testing.assert_array_equal(np.array(g), np.broadcast_to(k.sum(1), (2, 4)))

@@ -76,6 +76,13 @@ def words(x) -> DoubleWord | None:
     return None
 
 
+def promoted(v):
+    """``v`` as MLX promotes it next to a float32 operand: an integer or bool array
+    as float32 words carrying its exact value (:func:`words`; the kernels read
+    float32 words only), anything else unchanged."""
+    return result(words(v)) if is_integer_array(v) else v
+
+
 def floating_result(x, y) -> bool:
     """MLX's promotion gives float32 / complex64: a double-word operand, or an
     integer array with a Python / numpy float or complex scalar."""

@@ -15,7 +15,7 @@ from ...doubleword.fusion import differentiating
 from .. import arith, autodiff, carry
 from ..engine import words_op
 from .base import (REAL, conj, decomposed, elementary, floating_result, fused, has_float64,
-                   is_integer_array, is_word_array, operand_array, result, result64, small64,
+                   is_word_array, operand_array, promoted, result, result64, small64,
                    unbroadcast, words)
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
@@ -133,15 +133,7 @@ def _power(ctx, original, x, y, **kw):
         if y == -1:
             return function("reciprocal")(ctx, mx.reciprocal, x)
     return words_op(lambda X, Y: functions.binary("power", X, Y, ctx.backend), original,
-                    [_operand(x), _operand(y)], ctx.backend)
-
-
-def _operand(v) -> mx.array:
-    """An operand of :func:`_power` / :func:`_arctan2` as the float32 array
-    :func:`~..engine.words_op` takes: an integer or bool array as its exact words
-    (:func:`~.base.words`: MLX promotes it to float32, the kernels read float32
-    words only), a scalar as :func:`~.base.operand_array` makes it."""
-    return result(words(v)) if is_integer_array(v) else operand_array(v)
+                    [operand_array(promoted(x)), operand_array(promoted(y))], ctx.backend)
 
 
 def _arctan2(ctx, original, a, b, **kw):
@@ -151,7 +143,7 @@ def _arctan2(ctx, original, a, b, **kw):
             isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (a, b)):
         return NotImplemented
     return words_op(lambda X, Y: functions.binary("arctan2", X, Y, ctx.backend), original,
-                    [_operand(a), _operand(b)], ctx.backend)
+                    [operand_array(promoted(a)), operand_array(promoted(b))], ctx.backend)
 
 
 _LN2 = math.log(2.0)  # its float64 value enters in two words
