@@ -131,3 +131,41 @@ def test_product_gradient_with_integer_operand(backend):
         g = mx.grad(lambda t: (t @ mx.array(k)).sum())(x)
         mx.eval(g)
     np.testing.assert_array_equal(np.array(g), np.broadcast_to(k.sum(1), (2, 4)))
+
+
+SELECTIONS = {
+    "where(b, 0.1, i)": (lambda b, i: mx.where(b, 0.1, i),
+                         lambda b, i: [mpmath.mpf(0.1) if c else int(v) for c, v in zip(b, i)]),
+    "where(b, i, -2.3)": (lambda b, i: mx.where(b, i, -2.3),
+                          lambda b, i: [int(v) if c else mpmath.mpf(-2.3) for c, v in zip(b, i)]),
+    "maximum(i, 0.1)": (lambda b, i: mx.maximum(i, 0.1),
+                        lambda b, i: [max(mpmath.mpf(int(v)), mpmath.mpf(0.1)) for v in i]),
+    "minimum(0.7, i)": (lambda b, i: mx.minimum(0.7, i),
+                        lambda b, i: [min(mpmath.mpf(int(v)), mpmath.mpf(0.7)) for v in i]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SELECTIONS))
+def test_selection_of_integer_array_and_python_float(backend, name):
+    """An integer array and a Python float select to float32 (MLX's promotion): the
+    float enters in two words, as in ``i * 0.1`` (before: MLX's op on the float32
+    rounding of 0.1, reported as plain only)."""
+    fn, oracle = SELECTIONS[name]
+    i = np.array([-3, 0, 1, 2, 2**24 + 1, 5], np.int32)
+    b = i % 2 == 0
+    y = _block(fn, mx.array(b), mx.array(i))
+    ref = np.array([float(v) for v in oracle(b, i)])
+    assert np.all(np.abs(value64(y) - ref) <= 2.0 ** -46 * np.abs(ref))  # (0 exactly)
+    np.testing.assert_array_equal(np.array(y), np.array(fn(mx.array(b), mx.array(i))))
+
+
+def test_selection_gradient_with_integer_operand(backend):
+    """d sum(where(b, 0.1, i) * x) / dx inside a block, by MLX's autodiff: the
+    selected values (0.1's float32 rounding in the high word)."""
+    i = np.array([4, 5, 6, 7], np.int32)
+    b = np.array([True, False, True, False])
+    x = mx.array(np.ones(4, np.float32))
+    with mp.extended_precision():
+        g = mx.grad(lambda t: (mx.where(mx.array(b), 0.1, mx.array(i)) * t).sum())(x)
+        mx.eval(g)
+    np.testing.assert_array_equal(np.array(g), np.where(b, np.float32(0.1), i).astype(np.float32))
