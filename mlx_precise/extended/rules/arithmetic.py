@@ -134,7 +134,7 @@ def inplace_fast(fast):
 
 
 def _where(ctx, original, cond, x, y, **kw):
-    if has_float64((x, y)) or not (is_word_array(x) or is_word_array(y)):
+    if has_float64((x, y)) or not floating_result(x, y):
         return NotImplemented
     a, b = words(x), words(y)
     if a is None or b is None:
@@ -144,7 +144,7 @@ def _where(ctx, original, cond, x, y, **kw):
 
 def _extremum(larger: bool):
     def rule(ctx, original, x, y, **kw):
-        if has_float64((x, y)) or not (is_word_array(x) or is_word_array(y)):
+        if has_float64((x, y)) or not floating_result(x, y):
             return NotImplemented
         a, b = words(x), words(y)
         if a is None or b is None or arith.is_complex(a) or arith.is_complex(b):

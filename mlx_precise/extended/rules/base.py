@@ -97,6 +97,13 @@ def _integer_low(x: mx.array, hi: mx.array) -> mx.array:
     return mx.where(out, -past.astype(mx.float32), mx.where(up, -below, below))
 
 
+def promoted(v):
+    """``v`` as MLX promotes it next to a float32 operand: an integer or bool array
+    as float32 words carrying its exact value (:func:`words`; the kernels read
+    float32 words only), anything else unchanged."""
+    return result(words(v)) if is_integer_array(v) else v
+
+
 def floating_result(x, y) -> bool:
     """MLX's promotion gives float32 / complex64: a double-word operand, or an
     integer array with a Python / numpy float or complex scalar."""
@@ -302,15 +309,10 @@ def float64_form(fast, decomposition, kernels=None):
     return rule
 
 
-def operand_array(v, backend=None):
+def operand_array(v):
     """An operand of an engine rule as an array: a scalar becomes a 0-d constant
-    carrying its second word; an integer array on a kernel backend (``backend``
-    with kernels, which read float32 words) its float32 rounding carrying the
-    rest (:func:`words`; the cpu engine reads integers in float64 itself)."""
+    carrying its second word."""
     if isinstance(v, ARRAY):
-        if backend is not None and backend.has_kernels and is_integer_array(v):
-            w = words(v)
-            return attach_words(w.hi, w)
         return v
     c = arith.constant(v)
     # (an alias of the constant's array, which is shared: the alias carries the word)

@@ -15,7 +15,8 @@ from ...doubleword.fusion import differentiating
 from .. import arith, autodiff, carry
 from ..engine import words_op
 from .base import (REAL, conj, decomposed, elementary, floating_result, fused, has_float64,
-                   is_word_array, operand_array, result, result64, small64, unbroadcast, words)
+                   is_word_array, operand_array, promoted, result, result64, small64,
+                   unbroadcast, words)
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 
@@ -131,9 +132,8 @@ def _power(ctx, original, x, y, **kw):
             return result(arith.where(special, arith.exact(mx.abs(x)), r))
         if y == -1:
             return function("reciprocal")(ctx, mx.reciprocal, x)
-    a, b = operand_array(x, ctx.backend), operand_array(y, ctx.backend)
     return words_op(lambda X, Y: functions.binary("power", X, Y, ctx.backend), original,
-                    [a, b], ctx.backend)
+                    [operand_array(promoted(x)), operand_array(promoted(y))], ctx.backend)
 
 
 def _arctan2(ctx, original, a, b, **kw):
@@ -143,8 +143,7 @@ def _arctan2(ctx, original, a, b, **kw):
             isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (a, b)):
         return NotImplemented
     return words_op(lambda X, Y: functions.binary("arctan2", X, Y, ctx.backend), original,
-                    [operand_array(a, ctx.backend), operand_array(b, ctx.backend)],
-                    ctx.backend)
+                    [operand_array(promoted(a)), operand_array(promoted(b))], ctx.backend)
 
 
 _LN2 = math.log(2.0)  # its float64 value enters in two words

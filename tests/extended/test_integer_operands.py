@@ -1,0 +1,171 @@
+"""Integer and bool array operands next to float32 ones inside a block.
+
+MLX promotes the integer array to float32 (``mx.arange(1, 6) ** 0.5``, ``0.9 **
+step`` with an integer step, ``mx.arctan2(i, x)``, ``x @ counts``, a bool mask in a
+matmul or an einsum); the flow takes integers exactly (their two words), as its
+arithmetic does. Before: on the kernel backends ``power`` and ``arctan2`` passed
+the integer array itself to the double-word kernels, which read float32 words only
+(the block raised where MLX computes), and the products declined such operands on
+every backend (MLX's float32 product, its rounding reported as "plain" only).
+Oracles: mpmath at 80 bits, and exact sums of exact float64 products (math.fsum).
+"""
+
+import math
+
+import mlx.core as mx
+import mpmath
+import numpy as np
+import pytest
+
+import mlx_precise as mp
+
+from flow_helpers import value64
+
+mpmath.mp.prec = 80
+
+# small, negative, and above 2^24 (not a float32 value: the low word holds the rest)
+INTS = np.array([1, 2, 3, 7, 100, 2**24 + 1, 2**30 + 3, 123456789], np.int32)
+SIGNED = np.array([-5, -1, 0, 1, 3, 2**24 + 1, -(2**30 + 3), 123456789], np.int32)
+FLOATS = np.array([0.5, -1.25, 3.0, 0.1, 2.5, -7.0, 1e-3, 0.3], np.float32)
+
+
+def _check(y, ref, bound=2.0 ** -44):
+    """The carried value within ``bound`` (relative) of the oracle, the high word
+    its float32 rounding (no oracle value lies that close to a tie here)."""
+    ref = np.array([float(r) for r in ref])
+    got = value64(y)
+    np.testing.assert_array_less(np.abs(got - ref), bound * np.abs(ref) + 1e-300)
+    np.testing.assert_array_equal(np.array(y), ref.astype(np.float32))
+
+
+def _block(fn, *args):
+    with mp.extended_precision(strict=True) as report:
+        y = fn(*args)
+        mx.eval(y)
+    assert y.dtype == mx.float32
+    assert sum(report.extended.values()) >= 1 and not report.float32 and not report.plain
+    return y
+
+
+@pytest.mark.parametrize("exponent", [0.5, 2.0, -1.5, 1 / 3])
+def test_integer_array_to_float_power(backend, exponent):
+    y = _block(lambda a: a ** exponent, mx.array(INTS))
+    _check(y, [mpmath.mpf(int(i)) ** mpmath.mpf(exponent) for i in INTS])
+
+
+@pytest.mark.parametrize("base", [0.9, 0.999, 2.0])
+def test_float_to_integer_array_power(backend, base):
+    steps = np.array([1, 2, 3, 10, 57, 100, 0, 4], np.int32)
+    y = _block(lambda t: base ** t, mx.array(steps))
+    # (the base's two words hold its float64 value to ~2^-48: t times that in the power)
+    _check(y, [mpmath.mpf(base) ** int(t) for t in steps], bound=2.0 ** -40)
+
+
+def test_power_of_integer_and_float32_arrays(backend):
+    i, x = mx.array(INTS[:5]), mx.array(FLOATS[:5])
+    _check(_block(mx.power, i, x),
+           [mpmath.mpf(int(a)) ** mpmath.mpf(float(b)) for a, b in zip(INTS[:5], FLOATS[:5])])
+    k = np.array([1, 2, 3, 7, 30], np.int32)  # (2.5 ** 30: no overflow)
+    _check(_block(mx.power, mx.abs(x), mx.array(k)),
+           [abs(mpmath.mpf(float(b))) ** int(a) for a, b in zip(k, FLOATS[:5])])
+
+
+def test_bool_array_power(backend):
+    b = np.array([True, False, True, False])
+    y = _block(lambda t: 0.5 ** t, mx.array(b))
+    np.testing.assert_array_equal(value64(y), np.where(b, 0.5, 1.0))
+
+
+def test_arctan2_integer_operand(backend):
+    i, x = mx.array(SIGNED), mx.array(FLOATS)
+    _check(_block(mx.arctan2, i, x),
+           [mpmath.atan2(int(a), float(b)) for a, b in zip(SIGNED, FLOATS)])
+    _check(_block(mx.arctan2, x, i),
+           [mpmath.atan2(float(b), int(a)) for a, b in zip(SIGNED, FLOATS)])
+
+
+def _products(x: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """x @ k rounded once from the exact sums (float32 times integers below 2^20:
+    each product exact in float64, fsum correctly rounded)."""
+    x, k = x.astype(np.float64), k.astype(np.float64)
+    return np.array([[math.fsum(x[r] * k[:, c]) for c in range(k.shape[1])]
+                     for r in range(x.shape[0])])
+
+
+PRODUCTS = {
+    "x @ k": lambda x, k: x @ k,
+    "k.T @ x.T": lambda x, k: (mx.swapaxes(k, 0, 1) @ mx.swapaxes(x, 0, 1)).T,
+    "matmul": lambda x, k: mx.matmul(x, k),
+    "einsum": lambda x, k: mx.einsum("ij,jk->ik", x, k),
+    "tensordot": lambda x, k: mx.tensordot(x, k, axes=1),
+    "addmm": lambda x, k: mx.addmm(mx.zeros((x.shape[0], k.shape[1])), x, k),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRODUCTS))
+@pytest.mark.parametrize("dtype", ["int32", "bool", "uint8"])
+def test_products_with_integer_operands(backend, name, dtype):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 24)).astype(np.float32)
+    k = (rng.integers(-(2**19), 2**19, (24, 5)) if dtype == "int32" else
+         rng.integers(0, 2, (24, 5)) if dtype == "bool" else rng.integers(0, 256, (24, 5)))
+    k = k.astype(dtype)
+    ref = _products(x, k)
+    fn = PRODUCTS[name]
+    with mp.extended_precision(strict=True) as report:
+        y = fn(mx.array(x), mx.array(k))
+        mx.eval(y)
+    assert y.dtype == mx.float32 and not report.float32
+    assert "matmul" not in report.plain and "__matmul__" not in report.plain
+    assert "einsum" not in report.plain
+    np.testing.assert_array_less(np.abs(value64(y) - ref), 2.0 ** -44 * np.abs(ref).max())
+    np.testing.assert_array_equal(np.array(y), ref.astype(np.float32))
+
+
+def test_product_gradient_with_integer_operand(backend):
+    """MLX's autodiff through ``x @ k`` in a block: d sum(x @ k) / dx = the row
+    sums of k, broadcast (exact)."""
+    k = np.arange(12, dtype=np.int32).reshape(4, 3) - 5
+    x = mx.array(np.ones((2, 4), np.float32))
+    with mp.extended_precision():
+        g = mx.grad(lambda t: (t @ mx.array(k)).sum())(x)
+        mx.eval(g)
+    np.testing.assert_array_equal(np.array(g), np.broadcast_to(k.sum(1), (2, 4)))
+
+
+SELECTIONS = {
+    "where(b, 0.1, i)": (lambda b, i: mx.where(b, 0.1, i),
+                         lambda b, i: [mpmath.mpf(0.1) if c else int(v) for c, v in zip(b, i)]),
+    "where(b, i, -2.3)": (lambda b, i: mx.where(b, i, -2.3),
+                          lambda b, i: [int(v) if c else mpmath.mpf(-2.3) for c, v in zip(b, i)]),
+    "maximum(i, 0.1)": (lambda b, i: mx.maximum(i, 0.1),
+                        lambda b, i: [max(mpmath.mpf(int(v)), mpmath.mpf(0.1)) for v in i]),
+    "minimum(0.7, i)": (lambda b, i: mx.minimum(0.7, i),
+                        lambda b, i: [min(mpmath.mpf(int(v)), mpmath.mpf(0.7)) for v in i]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SELECTIONS))
+def test_selection_of_integer_array_and_python_float(backend, name):
+    """An integer array and a Python float select to float32 (MLX's promotion): the
+    float enters in two words, as in ``i * 0.1`` (before: MLX's op on the float32
+    rounding of 0.1, reported as plain only)."""
+    fn, oracle = SELECTIONS[name]
+    i = np.array([-3, 0, 1, 2, 2**24 + 1, 5], np.int32)
+    b = i % 2 == 0
+    y = _block(fn, mx.array(b), mx.array(i))
+    ref = np.array([float(v) for v in oracle(b, i)])
+    assert np.all(np.abs(value64(y) - ref) <= 2.0 ** -46 * np.abs(ref))  # (0 exactly)
+    np.testing.assert_array_equal(np.array(y), np.array(fn(mx.array(b), mx.array(i))))
+
+
+def test_selection_gradient_with_integer_operand(backend):
+    """d sum(where(b, 0.1, i) * x) / dx inside a block, by MLX's autodiff: the
+    selected values (0.1's float32 rounding in the high word)."""
+    i = np.array([4, 5, 6, 7], np.int32)
+    b = np.array([True, False, True, False])
+    x = mx.array(np.ones(4, np.float32))
+    with mp.extended_precision():
+        g = mx.grad(lambda t: (mx.where(mx.array(b), 0.1, mx.array(i)) * t).sum())(x)
+        mx.eval(g)
+    np.testing.assert_array_equal(np.array(g), np.where(b, np.float32(0.1), i).astype(np.float32))
