@@ -169,3 +169,29 @@ def test_selection_gradient_with_integer_operand(backend):
         g = mx.grad(lambda t: (mx.where(mx.array(b), 0.1, mx.array(i)) * t).sum())(x)
         mx.eval(g)
     np.testing.assert_array_equal(np.array(g), np.where(b, np.float32(0.1), i).astype(np.float32))
+
+
+@pytest.mark.parametrize("case", ["i / n", "n / i", "i / j", "bool / n", "u32 / i64"])
+def test_true_division_of_integers(backend, case):
+    """``mx.arange(n) / n`` and other true divisions of integers (MLX gives float32)
+    were MLX's float32 quotients, reported as plain only: the quotient is now
+    double-word, rounded once (positional encodings divide positions so)."""
+    i = mx.array(SIGNED)
+    j = mx.array(INTS[::-1].copy())
+    fn, num, den = {
+        "i / n": (lambda: i / 7, SIGNED, [7] * 8),
+        "n / i": (lambda: 3 / j, [3] * 8, INTS[::-1]),
+        "i / j": (lambda: i / j, SIGNED, INTS[::-1]),
+        "bool / n": (lambda: mx.array([True, False, True]) / 3, [1, 0, 1], [3] * 3),
+        "u32 / i64": (lambda: mx.array(INTS.astype(np.uint32)) / mx.array(np.arange(1, 9)),
+                      INTS, np.arange(1, 9)),
+    }[case]
+    with mp.extended_precision() as report:
+        y = fn()
+        mx.eval(y)
+    assert not report.float32 and not report.plain and report.extended, report
+    assert y.dtype == mx.float32
+    want = [mpmath.mpf(int(a)) / int(b) for a, b in zip(num, den)]
+    np.testing.assert_array_equal(np.array(y), np.array([float(w) for w in want], np.float32))
+    for got, w in zip(value64(y), want):
+        assert abs(mpmath.mpf(float(got)) - w) <= abs(w) * mpmath.mpf(2) ** -47, (got, w)

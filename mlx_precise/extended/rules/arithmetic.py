@@ -14,7 +14,8 @@ from ...doubleword.types import DoubleWord, real_imag
 from .. import arith, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value
 from .base import (as64, carries, conj, decomposed, floating_result, fused, has_float64,
-                   is_word_array, movement, result, result64, small64, unbroadcast, words)
+                   integer_quotient, is_word_array, movement, result, result64, small64,
+                   unbroadcast, words)
 from .linear import noting_transposes
 from .shape import _setitem
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
@@ -62,7 +63,7 @@ def _arith(op: str):
                 return z
         if has_float64((x, y)):
             return original(as64(x), as64(y), *rest, **kw)
-        if not floating_result(x, y) or rest:
+        if rest or not (floating_result(x, y) or op == "div" and integer_quotient(x, y)):
             return NotImplemented
         a, b = words(x), words(y)
         if a is None or b is None:

@@ -116,6 +116,15 @@ def floating_result(x, y) -> bool:
     return False
 
 
+def integer_quotient(x, y) -> bool:
+    """``x / y`` of integers, which MLX divides into float32 (``mx.arange(n) / n``):
+    an integer array by an integer array or a Python / numpy integer, or the
+    reverse."""
+    if not (is_integer_array(x) or is_integer_array(y)):
+        return False
+    return all(is_integer_array(v) or isinstance(v, (int, np.integer)) for v in (x, y))
+
+
 # MLX's own astype, captured at import (before any block: inside one the array's
 # methods and mx's names are the flow's stand-ins, a detour for float64 values)
 _ASTYPE = ARRAY.astype
