@@ -15,12 +15,8 @@ from __future__ import annotations
 import copyreg
 
 import mlx.core as mx
-import numpy as np
 
 ARRAY = mx.array  # the class itself
-# What the "array" rule reads: arrays (a carried one's copy keeps its words), lists,
-# and host numbers MLX rounds to float32 / complex64 (they carry the rest)
-_ROUTED = (ARRAY, list, tuple, float, complex, np.ndarray, np.floating, np.complexfloating)
 
 
 class Constructor:
@@ -34,8 +30,8 @@ class Constructor:
             object.__setattr__(self, name, getattr(ARRAY, name))
 
     def __call__(self, *args, **kwargs):
-        if args and not isinstance(args[0], _ROUTED):
-            return ARRAY(*args, **kwargs)  # integers, bools, ...: exact in MLX's array
+        if args and not isinstance(args[0], (ARRAY, list, tuple)):
+            return ARRAY(*args, **kwargs)  # scalars, numpy arrays: nothing carried
         return self._call(*args, **kwargs)
 
     def __instancecheck__(self, obj) -> bool:

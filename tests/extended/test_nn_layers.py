@@ -196,8 +196,7 @@ def ulps(got, ref) -> float:
 
 def extended(name):
     """(outputs, gradients, running stats, report) of case ``name`` inside a block."""
-    # (both modules built outside the block, as the oracle's: inside it mx.full(shape,
-    # 0.3) and the like make parameters at the Python float's value, in two words)
+    # (both modules built outside the block, as the oracle's)
     m, xs, call = make_case(name)
     m2, xs2, call2 = make_case(name)
     with mp.extended_precision() as rep:

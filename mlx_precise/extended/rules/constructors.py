@@ -1,9 +1,7 @@
 """Constructors whose values float32 cannot hold exactly: ``linspace`` and
-``arange`` with float steps, computed in float64 and kept in two words;
-``mx.array(x)`` of a carried array, a copy that keeps the words; and arrays made
-from host data wider than float32 (``mx.array(0.1)``, ``mx.array(np_float64)``,
-``mx.full(shape, 1 / 3)``): MLX's float32 / complex64 rounding carrying the rest,
-as a Python scalar in an op enters at its float64 value."""
+``arange`` with float steps, computed in float64 and kept in two words; and
+``mx.array(x)``, ``mx.full(shape, x)``, ``mx.full_like(a, x)`` of a carried array,
+which keep its words."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ import numpy as np
 
 from .. import carry
 from ..carry import attach, has_words
-from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from .base import is_word_array, moved, words
 
 
@@ -92,62 +89,16 @@ def _frequencies(kind: str):
     return rule
 
 
-_WIDE = (np.dtype(np.float64), np.dtype(np.complex128))
-_NARROW = {np.dtype(np.float64): mx.float32, np.dtype(np.complex128): mx.complex64}
-
-
-def _numbers(val) -> bool:
-    """Python numbers in (nested) lists / tuples only."""
-    if isinstance(val, (list, tuple)):
-        return all(_numbers(v) for v in val)
-    return isinstance(val, (int, float, complex))
-
-
-def host_wide(val, dtype) -> np.ndarray | None:
-    """Host data from which MLX makes a float32 / complex64 array (``dtype`` None
-    or that) that it rounds: a Python float or complex, a numpy float64 /
-    complex128 scalar or array, nested lists / tuples of Python numbers holding one,
-    as its float64 / complex128 numpy array; None for anything else (integers and
-    float32 data, which MLX keeps exactly; arrays inside lists; another dtype)."""
-    if isinstance(val, (bool, np.bool_)) or not (
-            isinstance(val, (float, complex, np.ndarray, np.generic)) or _numbers(val)):
-        return None
-    v = np.asarray(val)
-    if v.dtype not in _WIDE:
-        return None
-    return v if dtype is None or dtype == _NARROW[v.dtype] or (
-        dtype == mx.complex64 and v.dtype.kind == "f") else None
-
-
-def _rest(v: np.ndarray, hi: mx.array) -> mx.array | None:
-    """The low word of host values ``v`` whose MLX rounding is ``hi`` (the same
-    shape): ``RN(v - hi)``, 0 where ``hi`` is not finite (the kernels' rule); None
-    where it is 0 throughout (``hi`` is exact)."""
-    h = np.array(hi)
-    with np.errstate(over="ignore", invalid="ignore"):
-        lo = np.where(np.isfinite(h), v - h, 0).astype(h.dtype)
-    return mx.array(lo) if lo.any() else None
-
-
-def host_array(original, val, dtype, **kw):
-    """``mx.array(val, dtype)`` / ``mx.asarray`` of host data :func:`host_wide`
-    reads: MLX's array (its rounding: the high words) carrying the rest;
-    NotImplemented for other data (MLX's array is then exact, or holds what the
-    dtype asks)."""
-    v = host_wide(val, dtype)
-    if v is None:
-        return NotImplemented
-    hi = original(val, **kw) if dtype is None else original(val, dtype, **kw)
-    return attach(hi, _rest(v, hi))
-
-
 def _array(ctx, original, val, dtype=None, **kw):
     """``mx.array(x)`` of a carried array: MLX's copy with x's words, or with
     another dtype ``x.astype(dtype)`` (its rule: the exact value in float64, a
     reported rounding to a narrower type); carried arrays inside a list: declines
-    (reported); host data wider than float32: :func:`host_array`."""
+    (reported). Host data is MLX's array: a Python float becomes its float32
+    rounding there, as in MLX's own float64 runs of the same code (an optimizer's
+    learning rate, ``mx.full(shape, 0.3)``), where a float in an op enters at its
+    float64 value."""
     if not (is_word_array(val) and has_words(val)):
-        return host_array(original, val, dtype, **kw)
+        return NotImplemented
     if dtype is None or dtype == val.dtype:
         return carry.copy(val, original(val, **kw))
     with carry.reporting(ctx.report):
@@ -156,29 +107,21 @@ def _array(ctx, original, val, dtype=None, **kw):
 
 def _array_vjp(e, g):
     val = e.args[0]
-    if not isinstance(val, mx.array):
-        return (None,)  # host data: a constant
-    return (g,) if e.out.dtype == val.dtype else NotImplemented
+    return (g,) if isinstance(val, mx.array) and e.out.dtype == val.dtype else NotImplemented
 
 
 def _full(ctx, original, shape, vals, dtype=None, **kw):
-    """``mx.full(shape, vals)``: ``vals`` broadcast to ``shape`` with its words (a
-    carried array: MLX's op on the high and on the low words; host data wider than
-    float32: its rest, :func:`host_array`'s, broadcast the same way); to another
-    dtype than a carried array's, that array's ``astype`` first (its rule)."""
-    if is_word_array(vals) and has_words(vals):
-        if dtype is not None and dtype != vals.dtype:
-            with carry.reporting(ctx.report):
-                vals = vals.astype(dtype)
-            if not (is_word_array(vals) and has_words(vals)):  # float64, or rounded
-                return original(shape, vals, **kw)
-        return moved(ctx, lambda parts: original(shape, parts[0], **kw), [words(vals)])
-    v = host_wide(vals, dtype)
-    if v is None:
+    """``mx.full(shape, vals)`` of a carried array ``vals``: broadcast with its words
+    (MLX's op on the high and on the low words); to another dtype, that array's
+    ``astype`` first (its rule). Host data: MLX's op (see :func:`_array`)."""
+    if not (is_word_array(vals) and has_words(vals)):
         return NotImplemented
-    hi = original(shape, vals, **kw) if dtype is None else original(shape, vals, dtype, **kw)
-    lo = _rest(v, ARRAY(vals) if dtype is None else ARRAY(vals, dtype))
-    return attach(hi, None if lo is None else original(shape, lo, **kw))
+    if dtype is not None and dtype != vals.dtype:
+        with carry.reporting(ctx.report):
+            vals = vals.astype(dtype)
+        if not (is_word_array(vals) and has_words(vals)):  # float64, or rounded
+            return original(shape, vals, **kw)
+    return moved(ctx, lambda parts: original(shape, parts[0], **kw), [words(vals)])
 
 
 _FULL = mx.full  # MLX's own (captured at import: inside a block a stand-in)

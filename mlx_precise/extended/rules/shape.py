@@ -15,7 +15,6 @@ from .. import arith, autodiff, carry
 from ..carry import attach, attach_words, has_words, low_word, words_of
 from .base import (carries, float64_cotangent, is_word_array, moved, movement, unbroadcast,
                    words)
-from .constructors import host_array
 from .linear import noting_transposes
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
@@ -151,20 +150,11 @@ def _update(*positions):
     return rule
 
 
-def _asarray(ctx, original, a, dtype=None, **kw):
-    """``mx.asarray``: of host data wider than float32, MLX's rounding carrying the
-    rest (:func:`.constructors.host_array`); of a carried array, its words."""
-    if isinstance(a, ARRAY):
-        return _ASARRAY_WORDS(ctx, original, a, **kw) if dtype is None else (
-            _ASARRAY_WORDS(ctx, original, a, dtype, **kw))
-    return host_array(original, a, dtype, **kw)
-
-
 SHAPE_OPS = ("reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze",
              "broadcast_to", "flatten", "take", "take_along_axis", "atleast_1d",
              "atleast_2d", "atleast_3d", "repeat", "tile", "roll", "flip", "unflatten",
              "diagonal", "diag", "permute_dims", "matrix_transpose", "tril", "triu", "split",
-             "unstack", "contiguous", "stop_gradient", "positive", "slice",
+             "unstack", "contiguous", "stop_gradient", "positive", "slice", "asarray",
              "fft.fftshift", "fft.ifftshift", "array.__copy__", "array.__deepcopy__",
              "as_strided")
 
@@ -203,8 +193,6 @@ def _fast_getitem(x, index):
 FAST = {"array.__getitem__": _fast_getitem}
 """Op name -> its fast path (the dispatcher tries it before the rule)."""
 
-_ASARRAY_WORDS = _words()
-
 RULES = {
     **{name: _words() for name in SHAPE_OPS},
     **{name: noting_transposes(_words(), perm) for name, perm in _TRANSPOSES.items()},
@@ -212,7 +200,6 @@ RULES = {
     "broadcast_arrays": _each, "meshgrid": _each, "pad": _pad, "depends": _depends,
     "slice_update": _update(0, 1), "put_along_axis": _update(0, 2),
     "array.__getitem__": _words(), "array.__setitem__": _setitem, "array.__iter__": _iter,
-    "asarray": _asarray,
 }
 """Op name -> rule (``fft.`` / ``array.`` prefixes: ``mx.fft`` functions and
 ``mx.array``-only methods)."""
@@ -410,7 +397,6 @@ VJPS = {
     "take": _take_vjp, "take_along_axis": _take_along_axis_vjp, "broadcast_to": _broadcast_to_vjp,
     "repeat": _repeat_vjp, "tile": _tile_vjp, "stop_gradient": lambda e, g: (None,),
     "concatenate": movement, "stack": movement, "pad": movement, "slice_update": movement,
-    "asarray": movement,
     "put_along_axis": movement, "broadcast_arrays": _each_vjp,
     "array.__getitem__": _getitem_vjp, "array.__setitem__": _setitem_vjp,
 }
