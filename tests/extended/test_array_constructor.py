@@ -9,6 +9,7 @@ import pickle
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+import pytest
 
 import mlx_precise as mp
 from mlx_precise.extended import low_word
@@ -92,11 +93,12 @@ def test_host_data_is_mlx_own_array(backend):
     np.testing.assert_allclose(value64(scaled), np.full(5, 0.1), rtol=2**-48, atol=0)
 
 
-def test_full_of_a_carried_array_broadcasts_its_words(backend):
+@pytest.mark.parametrize("strict", [False, True], ids=["report", "strict"])
+def test_full_of_a_carried_array_broadcasts_its_words(backend, strict):
     """``mx.full(shape, y)`` of a carried ``y`` dropped its low word silently:
     ``mx.full((3, 2), x / 3) * 3`` gave x + 3e-8, not x."""
     x = mx.array(np.float32([1.0, 2.0]))
-    with mp.extended_precision() as report:
+    with mp.extended_precision(strict=strict) as report:
         y = x / 3
         f = mx.full((3, 2), y)
         g = mx.full_like(mx.zeros((3, 2)), y)

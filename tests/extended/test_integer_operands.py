@@ -171,8 +171,9 @@ def test_selection_gradient_with_integer_operand(backend):
     np.testing.assert_array_equal(np.array(g), np.where(b, np.float32(0.1), i).astype(np.float32))
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["report", "strict"])
 @pytest.mark.parametrize("case", ["i / n", "n / i", "i / j", "bool / n", "u32 / i64"])
-def test_true_division_of_integers(backend, case):
+def test_true_division_of_integers(backend, case, strict):
     """``mx.arange(n) / n`` and other true divisions of integers (MLX gives float32)
     were MLX's float32 quotients, reported as plain only: the quotient is now
     double-word, rounded once (positional encodings divide positions so)."""
@@ -186,7 +187,7 @@ def test_true_division_of_integers(backend, case):
         "u32 / i64": (lambda: mx.array(INTS.astype(np.uint32)) / mx.array(np.arange(1, 9)),
                       INTS, np.arange(1, 9)),
     }[case]
-    with mp.extended_precision() as report:
+    with mp.extended_precision(strict=strict) as report:
         y = fn()
         mx.eval(y)
     assert not report.float32 and not report.plain and report.extended, report

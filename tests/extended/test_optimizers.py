@@ -178,10 +178,11 @@ def _oracle(update):
     return params, states
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["report", "strict"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_optimizer_steps_in_double_word(backend, name):
+def test_optimizer_steps_in_double_word(backend, name, strict):
     make, update = CASES[name]
-    with mp.extended_precision() as report:
+    with mp.extended_precision(strict=strict) as report:
         opt = make()
         params = {k: mx.array(v) for k, v in _P.items()}
         for grads in _G:
