@@ -31,6 +31,7 @@ _LONGEST_FIRST = (
     "extended/test_compiled_ops_emulate.py",
     "extended/test_training_compile.py",
     "extended/test_training.py",
+    "extended/test_nn_layers.py",
     "test_notebooks.py",
     "emulator/test_strict.py",
     "int8/test_int8.py",
