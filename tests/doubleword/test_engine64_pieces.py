@@ -244,3 +244,30 @@ def test_rows_of_parts_from_two_steps():
             for g, v in zip(got, value):
                 assert (g is None and v is None) or (
                     np.array(g).tobytes() == np.array(v)[1:3].tobytes())
+
+
+@pytest.mark.parametrize("whole_pieces, extra", [(4, 0), (2, 7)])
+def test_pieces_pair_up_on_a_second_stream(monkeypatch, whole_pieces, extra):
+    """Pieces go two at a time, every second one made on the second CPU stream (so
+    that MLX runs the pair on two threads): the same bits as whole, for an even and
+    an odd count of pieces."""
+    from mlx_precise.doubleword import functions
+
+    made_beside = []
+    side = engine64._side_stream
+
+    def counted():
+        made_beside.append(1)
+        return side()
+
+    monkeypatch.setattr(engine64, "_side_stream", counted)
+    step = engine64.PIECE // functions._ERF_PIECE
+    x = np.random.default_rng(11).uniform(-7, 7, whole_pieces * step + extra)
+    x[-3:] = [np.nan, -0.0, -np.inf]
+    with mx.stream(mx.cpu):
+        v = mx.array(x, dtype=mx.float64)
+        pieced = np.array(functions.value64("erf", v))
+        assert len(made_beside) == (whole_pieces + (extra > 0)) // 2
+        monkeypatch.setattr(engine64, "PIECE", 1 << 40)  # one piece
+        whole = np.array(functions.value64("erf", v))
+    assert pieced.tobytes() == whole.tobytes()

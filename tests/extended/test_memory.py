@@ -20,9 +20,10 @@ below what the flow held before the change it guards:
   (measured 1.14x; whole it was 3.25x, its sine / cosine / exp temporaries);
 * softmax of a float64 (8192, 256) on the engine: <= 2x its result's size
   (measured about 1.6x; with its pieces concatenated, about 2.3x);
-* erf of 2.6e5 float64 values: <= 3x the result's size (measured 2.2x; with its
-  pieces joined at the end 5.1x, with full-size pieces 8.1x: its gathered
-  coefficients);
+* erf of 2.6e5 float64 values: <= 3.5x the result's size (measured 3.2x with two
+  pieces side by side on two streams, each with its gathered coefficients, 2.2x
+  one at a time; with its pieces joined at the end 5.1x, with full-size pieces
+  8.1x);
 * rfft of a carried value (logmel's frames): <= 2x its result's float64 size
   (measured 1.0x; 5.6x when the input's words and the result's high word were
   made for the transform's gradient guard).
@@ -129,7 +130,7 @@ def test_erf_pieces_memory():
         with mx.stream(mx.cpu):
             return functions.value64("erf", v)
 
-    assert peak_mb(erf) <= 3 * v.nbytes / 1e6
+    assert peak_mb(erf) <= 3.5 * v.nbytes / 1e6
 
 
 def test_rfft_of_a_carried_value_memory():
