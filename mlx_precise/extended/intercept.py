@@ -130,7 +130,12 @@ class _CarriedWords:
     writes back.
     On a float64 engine (cpu) the carried value is the float64 value the flow
     carries (the replay then computes what the uncompiled step computes); elsewhere
-    the low word.
+    the low word. Which one: the form the block inside made its results in, learned
+    at the trace (:attr:`wide`; a block may choose its own backend, as
+    ``with use_backend("metal")`` inside a function called where the default is cpu:
+    float64 values would then cross the compiled graph, split into words and joined
+    again on the CPU). The results leave in that form from the trace that learns it
+    on; the inputs of a first call enter in the form of the backend active there.
 
     The first call decides: a function whose trace leaves no low word on what it
     returns or updates (it opens no block) runs MLX's own compiled graph from then
@@ -139,27 +144,42 @@ class _CarriedWords:
     def __init__(self, fun, inputs, outputs, shapeless, compile_):
         self.fun, self.inputs, self.outputs = fun, inputs, outputs
         self.plain = False
+        self.wide: bool | None = None  # the block's form, once a trace has shown it
         self.graph = compile_(self._traced, inputs, outputs, shapeless)
 
     def _traced(self, wide, carried_in, values, *args, **kwargs):
-        leaves = [a for a, c in zip(_word_leaves(self.inputs), carried_in) if c]
-        for a, v in zip(leaves, values):
+        """``wide``: the form of ``values`` (None when there are none)."""
+        given = _word_leaves(self.inputs)
+        for a, v in zip([a for a, c in zip(given, carried_in) if c], values):
             _attach(a, v, wide)
         out = self.fun(*args, **kwargs)
         leaves = _word_leaves(out) + _word_leaves(self.outputs)
         self.plain = not any(carry.has_words(a) for a in leaves)
-        return out, [_carried(a, wide) for a in leaves]
+        # the form of what the block made (not of state it handed back unchanged)
+        given = {id(a) for a in given}
+        forms = {carry.wide_value(a) is not None for a in leaves
+                 if id(a) not in given and carry.has_words(a)}
+        if len(forms) == 1:
+            self.wide = forms.pop()
+        # in that form (a list of float64 parts, or the low word), also on the call
+        # that learns it: the caller attaches what the graph returns as it is
+        form = self.wide if self.wide is not None else backends.backend().float64_engine
+        return out, [_carried(a, form) for a in leaves]
 
     def __call__(self, *args, **kwargs):
-        wide = backends.backend().float64_engine
+        wide = self.wide
+        if wide is None:
+            wide = backends.backend().float64_engine
         leaves = _word_leaves(self.inputs)
-        # which inputs carry a value: a constant of the trace (a change retraces)
+        # which inputs carry a value, and in which form: constants of the trace (a
+        # change retraces; the form only where a value enters)
         carried_in = tuple(carry.has_words(a) for a in leaves)
         values = [_carried(a, wide) for a, c in zip(leaves, carried_in) if c]
-        out, carried = self.graph(wide, carried_in, values, *args, **kwargs)
+        out, carried = self.graph(wide if values else None, carried_in, values, *args,
+                                  **kwargs)
         if not self.plain:
             for a, v in zip(_word_leaves(out) + _word_leaves(self.outputs), carried):
-                _attach(a, v, wide)
+                _attach(a, v, isinstance(v, list))
         return out
 
 

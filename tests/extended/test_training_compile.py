@@ -18,6 +18,7 @@ import training_oracle as oracle
 from mlx_precise import TransformUnsupportedError
 from mlx_precise.core.plain import plain
 from mlx_precise.extended import low_word
+from mlx_precise.extended.carry import wide_value
 
 
 def test_stack_of_one_array_iterates_it():
@@ -161,4 +162,42 @@ def test_compiled_training_step_on_metal_replays_without_python(lazy_metal):
     for _ in range(4):
         mx.eval(f(x, y), model.parameters(), opt.state)
     assert len(ran) == 2
+    # low words, as the block made them: no float64 value crosses the graph (the
+    # default backend here, where the step is called, is cpu)
     assert all(low_word(v) is not None for _, v in tree_flatten(model.parameters()))
+    assert all(wide_value(v) is None for _, v in tree_flatten([model.parameters(), opt.state]))
+
+
+def test_compiled_step_carries_the_form_its_block_makes(lazy_metal):
+    """A compiled step whose block runs on cpu, called where the default backend is
+    metal: from the second call its state carries the float64 values the cpu flow
+    makes (not words split from them and joined again), and the trajectory is the
+    uncompiled cpu run's, bit for bit."""
+    steps = 5
+
+    def run(compiled: bool):
+        model, opt, loss_and_grad = _trainer()
+        x, y = _data()
+
+        def step(x, y):
+            with mp.use_backend("cpu"), mp.extended_precision():
+                loss, grads = loss_and_grad(model, x, y)
+                opt.update(model, grads)
+            return loss
+
+        if compiled:
+            state = [model.state, opt.state]
+            step = mx.compile(step, inputs=state, outputs=state)
+        for _ in range(steps):
+            mx.eval(step(x, y), model.parameters(), opt.state)
+        return model, opt
+
+    with mp.use_backend("metal"):  # (the stand-in's): where the step is called
+        m1, o1 = run(True)
+    m0, o0 = run(False)
+    assert all(wide_value(v) is not None for _, v in tree_flatten(m1.parameters()))
+    for a, b in ((m0.parameters(), m1.parameters()), (o0.state, o1.state)):
+        want, got = _carried(a), _carried(b)
+        assert set(want) == set(got) and len(want) >= 6
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
