@@ -42,6 +42,21 @@ def _trainer(optimizer="adam"):
     return model, opt, nn.value_and_grad(model, bt.mse)
 
 
+def _block_step(model, opt, loss_and_grad, backend: str, ran: list | None = None):
+    """A training step that opens the block on ``backend`` (``ran`` gets one entry
+    per run of its Python)."""
+
+    def step(x, y):
+        if ran is not None:
+            ran.append(1)
+        with mp.use_backend(backend), mp.extended_precision():
+            loss, grads = loss_and_grad(model, x, y)
+            opt.update(model, grads)
+        return loss
+
+    return step
+
+
 def _data():
     s = oracle.MLP_SIZES
     x, y = oracle.mlp_data(s["samples"], s["d_in"], s["d_out"])
@@ -108,12 +123,7 @@ def test_compiled_training_step_on_emulate_raises_the_named_error():
     model, opt, loss_and_grad = _trainer()
     x, y = _data()
 
-    def step(x, y):
-        with mp.use_backend("emulate"), mp.extended_precision():
-            loss, grads = loss_and_grad(model, x, y)
-            opt.update(model, grads)
-        return loss
-
+    step = _block_step(model, opt, loss_and_grad, "emulate")
     state = [model.state, opt.state]
     with pytest.raises(TransformUnsupportedError):
         mx.compile(step, inputs=state, outputs=state)(x, y)
@@ -149,14 +159,7 @@ def test_compiled_training_step_on_metal_replays_without_python(lazy_metal):
     model, opt, loss_and_grad = _trainer()
     x, y = _data()
     ran = []
-
-    def step(x, y):
-        ran.append(1)
-        with mp.use_backend("metal"), mp.extended_precision():
-            loss, grads = loss_and_grad(model, x, y)
-            opt.update(model, grads)
-        return loss
-
+    step = _block_step(model, opt, loss_and_grad, "metal", ran)
     state = [model.state, opt.state]
     f = mx.compile(step, inputs=state, outputs=state)
     for _ in range(4):
@@ -170,21 +173,16 @@ def test_compiled_training_step_on_metal_replays_without_python(lazy_metal):
 
 def test_compiled_step_carries_the_form_its_block_makes(lazy_metal):
     """A compiled step whose block runs on cpu, called where the default backend is
-    metal: from the second call its state carries the float64 values the cpu flow
-    makes (not words split from them and joined again), and the trajectory is the
-    uncompiled cpu run's, bit for bit."""
+    metal: its state carries the float64 values the cpu flow makes (not words split
+    from them and joined again), and the trajectory is the uncompiled cpu run's, bit
+    for bit, from the first call (which learns the form at its trace)."""
     steps = 5
 
     def run(compiled: bool):
         model, opt, loss_and_grad = _trainer()
         x, y = _data()
 
-        def step(x, y):
-            with mp.use_backend("cpu"), mp.extended_precision():
-                loss, grads = loss_and_grad(model, x, y)
-                opt.update(model, grads)
-            return loss
-
+        step = _block_step(model, opt, loss_and_grad, "cpu")
         if compiled:
             state = [model.state, opt.state]
             step = mx.compile(step, inputs=state, outputs=state)
