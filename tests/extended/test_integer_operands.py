@@ -196,3 +196,91 @@ def test_true_division_of_integers(backend, case, strict):
     np.testing.assert_array_equal(np.array(y), np.array([float(w) for w in want], np.float32))
     for got, w in zip(value64(y), want):
         assert abs(mpmath.mpf(float(got)) - w) <= abs(w) * mpmath.mpf(2) ** -47, (got, w)
+
+
+# ---- functions of integer and bool arrays alone -----------------------------------------
+# MLX's results are float32 (mx.exp(i), mx.mean(i), mx.arctan2(i, j)): before, the
+# flow left them to MLX (the integers rounded to float32 above 2^24, the function's
+# value rounded again, reported as "plain" only); now they are double-word.
+
+_POS = INTS  # 1 .. 123456789
+_SMALL = np.array([-9, -4, -1, 0, 1, 2, 5, 11], np.int32)
+_UNIT = np.array([-1, 0, 1, 0, -1, 1, 0, 1], np.int32)
+_MP = mpmath.mpf
+UNARY_OF_INTEGERS = {  # name: (inputs, oracle, relative bound)
+    "exp": (_SMALL, mpmath.exp, 2.0**-44), "expm1": (_SMALL, mpmath.expm1, 2.0**-44),
+    "log": (_POS, mpmath.log, 2.0**-44), "log1p": (_POS, mpmath.log1p, 2.0**-44),
+    "log2": (_POS, lambda v: mpmath.log(v, 2), 2.0**-44), "log10": (_POS, mpmath.log10, 2.0**-44),
+    "sin": (SIGNED, mpmath.sin, 2.0**-42), "cos": (SIGNED, mpmath.cos, 2.0**-42),
+    "tan": (_SMALL, mpmath.tan, 2.0**-42), "tanh": (_SMALL, mpmath.tanh, 2.0**-44),
+    "sigmoid": (_SMALL, lambda v: 1 / (1 + mpmath.exp(-v)), 2.0**-44),
+    "erf": (_SMALL, mpmath.erf, 2.0**-44), "sqrt": (_POS, mpmath.sqrt, 2.0**-44),
+    "rsqrt": (_POS, lambda v: 1 / mpmath.sqrt(v), 2.0**-44),
+    "reciprocal": (_POS, lambda v: 1 / v, 2.0**-44),
+    "sinh": (_SMALL, mpmath.sinh, 2.0**-42), "cosh": (_SMALL, mpmath.cosh, 2.0**-42),
+    "arctan": (SIGNED, mpmath.atan, 2.0**-42), "arcsinh": (SIGNED, mpmath.asinh, 2.0**-42),
+    "arccosh": (_POS, mpmath.acosh, 2.0**-42), "arcsin": (_UNIT, mpmath.asin, 2.0**-42),
+    "arccos": (_UNIT, mpmath.acos, 2.0**-42),
+    "degrees": (SIGNED, lambda v: v * 180 / mpmath.pi, 2.0**-44),
+    "radians": (SIGNED, lambda v: v * mpmath.pi / 180, 2.0**-44),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY_OF_INTEGERS))
+def test_function_of_an_integer_array(backend, name):
+    ints, fn, bound = UNARY_OF_INTEGERS[name]
+    y = _block(getattr(mx, name), mx.array(ints))
+    _check(y, [fn(_MP(int(i))) for i in ints], bound)
+
+
+@pytest.mark.parametrize("name", ["exp", "sqrt", "erf", "arctan"])
+def test_function_of_a_bool_array(backend, name):
+    flags = np.array([True, False, True, True])
+    y = _block(getattr(mx, name), mx.array(flags))
+    fn = {"exp": mpmath.exp, "sqrt": mpmath.sqrt, "erf": mpmath.erf, "arctan": mpmath.atan}[name]
+    _check(y, [fn(_MP(int(f))) for f in flags])
+
+
+def test_binary_functions_of_integer_arrays(backend):
+    i, j = mx.array(SIGNED), mx.array(INTS)
+    _check(_block(mx.arctan2, i, j), [mpmath.atan2(_MP(int(a)), _MP(int(b)))
+                                      for a, b in zip(SIGNED, INTS)], 2.0**-42)
+    small = mx.array(_SMALL)
+    _check(_block(mx.logaddexp, small, small[::-1]),
+           [mpmath.log(mpmath.exp(_MP(int(a))) + mpmath.exp(_MP(int(b))))
+            for a, b in zip(_SMALL, _SMALL[::-1])], 2.0**-42)
+
+
+def test_reductions_of_integer_arrays(backend):
+    """mean, var, std (exact rationals: the mean of 2^30 + 3 and 123456789 is not a
+    float32 value), logsumexp and logcumsumexp of int32 rows."""
+    from fractions import Fraction
+
+    rows = np.stack([INTS, SIGNED])  # (2, 8)
+    a = mx.array(rows)
+    n = rows.shape[1]
+    means = [Fraction(int(r.sum()), n) for r in rows.astype(np.int64)]
+    var = [sum((Fraction(int(v)) - m) ** 2 for v in r) / n for r, m in zip(rows, means)]
+    _check(_block(lambda x: mx.mean(x, axis=1), a), [_MP(m.numerator) / m.denominator
+                                                      for m in means])
+    _check(_block(lambda x: mx.var(x, axis=1), a), [_MP(v.numerator) / v.denominator
+                                                     for v in var])
+    _check(_block(lambda x: mx.std(x, axis=1), a),
+           [mpmath.sqrt(_MP(v.numerator) / v.denominator) for v in var])
+    small = np.stack([_SMALL, _SMALL[::-1] * 2])
+    lse = [mpmath.log(sum(mpmath.exp(_MP(int(v))) for v in r)) for r in small]
+    _check(_block(lambda x: mx.logsumexp(x, axis=1), mx.array(small)), lse, 2.0**-42)
+    cum = [mpmath.log(sum(mpmath.exp(_MP(int(v))) for v in _SMALL[:k + 1]))
+           for k in range(len(_SMALL))]
+    _check(_block(lambda x: mx.logcumsumexp(x), mx.array(_SMALL)), cum, 2.0**-42)
+
+
+def test_functions_of_integers_outside_a_block_are_mlx_own():
+    """Outside a block MLX's float32 results, bit for bit (the rules never run)."""
+    i = mx.array(INTS)
+    for name in ("exp", "log", "sqrt", "mean", "arctan"):
+        fn = getattr(mx, name)
+        want = fn(i)
+        with mp.extended_precision():
+            pass
+        assert np.array_equal(np.array(fn(i)).view(np.uint32), np.array(want).view(np.uint32))

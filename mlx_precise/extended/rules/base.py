@@ -104,6 +104,22 @@ def promoted(v):
     return result(words(v)) if is_integer_array(v) else v
 
 
+def of_integers(rule):
+    """The rule of an op that MLX computes in floating point for integer and bool
+    arrays too (float32 results: ``mx.exp(i)``, ``mx.mean(i)``, ``mx.arctan2(i,
+    j)``): its integer and bool array arguments enter as their exact values
+    (:func:`promoted`), so the result is double-word like any other, where MLX
+    rounds the integers to float32, then the function's value. Where the rule then
+    declines, MLX's op runs on the arguments as given."""
+
+    def wrapped(ctx, original, *args, **kw):
+        if any(is_integer_array(a) for a in args):
+            return rule(ctx, original, *[promoted(a) for a in args], **kw)
+        return rule(ctx, original, *args, **kw)
+
+    return wrapped
+
+
 def floating_result(x, y) -> bool:
     """MLX's promotion gives float32 / complex64: a double-word operand, or an
     integer array with a Python / numpy float or complex scalar."""

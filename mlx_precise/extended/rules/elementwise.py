@@ -15,8 +15,8 @@ from ...doubleword.fusion import differentiating
 from .. import arith, autodiff, carry
 from ..engine import words_op
 from .base import (REAL, conj, decomposed, elementary, floating_result, fused, has_float64,
-                   is_word_array, operand_array, promoted, result, result64, small64,
-                   unbroadcast, words)
+                   is_word_array, of_integers, operand_array, promoted, result, result64,
+                   small64, unbroadcast, words)
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 
@@ -270,17 +270,19 @@ FAST = {**{fn: _fast_function(fn) for fn in functions.UNARY}, "power": _fast_pow
 """Op name -> its fast path (the dispatcher tries it before the rule)."""
 
 RULES = {
-    **{fn: function(fn) for fn in functions.UNARY},
-    "power": _power, "arctan2": _arctan2,
-    **{name: decomposed(fn) for name, fn in (
+    **{fn: of_integers(function(fn)) for fn in functions.UNARY},
+    "power": _power, "arctan2": of_integers(_arctan2),
+    **{name: of_integers(decomposed(fn)) for name, fn in (
         ("sinh", _sinh), ("cosh", _cosh), ("tan", _tan), ("arctan", _arctan),
         ("arcsin", _arcsin), ("arccos", _arccos), ("arctanh", _arctanh),
         ("arcsinh", _arcsinh), ("arccosh", _arccosh),
         ("degrees", lambda x: x * _DEGREES), ("radians", lambda x: x * _RADIANS),
         ("erfinv", _erfinv))},
-    "logaddexp": _logaddexp_rule,
+    "logaddexp": of_integers(_logaddexp_rule),
 }
-"""Op name -> rule."""
+"""Op name -> rule. The functions take integer and bool arrays as their exact values
+(MLX's results are float32 there too; :func:`.base.of_integers`); ``power`` of
+integers is an integer."""
 
 
 # ---- derivatives ---------------------------------------------------------------------

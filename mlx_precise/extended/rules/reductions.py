@@ -14,8 +14,8 @@ from ...doubleword.types import DoubleWord
 from .. import arith, carry
 from . import float64
 from ..carry import attach, has_words, low_word
-from .base import (REAL, axes_of, decomposed, elementary, float64_form, is_word_array, result,
-                   words)
+from .base import (REAL, axes_of, decomposed, elementary, float64_form, is_word_array,
+                   of_integers, result, words)
 
 
 def _arg_extreme(larger: bool):
@@ -370,18 +370,21 @@ def _median(a, axis=None, keepdims=False):
 
 
 RULES = {
-    "sum": _reduction("sum"), "mean": _reduction("mean"), "prod": _reduction("prod"),
+    "sum": _reduction("sum"), "mean": of_integers(_reduction("mean")), "prod": _reduction("prod"),
     "max": _extreme_reduction(True), "min": _extreme_reduction(False),
     "argmax": _arg_extreme(True), "argmin": _arg_extreme(False),
-    "cumsum": _scan("add"), "cumprod": _scan("mul"), "var": decomposed(_var),
-    "std": decomposed(_std), "softmax": float64_form(_softmax64, _softmax, _softmax_words),
-    "logsumexp": float64_form(_logsumexp64, _logsumexp, _logsumexp_words),
+    "cumsum": _scan("add"), "cumprod": _scan("mul"), "var": of_integers(decomposed(_var)),
+    "std": of_integers(decomposed(_std)),
+    "softmax": float64_form(_softmax64, _softmax, _softmax_words),
+    "logsumexp": of_integers(float64_form(_logsumexp64, _logsumexp, _logsumexp_words)),
     "argsort": _ordering(False, False), "sort": _ordering(True, False),
     "argpartition": _ordering(False, True), "partition": _ordering(True, True),
-    "topk": _topk, "median": decomposed(_median), "logcumsumexp": decomposed(_logcumsumexp),
+    "topk": _topk, "median": decomposed(_median), "logcumsumexp": of_integers(decomposed(_logcumsumexp)),
     "cummax": _running_extreme(True), "cummin": _running_extreme(False),
 }
-"""Op name -> rule."""
+"""Op name -> rule (``mean``, ``var``, ``std``, ``logsumexp`` and ``logcumsumexp``
+take integer and bool arrays as their exact values, :func:`.base.of_integers`: MLX's
+results are float32 there; ``sum``, ``prod`` and the scans of integers are integers)."""
 
 
 # ---- derivatives ---------------------------------------------------------------------
