@@ -284,3 +284,21 @@ def test_functions_of_integers_outside_a_block_are_mlx_own():
         with mp.extended_precision():
             pass
         assert np.array_equal(np.array(fn(i)).view(np.uint32), np.array(want).view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint32"])
+def test_astype_float32_of_integers_is_exact(backend, dtype):
+    """``i.astype(mx.float32)``: the integer's exact value (MLX rounds above 2^24),
+    so ``i.astype(float32) - 2^24`` is exact: 1 for 2^24 + 1 (MLX's float32: 0)."""
+    ints = np.array([1, 2**24 + 1, 2**30 + 3, 123456789, 2**31 - 1], np.int64)
+    if dtype == "int64":
+        ints = np.concatenate([ints, [2**40 + 1, -(2**47 - 5)]])
+    a = mx.array(ints.astype(dtype))
+    y = _block(lambda v: v.astype(mx.float32), a)
+    assert np.array_equal(value64(y), ints.astype(np.float64))
+    d = _block(lambda v: v.astype(mx.float32) - 2.0**24, a)
+    assert np.array_equal(value64(d), ints.astype(np.float64) - 2.0**24)
+    with mp.extended_precision(strict=True):
+        c = a.astype(mx.complex64)
+        re = mx.real(c)
+    assert c.dtype == mx.complex64 and np.array_equal(value64(re), ints.astype(np.float64))

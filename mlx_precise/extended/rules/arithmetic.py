@@ -14,8 +14,8 @@ from ...doubleword.types import DoubleWord, real_imag
 from .. import arith, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value
 from .base import (as64, carries, conj, decomposed, floating_result, fused, has_float64,
-                   integer_quotient, is_word_array, movement, result, result64, small64,
-                   unbroadcast, words)
+                   integer_quotient, is_integer_array, is_word_array, movement, promoted,
+                   result, result64, small64, unbroadcast, words)
 from .linear import noting_transposes
 from .shape import _setitem
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
@@ -203,7 +203,12 @@ def _square(ctx, original, a, **kw):
 
 def _astype(ctx, original, a, dtype, *rest, **kw):
     """float32 -> complex64 keeps the value; -> float64 is the exact value hi + lo;
-    a narrower type is a rounding exit (MLX's cast of the high word)."""
+    a narrower type is a rounding exit (MLX's cast of the high word). An integer or
+    bool array -> float32 / complex64 is its exact value (:func:`.base.promoted`:
+    MLX rounds integers above 2^24)."""
+    if is_integer_array(a) and dtype in (mx.float32, mx.complex64) and not rest and not kw:
+        x = promoted(a)
+        return x if dtype == mx.float32 else result(arith.as_complex(words(x)))
     if not is_word_array(a) or not has_words(a):
         return NotImplemented
     if dtype == a.dtype:  # the same value (the dispatcher returns it as a new array)
