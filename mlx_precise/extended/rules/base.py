@@ -58,13 +58,20 @@ def is_integer_array(x) -> bool:
     return isinstance(x, ARRAY) and (mx.issubdtype(x.dtype, mx.integer) or x.dtype == mx.bool_)
 
 
+_HALF = (mx.float16, mx.bfloat16)
+
+
 def words(x) -> DoubleWord | None:
     """x as a DoubleWord, or None when x is not an operand a rule takes. Integer
     and bool arrays enter exactly: ``hi = RN32(a)`` and ``lo = a - hi`` (exact in
-    the integer type, and a float32 value for integers below 2^48)."""
+    the integer type, and a float32 value for integers below 2^48); float16 and
+    bfloat16 arrays as their float32 values (exact), as MLX promotes them next to
+    float32 (a rule takes them only beside a double-word operand)."""
     if is_word_array(x):
         w = words_of(x)
         return arith.exact(x) if w is None else w
+    if is_half_array(x):
+        return arith.exact(x.astype(mx.float32))
     if is_integer_array(x):
         hi = x.astype(mx.float32)
         if x.dtype in (mx.bool_, mx.int8, mx.uint8, mx.int16, mx.uint16):
@@ -98,10 +105,14 @@ def _integer_low(x: mx.array, hi: mx.array) -> mx.array:
 
 
 def promoted(v):
-    """``v`` as MLX promotes it next to a float32 operand: an integer or bool array
-    as float32 words carrying its exact value (:func:`words`; the kernels read
-    float32 words only), anything else unchanged."""
-    return result(words(v)) if is_integer_array(v) else v
+    """``v`` as MLX promotes it next to a float32 operand: an integer, bool, float16
+    or bfloat16 array as float32 words carrying its exact value (:func:`words`; the
+    kernels read float32 words only), anything else unchanged."""
+    return result(words(v)) if is_integer_array(v) or is_half_array(v) else v
+
+
+def is_half_array(x) -> bool:
+    return isinstance(x, ARRAY) and x.dtype in _HALF
 
 
 def of_integers(rule):
@@ -113,7 +124,8 @@ def of_integers(rule):
     declines, MLX's op runs on the arguments as given."""
 
     def wrapped(ctx, original, *args, **kw):
-        if any(is_integer_array(a) for a in args):
+        # (next to a float16 / bfloat16 array MLX's result is of that type)
+        if any(is_integer_array(a) for a in args) and not any(is_half_array(a) for a in args):
             return rule(ctx, original, *[promoted(a) for a in args], **kw)
         return rule(ctx, original, *args, **kw)
 
