@@ -302,3 +302,39 @@ def test_astype_float32_of_integers_is_exact(backend, dtype):
         c = a.astype(mx.complex64)
         re = mx.real(c)
     assert c.dtype == mx.complex64 and np.array_equal(value64(re), ints.astype(np.float64))
+
+
+@pytest.mark.parametrize("case", ["clip", "//", "%", "rmod", "divmod"])
+def test_integer_array_with_python_float_decomposed_ops(backend, case):
+    """``mx.clip(i, 0.5, 2.5)``, ``i // 0.375``, ``i % 0.375``, ``0.375 % i``,
+    ``mx.divmod(i, 0.375)``: MLX promotes the integers to float32 (above 2^24 it
+    rounds them); the flow takes them exactly. Oracle: exact rationals."""
+    from fractions import Fraction
+
+    def block(fn):  # (the decomposition's selections of bool masks count as plain)
+        with mp.extended_precision(strict=True) as report:
+            out = fn(i)
+            mx.eval(out)
+        assert not report.float32 and report.extended[name] == 1
+        return out
+
+    ints = SIGNED[SIGNED != 0]
+    d = Fraction(3, 8)  # 0.375: a float32 value, so the oracle is exact
+    i = mx.array(ints)
+    exact = [Fraction(int(v)) for v in ints]
+    name = {"clip": "clip", "//": "__floordiv__", "%": "__mod__", "rmod": "__rmod__",
+            "divmod": "divmod"}[case]
+    if case == "clip":
+        y, ref = block(lambda a: mx.clip(a, 0.5, 2.5)), [min(max(v, Fraction(1, 2)),
+                                                             Fraction(5, 2)) for v in exact]
+    elif case == "//":
+        y, ref = block(lambda a: a // 0.375), [Fraction(math.floor(v / d)) for v in exact]
+    elif case == "%":
+        y, ref = block(lambda a: a % 0.375), [v - d * math.floor(v / d) for v in exact]
+    elif case == "rmod":
+        y, ref = block(lambda a: 0.375 % a), [d - v * math.floor(d / v) for v in exact]
+    else:
+        q, y = block(lambda a: mx.divmod(a, 0.375))
+        _check(q, [_MP(math.floor(v / d)) for v in exact])
+        ref = [v - d * math.floor(v / d) for v in exact]
+    _check(y, [_MP(v.numerator) / v.denominator for v in ref])

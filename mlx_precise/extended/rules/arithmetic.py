@@ -460,12 +460,12 @@ RULES = {
     "conjugate": _exact1(arith.conj), "real": _exact1(_real), "imag": _exact1(_imag),
     "abs": _abs_rule, "square": _square, "maximum": _extremum(True),
     "minimum": _extremum(False), "where": _where, "astype": _astype,
-    "clip": decomposed(_clip), "nan_to_num": _nan_to_num, "diff": decomposed(_diff),
+    "clip": decomposed(_clip, True), "nan_to_num": _nan_to_num, "diff": decomposed(_diff),
     **{kind: _integer_part(kind) for kind in ("floor", "ceil", "trunc", "round")},
     "isclose": decomposed(_isclose), "array_equal": decomposed(_array_equal),
-    "floor_divide": decomposed(_floor_divide), "remainder": decomposed(_remainder),
+    "floor_divide": decomposed(_floor_divide, True), "remainder": decomposed(_remainder, True),
     "divmod": decomposed(lambda a, b: (lambda out: out if out is NotImplemented else list(out))(
-        _divmod_words(a, b))),
+        _divmod_words(a, b)), True),
     "allclose": decomposed(lambda a, b, rtol=1e-05, atol=1e-08, *, equal_nan=False: mx.all(
         _isclose(a, b, rtol, atol, equal_nan=equal_nan))),
     **{name: _compare(name) for name in ("less", "less_equal", "greater", "greater_equal",

@@ -289,18 +289,31 @@ def axes_of(ndim: int, axis) -> tuple[int, ...]:
     return tuple(sorted(a % ndim for a in axes))
 
 
-def decomposed(fn):
+def decomposed(fn, integers_with_floats: bool = False):
     """An op defined by a composition of ops that have rules (as PyTorch's
     decompositions): ``fn`` runs with the flow on, so every sub-op is double-word
-    and the result is rounded once. ``fn`` takes the op's arguments."""
+    and the result is rounded once. ``fn`` takes the op's arguments.
+    ``integers_with_floats``: the op also takes integer / bool arrays next to a
+    Python float (MLX promotes them to float32: ``mx.clip(i, 0.5, 2.5)``, ``i //
+    0.5``), as their exact values."""
 
     def rule(ctx, original, *args, **kw):
         if not any(is_word_array(a) for a in args):
-            return NotImplemented
+            if not (integers_with_floats and _integers_with_floats(args)):
+                return NotImplemented
+            args = [promoted(a) for a in args]
         with carry.reporting(ctx.report):
             return fn(*args, **kw)
 
     return rule
+
+
+def _integers_with_floats(args) -> bool:
+    """Integer or bool arrays with a Python / numpy float or complex scalar (and no
+    float16 / bfloat16 array): MLX promotes the integers to float32."""
+    return (any(is_integer_array(a) for a in args) and not any(is_half_array(a) for a in args)
+            and any(isinstance(a, (float, complex, np.floating, np.complexfloating))
+                    for a in args))
 
 
 def kernel_form(ctx) -> bool:
