@@ -109,3 +109,23 @@ def test_ops_of_half_arrays_alone_stay_half(backend):
             y = fn(h)
         assert y.dtype == mx.float16 and not report.float32
         assert np.array_equal(np.array(y), np.array(fn(h)))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float16", "bfloat16"])
+def test_convolution_with_integer_or_half_weights(backend, dtype):
+    """conv1d of a double-word input with integer or half-precision weights (MLX
+    promotes them to float32): the weights' exact values in the double-word
+    convolution. Oracle: the sums of exact rational products."""
+    rng = np.random.default_rng(3)
+    # (positive: no sum cancels to 0, where a double-word sum is not exactly rounded)
+    x = rng.integers(1, 10, (1, 6, 2)).astype(np.float32)
+    w = (rng.integers(1, 5, (3, 2, 2)) * (1 if dtype == "int32" else 0.375)).astype(
+        np.int32 if dtype == "int32" else np.float32)
+    wm = mx.array(w).astype(getattr(mx, dtype))
+    with mp.extended_precision(strict=True) as report:
+        y = mx.conv1d(mx.array(x) / 3, wm)[0]
+        mx.eval(y)
+    assert y.dtype == mx.float32 and not report.float32 and report.extended["conv1d"] == 1
+    ref = [[sum(Fraction(int(x[0, t + k, c]), 3) * Fraction(float(w[o, k, c]))
+                for k in range(2) for c in range(2)) for o in range(3)] for t in range(5)]
+    _check(y, ref)

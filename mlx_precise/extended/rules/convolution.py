@@ -66,6 +66,7 @@ from ...doubleword.engine64 import from64, to64
 from ...linalg import gemm
 from .. import autodiff, carry, spectral
 from ..engine import words_op
+from .base import is_half_array, is_integer_array, promoted
 
 F32 = mx.float32
 
@@ -512,7 +513,25 @@ def _conv1d(ctx, original, input, weight, stride=1, padding=0, dilation=1, group
         lambda x, w: plain(x, w, *geometry, groups), input, weight, ctx.backend, None)
 
 
-RULES = {
+def _promoting(rule):
+    """``rule`` of a convolution whose float32 operand's partner may be an integer,
+    bool, float16 or bfloat16 array (weights kept in half precision): MLX promotes
+    it to float32, so it enters at its exact value (:func:`.base.promoted`), once
+    MLX's own call has checked the operands as given (it refuses integer inputs)."""
+
+    def wrapped(ctx, original, x=None, w=None, *args, **kw):
+        if (isinstance(x, mx.array) and isinstance(w, mx.array)
+                and (x.dtype == F32) != (w.dtype == F32)
+                and all(v.dtype == F32 or is_integer_array(v) or is_half_array(v)
+                        for v in (x, w))):
+            original(x, w, *args, **kw)  # (lazy: its errors only)
+            x, w = promoted(x), promoted(w)
+        return rule(ctx, original, x, w, *args, **kw)
+
+    return wrapped
+
+
+RULES = {name: _promoting(rule) for name, rule in {
     "conv1d": _conv1d,
     "conv2d": _rule(2, _forward_plan(2)),
     "conv3d": _rule(3, _forward_plan(3)),
@@ -520,5 +539,5 @@ RULES = {
     "conv_transpose2d": _rule(2, _transpose_plan(2)),
     "conv_transpose3d": _rule(3, _transpose_plan(3)),
     "conv_general": _general_rule,
-}
+}.items()}
 """MLX function name -> double-word rule ``rule(ctx, original, *args, **kwargs)``."""
