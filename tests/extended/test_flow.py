@@ -368,6 +368,8 @@ def test_in_place_updates_keep_words_consistent(backend):
         rows = list(x.reshape(3, 2))
         y = mx.array(x0) / 3
         y += mx.array(np.full(6, 0.25, np.float16))  # a float16 operand: promoted, exact
+        z = mx.array(x0) / 3
+        z += 1j  # no rule for a complex scalar on a float32 array: MLX's update
     want = (ref + LD(0.1)) * 2
     want[1:3] = x0[:2].astype(LD) / 7
     want[0] = LD(0.3)
@@ -381,6 +383,8 @@ def test_in_place_updates_keep_words_consistent(backend):
     total = np.array(y).astype(LD) + np.array(low_word(y)).astype(LD)
     assert np.max(np.abs(total - (ref + LD(0.25))) / np.abs(ref + LD(0.25))) < 2.0**-46
     assert rep.extended["__iadd__"] == 2 and rep.extended["__setitem__"] == 2
+    # an update without a rule leaves no stale low word behind (and reports it)
+    assert low_word(z) is None and z.dtype == mx.complex64 and rep.float32["__iadd__"] == 1
 
 
 def test_fno_gradient_and_float64_operands(backend):
