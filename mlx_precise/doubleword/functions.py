@@ -374,7 +374,10 @@ def _erf64_tables() -> mx.array:
     return mx.array(np.array(table), dtype=F64)
 
 
-_ERF_PIECE = 4
+_ERF_PIECE = engine64.PIECE // 2
+"""Elements of a piece of :func:`_erf64` (half the usual: see there), no fewer than
+:data:`.jit.FUSE_MIN`, so that each piece runs compiled from the first call (a
+quarter of PIECE ran uncompiled until its shape had been seen 32 times)."""
 
 
 def _erf64(v: mx.array) -> mx.array:
@@ -389,8 +392,7 @@ def _erf64(v: mx.array) -> mx.array:
     ERF_DEGREE + 1 per element, are the peak of its memory; measured: a third
     less of it, the same time, where a quarter took 13% more)."""
     table = _erf64_tables()
-    return engine64.by_rows(lambda p, _: _erf64_compiled()(p, table), v,
-                            piece=engine64.PIECE // _ERF_PIECE)
+    return engine64.by_rows(lambda p, _: _erf64_compiled()(p, table), v, piece=_ERF_PIECE)
 
 
 @functools.cache
