@@ -18,6 +18,7 @@ import weakref
 import mlx.core as mx
 
 from ..core import context
+from ..doubleword.engine64 import to64
 from ..doubleword.types import DoubleWord
 from ..doubleword.hostsplit import low_from_wide
 from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
@@ -135,7 +136,8 @@ def as64(x):
         if wide is not None:
             return wide[0]
         lo = low_word(x)
-        with mx.stream(mx.cpu):
-            return x.astype(mx.float64) if lo is None else x.astype(mx.float64) + lo.astype(
-                mx.float64)
+        if lo is None:
+            with mx.stream(mx.cpu):
+                return x.astype(mx.float64)
+        return to64(DoubleWord(x, lo))[0]  # (a -0 high word stays -0)
     return x

@@ -415,6 +415,39 @@ def test_fno_gradient_and_float64_operands(backend):
     assert np.max(np.abs(np.array(z) - want) / np.abs(want)) < 2.0**-46
 
 
+@pytest.mark.parametrize("op", ["__iadd__", "__isub__", "__imul__", "__itruediv__"])
+def test_in_place_update_by_a_float64_operand(backend, op):
+    """``x op= y64``: MLX makes x a float64 array holding ``x op y``; x enters at its
+    exact value, as in the out-of-place ``x op y64`` (bit for bit, signed zeros
+    included: -0 + -0 is -0), within 2^-46 of long double on x0 / 3 (before: x's
+    high word only, reported, raising under strict=True). Special values as IEEE."""
+    x0 = np.array([1, 2, -0.0, 7, np.inf, np.nan, 3e38, 5, -0.0, 11], np.float32)
+    y = np.array([1, 0.1, -0.0, -2.5, 1, 2, 1e300, 0.3, 2, 2.0**-30])
+    with mp.extended_precision(strict=True) as rep:
+        x = mx.array(x0) / 3
+        alias = x
+        want = getattr(x, op.replace("__i", "__"))(mx.array(y, dtype=mx.float64))
+        getattr(x, op)(mx.array(y, dtype=mx.float64))
+        mx.eval(x, want)
+    assert alias is x and x.dtype == mx.float64 and low_word(x) is None
+    assert not rep.float32 and rep.extended[op] == 1
+    got = np.array(x)
+    assert np.array_equal(got.view(np.uint64), np.array(want).view(np.uint64))
+    fn = {"__iadd__": np.add, "__isub__": np.subtract, "__imul__": np.multiply,
+          "__itruediv__": np.divide}[op]
+    with np.errstate(all="ignore"):
+        ref = fn(x0.astype(LD) / 3, y.astype(LD))
+        r64 = ref.astype(np.float64)  # (3e38 / 3 * 1e300 overflows float64: inf)
+    ok = np.isfinite(r64) & (r64 != 0)
+    # (x carries x0 / 3 to ~2^-48 of |x|: a sum's error is relative to its operands)
+    scale = (np.abs(x0.astype(LD) / 3) + np.abs(y.astype(LD)) if op in ("__iadd__", "__isub__")
+             else np.abs(ref))
+    assert np.max(np.abs(got[ok] - ref[ok]) / scale[ok]) < 2.0**-46
+    np.testing.assert_array_equal(got[~ok], r64[~ok])
+    signed = ~ok & ~np.isnan(r64)
+    assert np.array_equal(np.signbit(got[signed]), np.signbit(r64[signed]))
+
+
 def test_var_and_grids(backend):
     """var decomposes into ops with rules (two-pass, rounded once); linspace and
     arange with float steps are exact in float64, in two words."""

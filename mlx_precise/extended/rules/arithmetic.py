@@ -93,8 +93,10 @@ def inplace(rule, functional):
     word, as ``h + e`` does)."""
 
     def rule_(ctx, original, x, y):
-        if not is_word_array(x) or has_float64((y,)):
+        if not is_word_array(x):
             return NotImplemented
+        if has_float64((y,)):
+            return _into_float64(original, x, y)
         z = rule(ctx, functional, x, y)
         if z is NotImplemented or not is_word_array(z) or z.dtype != x.dtype or (
                 z.shape != x.shape):
@@ -114,6 +116,25 @@ def inplace(rule, functional):
 
 
 _SETITEM = ARRAY.__setitem__  # MLX's own (captured at import)
+
+
+def _into_float64(update, x, y):
+    """``x op= y`` (``update``: MLX's in-place op) with a float64 ``y``: MLX makes x
+    a float64 array holding ``x op y`` (its dtype changes in place), from x's exact
+    value here. x first becomes that value in place: ``x *= 1.0`` (float64: x's high
+    word, exact), then ``x += v - hi`` (exact: v and hi are within half an ulp of hi,
+    Sterbenz's lemma; -0.0 where they are equal or hi is not finite, which adds
+    nothing and keeps a zero's sign); then MLX's update."""
+    if x.dtype != mx.float32 or not has_words(x):
+        return NotImplemented  # (MLX's update reads x's whole value)
+    v = as64(x)
+    with mx.stream(mx.cpu):
+        hi = x.astype(mx.float64)
+        d = mx.where((v == hi) | ~mx.isfinite(hi), -0.0, v - hi)
+    mx.array.__imul__(x, mx.array(1.0, mx.float64))  # (the flow is off in a rule)
+    mx.array.__iadd__(x, d)
+    attach(x, None)
+    return update(x, y)
 
 
 def inplace_fast(fast):
