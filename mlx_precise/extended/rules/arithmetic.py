@@ -14,8 +14,8 @@ from ...doubleword.types import DoubleWord, real_imag
 from .. import arith, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value
 from .base import (as64, carries, conj, decomposed, floating_result, fused, has_float64,
-                   integer_quotient, is_integer_array, is_word_array, movement, promoted,
-                   result, result64, small64, unbroadcast, words)
+                   integer_quotient, is_integer_array, is_word_array, movement, of_integers,
+                   promoted, result, result64, small64, unbroadcast, words)
 from .linear import noting_transposes
 from .shape import _setitem
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
@@ -481,12 +481,13 @@ RULES = {
     "conjugate": _exact1(arith.conj), "real": _exact1(_real), "imag": _exact1(_imag),
     "abs": _abs_rule, "square": _square, "maximum": _extremum(True),
     "minimum": _extremum(False), "where": _where, "astype": _astype,
-    "clip": decomposed(_clip, True), "nan_to_num": _nan_to_num, "diff": decomposed(_diff),
+    "clip": of_integers(decomposed(_clip), True), "nan_to_num": _nan_to_num, "diff": decomposed(_diff),
     **{kind: _integer_part(kind) for kind in ("floor", "ceil", "trunc", "round")},
     "isclose": decomposed(_isclose), "array_equal": decomposed(_array_equal),
-    "floor_divide": decomposed(_floor_divide, True), "remainder": decomposed(_remainder, True),
-    "divmod": decomposed(lambda a, b: (lambda out: out if out is NotImplemented else list(out))(
-        _divmod_words(a, b)), True),
+    "floor_divide": of_integers(decomposed(_floor_divide), True),
+    "remainder": of_integers(decomposed(_remainder), True),
+    "divmod": of_integers(decomposed(lambda a, b: (
+        lambda out: out if out is NotImplemented else list(out))(_divmod_words(a, b))), True),
     "allclose": decomposed(lambda a, b, rtol=1e-05, atol=1e-08, *, equal_nan=False: mx.all(
         _isclose(a, b, rtol, atol, equal_nan=equal_nan))),
     **{name: _compare(name) for name in ("less", "less_equal", "greater", "greater_equal",

@@ -115,33 +115,47 @@ def is_half_array(x) -> bool:
     return isinstance(x, ARRAY) and x.dtype in _HALF
 
 
-def of_integers(rule):
+def beside_float32(*operands) -> tuple:
+    """The operands of an op with a float32 array among them (a product, a
+    concatenation, a convolution): its integer, bool and half partners as MLX
+    promotes them, in their exact words (:func:`promoted`); otherwise unchanged
+    (MLX's own op or error)."""
+    if any(is_word_array(o) and o.dtype == mx.float32 for o in operands):
+        return tuple(promoted(o) for o in operands)
+    return operands
+
+
+def of_integers(rule, with_float_scalar: bool = False):
     """The rule of an op that MLX computes in floating point for integer and bool
     arrays too (float32 results: ``mx.exp(i)``, ``mx.mean(i)``, ``mx.arctan2(i,
-    j)``): its integer and bool array arguments enter as their exact values
-    (:func:`promoted`), so the result is double-word like any other, where MLX
-    rounds the integers to float32, then the function's value. Where the rule then
-    declines, MLX's op runs on the arguments as given."""
+    j)``; ``with_float_scalar``: only next to a Python float, as ``mx.clip(i, 0.5,
+    2.5)``, ``i // 0.5``, where integers alone give integers): its integer and bool
+    array arguments enter as their exact values (:func:`promoted`), so the result
+    is double-word like any other, where MLX rounds the integers to float32, then
+    the function's value. Where the rule then declines, MLX's op runs on the
+    arguments as given."""
 
     def wrapped(ctx, original, *args, **kw):
-        # (next to a float16 / bfloat16 array MLX's result is of that type)
-        if any(is_integer_array(a) for a in args) and not any(is_half_array(a) for a in args):
+        if _integers_promote(args, with_float_scalar):
             return rule(ctx, original, *[promoted(a) for a in args], **kw)
         return rule(ctx, original, *args, **kw)
 
     return wrapped
 
 
+def _integers_promote(args, with_float_scalar: bool) -> bool:
+    """MLX promotes the integer / bool arrays among ``args`` to float32: there is
+    one and no float16 / bfloat16 array (the result would be of that type), and
+    (``with_float_scalar``) a Python / numpy float or complex scalar."""
+    return (any(is_integer_array(a) for a in args) and not any(is_half_array(a) for a in args)
+            and (not with_float_scalar or any(
+                isinstance(a, (float, complex, np.floating, np.complexfloating)) for a in args)))
+
+
 def floating_result(x, y) -> bool:
     """MLX's promotion gives float32 / complex64: a double-word operand, or an
     integer array with a Python / numpy float or complex scalar."""
-    if is_word_array(x) or is_word_array(y):
-        return True
-    for a, b in ((x, y), (y, x)):
-        if is_integer_array(a) and isinstance(b, (float, complex, np.floating,
-                                                   np.complexfloating)):
-            return True
-    return False
+    return is_word_array(x) or is_word_array(y) or _integers_promote((x, y), True)
 
 
 def integer_quotient(x, y) -> bool:
@@ -289,31 +303,18 @@ def axes_of(ndim: int, axis) -> tuple[int, ...]:
     return tuple(sorted(a % ndim for a in axes))
 
 
-def decomposed(fn, integers_with_floats: bool = False):
+def decomposed(fn):
     """An op defined by a composition of ops that have rules (as PyTorch's
     decompositions): ``fn`` runs with the flow on, so every sub-op is double-word
-    and the result is rounded once. ``fn`` takes the op's arguments.
-    ``integers_with_floats``: the op also takes integer / bool arrays next to a
-    Python float (MLX promotes them to float32: ``mx.clip(i, 0.5, 2.5)``, ``i //
-    0.5``), as their exact values."""
+    and the result is rounded once. ``fn`` takes the op's arguments."""
 
     def rule(ctx, original, *args, **kw):
         if not any(is_word_array(a) for a in args):
-            if not (integers_with_floats and _integers_with_floats(args)):
-                return NotImplemented
-            args = [promoted(a) for a in args]
+            return NotImplemented
         with carry.reporting(ctx.report):
             return fn(*args, **kw)
 
     return rule
-
-
-def _integers_with_floats(args) -> bool:
-    """Integer or bool arrays with a Python / numpy float or complex scalar (and no
-    float16 / bfloat16 array): MLX promotes the integers to float32."""
-    return (any(is_integer_array(a) for a in args) and not any(is_half_array(a) for a in args)
-            and any(isinstance(a, (float, complex, np.floating, np.complexfloating))
-                    for a in args))
 
 
 def kernel_form(ctx) -> bool:

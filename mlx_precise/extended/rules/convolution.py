@@ -66,7 +66,7 @@ from ...doubleword.engine64 import from64, to64
 from ...linalg import gemm
 from .. import autodiff, carry, spectral
 from ..engine import words_op
-from .base import is_half_array, is_integer_array, promoted
+from .base import beside_float32
 
 F32 = mx.float32
 
@@ -516,16 +516,14 @@ def _conv1d(ctx, original, input, weight, stride=1, padding=0, dilation=1, group
 def _promoting(rule):
     """``rule`` of a convolution whose float32 operand's partner may be an integer,
     bool, float16 or bfloat16 array (weights kept in half precision): MLX promotes
-    it to float32, so it enters at its exact value (:func:`.base.promoted`), once
-    MLX's own call has checked the operands as given (it refuses integer inputs)."""
+    it to float32, so it enters at its exact value (:func:`.base.beside_float32`),
+    once MLX's own call has checked the operands as given (it refuses integer
+    inputs)."""
 
     def wrapped(ctx, original, x=None, w=None, *args, **kw):
-        if (isinstance(x, mx.array) and isinstance(w, mx.array)
-                and (x.dtype == F32) != (w.dtype == F32)
-                and all(v.dtype == F32 or is_integer_array(v) or is_half_array(v)
-                        for v in (x, w))):
+        if isinstance(x, mx.array) and isinstance(w, mx.array) and x.dtype != w.dtype:
             original(x, w, *args, **kw)  # (lazy: its errors only)
-            x, w = promoted(x), promoted(w)
+            x, w = beside_float32(x, w)
         return rule(ctx, original, x, w, *args, **kw)
 
     return wrapped

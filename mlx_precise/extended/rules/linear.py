@@ -18,8 +18,8 @@ from ...doubleword import DoubleWord
 from ...doubleword.types import map_words
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from ..engine import words_op
-from .base import (REAL, conj, decomposed, fused, is_word_array, kernel_form, promoted, result,
-                   result64, small64, unbroadcast, words)
+from .base import (REAL, beside_float32, conj, decomposed, fused, is_word_array, kernel_form,
+                   result, result64, small64, unbroadcast, words)
 
 # Result of a transpose of the last two axes on a kernel backend -> the array it
 # transposes: id -> (weak reference to the result, the block's report, the source's
@@ -78,15 +78,6 @@ def _untransposed(x, report):
     return entry[2], True
 
 
-def _promoted(*operands) -> tuple:
-    """The operands of a product with a float32 array: its integer / bool partners
-    as MLX promotes them, in their exact words (:func:`.base.promoted`); otherwise
-    unchanged (MLX's own op or error)."""
-    if any(is_word_array(o) and o.dtype == mx.float32 for o in operands):
-        return tuple(promoted(o) for o in operands)
-    return operands
-
-
 def _matmul():
     """``a @ b`` (``mx.matmul``): the double-word GEMM of :mod:`mlx_precise.linalg`
     (Dot2-style accumulation of exact products on metal / emulate, float64 on
@@ -96,7 +87,7 @@ def _matmul():
 
     def rule(ctx, original, a, b, **kw):
         if not (is_word_array(a) and is_word_array(b)):
-            a, b = _promoted(a, b)
+            a, b = beside_float32(a, b)
             if not (is_word_array(a) and is_word_array(b)):
                 return NotImplemented
         if ctx.backend.float64_engine or a.ndim < 2 or b.ndim < 2:
@@ -264,7 +255,7 @@ def _einsum_words(spec, a, b, original, backend):
 
 def _einsum_rule(ctx, original, spec, *operands, **kw):
     if not all(is_word_array(o) for o in operands):
-        operands = _promoted(*operands)
+        operands = beside_float32(*operands)
     if not isinstance(spec, str) or not all(is_word_array(o) for o in operands):
         return NotImplemented
     if len(operands) != 2 or kw or _einsum_plan(spec, tuple(o.ndim for o in operands)) is None:

@@ -13,8 +13,8 @@ from ...doubleword.engine64 import to64
 from ...core import backends
 from .. import arith, autodiff, carry
 from ..carry import attach, attach_words, has_words, low_word, words_of
-from .base import (carries, float64_cotangent, is_word_array, moved, movement, promoted,
-                   unbroadcast, words)
+from .base import (beside_float32, carries, float64_cotangent, is_word_array, moved,
+                   movement, unbroadcast, words)
 from .linear import noting_transposes
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
@@ -38,8 +38,7 @@ def _words(pos: int = 0, listed: bool = False):
             items = list(arg)
             if not any(is_word_array(a) and has_words(a) for a in items):
                 return NotImplemented  # nothing carried: MLX's op is the exact answer
-            if any(is_word_array(a) and a.dtype == mx.float32 for a in items):
-                items = [promoted(a) for a in items]  # integer / half arrays: float32
+            items = beside_float32(*items)  # integer / half arrays: float32
             if not all(is_word_array(a) for a in items) or len({a.dtype for a in items}) > 1:
                 return NotImplemented
             ws = [words(a) for a in items]
