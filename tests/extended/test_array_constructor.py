@@ -35,14 +35,18 @@ def test_a_copy_carries_the_words(backend):
     np.testing.assert_allclose(np.array(wide), a.astype(np.float64) / 3, rtol=2 ** -46)
 
 
-def test_narrowing_or_lists_are_reported():
+def test_narrowing_converts_the_exact_value_and_lists_are_reported():
+    """``mx.array(c, dtype=float16)`` of a carried value is ``astype``'s conversion of
+    the exact value (rounded once); a list of carried arrays is reported."""
     y = mx.array(rng_f32(4, 31))
     with mp.extended_precision() as report:
         c = y / 3
         h = mx.array(c, dtype=mx.float16)
         mx.array([c, c])
+        c64 = value64(c)
     assert h.dtype == mx.float16
-    assert report.float32["astype"] == 1 and report.float32["array"] == 1
+    np.testing.assert_array_equal(np.array(h), c64.astype(np.float16))
+    assert dict(report.float32) == {"array": 1} and report.extended["astype"] == 1
 
 
 def test_the_stand_in_behaves_as_the_class_and_pickles(backend):

@@ -48,3 +48,76 @@ def test_integer_parts_keep_the_sign_of_zero(backend):
         want = getattr(np, k)(v)
         np.testing.assert_array_equal(np.array(r), want, err_msg=k)
         np.testing.assert_array_equal(np.signbit(np.array(r)), np.signbit(want), err_msg=k)
+
+
+# ---- astype out of double-word: integer, bool and half types --------------------------
+
+def _words(his, los):
+    """Carried values hi + lo (a float32 array plus a float64 one: exact, the sum's
+    two words are hi and lo where |lo| <= ulp(hi) / 2)."""
+    return mx.array(np.array(his, np.float32)) + mx.array(np.array(los, np.float64))
+
+
+def _exact(his, los):
+    return [Fraction(float(np.float32(h))) + Fraction(float(np.float64(lo)))
+            for h, lo in zip(his, los)]
+
+
+# (hi, lo): integers with a low word of either sign, above 2^24, at the limits of
+# int16 / int32 where hi rounds to just outside the type, zero, non-integers
+CAST_INTS = [(2.0**24 + 2, -0.25), (3.0, -2.0**-30), (-3.0, 2.0**-30), (3.0, 2.0**-30),
+             (-3.0, -2.0**-30), (2.5, 1e-9), (0.0, 0.0), (2.0**31, -1.0), (-2.0**31, 0.5),
+             (32767.0, 2.0**-20), (32768.0, -2.0**-20), (-32768.0, 2.0**-20),
+             (1e6 + 0.5, -1e-12), (7.0, 0.0), (-0.5, 0.0), (2.0**40, -3.0)]
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["report", "strict"])
+@pytest.mark.parametrize("dtype", [mx.int16, mx.int32, mx.int64, mx.uint32, mx.uint64,
+                                   mx.bool_], ids=str)
+def test_astype_to_integers_truncates_the_exact_value(backend, dtype, strict):
+    """``x.astype(int)`` truncates ``hi + lo``, not ``hi`` (MLX's cast of the float32
+    rounding: ``3 - 2^-30`` gave 3, ``2^24 + 1.75`` gave 2^24 + 2). Values outside the
+    type are left out (MLX's own conversion is undefined there)."""
+    info = np.iinfo(np.dtype(str(dtype).split(".")[-1])) if dtype != mx.bool_ else None
+    want = [bool(v) if info is None else int(v) for v in _exact(*zip(*CAST_INTS))]
+    keep = [info is None or info.min <= w <= info.max for w in want]
+    his, los = zip(*[c for c, k in zip(CAST_INTS, keep) if k])
+    with mp.extended_precision(strict=strict) as report:
+        got = _words(his, los).astype(dtype)
+        mx.eval(got)
+    assert not report.float32, report
+    assert got.dtype == dtype
+    assert np.array(got).tolist() == [w for w, k in zip(want, keep) if k]
+
+
+def _nearest(v: Fraction, p: int, emin: int) -> float:
+    """v rounded to p significant bits (exponents from emin), half to even."""
+    if v == 0:
+        return 0.0
+    a = abs(v)
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    e += 1 if Fraction(2) ** (e + 1) <= a else -1 if Fraction(2) ** e > a else 0
+    ulp = Fraction(2) ** (max(e, emin) - (p - 1))
+    return float((1 if v > 0 else -1) * round(a / ulp) * ulp)  # (round: half to even)
+
+
+@pytest.mark.parametrize("dtype,p,emin", [(mx.float16, 11, -14), (mx.bfloat16, 8, -126)],
+                         ids=["float16", "bfloat16"])
+def test_astype_to_half_rounds_the_exact_value_once(backend, dtype, p, emin):
+    """``x.astype(float16 / bfloat16)`` rounds ``hi + lo`` once: at a half-way point
+    of the narrow type ``hi`` alone rounds to even, where ``lo`` decides (82 of these
+    400 cases were off by one unit before); next to it, no change."""
+    rng = np.random.default_rng(61)
+    his, los = [], []
+    for k in range(400):
+        m, e = int(rng.integers(2 ** (p - 1), 2 ** p)), int(rng.integers(-10, 10))
+        hi = np.float32((m + 0.5) * 2.0 ** (e - p + 1)) * np.float32(rng.choice([1, -1]))
+        if k % 5 == 1:  # a float32 neighbour of the half-way point
+            hi = np.nextafter(hi, np.float32(np.inf) * np.sign(hi))
+        his.append(hi)
+        los.append(rng.choice([1, -1]) * abs(float(hi)) * 2.0 ** -int(rng.integers(26, 40)))
+    with mp.extended_precision() as report:
+        got = np.array(_words(his, los).astype(dtype).astype(mx.float32))
+    assert not report.float32, report
+    want = [_nearest(v, p, emin) for v in _exact(his, los)]
+    assert got.tolist() == want

@@ -91,8 +91,8 @@ def _frequencies(kind: str):
 
 def _array(ctx, original, val, dtype=None, **kw):
     """``mx.array(x)`` of a carried array: MLX's copy with x's words, or with
-    another dtype ``x.astype(dtype)`` (its rule: the exact value in float64, a
-    reported rounding to a narrower type); carried arrays inside a list: declines
+    another dtype ``x.astype(dtype)`` (its rule: the exact value in float64, the
+    exact value converted once to a narrower type); carried arrays inside a list: declines
     (reported). Host data is MLX's array: a Python float becomes its float32
     rounding there, as in MLX's own float64 runs of the same code (an optimizer's
     learning rate, ``mx.full(shape, 0.3)``), where a float in an op enters at its
