@@ -508,3 +508,33 @@ def test_division_gradients_with_carried_operands(backend):
     # MLX's convention for a complex input: conj of the holomorphic derivative
     want = np.conj(-c0.astype(np.float64) / (za.astype(np.complex128) / 7) ** 2 / 7)
     np.testing.assert_allclose(np.array(gz), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["__iadd__", "__isub__", "__imul__", "__itruediv__"])
+def test_in_place_update_that_broadcasts_x(backend, op):
+    """``mask += bias`` with a (4, 4) carried ``mask`` and a (2, 4, 4) ``bias``: MLX
+    gives x the broadcast shape in place; the update is double-word, bit for bit the
+    out-of-place ``x op y`` (before: declined, x's high word only, reported float32,
+    raising under strict=True; mlx-examples' T5 decoder does this). Special values
+    (-0, inf, NaN) of x keep through the broadcast."""
+    x0 = np.array(rng_f32((4, 4), 41))
+    x0[0, :3] = [-0.0, np.inf, np.nan]
+    y = rng_f32((2, 4, 4), 42)
+    with mp.extended_precision(strict=True) as rep:
+        x = mx.array(x0) / 3
+        alias = x
+        want = getattr(x, op.replace("__i", "__"))(mx.array(y))
+        getattr(x, op)(mx.array(y))
+        got, ref = value64(x), value64(want)
+    assert alias is x and x.shape == (2, 4, 4) and x.dtype == mx.float32
+    assert not rep.float32 and rep.extended[op] == 1
+    assert np.array_equal(got.view(np.uint64), ref.view(np.uint64))
+    fn = {"__iadd__": np.add, "__isub__": np.subtract, "__imul__": np.multiply,
+          "__itruediv__": np.divide}[op]
+    with np.errstate(all="ignore"):
+        exact = fn(x0.astype(LD) / 3, np.asarray(y).astype(LD))
+    ok = np.isfinite(exact) & (exact != 0)
+    scale = (np.abs(x0.astype(LD) / 3) + np.abs(np.asarray(y).astype(LD))
+             if op in ("__iadd__", "__isub__") else np.abs(exact))
+    assert np.max(np.abs(got[ok] - exact[ok]) / scale[ok]) < 2.0**-46
+    np.testing.assert_array_equal(got[~ok], exact[~ok].astype(np.float64))
