@@ -5,7 +5,8 @@ An index may name one element several times (an overlap-add), so the update is a
 sum (product, extremum) of many values, rounded at every step by MLX. On the cpu
 backend the update runs in float64 on the operands' exact values and the result
 keeps its two words. Elsewhere (no float64 on the GPU) an ``add`` / ``subtract``
-at rows named by an integer array (an overlap-add) is a one-hot double-word GEMM
+at rows named by integer arrays (one, or a tuple on the leading axes; an
+overlap-add) is a one-hot double-word GEMM
 while that matrix is small; otherwise MLX's float32 update runs and the block
 reports it (``strict=True`` raises)."""
 
@@ -59,22 +60,41 @@ class _Indexed:
                 z = from64(wide)
             self._report.extended[name] += 1
             return attach_words(z.hi, z)
-        index = self._index
-        if op in ("add", "subtract") and isinstance(index, mx.array) and x.ndim >= 1 and (
-                mx.issubdtype(index.dtype, mx.integer)) and (
-                index.size * x.shape[0] <= shape.ONE_HOT_LIMIT):
-            # rows named by an integer array, possibly several times (an overlap-add):
+        named = _rows(self._index, x.shape) if op in ("add", "subtract") else None
+        if named is not None and named[0].size * named[1] <= shape.ONE_HOT_LIMIT:
+            # rows named by integer arrays, possibly several times (an overlap-add):
             # the sums by the one-hot double-word GEMM (exact products of 0 / 1)
+            index, count, k = named
             with carry.reporting(self._report):
-                v = mx.broadcast_to(operand_array(value), (*index.shape, *x.shape[1:]))
+                v = mx.broadcast_to(operand_array(value), (*index.shape, *x.shape[k:]))
                 rows = v.reshape(index.size, -1)
-                acc = shape.rows_add(x.shape[0], index.reshape(-1), rows).reshape(x.shape)
+                acc = shape.rows_add(count, index.reshape(-1), rows).reshape(x.shape)
                 out = x + acc if op == "add" else x - acc
             self._report.extended[name] += 1
             return out
         dropped(self._report, name, "scatter updates run in float32 on this backend")
         with suspended():
             return plain()
+
+
+def _rows(index, shape_: tuple):
+    """``(flat, count, k)`` where ``index`` names whole rows of x by integer arrays on
+    its leading ``k`` axes (one array, or a tuple of them: ``x[mx.arange(b), last]``,
+    whose gradient this is): ``flat``, the broadcast index arrays' row numbers in x
+    seen as ``count`` rows (a negative index counts from the end of its axis, as in
+    MLX); None for any other index (slices, scalars, ``None``, ellipsis)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    if not parts or len(parts) > len(shape_) or not all(
+            isinstance(p, mx.array) and mx.issubdtype(p.dtype, mx.integer) for p in parts):
+        return None
+    with suspended():
+        parts = mx.broadcast_arrays(*parts) if len(parts) > 1 else parts
+        flat, count = None, 1
+        for p, d in zip(parts, shape_):
+            p = p.astype(mx.int64 if p.dtype in (mx.int64, mx.uint64) else mx.int32)
+            p = mx.where(p < 0, p + d, p)
+            flat, count = (p if flat is None else flat * d + p), count * d
+    return flat, count, len(parts)
 
 
 for _op in OPS:

@@ -315,6 +315,40 @@ def test_scatter_add_on_emulate():
             mx.zeros((4,)).at[mx.array([0, 1, 1])].maximum(0.1)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scatter_add_at_index_tuples_and_negative_indices(backend):
+    """``x.at[i, j].add(v)`` (rows named by a tuple of integer arrays on the leading
+    axes, overlapping) and negative indices (counted from the end): double-word on
+    every backend, as is the gradient of ``x[mx.arange(b), last]`` (CLIP's pooled
+    token; its float32 scatter was reported on emulate) and of ``mx.take`` at -1.
+    Before, on the kernel backends the tuple was float32 (reported) and a negative
+    index's update was dropped: a zero gradient, silently. Oracle: numpy's add.at on
+    the exact values in long double."""
+    LD = np.longdouble
+    a = rng_f32((3, 5, 4), 71)
+    i, j = np.array([0, 2, 2, -1, 1]), np.array([1, -1, 4, 4, 0])  # (2, 4) named thrice
+    v = rng_f32((5, 4), 72)
+    w = rng_f32((5, 4), 73)
+    with mp.use_backend(backend), mp.extended_precision(strict=True) as rep:
+        x = mx.array(a) / 3
+        out = x.at[mx.array(i), mx.array(j)].add(mx.array(v) / 7)
+        sub = x.at[mx.array(-i)].subtract(mx.array(rng_f32((5, 5, 4), 74)))
+        grad = mx.grad(lambda t: (t[mx.array(i), mx.array(j)] * mx.array(w)).sum())(x)
+        g_take = mx.grad(lambda t: mx.take(t, mx.array([-1, 1, -1])).sum())(x.reshape(-1))
+        got = [value64(t) for t in (out, sub, grad, g_take)]
+    assert not rep.float32, rep
+    ref = a.astype(LD) / 3
+    np.add.at(ref, (i, j), v.astype(LD) / 7)
+    ref_sub = a.astype(LD) / 3
+    np.subtract.at(ref_sub, -i, rng_f32((5, 5, 4), 74).astype(LD))
+    ref_grad = np.zeros((3, 5, 4), LD)
+    np.add.at(ref_grad, (i, j), w.astype(LD))
+    ref_take = np.zeros(60, LD)
+    np.add.at(ref_take, [-1, 1, -1], 1)
+    for g, r in zip(got, (ref, ref_sub, ref_grad, ref_take)):
+        assert np.max(np.abs(g - r)) <= 2.0**-46 * np.max(np.abs(r)), np.max(np.abs(g - r))
+
+
 # ---- names bound before the block, layers, compiled functions -----------------------
 
 

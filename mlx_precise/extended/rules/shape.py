@@ -230,9 +230,11 @@ def rows_add(rows: int, indices, values):
     """``zeros((rows, m)).at[indices].add(values)`` (values (len(indices), m)) in
     double-word: on cpu a float64 scatter; elsewhere, while the one-hot matrix is
     small, its transpose times the values by the double-word GEMM (exact products
-    of 0 / 1, double-word sums); else MLX's scatter (reported)."""
+    of 0 / 1, double-word sums); else MLX's scatter (reported). A negative index
+    counts from the end, as in MLX's gathers and scatters."""
     if not backends.backend().float64_engine and indices.size * rows <= ONE_HOT_LIMIT:
         with carry.suspended():
+            indices = mx.where(indices < 0, indices + rows, indices)
             hot = (indices[:, None] == mx.arange(rows)[None, :]).astype(mx.float32)
         return mx.swapaxes(hot, 0, 1) @ values
     return mx.zeros((rows, values.shape[1]), values.dtype).at[indices].add(values)
