@@ -424,3 +424,43 @@ def test_sort_gradient_is_the_permutation_undone(backend, axis):
         np.put_along_axis(want, np.argsort(xs, axis=ax, kind="stable"),
                           w0.astype(np.float64) / 3 / scale, axis=ax)
         np.testing.assert_allclose(value64(g), want.reshape(x0.shape), rtol=2**-44, atol=0)
+
+
+# (name, the op with its arguments passed by keyword, numpy's same op) on a (3, 4) x
+KEYWORD_OPS = {
+    "repeat": (lambda x: mx.repeat(x, repeats=2, axis=1), lambda x: np.repeat(x, 2, axis=1)),
+    "repeat, flat": (lambda x: mx.repeat(x, repeats=3), lambda x: np.repeat(x, 3)),
+    "take": (lambda x: mx.take(x, indices=mx.array([2, -1, 2]), axis=1),
+             lambda x: np.take(x, [2, -1, 2], axis=1)),
+    "split": (lambda x: mx.split(x, indices_or_sections=[1, 3], axis=1)[1],
+              lambda x: np.split(x, [1, 3], axis=1)[1]),
+    "sum": (lambda x: mx.sum(x, axis=0, keepdims=True), lambda x: x.sum(0, keepdims=True)),
+    "pad": (lambda x: mx.pad(x, pad_width=[(1, 0), (0, 2)]),
+            lambda x: np.pad(x, [(1, 0), (0, 2)])),
+    "moveaxis": (lambda x: mx.moveaxis(x, source=0, destination=1),
+                 lambda x: np.moveaxis(x, 0, 1)),
+    "cumsum": (lambda x: mx.cumsum(x, axis=1, reverse=True),
+               lambda x: np.cumsum(x[:, ::-1], axis=1)[:, ::-1]),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(KEYWORD_OPS))
+def test_gradients_of_ops_called_with_keyword_arguments(backend, name):
+    """The VJP rules read an op's arguments by position: one called with keywords
+    (``mx.repeat(x, repeats=2, axis=1)``, mlx-examples' SAM) raised a ValueError in
+    the block's gradient (plain MLX takes it). The gradient of ``sum(f(x) * w)`` for a
+    linear f is f's transpose applied to w: here from numpy's f on the unit vectors,
+    in long double (exact: sums of w's entries)."""
+    f, f_np = KEYWORD_OPS[name]
+    x0 = rng_f32((3, 4), 81)
+    shape = f_np(np.zeros((3, 4))).shape
+    w = rng_f32(shape, 82)
+    with mp.use_backend(backend), mp.extended_precision(strict=True) as rep:
+        x = mx.array(x0) / 3
+        g = value64(mx.grad(lambda t: (f(t) * mx.array(w)).sum())(x))
+    assert not rep.float32, rep
+    basis = np.eye(12).reshape(12, 3, 4)
+    jac = np.stack([f_np(b).reshape(-1) for b in basis])  # (12, outputs): 0 / 1
+    want = (jac.astype(np.longdouble) @ w.reshape(-1).astype(np.longdouble)).reshape(3, 4)
+    np.testing.assert_array_equal(g, want.astype(np.float64))
