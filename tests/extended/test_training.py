@@ -464,3 +464,27 @@ def test_gradients_of_ops_called_with_keyword_arguments(backend, name):
     jac = np.stack([f_np(b).reshape(-1) for b in basis])  # (12, outputs): 0 / 1
     want = (jac.astype(np.longdouble) @ w.reshape(-1).astype(np.longdouble)).reshape(3, 4)
     np.testing.assert_array_equal(g, want.astype(np.float64))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_of_an_assignment_whose_value_has_more_axes(backend):
+    """``e[0, pos] = f`` with f of shape (1, 4, 16) into a (4, 16) slot (MLX drops the
+    leading unit axis; mlx-examples' LLaVA merges its image features so): the
+    gradient raised a reshape error in the block (plain MLX takes it). f's gradient
+    is w at the slot, x's is w with the slot zeroed (exact: selections of w)."""
+    x0, f0, w = rng_f32((2, 7, 16), 91), rng_f32((1, 4, 16), 92), rng_f32((2, 7, 16), 93)
+    pos = np.array([1, 2, 4, 6])
+
+    def loss(x, f):
+        e = x * 1.0
+        e[0, mx.array(pos, mx.uint32)] = f
+        return (e * mx.array(w)).sum()
+
+    with mp.use_backend(backend), mp.extended_precision(strict=True) as rep:
+        gx, gf = mx.grad(loss, argnums=(0, 1))(mx.array(x0) / 3, mx.array(f0) / 3)
+        gx, gf = value64(gx), value64(gf)
+    assert not rep.float32, rep
+    want_x = w.astype(np.float64).copy()
+    want_x[0, pos] = 0.0
+    np.testing.assert_array_equal(gx, want_x)
+    np.testing.assert_array_equal(gf, w[0, pos][None].astype(np.float64))

@@ -404,12 +404,16 @@ def conj(v):
 
 def unbroadcast(g, like):
     """``g`` summed down to the shape of the operand ``like`` (numpy broadcasting);
-    None when ``like`` is not an array."""
+    None when ``like`` is not an array. ``like`` may also have more (leading, unit)
+    axes than ``g``: a value assigned into a slot drops them (``e[0, i] = v``, v of
+    shape (1, n, d) into a slot of shape (n, d))."""
     if not isinstance(like, ARRAY) or not mx.issubdtype(like.dtype, mx.inexact):
         return None
     if g.shape == like.shape:
         return g
     lead = g.ndim - like.ndim
+    if lead < 0:
+        g, lead = g.reshape((1,) * -lead + tuple(g.shape)), 0
     axes = list(range(lead)) + [lead + i for i, s in enumerate(like.shape)
                                 if s == 1 and g.shape[lead + i] != 1]
     return (mx.sum(g, axis=axes, keepdims=True) if axes else g).reshape(like.shape)
