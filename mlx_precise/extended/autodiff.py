@@ -117,59 +117,6 @@ def _held(value):
     return value
 
 
-# id(an op's MLX function) -> its positional parameters (MLX's functions live as long
-# as the module: an id is not reused; a tuple holding the function would be one the
-# block warns it cannot rebind)
-_PARAMETERS: dict = {}
-
-
-def _parameter_names(fn) -> tuple:
-    """The names of ``fn``'s positional parameters, in order (``self`` included), from
-    nanobind's signature text (``def repeat(array: array, repeats: int, axis: ... =
-    None, *, stream: ...)``): up to a ``*`` or ``*args``; () where there is none."""
-    try:
-        text = fn.__nb_signature__[0][0]
-    except (AttributeError, IndexError, TypeError):
-        return ()
-    body, depth, parts, start = text[text.index("(") + 1:], 0, [], 0
-    for k, ch in enumerate(body):
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            if depth == 0:
-                parts.append(body[start:k])
-                break
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(body[start:k])
-            start = k + 1
-    names = []
-    for part in parts:
-        name = part.split(":")[0].split("=")[0].strip()
-        if name.startswith("*"):
-            break
-        if name and name != "/":
-            names.append(name)
-    return tuple(names)
-
-
-def _positional(original, args: tuple, kwargs: dict):
-    """``args, kwargs`` with the keyword arguments that continue the positional ones
-    (``mx.repeat(x, repeats=2, axis=1)``) moved into ``args``: the VJP rules read an
-    op's arguments by position, whichever way the caller passed them."""
-    names = _PARAMETERS.get(id(original))
-    if names is None:
-        names = _PARAMETERS[id(original)] = _parameter_names(original)
-    if len(args) >= len(names) or names[len(args)] not in kwargs:
-        return args, kwargs
-    args, kwargs = list(args), dict(kwargs)
-    for name in names[len(args):]:
-        if name not in kwargs:
-            break
-        args.append(kwargs.pop(name))
-    return tuple(args), kwargs
-
-
 def record(name: str, vjp, original, args, kwargs, out, report) -> None:
     """Record one op on every tape whose differentiated inputs it reads."""
     # (once per op while a gradient records: plain loops, no comprehension or
@@ -207,8 +154,6 @@ def record(name: str, vjp, original, args, kwargs, out, report) -> None:
                     break
                 complex_ = a.dtype == _C64
         if held is None:
-            if kwargs:
-                args, kwargs = _positional(original, args, kwargs)
             held = _held(args), {k: _held(v) for k, v in kwargs.items()} if kwargs else kwargs
         tape.entries.append(Entry(name, vjp, original, *held, out, outs, report))
         if complex_:

@@ -80,6 +80,60 @@ def _on_host(e: ValueError, name: str):
         "be traced: run it untraced inside the block, or use the 'metal' backend") from e
 
 
+# id(an op's MLX function) -> its positional parameters (MLX's functions live as long
+# as the module: an id is not reused; a tuple holding the function would be one the
+# block warns it cannot rebind)
+_PARAMETERS: dict = {}
+
+
+def _parameter_names(fn) -> tuple:
+    """The names of ``fn``'s positional parameters, in order (``self`` included), from
+    nanobind's signature text (``def repeat(array: array, repeats: int, axis: ... =
+    None, *, stream: ...)``): up to a ``*`` or ``*args``; () where there is none."""
+    try:
+        text = fn.__nb_signature__[0][0]
+    except (AttributeError, IndexError, TypeError):
+        return ()
+    body, depth, parts, start = text[text.index("(") + 1:], 0, [], 0
+    for k, ch in enumerate(body):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth == 0:
+                parts.append(body[start:k])
+                break
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(body[start:k])
+            start = k + 1
+    names = []
+    for part in parts:
+        name = part.split(":")[0].split("=")[0].strip()
+        if name.startswith("*") or name == "stream":  # (stream stays a keyword)
+            break
+        if name and name != "/":
+            names.append(name)
+    return tuple(names)
+
+
+def positional(original, args: tuple, kwargs: dict):
+    """``args, kwargs`` with the keyword arguments that continue the positional ones
+    (``mx.repeat(x, repeats=2, axis=1)``) moved into ``args``: the rules and the VJP
+    rules read an op's arguments by position, whichever way the caller passed them
+    (``stream`` stays a keyword)."""
+    names = _PARAMETERS.get(id(original))
+    if names is None:
+        names = _PARAMETERS[id(original)] = _parameter_names(original)
+    if len(args) >= len(names) or names[len(args)] not in kwargs:
+        return args, kwargs
+    args, kwargs = list(args), dict(kwargs)
+    for name in names[len(args):]:
+        if name not in kwargs:
+            break
+        args.append(kwargs.pop(name))
+    return tuple(args), kwargs
+
+
 def _wrapper(entry):
     """The stand-in for one MLX callable (:class:`~.registry.Entry`)."""
     name, original, kind, fast = entry.op, entry.original, entry.kind, entry.fast
@@ -95,6 +149,8 @@ def _wrapper(entry):
             rules.linear.forget(args[0])
         token = _report.set(None)  # the rule and MLX's op below see plain MLX
         try:
+            if kwargs:
+                args, kwargs = positional(original, args, kwargs)
             recording = _recording()
             # (one op: a gradient records it, differentiated by its VJP rule; an
             # in-place update while recording takes _mutate's path)

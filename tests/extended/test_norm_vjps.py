@@ -47,7 +47,7 @@ CASES = {
         lambda x, w, b: _layer_norm(x, 1.0, 0.0), ((5, 7), None, None), "fast.layer_norm"),
     "layer_norm, weight and bias by keyword": (
         lambda x, w, b: mx.fast.layer_norm(x, weight=w, bias=b, eps=EPS), _layer_norm,
-        ((4, 6), (6,), (6,)), None),
+        ((4, 6), (6,), (6,)), "fast.layer_norm"),  # (keywords: as the positional call)
     "rms_norm": (lambda x, w, b: mx.fast.rms_norm(x, w, EPS), _rms_norm,
                  ((4, 3, 6), (6,), None), "fast.rms_norm"),
     "softmax, last axis": (lambda x, w, b: mx.softmax(x, axis=-1), _softmax(-1),

@@ -129,6 +129,28 @@ def test_aliases_are_their_canonical_op(backend, alias):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_arguments_by_keyword_are_taken_as_by_position(backend):
+    """An op called with its arguments by keyword takes the same rule as by position
+    (``put_along_axis(x, indices=i, values=v, axis=1)``, ``slice_update(x, update=u,
+    start_indices=s, axes=a)`` were MLX's float32 ops, reported; ``layer_norm(x,
+    weight=w, ...)`` took its decomposition): the values moved exactly (numpy's same
+    op on the words' exact values)."""
+    idx = np.array([[2], [0], [3]])
+    with mp.use_backend(backend), mp.extended_precision(strict=True) as rep:
+        x, v = mx.array(rng_f32((3, 4), 61)) / 3, mx.array(rng_f32((3, 1), 62)) / 7
+        put = mx.put_along_axis(x, indices=mx.array(idx), values=v, axis=1)
+        upd = mx.slice_update(x, update=v[:2], start_indices=mx.array([1, 2]), axes=(0, 1))
+        got, x64, v64 = (value64(put), value64(upd)), value64(x), value64(v)
+    assert not rep.float32, rep
+    want_put = x64.copy()
+    np.put_along_axis(want_put, idx, v64, axis=1)
+    want_upd = x64.copy()
+    want_upd[1:3, 2:3] = v64[:2]
+    np.testing.assert_array_equal(got[0], want_put)
+    np.testing.assert_array_equal(got[1], want_upd)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_stream_keyword_never_decides_precision(backend):
     calls = {
         "negative": lambda x, s: mx.negative(x, stream=s),

@@ -80,32 +80,50 @@ def test_emulate_gradient_exact_or_reported(name):
 
 @pytest.mark.parametrize("backend", ["cpu", "emulate"])
 @pytest.mark.parametrize("repeated", [False, True])
-def test_take_along_axis_gradient(backend, repeated):
+@pytest.mark.parametrize("axis", [1, -2, None])
+def test_take_along_axis_gradient(backend, repeated, axis):
     """Distinct indices along the axis: the cotangent moves, exact everywhere;
-    repeated ones: exact on cpu, reported (and raising under strict) elsewhere."""
+    repeated ones (an element read several times): exact sums on cpu and, by the
+    one-hot double-word GEMM, on emulate (was float32 there, reported)."""
     x = mx.array(rng_f32((4, 16)))
-    order = np.argsort(rng_f32((4, 16), 2), axis=1)
-    idx = np.concatenate([order[:, :8], order[:, :8]], 1) if repeated else order
+    if axis is None:  # (the flattened x)
+        order = np.argsort(rng_f32(64, 2))
+        idx = np.concatenate([order[:20], order[:20]]) if repeated else order
+    else:
+        order = np.argsort(rng_f32((4, 16), 2), axis=axis % 2)
+        half = order[:, :8] if axis == 1 else order[:2]
+        idx = np.concatenate([half, half], axis % 2) if repeated else order
     idx = mx.array(idx.astype(np.int32))
-    w = mx.array(rng_f32((4, 16), 3))
+    w = mx.array(rng_f32(idx.shape, 3))
 
     def loss(a):
-        return (mx.take_along_axis(a * 1.0, idx, axis=1) * w).sum()
+        return (mx.take_along_axis(a * 1.0, idx, axis=axis) * w).sum()
 
-    with mp.use_backend(backend), mp.extended_precision() as rep:
+    with mp.use_backend(backend), mp.extended_precision(strict=True) as rep:
         w = w / 3
         g = mx.grad(loss)(x)
         got, wv = value64(g), value64(w)
-    want = np.zeros((4, 16))
-    for r in range(4):
-        for j, i in enumerate(np.array(idx)[r]):
-            want[r, i] += wv[r, j]
-    if repeated and backend == "emulate":
-        assert rep.float32["take_along_axis (gradient)"] >= 1, rep
-        np.testing.assert_allclose(f64(g), want, rtol=1e-5, atol=1e-6)
-        with pytest.raises(PrecisionDropError):
-            with mp.use_backend(backend), mp.extended_precision(strict=True):
-                mx.grad(loss)(x)
-    else:
-        assert not rep.float32, rep
-        np.testing.assert_allclose(got, want, rtol=2**-46, atol=2**-46)
+    want = np.zeros(64 if axis is None else (4, 16))
+    np.add.at(want, np.array(idx) if axis is None else (
+        (np.arange(4)[:, None], np.array(idx)) if axis == 1 else
+        (np.array(idx), np.arange(16)[None, :])), wv)
+    assert not rep.float32, rep
+    np.testing.assert_allclose(got, want.reshape(4, 16), rtol=2**-46, atol=2**-46)
+
+
+def test_take_along_axis_gradient_past_the_one_hot_limit_is_reported():
+    """Repeated reads whose one-hot matrix would exceed 2^22 entries: MLX's float32
+    VJP on emulate, reported (strict raises)."""
+    x = mx.array(rng_f32((64, 256)))
+    idx = mx.array(np.tile(np.arange(256), (64, 2)).astype(np.int32))
+
+    def loss(a):
+        return mx.take_along_axis(a * 1.0, idx, axis=1).sum()
+
+    with mp.use_backend("emulate"), mp.extended_precision() as rep:
+        g = f64(mx.grad(loss)(x))
+    assert rep.float32["take_along_axis (gradient)"] >= 1, rep
+    np.testing.assert_array_equal(g, np.full((64, 256), 2.0))
+    with pytest.raises(PrecisionDropError):
+        with mp.use_backend("emulate"), mp.extended_precision(strict=True):
+            mx.grad(loss)(x)

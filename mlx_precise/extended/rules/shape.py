@@ -363,9 +363,11 @@ def _as_strided_vjp(e, g):
 def _take_along_axis_vjp(e, g):
     """A selection (distinct indices along the axis) moves the cotangent's words;
     repeated indices add the cotangents of an element read several times: exact
-    on the float64 pass, elsewhere MLX's float32 VJP (reported). Telling the two
-    apart reads the indices: inside a transformation (nothing can be evaluated)
-    the reported VJP runs."""
+    on the float64 pass, elsewhere the one-hot double-word GEMM of :func:`rows_add`
+    over x's elements (while that matrix is small; else, or where x broadcasts
+    against the indices, MLX's float32 VJP, reported). Telling the two apart reads
+    the indices: inside a transformation (nothing can be evaluated) the reported
+    VJP runs."""
     if float64_cotangent(g):
         return movement(e, g)
     x, indices = e.args[:2]
@@ -373,19 +375,33 @@ def _take_along_axis_vjp(e, g):
     try:
         with carry.suspended():
             if axis is None:  # (MLX: the flattened x)
-                idx, axis, n = indices.reshape(-1), 0, x.size
+                idx, axis, n, xs = indices.reshape(-1), 0, x.size, (x.size,)
             else:
-                shape = list(x.shape)
+                axis, xs = axis % x.ndim, tuple(x.shape)
+                shape = list(xs)
                 shape[axis] = indices.shape[axis]
                 idx = mx.broadcast_to(indices, mx.broadcast_shapes(tuple(shape), indices.shape))
-                n = x.shape[axis]
-            idx = mx.sort(idx % n, axis=axis)  # (negative indices count from the end)
-            k = idx.shape[axis]
-            repeated = k > 1 and bool(mx.any(
-                mx.take(idx, mx.arange(1, k), axis) == mx.take(idx, mx.arange(k - 1), axis)))
+                n = xs[axis]
+            idx = idx % n  # (negative indices count from the end)
+            ordered, k = mx.sort(idx, axis=axis), idx.shape[axis]
+            repeated = k > 1 and bool(mx.any(mx.take(ordered, mx.arange(1, k), axis) ==
+                                              mx.take(ordered, mx.arange(k - 1), axis)))
     except ValueError:  # (a function transformation: indices unknown)
         return NotImplemented
-    return NotImplemented if repeated else movement(e, g)
+    if not repeated:
+        return movement(e, g)
+    others = xs[:axis] + xs[axis + 1:]
+    if tuple(idx.shape[:axis] + idx.shape[axis + 1:]) != others or (
+            x.size * idx.size > ONE_HOT_LIMIT):
+        return NotImplemented
+    # each cotangent entry lands on element (row, index) of x seen with the axis
+    # last: the entries naming one element are summed (an overlap-add)
+    with carry.suspended():
+        rows = idx.size // k
+        flat = mx.arange(rows)[:, None] * n + mx.moveaxis(idx, axis, -1).reshape(rows, k)
+    gm = mx.moveaxis(g.reshape(idx.shape), axis, -1).reshape(-1, 1)
+    acc = rows_add(x.size, flat.reshape(-1), gm).reshape(*others, n)
+    return (mx.moveaxis(acc, -1, axis).reshape(x.shape), None)
 
 
 def _each_vjp(e, g):
