@@ -6,9 +6,9 @@ sum (product, extremum) of many values, rounded at every step by MLX. On the cpu
 backend the update runs in float64 on the operands' exact values and the result
 keeps its two words. Elsewhere (no float64 on the GPU) an ``add`` / ``subtract``
 at rows named by integer arrays (one, or a tuple on the leading axes; an
-overlap-add) is a one-hot double-word GEMM
-while that matrix is small; otherwise MLX's float32 update runs and the block
-reports it (``strict=True`` raises)."""
+overlap-add) sums each row's values in double-word (:func:`.rules.shape.rows_add`);
+the other updates run in MLX's float32 and the block reports them (``strict=True``
+raises)."""
 
 from __future__ import annotations
 
@@ -48,12 +48,12 @@ class _Indexed:
             and not isinstance(value, bool)
         exact_extremum = op in ("maximum", "minimum") and not (
             has_words(x) or carries(value))
-        if x.dtype != mx.float32 or not floating or exact_extremum:
+        if x.dtype not in (mx.float32, mx.complex64) or not floating or exact_extremum:
             with suspended():
                 return plain()  # no float32 rounding to lose
-        if backends.backend().float64_engine and not (
-                isinstance(value, mx.array) and value.dtype == mx.complex64) and not isinstance(
-                value, complex):
+        complex_ = x.dtype == mx.complex64 or isinstance(value, complex) or (
+            isinstance(value, mx.array) and value.dtype == mx.complex64)
+        if backends.backend().float64_engine and not complex_:
             with suspended(), mx.stream(mx.cpu):
                 v = as64(value) if isinstance(value, mx.array) else float(value)
                 wide = getattr(self._getter(as64(x))[self._index], op)(v)
@@ -61,9 +61,9 @@ class _Indexed:
             self._report.extended[name] += 1
             return attach_words(z.hi, z)
         named = _rows(self._index, x.shape) if op in ("add", "subtract") else None
-        if named is not None and named[0].size * named[1] <= shape.ONE_HOT_LIMIT:
+        if named is not None:
             # rows named by integer arrays, possibly several times (an overlap-add):
-            # the sums by the one-hot double-word GEMM (exact products of 0 / 1)
+            # double-word row sums
             index, count, k = named
             with carry.reporting(self._report):
                 v = mx.broadcast_to(operand_array(value), (*index.shape, *x.shape[k:]))

@@ -319,8 +319,8 @@ def test_scatter_add_overlap_is_exact_on_cpu():
 
 
 def test_scatter_add_on_emulate():
-    """Rows named by an integer array (an overlap-add): a one-hot double-word GEMM,
-    exact; other scatter updates there are reported."""
+    """Rows named by an integer array (an overlap-add): double-word row sums, exact;
+    other scatter updates there are reported."""
     frames = rng_f32((16, 8), 16)
     idx = (np.arange(16)[:, None] * 2 + np.arange(8)[None, :]).reshape(-1)
     ref = np.zeros(38)

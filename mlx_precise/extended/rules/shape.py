@@ -11,6 +11,7 @@ import mlx.core as mx
 from ...doubleword.types import DoubleWord
 from ...doubleword.engine64 import to64
 from ...core import backends
+from ...core.kernels import Kernel
 from .. import arith, autodiff, carry
 from ..carry import attach, attach_words, has_words, low_word, words_of
 from .base import (beside_float32, carries, float64_cotangent, is_word_array, moved,
@@ -223,21 +224,58 @@ def _getitem_vjp(e, g):
     return (mx.zeros_like(x).at[index].add(g), None)
 
 
-ONE_HOT_LIMIT = 2**22  # index entries x rows of the one-hot matrix (~16 MB float32)
+_F32, _I32 = (mx.float32,), (mx.int32,)
+
+ROWS_ADD = Kernel(
+    name="dw_rows_add",
+    body="dw_rows_add.metal",
+    headers=("doubleword.h",),
+    inputs=("rows", "order", "v_hi", "v_lo"),
+    outputs=("out_hi", "out_lo"),
+    input_dtypes={"rows": _I32, "order": _I32, "v_hi": _F32, "v_lo": _F32},
+    variants={"out_hi": _F32, "out_lo": _F32},
+)
+"""Double-word row sums by row number (``metal/kernels/dw_rows_add.metal``): rows
+int32 (N,) sorted, order int32 (N,) the stable sorting permutation, v_hi / v_lo
+float32 (N, M); out_hi / out_lo float32 (R, M). Grid: one thread per (column,
+sorted position)."""
 
 
 def rows_add(rows: int, indices, values):
     """``zeros((rows, m)).at[indices].add(values)`` (values (len(indices), m)) in
-    double-word: on cpu a float64 scatter; elsewhere, while the one-hot matrix is
-    small, its transpose times the values by the double-word GEMM (exact products
-    of 0 / 1, double-word sums); else MLX's scatter (reported). A negative index
-    counts from the end, as in MLX's gathers and scatters."""
-    if not backends.backend().float64_engine and indices.size * rows <= ONE_HOT_LIMIT:
-        with carry.suspended():
-            indices = mx.where(indices < 0, indices + rows, indices)
-            hot = (indices[:, None] == mx.arange(rows)[None, :]).astype(mx.float32)
-        return mx.swapaxes(hot, 0, 1) @ values
-    return mx.zeros((rows, values.shape[1]), values.dtype).at[indices].add(values)
+    double-word: on cpu a float64 scatter; elsewhere the row sums of
+    :data:`ROWS_ADD` (each row's values summed in their order, compensated), after
+    a stable sort of the row numbers. A negative index counts from the end, as in
+    MLX's gathers and scatters; one outside the rows adds nothing."""
+    backend = backends.backend()
+    if backend.float64_engine:
+        if values.dtype == mx.complex64:  # (the float64 scatter of each part)
+            return (rows_add(rows, indices, mx.real(values))
+                    + 1j * rows_add(rows, indices, mx.imag(values)))
+        return mx.zeros((rows, values.shape[1]), values.dtype).at[indices].add(values)
+    n = indices.size
+    if n >= 2**31 or rows >= 2**31:
+        raise ValueError(f"a scatter-add of {n} values into {rows} rows is too large for "
+                         "the row-sum kernel (at most 2^31 - 1 of each)")
+    w = words(values)
+    hi, lo = w.hi, w.lo
+    if w.is_complex:  # (sums of the real and imaginary parts: columns of floats)
+        hi, lo = hi.view(mx.float32), lo.view(mx.float32)
+    with carry.suspended():
+        r = indices.reshape(-1).astype(mx.int64 if rows * n >= 2**31 else mx.int32)
+        r = mx.where(r < 0, r + rows, r)
+        r = mx.where((r >= 0) & (r < rows), r, -1)
+        # a stable order: the key breaks ties between equal rows by position
+        order = mx.argsort((r + 1) * n + mx.arange(n, dtype=r.dtype)).astype(mx.int32)
+        r = mx.take(r, order).astype(mx.int32)
+        m = hi.shape[1]
+        out_hi, out_lo = ROWS_ADD(
+            inputs=[r, order, hi, lo], output_shapes=[(rows, m), (rows, m)],
+            output_dtypes=[mx.float32, mx.float32], grid=(m, n, 1),
+            threadgroup=(min(m, 256), 1, 1), init_value=0.0, backend=backend)
+    if w.is_complex:
+        out_hi, out_lo = out_hi.view(mx.complex64), out_lo.view(mx.complex64)
+    return attach_words(out_hi, DoubleWord(out_hi, out_lo))
 
 
 def _take_vjp(e, g):
@@ -363,11 +401,10 @@ def _as_strided_vjp(e, g):
 def _take_along_axis_vjp(e, g):
     """A selection (distinct indices along the axis) moves the cotangent's words;
     repeated indices add the cotangents of an element read several times: exact
-    on the float64 pass, elsewhere the one-hot double-word GEMM of :func:`rows_add`
-    over x's elements (while that matrix is small; else, or where x broadcasts
-    against the indices, MLX's float32 VJP, reported). Telling the two apart reads
-    the indices: inside a transformation (nothing can be evaluated) the reported
-    VJP runs."""
+    on the float64 pass, elsewhere the double-word row sums of :func:`rows_add` over
+    x's elements (where x broadcasts against the indices, MLX's float32 VJP,
+    reported). Telling the two apart reads the indices: inside a transformation
+    (nothing can be evaluated) the reported VJP runs."""
     if float64_cotangent(g):
         return movement(e, g)
     x, indices = e.args[:2]
@@ -391,8 +428,7 @@ def _take_along_axis_vjp(e, g):
     if not repeated:
         return movement(e, g)
     others = xs[:axis] + xs[axis + 1:]
-    if tuple(idx.shape[:axis] + idx.shape[axis + 1:]) != others or (
-            x.size * idx.size > ONE_HOT_LIMIT):
+    if tuple(idx.shape[:axis] + idx.shape[axis + 1:]) != others:
         return NotImplemented
     # each cotangent entry lands on element (row, index) of x seen with the axis
     # last: the entries naming one element are summed (an overlap-add)
