@@ -17,6 +17,7 @@ from ..core.context import register_block_hook
 from .carry import carried, low_word, suspended
 from .dispatch import active, block
 from .report import PrecisionDropError, Report
+from . import checks  # noqa: F401 (registers the self-test's checks)
 
 register_block_hook(block)
 
