@@ -90,9 +90,9 @@ def inplace(rule, functional):
     updates x in place (other references see it), so the double-word result is
     written into x and its low word re-attached; computed even when neither operand
     carries a low word (``h += e`` of two float32 arrays keeps the sum's exact low
-    word, as ``h + e`` does). A ``y`` that broadcasts ``x`` to a larger shape gives x
-    that shape, as MLX's in-place update does (``mask += bias``, a (L, L) mask and a
-    (heads, L, L) bias)."""
+    word, as ``h + e`` does). A ``y`` that broadcasts ``x`` to a larger shape, or
+    makes it complex, gives x that shape and dtype, as MLX's in-place update does
+    (``mask += bias``, a (L, L) mask and a (heads, L, L) bias; ``y += 1j``)."""
 
     def rule_(ctx, original, x, y):
         if not is_word_array(x):
@@ -100,13 +100,16 @@ def inplace(rule, functional):
         if has_float64((y,)):
             return _into_float64(original, x, y)
         z = rule(ctx, functional, x, y)
-        if z is NotImplemented or not is_word_array(z) or z.dtype != x.dtype:
+        if z is NotImplemented or not is_word_array(z) or z.dtype != x.dtype and not (
+                x.dtype == mx.float32 and z.dtype == mx.complex64):
             return NotImplemented
-        if z.shape != x.shape:
-            # x broadcast in place, its values kept (x + -0 is x: also -0, infinities
-            # and NaN); its words are z's below
+        if z.shape != x.shape or z.dtype != x.dtype:
+            # x broadcast (and made complex) in place, its values kept (x + -0 is x:
+            # also -0, infinities and NaN; the imaginary part +0 + -0 is +0); its
+            # words are z's below
             attach(x, None)
-            ARRAY.__iadd__(x, mx.full(z.shape, -0.0, x.dtype))
+            zero = complex(-0.0, -0.0) if z.dtype == mx.complex64 else -0.0
+            ARRAY.__iadd__(x, mx.full(z.shape, zero, z.dtype))
         # (inside a rule the flow is off, so mx.array.__setitem__ is MLX's own)
         if ctx.backend.float64_engine and wide_value(z) is not None:
             # x now holds z's high words, the rounding of z's float64 value: x
