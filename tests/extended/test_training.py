@@ -488,3 +488,28 @@ def test_gradient_of_an_assignment_whose_value_has_more_axes(backend):
     want_x[0, pos] = 0.0
     np.testing.assert_array_equal(gx, want_x)
     np.testing.assert_array_equal(gf, w[0, pos][None].astype(np.float64))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["edge", "reflect", "symmetric"])
+@pytest.mark.parametrize("pad_width", [2, ((1, 3), (0, 2)), (3, 1)], ids=str)
+def test_pad_by_copies_forward_and_gradient(backend, mode, pad_width):
+    """``mx.pad(x, w, mode)`` with mode edge / reflect / symmetric (mlx-audio's
+    BigVGAN resamplers): was MLX's float32 op, reported (BigVGAN's output 48% exactly
+    rounded). The forward moves x's exact values (numpy's pad of them); the gradient
+    sums the cotangents of each element's copies, exactly: numpy's pad of the unit
+    vectors (its Jacobian, 0 / 1) times the cotangent, in long double."""
+    x0 = rng_f32((4, 5), 94)
+    out_shape = np.pad(np.zeros((4, 5)), pad_width, mode=mode).shape
+    w = rng_f32(out_shape, 95)
+    with mp.use_backend(backend), mp.extended_precision(strict=True) as rep:
+        x = mx.array(x0) / 3
+        y = mx.pad(x, pad_width, mode=mode)
+        g = mx.grad(lambda t: (mx.pad(t, pad_width, mode=mode) * mx.array(w)).sum())(x)
+        got_y, got_g, x64 = value64(y), value64(g), value64(x)
+    assert not rep.float32, rep
+    np.testing.assert_array_equal(got_y, np.pad(x64, pad_width, mode=mode))
+    jac = np.stack([np.pad(e.reshape(4, 5), pad_width, mode=mode).reshape(-1)
+                    for e in np.eye(20)])
+    want = (jac.astype(np.longdouble) @ w.reshape(-1).astype(np.longdouble)).reshape(4, 5)
+    np.testing.assert_array_equal(got_g, want.astype(np.float64))

@@ -81,7 +81,20 @@ def _iter(ctx, original, x):
     return iter([attach(x[i], lo[i]) for i in range(x.shape[0])])
 
 
+def _pad_pairs(pad_width, ndim: int) -> list:
+    """MLX's forms of ``pad_width`` (an int, ``(n,)``, ``(before, after)``, or one
+    pair per axis) as one ``(before, after)`` per axis."""
+    if isinstance(pad_width, int):
+        return [(pad_width, pad_width)] * ndim
+    pw = list(pad_width)
+    if pw and all(isinstance(p, int) for p in pw):
+        return [(pw[0], pw[-1])] * ndim
+    return [(p[0], p[-1]) for p in pw]
+
+
 def _pad(ctx, original, a, pad_width, mode="constant", constant_values=0, **kw):
+    if is_word_array(a) and mode != "constant" and has_words(a) and not kw:
+        return _pad_copies(ctx, original, a, pad_width, mode)
     if not is_word_array(a) or mode != "constant" or isinstance(constant_values, mx.array):
         return NotImplemented
     w, v = words(a), constant_values
@@ -100,6 +113,23 @@ def _pad(ctx, original, a, pad_width, mode="constant", constant_values=0, **kw):
         return attach_words(hi, DoubleWord.from_wide(hi, wide))
     return attach(original(w.hi, pad_width, mode, c.hi, **kw),
                   original(w.lo, pad_width, mode, c.lo, **kw))
+
+
+def _pad_copies(ctx, original, a, pad_width, mode):
+    """``pad`` with ``mode`` "edge", "reflect" or "symmetric": each padded element a
+    copy of one of ``a``'s, so, axis by axis, a gather (``take``) at the positions
+    MLX's own pad of ``arange(n)`` gives. The words move exactly, and the gradient
+    sums the cotangents of an element's copies in double-word (``take``'s VJP: the
+    row sums of :func:`rows_add`), where the same op on each word would round them."""
+    pairs = _pad_pairs(pad_width, a.ndim)
+    with carry.reporting(ctx.report):
+        out = a
+        for axis, (before, after) in enumerate(pairs):
+            if before or after:
+                with carry.suspended():
+                    at = original(mx.arange(a.shape[axis]), [(before, after)], mode)
+                out = mx.take(out, at, axis=axis)
+    return out
 
 
 def _each(ctx, original, *arrays, **kw):
