@@ -63,12 +63,18 @@ class _Indexed:
         named = _rows(self._index, x.shape) if op in ("add", "subtract") else None
         if named is not None:
             # rows named by integer arrays, possibly several times (an overlap-add):
-            # double-word row sums
-            index, count, k = named
+            # double-word row sums, the named axes (and the value's index axes) first
+            index, count, lead, k = named
+            s, nd = index.ndim, x.ndim
+            to_front = [*range(lead, lead + k), *range(lead), *range(lead + k, nd)]
+            back = [to_front.index(d) for d in range(nd)]
             with carry.reporting(self._report):
-                v = mx.broadcast_to(operand_array(value), (*index.shape, *x.shape[k:]))
-                rows = v.reshape(index.size, -1)
-                acc = shape.rows_add(count, index.reshape(-1), rows).reshape(x.shape)
+                v = mx.broadcast_to(operand_array(value),
+                                    (*x.shape[:lead], *index.shape, *x.shape[lead + k:]))
+                v = mx.transpose(v, [*range(lead, lead + s), *range(lead),
+                                     *range(lead + s, v.ndim)])
+                acc = shape.rows_add(count, index.reshape(-1), v.reshape(index.size, -1))
+                acc = mx.transpose(acc.reshape([x.shape[d] for d in to_front]), back)
                 out = x + acc if op == "add" else x - acc
             self._report.extended[name] += 1
             return out
@@ -77,24 +83,32 @@ class _Indexed:
             return plain()
 
 
+_ALL = slice(None)
+
+
 def _rows(index, shape_: tuple):
-    """``(flat, count, k)`` where ``index`` names whole rows of x by integer arrays on
-    its leading ``k`` axes (one array, or a tuple of them: ``x[mx.arange(b), last]``,
-    whose gradient this is): ``flat``, the broadcast index arrays' row numbers in x
-    seen as ``count`` rows (a negative index counts from the end of its axis, as in
-    MLX); None for any other index (slices, scalars, ``None``, ellipsis)."""
+    """``(flat, count, lead, k)`` where ``index`` names whole rows of x by integer
+    arrays on ``k`` axes after ``lead`` full slices (one array, a tuple of them:
+    ``x[mx.arange(b), last]``, or ``x[:, i, j]``: the gradients of these gathers):
+    ``flat``, the broadcast index arrays' row numbers in those axes seen as ``count``
+    rows (a negative index counts from the end of its axis, as in MLX); None for any
+    other index (partial slices, scalars, ``None``, ellipsis)."""
     parts = index if isinstance(index, tuple) else (index,)
-    if not parts or len(parts) > len(shape_) or not all(
-            isinstance(p, mx.array) and mx.issubdtype(p.dtype, mx.integer) for p in parts):
+    lead = 0
+    while lead < len(parts) and isinstance(parts[lead], slice) and parts[lead] == _ALL:
+        lead += 1
+    arrays = parts[lead:]
+    if not arrays or len(parts) > len(shape_) or not all(
+            isinstance(p, mx.array) and mx.issubdtype(p.dtype, mx.integer) for p in arrays):
         return None
     with suspended():
-        parts = mx.broadcast_arrays(*parts) if len(parts) > 1 else parts
+        arrays = mx.broadcast_arrays(*arrays) if len(arrays) > 1 else arrays
         flat, count = None, 1
-        for p, d in zip(parts, shape_):
+        for p, d in zip(arrays, shape_[lead:]):
             p = p.astype(mx.int64 if p.dtype in (mx.int64, mx.uint64) else mx.int32)
             p = mx.where(p < 0, p + d, p)
             flat, count = (p if flat is None else flat * d + p), count * d
-    return flat, count, len(parts)
+    return flat, count, lead, len(arrays)
 
 
 for _op in OPS:

@@ -231,23 +231,14 @@ def errors(name):
 
 # ---- the tests ------------------------------------------------------------------------
 
-# What the block reports leaving double-word, where a layer legitimately does: on
-# emulate, the gradients of x[(slice, i, j)] (an index tuple: its scatter-add is
-# float32 there, port_guide.md) of the Upsample modes that sample that way are
-# float32, within the error of a short float32 sum (ULPS_REPORTED). (Their sampling
-# positions become integer indices by astype: the exact values truncated.)
-REPORTED = {f"Upsample.{m}.{ac}": {"emulate": {"array.at[].add"}}
-            for m, ac in (("linear", True), ("cubic", False), ("cubic", True))}
-ULPS_REPORTED = 128.0
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_layer_forward_and_gradients(backend, name):
+    """Every layer, forward and gradients, within 1 float32 ulp of the float64 oracle,
+    nothing reported (Upsample's linear and cubic modes read their input at
+    x[:, i, j]: the gradient's scatter-add there is double-word on emulate too)."""
     fwd, grad, state, rep = errors(name)
-    leaves = REPORTED.get(name, {}).get(backend, set())
-    assert set(rep.float32) == leaves, rep
-    assert fwd <= 1.0 and state <= 1.0
-    assert grad <= (ULPS_REPORTED if leaves else 1.0), grad
+    assert not rep.float32, rep
+    assert fwd <= 1.0 and state <= 1.0 and grad <= 1.0, (fwd, grad, state)
 
 
 def test_list_arguments_changed_after_the_call(backend):

@@ -118,3 +118,28 @@ def test_complex_scatter_add_keeps_the_low_words(backend):
     want = (yr64 + 1j * yi64).astype(np.clongdouble)
     np.add.at(want, idx, (re64 + 1j * im64).astype(np.clongdouble))
     assert np.max(np.abs(got - want)) <= 2.0**-46 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("index", ["x[:, i]", "x[:, i, j]", "x[:, :, i]"])
+def test_gradient_of_gathers_after_full_slices(backend, index):
+    """The gradient of ``x[:, i, j]`` (integer arrays after full slices: nn.Upsample's
+    linear and cubic modes read their inputs so) is a scatter-add at (slice, rows):
+    double-word row sums with the named axes moved first (was float32 on emulate,
+    reported). Oracle: numpy's add.at of the cotangent, in long double."""
+    rng = np.random.default_rng(31)
+    i = mx.array(rng.integers(-4, 4, (3, 5)).astype(np.int32))
+    j = mx.array(rng.integers(0, 5, (3, 5)).astype(np.int32))
+    pick = {"x[:, i]": lambda t: t[:, i], "x[:, i, j]": lambda t: t[:, i, j],
+            "x[:, :, i]": lambda t: t[:, :, i]}[index]
+    x0 = rng_f32((2, 4, 5, 3), 32)
+    w = rng_f32(pick(mx.zeros((2, 4, 5, 3))).shape, 33)
+    with mp.extended_precision(strict=True) as rep:
+        g = value64(mx.grad(lambda t: (pick(t) * (mx.array(w) / 3)).sum())(mx.array(x0)))
+        w3 = value64(mx.array(w) / 3)
+    assert not rep.float32, rep
+    want = np.zeros((2, 4, 5, 3), LD)
+    ii, jj = np.array(i), np.array(j)
+    key = {"x[:, i]": (slice(None), ii), "x[:, i, j]": (slice(None), ii, jj),
+           "x[:, :, i]": (slice(None), slice(None), ii)}[index]
+    np.add.at(want, key, w3.astype(LD))
+    assert np.max(np.abs(g - want)) <= 2.0**-46 * np.abs(want).max()
