@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
+import numpy as np
 
 from ...core import backends
 from ...doubleword import engine64, functions
@@ -132,8 +133,25 @@ def _power(ctx, original, x, y, **kw):
             return result(arith.where(special, arith.exact(mx.abs(x)), r))
         if y == -1:
             return function("reciprocal")(ctx, mx.reciprocal, x)
+    if _wide_base(x) and (is_word_array(y) or isinstance(y, ARRAY)):
+        # b ** y = exp(y log b), log b from the host in float64: b itself has more
+        # bits than two float32 words hold, and entering it rounded to 48 would
+        # perturb the result by |y| 2^-49 (0.99999 ** 1e5: 3e-11 relative); here
+        # the error is |y log b| 2^-48, that of the result's own exp
+        t = promoted(y)
+        with carry.reporting(ctx.report):
+            return mx.exp(t * math.log(x))
     return words_op(lambda X, Y: functions.binary("power", X, Y, ctx.backend), original,
                     [operand_array(promoted(x)), operand_array(promoted(y))], ctx.backend)
+
+
+def _wide_base(x) -> bool:
+    """A Python float base, positive, finite, not 1, whose float64 value two float32
+    words cannot hold exactly (more than 48 significant bits)."""
+    if not isinstance(x, float) or not (0.0 < x < math.inf) or x == 1.0:
+        return False
+    hi = float(np.float32(x))
+    return math.isfinite(hi) and hi + float(np.float32(x - hi)) != x
 
 
 def _arctan2(ctx, original, a, b, **kw):
