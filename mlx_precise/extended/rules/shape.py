@@ -292,7 +292,8 @@ def rows_add(rows: int, indices, values):
     if w.is_complex:  # (sums of the real and imaginary parts: columns of floats)
         hi, lo = hi.view(mx.float32), lo.view(mx.float32)
     with carry.suspended():
-        r = indices.reshape(-1).astype(mx.int64 if rows * n >= 2**31 else mx.int32)
+        # (keys up to (rows + 1) n: 64 bits where int32 would overflow)
+        r = indices.reshape(-1).astype(mx.int64 if (rows + 1) * n >= 2**31 else mx.int32)
         r = mx.where(r < 0, r + rows, r)
         r = mx.where((r >= 0) & (r < rows), r, -1)
         # a stable order: the key breaks ties between equal rows by position
