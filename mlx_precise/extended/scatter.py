@@ -5,7 +5,7 @@ An index may name one element several times (an overlap-add), so the update is a
 sum (product, extremum) of many values, rounded at every step by MLX. On the cpu
 backend the update runs in float64 on the operands' exact values and the result
 keeps its two words. Elsewhere (no float64 on the GPU) an ``add`` / ``subtract``
-at rows named by integer arrays (one, or a tuple on the leading axes; an
+at rows named by integer arrays (one, a tuple of them, after full slices or not; an
 overlap-add) sums each row's values in double-word (:func:`.rules.shape.rows_add`);
 the other updates run in MLX's float32 and the block reports them (``strict=True``
 raises)."""
@@ -51,8 +51,12 @@ class _Indexed:
         if x.dtype not in (mx.float32, mx.complex64) or not floating or exact_extremum:
             with suspended():
                 return plain()  # no float32 rounding to lose
-        complex_ = x.dtype == mx.complex64 or isinstance(value, complex) or (
-            isinstance(value, mx.array) and value.dtype == mx.complex64)
+        if x.dtype == mx.float32 and (isinstance(value, complex) or (
+                isinstance(value, mx.array) and value.dtype == mx.complex64)):
+            # (MLX updates a float32 x by the update cast to float32: its real part)
+            with carry.reporting(self._report):
+                value = value.real if isinstance(value, complex) else mx.real(value)
+        complex_ = x.dtype == mx.complex64
         if backends.backend().float64_engine and not complex_:
             with suspended(), mx.stream(mx.cpu):
                 v = as64(value) if isinstance(value, mx.array) else float(value)

@@ -143,3 +143,21 @@ def test_gradient_of_gathers_after_full_slices(backend, index):
            "x[:, :, i]": (slice(None), slice(None), ii)}[index]
     np.add.at(want, key, w3.astype(LD))
     assert np.max(np.abs(g - want)) <= 2.0**-46 * np.abs(want).max()
+
+
+def test_complex_update_of_a_float32_array_keeps_float32(backend):
+    """MLX updates a float32 x by the update cast to float32 (its real part): so does
+    the block, in double-word (before the complex row sums it gave a complex64 x)."""
+    idx = mx.array([0, 2, 0])
+    plain = x_plain = mx.zeros((3,)).at[idx].add(mx.array([1 + 2j, 3j, 0.5 - 1j]))
+    with mp.extended_precision(strict=True) as rep:
+        (re, re64), (im, im64) = _exact((3,), 41), _exact((3,), 43)
+        x = mx.zeros((3,)) / 3
+        y = x.at[idx].add(re + 1j * im)
+        got = value64(y)
+    assert not rep.float32, rep
+    assert y.dtype == plain.dtype == mx.float32 and x_plain.shape == y.shape
+    want = np.zeros(3, LD)
+    np.add.at(want, [0, 2, 0], re64.astype(LD))
+    assert np.max(np.abs(got - want)) <= 2.0**-46 * np.abs(want).max()
+    np.testing.assert_array_equal(np.array(y), want.astype(np.float32))
