@@ -145,6 +145,13 @@ def is_float32(v) -> bool:
         return float(np.float32(f)) == f or f != f
 
 
+def in_two_words(f: float) -> bool:
+    """True when the words of :func:`constant` hold the float ``f`` exactly (at most
+    48 significant bits, or a value float32 cannot reach: its Inf)."""
+    hi, lo, _ = _split_scalar(*scalar_key(f))
+    return hi + lo == f or not np.isfinite(hi)
+
+
 def is_complex(x: DoubleWord) -> bool:
     return x.hi.dtype == C64
 

@@ -248,7 +248,7 @@ def _astype(ctx, original, a, dtype, *rest, **kw):
     if dtype == mx.complex64:
         return result(arith.as_complex(words(a)))
     if a.dtype == mx.float32 and not rest and not kw and _CASTS_DOWN(dtype):
-        return _cast_down(original, words(a), dtype)
+        return _cast_down(ctx, original, a, dtype)
     return NotImplemented
 
 
@@ -256,41 +256,38 @@ def _CASTS_DOWN(dtype) -> bool:  # noqa: N802 (a predicate on dtypes, read as a 
     return dtype in (mx.bool_, mx.float16, mx.bfloat16) or mx.issubdtype(dtype, mx.integer)
 
 
-def _cast_down(original, w: DoubleWord, dtype) -> mx.array:
+def _cast_down(ctx, original, a, dtype) -> mx.array:
     """The value ``hi + lo`` cast to ``dtype`` (integer: truncated; bool: nonzero;
     float16 / bfloat16: rounded to nearest even), where MLX's cast of the high word
     alone would be off: ``(2^24 + 1) - 0.25`` truncates to 2^24, not 2^24 + 1; an
     integer ``hi`` with a negative ``lo`` lies just below it.
 
-    Integers: a high word that is not an integer lies an ulp or more from every
-    integer, farther than ``|lo| <= ulp(hi) / 2`` reaches, so its truncation is the
-    value's; an integer ``hi`` adds ``floor(lo)`` (positive values) or ``ceil(lo)``
-    (negative), summed in 64 bits, then narrowed as MLX narrows integers (``hi`` may
-    round to just outside the type: 2^31 for 2^31 - 1). Bool: ``hi`` is zero only
-    where the value is. Half types: ``hi`` rounded to odd first (its last bit set
-    where ``lo`` is nonzero, stepping towards ``lo``), after which MLX's rounding to
-    nearest is the value's: rounding to odd with two bits to spare keeps the
-    information a second rounding needs (Boldo and Melquiond, "Emulation of FMA and
-    correctly rounded sums: proved algorithms using rounding to odd", IEEE Trans.
+    Integers: the exact truncation (``trunc``'s rule: two integer words), each word
+    converted and summed in 64 bits, then narrowed as MLX narrows integers (the high
+    word may round to just outside the type: 2^31 for 2^31 - 1). Bool: ``hi`` is
+    zero only where the value is. Half types: ``hi`` rounded to odd first (its last
+    bit set where ``lo`` is nonzero, stepping towards ``lo``), after which MLX's
+    rounding to nearest is the value's: rounding to odd with two bits to spare keeps
+    the information a second rounding needs (Boldo and Melquiond, "Emulation of FMA
+    and correctly rounded sums: proved algorithms using rounding to odd", IEEE Trans.
     Computers 57(4), 2008)."""
-    hi = w.hi
+    w = words(a)
     if dtype == mx.bool_ or w._lo is None and w.wide is None:
-        return original(hi, dtype)
-    lo = w.lo
-    with carry.suspended():
-        finite = mx.abs(hi) < np.inf
-        if dtype in (mx.float16, mx.bfloat16):
-            bits = hi.view(mx.uint32)
-            even = (bits & 1) == 0
-            up = (lo > 0) == (hi > 0)  # a larger magnitude
-            odd = mx.where(up, bits + 1, bits - 1)
-            bits = mx.where((lo != 0) & even & finite, odd, bits)
-            return original(bits.view(mx.float32), dtype)
+        return original(w.hi, dtype)
+    if dtype not in (mx.float16, mx.bfloat16):
+        z = words(_integer_part("trunc")(ctx, mx.trunc, a))
         wide = mx.uint64 if dtype == mx.uint64 else mx.int64
-        integral = (mx.floor(hi) == hi) & finite
-        step = mx.where(integral, mx.where(hi > 0, mx.floor(lo), mx.ceil(lo)), 0.0)
-        value = original(hi, wide) + original(original(step, mx.int64), wide)
+        with carry.suspended():
+            value = original(z.hi, wide) + original(original(z.lo, mx.int64), wide)
         return value if dtype == wide else original(value, dtype)
+    hi, lo = w.hi, w.lo
+    with carry.suspended():
+        bits = hi.view(mx.uint32)
+        even = (bits & 1) == 0
+        up = (lo > 0) == (hi > 0)  # a larger magnitude
+        odd = mx.where(up, bits + 1, bits - 1)
+        bits = mx.where((lo != 0) & even & (mx.abs(hi) < np.inf), odd, bits)
+        return original(bits.view(mx.float32), dtype)
 
 
 def _property(fn=None):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
-import numpy as np
 
 from ...core import backends
 from ...doubleword import engine64, functions
@@ -146,12 +145,9 @@ def _power(ctx, original, x, y, **kw):
 
 
 def _wide_base(x) -> bool:
-    """A Python float base, positive, finite, not 1, whose float64 value two float32
-    words cannot hold exactly (more than 48 significant bits)."""
-    if not isinstance(x, float) or not (0.0 < x < math.inf) or x == 1.0:
-        return False
-    hi = float(np.float32(x))
-    return math.isfinite(hi) and hi + float(np.float32(x - hi)) != x
+    """A Python float base, positive and finite, whose float64 value two float32 words
+    cannot hold exactly (more than 48 significant bits)."""
+    return isinstance(x, float) and 0.0 < x < math.inf and not arith.in_two_words(x)
 
 
 def _arctan2(ctx, original, a, b, **kw):

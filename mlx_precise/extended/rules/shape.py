@@ -432,9 +432,8 @@ def _as_strided_vjp(e, g):
 def _take_along_axis_vjp(e, g):
     """A selection (distinct indices along the axis) moves the cotangent's words;
     repeated indices add the cotangents of an element read several times: exact
-    on the float64 pass, elsewhere the double-word row sums of :func:`rows_add` over
-    x's elements (where x broadcasts against the indices, MLX's float32 VJP,
-    reported). Telling the two apart reads the indices: inside a transformation
+    on the float64 pass, elsewhere the double-word scatter-add at each read's index
+    tuple (where x broadcasts against the indices, MLX's float32 VJP, reported). Telling the two apart reads the indices: inside a transformation
     (nothing can be evaluated) the reported VJP runs."""
     if float64_cotangent(g):
         return movement(e, g)
@@ -458,17 +457,15 @@ def _take_along_axis_vjp(e, g):
         return NotImplemented
     if not repeated:
         return movement(e, g)
-    others = xs[:axis] + xs[axis + 1:]
-    if tuple(idx.shape[:axis] + idx.shape[axis + 1:]) != others:
+    if tuple(idx.shape[:axis] + idx.shape[axis + 1:]) != xs[:axis] + xs[axis + 1:]:
         return NotImplemented
-    # each cotangent entry lands on element (row, index) of x seen with the axis
-    # last: the entries naming one element are summed (an overlap-add)
+    # each cotangent entry lands on x's element (its position, the index along the
+    # axis): a scatter-add at that index tuple (the overlap-add of the reads)
     with carry.suspended():
-        rows = idx.size // k
-        flat = mx.arange(rows)[:, None] * n + mx.moveaxis(idx, axis, -1).reshape(rows, k)
-    gm = mx.moveaxis(g.reshape(idx.shape), axis, -1).reshape(-1, 1)
-    acc = rows_add(x.size, flat.reshape(-1), gm).reshape(*others, n)
-    return (mx.moveaxis(acc, -1, axis).reshape(x.shape), None)
+        at = tuple(idx if d == axis else mx.arange(s).reshape(
+            [s if e == d else 1 for e in range(len(xs))]) for d, s in enumerate(xs))
+    gx = mx.zeros(xs, g.dtype).at[at].add(g.reshape(idx.shape))
+    return (gx.reshape(x.shape), None)
 
 
 def _each_vjp(e, g):
