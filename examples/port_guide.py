@@ -10,9 +10,9 @@ significand on x86-64; float64 elsewhere) from the same float32 inputs and
 parameters. Printed per block and step: the share of outputs equal to the oracle
 rounded to float32 ("exactly rounded") and the normwise error
 ``||y - ref|| / ||ref||``. Steps: unmodified (float32), wrapped in
-``extended_precision()`` with every op rounded on its own (what version 0.1.0
-did: only the FFTs and depthwise convolutions extended), wrapped (double-word
-values carried from op to op), ported to ``mlx_precise.fftconv``. A second table
+``extended_precision()`` (double-word values carried from op to op), ported to
+``mlx_precise.fftconv`` (inside the block: it reads the carried values' low words
+and its result keeps its own). A second table
 scores small expressions and an FNO-style spectral layer the same way.
 """
 
@@ -28,7 +28,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import mlx_precise  # noqa: E402
-from mlx_precise import extended as flow  # noqa: E402
 from mlx_fftconv_block import LongConvBlock, fftconv_ref  # noqa: E402
 
 LD = np.longdouble
@@ -93,9 +92,6 @@ def measure(backend: str, batch: int = 2, channels: int = 16, L: int = 4096,
     out = {("fftconv_ref", "unmodified"): score(fftconv_ref(uu, kk, DD), ref_f),
            ("LongConvBlock", "unmodified"): score(block(xx), ref_b)}
     with mlx_precise.use_backend(backend), mlx_precise.extended_precision():
-        with flow.suspended():  # 0.1.0: each intercepted op rounded on its own
-            out["fftconv_ref", "per op"] = score(fftconv_ref(uu, kk, DD), ref_f)
-            out["LongConvBlock", "per op"] = score(block(xx), ref_b)
         out["fftconv_ref", "wrapped"] = score(fftconv_ref(uu, kk, DD), ref_f)
         out["LongConvBlock", "wrapped"] = score(block(xx), ref_b)
         out["fftconv_ref", "ported"] = score(mlx_precise.fftconv(uu, kk, DD), ref_f)
@@ -115,7 +111,7 @@ def fno_layer(x, weights, modes: int):
 
 def measure_programs(backend: str, n: int = 100_000, seed: int = 0) -> dict:
     """{program: {step: (exactly rounded share, normwise error)}} for small
-    expressions and an FNO layer, steps "unmodified", "per op", "wrapped"."""
+    expressions and an FNO layer, steps "unmodified", "wrapped"."""
     rng = np.random.default_rng(seed)
     a = rng.standard_normal(n).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
@@ -137,8 +133,6 @@ def measure_programs(backend: str, n: int = 100_000, seed: int = 0) -> dict:
     for name, (run, ref) in programs.items():
         res = {"unmodified": score(run(), ref)}
         with mlx_precise.use_backend(backend), mlx_precise.extended_precision():
-            with flow.suspended():
-                res["per op"] = score(run(), ref)
             res["wrapped"] = score(run(), ref)
         out[name] = res
     return out
@@ -159,8 +153,8 @@ def main(argv=None):
     for (blk, step), (share, err) in res.items():
         print(f"| {blk} | {step} | {100 * share:.1f}% | {err:.2e} |")
     print()
-    print("| program | unmodified | per op (0.1.0) | wrapped |")
-    print("|---|---|---|---|")
+    print("| program | unmodified | wrapped |")
+    print("|---|---|---|")
     for name, res in measure_programs(backend).items():
         cells = [f"{100 * s:.1f}% ({e:.1e})" for s, e in res.values()]
         print(f"| {name} | " + " | ".join(cells) + " |")

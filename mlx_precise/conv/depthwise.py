@@ -245,26 +245,37 @@ def depthwise3_extended(x, w, bias=None, *, layout: str = "NCL", round_output: b
     return _depthwise(x, w, bias, 3, layout, round_output, backend, "depthwise3_extended")
 
 
-def _depthwise_float32(x, w, bias=None, stream=None):
+def _depthwise_float32(x, w, bias=None, stream=None, conv1d=plain.conv1d):
     """Plain float32 MLX: ``mx.conv1d`` with groups = channels; checked operands,
-    x (batch, channels, L)."""
+    x (batch, channels, L). ``conv1d``: MLX's own (never the extended_precision()
+    dispatcher: this is the plain path and the VJP of the extended one), but for
+    the flow twins (the dispatcher's, inside a block)."""
     L, K = x.shape[2], w.shape[1]
-    # MLX's own conv1d (never the extended_precision() dispatcher: this is the
-    # plain path and the VJP of the extended one).
-    y = plain.conv1d(x.transpose(0, 2, 1), w[:, :, None], padding=K - 1, groups=x.shape[1],
-                     stream=stream)
+    y = conv1d(x.transpose(0, 2, 1), w[:, :, None], padding=K - 1, groups=x.shape[1],
+               stream=stream)
     y = y[:, :L, :].transpose(0, 2, 1)
     return mx.add(y, bias[None, :, None], stream=stream) if bias is not None else y
 
 
-def _depthwise_plain(x, w, bias, layout: str, stream, fn: str, taps: int | None = None):
+def _depthwise_plain(x, w, bias, layout: str, stream, fn: str, taps: int | None = None,
+                     conv1d=plain.conv1d):
     """The plain twins: ``x`` in ``layout``, on ``stream`` (both checked)."""
     with on_stream(stream, fn):
         x, w, bias = _check_depthwise(x, w, bias, layout, fn, taps)
-        return from_ncl(_depthwise_float32(x, w, bias, stream), layout)
+        return from_ncl(_depthwise_float32(x, w, bias, stream, conv1d), layout)
 
 
-@precision_aware(depthwise_conv_extended)
+def _flow_twin(fn: str, taps: int | None = None):
+    """The plain twin's ops as the flow sees them (``mx.conv1d`` looked up at the
+    call: inside a block, the dispatcher's)."""
+
+    def flow(x, w, bias=None, *, layout: str = "NCL", stream=None):
+        return _depthwise_plain(x, w, bias, layout, stream, fn, taps, mx.conv1d)
+
+    return flow
+
+
+@precision_aware(depthwise_conv_extended, _flow_twin("depthwise_conv"))
 def depthwise_conv(x, w, bias=None, *, layout: str = "NCL", stream=None):
     """Causal depthwise convolution: double-word inside
     :func:`~mlx_precise.extended_precision` (:func:`depthwise_conv_extended`), plain
@@ -272,7 +283,7 @@ def depthwise_conv(x, w, bias=None, *, layout: str = "NCL", stream=None):
     return _depthwise_plain(x, w, bias, layout, stream, "depthwise_conv")
 
 
-@precision_aware(depthwise3_extended)
+@precision_aware(depthwise3_extended, _flow_twin("depthwise3", 3))
 def depthwise3(x, w, bias=None, *, layout: str = "NCL", stream=None):
     """The K = 3 case of :func:`depthwise_conv` (extended: :func:`depthwise3_extended`)."""
     return _depthwise_plain(x, w, bias, layout, stream, "depthwise3", taps=3)

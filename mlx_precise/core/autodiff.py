@@ -15,6 +15,8 @@ import functools
 
 import mlx.core as mx
 
+from .context import flow, public_runner
+
 
 class NotDifferentiableError(RuntimeError):
     """A gradient was asked of an extended op that has none (e.g. a DoubleWord
@@ -59,12 +61,12 @@ def host_guard(fn):
     or ``mx.export_function`` on a backend that computes on the host (``cpu``:
     numpy; ``emulate``: the Metal emulator), raise
     :class:`TransformUnsupportedError` naming the op, the limit and the way out,
-    instead of MLX's bare evaluation error."""
+    instead of MLX's bare evaluation error. Called while a block's double-word flow
+    is on (outermost public op only), ``fn`` is handed to the flow
+    (:data:`~.context.public_runner`): the operands' low words and a gradient being
+    recorded are the flow's to see."""
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        if _in_guard.get():  # an inner public op: the outermost one names the error
-            return fn(*args, **kwargs)
+    def body(*args, **kwargs):
         token = _in_guard.set(True)
         try:
             return fn(*args, **kwargs)
@@ -81,5 +83,13 @@ def host_guard(fn):
                 "kernels are MLX primitives and the op traces") from e
         finally:
             _in_guard.reset(token)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if _in_guard.get():  # an inner public op: the outermost one names the error
+            return fn(*args, **kwargs)
+        if public_runner and flow.get() is not None:  # inside a block: the flow decides
+            return public_runner[0](wrapper, body, args, kwargs)
+        return body(*args, **kwargs)
 
     return wrapper

@@ -41,16 +41,11 @@ def flow_suspended():
         flow.reset(token)
 
 
-# Set by the double-word flow (mlx_precise.extended): runs a function of a lower
-# layer (a precision-aware entry point) inside a block as one op, so that a gradient
-# being taken sees it whole (its MLX VJP runs), not the ops inside it.
-opaque_runner: list = []
-
-
-def run_opaque(name: str, fn: Callable, args, kwargs):
-    if opaque_runner:
-        return opaque_runner[0](name, fn, args, kwargs)
-    return fn(*args, **kwargs)
+# Set by the double-word flow (mlx_precise.extended): a public op of the package
+# (one decorated with core.autodiff.host_guard) called while a block's flow is on is
+# handed to it as hook(op, body, args, kwargs): its operands may carry low words and a
+# gradient may be recording, which only the flow sees; ``body`` runs the op.
+public_runner: list = []
 
 
 def restore(var: contextvars.ContextVar, token) -> None:

@@ -16,11 +16,14 @@ from typing import Callable
 import mlx.core as mx
 
 from ..core import backends
-from ..core.context import is_extended, run_opaque
+from ..core.context import is_extended
 from .types import DoubleWord
 
 # name -> the precision-aware function (filled by @precision_aware).
 _REGISTRY: dict[str, Callable] = {}
+# the extended twin -> (the precision-aware function's name, its flow twin, the
+# extended twin's signature) (filled by @precision_aware; read by twin_of).
+_TWINS: dict[Callable, tuple] = {}
 
 
 # Keywords of an extended twin that the dispatcher itself honours on the plain path,
@@ -45,7 +48,7 @@ def twin_mismatch(plain: Callable, extended: Callable) -> str | None:
     return None
 
 
-def precision_aware(extended: Callable) -> Callable:
+def precision_aware(extended: Callable, flow: Callable | None = None) -> Callable:
     """Decorator for a plain float32 function whose double-word twin is
     ``extended``: the decorated function runs ``extended`` inside
     :func:`extended_precision` and itself outside.
@@ -54,8 +57,14 @@ def precision_aware(extended: Callable) -> Callable:
     extended one's parameters less :data:`DISPATCHER_KEYWORDS` (checked here, at
     registration: ``TypeError`` otherwise), and honour each as MLX does. The
     dispatcher binds every call to the extended signature first, so an unknown or
-    missing argument raises ``TypeError`` in and out of the block alike."""
+    missing argument raises ``TypeError`` in and out of the block alike.
 
+    ``flow``: the function a block's double-word flow runs instead of ``extended``
+    where the operands carry low words or a gradient is being recorded (its ops are
+    then the flow's: words in, words out, each with its VJP rule); it takes the
+    plain twin's arguments and computes the same value with MLX ops (looked up as
+    ``mx.<name>`` at call time, so that the flow sees them). Default: the plain twin
+    itself (where it is written so)."""
     def wrap(plain: Callable) -> Callable:
         why = twin_mismatch(plain, extended)
         if why is not None:
@@ -69,8 +78,8 @@ def precision_aware(extended: Callable) -> Callable:
                 bound = sig.bind(*args, **kwargs)
             except TypeError as e:  # Python's message lacks the function's name
                 raise TypeError(f"{plain.__name__}(): {e}") from None
-            if is_extended():
-                return run_opaque(plain.__name__, extended, args, kwargs)
+            if is_extended():  # (inside a block's flow, the flow decides: twin_of)
+                return extended(*args, **kwargs)
             opts = {k: bound.arguments.pop(k, sig.parameters[k].default) for k in own}
             if "backend" in opts and opts["backend"] is not None:
                 backends.validate(opts["backend"])
@@ -83,9 +92,16 @@ def precision_aware(extended: Callable) -> Callable:
         dispatch.extended = extended
         dispatch.plain = plain
         _REGISTRY[plain.__name__] = dispatch
+        _TWINS[extended] = (plain.__name__, flow or plain, sig)
         return dispatch
 
     return wrap
+
+
+def twin_of(extended: Callable) -> tuple | None:
+    """``(name, flow twin, signature)`` of a registered extended twin (see
+    :func:`precision_aware`), None for any other function."""
+    return _TWINS.get(extended)
 
 
 def precision_aware_functions() -> dict[str, Callable]:

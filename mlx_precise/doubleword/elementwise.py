@@ -322,7 +322,14 @@ def complex_multiply(a, b, *, stream=None):
     return mx.multiply(a, b, stream=stream)
 
 
-@precision_aware(fft_scale_extended)
+def _fft_scale_flow(x, n: int, *, stream=None):
+    """``x / n`` with MLX's divide (inside a block: the flow's, in double-word)."""
+    reciprocal_words(n)  # validates n
+    return mx.divide(_plain_operand(x, "x", ("float32", "complex64")), as_int(n),
+                     stream=stream)
+
+
+@precision_aware(fft_scale_extended, _fft_scale_flow)
 def fft_scale(x, n: int, *, stream=None):
     """``x / n``: double-word inside :func:`~mlx_precise.extended_precision` (see
     :func:`fft_scale_extended`), plain float32 MLX ``x * (1/n)`` outside."""

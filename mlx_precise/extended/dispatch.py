@@ -27,6 +27,8 @@ result: rounded once.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import gc
 import sys
@@ -38,7 +40,9 @@ import mlx.core as mx
 from ..core import backends, context
 from ..core.plain import plain
 from ..core.autodiff import TransformUnsupportedError
+from ..doubleword import aware as _aware
 from ..doubleword.fusion import differentiating
+from ..doubleword.types import DoubleWord
 from . import autodiff, carry, constructor, holders, registry, rules, scatter, standins
 from .report import Report, dropped
 
@@ -329,7 +333,10 @@ def _call_custom(self, *args, **kwargs):
     report = _report.get()
     if report is None:
         return _custom_call(self, *args, **kwargs)
-    return _opaque_call("mx.custom_function", _custom_call, self, report, args, kwargs)
+    public = _public_name.get()  # (a custom function inside a public op: named by it)
+    return _opaque_call("mx.custom_function" if public is None else
+                        f"{public} (mx.custom_function)", _custom_call, self, report, args,
+                        kwargs)
 
 
 def _opaque_call(name, call, self, report, args, kwargs):
@@ -345,17 +352,73 @@ def _opaque_call(name, call, self, report, args, kwargs):
     return out
 
 
-def _run_opaque(name, fn, args, kwargs):
+def _public_call(op, body, args, kwargs):
+    """A public op of the package called inside a block (the hook of
+    :func:`~mlx_precise.core.autodiff.host_guard`, outermost op only). A
+    precision-aware function's extended twin (:func:`~..doubleword.aware.twin_of`)
+    on float32 / complex64 arrays whose values carry low words, or while a gradient
+    is being recorded or MLX differentiates the block, runs its flow twin: MLX's
+    ops through the flow, so the words go in and come out and each op has its VJP
+    rule. Otherwise its engine runs with the flow off and its result keeps its low
+    words (``round_output=True``: the rounded array carrying them). A twin given
+    DoubleWords or float64 data beside carried arrays reads those arrays' float32
+    values (reported), and is recorded whole for a gradient (MLX's VJP of it, as
+    for a custom function). Any other public op runs as it is, named in the report
+    where a custom function inside it reads a carried value."""
     report = _report.get()
-    if report is None or not autodiff.recording():
-        return fn(*args, **kwargs)
-    with autodiff.unrecorded():
-        out = fn(*args, **kwargs)
-    autodiff.opaque(name, fn, args, kwargs, out, report)
-    return out
+    twin = _aware.twin_of(op)
+    if twin is None or not report.open:
+        token = _public_name.set(op.__name__)
+        try:
+            return body(*args, **kwargs)
+        finally:
+            _public_name.reset(token)
+    name, flow, signature = twin
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as e:  # Python's message lacks the function's name
+        raise TypeError(f"{op.__name__}(): {e}") from None
+    round_output = bound.arguments.pop("round_output", True)
+    backend = bound.arguments.pop("backend", None)
+    carried, recording = _carries(args, kwargs), _recording() or differentiating()
+    if (carried or recording) and _word_arrays(args, kwargs):
+        report.extended[op.__name__] += 1
+        with contextlib.nullcontext() if backend is None else backends.use_backend(backend):
+            out = flow(*bound.args, **bound.kwargs)
+        return out if round_output else carry.words_of(out) or DoubleWord.exact(out)
+    if carried:
+        dropped(report, op.__name__, "its other operands are DoubleWords or float64 data, "
+                "so its float32 operands enter without their low words")
+    token = _report.set(None)
+    try:
+        if recording:  # recorded whole: MLX's VJP of it
+            with autodiff.unrecorded():
+                out = body(*args, **kwargs)
+            autodiff.opaque(op.__name__, body, args, kwargs, out, report)
+            return out
+        out = body(*args, **{**kwargs, "round_output": False})
+    finally:
+        _report.reset(token)
+    report.extended[op.__name__] += 1
+    return carry.attach_words(out.hi, out) if round_output else out
 
 
-context.opaque_runner.append(_run_opaque)
+def _word_arrays(args, kwargs) -> bool:
+    """Every array operand a float32 / complex64 ``mx.array`` (no DoubleWord, no
+    float64 data, no numpy array or list: those the engine reads at full precision)."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, constructor.ARRAY):
+            if not rules.is_word_array(a):
+                return False
+        elif isinstance(a, (DoubleWord, list, tuple)) or hasattr(a, "__array__"):
+            return False
+    return True
+
+
+# The public op running now (its name for the report of a custom function inside it).
+_public_name = contextvars.ContextVar("mlx_precise_public_op", default=None)
+
+context.public_runner.append(_public_call)
 
 
 

@@ -123,15 +123,16 @@ def _extended(kind, a, s, axes, one_axis, norm, round_output, backend, stream):
                         stream=stream)
 
 
-def _plain(kind, a, s, axes, one_axis, norm, stream):
+def _plain(kind, a, s, axes, one_axis, norm, stream, fft=_mlx.fft):
     """MLX's transform of the input read as the extended twin reads it (array-likes,
-    float64 data, DoubleWords), rounded once to float32 / complex64 first."""
+    float64 data, DoubleWords), rounded once to float32 / complex64 first. ``fft``:
+    the module whose transform runs (MLX's own; the flow twin passes ``mx.fft``,
+    whose names are the flow's inside a block)."""
     a = read_input(a, "a", "words", ANY)
     a = a.round() if isinstance(a, DoubleWord) else a
     s, axes = plan(kind, a.shape, s, axes, one_axis)
     nd.check_norm(norm)
-    return getattr(_mlx.fft, kind + "n")(a, s=list(s), axes=list(axes), norm=norm,
-                                         stream=stream)
+    return getattr(fft, kind + "n")(a, s=list(s), axes=list(axes), norm=norm, stream=stream)
 
 
 _SUMMARY = {
@@ -237,6 +238,9 @@ def _pair(kind: str, form: str):
 
         def pln(a, n=None, axis=-1, norm="backward", *, stream=None):
             return _plain(kind, a, *_one_axis_args(n, axis), True, norm, stream)
+
+        def flow(a, n=None, axis=-1, norm="backward", *, stream=None):
+            return _plain(kind, a, *_one_axis_args(n, axis), True, norm, stream, mx.fft)
     else:
         default = FORMS[form]
 
@@ -247,8 +251,13 @@ def _pair(kind: str, form: str):
         def pln(a, s=None, axes=default, norm="backward", *, stream=None):
             return _plain(kind, a, s, axes, False, norm, stream)
 
+        def flow(a, s=None, axes=default, norm="backward", *, stream=None):
+            return _plain(kind, a, s, axes, False, norm, stream, mx.fft)
+
     ext = host_guard(_named(ext, f"{name}_extended", _doc(kind, form, True)))
-    aware = precision_aware(ext)(_named(pln, name, _doc(kind, form, False)))
+    # (flow: inside a block, on carried values, MLX's transform through the flow; mx.fft's
+    # names are the flow's there)
+    aware = precision_aware(ext, flow)(_named(pln, name, _doc(kind, form, False)))
     if form == "":  # the one-axis functions named their input x (irfft: X)
         old = "X" if kind == "irfft" else "x"
         ext, aware = _old_input_name(ext, old), _old_input_name(aware, old)
