@@ -275,7 +275,7 @@ def _flow_twin(fn: str, taps: int | None = None):
     return flow
 
 
-@precision_aware(depthwise_conv_extended, _flow_twin("depthwise_conv"))
+@precision_aware(depthwise_conv_extended, _flow_twin("depthwise_conv"), words=False)
 def depthwise_conv(x, w, bias=None, *, layout: str = "NCL", stream=None):
     """Causal depthwise convolution: double-word inside
     :func:`~mlx_precise.extended_precision` (:func:`depthwise_conv_extended`), plain
@@ -283,7 +283,7 @@ def depthwise_conv(x, w, bias=None, *, layout: str = "NCL", stream=None):
     return _depthwise_plain(x, w, bias, layout, stream, "depthwise_conv")
 
 
-@precision_aware(depthwise3_extended, _flow_twin("depthwise3", 3))
+@precision_aware(depthwise3_extended, _flow_twin("depthwise3", 3), words=False)
 def depthwise3(x, w, bias=None, *, layout: str = "NCL", stream=None):
     """The K = 3 case of :func:`depthwise_conv` (extended: :func:`depthwise3_extended`)."""
     return _depthwise_plain(x, w, bias, layout, stream, "depthwise3", taps=3)

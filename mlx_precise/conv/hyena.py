@@ -305,7 +305,7 @@ def _fftconv_float32(u, k, D, fft_size, layout: str):
     return from_ncl(y + u * D[None, :, None] if D is not None else y, layout)
 
 
-@precision_aware(hyena_conv_extended)
+@precision_aware(hyena_conv_extended, words=False)
 def fftconv(u, k, D=None, *, fft_size: int | None = None, layout: str = "NCL", stream=None):
     """Hyena FFT convolution: double-word inside
     :func:`~mlx_precise.extended_precision` (:func:`hyena_conv_extended`), plain

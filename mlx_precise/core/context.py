@@ -47,6 +47,10 @@ def flow_suspended():
 # gradient may be recording, which only the flow sees; ``body`` runs the op.
 public_runner: list = []
 
+# Set by the double-word flow: the DoubleWord an mx.array carries (its low word,
+# kept beside it since a block made it), or None; read_input reads words through it.
+carried_words: list = []
+
 
 def restore(var: contextvars.ContextVar, token) -> None:
     """``var.reset(token)``, also when the block ends in another context than the

@@ -48,7 +48,8 @@ def twin_mismatch(plain: Callable, extended: Callable) -> str | None:
     return None
 
 
-def precision_aware(extended: Callable, flow: Callable | None = None) -> Callable:
+def precision_aware(extended: Callable, flow: Callable | None = None,
+                    words: bool = True) -> Callable:
     """Decorator for a plain float32 function whose double-word twin is
     ``extended``: the decorated function runs ``extended`` inside
     :func:`extended_precision` and itself outside.
@@ -64,7 +65,9 @@ def precision_aware(extended: Callable, flow: Callable | None = None) -> Callabl
     then the flow's: words in, words out, each with its VJP rule); it takes the
     plain twin's arguments and computes the same value with MLX ops (looked up as
     ``mx.<name>`` at call time, so that the flow sees them). Default: the plain twin
-    itself (where it is written so)."""
+    itself (where it is written so). ``words``: whether ``extended`` reads its
+    array operands' words (DoubleWords, the low words of carried values: through
+    :func:`~.types.read_input`'s ``"words"``), not only float32 values."""
     def wrap(plain: Callable) -> Callable:
         why = twin_mismatch(plain, extended)
         if why is not None:
@@ -92,14 +95,14 @@ def precision_aware(extended: Callable, flow: Callable | None = None) -> Callabl
         dispatch.extended = extended
         dispatch.plain = plain
         _REGISTRY[plain.__name__] = dispatch
-        _TWINS[extended] = (plain.__name__, flow or plain, sig)
+        _TWINS[extended] = (plain.__name__, flow or plain, sig, words)
         return dispatch
 
     return wrap
 
 
 def twin_of(extended: Callable) -> tuple | None:
-    """``(name, flow twin, signature)`` of a registered extended twin (see
+    """``(name, flow twin, signature, words)`` of a registered extended twin (see
     :func:`precision_aware`), None for any other function."""
     return _TWINS.get(extended)
 

@@ -20,7 +20,7 @@ from ..core.autodiff import as_tuple, host_guard
 from .aware import precision_aware
 from .engine64 import F64, arith64, from_float64_result
 from .fusion import guarded
-from .types import DoubleWord, read_input
+from .types import DoubleWord, plain_input, read_input
 from ..core.kernels import Kernel, per_element_of_first_input
 
 _C64 = (mx.complex64,)
@@ -318,14 +318,14 @@ def complex_multiply(a, b, *, stream=None):
     :func:`~mlx_precise.extended_precision` (see :func:`complex_multiply_extended`),
     plain complex64 ``mx.multiply`` outside (operands read as the extended twin
     reads them, DoubleWord and float64 ones then rounded once)."""
-    a, b = (_plain_operand(x, name, ("complex64",)) for x, name in ((a, "a"), (b, "b")))
+    a, b = (plain_input(x, name, ("complex64",)) for x, name in ((a, "a"), (b, "b")))
     return mx.multiply(a, b, stream=stream)
 
 
 def _fft_scale_flow(x, n: int, *, stream=None):
     """``x / n`` with MLX's divide (inside a block: the flow's, in double-word)."""
     reciprocal_words(n)  # validates n
-    return mx.divide(_plain_operand(x, "x", ("float32", "complex64")), as_int(n),
+    return mx.divide(plain_input(x, "x", ("float32", "complex64")), as_int(n),
                      stream=stream)
 
 
@@ -334,12 +334,7 @@ def fft_scale(x, n: int, *, stream=None):
     """``x / n``: double-word inside :func:`~mlx_precise.extended_precision` (see
     :func:`fft_scale_extended`), plain float32 MLX ``x * (1/n)`` outside."""
     reciprocal_words(n)  # validates n
-    x = _plain_operand(x, "x", ("float32", "complex64"))
+    x = plain_input(x, "x", ("float32", "complex64"))
     return mx.multiply(x, 1.0 / as_int(n), stream=stream)
 
 
-def _plain_operand(x, name: str, kinds: tuple[str, ...]) -> mx.array:
-    """A plain twin's operand: checked as the extended twin checks it, then
-    rounded once if it is a DoubleWord (the plain path's precision)."""
-    x = read_input(x, name, "words", kinds)
-    return x.round() if isinstance(x, DoubleWord) else x

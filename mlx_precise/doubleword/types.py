@@ -12,6 +12,7 @@ import numpy as np
 
 _ARRAY = mx.array  # the class, bound at import (a faster isinstance than a stand-in)
 
+from ..core.context import carried_words
 from .hostsplit import complex_from_parts, join, low_from_wide, split_float64
 
 
@@ -134,15 +135,20 @@ class DoubleWord:
 
     @classmethod
     def from_float32(cls, x) -> "DoubleWord":
-        """Exact: ``hi = x``, ``lo = 0`` for float32 data."""
-        x = read_input(x, "x", "array", ("float32",))
-        return cls(x, mx.zeros_like(x))
+        """Exact: ``hi = x``, ``lo = 0`` for float32 data (an ``mx.array`` that
+        carries a low word, made inside ``extended_precision()``: its words)."""
+        return cls._exact(read_input(x, "x", "array", ("float32",)))
 
     @classmethod
     def from_complex64(cls, x) -> "DoubleWord":
-        """Exact: ``hi = x``, ``lo = 0`` for complex64 data."""
-        x = read_input(x, "x", "array", ("complex64",))
-        return cls(x, mx.zeros_like(x))
+        """Exact: ``hi = x``, ``lo = 0`` for complex64 data (carried words as
+        :meth:`from_float32`)."""
+        return cls._exact(read_input(x, "x", "array", ("complex64",)))
+
+    @classmethod
+    def _exact(cls, x: mx.array) -> "DoubleWord":
+        words = carried_words[0](x) if carried_words else None
+        return words if words is not None else cls(x, mx.zeros_like(x))
 
     @classmethod
     def from_float64(cls, x) -> "DoubleWord":
@@ -236,7 +242,9 @@ def read_input(x, name: str, reads: str = "array", dtypes: tuple[str, ...] | Non
     * ``"words"`` (the double-word ops): an ``mx.array`` or a :class:`DoubleWord`
       (returned as it is); float64 / complex128 data is split into a DoubleWord
       (``hi = RN32(x)``, ``lo = RN32(x - hi)``, :func:`split`), so it enters at full
-      precision. ``dtypes`` names the words' dtypes.
+      precision; an ``mx.array`` that carries a low word (made inside
+      ``extended_precision()``) is its words, a DoubleWord. ``dtypes`` names the
+      words' dtypes.
     * ``"float64"`` (ops on float64 data): float64 / complex128 data as it is (a
       numpy array, or an ``mx.float64`` array); lists and Python numbers are read
       as the float64 / complex128 values Python holds (numpy); narrower data as in
@@ -289,7 +297,25 @@ def read_input(x, name: str, reads: str = "array", dtypes: tuple[str, ...] | Non
         if not ok:
             raise InputError(f"{name} has dtype {_dtype_name(x)}, expected "
                              f"{_expected(reads, dtypes)}")
+    if reads == "words" and carried_words and type(x) is _ARRAY:
+        words = carried_words[0](x)
+        if words is not None:
+            return words
     return x
+
+
+_WORD_DTYPES = (mx.float32, mx.complex64)
+
+
+def plain_input(x, name: str, dtypes: tuple[str, ...] | None = None) -> mx.array:
+    """A plain twin's operand (the float32 path of a precision-aware function): an
+    ``mx.array`` of ``dtypes`` as it is (its own value, whatever low word it carries:
+    inside a block the flow's ops read that), anything else read as the extended
+    twin reads it (:func:`read_input`), a DoubleWord then rounded once."""
+    if type(x) is _ARRAY and x.dtype in _WORD_DTYPES:
+        return read_input(x, name, "array", dtypes)
+    x = read_input(x, name, "words", dtypes)
+    return x.round() if isinstance(x, DoubleWord) else x
 
 
 def _wide(x, name: str, reads: str, dtypes):

@@ -112,6 +112,27 @@ def words_of(x):
     return DoubleWord(x, low_word(x)) if cell[1] is None else DoubleWord.from_wide(x, cell[1])
 
 
+def _read_words(x):
+    """:func:`words_of` for the package's input reader, with an alias of ``x`` as
+    the high word: ``x`` itself stands for ``hi + lo`` inside a block (the flow's ops
+    on the DoubleWord's high word, ``w.hi + w.lo`` say, would count the low word
+    twice); the low word built with the flow off (the package's ops, not the
+    user's)."""
+    cell = _cell(x)
+    if cell is None:
+        return None
+    hi = _ALIAS(x, x.dtype)  # (MLX's own astype to x's dtype: new array object, no node)
+    with suspended():
+        return DoubleWord(hi, low_word(x)) if cell[1] is None else DoubleWord.from_wide(
+            hi, cell[1])
+
+
+_ALIAS = ARRAY.astype
+
+
+context.carried_words.append(_read_words)
+
+
 def wide_value(x) -> tuple | None:
     """The float64 value ``(re, im or None)`` recorded with ``x``'s low word on the
     cpu backend, or None."""

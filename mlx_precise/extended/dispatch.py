@@ -359,11 +359,11 @@ def _public_call(op, body, args, kwargs):
     on float32 / complex64 arrays whose values carry low words, or while a gradient
     is being recorded or MLX differentiates the block, runs its flow twin: MLX's
     ops through the flow, so the words go in and come out and each op has its VJP
-    rule. Otherwise its engine runs with the flow off and its result keeps its low
-    words (``round_output=True``: the rounded array carrying them). A twin given
-    DoubleWords or float64 data beside carried arrays reads those arrays' float32
-    values (reported), and is recorded whole for a gradient (MLX's VJP of it, as
-    for a custom function). Any other public op runs as it is, named in the report
+    rule. Otherwise its engine runs with the flow off (it reads carried operands'
+    words, :func:`~..doubleword.types.read_input`; an engine of float32 operands
+    cannot: reported) and its result keeps its low words (``round_output=True``:
+    the rounded array carrying them); recorded whole for a gradient (MLX's VJP of
+    it, as for a custom function). Any other public op runs as it is, named in the report
     where a custom function inside it reads a carried value."""
     report = _report.get()
     twin = _aware.twin_of(op)
@@ -373,7 +373,7 @@ def _public_call(op, body, args, kwargs):
             return body(*args, **kwargs)
         finally:
             _public_name.reset(token)
-    name, flow, signature = twin
+    name, flow, signature, reads_words = twin
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as e:  # Python's message lacks the function's name
@@ -386,9 +386,10 @@ def _public_call(op, body, args, kwargs):
         with contextlib.nullcontext() if backend is None else backends.use_backend(backend):
             out = flow(*bound.args, **bound.kwargs)
         return out if round_output else carry.words_of(out) or DoubleWord.exact(out)
-    if carried:
-        dropped(report, op.__name__, "its other operands are DoubleWords or float64 data, "
-                "so its float32 operands enter without their low words")
+    if carried and not reads_words:
+        dropped(report, op.__name__, "it takes float32 operands and its other operands "
+                "are not float32 mx.arrays, so its float32 operands enter without their "
+                "low words")
     token = _report.set(None)
     try:
         if recording:  # recorded whole: MLX's VJP of it

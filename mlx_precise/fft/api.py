@@ -29,7 +29,7 @@ from ..core.autodiff import host_guard
 from ..core.plain import plain as _mlx
 from ..doubleword import aware as _aware
 from ..doubleword.aware import precision_aware
-from ..doubleword.types import DoubleWord, read_input
+from ..doubleword.types import DoubleWord, plain_input, read_input
 from . import nd
 from .engine import ANY, REAL, _check_n
 
@@ -128,8 +128,7 @@ def _plain(kind, a, s, axes, one_axis, norm, stream, fft=_mlx.fft):
     float64 data, DoubleWords), rounded once to float32 / complex64 first. ``fft``:
     the module whose transform runs (MLX's own; the flow twin passes ``mx.fft``,
     whose names are the flow's inside a block)."""
-    a = read_input(a, "a", "words", ANY)
-    a = a.round() if isinstance(a, DoubleWord) else a
+    a = plain_input(a, "a", ANY)
     s, axes = plan(kind, a.shape, s, axes, one_axis)
     nd.check_norm(norm)
     return getattr(fft, kind + "n")(a, s=list(s), axes=list(axes), norm=norm, stream=stream)

@@ -144,17 +144,42 @@ def test_the_packages_hyena_layer_trains_under_strict(backend):
     assert report.extended["depthwise3_extended"] >= 1
 
 
-def test_other_operands_at_full_precision_are_reported(backend):
-    """A twin given a DoubleWord beside a carried array reads that array's float32
-    value: reported under the function's name, and strict raises."""
+def test_beside_doublewords_the_engine_reads_the_words(backend):
+    """A twin given a DoubleWord beside a carried array runs its engine, which
+    reads the carried array's words (the FFTs, complex_multiply, fft_scale); the
+    convolutions' engines take float32 operands: there the carried array's float32
+    value is read, reported under the function's name, and strict raises."""
     c = mx.array(C)
+    with mp.use_backend(backend), mp.extended_precision(strict=True) as report:
+        y = mp.complex_multiply_extended(c / 3, mp.DoubleWord.from_complex64(c))
+        got = _value(y)
+    assert not report.float32
+    c128 = C.astype(np.complex128)
+    assert _err(got, c128 / 3 * c128) < 1e-13
     with mp.use_backend(backend), mp.extended_precision() as report:
-        a = c / 3
-        mp.complex_multiply_extended(a, mp.DoubleWord.from_complex64(c))
-    assert report.float32["complex_multiply_extended"] == 1
-    with pytest.raises(PrecisionDropError, match="complex_multiply_extended"):
+        mp.hyena_conv_extended(mx.array(X) / 3, K)  # k a numpy array
+    assert report.float32["hyena_conv_extended"] == 1
+    with pytest.raises(PrecisionDropError, match="hyena_conv_extended"):
         with mp.use_backend(backend), mp.extended_precision(strict=True):
-            mp.complex_multiply_extended(c / 3, mp.DoubleWord.from_complex64(c))
+            mp.hyena_conv_extended(mx.array(X) / 3, K)
+
+
+def test_doublewords_made_of_carried_values_hold_their_words(backend):
+    """DoubleWord.from_array / from_float32 of a value the block carries (inside the
+    block and after it) are its words (before: its float32 value, lo = 0, with an
+    empty report), and their high word is not the carried array itself, so the
+    flow's ``d.hi + d.lo`` counts the low word once."""
+    x = mx.array(X[0, 0])
+    want = X[0, 0].astype(np.float64) / 3
+    with mp.use_backend(backend), mp.extended_precision(strict=True) as report:
+        a = x / 3
+        d, d32 = mp.DoubleWord.from_array(a), mp.DoubleWord.from_float32(a)
+        r = _value(d.round())
+    after = mp.DoubleWord.from_array(a)
+    assert not report.float32
+    for w in (d, d32, after):
+        assert _err(w.to_float64(), want) < 1e-13
+    assert _err(r, want) < 1e-13
 
 
 def test_a_custom_function_inside_a_public_op_is_named_by_it(backend):
