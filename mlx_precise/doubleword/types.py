@@ -307,12 +307,17 @@ def read_input(x, name: str, reads: str = "array", dtypes: tuple[str, ...] | Non
 _WORD_DTYPES = (mx.float32, mx.complex64)
 
 
+def is_word_array(x) -> bool:
+    """An ``mx.array`` of float32 or complex64 (the words' dtypes)."""
+    return type(x) is _ARRAY and x.dtype in _WORD_DTYPES
+
+
 def plain_input(x, name: str, dtypes: tuple[str, ...] | None = None) -> mx.array:
     """A plain twin's operand (the float32 path of a precision-aware function): an
     ``mx.array`` of ``dtypes`` as it is (its own value, whatever low word it carries:
     inside a block the flow's ops read that), anything else read as the extended
     twin reads it (:func:`read_input`), a DoubleWord then rounded once."""
-    if type(x) is _ARRAY and x.dtype in _WORD_DTYPES:
+    if is_word_array(x):
         return read_input(x, name, "array", dtypes)
     x = read_input(x, name, "words", dtypes)
     return x.round() if isinstance(x, DoubleWord) else x

@@ -29,7 +29,7 @@ from ..core.autodiff import host_guard
 from ..core.plain import plain as _mlx
 from ..doubleword import aware as _aware
 from ..doubleword.aware import precision_aware
-from ..doubleword.types import DoubleWord, plain_input, read_input
+from ..doubleword.types import DoubleWord, is_word_array, plain_input, read_input
 from . import nd
 from .engine import ANY, REAL, _check_n
 
@@ -278,7 +278,8 @@ def _pair(kind: str, form: str):
 
 
 def _shift(a, axes, stream, sign: int):
-    a = read_input(a, "a", "words")  # float64 data: split; any other dtype moves
+    if not is_word_array(a):  # (an array of words moves as it is: mx.roll carries its low word)
+        a = read_input(a, "a", "words")  # float64 data: split; any other dtype moves
     if isinstance(a, DoubleWord):  # both words move
         return DoubleWord(_shift(a.hi, axes, stream, sign), _shift(a.lo, axes, stream, sign))
     if a.ndim == 0:

@@ -186,3 +186,15 @@ def test_a_custom_function_inside_a_public_op_is_named_by_it(backend):
     with mp.use_backend(backend), mp.extended_precision() as report:
         mp.norm(mx.array(X[0]) / 3)
     assert report.float32 == {"norm (mx.custom_function)": 1}
+
+
+def test_shifts_of_carried_values_stay_arrays(backend):
+    """mlx_precise.fft.fftshift of a carried value: an mx.array carrying its moved
+    low word (mx.roll through the flow), not a DoubleWord."""
+    x = mx.array(X[0])
+    with mp.use_backend(backend), mp.extended_precision(strict=True):
+        y = mp.fft.fftshift(x / 3, axes=-1)
+        got = _value(y)
+    assert type(y) is mx.array
+    assert _err(got, np.fft.fftshift(X[0].astype(np.float64) / 3, axes=-1)) < 1e-13
+

@@ -25,16 +25,13 @@ import numpy as np
 
 from ...doubleword import engine64, functions, fusion
 from ...doubleword.fusion import differentiating
-from ...doubleword.types import DoubleWord
+from ...doubleword.types import DoubleWord, is_word_array
 from ...doubleword.engine64 import to64
 from .. import arith, autodiff, carry
 # (as64, low_word, wide_value: imported by the rule families from here)
 from ..carry import (as64, attach, attach_words, has_words, low_word,  # noqa: F401
                      wide_value, words_of)
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
-
-
-WORD_DTYPES = (mx.float32, mx.complex64)
 
 
 SCALARS = (numbers.Number, np.number)
@@ -48,10 +45,6 @@ class Operands:
 
     def __init__(self, backend: str, stream, report=None):
         self.backend, self.stream, self.report = backend, stream, report
-
-
-def is_word_array(x) -> bool:
-    return isinstance(x, ARRAY) and x.dtype in WORD_DTYPES
 
 
 def is_integer_array(x) -> bool:
