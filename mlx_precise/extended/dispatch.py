@@ -28,9 +28,9 @@ result: rounded once.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import gc
+import inspect
 import sys
 import threading
 import types
@@ -333,10 +333,7 @@ def _call_custom(self, *args, **kwargs):
     report = _report.get()
     if report is None:
         return _custom_call(self, *args, **kwargs)
-    public = _public_name.get()  # (a custom function inside a public op: named by it)
-    return _opaque_call("mx.custom_function" if public is None else
-                        f"{public} (mx.custom_function)", _custom_call, self, report, args,
-                        kwargs)
+    return _opaque_call("mx.custom_function", _custom_call, self, report, args, kwargs)
 
 
 def _opaque_call(name, call, self, report, args, kwargs):
@@ -354,42 +351,46 @@ def _opaque_call(name, call, self, report, args, kwargs):
 
 def _public_call(op, body, args, kwargs):
     """A public op of the package called inside a block (the hook of
-    :func:`~mlx_precise.core.autodiff.host_guard`, outermost op only). A
-    precision-aware function's extended twin (:func:`~..doubleword.aware.twin_of`)
+    :func:`~mlx_precise.core.autodiff.host_guard`, outermost op only).
+
+    A precision-aware function's extended twin (:func:`~..doubleword.aware.twin_of`)
     on float32 / complex64 arrays whose values carry low words, or while a gradient
-    is being recorded or MLX differentiates the block, runs its flow twin: MLX's
-    ops through the flow, so the words go in and come out and each op has its VJP
-    rule. Otherwise its engine runs with the flow off (it reads carried operands'
-    words, :func:`~..doubleword.types.read_input`; an engine of float32 operands
-    cannot: reported) and its result keeps its low words (``round_output=True``:
-    the rounded array carrying them); recorded whole for a gradient (MLX's VJP of
-    it, as for a custom function). Any other public op runs as it is, named in the report
-    where a custom function inside it reads a carried value."""
+    is being recorded or MLX differentiates the block, runs its flow twin: MLX's ops
+    through the flow, so the words go in and come out and each op has its VJP rule.
+    Every other call runs the op itself with the flow off (the package's internals
+    are not the user's ops), recorded whole for a gradient (MLX's VJP of it, as for a
+    custom function). An op with ``round_output`` computes in double-word: it reads
+    carried operands' words (:func:`~..doubleword.types.read_input`) and its result
+    keeps its low words (``round_output=True``: the rounded array carrying them);
+    the convolutions' engines and the ops without it (``norm``, the fixed-point and
+    int8 ops, ...) compute on float32 values: a carried operand is reported there."""
     report = _report.get()
+    if not report.open:  # (a generator's block, ended elsewhere)
+        return body(*args, **kwargs)
     twin = _aware.twin_of(op)
-    if twin is None or not report.open:
-        token = _public_name.set(op.__name__)
-        try:
-            return body(*args, **kwargs)
-        finally:
-            _public_name.reset(token)
-    name, flow, signature, reads_words = twin
+    if twin is not None:
+        flow, signature, reads_words = twin[1:]
+    else:
+        flow, signature = None, _signature(op)
+        reads_words = "round_output" in signature.parameters
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as e:  # Python's message lacks the function's name
         raise TypeError(f"{op.__name__}(): {e}") from None
+    words_out = "round_output" in signature.parameters
     round_output = bound.arguments.pop("round_output", True)
     backend = bound.arguments.pop("backend", None)
     carried, recording = _carries(args, kwargs), _recording() or differentiating()
-    if (carried or recording) and _word_arrays(args, kwargs):
+    if flow is not None and (carried or recording) and _word_arrays(args, kwargs):
         report.extended[op.__name__] += 1
         with contextlib.nullcontext() if backend is None else backends.use_backend(backend):
             out = flow(*bound.args, **bound.kwargs)
         return out if round_output else carry.words_of(out) or DoubleWord.exact(out)
     if carried and not reads_words:
-        dropped(report, op.__name__, "it takes float32 operands and its other operands "
-                "are not float32 mx.arrays, so its float32 operands enter without their "
-                "low words")
+        dropped(report, op.__name__, "it computes on its operands' float32 values (its "
+                "array operands are not all float32 mx.arrays, or it has no double-word "
+                "form)" if flow is not None else "it computes on its operands' float32 "
+                "values")
     token = _report.set(None)
     try:
         if recording:  # recorded whole: MLX's VJP of it
@@ -397,11 +398,18 @@ def _public_call(op, body, args, kwargs):
                 out = body(*args, **kwargs)
             autodiff.opaque(op.__name__, body, args, kwargs, out, report)
             return out
+        if not words_out:
+            return body(*args, **kwargs)
         out = body(*args, **{**kwargs, "round_output": False})
     finally:
         _report.reset(token)
     report.extended[op.__name__] += 1
     return carry.attach_words(out.hi, out) if round_output else out
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(op):
+    return inspect.signature(op)
 
 
 def _word_arrays(args, kwargs) -> bool:
@@ -415,9 +423,6 @@ def _word_arrays(args, kwargs) -> bool:
             return False
     return True
 
-
-# The public op running now (its name for the report of a custom function inside it).
-_public_name = contextvars.ContextVar("mlx_precise_public_op", default=None)
 
 context.public_runner.append(_public_call)
 

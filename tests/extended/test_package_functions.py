@@ -182,10 +182,29 @@ def test_doublewords_made_of_carried_values_hold_their_words(backend):
     assert _err(r, want) < 1e-13
 
 
-def test_a_custom_function_inside_a_public_op_is_named_by_it(backend):
-    with mp.use_backend(backend), mp.extended_precision() as report:
-        mp.norm(mx.array(X[0]) / 3)
-    assert report.float32 == {"norm (mx.custom_function)": 1}
+@pytest.mark.parametrize("name", ["norm", "simulate_q115", "scaled_mm"])
+def test_ops_of_float32_values_report_carried_operands(backend, name):
+    """The ops without a double-word form read a carried operand's float32 value:
+    reported under their own name on every backend (before: norm as
+    'mx.custom_function' on both, scaled_mm's scales on emulate only, the others
+    not at all), strict raises; their results are their float32 results as
+    outside a block, bit for bit."""
+    x = mx.array(X[0] / 4)
+    qa = mx.array(np.arange(-6, 6, dtype=np.int8).reshape(3, 4))
+    calls = {"norm": lambda v: mp.norm(v),
+             "simulate_q115": lambda v: mp.simulate_q115(v),
+             "scaled_mm": lambda v: mp.scaled_mm(qa, qa.T, v[:3, :1], v[:1, :3])}
+    call = calls[name]
+    with mp.use_backend(backend):
+        want = np.array(call(x))
+        with mp.extended_precision() as report:
+            y = (x * 3) / 3  # x's value, carrying a (zero) low word
+            got = np.array(call(y))
+    assert report.float32 == {name: 1}
+    assert (got == want).all()
+    with pytest.raises(PrecisionDropError, match=name):
+        with mp.use_backend(backend), mp.extended_precision(strict=True):
+            call(x / 3)
 
 
 def test_shifts_of_carried_values_stay_arrays(backend):
