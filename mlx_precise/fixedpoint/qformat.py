@@ -262,8 +262,26 @@ def _simulate(x, threshold, rounding, storage_dtype, bits, backend, fn):
         return mx.zeros(x.shape, storage)
     if not name.has_kernels:
         return _cpu_simulate(x, t, r, bits, storage)
-    return _launch(FX_SIMULATE, x, storage, name, params=_params(t, r, bits),
-                   template={"T": storage})
+    return _simulate_kernel(storage, name)(x, _params(t, r, bits))
+
+
+@functools.cache
+def _simulate_kernel(storage, backend):
+    """The simulation's launch on a kernel backend as a function of ``(x, params)``
+    with the derivative MLX gives the cpu path's ops (clip, scaling, ``mx.round``):
+    zero, as a rounding's derivative is (MLX has no derivative of a kernel launch:
+    ``mx.grad`` would raise for one backend what it computes on another)."""
+
+    @mx.custom_function
+    def simulate(x, params):
+        return _launch(FX_SIMULATE, x, storage, backend, params=params,
+                       template={"T": storage})
+
+    @simulate.vjp
+    def simulate_vjp(primals, cotangents, outputs):
+        return tuple(mx.zeros_like(p) for p in primals)
+
+    return simulate
 
 
 # ---- public API --------------------------------------------------------------

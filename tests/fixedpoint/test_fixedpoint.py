@@ -438,3 +438,18 @@ def test_selftest_checks():
         assert len(checks) == 8
         failed = [c.line() for c in checks if not c.passed]
         assert not failed, failed
+
+
+@pytest.mark.parametrize("bits", [15, 31])
+def test_simulation_gradient_is_the_same_on_every_backend(bits):
+    """mx.grad through simulate_q1xx: zero, the derivative of a rounding (what MLX
+    gives the cpu path's ops), on the kernel backends too (before: MLX's
+    "[Primitive::vjp] Not implemented for CustomKernel" there)."""
+    f = fp.simulate_q115 if bits == 15 else fp.simulate_q131
+    x = mx.array(np.float32([0.3, -0.7, 1e-6, 2.0]))
+    for backend in BACKENDS:
+        def loss(v):
+            return (f(v * 0.5, backend=backend) * mx.arange(4)).sum()
+
+        g = mx.grad(loss)(x)
+        assert np.array(g).tolist() == [0.0, 0.0, 0.0, 0.0], backend
