@@ -386,23 +386,62 @@ def scaled_mm(a: mx.array, b: mx.array, scale_a: mx.array, scale_b: mx.array, *,
                     else "bias" if bias is not None else "scaled"]
 
     name = backends.resolve(backend)
-    if not name.has_kernels:
-        return _scaled_mm_cpu(a, b, sa, sb, bias, azp_adj, azp, kind, out_dtype)
-    if m * n == 0:
-        return mx.zeros((m, n), dtype=out_dtype)
-    grid, tg = gemm_grid(m, n)
-    dummy_f, dummy_i = mx.zeros((1,), mx.float32), mx.zeros((1,), mx.int32)
-    (d,) = INT8_SCALED_MM(
-        inputs=[device_buffer(a), device_buffer(b), device_buffer(sa), device_buffer(sb),
-                device_buffer(dummy_f if bias is None else bias),
-                device_buffer(dummy_i if azp_adj is None else azp_adj),
-                device_buffer(dummy_i if azp is None else azp),
-                INT8_SCALED_MM_PARAMS.pack(m=m, n=n, k=k, sa_step=sa_step, sb_step=sb_step,
-                                           epilogue=kind, has_bias=bias is not None)],
-        template={"T": out_dtype}, grid=grid, threadgroup=tg,
-        output_shapes=[(m, n)], output_dtypes=[out_dtype], backend=name,
-    )
-    return d
+
+    def product(sa, sb, *bias_):
+        bias = bias_[0] if bias_ else None
+        if not name.has_kernels:
+            return _scaled_mm_cpu(a, b, sa, sb, bias, azp_adj, azp, kind, out_dtype)
+        if m * n == 0:
+            return mx.zeros((m, n), dtype=out_dtype)
+        grid, tg = gemm_grid(m, n)
+        dummy_f, dummy_i = mx.zeros((1,), mx.float32), mx.zeros((1,), mx.int32)
+        (d,) = INT8_SCALED_MM(
+            inputs=[device_buffer(a), device_buffer(b), device_buffer(sa), device_buffer(sb),
+                    device_buffer(dummy_f if bias is None else bias),
+                    device_buffer(dummy_i if azp_adj is None else azp_adj),
+                    device_buffer(dummy_i if azp is None else azp),
+                    INT8_SCALED_MM_PARAMS.pack(m=m, n=n, k=k, sa_step=sa_step,
+                                               sb_step=sb_step, epilogue=kind,
+                                               has_bias=bias is not None)],
+            template={"T": out_dtype}, grid=grid, threadgroup=tg,
+            output_shapes=[(m, n)], output_dtypes=[out_dtype], backend=name,
+        )
+        return d
+
+    floats = (sa, sb) if bias is None else (sa, sb, bias)
+    return _differentiable(product, a, b, azp_adj, azp)(*floats)
+
+
+def _differentiable(product, a, b, azp_adj, azp):
+    """``product(sa, sb[, bias])`` with its derivative in the float operands (the
+    int8 and integer ones have none): D = s_a (s_b acc') + bias is linear in each,
+    so the cotangent G (float32) gives dL/ds_a = sum_n G s_b acc', dL/ds_b =
+    sum_m G s_a acc', dL/dbias = sum_m G, with acc' the corrected integer product
+    (in float32: a gradient's precision). Without it MLX would differentiate the
+    cpu path's host round trip as zero and raise for the kernel launch."""
+
+    @mx.custom_function
+    def f(*floats):
+        return product(*floats)
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        sa, sb = primals[0], primals[1]
+        g = cotangent.astype(mx.float32)
+        acc = a.astype(mx.float32) @ b.astype(mx.float32)
+        if azp_adj is not None:
+            adj = azp_adj.astype(mx.float32)[None, :]
+            acc = acc - (adj if azp is None else azp.astype(mx.float32)[:, None] * adj)
+        ga = g * acc
+        d_sa = (ga * sb[None, :]).sum(axis=1)
+        d_sb = (ga * sa[:, None]).sum(axis=0)
+        out = [d_sa if sa.size > 1 else d_sa.sum().reshape(1),
+               d_sb if sb.size > 1 else d_sb.sum().reshape(1)]
+        if len(primals) > 2:
+            out.append(g.sum(axis=0).astype(primals[2].dtype))
+        return tuple(out)
+
+    return f
 
 
 def _scaled_mm_cpu(a, b, sa, sb, bias, azp_adj, azp, kind, out_dtype) -> mx.array:

@@ -720,3 +720,38 @@ def test_convert_with_predicate():
 def test_selftest_checks(backend):
     checks = selftest_checks(backend)
     assert len(checks) == 6 and all(c.passed for c in checks), [c.line() for c in checks]
+
+
+@pytest.mark.parametrize("backend", [BACKEND, "cpu"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_scaled_mm_gradients_in_scales_and_bias(backend, kind):
+    """mx.grad of a weighted sum of scaled_mm's output with respect to the scales
+    and the bias, against numpy float64 sums of the exact integer part: within
+    float32 accuracy on both backends (before: zeros on cpu, whose host round trip
+    MLX differentiated as a constant, and MLX's "Not implemented for CustomKernel"
+    on the kernel backends)."""
+    m, n, k = 6, 5, 40
+    for per_token, per_channel in ((True, True), (False, False)):
+        kw, x, s_a, s_b, bias = make_case(7, m, n, k, kind, per_token_a=per_token,
+                                          per_channel_b=per_channel, bias_on=kind != "scaled",
+                                          negative=True)
+        G = np.random.default_rng(8).standard_normal((m, n)).astype(np.float32)
+        names = ["scale_a", "scale_b"] + (["bias"] if bias is not None else [])
+
+        def loss(*floats):
+            args = dict(kw, **dict(zip(names, floats)))
+            return (scaled_mm(**args, backend=backend) * mx.array(G)).sum()
+
+        got = mx.grad(loss, argnums=tuple(range(len(names))))(*(kw[v] for v in names))
+        G64, X = G.astype(np.float64), x.astype(np.float64)
+        sa64, sb64 = s_a.astype(np.float64).reshape(-1, 1), s_b.astype(np.float64).reshape(1, -1)
+        want = [(G64 * X * sb64).sum(axis=1, keepdims=True),
+                (G64 * X * sa64).sum(axis=0, keepdims=True)]
+        want = [w if w.size == s.size else w.sum().reshape(s.shape)
+                for w, s in zip(want, (s_a, s_b))]
+        if bias is not None:
+            want.append(G64.sum(axis=0))
+        for name, g, w in zip(names, got, want):
+            g = np.array(g).astype(np.float64)
+            assert g.shape == w.shape, name
+            assert np.abs(g - w).max() <= 1e-5 * np.abs(w).max() + 1e-30, (name, g, w)
