@@ -43,7 +43,7 @@ from ..core.autodiff import TransformUnsupportedError
 from ..doubleword import aware as _aware
 from ..doubleword.fusion import differentiating
 from ..doubleword.types import DoubleWord
-from . import autodiff, carry, constructor, holders, registry, rules, scatter, standins
+from . import autodiff, carry, constructor, holders, registry, rules, scatter, standins, vmap
 from .report import Report, dropped
 
 
@@ -294,35 +294,32 @@ _TRANSFORMED = type(plain.compile(lambda x: x))
 _transformed_call = _TRANSFORMED.__call__
 
 
-def _leaves(v):
-    if isinstance(v, (list, tuple)):
-        return [x for item in v for x in _leaves(item)]
-    if isinstance(v, dict):
-        return [x for item in v.values() for x in _leaves(item)]
-    return [v]
-
-
-def _compiled_function(transformed):
-    """The Python function of a compiled function, or None for other transforms."""
+def _transformed_function(transformed):
+    """``(fun, None)`` for a compiled function, ``(fun, (in_axes, out_axes))`` for
+    a vmapped one, None for the others (a gradient made before the import)."""
     refs = gc.get_referents(transformed)
     if len(refs) != 4 or not callable(refs[3]):
         return None
+    if all(state is None for state in refs[1:3]):
+        return refs[3], None  # compiled without state (or vmap mapping nothing: the same)
     for state in refs[1:3]:
-        if state is not None and all(x is None or type(x) is int for x in _leaves(state)):
-            return None  # vmap's axes
-    return refs[3]
+        if state is not None and all(x is None or type(x) is int for x in vmap.leaves(state)):
+            return refs[3], (refs[1], refs[2])  # vmap's axes
+    return refs[3], None
 
 
 def _call_transformed(self, *args, **kwargs):
     report = _report.get()
     if report is None:
         return _transformed_call(self, *args, **kwargs)
-    fn = _compiled_function(self)
-    if fn is not None:
-        return fn(*args, **kwargs)
-    return _opaque_call("a transformed function (mx.vmap, or a gradient made before "
-                        "mlx_precise was imported)", _transformed_call, self, report, args,
-                        kwargs)
+    found = _transformed_function(self)
+    if found is not None and found[1] is None:
+        return found[0](*args, **kwargs)
+    if found is not None and not kwargs and report.open:
+        report.extended["vmap"] += 1
+        return vmap.mapped(found[0], *found[1], args)
+    return _opaque_call("a transformed function (a gradient made before mlx_precise was "
+                        "imported)", _transformed_call, self, report, args, kwargs)
 
 
 _CUSTOM = type(plain.custom_function(lambda x: x))
