@@ -34,6 +34,7 @@ import inspect
 import sys
 import threading
 import types
+import weakref
 
 import mlx.core as mx
 
@@ -327,10 +328,81 @@ _custom_call = _CUSTOM.__call__
 
 
 def _call_custom(self, *args, **kwargs):
+    """An ``mx.custom_function`` called inside a block: its Python function runs on
+    the caller's arrays through the flow (MLX would run it on new arrays, without
+    their low words); while a gradient is recorded it is one op whose VJP rule is
+    the function's own ``vjp`` (run on the carried primals, cotangents and outputs:
+    double-word), or, without one, its ops are recorded (MLX's default VJP is the
+    derivative of the forward). Keyword arguments, non-array arguments and MLX's
+    own autodiff (a gradient taken outside the block) keep MLX's call (reported
+    when it reads a carried value)."""
     report = _report.get()
     if report is None:
         return _custom_call(self, *args, **kwargs)
-    return _opaque_call("mx.custom_function", _custom_call, self, report, args, kwargs)
+    parts = _custom_parts(self)
+    if (parts is None or kwargs or not args or not report.open or differentiating()
+            or not all(isinstance(a, constructor.ARRAY) for a in args)):
+        return _opaque_call("mx.custom_function", _custom_call, self, report, args, kwargs)
+    fun, vjp = parts
+    report.extended["mx.custom_function"] += 1
+    if vjp is None or not _recording():
+        return fun(*args)
+    with autodiff.unrecorded():
+        out = fun(*args)
+    autodiff.record("mx.custom_function", _custom_vjp_rule(vjp),
+                    functools.partial(_custom_call, self), args, {}, out, report)
+    return out
+
+
+def _custom_parts(custom):
+    """``(fun, vjp or None)`` of an ``mx.custom_function`` (what it keeps: its
+    function, then its vjp / jvp / vmap functions where set, told apart by their
+    parameters: ``vjp(primals, cotangents, outputs)`` takes three), None where they
+    cannot be told apart."""
+    refs = gc.get_referents(custom)[1:]
+    if not refs or not callable(refs[0]):
+        return None
+    vjp = None
+    for f in refs[1:]:
+        try:
+            n = len(inspect.signature(f).parameters)
+        except (TypeError, ValueError):
+            return None
+        if n == 3:
+            if vjp is not None:
+                return None
+            vjp = f
+        elif n != 2:
+            return None
+    return refs[0], vjp
+
+
+_CUSTOM_RULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _custom_vjp_rule(vjp):
+    """The VJP rule (:mod:`.autodiff`'s ``rule(entry, cotangent)``) of a custom
+    function whose ``vjp`` is given: MLX's calling convention (a lone primal or
+    cotangent as it is, several as a tuple), one per function (the float64 pass's
+    compiled replay knows a tape by its rules)."""
+    rule = _CUSTOM_RULES.get(vjp)
+    if rule is not None:
+        return rule
+
+    def rule(entry, g):
+        primals = entry.args[0] if len(entry.args) == 1 else tuple(entry.args)
+        cots = g if isinstance(entry.out, constructor.ARRAY) else tuple(g)
+        wide = any(a.dtype == mx.float64 for a in entry.args)
+        try:
+            grads = vjp(primals, cots, entry.out)
+        except (ValueError, RuntimeError, TypeError):
+            if not wide:
+                raise
+            return NotImplemented  # float64 values it cannot take: MLX's float32 VJP
+        return list(grads) if isinstance(grads, (list, tuple)) else [grads]
+
+    _CUSTOM_RULES[vjp] = rule
+    return rule
 
 
 def _opaque_call(name, call, self, report, args, kwargs):

@@ -168,8 +168,8 @@ def _minmax_loss(a):
 
 
 @mx.custom_function
-def _doubled(a):
-    return a * 2  # the flow cannot see into it: MLX's float32 VJP
+def _doubled(a, scale=None):
+    return a * 2  # called with a keyword: MLX's call, on new arrays (float32 VJP)
 
 
 def _update_through_an_op_without_a_rule(a):
@@ -190,7 +190,7 @@ def test_strict_raises_where_training_would_pass_through_float32(backend, case, 
     x = mx.array(np.linspace(0.1, 1, 8, dtype=np.float32))
     run, name = {
         "VJP without a rule": (lambda: mx.grad(_minmax_loss)(x), "minmax (gradient)"),
-        "custom function": (lambda: mx.grad(lambda a: _doubled(a / 3).sum())(x),
+        "custom function": (lambda: mx.grad(lambda a: _doubled(a / 3, scale=x).sum())(x),
                             "mx.custom_function (gradient)"),
         "update without a rule": (lambda: _update_through_an_op_without_a_rule(x / 3),
                                   "to_fp8"),

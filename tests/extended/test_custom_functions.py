@@ -1,0 +1,106 @@
+"""``mx.custom_function`` inside ``extended_precision()``: its Python function
+runs on the caller's arrays through the flow and, while a gradient is taken in
+the block, its own ``vjp`` runs on the carried primals, cotangents and outputs
+(before: MLX ran it on new arrays, without their low words, forward and backward
+in float32, reported, and ``strict=True`` raised: the common pattern of
+``mlx_lm.tuner`` losses and fused layers with an analytic VJP). Oracles: the
+functions' float64 formulas in numpy."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlx_precise as mp
+from mlx_precise.extended import autodiff
+from flow_helpers import rng_f32, value64
+
+X, Y = rng_f32((4, 3), 0), rng_f32((4, 3), 1)
+X64, Y64 = X.astype(np.float64), Y.astype(np.float64)
+VJP_CALLS = []
+
+
+@mx.custom_function
+def product_sum(x, y):
+    return mx.sum(x * y / 3)
+
+
+@product_sum.vjp
+def product_sum_vjp(primals, cotangents, outputs):
+    VJP_CALLS.append(1)
+    x, y = primals
+    return cotangents * y / 3, cotangents * x / 3
+
+
+@mx.custom_function
+def soft(x):
+    return mx.tanh(x / 3)  # no vjp: MLX's default, the forward's derivative
+
+
+@mx.custom_function
+def split_scale(x, y):
+    return x / 3, y * x
+
+
+@split_scale.vjp
+def split_scale_vjp(primals, cotangents, outputs):
+    x, y = primals
+    gu, gv = cotangents
+    return gu / 3 + gv * y, gv * x
+
+
+def _err(got, want) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@pytest.fixture(params=["cpu", "emulate", "cpu, flow pass"])
+def where(request, monkeypatch):
+    if request.param == "cpu, flow pass":  # the VJP rules in ops of the flow on cpu too
+        monkeypatch.setattr(autodiff, "FLOAT64_PASS", False)
+        return "cpu"
+    return request.param
+
+
+def test_forward_reads_and_keeps_low_words(where):
+    with mp.use_backend(where), mp.extended_precision(strict=True) as report:
+        x = mx.array(X) / 7  # carries a low word
+        s, t = product_sum(x, mx.array(Y)), soft(x)
+        got_s, got_t = value64(s), value64(t)
+    assert not report.float32 and report.extended["mx.custom_function"] == 2
+    assert _err(got_s, (X64 / 7 * Y64 / 3).sum()) < 1e-13
+    assert _err(got_t, np.tanh(X64 / 21)) < 1e-13
+
+
+def test_own_vjp_runs_in_double_word(where):
+    VJP_CALLS.clear()
+
+    def f(x, y):
+        return product_sum(x / 7, y) * 2
+
+    with mp.use_backend(where), mp.extended_precision(strict=True) as report:
+        gx, gy = mx.grad(f, argnums=(0, 1))(mx.array(X), mx.array(Y))
+        got_x, got_y = value64(gx), value64(gy)
+    assert not report.float32
+    assert VJP_CALLS  # the function's own vjp gave the gradient
+    assert _err(got_x, 2 * Y64 / 21) < 1e-13 and _err(got_y, 2 * X64 / 21) < 1e-13
+
+
+def test_default_vjp_is_the_forwards_derivative(where):
+    with mp.use_backend(where), mp.extended_precision(strict=True):
+        g = mx.grad(lambda x: soft(x).sum())(mx.array(X))
+        got = value64(g)
+    t = np.tanh(X64 / 3)
+    assert _err(got, (1 - t ** 2) / 3) < 1e-13
+    assert (np.array(g) == ((1 - t ** 2) / 3).astype(np.float32)).all()
+
+
+def test_several_outputs(where):
+    def f(x, y):
+        u, v = split_scale(x, y)
+        return (u * 2).sum() + (v * 5).sum()
+
+    with mp.use_backend(where), mp.extended_precision(strict=True):
+        gx, gy = mx.grad(f, argnums=(0, 1))(mx.array(X), mx.array(Y))
+        got_x, got_y = value64(gx), value64(gy)
+    assert _err(got_x, 2 / 3 + 5 * Y64) < 1e-13 and _err(got_y, 5 * X64) < 1e-13
