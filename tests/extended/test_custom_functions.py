@@ -104,3 +104,33 @@ def test_several_outputs(where):
         gx, gy = mx.grad(f, argnums=(0, 1))(mx.array(X), mx.array(Y))
         got_x, got_y = value64(gx), value64(gy)
     assert _err(got_x, 2 / 3 + 5 * Y64) < 1e-13 and _err(got_y, 5 * X64) < 1e-13
+
+
+@mx.custom_function
+def kernel_like(x):
+    return x * 2
+
+
+@kernel_like.vjp
+def kernel_like_vjp(primals, cotangents, outputs):
+    if primals.dtype != mx.float32:  # as a float32-only kernel would
+        raise TypeError(f"kernel_like takes float32, got {primals.dtype}")
+    return cotangents * 2
+
+
+def test_a_vjp_without_float64_falls_back_reported():
+    """cpu's float64 pass gives the vjp float64 values; one that cannot take them
+    (a float32-only kernel) falls back to MLX's float32 VJP of the high words:
+    reported, and strict raises; the kernel backends run it on the carried words."""
+    x = mx.array(X)
+    with mp.use_backend("cpu"), mp.extended_precision() as report:
+        g = mx.grad(lambda a: kernel_like(a / 3).sum())(x)
+    assert report.float32["mx.custom_function (gradient)"] == 1
+    assert np.allclose(np.array(g), 2 / 3, rtol=1e-6)
+    with pytest.raises(mp.extended.PrecisionDropError):
+        with mp.use_backend("cpu"), mp.extended_precision(strict=True):
+            mx.grad(lambda a: kernel_like(a / 3).sum())(x)
+    with mp.use_backend("emulate"), mp.extended_precision(strict=True):
+        g = mx.grad(lambda a: kernel_like(a / 3).sum())(x)
+        got = value64(g)
+    assert _err(got, np.full(X.shape, 2 / 3)) < 1e-13
