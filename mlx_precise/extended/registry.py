@@ -1,8 +1,8 @@
 """Every callable of MLX's array API, classified once.
 
 The flow (:mod:`.dispatch`) stands in for each callable of ``mx``, ``mx.fast``,
-``mx.fft``, ``mx.linalg``, ``mx.random`` and each attribute of ``mx.array`` while a
-block is open. What it does with one is decided here, in one table:
+``mx.fft``, ``mx.linalg``, ``mx.random``, ``mx.distributed`` and each attribute of
+``mx.array`` while a block is open. What it does with one is decided here, in one table:
 
 * a **rule** (:mod:`.rules`, declared next to its op, by family): the op runs in
   double-word;
@@ -37,7 +37,7 @@ from . import constructor, rules
 _ARRAY = constructor.ARRAY  # the class (mx.array is a stand-in while blocks are open)
 
 MODULES = {"": mx, "fast.": mx.fast, "fft.": mx.fft, "linalg.": mx.linalg,
-           "random.": mx.random}
+           "random.": mx.random, "distributed.": mx.distributed}
 """Prefix of the qualified op name -> the MLX module it names a callable of."""
 
 ALIASES = {"asin": "arcsin", "acos": "arccos", "atan": "arctan", "asinh": "arcsinh",
@@ -71,6 +71,8 @@ VALUE_FREE = frozenset({
     "right_shift", "bitwise_left_shift", "bitwise_right_shift",
     # random keys and seeds are integers; gumbel reads a shape and a key
     "random.key", "random.seed", "random.split", "random.gumbel",
+    # reads the shape and dtype of its template
+    "distributed.recv_like",
 })
 
 _LOW_PRECISION = "a low-precision format (float32 or narrower by design)"
@@ -81,6 +83,8 @@ WITHOUT_RULE = {
     **dict.fromkeys(("fast.metal_kernel", "fast.cuda_kernel",
                      "fast.precompiled_cuda_kernel"),
                     "a custom kernel computes in the types it declares"),
+    "distributed.send": "it sends the float32 value (the receiver's recv takes no low "
+                        "word)",
 }
 """Op -> why it has no double-word rule (reported when it consumes a carried value;
 ``strict=True`` raises)."""
@@ -100,7 +104,8 @@ NOT_OPS = frozenset({
     "device_count", "device_info", "is_available", "printoptions", "get_printoptions",
     "set_printoptions", "new_thread_local_stream", "new_thread_unsafe_stream", "issubdtype",
     "isdtype", "can_cast", "result_type", "broadcast_shapes", "finfo", "iinfo",
-    "from_dlpack", "einsum_path",
+    "from_dlpack", "einsum_path", "distributed.init", "distributed.is_available",
+    "distributed.recv",  # an array from another process (its float32 value)
     # constructors from shapes and scalars (float32 scalars are exact there)
     "zeros", "ones", "eye", "identity", "tri", "empty", "bartlett", "blackman",
     "hamming", "hanning",

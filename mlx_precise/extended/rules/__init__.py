@@ -7,7 +7,7 @@ indexing, assignment, functional updates), :mod:`.reductions`,
 contractions), :mod:`.float64` (``mx.linalg`` and the ops exact in float64, on cpu), :mod:`.fft`,
 :mod:`.convolution`, :mod:`.fast` (``mx.fast``), :mod:`.constructors`,
 :mod:`.sampling` (``mx.random`` with carried parameters), :mod:`.quantized`
-(quantized weights). What a
+(quantized weights), :mod:`.distributed` (``mx.distributed``'s collectives). What a
 rule receives and returns: :mod:`.base`.
 
 :data:`TABLE` joins the families' tables: qualified op name (``"add"``,
@@ -18,13 +18,13 @@ are derived from it by :mod:`..registry`.
 
 from __future__ import annotations
 
-from . import (arithmetic, constructors, convolution, elementwise, fast, fft, float64, linear,
-               quantized, reductions, sampling, shape)
+from . import (arithmetic, constructors, convolution, distributed, elementwise, fast, fft,
+               float64, linear, quantized, reductions, sampling, shape)
 from .arithmetic import inplace, inplace_fast
 from .base import Operands, is_word_array
 
 _FAMILIES = (arithmetic, shape, reductions, elementwise, linear, float64, fft, convolution,
-             fast, constructors, sampling, quantized)
+             fast, constructors, sampling, quantized, distributed)
 
 
 def _join() -> dict:
