@@ -118,7 +118,7 @@ NOT_OPS = frozenset({
 GRADIENTS = ("grad", "value_and_grad", "vjp", "jvp")
 
 ARRAY_EXITS = frozenset({
-    "item", "tolist", "view", "__array__", "__float__", "__int__", "__index__",
+    "item", "tolist", "view", "__array__", "__float__", "__index__",
     "__complex__", "__bool__", "__repr__", "__str__", "__format__", "__bytes__",
     "__dlpack__", "__dlpack_device__", "__getstate__", "__setstate__", "__reduce__",
     "__reduce_ex__", "__array_namespace__", "__len__", "__hash__",

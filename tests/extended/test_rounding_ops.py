@@ -159,3 +159,17 @@ def test_power_of_a_python_float_base_gradient(backend):
     assert not rep.float32, rep
     want = np.array([0.999 ** float(t) * np.log(0.999) for t in t0])
     np.testing.assert_allclose(g, want, rtol=2**-44)
+
+
+def test_int_of_a_carried_value_truncates_the_exact_value(backend):
+    """``int(x)`` of a carried value is its exact value truncated, as ``astype``
+    to an integer type gives it (before: the float32 rounding truncated: 3 for
+    3 - 2^-30). Oracle: the words joined as exact rationals."""
+    cases = [(3.0, -2.0 ** -30), (-3.0, 2.0 ** -30), (2.0 ** 24, -0.25), (7.5, 0.0),
+             (1.0, 2.0 ** -40), (-0.0, -2.0 ** -100)]
+    with mp.use_backend(backend), mp.extended_precision(strict=True):
+        got = [int(mx.array(np.float32(h)) + mx.array(np.float32(l))) for h, l in cases]
+    want = [int(Fraction(float(np.float32(h))) + Fraction(float(np.float32(l))))
+            for h, l in cases]
+    assert got == want
+    assert got[:3] == [2, -2, 2 ** 24 - 1]

@@ -524,6 +524,18 @@ FAST = {"add": _fast("add"), "subtract": _fast("sub"), "multiply": _fast("mul"),
 FAST["square"] = lambda x, multiply=FAST["multiply"]: multiply(x, x)
 """Op name -> a fast path the dispatcher tries first (None: the rule runs)."""
 
+def _int(ctx, original, x):
+    """``int(x)`` of a carried float32 value of one element: its exact value
+    truncated, as ``astype`` to an integer type converts it (``int`` of the float32
+    rounding would give 3 for 3 - 2^-30, whose integer part is 2)."""
+    if not (is_word_array(x) and x.dtype == mx.float32 and x.size == 1 and carries(x)):
+        return NotImplemented
+    return int(_cast_down(ctx, _MLX_ASTYPE, x, mx.int64).item())
+
+
+_MLX_ASTYPE = mx.array.astype  # (captured at import: MLX's own)
+
+
 RULES = {
     "add": _arith("add"), "subtract": _arith("sub"), "multiply": _arith("mul"),
     "divide": _arith("div"), "negative": _exact1(arith.neg),
@@ -541,6 +553,7 @@ RULES = {
         _isclose(a, b, rtol, atol, equal_nan=equal_nan))),
     **{name: _compare(name) for name in ("less", "less_equal", "greater", "greater_equal",
                                          "equal", "not_equal")},
+    "array.__int__": _int,
     "array.real": _property(_real), "array.imag": _property(_imag), "array.T": noting_transposes(_property(), lambda x: reversed(range(x.ndim))),
     "array.mT": noting_transposes(_property(), lambda x: [*range(x.ndim - 2), -1, -2]),
 }
