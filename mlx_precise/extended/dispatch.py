@@ -341,17 +341,37 @@ def _call_custom(self, *args, **kwargs):
         return _custom_call(self, *args, **kwargs)
     parts = _custom_parts(self)
     if (parts is None or kwargs or not args or not report.open or differentiating()
-            or not all(isinstance(a, constructor.ARRAY) for a in args)):
+            or not all(_array_or_arrays(a) for a in args)):
         return _opaque_call("mx.custom_function", _custom_call, self, report, args, kwargs)
     fun, vjp = parts
     report.extended["mx.custom_function"] += 1
     if vjp is None or not _recording():
-        return fun(*args)
+        return _fresh(fun(*args), args)
     with autodiff.unrecorded():
-        out = fun(*args)
+        out = _fresh(fun(*args), args)
     autodiff.record("mx.custom_function", _custom_vjp_rule(vjp),
                     functools.partial(_custom_call, self), args, {}, out, report)
     return out
+
+
+def _fresh(out, args):
+    """``out`` with every array that is one of the arguments replaced by an alias
+    carrying its words, as MLX returns new arrays (an identity function's result
+    recorded as its own input would send the cotangent round twice)."""
+    ins = {id(a) for a in autodiff.arrays_in(args)}
+    if isinstance(out, constructor.ARRAY):
+        return autodiff.snapshot(out) if id(out) in ins else out
+    if isinstance(out, (list, tuple)) and any(id(o) in ins for o in out):
+        return type(out)(autodiff.snapshot(o) if id(o) in ins else o for o in out)
+    return out
+
+
+def _array_or_arrays(a) -> bool:
+    """An array, or a list / tuple of arrays (a custom function's argument the tape
+    records)."""
+    if isinstance(a, (list, tuple)):
+        return all(isinstance(b, constructor.ARRAY) for b in a)
+    return isinstance(a, constructor.ARRAY)
 
 
 def _custom_parts(custom):
@@ -390,16 +410,21 @@ def _custom_vjp_rule(vjp):
         return rule
 
     def rule(entry, g):
-        primals = entry.args[0] if len(entry.args) == 1 else tuple(entry.args)
+        args = entry.args
+        primals = args[0] if len(args) == 1 else tuple(args)
         cots = g if isinstance(entry.out, constructor.ARRAY) else tuple(g)
-        wide = any(a.dtype == mx.float64 for a in entry.args)
+        wide = any(a.dtype == mx.float64 for a in autodiff.arrays_in(args))
         try:
             grads = vjp(primals, cots, entry.out)
         except (ValueError, RuntimeError, TypeError):
             if not wide:
                 raise
             return NotImplemented  # float64 values it cannot take: MLX's float32 VJP
-        return list(grads) if isinstance(grads, (list, tuple)) else [grads]
+        if len(args) == 1:  # one primal: its cotangent (a list for a list of arrays)
+            if isinstance(args[0], constructor.ARRAY):
+                return [grads[0] if isinstance(grads, (list, tuple)) else grads]
+            return [list(grads)]
+        return list(grads)
 
     _CUSTOM_RULES[vjp] = rule
     return rule

@@ -134,3 +134,57 @@ def test_a_vjp_without_float64_falls_back_reported():
         g = mx.grad(lambda a: kernel_like(a / 3).sum())(x)
         got = value64(g)
     assert _err(got, np.full(X.shape, 2 / 3)) < 1e-13
+
+
+@mx.custom_function
+def joined(parts):
+    return [mx.concatenate([p.reshape(-1) for p in parts]) / 3]
+
+
+@joined.vjp
+def joined_vjp(parts, cotangents, outputs):
+    g = cotangents[0] / 3
+    sizes = [p.size for p in parts]
+    return [g[sum(sizes[:k]):sum(sizes[:k + 1])].reshape(p.shape)
+            for k, p in enumerate(parts)]
+
+
+def test_list_arguments_and_outputs(where):
+    """A list of arrays in and out (the shape of mlx.nn's sharded gather): the
+    cotangents come back per array."""
+    def f(a, b):
+        (y,) = joined([a * 2, b])
+        return (y * mx.arange(y.size)).sum()
+
+    with mp.use_backend(where), mp.extended_precision(strict=True):
+        ga, gb = mx.grad(f, argnums=(0, 1))(mx.array(X[:2]), mx.array(Y[:1]))
+        got_a, got_b = value64(ga), value64(gb)
+    weights = np.arange(9, dtype=np.float64) / 3
+    assert _err(got_a, 2 * weights[:6].reshape(2, 3)) < 1e-13
+    assert _err(got_b, weights[6:].reshape(1, 3)) < 1e-13
+
+
+@mx.custom_function
+def scaled_gradient(x):
+    return x  # the identity forward of mlx.nn's gradient-sum layers
+
+
+@scaled_gradient.vjp
+def scaled_gradient_vjp(x, dx, _):
+    return dx * 3
+
+
+def test_identity_forward(where):
+    """A forward that returns its input: the result is a new array (as MLX's), so
+    the vjp's cotangent reaches the input once: 3 c x / 7, not twice."""
+    c = mx.array(Y[0])
+
+    def f(w):
+        return (scaled_gradient(w * mx.array(X[0]) / 7) * c).sum()
+
+    with mp.use_backend(where), mp.extended_precision(strict=True):
+        w = mx.array(np.float32([0.5, -1.0, 2.0]))
+        got = value64(mx.grad(f)(w))
+        y = scaled_gradient(w)
+    assert y is not w
+    assert _err(got, 3 * Y64[0] * X64[0] / 7) < 1e-13

@@ -2,8 +2,9 @@
 and sums, maxima and minima are of the exact values (before: MLX's collectives of
 the high words, with an empty report: the gradient averaging of data-parallel
 training summed float32 words). Two processes on this machine through MLX's ring
-backend (``mlx.launch``), and the single-process group; oracle: numpy float64 of
-every process's data (seeded by rank)."""
+backend (``mlx.launch``), mlx.nn's tensor-parallel gradient sum among them, and the
+single-process group; oracle: numpy float64 of every process's data (seeded by
+rank)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from flow_helpers import value64
 _SCRIPT = textwrap.dedent('''
     import json, sys
     import mlx.core as mx, numpy as np, mlx_precise as mp
+    from mlx.nn.layers.distributed import sum_gradients
     from mlx_precise.extended import low_word
 
     def value(a):
@@ -46,6 +48,14 @@ _SCRIPT = textwrap.dedent('''
                    "scatter": mx.distributed.sum_scatter(x),
                    "sum of float32": mx.distributed.all_sum(mx.array(data(rank)))}
             got = {k: value(v) for k, v in got.items()}
+            # mlx.nn's tensor-parallel gradient sum: a custom function whose vjp is
+            # all_sum, taken in the block
+            c, xs = mx.array(data(rank)[1]), mx.array(data(rank)[0])
+            grad = mx.grad(lambda w: (sum_gradients(group)(w * xs / 3) * c).sum())(
+                mx.array(np.float32([0.5, -1.0, 2.0])))
+            got["tensor-parallel gradient"] = value(grad)
+        want["tensor-parallel gradient"] = (sum(data(r)[1].astype(float) for r in range(size))
+                                            * data(rank)[0].astype(float) / 3)
         err = {k: float(np.abs(got[k] - want[k]).max() / np.abs(want[k]).max()) for k in want}
         print("RESULT " + json.dumps({"rank": rank, "backend": backend, "err": err,
                                       "float32": dict(report.float32)}))
