@@ -355,15 +355,23 @@ def _call_custom(self, *args, **kwargs):
 
 
 def _fresh(out, args):
-    """``out`` with every array that is one of the arguments replaced by an alias
-    carrying its words, as MLX returns new arrays (an identity function's result
-    recorded as its own input would send the cotangent round twice)."""
-    ins = {id(a) for a in autodiff.arrays_in(args)}
+    """``out`` with every array that is one of the arguments, or an earlier output,
+    replaced by an alias carrying its words, as MLX returns a new array for each
+    output (an identity function's result recorded as its own input would send the
+    cotangent round twice; one array returned twice would get both cotangents)."""
+    seen = {id(a) for a in autodiff.arrays_in(args)}
     if isinstance(out, constructor.ARRAY):
-        return autodiff.snapshot(out) if id(out) in ins else out
-    if isinstance(out, (list, tuple)) and any(id(o) in ins for o in out):
-        return type(out)(autodiff.snapshot(o) if id(o) in ins else o for o in out)
-    return out
+        return autodiff.snapshot(out) if id(out) in seen else out
+    if not isinstance(out, (list, tuple)):
+        return out
+    fresh = []
+    for o in out:
+        if isinstance(o, constructor.ARRAY):
+            if id(o) in seen:
+                o = autodiff.snapshot(o)
+            seen.add(id(o))
+        fresh.append(o)
+    return type(out)(fresh)
 
 
 def _array_or_arrays(a) -> bool:

@@ -188,3 +188,25 @@ def test_identity_forward(where):
         y = scaled_gradient(w)
     assert y is not w
     assert _err(got, 3 * Y64[0] * X64[0] / 7) < 1e-13
+
+
+@mx.custom_function
+def twice(x):
+    y = x / 3
+    return y, y  # one array returned twice
+
+
+@twice.vjp
+def twice_vjp(x, cotangents, outputs):
+    gu, gv = cotangents
+    return gu / 3 + gv * 2 / 3
+
+
+def test_one_array_returned_twice(where):
+    def f(x):
+        u, v = twice(x)
+        return (u * 5).sum() + (v * 7).sum()
+
+    with mp.use_backend(where), mp.extended_precision(strict=True):
+        got = value64(mx.grad(f)(mx.array(X)))
+    assert _err(got, np.full(X.shape, 5 / 3 + 14 / 3)) < 1e-13
