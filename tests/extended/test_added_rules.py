@@ -389,16 +389,17 @@ def test_random_with_carried_parameters_takes_one_key_as_mlx():
     assert np.array_equal(np.array(mx.random.uniform(shape=(6,))), after)
 
 
-# ---- linalg.eig / eigvals on cpu -----------------------------------------------------------
+# ---- linalg.eig / eigvals in float64 -----------------------------------------------------------
 
 
-def test_eig_in_float64_on_cpu():
+def test_eig_in_float64(backend):
     """Eigenvalues of the carried value against mpmath (60 digits), each complex64
     part exactly rounded; eigenvectors: unit norm, residual ``A v - lambda v`` at
-    float64 level, MLX's order and signs (its float32 eig of the high words). On
-    cpu eig and eigvals were float32 ops (reported)."""
+    float64 level, MLX's order and signs (its float32 eig of the high words). eig
+    and eigvals were float32 ops (reported): on cpu until an earlier release, on
+    emulate / metal until this one (MLX runs them on the CPU on every device)."""
     a, A = _carried((2, 6, 6), seed=20)
-    with mp.use_backend("cpu"), mp.extended_precision() as report:
+    with mp.use_backend(backend), mp.extended_precision() as report:
         w, v = mx.linalg.eig(a)
         ev = mx.linalg.eigvals(a)
         W, V = (np.array(carry.wide_value(t)[0]) + 1j * np.array(carry.wide_value(t)[1])

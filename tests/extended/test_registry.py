@@ -443,14 +443,18 @@ def test_compiled_functions_outside_blocks_and_transforms_unchanged():
 # ---- extended where a user needs it --------------------------------------------------
 
 
+@pytest.mark.parametrize("backend", ["cpu", "emulate"])
 @pytest.mark.parametrize("op", ["solve", "inv", "cholesky", "norm", "qr", "svd", "eigh"])
-def test_linalg_on_cpu_is_float64(op):
+def test_linalg_is_float64(op, backend):
+    """MLX runs mx.linalg on the CPU on every device: the block runs it there in
+    float64 on the exact values on every backend (on emulate / metal it was MLX's
+    float32 call, reported, until the kernel backends took it too)."""
     rng = np.random.default_rng(20)
     m = rng.standard_normal((6, 6)).astype(np.float32)
     m = (m @ m.T + 6 * np.eye(6)).astype(np.float32)  # symmetric positive definite
     b = rng.standard_normal((6, 2)).astype(np.float32)
     M, B = mx.array(m), mx.array(b)
-    with mp.use_backend("cpu"), mp.extended_precision() as rep:
+    with mp.use_backend(backend), mp.extended_precision() as rep:
         args = (M, B) if op == "solve" else (M,)
         out = getattr(mx.linalg, op)(*args, stream=mx.cpu)
     assert rep.extended[f"linalg.{op}"] == 1 and not rep.float32
@@ -472,11 +476,17 @@ def test_linalg_on_cpu_is_float64(op):
     assert np.abs(got - ref).max() <= 1e-12 * np.abs(ref).max(), op
 
 
-def test_linalg_on_emulate_is_reported():
+def test_linalg_of_carried_values_off_cpu():
+    """The carried value's words reach LAPACK (float64 on the CPU stream) on emulate:
+    inv of the double-word 2/3 I is 3/2 I to double-word accuracy (the float32 2/3
+    would give 1.4999999)."""
     m = mx.array(np.eye(3, dtype=np.float32) * 2)
-    with mp.use_backend("emulate"), mp.extended_precision() as rep:
-        mx.linalg.inv(m / 3, stream=mx.cpu)
-    assert rep.float32["linalg.inv"] == 1
+    with mp.use_backend("emulate"), mp.extended_precision(strict=True) as rep:
+        out = mx.linalg.inv(m / 3, stream=mx.cpu)
+        got = value64(out)
+    assert rep.extended["linalg.inv"] == 1 and not rep.float32
+    assert np.abs(got - 1.5 * np.eye(3)).max() < 1e-13
+    assert (np.array(out) == np.float32(1.5) * np.eye(3, dtype=np.float32)).all()
 
 
 def test_fftshift_and_cross_entropy_are_extended():

@@ -1,9 +1,10 @@
-"""Ops the cpu backend runs in MLX float64 on the operands' exact values, each
-float64 result kept in two words: ``mx.linalg`` (LAPACK, which MLX runs on the CPU),
-and ops whose float64 form is exact on the values (``minmax``, ``unique``,
-``searchsorted``). On ``metal`` / ``emulate`` there is no float64 to
-run them in: the rule declines and the dispatcher reports the float32 op, but for
-``linalg.norm``, which is MLX's composition of ops of the flow (:func:`_norm`)."""
+"""Ops run in MLX float64 on the operands' exact values, each float64 result kept
+in two words: ``mx.linalg`` (LAPACK, which MLX runs on the CPU on every device: so
+on every backend, on the CPU stream) and, on the cpu backend, ops whose float64
+form is exact on the values (``minmax``, ``unique``, ``searchsorted``; on ``metal``
+/ ``emulate`` those stay on the GPU: ``searchsorted`` as exact comparisons of the
+flow, the others decline and are reported). ``linalg.norm`` off cpu is MLX's
+composition of ops of the flow (:func:`_norm`)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,26 @@ def _wide(value):
 def in_float64(ctx, original, *args, **kw):
     """The op in MLX float64 on the exact values (cpu), float64 results in two
     words; NotImplemented elsewhere."""
+    if not ctx.backend.float64_engine:
+        return NotImplemented
+    return _on_cpu(original, args, kw)
+
+
+def _linalg(ctx, original, *args, **kw):
+    """``mx.linalg``'s factorizations and solvers: MLX runs them on the CPU on
+    every device (LAPACK), so on every backend they run there in MLX float64 on the
+    exact values (on ``metal`` / ``emulate`` the words joined in float64 on the CPU
+    stream, the results split back into words): the cost of MLX's own float32 call,
+    at float64's LAPACK speed."""
+    return _on_cpu(original, args, kw)
+
+
+def _on_cpu(original, args, kw):
+    """``original`` on the CPU stream in MLX float64 on the operands' exact values,
+    float64 results in two words; NotImplemented without a float32 operand, or with
+    operands of other dtypes."""
     arrays = [a for a in (*args, *kw.values()) if isinstance(a, mx.array)]
-    if not ctx.backend.float64_engine or not any(a.dtype == mx.float32 for a in arrays) or any(
+    if not any(a.dtype == mx.float32 for a in arrays) or any(
             a.dtype not in (mx.float32, mx.float64) for a in arrays):
         return NotImplemented
     wide = (lambda v: as64(v) if is_word_array(v) else v)
@@ -121,7 +140,7 @@ def _norm_vjp(e, g):
 
 
 def _eig(values_only: bool):
-    """``linalg.eig`` / ``eigvals`` on cpu: LAPACK's ``geev`` in float64 (numpy's)
+    """``linalg.eig`` / ``eigvals`` (every backend): LAPACK's ``geev`` in float64 (numpy's)
     on the exact value, the complex128 results in two complex64 words. MLX has no
     complex128 (its eig computes in float32 whatever the input), so MLX's float32
     call on the high words gives the order and the signs: each float64 eigenvalue
@@ -130,7 +149,7 @@ def _eig(values_only: bool):
     unique), the rule declines (reported)."""
 
     def rule(ctx, original, a, **kw):
-        if not ctx.backend.float64_engine or not is_word_array(a) or a.dtype != mx.float32 or (
+        if not is_word_array(a) or a.dtype != mx.float32 or (
                 a.ndim < 2 or a.shape[-1] != a.shape[-2]):
             return NotImplemented
         with mx.stream(mx.cpu):
@@ -206,7 +225,7 @@ def _searchsorted(ctx, original, a, v, side="left", **kw):
 
 _EXACT64 = ("minmax", "unique")  # (cummax / cummin: :mod:`.reductions`)
 
-RULES = {**{f"linalg.{name}": in_float64 for name in _NAMES}, "matrix_norm": in_float64,
+RULES = {**{f"linalg.{name}": _linalg for name in _NAMES}, "matrix_norm": in_float64,
          **{name: in_float64 for name in _EXACT64}, "linalg.norm": _norm_rule,
          "searchsorted": _searchsorted,
          "linalg.eig": _eig(False), "linalg.eigvals": _eig(True)}
