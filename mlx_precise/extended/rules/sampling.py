@@ -15,7 +15,6 @@ import math
 import mlx.core as mx
 import numpy as np
 
-from ...core import backends
 from .. import carry
 from ..carry import has_words
 from .base import ARRAY, operand_array, words
@@ -165,9 +164,9 @@ def _multivariate_normal(mean, cov, shape=(), dtype=mx.float32, key=None):
     """MLX's ``mean + z S`` with ``S = U sqrt(s) V^T`` from the SVD of ``cov`` (the
     principal square root of a covariance: unique, whatever the SVD's signs) and
     its standard normal draw z of shape ``shape + (n,)``; S from ``mx.linalg.svd``
-    in float64 (LAPACK), z and the product in double-word. Off cpu there is no
-    double-word SVD: the rule declines (MLX's sampler, reported)."""
-    if not backends.backend().float64_engine or dtype != mx.float32 or not (
+    in float64 (LAPACK, on the CPU stream on every backend), z and the product in
+    double-word."""
+    if dtype != mx.float32 or not (
             isinstance(mean, mx.array) and isinstance(cov, mx.array)):
         return NotImplemented
     if mean.ndim < 1 or cov.ndim < 2 or cov.shape[-1] != cov.shape[-2] or (
