@@ -22,7 +22,8 @@ from .types import DoubleWord
 # name -> the precision-aware function (filled by @precision_aware).
 _REGISTRY: dict[str, Callable] = {}
 # the extended twin -> (the precision-aware function's name, its flow twin, the
-# extended twin's signature) (filled by @precision_aware; read by twin_of).
+# extended twin's signature, whether it reads words) (filled by @precision_aware;
+# read by twin_of).
 _TWINS: dict[Callable, tuple] = {}
 
 
