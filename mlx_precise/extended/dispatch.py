@@ -301,11 +301,11 @@ def _transformed_function(transformed):
     refs = gc.get_referents(transformed)
     if len(refs) != 4 or not callable(refs[3]):
         return None
-    if all(state is None for state in refs[1:3]):
-        return refs[3], None  # compiled without state (or vmap mapping nothing: the same)
-    for state in refs[1:3]:
-        if state is not None and all(x is None or type(x) is int for x in vmap.leaves(state)):
-            return refs[3], (refs[1], refs[2])  # vmap's axes
+    leaves = vmap.leaves([refs[1], refs[2]])
+    if any(type(x) is int for x in leaves) and all(x is None or type(x) is int
+                                                   for x in leaves):
+        return refs[3], (refs[1], refs[2])  # vmap's axes
+    # compiled: its state trees of arrays, or none (a vmap mapping nothing is the same)
     return refs[3], None
 
 

@@ -83,3 +83,14 @@ def test_inconsistent_sizes_raise(backend):
     with pytest.raises(ValueError, match="Inconsistent axis sizes"):
         with mp.use_backend(backend), mp.extended_precision():
             f(mx.array(X), mx.array(V[:4]))
+
+
+def test_compiled_function_with_empty_state_is_not_a_vmap(backend):
+    """MLX's compiled and vmapped functions share a type; one compiled with empty
+    state lists keeps no int among them, unlike a vmap's axes: it runs its Python
+    function through the flow."""
+    f = mx.compile(lambda x: x * 3, inputs=[], outputs=[])
+    with mp.use_backend(backend), mp.extended_precision(strict=True) as report:
+        got = value64(f(mx.array(X) / 7))
+    assert report.extended["vmap"] == 0
+    assert _err(got, X64 * 3 / 7) < 1e-13
