@@ -14,4 +14,5 @@ FFT_NAMES = ("fft", "ifft", "rfft", "irfft", "fft2", "ifft2", "rfft2", "irfft2",
 plain = SimpleNamespace(fft=SimpleNamespace(**{n: getattr(mx.fft, n) for n in FFT_NAMES}),
                         conv1d=mx.conv1d, compile=mx.compile, real=mx.real, imag=mx.imag,
                         grad=mx.grad, value_and_grad=mx.value_and_grad, vjp=mx.vjp, jvp=mx.jvp,
-                        checkpoint=mx.checkpoint, custom_function=mx.custom_function)
+                        checkpoint=mx.checkpoint, custom_function=mx.custom_function,
+                        vmap=mx.vmap)

@@ -8,13 +8,23 @@ the output axes (``mx.stack``: their low words stack with them), which is what
 ``vmap`` means (JAX's reference semantics for ``vmap`` are this loop). Every op of
 the function is then the flow's: double-word on every backend, recorded by a
 gradient being taken. The cost is one call of the function per slice.
+
+On the cpu backend, where the flow computes in MLX float64, MLX's own vmap is tried
+first on the float64 values (:func:`_float64_vmap`): the function traced once on
+float64 tracers that stand for the carried inputs, its float64 results batched by
+MLX's vmap rules; where that trace cannot run (an op computed on the host, a value
+reported, complex or non-float operands, a gradient being recorded) the loop runs.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
+from ..core import backends
+from ..core.plain import plain
+from . import autodiff, carry
 from .constructor import ARRAY
+from .report import Report
 
 
 def mapped(fun, in_axes, out_axes, args: tuple):
@@ -38,8 +48,68 @@ def mapped(fun, in_axes, out_axes, args: tuple):
         size = n
     if size is None:
         raise ValueError("[vmap] At least one input must be mapped (in_axes all None)")
-    outs = [fun(*_slices(in_axes, args, i)) for i in range(size)]
+    first = fun(*_slices(in_axes, args, 0))
+    if size > 1 and backends.backend().float64_engine and not autodiff.recording():
+        out = _float64_vmap(fun, in_axes, out_axes, args, first)
+        if out is not None:
+            return out
+    outs = [first] + [fun(*_slices(in_axes, args, i)) for i in range(1, size)]
     return _stacked(out_axes, outs)
+
+
+class _Declined(Exception):
+    """The float64 trace cannot stand for the function (see :func:`_float64_vmap`)."""
+
+
+_ASTYPE = ARRAY.astype  # MLX's own (captured at import: a stand-in inside blocks)
+
+
+def _float64_vmap(fun, in_axes, out_axes, args, first):
+    """On the cpu backend: MLX's vmap of the function on the float64 values of the
+    real float32 inputs (each float64 tracer standing for a float32 array that
+    carries it), the float64 results rounded once and carrying their values; the
+    output structure is the first slice's (``first``, computed by the caller).
+    None where it does not apply: a complex or float64 leaf, an output that is not
+    a float32 or integer array, a trace that evaluates on the host or reports a
+    value leaving double-word (then the loop runs, and reports)."""
+    pairs = list(_pairs(in_axes, args, "in_axes"))
+    out_leaves = leaves(first)
+    if any(isinstance(x, ARRAY) and x.dtype in (mx.complex64, mx.float64) for x, _ in pairs) or (
+            not all(isinstance(o, ARRAY) and (o.dtype == mx.float32 or not mx.issubdtype(
+                o.dtype, mx.inexact)) for o in out_leaves)):
+        return None
+    inputs = [carry.as64(x) if isinstance(x, ARRAY) and x.dtype == mx.float32 else x
+              for x, _ in pairs]
+    out_axes_flat = [axis for _, axis in _pairs(out_axes, first, "out_axes")]
+    report = carry.report.get()
+    scratch = Report(report.strict)
+
+    def traced(*values):
+        rebuilt = []
+        for v, (x, _) in zip(values, pairs):
+            if isinstance(x, ARRAY) and x.dtype == mx.float32:
+                v = carry.attach(_ASTYPE(v, mx.float32), None, (v, None))
+            rebuilt.append(v)
+        with carry.reporting(scratch):
+            out = fun(*_rebuild(tuple(args), iter(rebuilt)))
+        if scratch.float32:
+            raise _Declined
+        flat = leaves(out)
+        if len(flat) != len(out_leaves):
+            raise _Declined
+        return tuple(carry.as64(o) if o.dtype == mx.float32 else o for o in flat)
+
+    try:
+        with carry.suspended():
+            results = plain.vmap(traced, in_axes=tuple(axis for _, axis in pairs),
+                                 out_axes=tuple(out_axes_flat))(*inputs)
+            results = [carry.attach(_ASTYPE(r, mx.float32), None, (r, None))
+                       if o.dtype == mx.float32 else r for r, o in zip(results, out_leaves)]
+    except Exception:  # (the loop runs instead: a genuine error of the function recurs there)
+        return None
+    report.extended.update(scratch.extended)
+    report.plain.update(scratch.plain)
+    return _rebuild(first, iter(results))
 
 
 def _pairs(axes, tree, what: str):

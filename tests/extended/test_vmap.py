@@ -94,3 +94,30 @@ def test_compiled_function_with_empty_state_is_not_a_vmap(backend):
         got = value64(f(mx.array(X) / 7))
     assert report.extended["vmap"] == 0
     assert _err(got, X64 * 3 / 7) < 1e-13
+
+
+def test_cpu_traces_once_where_it_can(backend):
+    """On cpu MLX's own vmap maps the float64 trace (the function runs twice: the
+    first slice, which gives the output structure, and the trace), values as the
+    loop's; on emulate, and on cpu where the trace meets an op computed on the host
+    (the FFT: numpy), the loop runs once per slice."""
+    calls = []
+
+    def f(v):
+        calls.append(1)
+        return mx.sin(v * 0.1) * 3
+
+    def g(v):
+        calls.append(1)
+        return mx.abs(mx.fft.rfft(v))
+
+    x = mx.array(rng_f32((50, 8), 3))
+    with mp.use_backend(backend), mp.extended_precision(strict=True):
+        y = value64(mx.vmap(f)(x / 7))
+        n_f = len(calls)
+        z = value64(mx.vmap(g)(x))
+    assert n_f == (2 if backend == "cpu" else 50)
+    assert len(calls) - n_f >= 50  # the FFT's trace declined: the loop
+    x64 = rng_f32((50, 8), 3).astype(np.float64)
+    assert _err(y, np.sin(x64 / 70) * 3) < 1e-13
+    assert _err(z, np.abs(np.fft.rfft(x64))) < 1e-13
