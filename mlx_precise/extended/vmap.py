@@ -13,7 +13,8 @@ On the cpu backend, where the flow computes in MLX float64, MLX's own vmap is tr
 first on the float64 values (:func:`_float64_vmap`): the function traced once on
 float64 tracers that stand for the carried inputs, its float64 results batched by
 MLX's vmap rules; where that trace cannot run (an op computed on the host, a value
-reported, complex or non-float operands, a gradient being recorded) the loop runs.
+reported, complex or non-float operands, a gradient being recorded or taken by
+MLX around the block) the loop runs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import mlx.core as mx
 
 from ..core import backends
 from ..core.plain import plain
+from ..doubleword.fusion import differentiating
 from . import autodiff, carry
 from .constructor import ARRAY
 from .report import Report
@@ -49,7 +51,8 @@ def mapped(fun, in_axes, out_axes, args: tuple):
     if size is None:
         raise ValueError("[vmap] At least one input must be mapped (in_axes all None)")
     first = fun(*_slices(in_axes, args, 0))
-    if size > 1 and backends.backend().float64_engine and not autodiff.recording():
+    if size > 1 and backends.backend().float64_engine and not (
+            autodiff.recording() or differentiating()):
         out = _float64_vmap(fun, in_axes, out_axes, args, first)
         if out is not None:
             return out
