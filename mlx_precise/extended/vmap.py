@@ -84,6 +84,8 @@ def _float64_vmap(fun, in_axes, out_axes, args, first):
     inputs = [carry.as64(x) if isinstance(x, ARRAY) and x.dtype == mx.float32 else x
               for x, _ in pairs]
     out_axes_flat = [axis for _, axis in _pairs(out_axes, first, "out_axes")]
+    if any(axis is None for axis in out_axes_flat):
+        return None  # (MLX 0.32's vmap broadcasts such an output: the loop's is the first)
     report = carry.report.get()
     scratch = Report(report.strict)
 

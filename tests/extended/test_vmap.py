@@ -51,6 +51,17 @@ def test_axes_trees_and_unmapped_inputs(backend):
                                                                         rtol=1e-6)
 
 
+def test_unmapped_output_is_the_first_slices(backend):
+    """out_axes None: the output is not mapped (the first call's, as the loop
+    gives it on every backend; MLX 0.32's own vmap broadcasts it instead)."""
+    f = mx.vmap(lambda a, b: (a * 2, b / 3), in_axes=(0, None), out_axes=(0, None))
+    with mp.use_backend(backend), mp.extended_precision(strict=True):
+        p, q = f(mx.array(X), mx.array(V))
+        got = value64(q)
+    assert p.shape == (5, 3) and q.shape == (5,)
+    assert _err(got, V64 / 3) < 1e-13
+
+
 def test_per_example_gradients(backend):
     """vmap of grad: one double-word gradient per example, every entry exactly
     rounded against the float64 formula."""
