@@ -112,9 +112,9 @@ def words_of(x):
     return DoubleWord(x, low_word(x)) if cell[1] is None else DoubleWord.from_wide(x, cell[1])
 
 
-def _read_words(x):
-    """:func:`words_of` for the package's input reader, with an alias of ``x`` as
-    the high word: ``x`` itself stands for ``hi + lo`` inside a block (the flow's ops
+def detached_words(x):
+    """:func:`words_of` with an alias of ``x`` as the high word (for the package's
+    input reader and for a DoubleWord handed back to the user inside a block): ``x`` itself stands for ``hi + lo`` inside a block (the flow's ops
     on the DoubleWord's high word, ``w.hi + w.lo`` say, would count the low word
     twice); the low word built with the flow off (the package's ops, not the
     user's)."""
@@ -130,7 +130,7 @@ def _read_words(x):
 _ALIAS = ARRAY.astype
 
 
-context.carried_words.append(_read_words)
+context.carried_words.append(detached_words)
 
 
 def wide_value(x) -> tuple | None:

@@ -487,7 +487,9 @@ def _public_call(op, body, args, kwargs):
         report.extended[op.__name__] += 1
         with contextlib.nullcontext() if backend is None else backends.use_backend(backend):
             out = flow(*bound.args, **bound.kwargs)
-        return out if round_output else carry.words_of(out) or DoubleWord.exact(out)
+        # (its words with a high word that is not the carried array itself: the flow's
+        # w.hi + w.lo would count the low word twice)
+        return out if round_output else carry.detached_words(out) or DoubleWord.exact(out)
     if carried and not reads_words:
         dropped(report, op.__name__, "it computes on its operands' float32 values (its "
                 "array operands are not all float32 mx.arrays, or it has no double-word "

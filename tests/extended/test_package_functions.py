@@ -101,6 +101,12 @@ def test_round_output_false_returns_the_words(backend):
     assert isinstance(w, mp.DoubleWord) and isinstance(v, mp.DoubleWord)
     assert _err(w.to_float64(), _causal(X.astype(float) / 3, K.astype(float))) < 1e-13
     assert _err(v.to_float64(), np.fft.rfft(X.astype(float))) < 1e-13
+    # inside the block the DoubleWord's words add up to its value once (its high word
+    # is not a carried array, whose value would already include the low word)
+    with mp.use_backend(backend), mp.extended_precision(strict=True):
+        w = mp.hyena_conv_extended(x / 3, mx.array(K), round_output=False)
+        got = _value(w.round())
+    assert _err(got, w.to_float64()) < 1e-13
 
 
 def test_gradients_through_them_are_double_word(backend):
