@@ -147,7 +147,7 @@ class DoubleWord:
 
     @classmethod
     def _exact(cls, x: mx.array) -> "DoubleWord":
-        words = carried_words[0](x) if carried_words else None
+        words = _carried(x)
         return words if words is not None else cls(x, mx.zeros_like(x))
 
     @classmethod
@@ -297,11 +297,17 @@ def read_input(x, name: str, reads: str = "array", dtypes: tuple[str, ...] | Non
         if not ok:
             raise InputError(f"{name} has dtype {_dtype_name(x)}, expected "
                              f"{_expected(reads, dtypes)}")
-    if reads == "words" and carried_words and type(x) is _ARRAY:
-        words = carried_words[0](x)
+    if reads == "words" and type(x) is _ARRAY:
+        words = _carried(x)
         if words is not None:
             return words
     return x
+
+
+def _carried(x: mx.array):
+    """The DoubleWord an array made inside ``extended_precision()`` carries, or
+    None (:data:`~mlx_precise.core.context.carried_words`)."""
+    return carried_words[0](x) if carried_words else None
 
 
 _WORD_DTYPES = (mx.float32, mx.complex64)

@@ -103,28 +103,27 @@ def low_word(x) -> mx.array | None:
     return cell[0]
 
 
-def words_of(x):
+def words_of(x, hi=None):
     """The DoubleWord ``x`` carries (its low word built lazily where ``x`` carries
-    a float64 value), or None when ``x`` carries none."""
+    a float64 value), or None when ``x`` carries none. ``hi``: the array to hold as
+    its high word (default ``x``)."""
     cell = _cell(x)
     if cell is None:
         return None
-    return DoubleWord(x, low_word(x)) if cell[1] is None else DoubleWord.from_wide(x, cell[1])
+    hi = x if hi is None else hi
+    return DoubleWord(hi, low_word(x)) if cell[1] is None else DoubleWord.from_wide(hi, cell[1])
 
 
 def detached_words(x):
     """:func:`words_of` with an alias of ``x`` as the high word (for the package's
-    input reader and for a DoubleWord handed back to the user inside a block): ``x`` itself stands for ``hi + lo`` inside a block (the flow's ops
-    on the DoubleWord's high word, ``w.hi + w.lo`` say, would count the low word
-    twice); the low word built with the flow off (the package's ops, not the
-    user's)."""
-    cell = _cell(x)
-    if cell is None:
+    input reader and for a DoubleWord handed back to the user inside a block): ``x``
+    itself stands for ``hi + lo`` inside a block (the flow's ops on the DoubleWord's
+    high word, ``w.hi + w.lo`` say, would count the low word twice); the low word
+    built with the flow off (the package's ops, not the user's)."""
+    if _cell(x) is None:
         return None
-    hi = _ALIAS(x, x.dtype)  # (MLX's own astype to x's dtype: new array object, no node)
-    with suspended():
-        return DoubleWord(hi, low_word(x)) if cell[1] is None else DoubleWord.from_wide(
-            hi, cell[1])
+    with suspended():  # (MLX's own astype to x's dtype: a new array object, no node)
+        return words_of(x, _ALIAS(x, x.dtype))
 
 
 _ALIAS = ARRAY.astype

@@ -27,6 +27,7 @@ from ..doubleword.fusion import differentiating
 from . import autodiff, carry
 from .constructor import ARRAY
 from .report import Report
+from .rules.base import result64
 
 
 def mapped(fun, in_axes, out_axes, args: tuple):
@@ -64,9 +65,6 @@ class _Declined(Exception):
     """The float64 trace cannot stand for the function (see :func:`_float64_vmap`)."""
 
 
-_ASTYPE = ARRAY.astype  # MLX's own (captured at import: a stand-in inside blocks)
-
-
 def _float64_vmap(fun, in_axes, out_axes, args, first):
     """On the cpu backend: MLX's vmap of the function on the float64 values of the
     real float32 inputs (each float64 tracer standing for a float32 array that
@@ -93,7 +91,7 @@ def _float64_vmap(fun, in_axes, out_axes, args, first):
         rebuilt = []
         for v, (x, _) in zip(values, pairs):
             if isinstance(x, ARRAY) and x.dtype == mx.float32:
-                v = carry.attach(_ASTYPE(v, mx.float32), None, (v, None))
+                v = result64(v)
             rebuilt.append(v)
         with carry.reporting(scratch):
             out = fun(*_rebuild(tuple(args), iter(rebuilt)))
@@ -108,8 +106,8 @@ def _float64_vmap(fun, in_axes, out_axes, args, first):
         with carry.suspended():
             results = plain.vmap(traced, in_axes=tuple(axis for _, axis in pairs),
                                  out_axes=tuple(out_axes_flat))(*inputs)
-            results = [carry.attach(_ASTYPE(r, mx.float32), None, (r, None))
-                       if o.dtype == mx.float32 else r for r, o in zip(results, out_leaves)]
+            results = [result64(r) if o.dtype == mx.float32 else r
+                       for r, o in zip(results, out_leaves)]
     except Exception:  # (the loop runs instead: a genuine error of the function recurs there)
         return None
     report.extended.update(scratch.extended)

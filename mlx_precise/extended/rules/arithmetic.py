@@ -13,9 +13,9 @@ from ...doubleword import engine64
 from ...doubleword.types import DoubleWord, real_imag
 from .. import arith, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value
-from .base import (as64, carries, conj, decomposed, floating_result, fused, has_float64,
-                   integer_quotient, is_integer_array, is_word_array, movement, of_integers,
-                   promoted, result, result64, small64, unbroadcast, words)
+from .base import (_ASTYPE, as64, carries, conj, decomposed, floating_result, fused,
+                   has_float64, integer_quotient, is_integer_array, is_word_array, movement,
+                   of_integers, promoted, result, result64, small64, unbroadcast, words)
 from .linear import noting_transposes
 from .shape import _setitem
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
@@ -530,10 +530,7 @@ def _int(ctx, original, x):
     rounding would give 3 for 3 - 2^-30, whose integer part is 2)."""
     if not (is_word_array(x) and x.dtype == mx.float32 and x.size == 1 and carries(x)):
         return NotImplemented
-    return int(_cast_down(ctx, _MLX_ASTYPE, x, mx.int64).item())
-
-
-_MLX_ASTYPE = mx.array.astype  # (captured at import: MLX's own)
+    return int(_cast_down(ctx, _ASTYPE, x, mx.int64).item())
 
 
 RULES = {

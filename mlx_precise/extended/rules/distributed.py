@@ -28,20 +28,22 @@ from .base import is_word_array
 _ALL_GATHER, _INIT = mx.distributed.all_gather, mx.distributed.init
 
 
+def _gather(x, lo, group, stream, stacked: bool = False):
+    """MLX's ``all_gather`` of each word (``x`` and its low word ``lo`` or None), the
+    gathered low words attached; ``stacked``: of ``x[None]``, every process's ``x``
+    on a leading process axis, ``(P, *x.shape)``. (A rule runs with the flow off:
+    these are MLX's ops.)"""
+    words = [w[None] if stacked else w for w in (x, lo) if w is not None]
+    hi, *rest = [_ALL_GATHER(w, group=group, stream=stream) for w in words]
+    return carry.attach(hi, rest[0] if rest else None)
+
+
 def _gathered(x, group, stream):
-    """Every process's ``x`` stacked on a leading process axis (``(P, *x.shape)``),
-    carrying the gathered low words; None for operands left to MLX."""
+    """Every process's ``x`` on a leading process axis, with its words; None for
+    operands left to MLX."""
     if not is_word_array(x):
         return None
-    size = (group if group is not None else _INIT()).size()
-    lo = carry.low_word(x)
-    rows = x.reshape(1, *x.shape)
-    with carry.suspended():
-        hi = _ALL_GATHER(rows, group=group, stream=stream)
-        if lo is not None:
-            lo = _ALL_GATHER(lo.reshape(1, *x.shape), group=group, stream=stream)
-    return carry.attach(hi.reshape(size, *x.shape), None if lo is None else
-                        lo.reshape(size, *x.shape))
+    return _gather(x, carry.low_word(x), group, stream, stacked=True)
 
 
 def _reduction(reduce_name: str):
@@ -65,9 +67,7 @@ def _all_gather(ctx, original, x, *, group=None, stream=None):
     lo = carry.low_word(x)
     if lo is None:
         return NotImplemented  # (MLX's gather of exact values is exact)
-    with carry.suspended():
-        return carry.attach(original(x, group=group, stream=stream),
-                            _ALL_GATHER(lo, group=group, stream=stream))
+    return _gather(x, lo, group, stream)
 
 
 def _sum_scatter(ctx, original, x, *, group=None, stream=None):
