@@ -26,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import backends
+from .plain import plain
 from ..emulator.signature import blank_comments, input_form
 
 _ARRAY = mx.array  # the class (inside a block the name is a stand-in)
@@ -522,11 +523,22 @@ def _factory(backend: str) -> Callable:
 
 def _metal_kernel_safe(**kwargs):
     """``mx.fast.metal_kernel`` in safe math mode where the installed MLX has
-    ``compile_options`` (relaxed math would break TwoSum: docs/design.md)."""
+    ``compile_options`` (relaxed math would break TwoSum: docs/design.md). MLX's own
+    factory (the import wraps ``mx.fast.metal_kernel``: the kernels it makes report
+    a carried operand); the kernel is kept in :data:`OWN`."""
     try:
-        return mx.fast.metal_kernel(**kwargs, compile_options={"math_mode": "safe"})
+        fn = plain.metal_kernel(**kwargs, compile_options={"math_mode": "safe"})
     except TypeError:
-        return mx.fast.metal_kernel(**kwargs)
+        fn = plain.metal_kernel(**kwargs)
+    OWN[id(fn)] = fn
+    return fn
+
+
+OWN: dict = {}
+"""id -> the package's own Metal kernels (kept for the process, as :data:`_built`
+keeps them): a block's heap scan, which rebinds the places of custom kernels made
+before the package's import, leaves these alone (they read the words they are
+given)."""
 
 
 def _build(kernel: Kernel, backend: str) -> Callable:

@@ -15,4 +15,4 @@ plain = SimpleNamespace(fft=SimpleNamespace(**{n: getattr(mx.fft, n) for n in FF
                         conv1d=mx.conv1d, compile=mx.compile, real=mx.real, imag=mx.imag,
                         grad=mx.grad, value_and_grad=mx.value_and_grad, vjp=mx.vjp, jvp=mx.jvp,
                         checkpoint=mx.checkpoint, custom_function=mx.custom_function,
-                        vmap=mx.vmap)
+                        vmap=mx.vmap, metal_kernel=mx.fast.metal_kernel)

@@ -244,28 +244,52 @@ def _assigned(x, index, value):
     return y
 
 
-def _kernel_factory(entry):
-    """``mx.fast.metal_kernel`` & co.: the kernels they make report a call that
-    receives a carried value (a kernel computes in the types it declares)."""
-    make = entry.original
+_REPORTS = "_mlx_precise_reports"  # the mark of a callable made by a factory stand-in
 
-    def factory(*args, **kwargs):
-        kernel = make(*args, **kwargs)
-        if _report.get() is None:
-            return kernel
-        name = f"{entry.op} {kwargs.get('name', args[0] if args else '')!r}"
 
-        def launch(*a, **k):
-            report = _report.get()
-            if report is not None and _carries(k.get("inputs", ()), {}):
-                dropped(report, name, "a custom kernel computes in the types it declares")
-            out = kernel(*a, **k)
-            autodiff.opaque(name, kernel, a, k, out, report)
-            return out
+def made_callable(op: str, made, label: str):
+    """``made``, a callable MLX made (a custom kernel, an imported function: the flow
+    cannot see into it), as one that inside a block reports a call reading a carried
+    value under ``label`` (``strict=True`` raises; it computes in the types it was
+    made for) and records it for the flow's autodiff (MLX's VJP of it); elsewhere
+    ``made`` runs as it is."""
+    why = registry.WITHOUT_RULE[op]
+    # (held in a Kept, which a heap scan skips: a closure cell holding the kernel
+    # itself would be taken for a place of a kernel made before the import)
+    kept = standins.Kept((made,))
 
-        return launch
+    def call(*a, **k):
+        report = _report.get()
+        if report is None:
+            return kept[0](*a, **k)
+        if _carries(a, k):
+            dropped(report, label, why)
+        out = kept[0](*a, **k)
+        autodiff.opaque(label, kept[0], a, k, out, report)
+        return out
 
-    return functools.update_wrapper(factory, make)
+    call.__doc__ = made.__doc__
+    setattr(call, _REPORTS, True)
+    return call
+
+
+holders.raw_kernel_standin.append(functools.partial(made_callable, "fast.metal_kernel"))
+
+
+def factory(op: str, make, always: bool):
+    """``make`` (``mx.fast.metal_kernel``, ``mx.import_function``, ...; registry
+    :data:`~.registry.FACTORIES`) whose results are :func:`made_callable` s named by
+    the op and the first argument (the kernel's name, the file): ``always``, or
+    while a block is open in this thread / task (the stand-in the flow installs for
+    blocks). A result that already reports is returned as it is."""
+    def make_reporting(*args, **kwargs):
+        made = make(*args, **kwargs)
+        if getattr(made, _REPORTS, False) or not (always or _report.get() is not None):
+            return made
+        first = kwargs.get("name", kwargs.get("file", args[0] if args else ""))
+        return made_callable(op, made, f"{op} {first!r}")
+
+    return functools.update_wrapper(make_reporting, make)
 
 
 def _at(entry):
@@ -544,8 +568,8 @@ def _plan(previous: "standins.Plan | None") -> standins.Plan:
     for e in registry.entries():
         if e.kind == "at":
             replacement = _at(e)
-        elif e.kind == "kernel factory":
-            replacement = _kernel_factory(e)
+        elif e.kind == "factory":
+            replacement = factory(e.op, e.original, always=False)
         elif e.kind == "constructor":
             replacement = constructor.Constructor(_wrapper(e))
         elif e.kind == "property":

@@ -19,6 +19,7 @@ import weakref
 
 import mlx.core as mx
 
+from ..core import kernels
 from . import carry, constructor, standins
 from .report import PrecisionDropError, dropped
 
@@ -389,7 +390,32 @@ def restore_places() -> None:
                 set_(h, p.key, p.original)
 
 
+# Custom kernels MLX made before the package's import (``mx.fast.metal_kernel`` &
+# co. return nanobind functions without a name; the factory the import installs
+# makes reporting ones, :func:`.dispatch.factory`): a scan finds them by their
+# signature and rebinds their places to a stand-in that reports a call reading a
+# carried value, made by ``raw_kernel_standin[0]`` (the flow's hook).
+_NB_FUNC = type(mx.exp)
+_KERNEL_SIGNATURE = "__call__(self, *, inputs:"
+_RAW_KERNEL = "fast.metal_kernel (a kernel made before mlx_precise was imported)"
+raw_kernel_standin: list = []
+_raw_kernels: dict = {}  # id -> Kept((kernel, stand-in)), kept (kernels live long)
+
+
+def _with_raw_kernels(hit: dict) -> dict:
+    """``hit`` and the custom kernels in the heap that MLX made before the package's
+    import (:data:`_raw_kernels`, found anew at each scan)."""
+    for o in gc.get_objects():
+        if (type(o) is _NB_FUNC and id(o) not in _raw_kernels and o.__name__ == ""
+                and id(o) not in kernels.OWN
+                and (o.__doc__ or "").startswith(_KERNEL_SIGNATURE)):
+            _raw_kernels[id(o)] = standins.Kept((o, raw_kernel_standin[0](o, _RAW_KERNEL)))
+    return {**hit, **_raw_kernels} if _raw_kernels else hit
+
+
 def _name(v) -> str:
+    if id(v) in _raw_kernels:
+        return _RAW_KERNEL
     return f"{getattr(v, '__module__', None) or 'mlx.core'}.{getattr(v, '__qualname__', v)}"
 
 
@@ -420,7 +446,7 @@ def rebind_held(strict: bool) -> None:
     """Scan the heap (:func:`_scan_heap`), rebind what holds MLX's originals to the
     stand-ins at this and every later installation, name what cannot be rebound."""
     plan = standins.plans[0]
-    hit = plan.scanned
+    hit = _with_raw_kernels(plan.scanned)
     mutable, frozen, bound = _scan_heap(hit, plan.own or {})
     if plan.own is None:  # the first scan with this plan: tell the package's own
         reached = _reached(plan)

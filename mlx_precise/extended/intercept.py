@@ -12,6 +12,10 @@ blocks MLX computes as before, bit for bit):
   is the flow's own, in double-word (:mod:`.autodiff`), whenever the transformed
   function was made (``nn.value_and_grad`` before the training loop included);
   everywhere else MLX's transform, made when MLX would make it.
+* ``mx.fast.metal_kernel`` & co. and ``mx.import_function``: the kernels and
+  functions they make are callables that report a call reading a carried value
+  while a double-word block is open (they compute in the types they were made
+  for), wherever they were made; everywhere else MLX's, called as they are.
 * ``mx.array``'s in-place operators (``x[i] = v``, ``x += v``, ...): after MLX's
   own update they drop the low word the array carried, so no low word outlives a
   change of its value made outside a block.
@@ -36,7 +40,7 @@ from ..core.plain import plain
 from ..doubleword.types import DoubleWord
 from ..doubleword.engine64 import to64
 from ..doubleword import fusion
-from . import autodiff, carry
+from . import autodiff, carry, dispatch, registry
 
 ENV_VAR = "MLX_PRECISE_INTERCEPT"
 
@@ -237,6 +241,11 @@ def install() -> None:
         for name in ("vjp", "jvp"):
             setattr(mx, name, _transform_now(name))
         _keep_low_words_current()
+        for op in registry.FACTORIES:
+            prefix, _, name = op.rpartition(".")
+            module = registry.MODULES[prefix + "." if prefix else ""]
+            if hasattr(module, name):
+                setattr(module, name, dispatch.factory(op, getattr(module, name), always=True))
         _installed = True
 
 

@@ -83,21 +83,26 @@ WITHOUT_RULE = {
     **dict.fromkeys(("fast.metal_kernel", "fast.cuda_kernel",
                      "fast.precompiled_cuda_kernel"),
                     "a custom kernel computes in the types it declares"),
+    "import_function": "an imported function runs the graph it was exported with, in "
+                       "the types it was traced with",
     "distributed.send": "it sends the float32 value (the receiver's recv takes no low "
                         "word)",
 }
 """Op -> why it has no double-word rule (reported when it consumes a carried value;
 ``strict=True`` raises)."""
 
-KERNEL_FACTORIES = frozenset({"fast.metal_kernel", "fast.cuda_kernel",
-                              "fast.precompiled_cuda_kernel"})
-"""Ops whose result is a kernel: its calls are reported, not the factory's."""
+FACTORIES = frozenset({"fast.metal_kernel", "fast.cuda_kernel",
+                       "fast.precompiled_cuda_kernel", "import_function"})
+"""Ops whose result is a callable MLX made (a custom kernel, an imported function):
+its calls are reported, not the factory's (:func:`.dispatch.factory`; installed at
+import too, :mod:`.intercept`, so that what is made outside blocks reports inside
+them)."""
 
 NOT_OPS = frozenset({
     "eval", "async_eval", "grad", "value_and_grad", "vjp", "jvp", "vmap", "compile",
     "custom_function", "checkpoint", "stream", "new_stream", "default_stream",
     "default_device", "set_default_device", "set_default_stream", "disable_compile",
-    "enable_compile", "export_function", "import_function", "export_to_dot", "exporter",
+    "enable_compile", "export_function", "export_to_dot", "exporter",
     "load", "synchronize", "clear_cache", "clear_streams", "get_active_memory",
     "get_cache_memory", "get_peak_memory", "reset_peak_memory", "get_memory_limit",
     "set_memory_limit", "set_cache_limit", "set_wired_limit", "get_array_buffer_size",
@@ -166,7 +171,7 @@ class Entry(types.SimpleNamespace):
     qualified op name the report counts; ``rule`` its rule or None; ``vjp`` its VJP
     rule or None; ``kind`` as :func:`kind` (``"property"`` for properties,
     ``"in-place"`` for ``__i<op>__`` (``functional``: MLX's ``__<op>__``), ``"at"``
-    for ``mx.array.at``, ``"kernel factory"``); ``fast`` the op's fast path or None
+    for ``mx.array.at``, ``"factory"``); ``fast`` the op's fast path or None
     (:data:`.rules.FAST`)."""
 
     def __init__(self, **kw):
@@ -255,8 +260,8 @@ def entries() -> list[Entry]:
             k = kind(op)
             if k == "not an op":
                 continue
-            if op in KERNEL_FACTORIES:
-                k = "kernel factory"
+            if op in FACTORIES:
+                k = "factory"
             out.append(Entry(owner=module, attr=name, original=getattr(module, name), op=op,
                              rule=rules.TABLE.get(canonical(op)), kind=k,
                              vjp=rules.VJPS.get(canonical(op)),

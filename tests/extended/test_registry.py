@@ -7,6 +7,7 @@ functions, layers, in-place and scatter updates) are reached."""
 from __future__ import annotations
 
 import copy
+import inspect
 import subprocess
 import sys
 import textwrap
@@ -72,7 +73,7 @@ def _ops_to_sweep():
     out = []
     for e in registry.entries():
         if e.kind in ("rule", "without rule", "value-free") and e.owner is not mx.array and \
-                not e.op.startswith("random.") and e.op not in registry.KERNEL_FACTORIES:
+                not e.op.startswith("random.") and e.op not in registry.FACTORIES:
             out.append(e.op)
     return sorted(set(out))
 
@@ -196,17 +197,114 @@ def test_ops_without_a_rule_are_reported_and_strict_raises(backend):
                 mx.to_fp8(x)
 
 
+def _launch(kernel, x):
+    """A launch of the 'copy' kernel on ``x`` (no Metal here: MLX's error, after the
+    report), its error message."""
+    try:
+        kernel(inputs=[x], grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(8,)],
+               output_dtypes=[mx.float32])
+    except RuntimeError as e:
+        if isinstance(e, PrecisionDropError):
+            raise
+        return str(e)
+    raise AssertionError("a Metal launch ran on a machine without Metal")
+
+
+_COPY = "o[thread_position_in_grid.x] = a[thread_position_in_grid.x];"
+
+
 def test_a_custom_kernel_reading_a_carried_value_is_reported():
     x, _ = carried(8, 7)
     with mp.extended_precision() as rep:
         k = mx.fast.metal_kernel(name="copy", input_names=["a"], output_names=["o"],
-                                 source="o[thread_position_in_grid.x] = a[thread_position_in_grid.x];")
-        try:
-            k(inputs=[x], grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(8,)],
-              output_dtypes=[mx.float32])
-        except Exception:
-            pass  # no Metal here: the launch itself fails after the report
+                                 source=_COPY)
+        _launch(k, x)
     assert rep.float32["fast.metal_kernel 'copy'"] == 1
+
+
+def test_a_custom_kernel_made_outside_blocks_reports_inside_them():
+    """mlx-lm makes its kernels at import (module globals): a kernel made after the
+    package's import, outside every block, reports a call in a block that reads a
+    carried value (it read the high word with an empty report); outside blocks it
+    is MLX's call."""
+    k = mx.fast.metal_kernel(name="copy_outside", input_names=["a"], output_names=["o"],
+                             source=_COPY)
+    x, _ = carried(8, 7)
+    with mp.extended_precision() as rep:
+        _launch(k, x)
+        _launch(k, mx.ones((8,)))  # no carried value: nothing to report
+    assert rep.float32 == {"fast.metal_kernel 'copy_outside'": 1}
+    with pytest.raises(PrecisionDropError, match="copy_outside"):
+        with mp.extended_precision(strict=True):
+            _launch(k, x)
+    raw = mx.fast.metal_kernel.__wrapped__(name="copy_outside", input_names=["a"],
+                                           output_names=["o"], source=_COPY)
+    assert type(raw).__name__ == "nb_func" and type(k).__name__ == "function"
+    assert _launch(k, x) == _launch(raw, x)  # MLX's own call outside blocks
+
+
+# (scripts for a fresh interpreter: _launch and _COPY are prepended)
+_MADE_BEFORE = """
+K = mx.fast.metal_kernel(name="before", input_names=["a"], output_names=["o"], source=_COPY)
+class Layer:
+    def __init__(self):
+        self.kernels = {"copy": K}
+LAYER = Layer()
+import mlx_precise as mp
+from mlx_precise.extended import PrecisionDropError
+x = mx.arange(8, dtype=mx.float32)
+for _ in range(2):
+    with mp.extended_precision() as rep:
+        y = x / 3
+        _launch(K, y)
+        _launch(LAYER.kernels["copy"], y)
+    print(dict(rep.float32))
+try:
+    with mp.extended_precision(strict=True):
+        _launch(K, x / 3)
+except PrecisionDropError as e:
+    print("raised")
+print(type(K).__name__)
+"""
+
+
+def _script(body: str) -> str:
+    """``body`` for a fresh interpreter, after MLX's import, :func:`_launch` and
+    ``_COPY`` (the body imports the package and PrecisionDropError)."""
+    return "\n".join(["import mlx.core as mx", inspect.getsource(_launch),
+                      f"_COPY = {_COPY!r}", body])
+
+
+def test_a_custom_kernel_made_before_the_import_reports_inside_blocks():
+    """A kernel MLX made before ``import mlx_precise`` (a model package imported
+    first) is found by the block's scan where it is held (a module global, a dict
+    of an object) and reports there; the name is MLX's own again after the block."""
+    out = subprocess.run([sys.executable, "-c", _script(_MADE_BEFORE)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    key = "fast.metal_kernel (a kernel made before mlx_precise was imported)"
+    assert out.stdout.splitlines() == [str({key: 2})] * 2 + ["raised", "nb_func"]
+
+
+def test_an_imported_function_reports_a_carried_operand(tmp_path):
+    """``mx.import_function`` runs the exported graph in float32 on the high word: a
+    call reading a carried value is reported (it was not: the low word was lost with
+    an empty report); outside blocks its results are MLX's, bit for bit."""
+    path = str(tmp_path / "f.mlxfn")
+    mx.export_function(path, lambda a: a * 3 + 1, mx.zeros((16,)))
+    f = mx.import_function(path)
+    raw = mx.import_function.__wrapped__(path)  # MLX's own
+    x, _ = carried(16, 3)
+    with mp.extended_precision() as rep:
+        y = f(x)[0]
+    assert rep.float32 == {f"import_function {path!r}": 1}
+    hi = np.array(x)
+    np.testing.assert_array_equal(np.array(y), hi * np.float32(3) + np.float32(1))
+    with pytest.raises(PrecisionDropError, match="import_function"):
+        with mp.extended_precision(strict=True):
+            f(x)
+    a = mx.array(rng_f32((16,), 4))
+    assert np.array_equal(np.array(f(a)[0]), np.array(raw(a)[0]))
 
 
 # ---- silent wrong results -----------------------------------------------------------
@@ -835,3 +933,28 @@ def test_cpu_exact_ops_read_the_float64_value():
     assert np.array(wide_value(w)[0]).tolist() == [small, 2 * big]
     assert np.array(wide_value(top)[0]).tolist() == [big, 2 * big]
     assert np.array(i).tolist() == [1, 1]
+
+
+_OWN_KERNEL = """
+import mlx_precise as mp
+from mlx_precise.extended import PrecisionDropError
+from mlx_precise.core import kernels
+k = kernels._metal_kernel_safe(name="own", input_names=["a"], output_names=["o"], source=_COPY)
+HELD = {"k": k}  # (as the package keeps them; the first block scans the heap)
+user = mx.fast.metal_kernel(name="user", input_names=["a"], output_names=["o"], source=_COPY)
+x = mx.arange(8, dtype=mx.float32)
+with mp.extended_precision(strict=True) as rep:
+    assert "Metal" in _launch(HELD["k"], x / 3)
+print(type(k).__name__, type(user).__name__, HELD["k"] is k, dict(rep.float32))
+"""
+
+
+def test_the_package_builds_its_own_kernels_with_mlx_factory():
+    """The package's Metal kernels are made by MLX's own factory (captured before the
+    import wraps it), and a block's heap scan does not take them for kernels made
+    before the import: their launches inside a block read the words they are given
+    and report nothing."""
+    out = subprocess.run([sys.executable, "-c", _script(_OWN_KERNEL)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["nb_func", "function", "True", "{}"]
