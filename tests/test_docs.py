@@ -234,3 +234,36 @@ def test_python_snippet_runs(sid, code, kind, error, tmp_path):
         assert re.search(rf"^(\w+\.)*{error}(:|$)", proc.stderr, re.M), tail
     else:
         assert proc.returncode == 0, tail
+
+
+# ---- figures quoted from scripts ----------------------------------------------------------
+
+
+@pytest.mark.skipif(__import__("mlx.core").core.__version__ != "0.32.4",
+                    reason="the port guide quotes MLX 0.32.4's float64 accuracy")
+def test_port_guide_float64_table_agrees_with_its_script():
+    """The port guide's table of MLX's float64 accuracy is what
+    benchmarks/mlx_float64.py measures: the ops it lists as float64-accurate are
+    within 2^-40 there, the others float32-grade with the quoted error, and
+    gather_mm is refused."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import mlx_float64
+    finally:
+        sys.path.pop(0)
+    rows = {name: (err, grade) for name, err, grade in mlx_float64.measure()}
+    text = (ROOT / "docs" / "port_guide.md").read_text()
+    row = next(line for line in text.splitlines()
+               if line.startswith("| `+ - * /`, `matmul`"))
+    accurate, inaccurate = row.strip("|").split("|")
+    for name in re.findall(r"`([\w.]+)`", accurate):
+        assert rows[name][1] == "float64", name
+    quoted = re.findall(r"`([\w.]+)` (\d\.\de-\d\d)(?: \(depthwise (\d\.\de-\d\d)\))?",
+                        inaccurate)
+    assert len(quoted) == 14
+    for name, err, depthwise in quoted:
+        name = name.removeprefix("mx.")
+        assert rows[name] == (err, rows[name][1]) and rows[name][1].startswith("float32"), name
+        if depthwise:
+            assert rows["conv1d (depthwise)"][0] == depthwise
+    assert rows["gather_mm"][1].startswith("refused")
