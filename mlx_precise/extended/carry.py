@@ -156,8 +156,11 @@ def as64(x):
         if wide is not None:
             return wide[0]
         lo = low_word(x)
-        if lo is None:
-            with mx.stream(mx.cpu):
-                return x.astype(mx.float64)
-        return to64(DoubleWord(x, lo))[0]  # (a -0 high word stays -0)
+        # (with the flow off: inside a block x.astype would read x's carried value,
+        # and x + lo would count the low word twice)
+        with suspended():
+            if lo is None:
+                with mx.stream(mx.cpu):
+                    return x.astype(mx.float64)
+            return to64(DoubleWord(x, lo))[0]  # (a -0 high word stays -0)
     return x

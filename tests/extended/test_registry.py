@@ -913,6 +913,71 @@ def test_floor_divide_and_remainder_of_carried_values(backend):
     assert np.all((value64(mod_op) >= 0) & (value64(mod_op) < 0.25))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_floor_divide_and_remainder_at_every_quotient(backend):
+    """Quotients far from 1 (1 % 1e-30, 1 // -1e30, 3e38 % -7, ...) and remainders
+    whose sign differs from a's: the exact values' floor and remainder (numpy's
+    convention) to double-word precision (the remainder rounded once in float64,
+    then split into the words) and exactly rounded to float32, on
+    exact and on carried operands (``a (1 + 2^-26)``: a double-word and a float64
+    value on every backend). Oracle: exact rationals. (The double-word ``a -
+    floor(a / b) b`` gave 1 % 1e-30 = 2.2e-16 on cpu and 0 on emulate, 1 // -1e30 =
+    0 and 1 % -1e30 = 0 on cpu.)"""
+    from fractions import Fraction
+
+    vals = [1.0, -1.0, 0.5, 7.25, -2.5, 1e-30, -1e-30, 1e30, -1e30, 3e38, -3e38, 1e-20,
+            0.1, -7.0]
+    a = np.array([x for x in vals for y in vals], np.float32)
+    b = np.array([y for x in vals for y in vals], np.float32)
+    scale = Fraction(1) + Fraction(1, 2**26)
+    with mp.use_backend(backend), mp.extended_precision(strict=True):
+        A, B = mx.array(a), mx.array(b)
+        out = [mx.floor_divide(A, B), mx.remainder(A, B),
+               *mx.divmod(A * float(scale), B)]
+        out = [(np.array(y), value64(y)) for y in out]
+
+    for k, (x, y) in enumerate(zip(a.tolist(), b.tolist())):
+        for (hi_q, v_q), (hi_r, v_r), xv in (
+                ((out[0][0][k], out[0][1][k]), (out[1][0][k], out[1][1][k]), Fraction(x)),
+                ((out[2][0][k], out[2][1][k]), (out[3][0][k], out[3][1][k]),
+                 Fraction(x) * scale)):
+            q = xv / Fraction(y)
+            q = Fraction(q.numerator // q.denominator)
+            r = xv - q * Fraction(y)
+            # (one float64 rounding, then the words: double-word precision)
+            assert abs(v_r - float(r)) <= 2**-47 * abs(float(r)), (x, y, v_r, float(r))
+            assert hi_r == np.float32(float(r))
+            if abs(q) > np.finfo(np.float32).max:  # (1e30 // 1e-30: float32's Inf)
+                assert hi_q == np.inf * np.sign(float(q))
+                continue
+            # (the quotient: numpy's (a - fmod) / b in MLX float64, a few roundings)
+            assert abs(v_q - float(q)) <= 2**-48 * abs(float(q)), (x, y, v_q, q)
+            assert hi_q == np.float32(float(q))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_remainder_gradient(backend):
+    """d(a % b)/da = 1, d(a % b)/db = -floor(a / b) at the exact values, inside the
+    block (the flow's reverse mode) and through MLX's autodiff outside it."""
+    a = np.array([7.0, -7.0, 1.0, 1e6, 0.3], np.float32)
+    b = np.array([3.0, 3.0, -1e3, 0.7, 0.1], np.float32)
+    with mp.use_backend(backend), mp.extended_precision(strict=True):
+        x = mx.array(a) / 3
+        ga, gb = mx.grad(lambda u, v: mx.remainder(u, v).sum(), argnums=(0, 1))(x, mx.array(b))
+        va = value64(x)
+        ga, gb = value64(ga), value64(gb)
+    assert np.array_equal(ga, np.ones(5))
+    assert np.array_equal(gb, -np.floor(va / b.astype(np.float64)))
+
+    def f(u, v):
+        with mp.use_backend(backend), mp.extended_precision():
+            return mx.remainder(u, v).sum()
+
+    ga, gb = mx.grad(f, argnums=(0, 1))(mx.array(a), mx.array(b))
+    assert np.array_equal(np.array(ga), np.ones(5))
+    assert np.array_equal(np.array(gb), -np.floor(a.astype(np.float64) / b))
+
+
 def test_cpu_exact_ops_read_the_float64_value():
     """On cpu a carried value is its float64 value: comparisons, where, maximum,
     max and argmax decide by it, also between values whose words are equal (they

@@ -132,3 +132,15 @@ def test_cpu_traces_once_where_it_can(backend):
     x64 = rng_f32((50, 8), 3).astype(np.float64)
     assert _err(y, np.sin(x64 / 70) * 3) < 1e-13
     assert _err(z, np.abs(np.fft.rfft(x64))) < 1e-13
+
+
+def test_words_without_a_float64_value_enter_once(backend):
+    """Integers above 2^24 converted in the block carry their exact value in words
+    alone (no float64 value on cpu): the vmapped function reads that value once (on
+    cpu the float64 trace read the high word plus the low word with the flow on,
+    which counted the low word twice: 2 (2^24 + 1) gave 2^25 + 4)."""
+    ints = np.array([[3, 2**24 + 1], [123456789, -(2**30 + 3)]], np.int32)
+    with mp.use_backend(backend), mp.extended_precision(strict=True):
+        a = mx.array(ints).astype(mx.float32)
+        got = value64(mx.vmap(lambda r: r * 2.0)(a))
+    assert np.array_equal(got, 2.0 * ints.astype(np.float64))

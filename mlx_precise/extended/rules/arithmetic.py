@@ -11,11 +11,12 @@ import numpy as np
 from ...core import backends
 from ...doubleword import engine64
 from ...doubleword.types import DoubleWord, real_imag
-from .. import arith, carry
+from .. import arith, autodiff, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value
 from .base import (_ASTYPE, as64, carries, conj, decomposed, floating_result, fused,
                    has_float64, integer_quotient, is_integer_array, is_word_array, movement,
                    of_integers, promoted, result, result64, small64, unbroadcast, words)
+from .float64 import on_cpu
 from .linear import noting_transposes
 from .shape import _setitem
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
@@ -448,22 +449,46 @@ def _round_to(ctx, a, decimals=0, **kw):
         return mx.round(a * scale) / scale if decimals > 0 else mx.round(a / scale) * scale
 
 
+def _divmod64(a, b):
+    """numpy's divmod of float64 values (``npy_divmod``) in MLX float64 ops (called
+    with the flow off): the truncated remainder (exact: MLX's remainder of the magnitudes, with
+    a's sign), the quotient ``(a - fmod) / b``, one step down where the signs
+    differ (the remainder then ``fmod + b``, one rounding), the floor rounded up
+    where the division left it just below an integer; zero remainders take b's
+    sign, a zero quotient that of ``a / b``."""
+    m = mx.remainder(mx.abs(a), mx.abs(b)) * mx.sign(a)
+    div = (a - m) / b
+    fix = (m != 0) & ((b < 0) != (m < 0))
+    mod = mx.where(fix, m + b, mx.where(m == 0, 0.0 * b, m))
+    div = mx.where(fix, div - 1, div)
+    low = mx.floor(div)
+    low = mx.where(div - low > 0.5, low + 1, low)
+    return mx.where(div == 0, 0.0 * (a / b), low), mod
+
+
 def _divmod_words(a, b):
     """(floor(a / b), a - b floor(a / b)) of real carried values, numpy's
-    convention (the remainder has b's sign): the double-word quotient's floor,
-    then one correction each way, decided by exact comparisons of the remainder,
-    since a quotient within 2^-47 of an integer may floor to its neighbour.
-    Non-finite operands and b = 0 give MLX's values."""
+    convention (the remainder has b's sign), from the operands' exact values in
+    float64 on the CPU stream (:func:`_divmod64`; on ``metal`` / ``emulate`` the
+    words joined there): exact where the truncated remainder is (always, for
+    values of at most 53 significant bits) and rounded once where the signs
+    differ, for every quotient (a double-word ``a - floor(a / b) b`` is exact only
+    for small ones: 1 % 1e-30 gave 2.2e-16, 1 // -1e30 gave 0). A gradient sees
+    ``r = a - q b`` at the constant q. Non-finite operands and b = 0 give MLX's
+    values."""
     if any(isinstance(v, ARRAY) and v.dtype == mx.complex64 or isinstance(v, complex)
            for v in (a, b)):
         return NotImplemented
-    q = mx.floor(a / b)
-    r = a - q * b
-    positive = b > 0
-    low = mx.where(positive, r < 0, r > 0)  # the quotient was one too large
-    q, r = mx.where(low, q - 1, q), mx.where(low, r + b, r)
-    high = mx.where(positive, r >= b, r <= b)  # one too small
-    q, r = mx.where(high, q + 1, q), mx.where(high, r - b, r)
+    with carry.suspended():  # (the operands' exact values, read with the flow off)
+        out = on_cpu(_divmod64, (a, b), {})
+    if out is NotImplemented:
+        return out
+    q, r = out
+    if autodiff.recording():
+        # the value r, the derivative of a - q b (q piecewise constant) for the flow's
+        # reverse mode, which does not see the float64 steps (run with the flow off):
+        # exact zeros added. (MLX's own autodiff differentiates those steps.)
+        r = r + (a - mx.stop_gradient(a)) - q * (b - mx.stop_gradient(b))
     with carry.suspended():
         ordinary = mx.isfinite(a) & mx.isfinite(b) & (b != 0)
         q_mlx, r_mlx = mx.floor_divide(a, b), mx.remainder(a, b)

@@ -35,7 +35,7 @@ def in_float64(ctx, original, *args, **kw):
     words; NotImplemented elsewhere."""
     if not ctx.backend.float64_engine:
         return NotImplemented
-    return _on_cpu(original, args, kw)
+    return on_cpu(original, args, kw)
 
 
 def _linalg(ctx, original, *args, **kw):
@@ -44,10 +44,10 @@ def _linalg(ctx, original, *args, **kw):
     exact values (on ``metal`` / ``emulate`` the words joined in float64 on the CPU
     stream, the results split back into words): the cost of MLX's own float32 call,
     at float64's LAPACK speed."""
-    return _on_cpu(original, args, kw)
+    return on_cpu(original, args, kw)
 
 
-def _on_cpu(original, args, kw):
+def on_cpu(original, args, kw):
     """``original`` on the CPU stream in MLX float64 on the operands' exact values,
     float64 results in two words; NotImplemented without a float32 operand, or with
     operands of other dtypes."""
