@@ -146,3 +146,29 @@ def test_depthwise_overflow_and_inf(backend):
     w = mx.array(np.array([[1.0, 1.0]], np.float32))
     y = np.array(depthwise_conv_extended(xs, w, backend=backend)).ravel()
     assert same(y, [1.0, np.inf, np.nan, -np.inf, 5.0, 7.0, 9.0, 11.0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_block_softmax_and_divmod_specials(backend):
+    """Inside a block: softmax of rows holding +-Inf or NaN is what MLX's float32
+    softmax gives (a row holding +Inf is NaN throughout: it gave 0 beside the NaN),
+    logsumexp too; floor_divide and remainder of special values are MLX's."""
+    import mlx_precise as mp
+
+    rows = np.array([[INF, 1, 2, 3], [-INF] * 4, [NAN, 1, 2, 3], [INF, INF, 0, 0],
+                     [-INF, 0, 1, 2], [INF, -INF, 1, 2], [BIG, -BIG, 0, 1]], np.float32)
+    x, y = pairs()
+    want = [mx.softmax(mx.array(rows), axis=-1), mx.logsumexp(mx.array(rows), axis=-1),
+            mx.floor_divide(mx.array(x), mx.array(y)), mx.remainder(mx.array(x), mx.array(y))]
+    with mp.use_backend(backend), mp.extended_precision():
+        r = mx.array(rows) * 1.0
+        got = [mx.softmax(r, axis=-1), mx.logsumexp(r, axis=-1)]
+        a, b = mx.array(x) * 1.0, mx.array(y) * 1.0
+        got += [mx.floor_divide(a, b), mx.remainder(a, b)]
+        got = [np.array(g) for g in got]
+    finite = np.isfinite(x) & np.isfinite(y) & (y != 0)
+    for k, (g, w) in enumerate(zip(got, want)):
+        w = np.array(w)
+        if k >= 2:  # (divmod of finite values: exact there, MLX's elsewhere)
+            g, w = g[~finite], w[~finite]
+        assert same(g, w), (k, g, w)

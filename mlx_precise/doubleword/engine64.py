@@ -494,15 +494,17 @@ def exp64(x: mx.array, shift: mx.array | None = None) -> mx.array:
 # bits), with the elementwise parts fused and the full-size intermediates never
 # written: only what a reduction reads is.
 
-def _float32_shift(v, axes):
+def _float32_shift(v, axes, infinite: bool = False):
     """softmax's and logsumexp's shift along ``axes``: the float32 maximum of the
     high words (= the rounding of the float64 maximum ``m``), 0 where it is not
-    finite, and ``m`` itself from 2^24 on, where the maximum's low word reaches 1
-    (its exp would overflow past ~2^31: see the flow's rule,
-    ``extended.rules.reductions._shift_low``)."""
+    finite (``infinite``, softmax's: where it is -Inf or NaN, so that a row holding
+    +Inf is NaN throughout, as MLX's), and ``m`` itself from 2^24 on, where the
+    maximum's low word reaches 1 (its exp would overflow past ~2^31: see the flow's
+    rule, ``extended.rules.reductions._shift_low``)."""
     m = mx.max(v, axis=axes, keepdims=True)
     m32 = m.astype(F32).astype(F64)
-    return mx.where(mx.isfinite(m32), mx.where(mx.abs(m32) >= 2.0**24, m, m32), 0.0)
+    kept = mx.isfinite(m32) | (m32 == mx.inf) if infinite else mx.isfinite(m32)
+    return mx.where(kept, mx.where(mx.abs(m32) >= 2.0**24, m, m32), 0.0)
 
 
 PIECE = 1 << 15
@@ -609,7 +611,7 @@ def by_rows(fn, v: mx.array, axes: tuple = (), piece: int | None = None):
 def _exp_and_sum(v, axes):
     """(e, sum(e)) along ``axes``, ``e = exp(v - shift)``: softmax's numerator and
     denominator."""
-    e = exp64(v, _float32_shift(v, axes))
+    e = exp64(v, _float32_shift(v, axes, True))
     return e, mx.sum(e, axis=axes, keepdims=True)
 
 

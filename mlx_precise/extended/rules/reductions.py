@@ -143,11 +143,20 @@ def _shift_low(hi: mx.array, lo: mx.array | None, m: mx.array, axis) -> mx.array
         return mx.stop_gradient(mx.where(mx.abs(m) >= _WIDE_SHIFT, top, 0.0))
 
 
-def _shift(x, axis):
+def _shift_here(m, infinite: bool):
+    """Where the shift is the maximum ``m``: where it is finite, and (``infinite``:
+    softmax's) where it is +Inf too, so that a row holding +Inf is NaN throughout,
+    as MLX's ``exp(x - max)`` makes it (a shift of 0 made it NaN at the Inf and 0
+    elsewhere); logsumexp's is 0 there (its value is +Inf, MLX's)."""
+    return mx.isfinite(m) | (m == mx.inf) if infinite else mx.isfinite(m)
+
+
+def _shift(x, axis, infinite: bool = False):
     """softmax's and logsumexp's shift of ``x``: the maximum of the high words (0
-    where it is not finite), with :func:`_shift_low`'s low word attached."""
+    where it is not kept: :func:`_shift_here`), with :func:`_shift_low`'s low word
+    attached."""
     m = _stopped_max(x, axis)
-    m = mx.where(mx.isfinite(m), m, 0.0)
+    m = mx.where(_shift_here(m, infinite), m, 0.0)
     if x.dtype != mx.float32:
         return m
     return attach(m, _shift_low(x, low_word(x), m, axis))
@@ -156,7 +165,7 @@ def _shift(x, axis):
 def _softmax(x, axis=None, precise=False, **kw):
     if x.size == 0:
         return NotImplemented  # nothing to compute: MLX's empty result
-    e = mx.exp(x - _shift(x, axis))
+    e = mx.exp(x - _shift(x, axis, True))
     return e / mx.sum(e, axis=axis, keepdims=True)
 
 
@@ -180,18 +189,18 @@ def _logsumexp64(x, axis=None, keepdims=False, **kw):
     return result(engine64.logsumexp64(words(x), axes, keepdims))
 
 
-def _exponentials(ctx, x, axis):
+def _exponentials(ctx, x, axis, infinite: bool):
     """The first steps of :func:`_softmax` / :func:`_logsumexp` on the words, for
     their kernel forms (inside ``fusion.deferred()``): ``(exp(x - shift), shift,
-    the reduced axes)`` with ``shift`` the rule of ``mx.where(mx.isfinite(m), m,
-    0.0)`` on the stopped maximum ``m``; None where they decline (the
+    the reduced axes)`` with ``shift`` the rule of ``mx.where(_shift_here(m,
+    infinite), m, 0.0)`` on the stopped maximum ``m``; None where they decline (the
     decomposition decides)."""
     axes = axes_of(x.ndim, axis) if isinstance(x, mx.array) else None
     if not axes or x.dtype != mx.float32 or x.size == 0:
         return None
     b, s = ctx.backend, ctx.stream
     m = _stopped_max(x, axis)
-    shift = arith.where(mx.isfinite(m), arith.exact(m), arith.constant(0.0), b)
+    shift = arith.where(_shift_here(m, infinite), arith.exact(m), arith.constant(0.0), b)
     w = words(x)
     low = _shift_low(w.hi, w._lo if w.wide is None else w.lo, shift.hi, axis)
     if low is not None:
@@ -199,7 +208,7 @@ def _exponentials(ctx, x, axis):
     return functions.unary("exp", arith.binary("sub", w, shift, b, s), b, s), shift, axes
 
 
-def _exponentials_form(finish):
+def _exponentials_form(finish, infinite: bool):
     """The kernel form of :func:`_softmax` / :func:`_logsumexp`: their steps called on
     the words (each the rule its op runs: the same fused programs, so the same
     bits) inside ``fusion.deferred()`` (the exponentials launched only where the sum
@@ -208,7 +217,7 @@ def _exponentials_form(finish):
 
     def form(ctx, x, axis=None, *rest, **kw):
         with fusion.deferred():
-            given = _exponentials(ctx, x, axis)
+            given = _exponentials(ctx, x, axis, infinite)
             if given is None:
                 return NotImplemented
             return result(finish(ctx, *given, *rest, **kw))
@@ -230,8 +239,8 @@ def _logsumexp_finish(ctx, e, shift, axes, keepdims=False, **kw):
     return y
 
 
-_softmax_words = _exponentials_form(_softmax_finish)
-_logsumexp_words = _exponentials_form(_logsumexp_finish)
+_softmax_words = _exponentials_form(_softmax_finish, True)
+_logsumexp_words = _exponentials_form(_logsumexp_finish, False)
 
 
 def _std(a, axis=None, keepdims=False, ddof=0, **kw):
