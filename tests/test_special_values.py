@@ -172,3 +172,36 @@ def test_block_softmax_and_divmod_specials(backend):
         if k >= 2:  # (divmod of finite values: exact there, MLX's elsewhere)
             g, w = g[~finite], w[~finite]
         assert same(g, w), (k, g, w)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_block_gradients_of_decomposed_functions(backend):
+    """The gradients of sinh, cosh, arcsinh and erfinv inside a block at special
+    and extreme arguments are their derivatives (cosh, sinh, 1 / sqrt(1 + x^2),
+    sqrt(pi)/2 e^(erfinv(x)^2)) at the exact values: +Inf where float32's is +Inf
+    (sinh' was NaN: 0 times an infinite branch), NaN where it is NaN (arcsinh'(NaN)
+    and erfinv' beyond +-1 were 0), sinh(1e-30) for cosh' (0: the difference of
+    two cotangents cancelled). Oracle: mpmath; special values as MLX's float32."""
+    import mpmath
+    import mlx_precise as mp
+
+    xs = np.array([0.0, 1e-30, -2e-20, 0.5, -3.0, 40.0, 1e30, 3e38, INF, -INF, NAN], np.float32)
+    us = np.array([0.0, 1e-30, 0.5, -0.9, 1.0, -1.0, 3.0, NAN], np.float32)
+    cases = {"sinh": (xs, mpmath.cosh), "cosh": (xs, mpmath.sinh),
+             "arcsinh": (xs, lambda v: 1 / mpmath.sqrt(1 + v * v)),
+             "erfinv": (us, lambda v: mpmath.sqrt(mpmath.pi) / 2
+                        * mpmath.exp(mpmath.erfinv(v) ** 2))}
+    for name, (x, d) in cases.items():
+        f = getattr(mx, name)
+        with mp.use_backend(backend), mp.extended_precision(strict=True):
+            got = np.array(mx.grad(lambda v: f(v).sum())(mx.array(x)))
+        want = np.array(mx.grad(lambda v: f(v).sum())(mx.array(x)))
+        for k, v in enumerate(x.tolist()):
+            if not np.isfinite(v) or not np.isfinite(want[k]) or abs(v) >= 1 and name == "erfinv":
+                assert same(got[k], want[k]), (name, v, got[k], want[k])
+                continue
+            ref = d(mpmath.mpf(v))
+            if abs(ref) > MAXF:
+                assert got[k] == np.sign(float(ref)) * INF, (name, v, got[k])
+            elif abs(ref) > 1e-37:
+                assert got[k] == np.float32(float(ref)), (name, v, got[k], float(ref))

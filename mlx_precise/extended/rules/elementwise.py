@@ -169,11 +169,14 @@ _HALF_E = math.e / 2  # its float64 value enters in two words
 def _sinh(x, **kw):
     """``(e^(x - 1) - e^(-x - 1)) e/2`` for |x| >= 1 (x - 1 is exact there, and
     nothing overflows before float32's own sinh does), ``(expm1(x) - expm1(-x)) /
-    2`` below (no cancellation: the terms have opposite signs)."""
-    small = (mx.expm1(x) - mx.expm1(-x)) * 0.5
-    large = (mx.exp(x - 1) - mx.exp(-x - 1)) * _HALF_E
+    2`` below (no cancellation: the terms have opposite signs), on x set to 0
+    where it is not taken (so that it stays finite, and MLX's derivative of the
+    composition too: 0 times an infinite e^x was NaN)."""
     with carry.suspended():
         near = mx.abs(x) < 1
+    t = mx.where(near, x, 0.0)
+    small = (mx.expm1(t) - mx.expm1(-t)) * 0.5
+    large = (mx.exp(x - 1) - mx.exp(-x - 1)) * _HALF_E
     return mx.where(near, small, large)
 
 
@@ -237,14 +240,22 @@ def _logaddexp(a, b, **kw):
     return m + mx.log1p(mx.exp(-mx.abs(mx.where(a == b, 0.0, a - b))))
 
 
-def _logaddexp_rule(ctx, original, a, b, **kw):
-    """``logaddexp`` recorded as one op: the composition's derivative at ``a == b``
-    would be (0, 1) (``max`` and ``|.|`` pick sides); its own, MLX's, is the pair of
-    softmax weights (1/2, 1/2 there)."""
-    if not (is_word_array(a) or is_word_array(b)):
-        return NotImplemented
-    with carry.reporting(ctx.report), autodiff.unrecorded():
-        return _logaddexp(a, b)
+def _one_op(fn):
+    """The rule of a composition recorded as one op (its VJP rule in :data:`VJPS`
+    differentiates it) where the composition's own derivative would lose what the
+    function keeps: ``logaddexp`` at ``a == b`` ((0, 1): ``max`` and ``|.|`` pick
+    sides; MLX's is (1/2, 1/2)), cosh near 0 (the difference of two e^(-+x - 1)
+    cotangents cancels: 0 for sinh(1e-30)), ``arcsinh`` of NaN (the unselected
+    branch's derivative masked it: 0), ``erfinv`` at and beyond +-1 (its branches
+    hold no derivative there: 0 for +Inf and NaN)."""
+
+    def rule(ctx, original, *args, **kw):
+        if not any(is_word_array(a) for a in args):
+            return NotImplemented
+        with carry.reporting(ctx.report), autodiff.unrecorded():
+            return fn(*args, **kw)
+
+    return rule
 
 
 _HALF_SQRT_PI = math.sqrt(math.pi) / 2
@@ -287,12 +298,12 @@ RULES = {
     **{fn: of_integers(function(fn)) for fn in functions.UNARY},
     "power": _power, "arctan2": of_integers(_arctan2),
     **{name: of_integers(decomposed(fn)) for name, fn in (
-        ("sinh", _sinh), ("cosh", _cosh), ("tan", _tan), ("arctan", _arctan),
-        ("arcsin", _arcsin), ("arccos", _arccos), ("arctanh", _arctanh),
-        ("arcsinh", _arcsinh), ("arccosh", _arccosh),
-        ("degrees", lambda x: x * _DEGREES), ("radians", lambda x: x * _RADIANS),
-        ("erfinv", _erfinv))},
-    "logaddexp": of_integers(_logaddexp_rule),
+        ("tan", _tan), ("arctan", _arctan), ("arcsin", _arcsin), ("arccos", _arccos),
+        ("arctanh", _arctanh), ("arccosh", _arccosh),
+        ("degrees", lambda x: x * _DEGREES), ("radians", lambda x: x * _RADIANS))},
+    **{name: of_integers(_one_op(fn)) for name, fn in (
+        ("sinh", _sinh), ("cosh", _cosh), ("arcsinh", _arcsinh), ("erfinv", _erfinv),
+        ("logaddexp", _logaddexp))},
 }
 """Op name -> rule. The functions take integer and bool arrays as their exact values
 (MLX's results are float32 there too; :func:`.base.of_integers`); ``power`` of
@@ -369,6 +380,30 @@ def _logaddexp_vjp(e, g):
     return (unbroadcast(g * s, a), unbroadcast(g * (1.0 - s), b))
 
 
+def _real_vjp(d):
+    """The VJP rule of a real function of one operand: ``d(g, x, o)``."""
+    def vjp(e, g):
+        x = e.args[0]
+        if not isinstance(x, mx.array) or x.dtype not in REAL:
+            return NotImplemented
+        return (d(g, x, e.out),)
+
+    return vjp
+
+
+def _arcsinh_derivative(g, x, o):
+    """``g / sqrt(1 + x^2)``, ``g / |x|`` above 2^26 (x^2 would overflow), each on
+    an argument clamped to its branch (NaN stays NaN)."""
+    a = mx.abs(x)
+    return g * mx.where(a > _HUGE, 1 / mx.maximum(a, _HUGE),
+                        mx.rsqrt(1 + mx.square(mx.minimum(a, _HUGE))))
+
+
 VJPS = {**{fn: _function_vjp(fn) for fn in _DERIVATIVES}, "power": _power_vjp,
-        "arctan2": _arctan2_vjp, "logaddexp": _logaddexp_vjp}
+        "arctan2": _arctan2_vjp, "logaddexp": _logaddexp_vjp,
+        "sinh": _real_vjp(lambda g, x, o: g * mx.cosh(x)),
+        "cosh": _real_vjp(lambda g, x, o: g * mx.sinh(x)),
+        "arcsinh": _real_vjp(_arcsinh_derivative),
+        # sqrt(pi)/2 e^(erfinv(x)^2): +Inf at +-1, NaN beyond (the result's)
+        "erfinv": _real_vjp(lambda g, x, o: g * (elementary("exp", o * o) * _HALF_SQRT_PI))}
 """Op name -> VJP rule (see :mod:`.base`)."""
