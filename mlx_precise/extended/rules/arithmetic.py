@@ -13,7 +13,7 @@ from ...doubleword import engine64
 from ...doubleword.types import DoubleWord, real_imag
 from .. import arith, autodiff, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value
-from .base import (_ASTYPE, as64, carries, conj, decomposed, floating_result, fused,
+from .base import (_ASTYPE, as64, carries, conj, decomposed, one_op, floating_result, fused,
                    has_float64, integer_quotient, is_integer_array, is_word_array, movement,
                    of_integers, promoted, result, result64, small64, unbroadcast, words)
 from .float64 import on_cpu
@@ -473,8 +473,9 @@ def _divmod_words(a, b):
     words joined there): exact where the truncated remainder is (always, for
     values of at most 53 significant bits) and rounded once where the signs
     differ, for every quotient (a double-word ``a - floor(a / b) b`` is exact only
-    for small ones: 1 % 1e-30 gave 2.2e-16, 1 // -1e30 gave 0). A gradient sees
-    ``r = a - q b`` at the constant q. Non-finite operands and b = 0 give MLX's
+    for small ones: 1 % 1e-30 gave 2.2e-16, 1 // -1e30 gave 0). The flow records
+    ``floor_divide`` and ``remainder`` as one op each (VJPS: MLX's derivatives, 0
+    and ``(1, -floor(a / b))``). Non-finite operands and b = 0 give MLX's
     values."""
     if any(isinstance(v, ARRAY) and v.dtype == mx.complex64 or isinstance(v, complex)
            for v in (a, b)):
@@ -484,11 +485,6 @@ def _divmod_words(a, b):
     if out is NotImplemented:
         return out
     q, r = out
-    if autodiff.recording():
-        # the value r, the derivative of a - q b (q piecewise constant) for the flow's
-        # reverse mode, which does not see the float64 steps (run with the flow off):
-        # exact zeros added. (MLX's own autodiff differentiates those steps.)
-        r = r + (a - mx.stop_gradient(a)) - q * (b - mx.stop_gradient(b))
     with carry.suspended():
         ordinary = mx.isfinite(a) & mx.isfinite(b) & (b != 0)
         q_mlx, r_mlx = mx.floor_divide(a, b), mx.remainder(a, b)
@@ -567,10 +563,12 @@ RULES = {
     "clip": of_integers(decomposed(_clip), True), "nan_to_num": _nan_to_num, "diff": decomposed(_diff),
     **{kind: _integer_part(kind) for kind in ("floor", "ceil", "trunc", "round")},
     "isclose": decomposed(_isclose), "array_equal": decomposed(_array_equal),
-    "floor_divide": of_integers(decomposed(_floor_divide), True),
-    "remainder": of_integers(decomposed(_remainder), True),
+    "floor_divide": of_integers(one_op(_floor_divide), True),
+    "remainder": of_integers(one_op(_remainder), True),
     "divmod": of_integers(decomposed(lambda a, b: (
-        lambda out: out if out is NotImplemented else list(out))(_divmod_words(a, b))), True),
+        NotImplemented if any(isinstance(v, ARRAY) and v.dtype == mx.complex64
+                              or isinstance(v, complex) for v in (a, b))
+        else [mx.floor_divide(a, b), mx.remainder(a, b)])), True),
     "allclose": decomposed(lambda a, b, rtol=1e-05, atol=1e-08, *, equal_nan=False: mx.all(
         _isclose(a, b, rtol, atol, equal_nan=equal_nan))),
     **{name: _compare(name) for name in ("less", "less_equal", "greater", "greater_equal",
@@ -626,10 +624,11 @@ VJPS = {
     "real": lambda e, g: (g.astype(mx.complex64),) if e.args[0].dtype == mx.complex64
     else (g,),
     "imag": lambda e, g: (g * 1j,) if e.args[0].dtype == mx.complex64 else (g * 0.0,),
-    "maximum": _binary_vjp(lambda g, x, y, o: mx.where(x > y, g, 0.0),
-                           lambda g, x, y, o: mx.where(x > y, 0.0, g)),
-    "minimum": _binary_vjp(lambda g, x, y, o: mx.where(x < y, g, 0.0),
-                           lambda g, x, y, o: mx.where(x < y, 0.0, g)),
+    # MLX's: the cotangent times the mask, a tie to y, a NaN operand to neither (the
+    # mask's complement gave it to y: leaky_relu'(NaN) was 1), a NaN cotangent to
+    # both (a where dropped it: celu'(NaN) and huber'(NaN) were 0)
+    "maximum": _binary_vjp(lambda g, x, y, o: g * (x > y), lambda g, x, y, o: g * (y >= x)),
+    "minimum": _binary_vjp(lambda g, x, y, o: g * (x < y), lambda g, x, y, o: g * (y <= x)),
     "negative": _unary_vjp(lambda g, x, o: -g),
     "abs": _unary_vjp(lambda g, x, o: g * mx.sign(x)),
     "square": _unary_vjp(lambda g, x, o: g * (x * 2.0)),
@@ -639,6 +638,10 @@ VJPS = {
     if _real_operands(e) else NotImplemented,
     "astype": lambda e, g: (g,) if e.out.dtype == e.args[0].dtype else NotImplemented,
     **{kind: (lambda e, g: (mx.zeros_like(g),)) for kind in ("floor", "ceil", "trunc", "round")},
+    # MLX's derivatives: none for floor_divide; 1 and -floor(a / b) for remainder (the
+    # flow's exact floor; MLX's float64 one in the float64 backward)
+    "floor_divide": lambda e, g: (None, None),
+    "remainder": _binary_vjp(lambda g, x, y, o: g, lambda g, x, y, o: -(g * mx.floor_divide(x, y))),
     "array.T": movement, "array.mT": movement,
     "array.real": lambda e, g: VJPS["real"](e, g), "array.imag": lambda e, g: VJPS["imag"](e, g),
 }

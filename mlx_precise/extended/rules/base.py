@@ -310,6 +310,27 @@ def decomposed(fn):
     return rule
 
 
+def one_op(fn):
+    """The rule of a composition (see :func:`decomposed`) recorded as one op, which
+    its VJP rule (its family's ``VJPS``) differentiates, where the composition's
+    own derivative would lose what the function keeps: ``logaddexp`` at ``a == b``
+    ((0, 1): ``max`` and ``|.|`` pick sides; MLX's is (1/2, 1/2)), cosh near 0 (the
+    difference of two e^(-+x - 1) cotangents cancels: 0 for sinh(1e-30)),
+    ``arcsinh`` and ``arccosh`` of NaN (the unselected branch's derivative masked
+    it: 0), ``erfinv`` at and beyond +-1 (0 for +Inf and NaN), ``arcsin``,
+    ``arccos``, ``arctanh``, ``arccosh`` at +-1 (NaN for float32's +-Inf: a square
+    root's infinite derivative times 0), ``remainder`` and ``floor_divide`` (their
+    float64 steps run with the flow off)."""
+
+    def rule(ctx, original, *args, **kw):
+        if not any(is_word_array(a) for a in args):
+            return NotImplemented
+        with carry.reporting(ctx.report), autodiff.unrecorded():
+            return fn(*args, **kw)
+
+    return rule
+
+
 def kernel_form(ctx) -> bool:
     """Whether a rule runs its kernel form (its decomposition's steps called on the
     words): on a kernel backend, outside gradient recording (the tape records the

@@ -14,7 +14,7 @@ from ...doubleword import engine64, functions
 from ...doubleword.fusion import differentiating
 from .. import arith, autodiff, carry
 from ..engine import words_op
-from .base import (REAL, conj, decomposed, elementary, floating_result, fused, has_float64,
+from .base import (REAL, conj, decomposed, one_op, elementary, floating_result, fused, has_float64,
                    is_word_array, of_integers, operand_array, promoted, result, result64,
                    small64, unbroadcast, words)
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
@@ -240,22 +240,6 @@ def _logaddexp(a, b, **kw):
     return m + mx.log1p(mx.exp(-mx.abs(mx.where(a == b, 0.0, a - b))))
 
 
-def _one_op(fn):
-    """The rule of a composition recorded as one op (its VJP rule in :data:`VJPS`
-    differentiates it) where the composition's own derivative would lose what the
-    function keeps: ``logaddexp`` at ``a == b`` ((0, 1): ``max`` and ``|.|`` pick
-    sides; MLX's is (1/2, 1/2)), cosh near 0 (the difference of two e^(-+x - 1)
-    cotangents cancels: 0 for sinh(1e-30)), ``arcsinh`` of NaN (the unselected
-    branch's derivative masked it: 0), ``erfinv`` at and beyond +-1 (its branches
-    hold no derivative there: 0 for +Inf and NaN)."""
-
-    def rule(ctx, original, *args, **kw):
-        if not any(is_word_array(a) for a in args):
-            return NotImplemented
-        with carry.reporting(ctx.report), autodiff.unrecorded():
-            return fn(*args, **kw)
-
-    return rule
 
 
 _HALF_SQRT_PI = math.sqrt(math.pi) / 2
@@ -298,12 +282,12 @@ RULES = {
     **{fn: of_integers(function(fn)) for fn in functions.UNARY},
     "power": _power, "arctan2": of_integers(_arctan2),
     **{name: of_integers(decomposed(fn)) for name, fn in (
-        ("tan", _tan), ("arctan", _arctan), ("arcsin", _arcsin), ("arccos", _arccos),
-        ("arctanh", _arctanh), ("arccosh", _arccosh),
+        ("tan", _tan), ("arctan", _arctan),
         ("degrees", lambda x: x * _DEGREES), ("radians", lambda x: x * _RADIANS))},
-    **{name: of_integers(_one_op(fn)) for name, fn in (
+    **{name: of_integers(one_op(fn)) for name, fn in (
         ("sinh", _sinh), ("cosh", _cosh), ("arcsinh", _arcsinh), ("erfinv", _erfinv),
-        ("logaddexp", _logaddexp))},
+        ("arcsin", _arcsin), ("arccos", _arccos), ("arctanh", _arctanh),
+        ("arccosh", _arccosh), ("logaddexp", _logaddexp))},
 }
 """Op name -> rule. The functions take integer and bool arrays as their exact values
 (MLX's results are float32 there too; :func:`.base.of_integers`); ``power`` of
@@ -362,7 +346,9 @@ def _power_vjp(e, g):
     if isinstance(x, mx.array) and mx.issubdtype(x.dtype, mx.inexact):
         gx = unbroadcast(g * y * (x ** (y - 1)), x)
     if isinstance(y, mx.array) and mx.issubdtype(y.dtype, mx.inexact):
-        gy = unbroadcast(g * e.out * mx.log(x), y)
+        # x^y log x, and 0 where x^y is 0 (MLX's: 0^y, and a negative base whose
+        # power underflowed, where log x is -Inf or NaN)
+        gy = unbroadcast(mx.where(e.out == 0, 0.0, g * e.out * mx.log(x)), y)
     return (gx, gy)
 
 
@@ -399,11 +385,25 @@ def _arcsinh_derivative(g, x, o):
                         mx.rsqrt(1 + mx.square(mx.minimum(a, _HUGE))))
 
 
+def _arccosh_derivative(g, x, o):
+    """``g / sqrt((x - 1)(x + 1))``, ``g / x`` above 2^26 (the product would
+    overflow), each on an argument clamped to its branch (NaN stays NaN)."""
+    t = mx.minimum(x, _HUGE)
+    # (+ 0.0: the product at x = -1 is -0, whose rsqrt is -Inf; MLX's is +Inf)
+    return g * mx.where(x > _HUGE, 1 / mx.maximum(x, _HUGE),
+                        mx.rsqrt((t - 1) * (t + 1) + 0.0))
+
+
 VJPS = {**{fn: _function_vjp(fn) for fn in _DERIVATIVES}, "power": _power_vjp,
         "arctan2": _arctan2_vjp, "logaddexp": _logaddexp_vjp,
         "sinh": _real_vjp(lambda g, x, o: g * mx.cosh(x)),
         "cosh": _real_vjp(lambda g, x, o: g * mx.sinh(x)),
         "arcsinh": _real_vjp(_arcsinh_derivative),
+        # 1 / sqrt(1 - x^2) from (1 - x)(1 + x) (exact near +-1): +Inf at +-1
+        "arcsin": _real_vjp(lambda g, x, o: g * mx.rsqrt((1 - x) * (1 + x))),
+        "arccos": _real_vjp(lambda g, x, o: -(g * mx.rsqrt((1 - x) * (1 + x)))),
+        "arctanh": _real_vjp(lambda g, x, o: g / ((1 - x) * (1 + x))),
+        "arccosh": _real_vjp(_arccosh_derivative),
         # sqrt(pi)/2 e^(erfinv(x)^2): +Inf at +-1, NaN beyond (the result's)
         "erfinv": _real_vjp(lambda g, x, o: g * (elementary("exp", o * o) * _HALF_SQRT_PI))}
 """Op name -> VJP rule (see :mod:`.base`)."""
