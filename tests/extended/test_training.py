@@ -513,3 +513,27 @@ def test_pad_by_copies_forward_and_gradient(backend, mode, pad_width):
                     for e in np.eye(20)])
     want = (jac.astype(np.longdouble) @ w.reshape(-1).astype(np.longdouble)).reshape(4, 5)
     np.testing.assert_array_equal(got_g, want.astype(np.float64))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradients_of_scalar_takes_and_of_reductions_at_nan(backend):
+    """``mx.take`` with a Python int index (``mx.median`` takes its middle so) has
+    a gradient in a block (it raised AttributeError: 'int' object has no attribute
+    'ndim'); max / min of a row holding NaN give a NaN gradient throughout, as MLX's
+    (it was 0). Oracle: hand-written gradients and MLX's float32 special values."""
+    x = np.array([[1, 5, 3, 4], [2, 7, 1, 6]], np.float32)
+    with mp.use_backend(backend), mp.extended_precision(strict=True):
+        a = mx.array(x) * 1.0
+        g_med = mx.grad(lambda v: mx.median(v, axis=-1).sum())(a)
+        g_take = mx.grad(lambda v: (mx.take(v, 2, axis=1) * 3).sum())(a)
+        g_flat = mx.grad(lambda v: mx.take(v, 5).sum())(a)
+        nan = mx.array(np.array([[np.nan, 1, 2], [1, 2, 3]], np.float32)) * 1.0
+        g_max = mx.grad(lambda v: mx.max(v, axis=-1).sum())(nan)
+        g_min = mx.grad(lambda v: mx.min(v, axis=-1).sum())(nan)
+    want_med = np.array([[0, 0, 0.5, 0.5], [0.5, 0, 0, 0.5]], np.float32)  # (3+4)/2, (2+6)/2
+    assert np.array_equal(np.array(g_med), want_med)
+    assert np.array_equal(np.array(g_take), np.where(np.arange(4) == 2, 3.0, 0.0)[None].repeat(2, 0))
+    assert np.array_equal(np.array(g_flat), (np.arange(8) == 5).reshape(2, 4).astype(np.float32))
+    for g in (g_max, g_min):
+        g = np.array(g)
+        assert np.isnan(g[0]).all() and not np.isnan(g[1]).any()

@@ -434,7 +434,9 @@ def _extreme_vjp(e, g):
     keep = _keepdims(e)
     hit = x == _kept(e.out, x, axes, keep)
     count = mx.sum(hit, axis=list(axes), keepdims=True)
-    return (mx.where(hit, _kept(g, x, axes, keep) / count, 0.0),)
+    # (times the mask, as MLX: a NaN row, where nothing equals its NaN extreme, is
+    # NaN throughout, 0 times g / 0; a where made it 0)
+    return (hit * (_kept(g, x, axes, keep) / count),)
 
 
 def _prod_vjp(e, g):

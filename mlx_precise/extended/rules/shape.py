@@ -311,6 +311,8 @@ def rows_add(rows: int, indices, values):
 
 def _take_vjp(e, g):
     x, indices = e.args[:2]
+    if not isinstance(indices, ARRAY):  # a Python int (mx.take(x, 3, axis)): 0-d
+        indices = mx.array(indices, dtype=mx.int32)
     axis = e.args[2] if len(e.args) > 2 else e.kwargs.get("axis")
     if axis is None:
         flat = rows_add(x.size, indices.reshape(-1), g.reshape(-1, 1))
