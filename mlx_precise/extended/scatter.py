@@ -18,11 +18,11 @@ import mlx.core as mx
 
 from ..core import backends
 from ..doubleword.engine64 import from64
-from . import carry
+from . import autodiff, carry
 from .carry import attach_words, has_words, suspended
 from .report import dropped
 from .rules import shape
-from .rules.base import as64, carries, is_word_array, operand_array
+from .rules.base import as64, carries, is_word_array, operand_array, unbroadcast
 
 OPS = ("add", "subtract", "multiply", "divide", "maximum", "minimum")
 
@@ -42,6 +42,22 @@ class _Indexed:
         self._x, self._getter, self._report, self._index = x, getter, report, index
 
     def _update(self, op: str, value):
+        """The update; while a gradient records, recorded as one op: ``add`` /
+        ``subtract`` differentiated by their VJP (g to x, +-g at the index to the
+        value), the others by MLX's float32 VJP of its own update (reported). Its
+        steps ran with the flow off or out of the tape's sight, so a gradient
+        through it was 0 on cpu and missed the value's part elsewhere."""
+        if not autodiff.recording():
+            return self._compute(op, value)
+        with autodiff.unrecorded():
+            out = self._compute(op, value)
+        index = self._index
+        autodiff.record(f"array.at[].{op}", _vjp(op, index),
+                        lambda a, v: getattr(a.at[index], op)(v), (self._x, value), {},
+                        out, self._report)
+        return out
+
+    def _compute(self, op: str, value):
         x, name = self._x, f"array.at[].{op}"
         plain = (lambda: getattr(self._getter(x)[self._index], op)(value))
         floating = is_word_array(value) or isinstance(value, (numbers.Real, numbers.Complex)) \
@@ -85,6 +101,23 @@ class _Indexed:
         dropped(self._report, name, "scatter updates run in float32 on this backend")
         with suspended():
             return plain()
+
+
+def _vjp(op: str, index):
+    """The VJP rule of ``x.at[index].<op>(v)`` for ``add`` / ``subtract`` (None for
+    the others: MLX's own VJP, reported)."""
+    if op not in ("add", "subtract"):
+        return None
+
+    def vjp(e, g):
+        v = e.args[1]
+        gv = None
+        if isinstance(v, mx.array) and mx.issubdtype(v.dtype, mx.inexact):
+            taken = g[index]
+            gv = unbroadcast(taken if op == "add" else -taken, v)
+        return (g, gv)
+
+    return vjp
 
 
 _ALL = slice(None)
