@@ -346,8 +346,8 @@ def float64_form(fast, decomposition, kernels=None):
     the operands it does not take. While a gradient records, the op is recorded
     as one op (its VJP rule, declared in its family's ``VJPS``, differentiates
     it) unless an array is passed by keyword (the tape differentiates keyword
-    arrays by MLX's float32 VJP: the decomposition's ops are recorded instead);
-    elsewhere (emulate, metal) the tape records the decomposition's ops. Under
+    arrays by MLX's float32 VJP: the decomposition's ops are recorded instead), on
+    every backend (on emulate / metal the decomposition runs unrecorded). Under
     MLX's own autodiff (:func:`~mlx_precise.doubleword.fusion.differentiating`)
     the decomposition runs: its steps are what MLX can differentiate.
 
@@ -369,6 +369,12 @@ def float64_form(fast, decomposition, kernels=None):
             out = kernels(ctx, *args, **kw)
             if out is not NotImplemented:
                 return out
+        elif autodiff.recording() and not any(isinstance(v, ARRAY) for v in kw.values()):
+            # recorded as one op on the kernel backends too (its VJP rule, in ops of
+            # the flow): the decomposition's tape differed from it at special values
+            # (logsumexp of a row holding +Inf: 0 beside the NaN)
+            with autodiff.unrecorded():
+                return slow(ctx, original, *args, **kw)
         return slow(ctx, original, *args, **kw)
 
     return rule

@@ -585,14 +585,16 @@ def _softmax_vjp(e, g):
 
 
 def _logsumexp_vjp(e, g):
-    """``g exp(x - logsumexp(x))`` (the softmax of x; where the result is
-    infinite, NaN at the infinite entries and 0 at the finite ones, as the
-    decomposition's tape)."""
+    """``g exp(x - logsumexp(x))`` (the softmax of x; where the result is +Inf, NaN
+    throughout, as MLX's softmax of such a row: the exponentials alone are NaN at
+    the Inf and 0 elsewhere)."""
     x, axes = _reduced(e)
     if x.dtype not in REAL:
         return NotImplemented
     keep = _keepdims(e)
-    return (_kept(g, x, axes, keep) * elementary("exp", x - _kept(e.out, x, axes, keep)),)
+    out = _kept(e.out, x, axes, keep)
+    g = _kept(g, x, axes, keep) * mx.where(out == mx.inf, mx.nan, 1.0)
+    return (g * elementary("exp", x - out),)
 
 
 VJPS = {"sum": _sum_vjp("sum"), "mean": _sum_vjp("mean"), "prod": _prod_vjp,
