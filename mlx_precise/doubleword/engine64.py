@@ -494,17 +494,25 @@ def exp64(x: mx.array, shift: mx.array | None = None) -> mx.array:
 # bits), with the elementwise parts fused and the full-size intermediates never
 # written: only what a reduction reads is.
 
+def shift_kept(m, infinite: bool = False):
+    """Where softmax's / logsumexp's shift is the row's maximum ``m`` (elsewhere 0):
+    where it is finite, and (``infinite``: softmax's) where it is +Inf too, so that
+    a row holding +Inf is NaN throughout, as MLX's ``exp(x - max)`` makes it (a
+    shift of 0 made it NaN at the Inf and 0 elsewhere); logsumexp's is 0 there (its
+    value is +Inf, MLX's). Shared with the flow's rules
+    (``extended.rules.reductions``)."""
+    return mx.isfinite(m) | (m == mx.inf) if infinite else mx.isfinite(m)
+
+
 def _float32_shift(v, axes, infinite: bool = False):
     """softmax's and logsumexp's shift along ``axes``: the float32 maximum of the
     high words (= the rounding of the float64 maximum ``m``), 0 where it is not
-    finite (``infinite``, softmax's: where it is -Inf or NaN, so that a row holding
-    +Inf is NaN throughout, as MLX's), and ``m`` itself from 2^24 on, where the
-    maximum's low word reaches 1 (its exp would overflow past ~2^31: see the flow's
-    rule, ``extended.rules.reductions._shift_low``)."""
+    kept (:func:`shift_kept`), and ``m`` itself from 2^24 on, where the maximum's
+    low word reaches 1 (its exp would overflow past ~2^31: see the flow's rule,
+    ``extended.rules.reductions._shift_low``)."""
     m = mx.max(v, axis=axes, keepdims=True)
     m32 = m.astype(F32).astype(F64)
-    kept = mx.isfinite(m32) | (m32 == mx.inf) if infinite else mx.isfinite(m32)
-    return mx.where(kept, mx.where(mx.abs(m32) >= 2.0**24, m, m32), 0.0)
+    return mx.where(shift_kept(m32, infinite), mx.where(mx.abs(m32) >= 2.0**24, m, m32), 0.0)
 
 
 PIECE = 1 << 15

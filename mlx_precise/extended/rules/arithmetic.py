@@ -466,6 +466,11 @@ def _divmod64(a, b):
     return mx.where(div == 0, 0.0 * (a / b), low), mod
 
 
+def _complex(a, b) -> bool:
+    return any(isinstance(v, ARRAY) and v.dtype == mx.complex64 or isinstance(v, complex)
+               for v in (a, b))
+
+
 def _divmod_words(a, b):
     """(floor(a / b), a - b floor(a / b)) of real carried values, numpy's
     convention (the remainder has b's sign), from the operands' exact values in
@@ -477,15 +482,13 @@ def _divmod_words(a, b):
     ``floor_divide`` and ``remainder`` as one op each (VJPS: MLX's derivatives, 0
     and ``(1, -floor(a / b))``). Non-finite operands and b = 0 give MLX's
     values."""
-    if any(isinstance(v, ARRAY) and v.dtype == mx.complex64 or isinstance(v, complex)
-           for v in (a, b)):
+    if _complex(a, b):
         return NotImplemented
     with carry.suspended():  # (the operands' exact values, read with the flow off)
         out = on_cpu(_divmod64, (a, b), {})
-    if out is NotImplemented:
-        return out
-    q, r = out
-    with carry.suspended():
+        if out is NotImplemented:
+            return out
+        q, r = out
         ordinary = mx.isfinite(a) & mx.isfinite(b) & (b != 0)
         q_mlx, r_mlx = mx.floor_divide(a, b), mx.remainder(a, b)
     return mx.where(ordinary, q, q_mlx), mx.where(ordinary, r, r_mlx)
@@ -565,10 +568,8 @@ RULES = {
     "isclose": decomposed(_isclose), "array_equal": decomposed(_array_equal),
     "floor_divide": of_integers(one_op(_floor_divide), True),
     "remainder": of_integers(one_op(_remainder), True),
-    "divmod": of_integers(decomposed(lambda a, b: (
-        NotImplemented if any(isinstance(v, ARRAY) and v.dtype == mx.complex64
-                              or isinstance(v, complex) for v in (a, b))
-        else [mx.floor_divide(a, b), mx.remainder(a, b)])), True),
+    "divmod": of_integers(decomposed(lambda a, b: NotImplemented if _complex(a, b) else [
+        mx.floor_divide(a, b), mx.remainder(a, b)]), True),
     "allclose": decomposed(lambda a, b, rtol=1e-05, atol=1e-08, *, equal_nan=False: mx.all(
         _isclose(a, b, rtol, atol, equal_nan=equal_nan))),
     **{name: _compare(name) for name in ("less", "less_equal", "greater", "greater_equal",

@@ -240,8 +240,6 @@ def _logaddexp(a, b, **kw):
     return m + mx.log1p(mx.exp(-mx.abs(mx.where(a == b, 0.0, a - b))))
 
 
-
-
 _HALF_SQRT_PI = math.sqrt(math.pi) / 2
 
 
@@ -326,12 +324,14 @@ _DERIVATIVES = {  # f'(x) times g, from x and the result o, in ops of the flow
 }
 
 
-def _function_vjp(fn: str):
-    d = _DERIVATIVES[fn]
+def _function_vjp(fn: str, d):
+    """The VJP rule of a function of one operand, ``d(g, x, o)`` (real operands; exp
+    also complex ones)."""
 
     def vjp(e, g):
         x = e.args[0]
-        if x.dtype not in REAL and not (fn == "exp" and x.dtype == mx.complex64):
+        if not isinstance(x, mx.array) or (
+                x.dtype not in REAL and not (fn == "exp" and x.dtype == mx.complex64)):
             return NotImplemented
         return (d(g, x, e.out),)
 
@@ -366,17 +366,6 @@ def _logaddexp_vjp(e, g):
     return (unbroadcast(g * s, a), unbroadcast(g * (1.0 - s), b))
 
 
-def _real_vjp(d):
-    """The VJP rule of a real function of one operand: ``d(g, x, o)``."""
-    def vjp(e, g):
-        x = e.args[0]
-        if not isinstance(x, mx.array) or x.dtype not in REAL:
-            return NotImplemented
-        return (d(g, x, e.out),)
-
-    return vjp
-
-
 def _arcsinh_derivative(g, x, o):
     """``g / sqrt(1 + x^2)``, ``g / |x|`` above 2^26 (x^2 would overflow), each on
     an argument clamped to its branch (NaN stays NaN)."""
@@ -394,16 +383,20 @@ def _arccosh_derivative(g, x, o):
                         mx.rsqrt((t - 1) * (t + 1) + 0.0))
 
 
-VJPS = {**{fn: _function_vjp(fn) for fn in _DERIVATIVES}, "power": _power_vjp,
-        "arctan2": _arctan2_vjp, "logaddexp": _logaddexp_vjp,
-        "sinh": _real_vjp(lambda g, x, o: g * mx.cosh(x)),
-        "cosh": _real_vjp(lambda g, x, o: g * mx.sinh(x)),
-        "arcsinh": _real_vjp(_arcsinh_derivative),
-        # 1 / sqrt(1 - x^2) from (1 - x)(1 + x) (exact near +-1): +Inf at +-1
-        "arcsin": _real_vjp(lambda g, x, o: g * mx.rsqrt((1 - x) * (1 + x))),
-        "arccos": _real_vjp(lambda g, x, o: -(g * mx.rsqrt((1 - x) * (1 + x)))),
-        "arctanh": _real_vjp(lambda g, x, o: g / ((1 - x) * (1 + x))),
-        "arccosh": _real_vjp(_arccosh_derivative),
-        # sqrt(pi)/2 e^(erfinv(x)^2): +Inf at +-1, NaN beyond (the result's)
-        "erfinv": _real_vjp(lambda g, x, o: g * (elementary("exp", o * o) * _HALF_SQRT_PI))}
+# the functions recorded as one op (their decompositions' derivatives lost these)
+_DERIVATIVES.update({
+    "sinh": lambda g, x, o: g * mx.cosh(x),
+    "cosh": lambda g, x, o: g * mx.sinh(x),
+    "arcsinh": _arcsinh_derivative,
+    # 1 / sqrt(1 - x^2) from (1 - x)(1 + x) (exact near +-1): +Inf at +-1
+    "arcsin": lambda g, x, o: g * mx.rsqrt((1 - x) * (1 + x)),
+    "arccos": lambda g, x, o: -(g * mx.rsqrt((1 - x) * (1 + x))),
+    "arctanh": lambda g, x, o: g / ((1 - x) * (1 + x)),
+    "arccosh": _arccosh_derivative,
+    # sqrt(pi)/2 e^(erfinv(x)^2): +Inf at +-1, NaN beyond (the result's)
+    "erfinv": lambda g, x, o: g * (elementary("exp", o * o) * _HALF_SQRT_PI),
+})
+
+VJPS = {**{fn: _function_vjp(fn, d) for fn, d in _DERIVATIVES.items()},
+        "power": _power_vjp, "arctan2": _arctan2_vjp, "logaddexp": _logaddexp_vjp}
 """Op name -> VJP rule (see :mod:`.base`)."""

@@ -143,20 +143,13 @@ def _shift_low(hi: mx.array, lo: mx.array | None, m: mx.array, axis) -> mx.array
         return mx.stop_gradient(mx.where(mx.abs(m) >= _WIDE_SHIFT, top, 0.0))
 
 
-def _shift_here(m, infinite: bool):
-    """Where the shift is the maximum ``m``: where it is finite, and (``infinite``:
-    softmax's) where it is +Inf too, so that a row holding +Inf is NaN throughout,
-    as MLX's ``exp(x - max)`` makes it (a shift of 0 made it NaN at the Inf and 0
-    elsewhere); logsumexp's is 0 there (its value is +Inf, MLX's)."""
-    return mx.isfinite(m) | (m == mx.inf) if infinite else mx.isfinite(m)
-
-
 def _shift(x, axis, infinite: bool = False):
     """softmax's and logsumexp's shift of ``x``: the maximum of the high words (0
-    where it is not kept: :func:`_shift_here`), with :func:`_shift_low`'s low word
+    where it is not kept:
+    :func:`~mlx_precise.doubleword.engine64.shift_kept`), with :func:`_shift_low`'s low word
     attached."""
     m = _stopped_max(x, axis)
-    m = mx.where(_shift_here(m, infinite), m, 0.0)
+    m = mx.where(engine64.shift_kept(m, infinite), m, 0.0)
     if x.dtype != mx.float32:
         return m
     return attach(m, _shift_low(x, low_word(x), m, axis))
@@ -192,7 +185,7 @@ def _logsumexp64(x, axis=None, keepdims=False, **kw):
 def _exponentials(ctx, x, axis, infinite: bool):
     """The first steps of :func:`_softmax` / :func:`_logsumexp` on the words, for
     their kernel forms (inside ``fusion.deferred()``): ``(exp(x - shift), shift,
-    the reduced axes)`` with ``shift`` the rule of ``mx.where(_shift_here(m,
+    the reduced axes)`` with ``shift`` the rule of ``mx.where(shift_kept(m,
     infinite), m, 0.0)`` on the stopped maximum ``m``; None where they decline (the
     decomposition decides)."""
     axes = axes_of(x.ndim, axis) if isinstance(x, mx.array) else None
@@ -200,7 +193,7 @@ def _exponentials(ctx, x, axis, infinite: bool):
         return None
     b, s = ctx.backend, ctx.stream
     m = _stopped_max(x, axis)
-    shift = arith.where(_shift_here(m, infinite), arith.exact(m), arith.constant(0.0), b)
+    shift = arith.where(engine64.shift_kept(m, infinite), arith.exact(m), arith.constant(0.0), b)
     w = words(x)
     low = _shift_low(w.hi, w._lo if w.wide is None else w.lo, shift.hi, axis)
     if low is not None:
