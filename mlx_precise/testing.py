@@ -146,6 +146,7 @@ def _primitive(label: str) -> str:
     return label.split(" ", 1)[0]
 
 _NODE_RE = re.compile(r'^\{ (\d+) \[label ="([^"]+)"', re.M)
+_OUTPUT_RE = re.compile(r'^\d+ -> "', re.M)  # a primitive's edge to one of its outputs
 
 
 def graph_counts(*outputs) -> dict:
@@ -153,7 +154,8 @@ def graph_counts(*outputs) -> dict:
     arrays), from MLX's own graph export (``mx.export_to_dot``): ``{"launches"``
     (the stand-in kernels of :func:`lazy_metal_executor`, ``Depends`` nodes),
     ``"glue"`` (other primitives that dispatch: not in :data:`VIEWS`), ``"views"``,
-    ``"by_primitive"`` (name -> count)}. Evaluated arrays are leaves (their
+    ``"extra_outputs"`` (the outputs of primitives beyond their first: MLX's
+    compiled replay pays for each), ``"by_primitive"`` (name -> count)}. Evaluated arrays are leaves (their
     primitives are gone), so count before ``mx.eval``."""
     fd, path = tempfile.mkstemp(suffix=".dot")
     os.close(fd)
@@ -166,5 +168,7 @@ def graph_counts(*outputs) -> dict:
     names = collections.Counter(_primitive(label) for _, label in _NODE_RE.findall(text))
     launches = names.get("Depends", 0)
     views = sum(n for k, n in names.items() if k in VIEWS)
+    outputs = len(_OUTPUT_RE.findall(text))
     return {"launches": launches, "glue": sum(names.values()) - launches - views,
-            "views": views, "by_primitive": dict(names)}
+            "views": views, "extra_outputs": outputs - sum(names.values()),
+            "by_primitive": dict(names)}

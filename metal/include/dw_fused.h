@@ -7,13 +7,18 @@
 // number of instructions, DWF_PROG_OUT: the register holding the result; the launch's
 // layout: DWF_PROG_ND iteration axes of extents DWF_PROG_EXTENTS, each walking array
 // axis DWF_PROG_PERM (dwf_index), the array's DWF_PROG_NDIM axes, and per slot its
-// axes and broadcast mask at DWF_PROG_SLOTS (dwf_word); dw_reduce's row length and
-// operation at DWF_PROG_N, DWF_PROG_REDUCE), then the instructions, DWF_INSTR words
+// axes and broadcast mask at DWF_PROG_SLOTS (dwf_word) and its plane at
+// DWF_PROG_PLANES (a packed slot's low words: see DWF_OP_LOAD); the output's plane,
+// DWF_PROG_PLANE (its low words follow its high words: z[i], z[plane + i]);
+// dw_reduce's row length and operation at DWF_PROG_N, DWF_PROG_REDUCE), then the
+// instructions, DWF_INSTR words
 // each: op, dst, x, y, fn. dst, x, y are registers
 // (0 .. DWF_REGISTERS - 1), assigned on the host; an instruction reads its operands
 // before it writes dst.
-//   DWF_OP_LOAD   r[dst] = (word x, word y): the words of array slots x and y, or
-//                 (word x, 0) when y < 0 (a float32 operand: no low word is stored)
+//   DWF_OP_LOAD   r[dst] = (word x, word y): the words of array slots x and y;
+//                 (word x, 0) when y is DWF_EXACT (a float32 operand: no low word is
+//                 stored); when y is DWF_PACKED, slot x holds both (a kernel's packed
+//                 output): the low word DWF_PROG_PLANES[x] floats past the high one
 //   DWF_OP_CONST  r[dst] = (as_type<float>(x), as_type<float>(y)): a constant
 //   DWF_OP_NEG    r[dst] = -r[x] (exact)
 //   DWF_OP_ADD    r[dst] = r[x] + r[y]   (dw_add: JMP alg 6)
@@ -48,7 +53,7 @@ constant constexpr int DWF_SLOTS = 12;
 constant constexpr int DWF_REGISTERS = 8;
 constant constexpr int DWF_MAX_NDIM = 8;
 constant constexpr int DWF_MAX_INSTRUCTIONS = 32;
-constant constexpr int DWF_HEADER = 48;
+constant constexpr int DWF_HEADER = 60;
 constant constexpr int DWF_INSTR = 5;
 constant constexpr int DWF_PROG_COUNT = 0;
 constant constexpr int DWF_PROG_OUT = 1;
@@ -56,9 +61,13 @@ constant constexpr int DWF_PROG_N = 2;
 constant constexpr int DWF_PROG_REDUCE = 3;
 constant constexpr int DWF_PROG_ND = 4;
 constant constexpr int DWF_PROG_NDIM = 5;
+constant constexpr int DWF_PROG_PLANE = 6;
 constant constexpr int DWF_PROG_EXTENTS = 8;
 constant constexpr int DWF_PROG_PERM = 16;
 constant constexpr int DWF_PROG_SLOTS = 24;
+constant constexpr int DWF_PROG_PLANES = 48;
+constant constexpr int DWF_EXACT = -1;
+constant constexpr int DWF_PACKED = -2;
 constant constexpr int DWF_REDUCE_MAX = 2048;
 constant constexpr int DWF_REDUCE_THREADS = 256;
 // ---- end of generated codes ----
@@ -84,10 +93,11 @@ METAL_FUNC bool dwf_index(uint e, const device int* prog, thread int* idx) {
   return e == 0u;
 }
 
-// Word `slot` at array multi-index idx: the slot's axes are the array's last ones;
-// those set in its broadcast mask (extent 1 against the array's) read index 0.
-METAL_FUNC float dwf_word(thread const dwf_slots& s, int slot, thread const int* idx,
-                          const device int* prog) {
+// The offset in slot `slot` of array multi-index idx: the slot's axes are the array's
+// last ones; those set in its broadcast mask (extent 1 against the array's) read
+// index 0.
+METAL_FUNC int64_t dwf_offset(thread const dwf_slots& s, int slot, thread const int* idx,
+                              const device int* prog) {
   const int sn = prog[DWF_PROG_SLOTS + 2 * slot];
   const int mask = prog[DWF_PROG_SLOTS + 2 * slot + 1];
   const int lead = prog[DWF_PROG_NDIM] - sn;
@@ -95,7 +105,20 @@ METAL_FUNC float dwf_word(thread const dwf_slots& s, int slot, thread const int*
   for (int d = 0; d < sn; ++d) {
     if (((mask >> d) & 1) == 0) off += int64_t(idx[lead + d]) * s.strides[slot][d];
   }
-  return s.a[slot][off];
+  return off;
+}
+
+// The value loaded by DWF_OP_LOAD from slots x and y (see above).
+METAL_FUNC dw dwf_load(thread const dwf_slots& s, int x, int y, thread const int* idx,
+                       const device int* prog) {
+  const int64_t off = dwf_offset(s, x, idx, prog);
+  float lo = 0.0f;
+  if (y == DWF_PACKED) {
+    lo = s.a[x][off + int64_t(prog[DWF_PROG_PLANES + x])];
+  } else if (y != DWF_EXACT) {
+    lo = s.a[y][dwf_offset(s, y, idx, prog)];
+  }
+  return dw_make(s.a[x][off], lo);
 }
 
 // MLX's maximum / minimum of two floats (its binary_ops.h, on the GPU and the CPU):
@@ -142,7 +165,7 @@ METAL_FUNC dw dwf_eval(thread const dwf_slots& s, thread const int* idx,
     const int y = ins[3];
     dw z;
     if (op == DWF_OP_LOAD) {
-      z = dw_make(dwf_word(s, x, idx, prog), y < 0 ? 0.0f : dwf_word(s, y, idx, prog));
+      z = dwf_load(s, x, y, idx, prog);
     } else if (op == DWF_OP_CONST) {
       z = dw_make(as_type<float>(x), as_type<float>(y));
     } else if (op == DWF_OP_NEG) {
@@ -170,13 +193,13 @@ METAL_FUNC dw dwf_eval(thread const dwf_slots& s, thread const int* idx,
 }
 
 // One thread's element of dw_fused: the program's value at element i of its
-// iteration, stored as the words zh[i], zl[i] (nothing past the last element).
+// iteration, stored as the words z[i], z[plane + i] (nothing past the last element).
 template <bool MATH>
 METAL_FUNC void dwf_store(thread const dwf_slots& s, const device int* prog, uint i,
-                          device float* zh, device float* zl) {
+                          device float* z) {
   int idx[DWF_MAX_NDIM];
   if (!dwf_index(i, prog, idx)) return;
-  const dw z = dwf_eval<MATH>(s, idx, prog);
-  zh[i] = z.hi;
-  zl[i] = z.lo;
+  const dw v = dwf_eval<MATH>(s, idx, prog);
+  z[i] = v.hi;
+  z[uint(prog[DWF_PROG_PLANE]) + i] = v.lo;
 }

@@ -5,7 +5,9 @@
 // (real, imaginary), as a complex64 array viewed as float32. A low word that is
 // zero (a float32 operand) need not be stored: p[DW_GEMM_P_A_LO], _B_LO, _D_LO say
 // whether al, bl, dl hold one (else the buffer is any 8 floats, never read, and the
-// low word reads as 0). p: int64 parameters, the fields DW_GEMM_P_* (dw_gemm.h,
+// low word reads as 0). A kernel that declares no al (bl) input reads A's (B's) low
+// words p[DW_GEMM_P_AL_AT] (_BL_AT) floats past its high words (packed words: one
+// buffer), as its line 1 defines al (bl). p: int64 parameters, the fields DW_GEMM_P_* (dw_gemm.h,
 // generated from DW_GEMM_PARAMS in mlx_precise/linalg/gemm.py), then from
 // p[DW_GEMM_DIMS_AT] on one record of DW_GEMM_DIM_COUNT fields DW_GEMM_DIM_* per batch
 // dimension, outermost first (size, sa, sb, sc, sd, sj). Strides are in floats: A(m, k)
@@ -20,7 +22,8 @@
 // gathered columns, so the sums are the same. Row m of C is the output position
 // j = m out_s + oj(z) - out_lo (oj(z) = sum_d i_d sj_d: a transposed convolution's
 // phase), written at oc(z) + j scm + n scn only for j in [0, out_len) (the crop).
-// Outputs: ch, cl float32 (C's words), written at oc(z) + m scm + n scn (+1 imag).
+// Output: cw float32, C's high words written at oc(z) + m scm + n scn (+1 imag), its
+// low words p[DW_GEMM_P_CL_AT] floats further (packed words).
 // Grid (ceil(N / 32) * 256, ceil(M / 32), batches), threadgroup (256, 1, 1): a group
 // computes one 32 x 32 tile of one batch, each thread 2 x 2 outputs.
 constexpr int NC = CPLX + 1;  // float parts per value
@@ -46,6 +49,8 @@ const long win_s = p[DW_GEMM_P_WIN_S], win_d = p[DW_GEMM_P_WIN_D];
 const long win_lo = p[DW_GEMM_P_WIN_LO], win_len = p[DW_GEMM_P_WIN_LEN];
 const long out_s = p[DW_GEMM_P_OUT_S], out_lo = p[DW_GEMM_P_OUT_LO];
 const long out_len = p[DW_GEMM_P_OUT_LEN];
+device float* ch = cw;
+device float* cl = cw + p[DW_GEMM_P_CL_AT];
 const uint3 g = threadgroup_position_in_grid;
 const int tid = int(thread_index_in_threadgroup);
 

@@ -9,7 +9,8 @@
 // element j of row r is its element r n + j; its header also holds the row length n
 // (DWF_PROG_N, at most 2 DWF_REDUCE_MAX) and the operation (DWF_PROG_REDUCE:
 // DWF_OP_ADD or DWF_OP_MUL).
-// Outputs zh, zl: float32, one value per row. One threadgroup per row: the first
+// Output z: float32, the high word of each row's value, then (from DWF_PROG_PLANE,
+// the number of rows) its low word (packed words). One threadgroup per row: the first
 // level from the expression's values (the program runs where an element is read),
 // the next ones in threadgroup memory, one barrier apart.
 threadgroup float wh[DWF_REDUCE_MAX];
@@ -53,6 +54,6 @@ for (int k = k1; k > 1;) {
 }
 threadgroup_barrier(mem_flags::mem_threadgroup);
 if (t == 0) {
-  zh[row] = wh[0];
-  zl[row] = wl[0];
+  z[row] = wh[0];
+  z[uint(prog[DWF_PROG_PLANE]) + row] = wl[0];
 }

@@ -61,19 +61,23 @@ OP = Codes("DWF_OP", ("load", "const", "neg", "add", "sub", "mul", "div", "fn", 
 """Operation codes of a ``dw_fused`` program (``metal/include/dw_fused.h``)."""
 
 LIMITS = Constants("DWF", {"slots": 12, "registers": 8, "max_ndim": 8,
-                           "max_instructions": 32, "header": 48, "instr": 5,
+                           "max_instructions": 32, "header": 60, "instr": 5,
                            "prog_count": 0, "prog_out": 1, "prog_n": 2, "prog_reduce": 3,
-                           "prog_nd": 4, "prog_ndim": 5, "prog_extents": 8,
-                           "prog_perm": 16, "prog_slots": 24,
+                           "prog_nd": 4, "prog_ndim": 5, "prog_plane": 6, "prog_extents": 8,
+                           "prog_perm": 16, "prog_slots": 24, "prog_planes": 48,
+                           "exact": -1, "packed": -2,
                            "reduce_max": 2048, "reduce_threads": 256})
 """The program layout and the bounds of an expression, shared with the kernels: word
 array slots, registers, axes, instructions; the header's length and its fields
 (instruction count, result register; for ``dw_reduce`` the row length and the
-operation; the iteration's axes, the array's axes, the iteration's extents, the
-array axis each iteration axis walks, each slot's axes and broadcast mask: see
-:func:`program`), the words per instruction (op, dst, x, y, fn); ``dw_reduce``'s
-threadgroup memory (values of the tree's first level, so rows of up to twice as
-many elements) and threads per row."""
+operation; the iteration's axes, the array's axes, the output's plane (its low
+words follow its high words: packed words), the iteration's extents, the array
+axis each iteration axis walks, each slot's axes and broadcast mask, each slot's
+plane: see :func:`program`), the words per instruction (op, dst, x, y, fn); a
+load's ``y`` for no low word (``exact``) and for a packed slot (``packed``: the
+low words a plane past the high ones); ``dw_reduce``'s threadgroup memory (values
+of the tree's first level, so rows of up to twice as many elements) and threads
+per row."""
 
 
 def codes_source() -> str:
@@ -118,12 +122,12 @@ def _program_kernel(name: str, slots: int, math_: bool, **kw) -> Kernel:
         body=f"{name}.metal",
         headers=("dw_fused.h", "dw_fused_math.h") if math_ else ("dw_fused.h",),
         inputs=names + ("prog",),
-        outputs=("zh", "zl"),
+        outputs=("z",),
         template=("MATH",),
         input_dtypes={**{s: (F32,) for s in names}, "prog": (mx.int32,)},
         input_forms={n: ("device",) for n in names + ("prog",)},
         ensure_row_contiguous=False,
-        variants={"MATH": (math_,), "zh": (F32,), "zl": (F32,)},
+        variants={"MATH": (math_,), "z": (F32,)},
         prelude=_slots_declaration(slots),
         **kw)
 
@@ -135,9 +139,9 @@ def _fused(slots: int, math_: bool) -> Kernel:
 DW_FUSED = _fused(_SLOTS, False)
 """A double-word expression over up to ``DWF_SLOTS`` float32 word arrays ``a0 ..
 a11`` (views of the output's shape, read through their strides), by the program
-``prog`` (int32, see :func:`program`); outputs ``zh, zl`` (float32, the output's
-shape): the result's words. ``MATH``: False (the program calls no elementary
-function). Its siblings (:data:`PROGRAM_KERNELS`): ``dw_fused4``, ``dw_fused8``
+``prog`` (int32, see :func:`program`); output ``z`` (float32, :func:`packed_shape`
+of the output's shape): the result's high words, then its low words. ``MATH``:
+False (the program calls no elementary function). Its siblings (:data:`PROGRAM_KERNELS`): ``dw_fused4``, ``dw_fused8``
 (slots ``a0 .. a3``, ``a0 .. a7``) and each with the elementary functions
 (``_math``, MATH True)."""
 DW_FUSED_MATH, DW_FUSED4, DW_FUSED4_MATH, DW_FUSED8, DW_FUSED8_MATH = (
@@ -148,8 +152,8 @@ DW_REDUCE = _program_kernel("dw_reduce", _SLOTS, False)
 """The sums (or products) of the rows of a double-word expression by the pairwise
 tree of :func:`mlx_precise.extended.arith.reduce_sum`: slots as :data:`DW_FUSED`'s,
 views of shape ``[kept axes..., reduced axes...]``; ``prog`` with the row length and
-the operation in its header; outputs ``zh, zl`` (float32, one per row). Grid: one
-threadgroup per row (:func:`reduce`). Siblings as dw_fused's."""
+the operation in its header; output ``z`` (float32, one high word per row, then
+one low word per row). Grid: one threadgroup per row (:func:`reduce`). Siblings as dw_fused's."""
 DW_REDUCE_MATH, DW_REDUCE4, DW_REDUCE4_MATH, DW_REDUCE8, DW_REDUCE8_MATH = (
     _program_kernel("dw_reduce", slots, math_)
     for slots, math_ in ((_SLOTS, True), (4, False), (4, True), (8, False), (8, True)))
@@ -254,7 +258,13 @@ class Expr:
         are now: a later in-place update of ``hi`` (MLX's ``x[i] = v``, ``x += v``)
         replaces its data, not the alias's, so every expression reads the words it
         was made from. (Two captures of one array therefore take two slots: nothing
-        tells whether it was updated in between.)"""
+        tells whether it was updated in between.) Words a kernel wrote packed in
+        this block (:func:`note_packed`): their packed array, one slot (no one
+        outside the package holds it, so nothing updates it in place)."""
+        if lo is not None:
+            z = packed(hi, lo)
+            if z is not None:
+                return cls((z,), _PACKED_LOAD, tuple(hi.shape))
         if lo is None:
             return cls((_ASTYPE(hi, F32),), _EXACT_LOAD, tuple(hi.shape))
         return cls((_ASTYPE(hi, F32), _ASTYPE(lo, F32)), _DW_LOAD, tuple(hi.shape))
@@ -282,7 +292,6 @@ _ASTYPE = mx.array.astype  # MLX's own (to the same dtype: an alias, no graph no
 _RESHAPE, _VIEW, _INDEX = mx.array.reshape, mx.array.view, mx.array.__getitem__
 _TRANSPOSE, _CONJUGATE, _PAD, _SPLIT = mx.array.transpose, mx.conj, mx.pad, mx.split
 _BROADCAST_TO = mx.broadcast_to
-_FIRST = slice(0, 1)
 
 
 def _cache(table: dict, key, value) -> None:
@@ -294,8 +303,10 @@ def _cache(table: dict, key, value) -> None:
 
 _CACHE_SIZE = 4096
 # The programs of a leaf, shared.
+_EXACT, _PACKED = LIMITS.exact, LIMITS.packed
 _DW_LOAD = _intern(((_LOAD, 0, 1, 0),), 0, False)
-_EXACT_LOAD = _intern(((_LOAD, 0, -1, 0),), 0, False)
+_EXACT_LOAD = _intern(((_LOAD, 0, _EXACT, 0),), 0, False)
+_PACKED_LOAD = _intern(((_LOAD, 0, _PACKED, 0),), 0, False)
 
 
 def _broadcast(shapes) -> tuple | None:
@@ -379,7 +390,7 @@ def _composed_program(op: int, fn: int, progs: tuple, slots: list) -> Program:
         where = []
         for o, x, y, f in p.code:
             if o == _LOAD:
-                ins = (o, taken[x], -1 if y < 0 else taken[y], f)
+                ins = (o, taken[x], y if y < 0 else taken[y], f)
             elif o == _CONST:
                 ins = (o, x, y, f)
             else:
@@ -419,12 +430,17 @@ _scope: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_fusion_scop
 
 
 class _Scope(list):
-    """The table keys a block's expressions have; ``open`` turns False when the
-    block ends, also where the context variable still names it (a generator
-    suspended inside its block, closed from another thread or task)."""
+    """The table keys a block's expressions have (and in ``packed``, those of its
+    packed words); ``open`` turns False when the block ends, also where the context
+    variable still names it (a generator suspended inside its block, closed from
+    another thread or task)."""
 
     open = True
     memo = None
+
+    def __init__(self):
+        super().__init__()
+        self.packed = []
 
 
 def _open_scope() -> _Scope | None:
@@ -480,9 +496,67 @@ def _block_scope(on: bool, strict: bool):
             entry = _table.get(key)
             if entry is not None and entry[3] is scope:
                 del _table[key]
+        for key in scope.packed:
+            entry = _packed.get(key)
+            if entry is not None and entry[3] is scope:
+                _packed.pop(key, None)  # (freeing an entry's words may free another's)
 
 
 register_block_hook(_block_scope)  # before the flow's hook, whose report the block yields
+
+
+# ---- packed words ------------------------------------------------------------------
+# A kernel writes its result's words as one array z, the high words then the low
+# words along the first axis (:func:`packed_shape`): one output, one graph node with
+# one output (MLX replays a node of several outputs at several times the cost), and
+# a kernel that reads the words reads z as one input. hi and lo are the two halves
+# of z (one slice each). id(hi) -> (weak reference to hi, lo, z, scope): as _table,
+# an entry holds while hi is alive, is read with that very low word, and within the
+# block that made it (an in-place update of hi inside a block attaches another low
+# word; outside blocks nothing records).
+_packed: dict[int, tuple] = {}
+
+
+def packed_shape(shape: tuple) -> tuple:
+    """The shape of the packed words of an array of ``shape``: both words along the
+    first axis (``(2,)`` for a 0-d array)."""
+    return (2 * shape[0],) + tuple(shape[1:]) if shape else (2,)
+
+
+def planes(z: mx.array, shape: tuple) -> tuple[mx.array, mx.array]:
+    """The high and the low words of shape ``shape`` that the packed words ``z``
+    (:func:`packed_shape`) hold: one slice each (and a reshape for a 0-d array)."""
+    if shape:
+        s0 = shape[0]
+        return _INDEX(z, slice(0, s0)), _INDEX(z, slice(s0, 2 * s0))
+    return _RESHAPE(_INDEX(z, slice(0, 1)), ()), _RESHAPE(_INDEX(z, slice(1, 2)), ())
+
+
+def note_packed(hi: mx.array, lo: mx.array, z: mx.array) -> None:
+    """Record that ``hi``, ``lo`` are :func:`planes` of the packed words ``z`` (a
+    kernel's row-contiguous output) so that a kernel reads ``z`` as one input
+    (:func:`packed`). Inside a block, outside MLX's autodiff (whose programs read
+    the words); arrays of 8 elements at least (the slots' smallest)."""
+    scope = _scope.get()
+    if scope is None or not scope.open or _traced.get() or hi.ndim == 0 or hi.size < 8:
+        return
+    key = id(hi)
+
+    def drop(_ref, key=key):
+        _packed.pop(key, None)
+
+    _packed[key] = (weakref.ref(hi, drop), lo, z, scope)
+    scope.packed.append(key)
+
+
+def packed(hi: mx.array, lo: mx.array | None) -> mx.array | None:
+    """The packed words ``z`` whose halves are ``hi`` and ``lo`` (:func:`note_packed`),
+    or None."""
+    entry = _packed.get(id(hi))
+    if (entry is None or entry[0]() is not hi or entry[1] is not lo
+            or entry[3] is not _scope.get() or not entry[3].open or _traced.get()):
+        return None
+    return entry[2]
 
 
 def note_parts(hi: mx.array, lo: mx.array, words: tuple, layout: tuple | None = None) -> None:
@@ -642,26 +716,30 @@ def _instructions(key: tuple) -> tuple[tuple, int, bool] | None:
 def program(key: tuple, layout: tuple) -> tuple[mx.array, bool]:
     """``(prog, math)``: the int32 program of ``dw_fused`` / ``dw_reduce`` for an
     expression that fits (:attr:`Program.fits`), launched over ``layout = (reduce,
-    extents, perm, ndim, slots)``: ``reduce`` ``(n, op)`` for rows of ``n`` elements
-    or ``()``; the iteration's extents, and for each iteration axis the array axis
-    it walks (-1: none, the copies of a short output); the array's ``ndim``; per
-    slot ``(ndim, mask)``, its axes aligned with the array's last ones, the bits of
-    ``mask`` the axes it broadcasts. ``math``: it calls an elementary function.
-    Cached (the oldest entry first out)."""
+    extents, perm, ndim, slots, plane, planes)``: ``reduce`` ``(n, op)`` for rows of
+    ``n`` elements or ``()``; the iteration's extents, and for each iteration axis
+    the array axis it walks (-1: none, the copies of a short output); the array's
+    ``ndim``; per slot ``(ndim, mask)``, its axes aligned with the array's last
+    ones, the bits of ``mask`` the axes it broadcasts; the output's plane (the
+    elements of its high words: the low words follow); per slot its plane (a packed
+    slot's, :func:`note_packed`; 0 for others). ``math``: it calls an elementary
+    function. Cached (the oldest entry first out)."""
     hit = _PROGRAMS.get((key, layout))
     if hit is not None:
         return hit
     ins, out, math_ = _instructions(key)
-    reduce, extents, perm, ndim, slots = layout
+    reduce, extents, perm, ndim, slots, plane, planes_ = layout
     header = [0] * LIMITS.header
     header[LIMITS.prog_count], header[LIMITS.prog_out] = len(key[0]), out
     if reduce:
         header[LIMITS.prog_n], header[LIMITS.prog_reduce] = reduce
     header[LIMITS.prog_nd], header[LIMITS.prog_ndim] = len(extents), ndim
+    header[LIMITS.prog_plane] = plane
     header[LIMITS.prog_extents:LIMITS.prog_extents + len(extents)] = extents
     header[LIMITS.prog_perm:LIMITS.prog_perm + len(perm)] = perm
     for k, (sn, mask) in enumerate(slots):
         header[LIMITS.prog_slots + 2 * k:LIMITS.prog_slots + 2 * k + 2] = (sn, mask)
+    header[LIMITS.prog_planes:LIMITS.prog_planes + len(planes_)] = planes_
     hit = (mx.array(np.array(header + list(ins), np.int32)), math_)
     _cache(_PROGRAMS, (key, layout), hit)
     return hit
@@ -686,9 +764,24 @@ def _slot_arrays(leaves, small: tuple, shape: tuple, slots: int) -> list:
     return arrays
 
 
+def _leaf_shapes(prog: Program, shapes: tuple) -> tuple[tuple, tuple]:
+    """The shapes of the words that leaves of ``shapes`` hold in the program
+    ``prog``, and each slot's plane: a packed slot's leaf (:func:`note_packed`)
+    holds words of half its first axis, its plane their size; others hold their
+    own shape, plane 0."""
+    packed_slots = {x for o, x, y, _ in prog.code if o == _LOAD and y == _PACKED}
+    if not packed_slots:
+        return shapes, (0,) * len(shapes)
+    words = tuple((s[0] // 2,) + tuple(s[1:]) if k in packed_slots else s
+                  for k, s in enumerate(shapes))
+    return words, tuple(math.prod(w) if k in packed_slots else 0
+                        for k, w in enumerate(words))
+
+
 def _slot_plan(shapes: tuple, shape: tuple) -> tuple[tuple, tuple]:
-    """For leaves of ``shapes`` read over ``shape``: which have fewer than 8
-    elements (None: none), and each slot's ``(ndim, mask)``. Cached."""
+    """For leaves of ``shapes`` (their words', :func:`_leaf_shapes`) read over
+    ``shape``: which have fewer than 8 elements (None: none), and each slot's
+    ``(ndim, mask)``. Cached."""
     plan = _SLOT_PLANS.get((shapes, shape))
     if plan is None:
         small = tuple(math.prod(s) < 8 for s in shapes)
@@ -727,16 +820,19 @@ def _run(prog: Program, leaves, shape: tuple, backend, stream,
         _cache(_LAUNCHES, (prog, shapes, shape, parts), plan)
     if plan is _EMPTY:
         return mx.zeros(shape, F32), mx.zeros(shape, F32)
-    small, kshape, kernel, prog_array, launch, slots = plan
+    small, kshape, kernel, prog_array, launch, slots, oshape = plan
     arrays = _slot_arrays(leaves, small, kshape, slots)
     arrays.append(prog_array)
     fn = kernel.launcher(backend if type(backend) is _BACKEND else backends.of(backend))
     if stream is None:
-        zh, zl = fn(inputs=arrays, **launch)
+        (z,) = fn(inputs=arrays, **launch)
     else:
-        zh, zl = fn(inputs=arrays, stream=stream, **launch)
-    if len(kshape) > len(shape):  # the 8 copies of a short result
-        zh, zl = (_RESHAPE(_INDEX(w, _FIRST), shape) for w in (zh, zl))
+        (z,) = fn(inputs=arrays, stream=stream, **launch)
+    if oshape is None:  # the 8 copies of a short result: the first of each word's
+        return (_RESHAPE(_INDEX(z, slice(0, 1)), shape),
+                _RESHAPE(_INDEX(z, slice(8, 9)), shape))
+    zh, zl = planes(z, oshape)
+    note_packed(zh, zl, z)
     return zh, zl
 
 
@@ -757,18 +853,22 @@ def _launch_plan(prog: Program, shapes: tuple, shape: tuple, parts: bool):
         return _EMPTY
     # fewer than 8 outputs: 8 copies, so that every input is a device buffer
     kshape = shape if n >= 8 else (8,) + shape
-    small, specs = _slot_plan(shapes, kshape)
+    words, planes_ = _leaf_shapes(prog, shapes)
+    small, specs = _slot_plan(words, kshape)
+    size = math.prod(kshape)
     prog_array, math_ = program(prog.key, ((), kshape, tuple(range(len(kshape))),
-                                           len(kshape), specs))
-    grid, threadgroup = elementwise_grid(math.prod(kshape))
+                                           len(kshape), specs, size, planes_))
+    grid, threadgroup = elementwise_grid(size)
     # every input is float32 / int32 with 8 elements at least: the declared forms
     # the output row-contiguous in the iteration's order, so declared in any shape of
-    # its size: the parts axis joined to the one before (see _run)
+    # its size: the parts axis joined to the one before (see _run); both words
+    # packed along its first axis
     oshape = kshape[:-2] + (2 * kshape[-2],) if parts and kshape == shape else kshape
     launch = dict(template=[("MATH", math_)], grid=grid, threadgroup=threadgroup,
-                  output_shapes=[oshape, oshape], output_dtypes=[F32, F32])
+                  output_shapes=[packed_shape(oshape)], output_dtypes=[F32])
     kernel = _program_kernel_for("dw_fused", len(shapes), math_)
-    return small, kshape, kernel, prog_array, launch, len(kernel.inputs) - 1
+    return (small, kshape, kernel, prog_array, launch, len(kernel.inputs) - 1,
+            oshape if kshape == shape else None)
 
 
 def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
@@ -800,10 +900,13 @@ def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
     small, ashape, kernel, prog, launch, m, out_shape = plan
     arrays = _slot_arrays(leaves, small, ashape, len(kernel.inputs) - 1)
     arrays.append(prog)
-    zh, zl = kernel.unchecked(inputs=arrays, backend=backends.of(backend), stream=stream,
-                              **launch)
-    if m is not None:  # the 8 copies of a short result
-        zh, zl = (_RESHAPE(_INDEX(w, slice(0, m)), out_shape) for w in (zh, zl))
+    (z,) = kernel.unchecked(inputs=arrays, backend=backends.of(backend), stream=stream,
+                            **launch)
+    if m is not None:  # the 8 copies of a short result (planes of 8 m rows)
+        zh, zl = (_RESHAPE(_INDEX(z, slice(k, k + m)), out_shape) for k in (0, 8 * m))
+    else:
+        zh, zl = planes(z, out_shape)
+        note_packed(zh, zl, z)
     return DoubleWord.of_words(zh, zl)
 
 
@@ -834,17 +937,19 @@ def _reduce_plan(prog: Program, shapes: tuple, shape: tuple, axes: tuple, keepdi
     copies = 1 if m * n >= 8 else 8  # 8 elements at least: every input a device buffer
     if copies > 1:
         extents, perm, ashape = (8,) + extents, (0,) + tuple(d + 1 for d in order), (8,) + shape
-    small, specs = _slot_plan(shapes, ashape)
-    prog_array, math_ = program(prog.key, ((n, OP[op]), extents, perm, len(ashape), specs))
-    kernel = _program_kernel_for("dw_reduce", len(shapes), math_)
+    words, planes_ = _leaf_shapes(prog, shapes)
+    small, specs = _slot_plan(words, ashape)
     rows = m * copies
+    prog_array, math_ = program(prog.key, ((n, OP[op]), extents, perm, len(ashape), specs,
+                                           rows, planes_))
+    kernel = _program_kernel_for("dw_reduce", len(shapes), math_)
     threads = min(_REDUCE_THREADS, 1 << max(0, ((n + 1) // 2 - 1).bit_length()))
     # one value per row, row r at flat position r: the result's own shape (no reshape
     # node) unless there are 8 copies of it
     zshape = out_shape if copies == 1 else (rows,)
     launch = dict(template=[("MATH", math_)], grid=(rows * threads, 1, 1),
-                  threadgroup=(threads, 1, 1), output_shapes=[zshape, zshape],
-                  output_dtypes=[F32, F32])
+                  threadgroup=(threads, 1, 1), output_shapes=[packed_shape(zshape)],
+                  output_dtypes=[F32])
     return small, ashape, kernel, prog_array, launch, (m if copies > 1 else None), out_shape
 
 

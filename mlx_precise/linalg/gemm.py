@@ -36,7 +36,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
-from ..doubleword import DoubleWord
+from ..doubleword import DoubleWord, fusion
 from ..doubleword.types import combine, map_words
 from ..doubleword.engine64 import from64, to64
 from ..core.kernels import Codes, Constants, Kernel, ParamLayout, generated_block
@@ -68,6 +68,11 @@ DW_GEMM_PARAMS = ParamLayout("DW_GEMM_P", (
     # WIN = 1 only: row m is the output position m out_s + oj - out_lo (oj: the batch
     # records' sj), written when in [0, out_len)
     "out_s", "out_lo", "out_len",
+    # packed words (one buffer holds both words: a kernel's packed output): the
+    # offsets in floats of al from ah and of bl from bh where no al / bl input is
+    # declared (0 where the operand has no low word), and of C's low words from its
+    # high words in the output c
+    "al_at", "bl_at", "cl_at",
 ), size=28, dtype=np.int64)
 """The fixed part of the int64 ``p`` buffer of :data:`DW_GEMM` (``DW_GEMM_P_M`` ... in
 ``metal/include/dw_gemm.h``); ``batch_dims`` records of :data:`DW_GEMM_DIM` follow
@@ -91,23 +96,33 @@ def codes_source() -> str:
 _WORDS = ("ah", "al", "bh", "bl", "dh", "dl")
 
 
+def _absent(word: str) -> str:
+    """The body's definition of an input ``word`` a kernel does not declare: a low
+    word of A or B is ``DW_GEMM_P_AL_AT`` / ``_BL_AT`` floats past its high word
+    (packed words; never read where ``p`` says there is no low word), the bias's
+    words ``ah`` (never read: no bias)."""
+    if word in ("al", "bl"):
+        return (f"const device float* {word} = {word[0]}h + p[DW_GEMM_P_{word.upper()}_AT];")
+    return f"const device float* {word} = ah;"
+
+
 def _gemm_kernel(name: str, words: tuple[str, ...] = _WORDS) -> Kernel:
     """:data:`DW_GEMM` with only the inputs ``words`` (and ``p``): the body's
-    line 1 (:attr:`Kernel.prelude`) names the others after ``ah`` (never read: their
-    ``p`` flags say there is no such word), so that a launch passes no array twice."""
+    line 1 (:attr:`Kernel.prelude`) defines the others (:func:`_absent`), so that
+    a launch passes no array twice and reads packed words as one input."""
     absent = [w for w in _WORDS if w not in words]
     return Kernel(
         name=name,
         body="dw_gemm.metal",
         headers=("dw_gemm.h",),
         inputs=words + ("p",),
-        outputs=("ch", "cl"),
+        outputs=("cw",),
         template=("CPLX", "WIN"),
         input_dtypes={**{w: (F32,) for w in words}, "p": (mx.int64,)},
         extended=True,
-        variants={"CPLX": (0, 1), "WIN": (0, 1), "ch": (F32,), "cl": (F32,)},
+        variants={"CPLX": (0, 1), "WIN": (0, 1), "cw": (F32,)},
         input_forms=dict.fromkeys(words + ("p",), ("device",)),  # _device pads
-        prelude=" ".join(f"const device float* {w} = ah;" for w in absent),
+        prelude=" ".join(_absent(w) for w in absent),
     )
 
 
@@ -116,10 +131,12 @@ DW_GEMM = _gemm_kernel("dw_gemm")
 ``ah, al, bh, bl, dh, dl`` float32 flat buffers (complex values as (re, im) float
 pairs when ``CPLX`` is 1), ``p`` int64 launch parameters with strides in floats
 (:data:`DW_GEMM_PARAMS`, then the batch records :data:`DW_GEMM_DIM`);
-outputs ``ch, cl`` float32 flat; grid from :func:`gemm_grid`. ``WIN`` 1 (real
+output ``cw`` float32 flat: C's high words, then from ``p[DW_GEMM_P_CL_AT]`` its low
+words (packed); grid from :func:`gemm_grid`. ``WIN`` 1 (real
 operands): A is read as a 1-D convolution's window of a signal (:func:`window_matmul`)."""
-# Without a bias (matmul, the convolutions), by the low words stored: no placeholder
-# input (each would be one more input of the launch's graph node).
+# Without a bias (matmul, the convolutions), by the low words stored apart: no
+# placeholder input (each would be one more input of the launch's graph node); an
+# operand whose words are packed (a kernel's output) is one input, its high word's.
 DW_GEMM_HI = _gemm_kernel("dw_gemm_hi", ("ah", "bh"))
 DW_GEMM_AL = _gemm_kernel("dw_gemm_al", ("ah", "al", "bh"))
 DW_GEMM_BL = _gemm_kernel("dw_gemm_bl", ("ah", "bh", "bl"))
@@ -380,8 +397,10 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: t
         return combine(re, im)
     if cx and d is not None and not d.is_complex:
         d = map_words(lambda w: w.astype(C64), d)  # exact: zero imaginary part
-    key = (sa, sb, sd, batch, out, transposed, a.is_complex, b.is_complex, cx, _stores_lo(a),
-           _stores_lo(b), None if d is None else _stores_lo(d))
+    # (with a bias, the kernel of every word apart)
+    za, zb = (None, None) if d is not None else (_packed(a), _packed(b))
+    key = (sa, sb, sd, batch, out, transposed, a.is_complex, b.is_complex, cx,
+           _lows(a, za), _lows(b, zb), None if d is None else _stores_lo(d))
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _gemm_plan(*key)
@@ -390,13 +409,26 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: t
     if plan is None:  # an empty result
         z = mx.zeros(out, C64 if cx else F32)
         return DoubleWord(z, mx.zeros_like(z))
-    ch, cl = _run(plan, a, b, d, name, stream)
+    ch, cl = _run(plan, a, b, d, name, stream, za, zb)
     # (re, im) pairs seen as complex64 in place (the reshape: 0-d outputs only)
     if cx:
         ch, cl = ch.view(C64), cl.view(C64)
     if ch.shape != out:
         ch, cl = ch.reshape(out), cl.reshape(out)
     return DoubleWord.of_words(ch, cl)
+
+
+def _packed(x: DoubleWord) -> mx.array | None:
+    """The packed words of real ``x`` (:func:`~mlx_precise.doubleword.fusion.packed`),
+    or None."""
+    return None if x._lo is None or x.is_complex else fusion.packed(x.hi, x._lo)
+
+
+def _lows(x: DoubleWord, z: mx.array | None):
+    """How the kernel reads x's low word: False (none: it reads 0), True (an input of
+    its own), or the plane of x's packed words ``z`` (its offset from the high
+    word, in floats)."""
+    return z.size // 2 if z is not None else _stores_lo(x)
 
 
 _PLANS: dict = {}  # _kernel's / window_matmul's key -> its plan (the oldest entry first out)
@@ -445,36 +477,48 @@ def _plan(dims: list[dict], fields: dict, shape: tuple, template: dict, lows: tu
     records (:data:`DW_GEMM_DIM` fields by name), ``fields`` the sizes and strides of
     :data:`DW_GEMM_PARAMS` (the window's too when ``template["WIN"]``), ``shape``
     that of each output word; ``template`` ``{"CPLX": .., "WIN": ..}`` in that
-    order; ``lows``: whether a, b and the bias (None: no bias) store low words.
-    Returns ``(kernel, parameters, grid, threadgroup, shape, template)``
-    (:func:`_run`)."""
+    order; ``lows``: how a, b and the bias (None: no bias) store low words
+    (:func:`_lows`; the bias's apart or not at all). Returns ``(kernel, parameters,
+    grid, threadgroup, shape, template)`` (:func:`_run`)."""
     a_lo, b_lo, d_lo = lows
-    # float32 operands (and no bias) store no zero words: the kernel reads 0 there
-    kernel = _UNBIASED[a_lo, b_lo] if d_lo is None else DW_GEMM
+    # float32 operands (and no bias) store no zero words: the kernel reads 0 there;
+    # packed words are one input (their low words a plane past the high ones)
+    apart = tuple(lo is True for lo in (a_lo, b_lo))
+    kernel = _UNBIASED[apart] if d_lo is None else DW_GEMM
+    planes = {f"{w}_at": 0 if lo is True else int(lo) for w, lo in (("al", a_lo),
+                                                                    ("bl", b_lo))}
     p = DW_GEMM_PARAMS.pack(
         [x[f] for x in dims for f in DW_GEMM_DIM.names],  # the records, by name
-        **{**_NO_WINDOW, **fields}, has_bias=d_lo is not None, a_lo=a_lo, b_lo=b_lo,
-        d_lo=bool(d_lo), batch_dims=len(dims))
+        **{**_NO_WINDOW, **fields}, has_bias=d_lo is not None, a_lo=bool(a_lo),
+        b_lo=bool(b_lo), d_lo=bool(d_lo), batch_dims=len(dims), cl_at=math.prod(shape),
+        **planes)
     grid, tg = gemm_grid(fields["m"], fields["n"], math.prod(x["size"] for x in dims))
     return kernel, p, grid, tg, shape, list(template.items())
 
 
 def _run(plan: tuple, a: DoubleWord, b: DoubleWord, d: DoubleWord | None, name,
-         stream) -> list[mx.array]:
+         stream, za: mx.array | None = None, zb: mx.array | None = None) -> list[mx.array]:
     """One launch of :data:`DW_GEMM` (:func:`_plan`) on the words of a, b and the
-    bias d (or None), on the resolved kernel backend ``name``. Returns (ch, cl)."""
+    bias d (or None), on the resolved kernel backend ``name``; ``za``, ``zb``: the
+    packed words of a, b (:func:`_packed`) where the plan reads them so. Returns
+    (ch, cl), the halves of the packed output (recorded as such)."""
     kernel, p, grid, tg, shape, template = plan
-    words = [_device(a.hi), _stored_lo(a), _device(b.hi), _stored_lo(b)]
     if d is None:  # a kernel without the absent words' inputs
+        words = [za] if za is not None else [_device(a.hi), _stored_lo(a)]
+        words += [zb] if zb is not None else [_device(b.hi), _stored_lo(b)]
         words = [w for w in words if w is not None]
     else:
-        words += [_device(d.hi), _stored_lo(d)]
+        words = [_device(a.hi), _stored_lo(a), _device(b.hi), _stored_lo(b),
+                 _device(d.hi), _stored_lo(d)]
         words = [words[0] if w is None else w for w in words]  # never read
     # (the declared inputs by construction: float32 words padded to device buffers,
     # p int64 of more than 8 values: no per-call checks)
-    return kernel.unchecked(inputs=words + [p], template=template, grid=grid, threadgroup=tg,
-                            output_shapes=[shape, shape], output_dtypes=[F32, F32],
+    (c,) = kernel.unchecked(inputs=words + [p], template=template, grid=grid, threadgroup=tg,
+                            output_shapes=[fusion.packed_shape(shape)], output_dtypes=[F32],
                             backend=name, stream=stream)
+    ch, cl = fusion.planes(c, shape)
+    fusion.note_packed(ch, cl, c)
+    return ch, cl
 
 
 def window_matmul(signal: DoubleWord, b: DoubleWord, *, taps: int, channels: int,
@@ -516,15 +560,16 @@ def window_matmul(signal: DoubleWord, b: DoubleWord, *, taps: int, channels: int
     if math.prod(x["size"] for x in dims) * rows * cols == 0:
         z = mx.zeros(shape, F32)
         return DoubleWord(z, z)
+    za, zb = _packed(signal), _packed(b)
     key = (taps, channels, rows, cols, tuple(window), tuple(a_strides), tuple(b_strides),
            tuple(c_strides), tuple(tuple(x.items()) for x in dims), tuple(shape),
-           None if crop is None else tuple(crop), _stores_lo(signal), _stores_lo(b))
+           None if crop is None else tuple(crop), _lows(signal, za), _lows(b, zb))
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _window_plan(*key)
         if len(_PLANS) > _PLAN_CACHE:
             _PLANS.pop(next(iter(_PLANS)), None)
-    return DoubleWord(*_run(plan, signal, b, None, backends.resolve(backend), stream))
+    return DoubleWord(*_run(plan, signal, b, None, backends.resolve(backend), stream, za, zb))
 
 
 def _window_plan(taps, channels, rows, cols, window, a_strides, b_strides, c_strides, dims,

@@ -148,7 +148,7 @@ def test_program_registers_are_reused():
     e = x
     for _ in range(20):
         e = fusion._compose(fusion.OP["mul"], 0, [e, x])
-    layout = ((), (8,), (0,), 1, ((1, 0), (1, 0)))
+    layout = ((), (8,), (0,), 1, ((1, 0), (1, 0)), 8, (0, 0))
     prog, math_ = fusion.program(e.key, layout)
     words = np.array(prog)
     count, out = words[fusion.LIMITS.prog_count], words[fusion.LIMITS.prog_out]

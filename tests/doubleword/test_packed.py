@@ -1,0 +1,157 @@
+"""Packed words (mlx_precise.doubleword.fusion.note_packed): dw_fused, dw_reduce and
+dw_gemm write a result's two words as one array, and read the packed output of
+another launch as one input. On emulate the values read packed have exactly the
+bits of the same words read as two arrays, and the oracle's value (numpy
+longdouble, exact float64 sums of the words) to the chain's bound; on the metal
+path (lazy stand-in) a consumer reads the producer's packed output itself, with
+no slice of it in between."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlx_precise as mp
+from mlx_precise.doubleword import fusion
+from mlx_precise.extended import low_word
+from mlx_precise.testing import graph_counts
+
+
+def _f32(seed, shape, scale=1.0):
+    rng = np.random.default_rng(seed)
+    return mx.array((rng.standard_normal(shape) * scale).astype(np.float32))
+
+
+def _value(y) -> np.ndarray:
+    """hi + lo of a flow result in float64 (exact for normalised words)."""
+    lo = low_word(y)
+    return np.array(y).astype(np.float64) + (0.0 if lo is None else
+                                             np.array(lo).astype(np.float64))
+
+
+def _bits(y):
+    return np.array(y).view(np.uint32), np.array(low_word(y)).view(np.uint32)
+
+
+def _both(fn, monkeypatch, *args):
+    """fn(*args) in a block on emulate with packed reads, then with every packed
+    output read as two arrays (fusion.packed finds none): the result's bits each
+    time, and how many launches read packed words."""
+    reads = []
+    found = fusion.packed
+
+    def counting(hi, lo):
+        z = found(hi, lo)
+        reads.append(z is not None)
+        return z
+
+    out = []
+    for packed_on in (True, False):
+        monkeypatch.setattr(fusion, "packed", counting if packed_on else lambda h, l: None)
+        with mp.use_backend("emulate"), mp.extended_precision():
+            y = fn(*args)
+            out.append((_bits(y), _value(y)))
+    return out, sum(reads)
+
+
+def _same_bits(out):
+    (bits_p, _), (bits_s, _) = out
+    for a, b in zip(bits_p, bits_s):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_reduction_read_packed(monkeypatch):
+    """x / sum(x * 1.5, -1): the sums (dw_reduce, 16 rows) are read packed by the
+    quotient's program, broadcast along the last axis: the bits of the two-array
+    read; the value the oracle's to 2^-44."""
+    x = _f32(1, (16, 12)) + 3.0
+    out, reads = _both(lambda a: a / mx.sum(a * 1.5, axis=-1, keepdims=True), monkeypatch, x)
+    assert reads >= 1
+    _same_bits(out)
+    x64 = np.array(x).astype(np.longdouble)
+    ref = x64 / (x64 * 1.5).sum(axis=-1, keepdims=True)
+    got = out[0][1]
+    assert np.all(np.abs(got - ref) <= 2.0**-44 * np.abs(ref))
+
+
+def test_a_matmul_reads_and_writes_packed(monkeypatch):
+    """exp(x / 3) @ (w * 1.25), then tanh of the product: the GEMM reads both
+    programs' packed outputs, tanh's program the GEMM's: the bits of the two-array
+    reads, and the value the oracle's (float64 exp / tanh of the exact operands:
+    the chain's error is far below float64's 2^-53 relative)."""
+    x, w = _f32(2, (4, 40, 24)), _f32(3, (24, 16))
+    out, reads = _both(lambda a, b: mx.tanh(mx.exp(a / 3) @ (b * 1.25)), monkeypatch, x, w)
+    assert reads >= 3
+    _same_bits(out)
+    a64 = np.exp(np.array(x).astype(np.float64) / 3)
+    ref = np.tanh(a64 @ (np.array(w).astype(np.float64) * 1.25))
+    assert np.max(np.abs(out[0][1] - ref)) <= 2.0**-40
+
+
+def test_a_long_chain_reads_its_cut_packed(monkeypatch):
+    """A chain longer than a program holds: the operand made a leaf is read from
+    its launch's packed output (bits of the two-array read)."""
+    x = _f32(4, (64,)) * 0.25
+
+    def chain(a):
+        s = a
+        for k in range(24):
+            s = s * 0.75 + a / (k + 3)
+        return s
+
+    out, reads = _both(chain, monkeypatch, x)
+    assert reads >= 1
+    _same_bits(out)
+    ref = np.array(x).astype(np.longdouble)
+    s = ref
+    for k in range(24):
+        s = s * 0.75 + ref / (k + 3)
+    assert np.all(np.abs(out[0][1] - s) <= 2.0**-42 * np.abs(s))
+
+
+@pytest.mark.parametrize("special", [np.inf, -np.inf, np.nan, 2.0**127, -(2.0**127)])
+def test_special_values_read_packed(monkeypatch, special):
+    """Inf, NaN and values near 2^127 in a packed output read by the next program
+    and by a GEMM: the bits of the two-array reads (and float32's Inf / NaN where
+    the float32 chain has them)."""
+    xs = np.full((16,), 1.5, np.float32)
+    xs[3] = special
+    x = mx.array(xs)
+    w = _f32(5, (16, 8))
+
+    def fn(a, b):
+        s = mx.sum(a * 0.5, axis=-1, keepdims=True)  # (1, 1): not packed (< 8 values)
+        y = a.reshape(2, 8) * 2.0  # packed, read by the GEMM below and by the quotient
+        return (y @ b[:8]) + y.sum() / s
+
+    out, reads = _both(fn, monkeypatch, x, w)
+    assert reads >= 1
+    _same_bits(out)
+    with np.errstate(all="ignore"):
+        plain = np.array(fn(x, w))
+    got = np.array(out[0][1])
+    assert np.array_equal(np.isnan(got), np.isnan(plain))
+    assert np.array_equal(np.isinf(got) & (got > 0), np.isinf(plain) & (plain > 0))
+
+
+def test_outside_blocks_nothing_is_recorded():
+    """The engines called outside blocks record no packed words (the caller holds
+    the words and may update them in place)."""
+    x = mp.DoubleWord.from_float32(_f32(6, (32,)))
+    with mp.use_backend("emulate"):
+        y = x * x + x
+    assert fusion.packed(y.hi, y.lo) is None
+    assert not fusion._packed
+
+
+def test_packed_reads_on_the_metal_path(lazy_metal):
+    """Lazy stand-in: the GEMM reads exp's packed output and the norm's program the
+    sums' packed output: the graph is the launches and the slices of the result's
+    words only."""
+    x, w = _f32(7, (16, 32)), _f32(8, (32, 24))
+    with mp.use_backend("metal"), mp.extended_precision():
+        y = mx.exp(x) @ w
+        g = graph_counts(y, low_word(y))["by_primitive"]
+        z = x / mx.sum(x * x, axis=-1, keepdims=True)
+        h = graph_counts(z, low_word(z))["by_primitive"]
+    assert g == {"Depends": 2, "Slice": 2}, g
+    assert h == {"Depends": 2, "Slice": 2}, h
