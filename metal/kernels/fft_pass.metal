@@ -20,13 +20,19 @@
 // (fft.h, fft_row_exponent).
 //
 // Inputs:  x_hi, x_lo float32 interleaved (re, im) words of rows x n points
-//          (x_lo unread unless lo_in); tab float32 twiddle table of order
+//          (x_lo unread unless lo_in; its words from params[FFT_PASS_LO_AT] on:
+//          the previous pass's packed output y passed as both, its low words a
+//          plane past its high words); tab float32 twiddle table of order
 //          NT = 2^logNT (fft.h); rmax float32 max |x| of each row (unread unless
-//          rs_in or rs_out); params int32 (16,): the fields FFT_PASS_* of fft.h
+//          rs_in or rs_out); params int32 (20,): the fields FFT_PASS_* of fft.h
 //          (generated from FFT_PASS_PARAMS in mlx_precise/fft/engine.py).
-// Outputs: y_hi, y_lo float32, rows x n points (y_lo unwritten unless lo_out).
+// Output:  y float32, the high words of rows x n points, then (unless lo_out: none)
+//          their low words from params[FFT_PASS_OUT_LO_AT] on (packed words).
 // Grid: threadgroup t handles groups g = t C ... t C + C - 1 (g = row n/R + j,
 // out-of-range groups are skipped); any threadgroup size works (loops).
+const device float* xl = x_lo + params[FFT_PASS_LO_AT];
+device float* y_hi = y;
+device float* y_lo = y + params[FFT_PASS_OUT_LO_AT];
 uint logn = uint(params[FFT_PASS_LOGN]);
 uint logR = uint(params[FFT_PASS_LOG_R]);
 uint logNs = uint(params[FFT_PASS_LOG_NS]);
@@ -67,7 +73,7 @@ for (uint p = tid; p < npts; p += nth) {
   if (g < G) {
     uint row = g >> logGpr;
     uint j = g & ((1u << logGpr) - 1u);
-    v = fft_load(x_hi, x_lo, (row << logn) + j + (r << logGpr), lo_in);
+    v = fft_load(x_hi, xl, (row << logn) + j + (r << logGpr), lo_in);
     if (rs_in) {
       v = fft_times(v, fft_pow2_neg(fft_row_exponent(rmax[row], rs_growth)));
     }

@@ -18,12 +18,17 @@
 // 2^e (rs_out), e from the row's maximum rmax[row] (fft.h, fft_row_exponent).
 //
 // Inputs:  x_hi, x_lo float32 interleaved words, rows x (N or N+1) points (x_lo
-//          unread unless lo_in); tab float32 twiddle table of order n (fft.h);
+//          unread unless lo_in; its words from params[FFT_REAL_LO_AT] on: a
+//          kernel's packed output passed as both); tab float32 twiddle table of order n (fft.h);
 //          rmax float32 max |x| of each row (unread unless rs_in or rs_out);
 //          params int32 (16,): the fields FFT_REAL_* of fft.h (generated from
 //          FFT_REAL_PARAMS in mlx_precise/fft/engine.py).
-// Outputs: y_hi, y_lo float32, rows x (N+1 or N) points (y_lo unless lo_out).
+// Output:  y float32, the high words of rows x (N+1 or N) points, then (lo_out)
+//          their low words from params[FFT_REAL_OUT_LO_AT] on (packed words).
 // Grid: one thread per output point.
+const device float* xl = x_lo + params[FFT_REAL_LO_AT];
+device float* y_hi = y;
+device float* y_lo = y + params[FFT_REAL_OUT_LO_AT];
 uint N = uint(params[FFT_REAL_N_HALF]);
 uint rows = uint(params[FFT_REAL_ROWS]);
 bool pre = params[FFT_REAL_PRE] != 0;
@@ -48,8 +53,8 @@ float down = fft_pow2_neg(e);
 cdw out;
 if (!pre) {
   uint in0 = row * N;
-  cdw zk = fft_load(x_hi, x_lo, in0 + (k == N ? 0u : k), lo_in);
-  cdw zm = fft_load(x_hi, x_lo, in0 + (k == 0u ? 0u : N - k), lo_in);
+  cdw zk = fft_load(x_hi, xl, in0 + (k == N ? 0u : k), lo_in);
+  cdw zm = fft_load(x_hi, xl, in0 + (k == 0u ? 0u : N - k), lo_in);
   if (rs_in) {
     zk = fft_times(zk, down);
     zm = fft_times(zm, down);
@@ -61,8 +66,8 @@ if (!pre) {
   out = cdw_make(dw_make(0.5f * h.re.hi, 0.5f * h.re.lo), dw_make(0.5f * h.im.hi, 0.5f * h.im.lo));
 } else {
   uint in0 = row * (N + 1u);
-  cdw xk = fft_load(x_hi, x_lo, in0 + k, lo_in);
-  cdw xm = fft_load(x_hi, x_lo, in0 + N - k, lo_in);
+  cdw xk = fft_load(x_hi, xl, in0 + k, lo_in);
+  cdw xm = fft_load(x_hi, xl, in0 + N - k, lo_in);
   if (rs_in) {
     xk = fft_times(xk, down);
     xm = fft_times(xm, down);

@@ -38,7 +38,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..core import backends
-from ..doubleword import pow2scale
+from ..doubleword import fusion, pow2scale
 from ..doubleword.engine64 import from64, from_float64_result
 from ..doubleword.types import DoubleWord, read_input
 from ..doubleword.elementwise import CMUL, reciprocal_words
@@ -72,12 +72,14 @@ FFT_PASS_PARAMS = ParamLayout("FFT_PASS", (
     "log_nt",    # log2 of the twiddle table's order
     "inverse",   # conjugate twiddles (inverse transform)
     "lo_in",     # x_lo holds low words (else they are 0 and x_lo is not read)
-    "lo_out",    # write y_lo
+    "lo_out",    # write the low words
+    "lo_at",     # x_lo's words start this many floats in (packed words: x_lo is x_hi)
+    "out_lo_at",  # the low words start this many floats into y (packed words)
     "scaled",    # multiply by the double-word (scale_hi, scale_lo)
     "scale_hi",  # int32 bits of the float32 words of the scale
     "scale_lo",
     *_ROW_SCALE,
-))
+), size=20)
 """The ``params`` buffer of ``fft_pass`` (named ``FFT_PASS_LOGN`` ... in
 ``metal/include/fft.h``)."""
 
@@ -87,6 +89,8 @@ FFT_REAL_PARAMS = ParamLayout("FFT_REAL", (
     "pre",       # irfft pre-processing (else rfft post-processing)
     "lo_in",
     "lo_out",
+    "lo_at",
+    "out_lo_at",
     "scaled",
     "scale_hi",
     "scale_lo",
@@ -112,27 +116,27 @@ FFT_PASS = Kernel(
     body="fft_pass.metal",
     headers=("fft.h",),
     inputs=("x_hi", "x_lo", "tab", "rmax", "params"),
-    outputs=("y_hi", "y_lo"),
+    outputs=("y",),
     input_dtypes={"x_hi": _F32, "x_lo": _F32, "tab": _F32, "rmax": _F32, "params": _I32},
-    variants={"y_hi": _F32, "y_lo": _F32},
+    variants={"y": _F32},
     # _flat, _dummy, twiddle_table and FFT_PASS_PARAMS give every input >= 8 elements
     input_forms=dict.fromkeys(("x_hi", "x_lo", "tab", "rmax", "params"), ("device",)),
 )
 """One Stockham pass (see the kernel's header comment): inputs ``x_hi``, ``x_lo``
 float32 interleaved words, ``tab`` twiddle table, ``rmax`` float32 row maxima
 (:class:`_RowScale`), ``params`` int32
-(:data:`FFT_PASS_PARAMS`); outputs
-``y_hi``, ``y_lo`` float32. Grid: ``C`` groups of one radix-R transform per
-threadgroup (planned by :func:`_plan`)."""
+(:data:`FFT_PASS_PARAMS`); output ``y`` float32: the high words, then
+(``lo_out``) the low words (packed words). Grid: ``C`` groups of one radix-R
+transform per threadgroup (planned by :func:`_plan`)."""
 
 FFT_REAL = Kernel(
     name="fft_real",
     body="fft_real.metal",
     headers=("fft.h",),
     inputs=("x_hi", "x_lo", "tab", "rmax", "params"),
-    outputs=("y_hi", "y_lo"),
+    outputs=("y",),
     input_dtypes={"x_hi": _F32, "x_lo": _F32, "tab": _F32, "rmax": _F32, "params": _I32},
-    variants={"y_hi": _F32, "y_lo": _F32},
+    variants={"y": _F32},
     input_forms=dict.fromkeys(("x_hi", "x_lo", "tab", "rmax", "params"), ("device",)),
 )
 """Real-FFT post-processing (rfft) or pre-processing (irfft) of a half-length
@@ -451,8 +455,9 @@ def _fft_pow2(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_ou
     row scaling of the first and last passes. What the passes derive from the
     sizes (parameter buffers, grids, output shapes) is planned once per key
     (:func:`_pass_plan`): a repeated layer pays a lookup and MLX's launches."""
+    hi, lo, plane = _packed_input(hi, lo)
     key = ("pass", rows, n, nt or n, inverse, scale_den, lo is not None, lo_out,
-           None if rs is None else rs.key)
+           None if rs is None else rs.key, plane)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _cache(key, _pass_plan(*key[1:]))
@@ -461,12 +466,33 @@ def _fft_pow2(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_ou
     backend = backends.resolve(backend)
     for params, grid, tg, shapes, keep_lo in plan:
         # (the declared inputs by construction: float32 words of >= 8 elements,
-        # int32 params: no per-launch checks)
-        hi, lo_new = FFT_PASS.unchecked(
+        # int32 params: no per-launch checks); the next pass reads the packed
+        # words as both of its word inputs
+        (hi,) = FFT_PASS.unchecked(
             inputs=[hi, lo if lo is not None else _dummy(), tab, rmax, params], template=None,
             grid=grid, threadgroup=tg, output_shapes=shapes,
-            output_dtypes=[mx.float32, mx.float32], backend=backend, stream=stream)
-        lo = lo_new if keep_lo else None
+            output_dtypes=[mx.float32], backend=backend, stream=stream)
+        lo = hi if keep_lo else None
+    return _unpacked(hi, lo, _words(rows, n))
+
+
+def _packed_input(hi: mx.array, lo: mx.array | None):
+    """``(hi, lo, plane)`` for a kernel's word inputs: where ``hi``, ``lo`` are the
+    halves of a kernel's packed output (:func:`~mlx_precise.doubleword.fusion.packed`),
+    that output as both and its plane (the low words' offset in floats), else
+    ``(hi, lo, 0)``."""
+    z = None if lo is None else fusion.packed(hi, lo)
+    return (hi, lo, 0) if z is None else (z, z, z.size // 2)
+
+
+def _unpacked(y: mx.array, lo: mx.array | None, shape: tuple):
+    """A transform's result as its kernel wrote it: ``(y, None)`` (high words only)
+    or the halves of the packed words ``y`` of float32 words of ``shape`` (recorded
+    as such: the next kernel reads ``y`` itself)."""
+    if lo is None:
+        return y, None
+    hi, lo = fusion.planes(y, shape)
+    fusion.note_packed(hi, lo, y)
     return hi, lo
 
 
@@ -483,9 +509,11 @@ def _cache(key, plan):
 
 
 def _pass_plan(rows: int, n: int, nt: int, inverse: bool, scale_den: int, lo_in: bool,
-               lo_out: bool, rs_key) -> tuple:
+               lo_out: bool, rs_key, plane: int) -> tuple:
     """The launches of :func:`_fft_pow2` for its key: per pass (params, grid,
-    threadgroup, output shapes, whether its low words are kept)."""
+    threadgroup, output shapes, whether its low words are kept). ``plane``: the
+    offset of the first pass's low words in its x_lo (packed words; 0 otherwise);
+    every later pass reads the packed output of the one before."""
     logn = n.bit_length() - 1
     logs = _plan(logn)
     s_hi, s_lo = _scale_bits(scale_den)
@@ -502,11 +530,12 @@ def _pass_plan(rows: int, n: int, nt: int, inverse: bool, scale_den: int, lo_in:
         params = FFT_PASS_PARAMS.pack(
             logn=logn, log_r=log_r, log_ns=log_ns, log_c=log_c, groups=groups,
             log_nt=nt.bit_length() - 1, inverse=inverse, lo_in=lo_in if i == 0 else True,
-            lo_out=keep_lo, scaled=last and scale_den != 1,
+            lo_out=keep_lo, lo_at=plane if i == 0 else math.prod(size),
+            out_lo_at=math.prod(size) if keep_lo else 0, scaled=last and scale_den != 1,
             scale_hi=s_hi if last else 0, scale_lo=s_lo if last else 0,
             **_row_scale_fields(rs_key, i == 0, last))
         plan.append((params, (tgs * threads, 1, 1), (threads, 1, 1),
-                     [size, size if keep_lo else (1,)], keep_lo))
+                     [fusion.packed_shape(size) if keep_lo else size], keep_lo))
         log_ns += log_r
     return tuple(plan)
 
@@ -625,37 +654,40 @@ def _real_kernel(hi, lo, rows: int, big_n: int, *, pre: bool, scale_den: int, lo
     row scaling (the kernel is both the first and the last of its transform; ``rs``
     says which scalings it does)."""
     per_row = big_n if pre else big_n + 1
+    hi, lo, plane = _packed_input(_flat(hi), None if lo is None else _flat(lo))
     key = ("real", rows, big_n, pre, scale_den, lo is not None, lo_out,
-           None if rs is None else rs.key)
+           None if rs is None else rs.key, plane)
     plan = _PLANS.get(key)
     if plan is None:
         plan = _cache(key, _real_plan(*key[1:]))
     params, grid, tg, shapes = plan
-    y_hi, y_lo = FFT_REAL.unchecked(
-        inputs=[_flat(hi), _dummy() if lo is None else _flat(lo), twiddle_table(2 * big_n),
+    (y,) = FFT_REAL.unchecked(
+        inputs=[hi, _dummy() if lo is None else lo, twiddle_table(2 * big_n),
                 _dummy() if rs is None else rs.rmax, params],
         template=None, grid=grid, threadgroup=tg, output_shapes=shapes,
-        output_dtypes=[mx.float32, mx.float32], backend=backends.resolve(backend),
-        stream=stream)
+        output_dtypes=[mx.float32], backend=backends.resolve(backend), stream=stream)
+    y_hi, y_lo = _unpacked(y, y if lo_out else None, _words(rows, per_row))
     if words:
-        return y_hi, y_lo if lo_out else None
+        return y_hi, y_lo
     return (_unflat(y_hi, rows, per_row, True),
             _unflat(y_lo, rows, per_row, True) if lo_out else None)
 
 
 def _real_plan(rows: int, big_n: int, pre: bool, scale_den: int, lo_in: bool, lo_out: bool,
-               rs_key) -> tuple:
+               rs_key, plane: int) -> tuple:
     """The launch of :func:`_real_kernel` for its key: (params, grid, threadgroup,
     output shapes)."""
     per_row = big_n if pre else big_n + 1
     s_hi, s_lo = _scale_bits(scale_den)
-    params = FFT_REAL_PARAMS.pack(n_half=big_n, rows=rows, pre=pre, lo_in=lo_in,
-                                  lo_out=lo_out, scaled=scale_den != 1, scale_hi=s_hi,
-                                  scale_lo=s_lo, **_row_scale_fields(rs_key, True, True))
     size = _words(rows, per_row)
+    params = FFT_REAL_PARAMS.pack(n_half=big_n, rows=rows, pre=pre, lo_in=lo_in,
+                                  lo_out=lo_out, lo_at=plane,
+                                  out_lo_at=math.prod(size) if lo_out else 0,
+                                  scaled=scale_den != 1, scale_hi=s_hi, scale_lo=s_lo,
+                                  **_row_scale_fields(rs_key, True, True))
     total = rows * per_row
     return (params, (total, 1, 1), (min(_THREADS, total), 1, 1),
-            [size, size if lo_out else (1,)])
+            [fusion.packed_shape(size) if lo_out else size])
 
 
 def _rfft_rows(hi, lo, rows: int, n: int, *, lo_out: bool, backend: str, stream,

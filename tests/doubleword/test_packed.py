@@ -155,3 +155,23 @@ def test_packed_reads_on_the_metal_path(lazy_metal):
         h = graph_counts(z, low_word(z))["by_primitive"]
     assert g == {"Depends": 2, "Slice": 2}, g
     assert h == {"Depends": 2, "Slice": 2}, h
+
+
+@pytest.mark.parametrize("n, packed_reads", [(64, True), (4096, True), (48, False)])
+def test_transforms_read_packed(monkeypatch, n, packed_reads):
+    """rfft of a program's output, times a kernel, irfft: the transform's kernels
+    (fft_real, the Stockham passes: two of them for n = 4096) read the packed
+    output of the kernel before them: the bits of the two-array reads, and numpy's float64 transforms of the
+    exact operands to 1e-12 of the largest value. (n = 48: Bluestein's, whose
+    complex products write two arrays: nothing read packed, the same bits.)"""
+    x, k = _f32(9, (4, n)), _f32(10, (n // 2 + 1,))
+
+    def fn(a, b):
+        return mx.fft.irfft(mx.fft.rfft(a * 1.5) * b, n=n)
+
+    out, reads = _both(fn, monkeypatch, x, k)
+    assert (reads >= 1) == packed_reads
+    _same_bits(out)
+    ref = np.fft.irfft(np.fft.rfft(np.array(x).astype(np.float64) * 1.5)
+                       * np.array(k).astype(np.float64), n=n)
+    assert np.max(np.abs(out[0][1] - ref)) <= 1e-12 * np.max(np.abs(ref))

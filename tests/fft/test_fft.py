@@ -338,8 +338,9 @@ def test_params_layouts_are_generated_into_fft_h():
         for name in layout.names:
             assert f"params[{layout.metal_name(name)}]" in src
     p = engine.FFT_REAL_PARAMS.pack(n_half=4, rows=3, pre=True, lo_in=False, lo_out=True,
-                                    scaled=False, scale_hi=7, scale_lo=-1, rs_in=False,
+                                    lo_at=0, out_lo_at=24, scaled=False, scale_hi=7, scale_lo=-1, rs_in=False,
                                     rs_out=True, rs_per_part=False, rs_growth=11)
     assert np.array(p)[engine.FFT_REAL_PARAMS.index("rows")] == 3
     assert np.array(p)[engine.FFT_REAL_PARAMS.index("scale_lo")] == -1
     assert np.array(p)[engine.FFT_REAL_PARAMS.index("rs_growth")] == 11
+    assert np.array(p)[engine.FFT_REAL_PARAMS.index("out_lo_at")] == 24
