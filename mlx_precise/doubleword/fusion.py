@@ -290,7 +290,7 @@ _ASTYPE = mx.array.astype  # MLX's own (to the same dtype: an alias, no graph no
 # the flow's stand-ins): the engine calls them on words, where a stand-in would only
 # check that no block report is open and call these (the same nodes, host time).
 _RESHAPE, _VIEW, _INDEX = mx.array.reshape, mx.array.view, mx.array.__getitem__
-_TRANSPOSE, _CONJUGATE, _PAD, _SPLIT = mx.array.transpose, mx.conj, mx.pad, mx.split
+_TRANSPOSE, _CONJUGATE, _PAD = mx.array.transpose, mx.conj, mx.pad
 _BROADCAST_TO = mx.broadcast_to
 
 
@@ -622,7 +622,7 @@ def _entry(w: DoubleWord) -> tuple | None:
 def expression(w: DoubleWord) -> Expr | None:
     """The expression of ``w``: the one recorded with its words, else ``w`` as a leaf
     (float32 words only; None for complex words)."""
-    if type(w) is _Deferred:
+    if type(w) is _Deferred or type(w) is _PackedLeaf:
         return w.expr
     hi = w.hi
     if hi.dtype != F32:
@@ -1160,7 +1160,32 @@ class _Deferred(DoubleWord):
     is_complex = property(lambda self: False)
 
 
-_NOT_WORDS = (Expr, _Deferred)  # apply's operands that are not launched words
+class _PackedLeaf(DoubleWord):
+    """Real words of ``shape`` that are the halves of the packed words ``z``
+    (:func:`packed_shape` of ``shape``), as a leaf read packed (its expression: one
+    slot); the halves themselves are sliced only where something reads them."""
+
+    __slots__ = ("expr", "_z", "_words")
+
+    def __init__(self, z: mx.array, shape: tuple):
+        self.expr = Expr((z,), _PACKED_LOAD, shape)
+        self._z, self._words, self.wide = z, None, None
+
+    def _halves_of(self) -> tuple:
+        if self._words is None:
+            self._words = planes(self._z, self.expr.shape)
+        return self._words
+
+    hi = property(lambda self: self._halves_of()[0])
+    _lo = property(lambda self: self._halves_of()[1])
+    shape = property(lambda self: self.expr.shape)
+    ndim = property(lambda self: len(self.expr.shape))
+    size = property(lambda self: math.prod(self.expr.shape))
+    dtype = property(lambda self: F32)
+    is_complex = property(lambda self: False)
+
+
+_NOT_WORDS = (Expr, _Deferred, _PackedLeaf)  # apply's operands that are not launched words
 
 
 # ---- complex words: their parts as a trailing axis ------------------------------------
@@ -1216,10 +1241,17 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
         # them as (..., 2) parts (where the complex view needed a move and a copy)
         shape, axes = entry[5]
         perm = [axes.index(d) for d in range(hi.ndim)] + [hi.ndim]
+        z = packed(*entry[4]) if entry[2] is None and perm[0] == 0 else None
+        if z is not None:  # the packed words so (their first axis stays first)
+            return _PackedLeaf(_TRANSPOSE(_RESHAPE(z, packed_shape(tuple(shape) + (2,))),
+                                          perm), tuple(hi.shape) + (2,))
         return DoubleWord.of_words(*(_TRANSPOSE(_RESHAPE(a, tuple(shape) + (2,)), perm)
                                      for a in entry[4]))
     if entry is not None and entry[4] is not None:  # a kernel's words
         words, shape = entry[4], tuple(hi.shape) + (2,)
+        z = packed(*words) if entry[2] is None else None
+        if z is not None:  # read as a leaf: the packed words, one reshape of them
+            return _PackedLeaf(_RESHAPE(z, packed_shape(shape)), shape)
         if tuple(words[0].shape) != shape:  # (..., 2 n) as written: the parts axis
             words = tuple(_RESHAPE(a, shape) for a in words)
             if entry[2] is not None:  # a program's words: its chain goes with them
@@ -1264,11 +1296,14 @@ def _cut(w: DoubleWord, index) -> Expr:
 
 def _halves(w: DoubleWord) -> tuple[Expr, Expr]:
     """The real and the imaginary part of the parts words of ``w``, (..., 1) each,
-    as leaves: one split per word (one graph node for both views, where two
-    slices are two)."""
-    his = _SPLIT(w.hi, 2, -1)
-    los = (None, None) if w._lo is None else _SPLIT(w._lo, 2, -1)
-    return Expr.leaf(his[0], los[0]), Expr.leaf(his[1], los[1])
+    as leaves: a slice each (two nodes of one output cost MLX's replay of a
+    compiled graph less than one split of two outputs)."""
+    lo = w._lo
+    return tuple(Expr.leaf(_INDEX(w.hi, part), None if lo is None else _INDEX(lo, part))
+                 for part in _PARTS)
+
+
+_PARTS = ((..., slice(0, 1)), (..., slice(1, 2)))  # the real and the imaginary part
 
 
 _SWAP = (..., slice(None, None, -1))

@@ -71,8 +71,10 @@ VIEWS = {"noted": (4, 2, 5), "viewed": (10, 6, 8)}
 @pytest.mark.parametrize("which", range(3))
 def test_readers_take_the_words(lazy_metal, monkeypatch, which):
     """On metal (lazy stand-in) each reader's graph holds the View nodes counted
-    in :data:`VIEWS`, with the same launches and Reshapes as when the transform's
-    complex words are read through views (the note turned off)."""
+    in :data:`VIEWS`, with the same launches as when the transform's complex words
+    are read through views (the note turned off), and no more Reshapes (a program
+    reads the transform's packed words through one reshape of them, where the
+    words take one each)."""
     x, c = _inputs()
     mx.eval(x, c)
     counts = {}
@@ -86,7 +88,7 @@ def test_readers_take_the_words(lazy_metal, monkeypatch, which):
         assert g["by_primitive"].get("View", 0) == VIEWS[form][which], (form, g)
     noted, viewed = (counts[f]["by_primitive"] for f in ("noted", "viewed"))
     assert counts["noted"]["launches"] == counts["viewed"]["launches"]
-    assert noted["Reshape"] == viewed["Reshape"], (noted, viewed)
+    assert noted["Reshape"] <= viewed["Reshape"], (noted, viewed)
 
 
 fftnd = importlib.import_module("mlx_precise.fft.nd")
