@@ -1133,56 +1133,57 @@ def deferred():
         _deferring.reset(token)
 
 
-class _Deferred(DoubleWord):
-    """The real words of the expression ``expr`` (:func:`deferred`), launched on
-    ``at = (backend, stream)`` when ``hi`` or a low word is first read; its shape
-    and dtype known without the launch."""
+class _ExprWords(DoubleWord):
+    """Real words of the expression ``expr`` whose arrays are made when ``hi`` or a
+    low word is first read (:meth:`_made`); shape and dtype known without them."""
 
-    __slots__ = ("expr", "_at", "_words")
+    __slots__ = ("expr", "_words")
+
+    def _make(self) -> tuple:
+        raise NotImplementedError
+
+    def _made(self) -> tuple:
+        if self._words is None:
+            self._words = self._make()
+        return self._words
+
+    hi = property(lambda self: self._made()[0])
+    _lo = property(lambda self: self._made()[1])
+    shape = property(lambda self: self.expr.shape)
+    ndim = property(lambda self: len(self.expr.shape))
+    size = property(lambda self: math.prod(self.expr.shape))
+    dtype = property(lambda self: F32)
+    is_complex = property(lambda self: False)
+
+
+class _Deferred(_ExprWords):
+    """The real words of the expression ``expr`` (:func:`deferred`), launched on
+    ``at = (backend, stream)`` when ``hi`` or a low word is first read."""
+
+    __slots__ = ("_at",)
 
     def __init__(self, expr: Expr, backend, stream):
         self.expr, self._at, self._words, self.wide = expr, (backend, stream), None, None
 
-    def _launched(self) -> tuple:
-        if self._words is None:
-            e = self.expr
-            hi, lo = _run(e.prog, e.leaves, e.shape, *self._at)
-            _remember(hi, lo, e)
-            self._words = (hi, lo)
-        return self._words
-
-    hi = property(lambda self: self._launched()[0])
-    _lo = property(lambda self: self._launched()[1])
-    shape = property(lambda self: self.expr.shape)
-    ndim = property(lambda self: len(self.expr.shape))
-    size = property(lambda self: math.prod(self.expr.shape))
-    dtype = property(lambda self: F32)
-    is_complex = property(lambda self: False)
+    def _make(self) -> tuple:
+        e = self.expr
+        hi, lo = _run(e.prog, e.leaves, e.shape, *self._at)
+        _remember(hi, lo, e)
+        return hi, lo
 
 
-class _PackedLeaf(DoubleWord):
+class _PackedLeaf(_ExprWords):
     """Real words of ``shape`` that are the halves of the packed words ``z``
     (:func:`packed_shape` of ``shape``), as a leaf read packed (its expression: one
     slot); the halves themselves are sliced only where something reads them."""
 
-    __slots__ = ("expr", "_z", "_words")
+    __slots__ = ()
 
     def __init__(self, z: mx.array, shape: tuple):
-        self.expr = Expr((z,), _PACKED_LOAD, shape)
-        self._z, self._words, self.wide = z, None, None
+        self.expr, self._words, self.wide = Expr((z,), _PACKED_LOAD, shape), None, None
 
-    def _halves_of(self) -> tuple:
-        if self._words is None:
-            self._words = planes(self._z, self.expr.shape)
-        return self._words
-
-    hi = property(lambda self: self._halves_of()[0])
-    _lo = property(lambda self: self._halves_of()[1])
-    shape = property(lambda self: self.expr.shape)
-    ndim = property(lambda self: len(self.expr.shape))
-    size = property(lambda self: math.prod(self.expr.shape))
-    dtype = property(lambda self: F32)
-    is_complex = property(lambda self: False)
+    def _make(self) -> tuple:
+        return planes(self.expr.leaves[0], self.expr.shape)
 
 
 _NOT_WORDS = (Expr, _Deferred, _PackedLeaf)  # apply's operands that are not launched words
