@@ -1,8 +1,8 @@
 // Double-word complex multiply out = a * b over broadcast operands, one rounding.
 // Inputs: a_hi, a_lo, b_hi, b_lo: complex64 views of the output's shape (broadcast
 // operands have stride 0; read through their strides); size: int32 0-d, the number
-// of outputs. Outputs: out_hi complex64 (output shape): RN(a*b) if ROUND, else the
-// high words; out_lo complex64: the low words (1 unused element if ROUND).
+// of outputs. Output: out complex64: RN(a*b) (output shape) if ROUND, else the high
+// words, then from out[size] on the low words (packed words).
 // Products by DWTimesDW3 (exact when the low words are 0), sums by accurate DW+DW
 // (cdw_mul in doubleword.h): each component of a product of complex64 inputs has
 // relative error <= 3u^2 + 13u^3 before the final rounding, so it is faithful and
@@ -23,8 +23,8 @@ y.re = dw_make(bh.real, bl.real);
 y.im = dw_make(bh.imag, bl.imag);
 cdw z = cdw_mul(x, y);
 if (ROUND) {
-  out_hi[i] = complex64_t(dw_to_float(z.re), dw_to_float(z.im));
+  out[i] = complex64_t(dw_to_float(z.re), dw_to_float(z.im));
 } else {
-  out_hi[i] = complex64_t(z.re.hi, z.im.hi);
-  out_lo[i] = complex64_t(z.re.lo, z.im.lo);
+  out[i] = complex64_t(z.re.hi, z.im.hi);
+  out[uint(size) + i] = complex64_t(z.re.lo, z.im.lo);
 }

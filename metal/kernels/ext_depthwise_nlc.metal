@@ -8,8 +8,9 @@
 // w * 0), in the order of j: the sum of ext_depthwise on the transposed, padded
 // signal with the spread filter, bit for bit.
 // Inputs: x float32 (N, L, C); w float32 (Cout, K, 1), read flat. Template: TAPS = K,
-// PAD, DIL, STRIDE. Outputs: out_hi, out_lo float32 (N, Q, Cout),
-// Q = (L + 2 PAD - DIL (K - 1) - 1) / STRIDE + 1: the high and low words.
+// PAD, DIL, STRIDE. Output: out float32 (2 N, Q, Cout), Q = (L + 2 PAD - DIL (K - 1)
+// - 1) / STRIDE + 1: the high words of the (N, Q, Cout) result, then its low words
+// (packed words).
 // Products are exact (TwoProdFMA); the sum uses the compensated accumulator dw_acc
 // (doubleword.h): error <= 2u^2 |y| + O(K' u^3 sum |terms|).
 uint i = thread_position_in_grid.x;
@@ -17,7 +18,8 @@ const int L = x_shape[1];
 const int C = x_shape[2];
 const int Cout = w_shape[0];
 const int Q = (L + 2 * PAD - DIL * (TAPS - 1) - 1) / STRIDE + 1;
-if (i >= uint(x_shape[0] * Q * Cout)) {
+const uint plane = uint(x_shape[0] * Q * Cout);
+if (i >= plane) {
   return;
 }
 const int o = int(i % uint(Cout));
@@ -34,5 +36,5 @@ for (int j = 0; j < DIL * (TAPS - 1) + 1; ++j) {
   acc = dw_acc_add(acc, dw_two_prod(wj, xt));
 }
 dw y = dw_acc_value(acc);
-out_hi[i] = y.hi;
-out_lo[i] = y.lo;
+out[i] = y.hi;
+out[plane + i] = y.lo;

@@ -14,6 +14,7 @@ import numpy as np
 from ..core import backends
 from ..core.autodiff import host_guard
 from ..core.streams import on_stream, streamed
+from ..doubleword import fusion
 from ..doubleword.aware import precision_aware
 from ..doubleword.types import DoubleWord, read_input
 from ..doubleword.engine64 import from_float64_result
@@ -41,16 +42,16 @@ DEPTHWISE_NLC = Kernel(
     body="ext_depthwise_nlc.metal",
     headers=("doubleword.h",),
     inputs=("x", "w"),
-    outputs=("out_hi", "out_lo"),
+    outputs=("out",),
     template=("TAPS", "PAD", "DIL", "STRIDE"),
     input_dtypes={"x": _F32, "w": _F32},
-    variants={"TAPS": (3,), "PAD": (2,), "DIL": (1, 3), "STRIDE": (1, 2), "out_hi": _F32,
-              "out_lo": _F32},
+    variants={"TAPS": (3,), "PAD": (2,), "DIL": (1, 3), "STRIDE": (1, 2), "out": _F32},
 )
 """MLX's depthwise ``conv1d`` of a channels-last signal in double-word (see
 ``metal/kernels/ext_depthwise_nlc.metal``): x float32 (N, L, C), w float32
-(Cout, K, 1) read in place; the geometry as template parameters; outputs the
-words (N, Q, Cout). :func:`conv1d_words` launches it."""
+(Cout, K, 1) read in place; the geometry as template parameters; output the
+packed words (2 N, Q, Cout) of the (N, Q, Cout) result. :func:`conv1d_words`
+launches it."""
 
 
 def conv1d_words(x: mx.array, w: mx.array, stride: int, padding: int, dilation: int,
@@ -72,13 +73,13 @@ def conv1d_words(x: mx.array, w: mx.array, stride: int, padding: int, dilation: 
     if size == 0:
         z = mx.zeros((N, Q, Cout), mx.float32)
         return DoubleWord(z, z)
-    hi, lo = DEPTHWISE_NLC(
+    (z,) = DEPTHWISE_NLC(
         inputs=[x, w],
         template={"TAPS": K, "PAD": padding, "DIL": dilation, "STRIDE": stride},
         grid=(size, 1, 1), threadgroup=(min(size, 256), 1, 1),
-        output_shapes=[(N, Q, Cout)] * 2, output_dtypes=[mx.float32] * 2,
+        output_shapes=[fusion.packed_shape((N, Q, Cout))], output_dtypes=[mx.float32],
         backend=backend, stream=stream)
-    return DoubleWord(hi, lo)
+    return DoubleWord.of_words(*fusion.unpacked(z, (N, Q, Cout)))
 
 
 LAYOUTS = ("NCL", "NLC")

@@ -19,6 +19,7 @@ from ..core.arrays import as_int
 from ..core.autodiff import as_tuple, host_guard
 from .aware import precision_aware
 from .engine64 import F64, arith64, from_float64_result
+from . import fusion
 from .fusion import guarded
 from .types import DoubleWord, plain_input, read_input
 from ..core.kernels import Kernel, per_element_of_first_input
@@ -31,15 +32,19 @@ CMUL = Kernel(
     body="ext_cmul.metal",
     headers=("doubleword.h",),
     inputs=("a_hi", "a_lo", "b_hi", "b_lo", "size"),
-    outputs=("out_hi", "out_lo"),
+    outputs=("out",),
     template=("ROUND",),
     input_dtypes={"a_hi": _C64, "a_lo": _C64, "b_hi": _C64, "b_lo": _C64,
                   "size": (mx.int32,)},
     input_forms={"size": ("scalar",)},  # always a 0-d int32
     grid=per_element_of_first_input,  # (the words are broadcast to the result's shape)
     ensure_row_contiguous=False,  # broadcast operands are read through their strides
-    variants={"ROUND": (False, True), "out_hi": _C64, "out_lo": _C64},
+    variants={"ROUND": (False, True), "out": _C64},
 )
+"""The double-word complex product of broadcast complex64 words (see
+``metal/kernels/ext_cmul.metal``); output the result rounded (``ROUND``), else
+its packed words (:func:`~mlx_precise.doubleword.fusion.packed_shape` of the
+result's shape)."""
 
 SCALE = Kernel(
     name="ext_scale",
@@ -144,10 +149,11 @@ def _cmul(a, b, shape: tuple, round_output: bool, name: str, stream):
     kshape = shape or (1,)  # kernels index 1-D at least
     words = [mx.broadcast_to(w, kshape) for x in (a, b) for w in _words(x)]
     n = int(np.prod(kshape))
-    hi, lo = CMUL(
+    (out,) = CMUL(
         inputs=[*words, mx.array(n, dtype=mx.int32)], template={"ROUND": round_output},
-        output_shapes=[kshape, kshape if not round_output else (1,)],
-        output_dtypes=[mx.complex64, mx.complex64], backend=name, stream=stream)
+        output_shapes=[kshape if round_output else fusion.packed_shape(kshape)],
+        output_dtypes=[mx.complex64], backend=name, stream=stream)
+    hi, lo = (out, None) if round_output else fusion.unpacked(out, kshape)
     return _finish(hi.reshape(shape), None if round_output else lo.reshape(shape), round_output)
 
 

@@ -84,21 +84,22 @@ DW_MATH = Kernel(
     body="dw_math.metal",
     headers=("dw_math.h",),
     inputs=_IN,
-    outputs=("zh", "zl"),
+    outputs=("z",),
     template=("FN",),
     codes={"FN": FN},
     input_dtypes={k: (F32,) for k in _IN},
     input_shapes=same_shape(ndim=1),
     grid=per_element_of_first_input,
     extended=True,
-    variants={k: (F32,) for k in ("zh", "zl")},
+    variants={"z": (F32,)},
 )
 """Elementwise double-word function ``FN`` (a name or code of :data:`FN`). Inputs
 ``ah, al, bh, bl``: float32, shape ``(n,)``: the first operand ``a = (ah, al)`` and
 the second ``b = (bh, bl)`` (``y`` of power / arctan2; unary functions ignore it).
-Outputs ``zh, zl`` (shape ``(n,)``): the result. Complex exp (``cexp``) reads the
-interleaved (re, im) words of n / 2 points from ``ah, al`` and writes the result's
-likewise (a grid of n / 2 threads)."""
+Output ``z`` (shape ``(2 n,)``): the result's high words, then its low words
+(packed words). Complex exp (``cexp``) reads the interleaved (re, im) words of
+n / 2 points from ``ah, al`` and writes the result's likewise (a grid of n / 2
+threads)."""
 
 
 # ---- the constants of metal/include/dw_math.h ------------------------------------------
@@ -337,13 +338,15 @@ def _cexp(x: DoubleWord, backend: str, stream) -> DoubleWord:
 
 def _dw_math(fn: str, flat: list, threads: int, backend: str, stream):
     """The flat result words (zh, zl) of one ``dw_math`` launch with ``threads``
-    threads over the flat float32 inputs ``flat`` (a's words, or a's and b's)."""
+    threads over the flat float32 inputs ``flat`` (a's words, or a's and b's): the
+    halves of its packed output (recorded as such)."""
     if len(flat) == 2:
         flat = flat + flat  # the kernel ignores b: no second buffer needed
     n = flat[0].size
-    return DW_MATH(inputs=flat, template={"FN": FN[fn]}, grid=(threads, 1, 1),
-                   threadgroup=(min(threads, 256), 1, 1), output_shapes=[(n,), (n,)],
-                   output_dtypes=[F32] * 2, backend=backend, stream=stream)
+    (z,) = DW_MATH(inputs=flat, template={"FN": FN[fn]}, grid=(threads, 1, 1),
+                   threadgroup=(min(threads, 256), 1, 1), output_shapes=[(2 * n,)],
+                   output_dtypes=[F32], backend=backend, stream=stream)
+    return fusion.unpacked(z, (n,))
 
 
 # ---- cpu: float64 erf (the kernels' scheme in MLX float64 ops, so traceable) ---------

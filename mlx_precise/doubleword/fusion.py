@@ -532,6 +532,15 @@ def planes(z: mx.array, shape: tuple) -> tuple[mx.array, mx.array]:
     return _RESHAPE(_INDEX(z, slice(0, 1)), ()), _RESHAPE(_INDEX(z, slice(1, 2)), ())
 
 
+def unpacked(z: mx.array, shape: tuple) -> tuple[mx.array, mx.array]:
+    """The words of ``shape`` that a kernel wrote packed in ``z`` (its row-contiguous
+    output of :func:`packed_shape`): its :func:`planes`, recorded as such
+    (:func:`note_packed`)."""
+    hi, lo = planes(z, shape)
+    note_packed(hi, lo, z)
+    return hi, lo
+
+
 def note_packed(hi: mx.array, lo: mx.array, z: mx.array) -> None:
     """Record that ``hi``, ``lo`` are :func:`planes` of the packed words ``z`` (a
     kernel's row-contiguous output) so that a kernel reads ``z`` as one input
@@ -831,9 +840,7 @@ def _run(prog: Program, leaves, shape: tuple, backend, stream,
     if oshape is None:  # the 8 copies of a short result: the first of each word's
         return (_RESHAPE(_INDEX(z, slice(0, 1)), shape),
                 _RESHAPE(_INDEX(z, slice(8, 9)), shape))
-    zh, zl = planes(z, oshape)
-    note_packed(zh, zl, z)
-    return zh, zl
+    return unpacked(z, oshape)
 
 
 _LAUNCHES: dict = {}
@@ -905,8 +912,7 @@ def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
     if m is not None:  # the 8 copies of a short result (planes of 8 m rows)
         zh, zl = (_RESHAPE(_INDEX(z, slice(k, k + m)), out_shape) for k in (0, 8 * m))
     else:
-        zh, zl = planes(z, out_shape)
-        note_packed(zh, zl, z)
+        zh, zl = unpacked(z, out_shape)
     return DoubleWord.of_words(zh, zl)
 
 

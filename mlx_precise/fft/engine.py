@@ -489,11 +489,7 @@ def _unpacked(y: mx.array, lo: mx.array | None, shape: tuple):
     """A transform's result as its kernel wrote it: ``(y, None)`` (high words only)
     or the halves of the packed words ``y`` of float32 words of ``shape`` (recorded
     as such: the next kernel reads ``y`` itself)."""
-    if lo is None:
-        return y, None
-    hi, lo = fusion.planes(y, shape)
-    fusion.note_packed(hi, lo, y)
-    return hi, lo
+    return (y, None) if lo is None else fusion.unpacked(y, shape)
 
 
 _PLANS: dict = {}  # ("pass" | "real", a launch's key) -> its plan (the oldest first out)
@@ -611,14 +607,13 @@ def _times_row(hi, lo, c: DoubleWord, round_output: bool, backend, stream):
         size = math.prod(shape)
         grid, tg = elementwise_grid(size)
         plan = _cache(key, (mx.array(np.int32(size)), [("ROUND", round_output)], grid, tg,
-                            [shape, shape if not round_output else (1,)]))
+                            [shape if round_output else fusion.packed_shape(shape)]))
     size, template, grid, tg, shapes = plan
-    y_hi, y_lo = CMUL.unchecked(
+    (y,) = CMUL.unchecked(
         inputs=[hi, lo, mx.broadcast_to(c.hi, shape), mx.broadcast_to(c.lo, shape), size],
         template=template, grid=grid, threadgroup=tg, output_shapes=shapes,
-        output_dtypes=[mx.complex64, mx.complex64], backend=backends.resolve(backend),
-        stream=stream)
-    return y_hi, None if round_output else y_lo
+        output_dtypes=[mx.complex64], backend=backends.resolve(backend), stream=stream)
+    return (y, None) if round_output else fusion.unpacked(y, shape)
 
 
 def _cfft_rows(hi, lo, rows: int, n: int, *, inverse: bool, scale_den: int, lo_out: bool,

@@ -516,9 +516,7 @@ def _run(plan: tuple, a: DoubleWord, b: DoubleWord, d: DoubleWord | None, name,
     (c,) = kernel.unchecked(inputs=words + [p], template=template, grid=grid, threadgroup=tg,
                             output_shapes=[fusion.packed_shape(shape)], output_dtypes=[F32],
                             backend=name, stream=stream)
-    ch, cl = fusion.planes(c, shape)
-    fusion.note_packed(ch, cl, c)
-    return ch, cl
+    return fusion.unpacked(c, shape)
 
 
 def window_matmul(signal: DoubleWord, b: DoubleWord, *, taps: int, channels: int,

@@ -197,3 +197,22 @@ def test_a_transform_along_an_inner_axis_read_packed(monkeypatch):
     ref = np.fft.fft(x64, axis=1) * np.array(c).astype(np.complex128) + x64
     got = np.array(out[0][1])
     assert np.max(np.abs(got - ref)) <= 1e-12 * np.max(np.abs(ref))
+
+
+def test_a_depthwise_convolution_read_packed(monkeypatch):
+    """A channels-last depthwise conv1d (Hyena's short filter: 3 taps, padding 2)
+    writes packed words that the next program reads as one slot: the bits of the
+    two-array read, and the float64 convolution of the exact operands (numpy)."""
+    N, L, C = 2, 40, 16
+    x, w = _f32(12, (N, L, C)), _f32(13, (C, 3, 1))
+
+    def fn(a, b):
+        return mx.conv1d(a * 1.5, b, padding=2, groups=C) * 0.75 + 1.0
+
+    out, reads = _both(fn, monkeypatch, x, w)
+    assert reads >= 1
+    _same_bits(out)
+    xp = np.pad(np.array(x).astype(np.float64) * 1.5, ((0, 0), (2, 2), (0, 0)))
+    w64 = np.array(w).astype(np.float64)[:, :, 0]  # (C, 3)
+    ref = sum(xp[:, k:k + L + 2, :] * w64[:, k] for k in range(3)) * 0.75 + 1.0
+    assert np.max(np.abs(out[0][1] - ref)) <= 2.0**-44 * np.max(np.abs(ref))
