@@ -209,6 +209,19 @@ def _to_rows(a, axis: int, n: int):
     return a if a.ndim == 2 else a.reshape(-1, n)
 
 
+def _rows_pair(hi, lo, axis: int, n: int):
+    """:func:`_to_rows` of both words: where they are the halves of a kernel's packed
+    words (:func:`~mlx_precise.doubleword.fusion.packed`) whose first axis stays
+    first and whose rows need no fitting, one move and reshape of the packed array
+    (MLX's copy, where the strides require one, for both words at once), its halves
+    recorded as packed: the first kernel reads it as one input."""
+    z = None if lo is None or axis == 0 or hi.shape[axis] != n else fusion.packed(hi, lo)
+    if z is None:
+        return _to_rows(hi, axis, n), _to_rows(lo, axis, n)
+    rows = _to_rows(z, axis, n)  # (2 rows, n): the high words' rows, then the low words'
+    return fusion.unpacked(rows, (rows.shape[0] // 2, n))
+
+
 def _from_rows(a: mx.array, lead: tuple, axis: int) -> mx.array:
     """(rows, m) back to ``lead`` with m at ``axis`` (:func:`_to_rows`'s inverse)."""
     if len(lead) != 1:
@@ -331,19 +344,26 @@ def _rows_of_words(x, ax: int, n: int, rows: int) -> tuple | None:
     words, (shape, axes) = src[:2], src[2:]
     target = tuple(d for d in range(x.ndim) if d != ax) + (ax,)
     perm = [axes.index(d) for d in target] + [len(axes)]
+    z = fusion.packed(*words) if perm[0] == 0 else None
+    if z is not None:  # both words at once: their packed array, its first axis first
+        shape = (2 * shape[0],) + tuple(shape[1:])
+        return fusion.unpacked(_packed_rows(z, shape, perm, n, 2 * rows), (rows, 2 * n))
+    return tuple(_packed_rows(w, shape, perm, n, rows) for w in words)
 
-    def rows_of_word(w):
-        a = w.reshape(tuple(shape) + (2,))
-        if perm != sorted(perm):
-            a = a.transpose(perm)
-        m = a.shape[-2]
-        if m > n:
-            a = a[..., :n, :]
-        elif m < n:  # zeros, as _fit pads the complex words
-            a = mx.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, n - m), (0, 0)])
-        return a.reshape(rows, 2 * n)
 
-    return tuple(rows_of_word(w) for w in words)
+def _packed_rows(w: mx.array, shape: tuple, perm: list, n: int, rows: int) -> mx.array:
+    """float32 (rows, 2n) rows of complex words of ``shape`` held as float32 (re, im)
+    pairs ``w`` (any shape of that size): one transpose by ``perm`` of them as
+    (..., m, 2), m fitted to n, and a reshape (:func:`_rows_of_words`)."""
+    a = w.reshape(tuple(shape) + (2,))
+    if perm != sorted(perm):
+        a = a.transpose(perm)
+    m = a.shape[-2]
+    if m > n:
+        a = a[..., :n, :]
+    elif m < n:  # zeros, as _fit pads the complex words
+        a = mx.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, n - m), (0, 0)])
+    return a.reshape(rows, 2 * n)
 
 
 def _empty(lead: tuple, m: int, dtype, ax: int, round_output: bool):
@@ -828,7 +848,7 @@ def _rfft_words(x, n, axis, round_output, backend, stream):
     y_hi, y_lo = _in_range(
         lambda h, l, rs: _rfft_rows(h, l, rows, n, lo_out=not round_output, backend=name,
                                     stream=stream, rs=rs),
-        _to_rows(hi, ax, n), _to_rows(lo, ax, n), _growth_log2(n) + 1, *_real_folds(n))
+        *_rows_pair(hi, lo, ax, n), _growth_log2(n) + 1, *_real_folds(n))
     return _finish(y_hi, y_lo, lead, ax, round_output)
 
 

@@ -216,3 +216,26 @@ def test_a_depthwise_convolution_read_packed(monkeypatch):
     w64 = np.array(w).astype(np.float64)[:, :, 0]  # (C, 3)
     ref = sum(xp[:, k:k + L + 2, :] * w64[:, k] for k in range(3)) * 0.75 + 1.0
     assert np.max(np.abs(out[0][1] - ref)) <= 2.0**-44 * np.max(np.abs(ref))
+
+
+@pytest.mark.parametrize("axes", [(1, 2), (2, 1)])
+def test_two_dimensional_transforms_read_packed(monkeypatch, axes):
+    """rfft2 over inner axes of a GEMM's output (FNO's spectral layer): the first
+    transform's rows are one move and reshape of the GEMM's packed words, the second
+    reads the first's packed words through one transpose; then irfft2. The bits of
+    the two-array reads, and numpy's float64 transforms of the exact operands to
+    1e-12 of the largest value."""
+    x, w = _f32(14, (2, 16, 12, 4)), _f32(15, (4, 6))
+
+    def fn(a, b):
+        spectrum = mx.fft.rfft2(a @ b, axes=axes)
+        return mx.fft.irfft2(spectrum * 0.5, s=(16, 12) if axes == (1, 2) else (12, 16),
+                             axes=axes)
+
+    out, reads = _both(fn, monkeypatch, x, w)
+    assert reads >= 3
+    _same_bits(out)
+    y = np.array(x).astype(np.float64) @ np.array(w).astype(np.float64)
+    s = (16, 12) if axes == (1, 2) else (12, 16)
+    ref = np.fft.irfft2(np.fft.rfft2(y, axes=axes) * 0.5, s=s, axes=axes)
+    assert np.max(np.abs(out[0][1] - ref)) <= 1e-12 * np.max(np.abs(ref))
