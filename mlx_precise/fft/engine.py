@@ -319,12 +319,18 @@ def _finish(y_hi, y_lo, lead: tuple, ax: int, round_output: bool):
     (:func:`~mlx_precise.doubleword.fusion.note_parts`: a fused program reads them
     where the rows are the last axis, the next transform everywhere,
     :func:`_rows_of_words`)."""
-    out = _from_rows(y_hi, lead, ax)
     if round_output:
-        return out
-    lo = _from_rows(y_lo, lead, ax)
+        return _from_rows(y_hi, lead, ax)
     words = _viewed(y_hi), _viewed(y_lo)
-    if words[0] is not None and words[1] is not None:
+    known = words[0] is not None and words[1] is not None
+    z = fusion.packed(*words) if known and lead and ax != 0 else None
+    if z is not None:  # both words moved at once: the packed words' complex view
+        shape = lead[:ax] + (y_hi.shape[-1],) + lead[ax:]
+        out, lo = fusion.planes(_from_rows(z.view(mx.complex64),
+                                           (2 * lead[0],) + lead[1:], ax), shape)
+    else:
+        out, lo = _from_rows(y_hi, lead, ax), _from_rows(y_lo, lead, ax)
+    if known:
         layout = None if ax == len(lead) else (  # the axes but ax, then ax
             lead + (y_hi.shape[-1],), tuple(d for d in range(len(lead) + 1) if d != ax) + (ax,))
         note_parts(out, lo, words, layout)
