@@ -8,7 +8,8 @@
 // layout: DWF_PROG_ND iteration axes of extents DWF_PROG_EXTENTS, each walking array
 // axis DWF_PROG_PERM (dwf_index), the array's DWF_PROG_NDIM axes, and per slot its
 // axes and broadcast mask at DWF_PROG_SLOTS (dwf_word) and its plane at
-// DWF_PROG_PLANES (a packed slot's low words: see DWF_OP_LOAD); the output's plane,
+// DWF_PROG_PLANES (a packed slot's high words' first extent: see DWF_OP_LOAD); the
+// output's plane,
 // DWF_PROG_PLANE (its low words follow its high words: z[i], z[plane + i]);
 // dw_reduce's row length and operation at DWF_PROG_N, DWF_PROG_REDUCE), then the
 // instructions, DWF_INSTR words
@@ -18,7 +19,8 @@
 //   DWF_OP_LOAD   r[dst] = (word x, word y): the words of array slots x and y;
 //                 (word x, 0) when y is DWF_EXACT (a float32 operand: no low word is
 //                 stored); when y is DWF_PACKED, slot x holds both (a kernel's packed
-//                 output): the low word DWF_PROG_PLANES[x] floats past the high one
+//                 output, or a view of it that keeps its first axis): the low word
+//                 DWF_PROG_PLANES[x] rows of that axis past the high one
 //   DWF_OP_CONST  r[dst] = (as_type<float>(x), as_type<float>(y)): a constant
 //   DWF_OP_NEG    r[dst] = -r[x] (exact)
 //   DWF_OP_ADD    r[dst] = r[x] + r[y]   (dw_add: JMP alg 6)
@@ -114,7 +116,7 @@ METAL_FUNC dw dwf_load(thread const dwf_slots& s, int x, int y, thread const int
   const int64_t off = dwf_offset(s, x, idx, prog);
   float lo = 0.0f;
   if (y == DWF_PACKED) {
-    lo = s.a[x][off + int64_t(prog[DWF_PROG_PLANES + x])];
+    lo = s.a[x][off + int64_t(prog[DWF_PROG_PLANES + x]) * s.strides[x][0]];
   } else if (y != DWF_EXACT) {
     lo = s.a[y][dwf_offset(s, y, idx, prog)];
   }

@@ -75,7 +75,7 @@ words follow its high words: packed words), the iteration's extents, the array
 axis each iteration axis walks, each slot's axes and broadcast mask, each slot's
 plane: see :func:`program`), the words per instruction (op, dst, x, y, fn); a
 load's ``y`` for no low word (``exact``) and for a packed slot (``packed``: the
-low words a plane past the high ones); ``dw_reduce``'s threadgroup memory (values
+low words a plane of rows past the high ones); ``dw_reduce``'s threadgroup memory (values
 of the tree's first level, so rows of up to twice as many elements) and threads
 per row."""
 
@@ -731,8 +731,9 @@ def program(key: tuple, layout: tuple) -> tuple[mx.array, bool]:
     ``ndim``; per slot ``(ndim, mask)``, its axes aligned with the array's last
     ones, the bits of ``mask`` the axes it broadcasts; the output's plane (the
     elements of its high words: the low words follow); per slot its plane (a packed
-    slot's, :func:`note_packed`; 0 for others). ``math``: it calls an elementary
-    function. Cached (the oldest entry first out)."""
+    slot's: the rows of its first axis that hold the high words, the low words as
+    many rows further, :func:`_leaf_shapes`; 0 for others). ``math``: it calls an
+    elementary function. Cached (the oldest entry first out)."""
     hit = _PROGRAMS.get((key, layout))
     if hit is not None:
         return hit
@@ -775,16 +776,17 @@ def _slot_arrays(leaves, small: tuple, shape: tuple, slots: int) -> list:
 
 def _leaf_shapes(prog: Program, shapes: tuple) -> tuple[tuple, tuple]:
     """The shapes of the words that leaves of ``shapes`` hold in the program
-    ``prog``, and each slot's plane: a packed slot's leaf (:func:`note_packed`)
-    holds words of half its first axis, its plane their size; others hold their
-    own shape, plane 0."""
+    ``prog``, and each slot's plane: a packed slot's leaf (:func:`note_packed`,
+    or a view of packed words that keeps their first axis) holds words of half its
+    first axis, its plane that half (the low words are as many rows further: the
+    kernel steps by the slot's stride along it, so views of any strides are read
+    in place); others hold their own shape, plane 0."""
     packed_slots = {x for o, x, y, _ in prog.code if o == _LOAD and y == _PACKED}
     if not packed_slots:
         return shapes, (0,) * len(shapes)
     words = tuple((s[0] // 2,) + tuple(s[1:]) if k in packed_slots else s
                   for k, s in enumerate(shapes))
-    return words, tuple(math.prod(w) if k in packed_slots else 0
-                        for k, w in enumerate(words))
+    return words, tuple(w[0] if k in packed_slots else 0 for k, w in enumerate(words))
 
 
 def _slot_plan(shapes: tuple, shape: tuple) -> tuple[tuple, tuple]:
@@ -1229,16 +1231,22 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
     False) or broadcast over both parts (``factor``: the real factor of a product or
     quotient; a recorded expression of shape () is kept, e.g. a constant)."""
     hi, lo = w.hi, _low(w)
+    z = None if w.is_complex or lo is None else packed(hi, lo)
     if not w.is_complex and factor:
         e = expression(w)
         if e is not None and e.shape == ():
             return w
+        if z is not None:  # the packed words with the parts axis: one view of both
+            return _PackedLeaf(_INDEX(z, _AXIS), tuple(hi.shape) + (1,))
         return DoubleWord.exact(_INDEX(hi, _AXIS)) if lo is None else DoubleWord(
             _INDEX(hi, _AXIS), _INDEX(lo, _AXIS))
     if not w.is_complex:  # (x, +0): the parts of x + 0i, as astype(complex64) makes them
         parts = _constant_parts(w)
         if parts is not None:
             return parts
+        if z is not None:  # both words padded at once (their packed array)
+            return _PackedLeaf(_PAD(_INDEX(z, _AXIS), [(0, 0)] * z.ndim + [(0, 1)]),
+                               tuple(hi.shape) + (2,))
         hi_p, lo_p = (None if a is None else
                       _PAD(_INDEX(a, _AXIS), [(0, 0)] * a.ndim + [(0, 1)]) for a in (hi, lo))
         return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
@@ -1304,7 +1312,11 @@ def _cut(w: DoubleWord, index) -> Expr:
 def _halves(w: DoubleWord) -> tuple[Expr, Expr]:
     """The real and the imaginary part of the parts words of ``w``, (..., 1) each,
     as leaves: a slice each (two nodes of one output cost MLX's replay of a
-    compiled graph less than one split of two outputs)."""
+    compiled graph less than one split of two outputs); of packed words
+    (:class:`_PackedLeaf`), a slice of their packed array each, read packed."""
+    if type(w) is _PackedLeaf:
+        z, shape = w.expr.leaves[0], w.expr.shape[:-1] + (1,)
+        return tuple(Expr((_INDEX(z, part),), _PACKED_LOAD, shape) for part in _PARTS)
     lo = w._lo
     return tuple(Expr.leaf(_INDEX(w.hi, part), None if lo is None else _INDEX(lo, part))
                  for part in _PARTS)

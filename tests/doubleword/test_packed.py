@@ -239,3 +239,31 @@ def test_two_dimensional_transforms_read_packed(monkeypatch, axes):
     s = (16, 12) if axes == (1, 2) else (12, 16)
     ref = np.fft.irfft2(np.fft.rfft2(y, axes=axes) * 0.5, s=s, axes=axes)
     assert np.max(np.abs(out[0][1] - ref)) <= 1e-12 * np.max(np.abs(ref))
+
+
+@pytest.mark.parametrize("form", ["real factor", "real plus complex", "complex product"])
+def test_parts_programs_read_packed_views(monkeypatch, form):
+    """A parts program (complex words as (..., 2) float32 parts) reads views of
+    packed words in place, the low words a plane of rows further along the views'
+    first axis whatever their strides: a real factor with the parts axis added, a
+    real operand padded to (x, 0), the real and imaginary halves of a transform's
+    packed result (strided slices of its last axis). The bits of the two-array
+    reads, and numpy's float64 to 1e-12 of the largest value."""
+    rng = np.random.default_rng(16)
+    x = _f32(17, (4, 32))
+    c = mx.array((rng.standard_normal((4, 17)) + 1j * rng.standard_normal((4, 17)))
+                 .astype(np.complex64))
+    y = _f32(18, (4, 17))
+    fns = {"real factor": lambda a, b, r: mx.fft.rfft(a) * (r * 1.5),
+           "real plus complex": lambda a, b, r: (r * 1.5) + b * 2.0,
+           "complex product": lambda a, b, r: mx.fft.rfft(a * 1.5) * mx.fft.rfft(a * 0.5)}
+    out, reads = _both(fns[form], monkeypatch, x, c, y)
+    assert reads >= 1
+    _same_bits(out)
+    x64, c64, y64 = (np.array(v).astype(np.complex128 if v.dtype == mx.complex64
+                                        else np.float64) for v in (x, c, y))
+    refs = {"real factor": np.fft.rfft(x64) * (y64 * 1.5),
+            "real plus complex": y64 * 1.5 + c64 * 2.0,
+            "complex product": np.fft.rfft(x64 * 1.5) * np.fft.rfft(x64 * 0.5)}
+    ref = refs[form]
+    assert np.max(np.abs(out[0][1] - ref)) <= 1e-12 * np.max(np.abs(ref))
