@@ -533,9 +533,9 @@ def planes(z: mx.array, shape: tuple) -> tuple[mx.array, mx.array]:
 
 
 def unpacked(z: mx.array, shape: tuple) -> tuple[mx.array, mx.array]:
-    """The words of ``shape`` that a kernel wrote packed in ``z`` (its row-contiguous
-    output of :func:`packed_shape`): its :func:`planes`, recorded as such
-    (:func:`note_packed`)."""
+    """The words of ``shape`` packed in ``z`` (of :func:`packed_shape`: a kernel's
+    output, or a view of one that keeps its first axis): its :func:`planes`,
+    recorded as such (:func:`note_packed`)."""
     hi, lo = planes(z, shape)
     note_packed(hi, lo, z)
     return hi, lo
@@ -543,7 +543,9 @@ def unpacked(z: mx.array, shape: tuple) -> tuple[mx.array, mx.array]:
 
 def note_packed(hi: mx.array, lo: mx.array, z: mx.array) -> None:
     """Record that ``hi``, ``lo`` are :func:`planes` of the packed words ``z`` (a
-    kernel's row-contiguous output) so that a kernel reads ``z`` as one input
+    kernel's output, or a view of one that keeps its first axis: a program reads
+    it in place, the GEMM and the FFT through MLX's row-contiguous copy, whose
+    halves are the planes too) so that a kernel reads ``z`` as one input
     (:func:`packed`). Inside a block, outside MLX's autodiff (whose programs read
     the words); arrays of 8 elements at least (the slots' smallest)."""
     scope = _scope.get()
@@ -1335,10 +1337,15 @@ def _complex_product(x: DoubleWord, y: DoubleWord) -> Expr | None:
     (dw_sub of the two products; dw_mul(a, -b) is -dw_mul(a, b) exactly, RN being
     symmetric) and ``x_re y_im + x_im y_re`` (dw_add). None where the shapes do not
     broadcast."""
-    xp, vp, wp = (_part_words(a, False) for a in (x, y, _conj(y)))
+    xp, vp = _part_words(x, False), _part_words(y, False)
     x_re, x_im = _halves(xp)
+    zc = packed(y.hi, y._lo) if y._lo is not None else None
+    if zc is not None:  # conj of both words at once (their packed array), its parts
+        c = Expr((_INDEX(_parts(_CONJUGATE(zc)), _SWAP),), _PACKED_LOAD, vp.shape)
+    else:
+        c = _cut(_part_words(_conj(y), False), _SWAP)
     terms = [_compose(OP["mul"], 0, [x_re, expression(vp)]),
-             _compose(OP["mul"], 0, [x_im, _cut(wp, _SWAP)])]
+             _compose(OP["mul"], 0, [x_im, c])]
     return None if None in terms else _compose(OP["add"], 0, terms)
 
 

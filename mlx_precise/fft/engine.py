@@ -326,8 +326,8 @@ def _finish(y_hi, y_lo, lead: tuple, ax: int, round_output: bool):
     z = fusion.packed(*words) if known and lead and ax != 0 else None
     if z is not None:  # both words moved at once: the packed words' complex view
         shape = lead[:ax] + (y_hi.shape[-1],) + lead[ax:]
-        out, lo = fusion.planes(_from_rows(z.view(mx.complex64),
-                                           (2 * lead[0],) + lead[1:], ax), shape)
+        out, lo = fusion.unpacked(_from_rows(z.view(mx.complex64),
+                                             (2 * lead[0],) + lead[1:], ax), shape)
     else:
         out, lo = _from_rows(y_hi, lead, ax), _from_rows(y_lo, lead, ax)
     if known:
