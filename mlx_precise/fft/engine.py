@@ -353,11 +353,11 @@ def _rows_of_words(x, ax: int, n: int, rows: int) -> tuple | None:
     z = fusion.packed(*words) if perm[0] == 0 else None
     if z is not None:  # both words at once: their packed array, its first axis first
         shape = (2 * shape[0],) + tuple(shape[1:])
-        return fusion.unpacked(_packed_rows(z, shape, perm, n, 2 * rows), (rows, 2 * n))
-    return tuple(_packed_rows(w, shape, perm, n, rows) for w in words)
+        return fusion.unpacked(_rows_of_pairs(z, shape, perm, n, 2 * rows), (rows, 2 * n))
+    return tuple(_rows_of_pairs(w, shape, perm, n, rows) for w in words)
 
 
-def _packed_rows(w: mx.array, shape: tuple, perm: list, n: int, rows: int) -> mx.array:
+def _rows_of_pairs(w: mx.array, shape: tuple, perm: list, n: int, rows: int) -> mx.array:
     """float32 (rows, 2n) rows of complex words of ``shape`` held as float32 (re, im)
     pairs ``w`` (any shape of that size): one transpose by ``perm`` of them as
     (..., m, 2), m fitted to n, and a reshape (:func:`_rows_of_words`)."""
