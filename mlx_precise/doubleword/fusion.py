@@ -264,10 +264,16 @@ class Expr:
         if lo is not None:
             z = packed(hi, lo)
             if z is not None:
-                return cls((z,), _PACKED_LOAD, tuple(hi.shape))
+                return cls.packed_leaf(z, tuple(hi.shape))
         if lo is None:
             return cls((_ASTYPE(hi, F32),), _EXACT_LOAD, tuple(hi.shape))
         return cls((_ASTYPE(hi, F32), _ASTYPE(lo, F32)), _DW_LOAD, tuple(hi.shape))
+
+    @classmethod
+    def packed_leaf(cls, z: mx.array, shape: tuple) -> "Expr":
+        """Packed words ``z`` (or a view of them that keeps their first axis) of
+        words of ``shape`` as a leaf: one slot, read packed."""
+        return cls((z,), _PACKED_LOAD, shape)
 
     @classmethod
     def constant(cls, hi: float, lo: float) -> "Expr":
@@ -471,13 +477,28 @@ def _remember(hi: mx.array, lo: mx.array | None, e: Expr | None, parts: tuple | 
 def _note(scope: _Scope, hi: mx.array, lo: mx.array | None, e: Expr | None,
           parts: tuple | None = None, layout: tuple | None = None) -> None:
     """:func:`_remember` in the open block's ``scope``."""
+    _record(_table, scope, hi, lo, e, scope, parts, layout)
+
+
+def _record(table: dict, keys: list, hi: mx.array, *entry) -> None:
+    """``table[id(hi)] = (weak reference to hi, *entry)`` (``entry[2]``: the block's
+    scope), dropped when hi is freed, its key in ``keys`` (a list of that scope's)
+    for the block's close (:func:`_forget`)."""
     key = id(hi)
 
     def drop(_ref, key=key):
-        _table.pop(key, None)
+        table.pop(key, None)
 
-    _table[key] = (weakref.ref(hi, drop), lo, e, scope, parts, layout)
-    scope.append(key)
+    table[key] = (weakref.ref(hi, drop), *entry)
+    keys.append(key)
+
+
+def _forget(table: dict, keys: list, scope: _Scope) -> None:
+    """Drop the entries of the closed block ``scope`` (``keys``) from ``table``."""
+    for key in keys:
+        entry = table.get(key)
+        if entry is not None and entry[3] is scope:
+            table.pop(key, None)  # (freeing an entry's words may free another's)
 
 
 @contextlib.contextmanager
@@ -492,14 +513,8 @@ def _block_scope(on: bool, strict: bool):
     finally:
         scope.open = False
         restore(_scope, token)
-        for key in scope:
-            entry = _table.get(key)
-            if entry is not None and entry[3] is scope:
-                del _table[key]
-        for key in scope.packed:
-            entry = _packed.get(key)
-            if entry is not None and entry[3] is scope:
-                _packed.pop(key, None)  # (freeing an entry's words may free another's)
+        _forget(_table, scope, scope)
+        _forget(_packed, scope.packed, scope)
 
 
 register_block_hook(_block_scope)  # before the flow's hook, whose report the block yields
@@ -551,13 +566,7 @@ def note_packed(hi: mx.array, lo: mx.array, z: mx.array) -> None:
     scope = _scope.get()
     if scope is None or not scope.open or _traced.get() or hi.ndim == 0 or hi.size < 8:
         return
-    key = id(hi)
-
-    def drop(_ref, key=key):
-        _packed.pop(key, None)
-
-    _packed[key] = (weakref.ref(hi, drop), lo, z, scope)
-    scope.packed.append(key)
+    _record(_packed, scope.packed, hi, lo, z, scope)
 
 
 def packed(hi: mx.array, lo: mx.array | None) -> mx.array | None:
@@ -734,7 +743,7 @@ def program(key: tuple, layout: tuple) -> tuple[mx.array, bool]:
     ones, the bits of ``mask`` the axes it broadcasts; the output's plane (the
     elements of its high words: the low words follow); per slot its plane (a packed
     slot's: the rows of its first axis that hold the high words, the low words as
-    many rows further, :func:`_leaf_shapes`; 0 for others). ``math``: it calls an
+    many rows further, :func:`_slots`; 0 for others). ``math``: it calls an
     elementary function. Cached (the oldest entry first out)."""
     hit = _PROGRAMS.get((key, layout))
     if hit is not None:
@@ -776,25 +785,26 @@ def _slot_arrays(leaves, small: tuple, shape: tuple, slots: int) -> list:
     return arrays
 
 
-def _leaf_shapes(prog: Program, shapes: tuple) -> tuple[tuple, tuple]:
-    """The shapes of the words that leaves of ``shapes`` hold in the program
-    ``prog``, and each slot's plane: a packed slot's leaf (:func:`note_packed`,
-    or a view of packed words that keeps their first axis) holds words of half its
+def _slots(prog: Program, shapes: tuple, shape: tuple) -> tuple[tuple, tuple, tuple]:
+    """``(small, specs, planes)`` of the leaves of ``shapes`` of the program
+    ``prog`` read over ``shape`` (:func:`_slot_plan` of the shapes of the words they
+    hold), and each slot's plane: a packed slot's leaf (:func:`note_packed`, or a
+    view of packed words that keeps their first axis) holds words of half its
     first axis, its plane that half (the low words are as many rows further: the
     kernel steps by the slot's stride along it, so views of any strides are read
     in place); others hold their own shape, plane 0."""
     packed_slots = {x for o, x, y, _ in prog.code if o == _LOAD and y == _PACKED}
     if not packed_slots:
-        return shapes, (0,) * len(shapes)
+        return (*_slot_plan(shapes, shape), (0,) * len(shapes))
     words = tuple((s[0] // 2,) + tuple(s[1:]) if k in packed_slots else s
                   for k, s in enumerate(shapes))
-    return words, tuple(w[0] if k in packed_slots else 0 for k, w in enumerate(words))
+    return (*_slot_plan(words, shape),
+            tuple(w[0] if k in packed_slots else 0 for k, w in enumerate(words)))
 
 
 def _slot_plan(shapes: tuple, shape: tuple) -> tuple[tuple, tuple]:
-    """For leaves of ``shapes`` (their words', :func:`_leaf_shapes`) read over
-    ``shape``: which have fewer than 8 elements (None: none), and each slot's
-    ``(ndim, mask)``. Cached."""
+    """For leaves holding words of ``shapes`` read over ``shape``: which have fewer
+    than 8 elements (None: none), and each slot's ``(ndim, mask)``. Cached."""
     plan = _SLOT_PLANS.get((shapes, shape))
     if plan is None:
         small = tuple(math.prod(s) < 8 for s in shapes)
@@ -864,8 +874,7 @@ def _launch_plan(prog: Program, shapes: tuple, shape: tuple, parts: bool):
         return _EMPTY
     # fewer than 8 outputs: 8 copies, so that every input is a device buffer
     kshape = shape if n >= 8 else (8,) + shape
-    words, planes_ = _leaf_shapes(prog, shapes)
-    small, specs = _slot_plan(words, kshape)
+    small, specs, planes_ = _slots(prog, shapes, kshape)
     size = math.prod(kshape)
     prog_array, math_ = program(prog.key, ((), kshape, tuple(range(len(kshape))),
                                            len(kshape), specs, size, planes_))
@@ -947,8 +956,7 @@ def _reduce_plan(prog: Program, shapes: tuple, shape: tuple, axes: tuple, keepdi
     copies = 1 if m * n >= 8 else 8  # 8 elements at least: every input a device buffer
     if copies > 1:
         extents, perm, ashape = (8,) + extents, (0,) + tuple(d + 1 for d in order), (8,) + shape
-    words, planes_ = _leaf_shapes(prog, shapes)
-    small, specs = _slot_plan(words, ashape)
+    small, specs, planes_ = _slots(prog, shapes, ashape)
     rows = m * copies
     prog_array, math_ = program(prog.key, ((n, OP[op]), extents, perm, len(ashape), specs,
                                            rows, planes_))
@@ -1190,7 +1198,7 @@ class _PackedLeaf(_ExprWords):
     __slots__ = ()
 
     def __init__(self, z: mx.array, shape: tuple):
-        self.expr, self._words, self.wide = Expr((z,), _PACKED_LOAD, shape), None, None
+        self.expr, self._words, self.wide = Expr.packed_leaf(z, shape), None, None
 
     def _make(self) -> tuple:
         return planes(self.expr.leaves[0], self.expr.shape)
@@ -1318,7 +1326,7 @@ def _halves(w: DoubleWord) -> tuple[Expr, Expr]:
     (:class:`_PackedLeaf`), a slice of their packed array each, read packed."""
     if type(w) is _PackedLeaf:
         z, shape = w.expr.leaves[0], w.expr.shape[:-1] + (1,)
-        return tuple(Expr((_INDEX(z, part),), _PACKED_LOAD, shape) for part in _PARTS)
+        return tuple(Expr.packed_leaf(_INDEX(z, part), shape) for part in _PARTS)
     lo = w._lo
     return tuple(Expr.leaf(_INDEX(w.hi, part), None if lo is None else _INDEX(lo, part))
                  for part in _PARTS)
@@ -1341,7 +1349,7 @@ def _complex_product(x: DoubleWord, y: DoubleWord) -> Expr | None:
     x_re, x_im = _halves(xp)
     zc = packed(y.hi, y._lo) if y._lo is not None else None
     if zc is not None:  # conj of both words at once (their packed array), its parts
-        c = Expr((_INDEX(_parts(_CONJUGATE(zc)), _SWAP),), _PACKED_LOAD, vp.shape)
+        c = Expr.packed_leaf(_INDEX(_parts(_CONJUGATE(zc)), _SWAP), vp.shape)
     else:
         c = _cut(_part_words(_conj(y), False), _SWAP)
     terms = [_compose(OP["mul"], 0, [x_re, expression(vp)]),
