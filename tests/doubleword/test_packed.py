@@ -33,9 +33,10 @@ def _bits(y):
 
 
 def _both(fn, monkeypatch, *args):
-    """fn(*args) in a block on emulate with packed reads, then with every packed
-    output read as two arrays (fusion.packed finds none): the result's bits each
-    time, and how many launches read packed words."""
+    """fn(*args) in a strict block on emulate with packed reads, then with every
+    packed output read as two arrays (fusion.packed finds none): the result's bits
+    each time, and how many launches read packed words. Every op of fn is extended
+    (the report names none in float32; strict=True raises for a drop)."""
     reads = []
     found = fusion.packed
 
@@ -47,9 +48,10 @@ def _both(fn, monkeypatch, *args):
     out = []
     for packed_on in (True, False):
         monkeypatch.setattr(fusion, "packed", counting if packed_on else lambda h, l: None)
-        with mp.use_backend("emulate"), mp.extended_precision():
+        with mp.use_backend("emulate"), mp.extended_precision(strict=True) as rep:
             y = fn(*args)
             out.append((_bits(y), _value(y)))
+        assert not rep.float32 and sum(rep.extended.values()) > 0, rep
     return out, sum(reads)
 
 
