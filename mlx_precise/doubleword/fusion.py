@@ -604,6 +604,20 @@ def words_of(w: DoubleWord) -> tuple | None:
     return None if entry is None or entry[5] is not None else entry[4]
 
 
+def part(w: DoubleWord, k: int) -> DoubleWord | None:
+    """Part ``k`` (0 real, 1 imaginary) of the complex words ``w`` as a view of the
+    floats a kernel wrote (:func:`note_parts`): one view of their packed array where
+    it is known (recorded as packed, so a kernel reads it in place), else one of
+    each word; None where no kernel's floats are known."""
+    entry = _entry(w) if w.is_complex and w._lo is not None else None
+    if entry is None or entry[4] is None:
+        return None
+    p, index = _part_words(w, False), (..., k)
+    if type(p) is _PackedLeaf:
+        return DoubleWord(*unpacked(_INDEX(p.expr.leaves[0], index), tuple(w.shape)))
+    return DoubleWord(_INDEX(p.hi, index), _INDEX(p.lo, index))
+
+
 def rows_of(w: DoubleWord) -> tuple | None:
     """``(words hi, words lo, shape, axes)``: the float32 words a kernel wrote that
     the complex words of ``w`` view, holding the complex array of ``shape`` whose

@@ -320,9 +320,19 @@ def _matmul(a, b, bias, sa, sb, batch, out, a_vec, b_vec, name: Backend,
     return _kernel(a, b, bias, sa, sb, sd, batch, out, name, stream, transposed)
 
 
+def _stored_hi(x: DoubleWord) -> mx.array:
+    """The high word as a device buffer: complex words as the floats a kernel wrote
+    (:func:`~mlx_precise.doubleword.fusion.words_of`; no float32 view of them)."""
+    words = fusion.words_of(x) if x.is_complex else None
+    return _device(x.hi if words is None else words[0])
+
+
 def _stored_lo(x: DoubleWord) -> mx.array | None:
     """The low word as a device buffer, or None for a float32 operand (zero)."""
-    return None if x._lo is None and x.wide is None else _device(x.lo)
+    if x._lo is None and x.wide is None:
+        return None
+    words = fusion.words_of(x) if x.is_complex else None
+    return _device(x.lo if words is None else words[1])
 
 
 # ---- cpu: float64 -----------------------------------------------------------------
@@ -409,19 +419,86 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: t
     if plan is None:  # an empty result
         z = mx.zeros(out, C64 if cx else F32)
         return DoubleWord(z, mx.zeros_like(z))
-    ch, cl = _run(plan, a, b, d, name, stream, za, zb)
-    # (re, im) pairs seen as complex64 in place (the reshape: 0-d outputs only)
-    if cx:
-        ch, cl = ch.view(C64), cl.view(C64)
-    if ch.shape != out:
+    return _result(_run(plan, a, b, d, name, stream, za, zb), cx, out)
+
+
+def _result(words: tuple, cx: bool, out: tuple) -> DoubleWord:
+    """The DoubleWord of shape ``out`` of a launch's output words (:func:`_run`):
+    complex ones the (re, im) pairs seen as complex64 in place, recorded as the
+    floats a kernel wrote (a kernel reads them as such, no float32 view)."""
+    ch, cl = (w.view(C64) for w in words) if cx else words
+    if ch.shape != out:  # (a 0-d output only)
         ch, cl = ch.reshape(out), cl.reshape(out)
+    if cx:
+        fusion.note_parts(ch, cl, words)
     return DoubleWord.of_words(ch, cl)
 
 
+def strided_matmul(a: DoubleWord, b: DoubleWord, *, batch: tuple, m: tuple, n: tuple,
+                   k: tuple, shape: tuple, backend: Backend, stream=None) -> DoubleWord:
+    """A batched product ``C = A B`` whose operands and result are read and written
+    in place through strides (an einsum's contraction without a transpose or a
+    reshape of any operand or of the result): one launch of :data:`DW_GEMM`, each
+    output the sum over k in k's order, as :func:`matmul` computes it.
+
+    Args:
+        a, b: DoubleWords, real or complex, read flat in their row-major order
+            (complex as (re, im) pairs).
+        batch: ``((size, sa, sb, sc), ...)``, the batch dimensions outermost first:
+            the strides in elements of a, b and C along each (0: broadcast).
+        m, n: ``(size, s_operand, sc)``: the rows of A (stride in a) and the
+            columns of B (stride in b), and C's strides along them.
+        k: ``(size, sa, sb)``: the contracted dimension (size 1, strides 0: none).
+        shape: C's shape (row-major; the strides place each element once).
+        backend: a kernel backend (:class:`~mlx_precise.core.backends.Backend`).
+
+    Returns:
+        The DoubleWord of ``shape``, complex where a or b is.
+    """
+    cx = a.is_complex or b.is_complex
+    za, zb = _packed(a), _packed(b)
+    key = ("strided", batch, m, n, k, shape, a.is_complex, b.is_complex, _lows(a, za),
+           _lows(b, zb))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _strided_plan(*key[1:])
+        if len(_PLANS) > _PLAN_CACHE:
+            _PLANS.pop(next(iter(_PLANS)), None)
+    if plan is None:  # an empty result
+        z = mx.zeros(shape, C64 if cx else F32)
+        return DoubleWord(z, mx.zeros_like(z))
+    return _result(_run(plan, a, b, None, backends.resolve(backend), stream, za, zb), cx,
+                   shape)
+
+
+def _strided_plan(batch, m, n, k, shape, a_cx, b_cx, a_lo, b_lo) -> tuple | None:
+    """The launch of :func:`strided_matmul` for its key (:func:`_plan`): strides in
+    floats (complex: pairs), a mixed real x complex product one more batch
+    dimension (the parts, as :func:`_gemm_plan`); None for an empty result."""
+    pa, pb, pc = (2 if x else 1 for x in (a_cx, b_cx, a_cx or b_cx))
+    dims = [dict(size=s, sa=x * pa, sb=y * pb, sc=z * pc, sd=0, sj=0) for s, x, y, z in batch]
+    if (a_cx or b_cx) and not (a_cx and b_cx):
+        dims.append(dict(size=2, sa=int(a_cx), sb=int(b_cx), sc=1, sd=0, sj=0))
+    if math.prod(x["size"] for x in dims) * m[0] * n[0] == 0:
+        return None
+    fields = dict(m=m[0], n=n[0], k=k[0], sam=m[1] * pa, sak=k[1] * pa, sbk=k[2] * pb,
+                  sbn=n[1] * pb, scm=m[2] * pc, scn=n[2] * pc, sdm=0, sdn=0)
+    shape_w = shape[:-1] + (shape[-1] * pc,) if shape else (pc,)
+    return _plan(dims, fields, shape_w, {"CPLX": int(a_cx and b_cx), "WIN": 0},
+                 (a_lo, b_lo, None))
+
+
 def _packed(x: DoubleWord) -> mx.array | None:
-    """The packed words of real ``x`` (:func:`~mlx_precise.doubleword.fusion.packed`),
-    or None."""
-    return None if x._lo is None or x.is_complex else fusion.packed(x.hi, x._lo)
+    """The packed words of ``x`` (:func:`~mlx_precise.doubleword.fusion.packed`):
+    real x's, complex x's where its words are a kernel's floats (the (re, im) pairs
+    in x's row-major order, :func:`~mlx_precise.doubleword.fusion.words_of`), or
+    None."""
+    if x._lo is None:
+        return None
+    if not x.is_complex:
+        return fusion.packed(x.hi, x._lo)
+    words = fusion.words_of(x)
+    return None if words is None else fusion.packed(*words)
 
 
 def _lows(x: DoubleWord, z: mx.array | None):
@@ -504,12 +581,12 @@ def _run(plan: tuple, a: DoubleWord, b: DoubleWord, d: DoubleWord | None, name,
     (ch, cl), the halves of the packed output (recorded as such)."""
     kernel, p, grid, tg, shape, template = plan
     if d is None:  # a kernel without the absent words' inputs
-        words = [za] if za is not None else [_device(a.hi), _stored_lo(a)]
-        words += [zb] if zb is not None else [_device(b.hi), _stored_lo(b)]
+        words = [za] if za is not None else [_stored_hi(a), _stored_lo(a)]
+        words += [zb] if zb is not None else [_stored_hi(b), _stored_lo(b)]
         words = [w for w in words if w is not None]
     else:
-        words = [_device(a.hi), _stored_lo(a), _device(b.hi), _stored_lo(b),
-                 _device(d.hi), _stored_lo(d)]
+        words = [_stored_hi(a), _stored_lo(a), _stored_hi(b), _stored_lo(b),
+                 _stored_hi(d), _stored_lo(d)]
         words = [words[0] if w is None else w for w in words]  # never read
     # (the declared inputs by construction: float32 words padded to device buffers,
     # p int64 of more than 8 values: no per-call checks)

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 from ...core import backends
-from ...doubleword import engine64
+from ...doubleword import engine64, fusion
 from ...doubleword.types import DoubleWord, real_imag
 from .. import arith, autodiff, carry
 from ..carry import attach, attach_words, has_words, low_word, wide_value
@@ -320,6 +320,9 @@ def _part(take, k: int):
     def part(w: DoubleWord) -> DoubleWord:
         if not w.is_complex or w.wide is not None:
             return real_imag(w)[k]
+        p = fusion.part(w, k)  # a kernel's floats: a view of them (of both words at once)
+        if p is not None:
+            return p
         hi = take(w.hi)
         return DoubleWord.exact(hi) if w._lo is None else DoubleWord(hi, take(w._lo))
 

@@ -231,11 +231,47 @@ def _einsum(spec, *operands, **kw):
     return C if pc is None else mx.transpose(C, pc)
 
 
+@functools.lru_cache(maxsize=256)
+def _einsum_strides(spec: str, shape_a: tuple, shape_b: tuple):
+    """The einsum (:func:`_einsum_plan`) as one :func:`~mlx_precise.linalg.gemm.strided_matmul`
+    on the operands and the result in place: ``dict(batch, m, n, k, shape)`` with
+    the strides of each letter in a, b and the output (row-major, in elements); the
+    batch letters and all but the last free letter of each operand are batch
+    dimensions (a free letter of a: b's stride 0). None where more than one letter
+    is contracted (k is one stride)."""
+    ta, tb, out, batch, contract, fa, fb = _einsum_plan(spec, (len(shape_a), len(shape_b)))
+    if len(contract) > 1:
+        return None
+    size = {**dict(zip(ta, shape_a)), **dict(zip(tb, shape_b))}
+    shape = tuple(size[c] for c in out)
+
+    def strides(letters, dims):
+        st, acc = {}, 1
+        for c, d in zip(reversed(letters), reversed(dims)):
+            st[c], acc = acc, acc * d
+        return st
+
+    sa, sb, so = strides(ta, shape_a), strides(tb, shape_b), strides(out, shape)
+    records = ([(size[c], sa[c], sb[c], so[c]) for c in batch]
+               + [(size[c], sa[c], 0, so[c]) for c in fa[:-1]]
+               + [(size[c], 0, sb[c], so[c]) for c in fb[:-1]])
+    m = (size[fa[-1]], sa[fa[-1]], so[fa[-1]]) if fa else (1, 0, 0)
+    n = (size[fb[-1]], sb[fb[-1]], so[fb[-1]]) if fb else (1, 0, 0)
+    k = (size[contract[0]], sa[contract[0]], sb[contract[0]]) if contract else (1, 0, 0)
+    return dict(batch=tuple(records), m=m, n=n, k=k, shape=shape)
+
+
 def _einsum_words(spec, a, b, original, backend):
-    """:func:`_einsum` on a kernel backend as one op of the words: the operands'
-    words moved (exact) into the batched GEMM, its result's words moved to the
-    output (the same launch and bits as the decomposition, without a rule per
+    """:func:`_einsum` on a kernel backend as one op of the words: one GEMM launch
+    reading the operands and writing the result in place through strides
+    (:func:`_einsum_strides`), or, where several letters are contracted, the
+    operands' words moved (exact) into the batched GEMM and its result's words moved
+    to the output (the same launch and bits as the decomposition, without a rule per
     transpose and reshape); MLX's einsum VJP."""
+    layout = _einsum_strides(spec, a.shape, b.shape)
+    if layout is not None:
+        return words_op(lambda A, B: gemm.strided_matmul(A, B, **layout, backend=backend),
+                        lambda x, y: original(spec, x, y), [a, b], backend)
     pa, sa, pb, sb, sc, pc = _einsum_layout(spec, a.shape, b.shape)
 
     def moved(x: DoubleWord, perm, shape) -> DoubleWord:
