@@ -569,6 +569,16 @@ def note_packed(hi: mx.array, lo: mx.array, z: mx.array) -> None:
     _record(_packed, scope.packed, hi, lo, z, scope)
 
 
+def note_reshaped(hi: mx.array, lo: mx.array, x_hi: mx.array, x_lo: mx.array | None) -> None:
+    """Record that ``hi``, ``lo`` hold the elements of the words ``x_hi``, ``x_lo`` in
+    the same row-major order (a reshape of them, axes of size 1 added or removed):
+    where x's are packed words, so are these, one reshape of that array, made only
+    when a kernel reads it (:func:`packed`; no graph node otherwise)."""
+    z = None if x_lo is None else packed(x_hi, x_lo)
+    if z is not None:
+        note_packed(hi, lo, (z, packed_shape(tuple(hi.shape))))
+
+
 def packed(hi: mx.array, lo: mx.array | None) -> mx.array | None:
     """The packed words ``z`` whose halves are ``hi`` and ``lo`` (:func:`note_packed`),
     or None."""
@@ -576,7 +586,11 @@ def packed(hi: mx.array, lo: mx.array | None) -> mx.array | None:
     if (entry is None or entry[0]() is not hi or entry[1] is not lo
             or entry[3] is not _scope.get() or not entry[3].open or _traced.get()):
         return None
-    return entry[2]
+    z = entry[2]
+    if type(z) is tuple:  # (packed words, shape): their reshape (note_reshaped), made once
+        z = _RESHAPE(*z)
+        _packed[id(hi)] = (*entry[:2], z, *entry[3:])
+    return z
 
 
 def note_parts(hi: mx.array, lo: mx.array, words: tuple, layout: tuple | None = None) -> None:
@@ -1288,11 +1302,12 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
                                      for a in entry[4]))
     if entry is not None and entry[4] is not None:  # a kernel's words
         words, shape = entry[4], tuple(hi.shape) + (2,)
-        z = packed(*words) if entry[2] is None else None
-        if z is not None:  # read as a leaf: the packed words, one reshape of them
+        z = packed(*words)
+        if z is not None and entry[2] is None:  # read as a leaf: one reshape of them
             return _PackedLeaf(_RESHAPE(z, packed_shape(shape)), shape)
         if tuple(words[0].shape) != shape:  # (..., 2 n) as written: the parts axis
-            words = tuple(_RESHAPE(a, shape) for a in words)
+            words = (unpacked(_RESHAPE(z, packed_shape(shape)), shape) if z is not None
+                     else tuple(_RESHAPE(a, shape) for a in words))
             if entry[2] is not None:  # a program's words: its chain goes with them
                 _remember(*words, entry[2])
         return DoubleWord.of_words(*words)
@@ -1338,10 +1353,12 @@ def _halves(w: DoubleWord) -> tuple[Expr, Expr]:
     as leaves: a slice each (two nodes of one output cost MLX's replay of a
     compiled graph less than one split of two outputs); of packed words
     (:class:`_PackedLeaf`), a slice of their packed array each, read packed."""
-    if type(w) is _PackedLeaf:
-        z, shape = w.expr.leaves[0], w.expr.shape[:-1] + (1,)
-        return tuple(Expr.packed_leaf(_INDEX(z, part), shape) for part in _PARTS)
     lo = w._lo
+    z = (w.expr.leaves[0] if type(w) is _PackedLeaf
+         else None if lo is None else packed(w.hi, lo))
+    if z is not None:
+        shape = tuple(w.shape[:-1]) + (1,)
+        return tuple(Expr.packed_leaf(_INDEX(z, part), shape) for part in _PARTS)
     return tuple(Expr.leaf(_INDEX(w.hi, part), None if lo is None else _INDEX(lo, part))
                  for part in _PARTS)
 
@@ -1350,6 +1367,23 @@ _PARTS = ((..., slice(0, 1)), (..., slice(1, 2)))  # the real and the imaginary 
 
 
 _SWAP = (..., slice(None, None, -1))
+
+
+def _conj_parts(y: DoubleWord, shape: tuple) -> mx.array | None:
+    """The parts (..., 2) of conj(y) for both words at once, packed (:func:`packed_shape`
+    of ``shape``, y's parts shape): one conjugate of y's packed complex words (a
+    transform's), or of the packed floats a kernel wrote (:func:`note_parts`) seen
+    as complex (..., 1); None where neither is known."""
+    if y._lo is None:
+        return None
+    z = packed(y.hi, y._lo)
+    if z is not None:
+        return _parts(_CONJUGATE(z))
+    words = words_of(y)
+    z = None if words is None else packed(*words)
+    if z is None:
+        return None
+    return _VIEW(_CONJUGATE(_VIEW(_RESHAPE(z, packed_shape(shape)), _C64)), F32)
 
 
 def _complex_product(x: DoubleWord, y: DoubleWord) -> Expr | None:
@@ -1361,9 +1395,9 @@ def _complex_product(x: DoubleWord, y: DoubleWord) -> Expr | None:
     broadcast."""
     xp, vp = _part_words(x, False), _part_words(y, False)
     x_re, x_im = _halves(xp)
-    zc = packed(y.hi, y._lo) if y._lo is not None else None
-    if zc is not None:  # conj of both words at once (their packed array), its parts
-        c = Expr.packed_leaf(_INDEX(_parts(_CONJUGATE(zc)), _SWAP), vp.shape)
+    zc = _conj_parts(y, vp.shape)
+    if zc is not None:  # conj of both words at once (their packed array)
+        c = Expr.packed_leaf(_INDEX(zc, _SWAP), vp.shape)
     else:
         c = _cut(_part_words(_conj(y), False), _SWAP)
     terms = [_compose(OP["mul"], 0, [x_re, expression(vp)]),

@@ -15,6 +15,8 @@ from mlx_precise.doubleword import fusion
 from mlx_precise.extended import low_word
 from mlx_precise.testing import graph_counts
 
+_PACKED = fusion.packed
+
 
 def _f32(seed, shape, scale=1.0):
     rng = np.random.default_rng(seed)
@@ -268,4 +270,48 @@ def test_parts_programs_read_packed_views(monkeypatch, form):
             "real plus complex": y64 * 1.5 + c64 * 2.0,
             "complex product": np.fft.rfft(x64 * 1.5) * np.fft.rfft(x64 * 0.5)}
     ref = refs[form]
+    assert np.max(np.abs(out[0][1] - ref)) <= 1e-12 * np.max(np.abs(ref))
+
+
+MOVED = {  # fn of (real (4, 17), complex (4, 17)) and its float64 form
+    # two programs' complex words: the product's halves and conj read packed
+    "complex product": (lambda r, b: (b * 1.5 + 0.5) * (b * 0.5 - 1j),
+                        lambda r, b: (b * 1.5 + 0.5) * (b * 0.5 - 1j)),
+    # a reshaped real program's packed words (one reshape of them) as a real factor
+    "reshaped real factor": (
+        lambda r, b: (b.reshape(2, 2, 1, 17) * 2.0) * (r * 1.5).reshape(2, 2, 17)[..., None, :],
+        lambda r, b: (b.reshape(2, 2, 1, 17) * 2.0) * (r * 1.5).reshape(2, 2, 17)[..., None, :]),
+    # S4D's dtA[..., None] * arange: a program's complex floats read through new axes
+    "expanded complex": (lambda r, b: mx.expand_dims((b * 1.5)[..., None], 0)
+                         * mx.arange(3, dtype=mx.float32),
+                         lambda r, b: (b * 1.5)[None, ..., None] * np.arange(3)),
+    # a flattened complex product's floats read by exp (dw_math) and a real part
+    "flattened complex exp": (lambda r, b: mx.exp(((b * 0.25) * (b * 0.5 + 1.0)).flatten()).real,
+                              lambda r, b: np.exp(((b * 0.25) * (b * 0.5 + 1.0)).ravel()).real),
+}
+
+
+@pytest.mark.parametrize("form", list(MOVED))
+def test_moved_words_read_packed(monkeypatch, form):
+    """Words moved by an op that keeps their row-major order (a reshape, new axes)
+    or read as another program's operand: the next kernel reads the packed words or
+    the floats a kernel wrote (one view of them), with the bits of the two-array
+    reads and of the complex words' own views (no record of the floats), and
+    numpy's float64 value to 1e-12 of the largest."""
+    fn, ref_fn = MOVED[form]
+    rng = np.random.default_rng(19)
+    r = _f32(20, (4, 17))
+    b = mx.array((rng.standard_normal((4, 17)) + 1j * rng.standard_normal((4, 17)))
+                 .astype(np.complex64))
+    out, reads = _both(fn, monkeypatch, r, b)
+    assert reads >= 1
+    _same_bits(out)
+    monkeypatch.setattr(fusion, "packed", _PACKED)  # (_both left it finding none)
+    monkeypatch.setattr(fusion, "note_parts", lambda *a, **k: None)
+    with mp.use_backend("emulate"), mp.extended_precision(strict=True) as rep:
+        y = fn(r, b)
+        plain = (_bits(y), _value(y))
+    assert not rep.float32
+    _same_bits([out[0], plain])
+    ref = ref_fn(np.array(r).astype(np.float64), np.array(b).astype(np.complex128))
     assert np.max(np.abs(out[0][1] - ref)) <= 1e-12 * np.max(np.abs(ref))

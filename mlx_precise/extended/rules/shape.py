@@ -8,6 +8,7 @@ import types
 
 import mlx.core as mx
 
+from ...doubleword import fusion
 from ...doubleword.types import DoubleWord
 from ...doubleword.engine64 import to64
 from ...core import backends
@@ -210,6 +211,46 @@ _TRANSPOSES = {  # op -> its axis order (a transpose of the last two axes: see .
     "matrix_transpose": lambda x, **kw: [*range(x.ndim - 2), -1, -2],
 }
 
+# Ops that keep their operand's elements in row-major order (a reshape, new or
+# removed axes of size 1, a plain index of such axes and whole slices).
+_ORDER_KEEPING = ("reshape", "expand_dims", "squeeze", "flatten", "unflatten", "atleast_1d",
+                  "atleast_2d", "atleast_3d")
+
+
+def _plain_index(x, index, *args, **kw) -> bool:
+    """``x[index]`` keeps x's elements in row-major order: new axes, ``...`` and
+    whole slices only."""
+    items = index if isinstance(index, tuple) else (index,)
+    return all(i is None or i is Ellipsis or (
+        isinstance(i, slice) and i.start is None and i.stop is None and i.step is None)
+        for i in items)
+
+
+def _keeping_order(rule, keeps=lambda x, *args, **kw: True):
+    """``rule`` of an op that keeps the row-major order of its operand's elements
+    (``keeps(x, *args, **kw)``), which on the kernel backends also records how a
+    kernel reads its result's words as its operand's: real packed words as one
+    reshape of the packed array (:func:`~mlx_precise.doubleword.fusion.note_reshaped`),
+    complex ones as the floats a kernel wrote for the operand
+    (:func:`~mlx_precise.doubleword.fusion.note_parts`: the same floats in the same
+    order), not the moved words (a node per word, and views of complex ones)."""
+
+    def kept(ctx, original, x, *args, **kw):
+        out = rule(ctx, original, x, *args, **kw)
+        if (ctx.backend.has_kernels and isinstance(out, ARRAY) and isinstance(x, ARRAY)
+                and has_words(out) and has_words(x) and keeps(x, *args, **kw)):
+            w = words_of(x)
+            if out.dtype != mx.complex64:
+                fusion.note_reshaped(out, low_word(out), w.hi, w._lo)
+            else:
+                floats = fusion.words_of(w)
+                if floats is not None:
+                    fusion.note_parts(out, low_word(out), floats)
+        return out
+
+    return kept
+
+
 _GETITEM = ARRAY.__getitem__  # MLX's own (captured at import: inside a block a stand-in)
 
 
@@ -227,11 +268,12 @@ FAST = {"array.__getitem__": _fast_getitem}
 
 RULES = {
     **{name: _words() for name in SHAPE_OPS},
+    **{name: _keeping_order(_words()) for name in _ORDER_KEEPING},
     **{name: noting_transposes(_words(), perm) for name, perm in _TRANSPOSES.items()},
     "concatenate": _words(listed=True), "stack": _words(listed=True),
     "broadcast_arrays": _each, "meshgrid": _each, "pad": _pad, "depends": _depends,
     "slice_update": _update(0, 1), "put_along_axis": _update(0, 2),
-    "array.__getitem__": _words(), "array.__setitem__": _setitem, "array.__iter__": _iter,
+    "array.__getitem__": _keeping_order(_words(), _plain_index), "array.__setitem__": _setitem, "array.__iter__": _iter,
 }
 """Op name -> rule (``fft.`` / ``array.`` prefixes: ``mx.fft`` functions and
 ``mx.array``-only methods)."""
