@@ -569,26 +569,57 @@ def note_packed(hi: mx.array, lo: mx.array, z: mx.array) -> None:
     _record(_packed, scope.packed, hi, lo, z, scope)
 
 
-def note_reshaped(hi: mx.array, lo: mx.array, x_hi: mx.array, x_lo: mx.array | None) -> None:
-    """Record that ``hi``, ``lo`` hold the elements of the words ``x_hi``, ``x_lo`` in
-    the same row-major order (a reshape of them, axes of size 1 added or removed):
-    where x's are packed words, so are these, one reshape of that array, made only
-    when a kernel reads it (:func:`packed`; no graph node otherwise)."""
-    z = None if x_lo is None else packed(x_hi, x_lo)
-    if z is not None:
-        note_packed(hi, lo, (z, packed_shape(tuple(hi.shape))))
+class _Moved:
+    """Packed words made when a kernel first reads them (:func:`packed`): ``move``
+    (an MLX view op) of the packed words of the words ``src`` (hi, lo)."""
+
+    __slots__ = ("src", "move")
+
+    def __init__(self, src: tuple, move):
+        self.src, self.move = src, move
+
+    def make(self) -> mx.array | None:
+        z = packed(*self.src)
+        return None if z is None else self.move(z)
+
+
+def note_moved(hi: mx.array, lo: mx.array, x_hi: mx.array, x_lo: mx.array | None,
+               move) -> None:
+    """Record that ``hi``, ``lo`` are the words ``x_hi``, ``x_lo`` moved by an op that,
+    applied to their packed words, gives the packed words of the result (``move(z)``:
+    a reshape keeping the row-major order, a transpose, basic index, split or zero
+    pad that leaves the first axis whole): where x's words are packed, so are these,
+    that op of x's packed array, made only when a kernel reads it (no graph node
+    otherwise)."""
+    if x_lo is not None and has_packed(x_hi, x_lo):
+        note_packed(hi, lo, _Moved((x_hi, x_lo), move))
+
+
+def has_packed(hi: mx.array, lo: mx.array | None) -> bool:
+    """Whether ``hi`` and ``lo`` are recorded as packed words (:func:`packed`), without
+    making them where they are made when read (:func:`note_moved`)."""
+    return _packed_entry(hi, lo) is not None
+
+
+def _packed_entry(hi: mx.array, lo: mx.array | None) -> tuple | None:
+    entry = _packed.get(id(hi))
+    if (entry is None or entry[0]() is not hi or entry[1] is not lo
+            or entry[3] is not _scope.get() or not entry[3].open or _traced.get()):
+        return None
+    return entry
 
 
 def packed(hi: mx.array, lo: mx.array | None) -> mx.array | None:
     """The packed words ``z`` whose halves are ``hi`` and ``lo`` (:func:`note_packed`),
     or None."""
-    entry = _packed.get(id(hi))
-    if (entry is None or entry[0]() is not hi or entry[1] is not lo
-            or entry[3] is not _scope.get() or not entry[3].open or _traced.get()):
+    entry = _packed_entry(hi, lo)
+    if entry is None:
         return None
     z = entry[2]
-    if type(z) is tuple:  # (packed words, shape): their reshape (note_reshaped), made once
-        z = _RESHAPE(*z)
+    if type(z) is _Moved:  # (note_moved) made once
+        z = z.make()
+        if z is None:
+            return None
         _packed[id(hi)] = (*entry[:2], z, *entry[3:])
     return z
 

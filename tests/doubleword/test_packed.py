@@ -13,7 +13,7 @@ import pytest
 import mlx_precise as mp
 from mlx_precise.doubleword import fusion
 from mlx_precise.extended import low_word
-from mlx_precise.testing import graph_counts
+from mlx_precise.testing import graph_counts, lazy_metal_executor
 
 _PACKED = fusion.packed
 
@@ -315,3 +315,49 @@ def test_moved_words_read_packed(monkeypatch, form):
     _same_bits([out[0], plain])
     ref = ref_fn(np.array(r).astype(np.float64), np.array(b).astype(np.complex128))
     assert np.max(np.abs(out[0][1] - ref)) <= 1e-12 * np.max(np.abs(ref))
+
+
+MOVERS = {  # fn of x (4, 6, 10), w (10, 8) and its float64 form: movement ops of a
+    # program's packed words that leave their first axis whole, read by the next kernel
+    "transpose": (lambda x, w: mx.swapaxes(x * 1.5, 1, 2) * 2.0 + 1.0,
+                  lambda x, w: np.swapaxes(x * 1.5, 1, 2) * 2.0 + 1.0),
+    "basic index": (lambda x, w: (x * 1.5)[:, 1:5, ::2] * 3.0 + (x / 3)[..., 1:5, 2:3]
+                    + (x * 0.5)[:, None][:, 0, 1:5, -1][..., None],
+                    lambda x, w: (x * 1.5)[:, 1:5, ::2] * 3.0 + (x / 3)[..., 1:5, 2:3]
+                    + (x * 0.5)[:, None][:, 0, 1:5, -1][..., None]),
+    "split": (lambda x, w: (lambda a, b: a * mx.sigmoid(b))(*mx.split(x * 1.5, 2, axis=-1)),
+              lambda x, w: (lambda a, b: a / (1 + np.exp(-b)))(*np.split(x * 1.5, 2, axis=-1))),
+    "zero pad": (lambda x, w: mx.pad(x / 3, [(0, 0), (0, 3), (1, 0)]) * 2.0 + 0.5,
+                 lambda x, w: np.pad(x / 3, [(0, 0), (0, 3), (1, 0)]) * 2.0 + 0.5),
+    "transposed operand": (lambda x, w: (x * 1.5) @ (w * 0.5).T.T,
+                           lambda x, w: (x * 1.5) @ (w * 0.5)),
+    "product with a transpose": (lambda x, w: (x / 3) @ mx.swapaxes(x * 1.5, 1, 2),
+                                 lambda x, w: (x / 3) @ np.swapaxes(x * 1.5, 1, 2)),
+}
+
+
+@pytest.mark.parametrize("form", list(MOVERS))
+def test_movement_ops_read_packed(monkeypatch, form):
+    """A movement op that leaves the first axis of its operand's packed words whole
+    (a transpose keeping it, basic indices, a split or a zero pad of other axes, the
+    operand of a transposed product) is read by the next kernel as that op of the
+    packed words: the bits of the two-array reads, numpy's float64 to 1e-12."""
+    fn, ref_fn = MOVERS[form]
+    x, w = _f32(21, (4, 6, 10)), _f32(22, (10, 8))
+    out, reads = _both(fn, monkeypatch, x, w)
+    assert reads >= 1
+    _same_bits(out)
+    ref = ref_fn(np.array(x).astype(np.float64), np.array(w).astype(np.float64))
+    assert np.max(np.abs(out[0][1] - ref)) <= 1e-12 * np.max(np.abs(ref))
+
+
+def test_moved_words_on_the_metal_path():
+    """On the metal path (lazy stand-in) the attention's q / k / v split of a fused
+    projection is one split of its packed output: no split of each word, the
+    transposed key read packed, and no slice but the result's high word."""
+    x, w = _f32(23, (2, 16, 24)), _f32(24, (24, 72))
+    with lazy_metal_executor(), mp.use_backend("metal"), mp.extended_precision():
+        q, k, v = mx.split((x / 3) @ w, 3, axis=-1)
+        y = (q @ mx.swapaxes(k, -1, -2)) @ v
+        by = graph_counts(y)["by_primitive"]
+    assert by.get("Split") == 1 and by.get("Slice") == 1 and by["Depends"] == 4, by

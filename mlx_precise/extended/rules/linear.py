@@ -14,7 +14,7 @@ from ...core import backends
 from ...linalg import gemm
 from .. import arith, autodiff, carry
 from ..carry import low_word
-from ...doubleword import DoubleWord
+from ...doubleword import DoubleWord, fusion
 from ...doubleword.types import map_words
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 from ..engine import words_op
@@ -33,6 +33,10 @@ _COPY = ARRAY.__copy__  # MLX's own (captured at import: inside a block a stand-
 
 def _swaps_last_two(ndim: int, perm) -> bool:
     return ndim >= 2 and [int(p) % ndim for p in perm] == [*range(ndim - 2), ndim - 1, ndim - 2]
+
+
+def _SAME(z):
+    return z
 
 
 def noting_transposes(rule, permutation):
@@ -56,9 +60,11 @@ def noting_transposes(rule, permutation):
             return out
         if out is NotImplemented:  # exact operand: MLX's op, noted
             out = original(x, *args, **kw)
-        key = id(out)
+        key, alias, lo = id(out), _COPY(x), low_word(x)
+        if lo is not None:  # x's packed words, where known, are the alias's
+            fusion.note_moved(alias, lo, x, lo, _SAME)
         _transposes[key] = (weakref.ref(out, lambda _: _transposes.pop(key, None)),
-                            ctx.report, (_COPY(x), low_word(x)))
+                            ctx.report, (alias, lo))
         return out
 
     return noted

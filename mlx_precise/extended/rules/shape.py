@@ -211,44 +211,122 @@ _TRANSPOSES = {  # op -> its axis order (a transpose of the last two axes: see .
     "matrix_transpose": lambda x, **kw: [*range(x.ndim - 2), -1, -2],
 }
 
-# Ops that keep their operand's elements in row-major order (a reshape, new or
-# removed axes of size 1, a plain index of such axes and whole slices).
+# ---- moved words read packed ----------------------------------------------------------
+# On the kernel backends a movement op's result is recorded as that op of its
+# operand's packed words where it leaves their first axis whole (made only when a
+# kernel reads it: fusion.note_moved), and an op that keeps the row-major order of
+# a complex operand's elements as the floats a kernel wrote for it (note_parts): the
+# next kernel reads one view of both words, not a view of each (of complex words,
+# a float32 view of a reshape).
+_MLX_RESHAPE, _MLX_TRANSPOSE, _MLX_SPLIT = mx.reshape, mx.transpose, mx.split
+_MLX_PAD = mx.pad
+
+
+def _reshaped(x, outs, *args, **kw):
+    shape = fusion.packed_shape(tuple(outs[0].shape))
+    return [lambda z: _MLX_RESHAPE(z, shape)]
+
+
+def _transposed(order):
+    def mover(x, outs, *args, **kw):
+        perm = [int(p) % x.ndim for p in order(x, *args, **kw)]
+        return [lambda z: _MLX_TRANSPOSE(z, perm)] if perm and perm[0] == 0 else None
+    return mover
+
+
+def _full(i) -> bool:
+    return type(i) is slice and i.start is None and i.stop is None and i.step is None
+
+
+def _indexed(x, outs, index):
+    """``x[index]`` as the same index of the packed words: basic indices that leave
+    the first axis whole (a whole slice there, or an ``...`` that stands for it)."""
+    items = index if type(index) is tuple else (index,)
+    if not all(i is None or i is Ellipsis or type(i) is int or (
+            type(i) is slice and all(v is None or type(v) is int
+                                     for v in (i.start, i.stop, i.step))) for i in items):
+        return None
+    explicit = sum(1 for i in items if i is not None and i is not Ellipsis)
+    first = items[0] if items else Ellipsis
+    if not (_full(first) or (first is Ellipsis and explicit < x.ndim)):
+        return None
+    return [lambda z: _GETITEM(z, index)]
+
+
+def _split(x, outs, indices_or_sections=None, axis=0, **kw):
+    axis = int(axis) % x.ndim
+    if axis == 0 or kw:
+        return None
+    made = []
+
+    def part(k):
+        def move(z):
+            if not made:
+                made.append(_MLX_SPLIT(z, indices_or_sections, axis=axis))
+            return made[0][k]
+        return move
+
+    return [part(k) for k in range(len(outs))]
+
+
+def _padded(x, outs, pad_width, mode="constant", constant_values=0, **kw):
+    widths = _pad_pairs(pad_width, x.ndim)
+    if (mode != "constant" or kw or type(constant_values) not in (int, float)
+            or constant_values != 0 or tuple(widths[0]) != (0, 0)):
+        return None
+    return [lambda z: _MLX_PAD(z, widths)]
+
+
+# ops that keep their operand's elements in row-major order (a reshape, new or
+# removed axes of size 1)
 _ORDER_KEEPING = ("reshape", "expand_dims", "squeeze", "flatten", "unflatten", "atleast_1d",
                   "atleast_2d", "atleast_3d")
+
+
+def _keeps_order(x, *args, **kw) -> bool:
+    return True
 
 
 def _plain_index(x, index, *args, **kw) -> bool:
     """``x[index]`` keeps x's elements in row-major order: new axes, ``...`` and
     whole slices only."""
     items = index if isinstance(index, tuple) else (index,)
-    return all(i is None or i is Ellipsis or (
-        isinstance(i, slice) and i.start is None and i.stop is None and i.step is None)
-        for i in items)
+    return all(i is None or i is Ellipsis or _full(i) for i in items)
 
 
-def _keeping_order(rule, keeps=lambda x, *args, **kw: True):
-    """``rule`` of an op that keeps the row-major order of its operand's elements
-    (``keeps(x, *args, **kw)``), which on the kernel backends also records how a
-    kernel reads its result's words as its operand's: real packed words as one
-    reshape of the packed array (:func:`~mlx_precise.doubleword.fusion.note_reshaped`),
-    complex ones as the floats a kernel wrote for the operand
-    (:func:`~mlx_precise.doubleword.fusion.note_parts`: the same floats in the same
-    order), not the moved words (a node per word, and views of complex ones)."""
+def _packing(rule, mover, order=None):
+    """``rule`` of a movement op, which on the kernel backends also records how a
+    kernel reads its result's words: ``mover(x, outs, *args, **kw)`` the function of
+    x's packed words that gives each output's (None: the op moves their first
+    axis; :func:`~mlx_precise.doubleword.fusion.note_moved`), and where ``order(x,
+    *args, **kw)`` (the op keeps the row-major order of x's elements) a complex
+    result's words as the floats a kernel wrote for x's
+    (:func:`~mlx_precise.doubleword.fusion.note_parts`)."""
 
-    def kept(ctx, original, x, *args, **kw):
+    def noted(ctx, original, x, *args, **kw):
         out = rule(ctx, original, x, *args, **kw)
-        if (ctx.backend.has_kernels and isinstance(out, ARRAY) and isinstance(x, ARRAY)
-                and has_words(out) and has_words(x) and keeps(x, *args, **kw)):
-            w = words_of(x)
-            if out.dtype != mx.complex64:
-                fusion.note_reshaped(out, low_word(out), w.hi, w._lo)
-            else:
-                floats = fusion.words_of(w)
-                if floats is not None:
-                    fusion.note_parts(out, low_word(out), floats)
+        if (not ctx.backend.has_kernels or type(x) is not ARRAY or out is NotImplemented
+                or not has_words(x)):
+            return out
+        outs = out if isinstance(out, (list, tuple)) else (out,)
+        if not all(type(o) is ARRAY and has_words(o) for o in outs):
+            return out
+        w = words_of(x)
+        if order is not None and x.dtype == mx.complex64 and order(x, *args, **kw):
+            floats = fusion.words_of(w)
+            if floats is not None:
+                fusion.note_parts(out, low_word(out), floats)
+        if not fusion.has_packed(w.hi, w._lo):
+            return out
+        try:
+            moves = mover(x, outs, *args, **kw)
+        except (TypeError, ValueError, IndexError):  # arguments MLX refuses
+            moves = None
+        for o, move in zip(outs, moves or ()):
+            fusion.note_moved(o, low_word(o), w.hi, w._lo, move)
         return out
 
-    return kept
+    return noted
 
 
 _GETITEM = ARRAY.__getitem__  # MLX's own (captured at import: inside a block a stand-in)
@@ -268,12 +346,14 @@ FAST = {"array.__getitem__": _fast_getitem}
 
 RULES = {
     **{name: _words() for name in SHAPE_OPS},
-    **{name: _keeping_order(_words()) for name in _ORDER_KEEPING},
-    **{name: noting_transposes(_words(), perm) for name, perm in _TRANSPOSES.items()},
+    **{name: _packing(_words(), _reshaped, _keeps_order) for name in _ORDER_KEEPING},
+    **{name: noting_transposes(_packing(_words(), _transposed(perm)), perm)
+       for name, perm in _TRANSPOSES.items()},
+    "split": _packing(_words(), _split), "pad": _packing(_pad, _padded),
     "concatenate": _words(listed=True), "stack": _words(listed=True),
-    "broadcast_arrays": _each, "meshgrid": _each, "pad": _pad, "depends": _depends,
+    "broadcast_arrays": _each, "meshgrid": _each, "depends": _depends,
     "slice_update": _update(0, 1), "put_along_axis": _update(0, 2),
-    "array.__getitem__": _keeping_order(_words(), _plain_index), "array.__setitem__": _setitem, "array.__iter__": _iter,
+    "array.__getitem__": _packing(_words(), _indexed, _plain_index), "array.__setitem__": _setitem, "array.__iter__": _iter,
 }
 """Op name -> rule (``fft.`` / ``array.`` prefixes: ``mx.fft`` functions and
 ``mx.array``-only methods)."""
