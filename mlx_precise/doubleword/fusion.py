@@ -588,11 +588,10 @@ def note_moved(hi: mx.array, lo: mx.array, x_hi: mx.array, x_lo: mx.array | None
     """Record that ``hi``, ``lo`` are the words ``x_hi``, ``x_lo`` moved by an op that,
     applied to their packed words, gives the packed words of the result (``move(z)``:
     a reshape keeping the row-major order, a transpose, basic index, split or zero
-    pad that leaves the first axis whole): where x's words are packed, so are these,
-    that op of x's packed array, made only when a kernel reads it (no graph node
-    otherwise)."""
-    if x_lo is not None and has_packed(x_hi, x_lo):
-        note_packed(hi, lo, _Moved((x_hi, x_lo), move))
+    pad that leaves the first axis whole) where x's words are packed
+    (:func:`has_packed`): so are these, that op of x's packed array, made only when
+    a kernel reads it (no graph node otherwise)."""
+    note_packed(hi, lo, _Moved((x_hi, x_lo), move))
 
 
 def has_packed(hi: mx.array, lo: mx.array | None) -> bool:

@@ -61,7 +61,7 @@ def noting_transposes(rule, permutation):
         if out is NotImplemented:  # exact operand: MLX's op, noted
             out = original(x, *args, **kw)
         key, alias, lo = id(out), _COPY(x), low_word(x)
-        if lo is not None:  # x's packed words, where known, are the alias's
+        if lo is not None and fusion.has_packed(x, lo):  # x's packed words: the alias's
             fusion.note_moved(alias, lo, x, lo, _SAME)
         _transposes[key] = (weakref.ref(out, lambda _: _transposes.pop(key, None)),
                             ctx.report, (alias, lo))

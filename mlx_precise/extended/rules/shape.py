@@ -305,25 +305,26 @@ def _packing(rule, mover, order=None):
 
     def noted(ctx, original, x, *args, **kw):
         out = rule(ctx, original, x, *args, **kw)
-        if (not ctx.backend.has_kernels or type(x) is not ARRAY or out is NotImplemented
-                or not has_words(x)):
+        if out is NotImplemented or type(x) is not ARRAY or not ctx.backend.has_kernels:
+            return out
+        lo = low_word(x)
+        if lo is None:
+            return out
+        if order is not None and x.dtype == mx.complex64 and order(x, *args, **kw):
+            floats = fusion.words_of(DoubleWord(x, lo))
+            if floats is not None and type(out) is ARRAY:
+                fusion.note_parts(out, low_word(out), floats)
+        if not fusion.has_packed(x, lo):
             return out
         outs = out if isinstance(out, (list, tuple)) else (out,)
-        if not all(type(o) is ARRAY and has_words(o) for o in outs):
-            return out
-        w = words_of(x)
-        if order is not None and x.dtype == mx.complex64 and order(x, *args, **kw):
-            floats = fusion.words_of(w)
-            if floats is not None:
-                fusion.note_parts(out, low_word(out), floats)
-        if not fusion.has_packed(w.hi, w._lo):
-            return out
         try:
             moves = mover(x, outs, *args, **kw)
         except (TypeError, ValueError, IndexError):  # arguments MLX refuses
             moves = None
         for o, move in zip(outs, moves or ()):
-            fusion.note_moved(o, low_word(o), w.hi, w._lo, move)
+            o_lo = low_word(o) if type(o) is ARRAY else None
+            if o_lo is not None:
+                fusion.note_moved(o, o_lo, x, lo, move)
         return out
 
     return noted
