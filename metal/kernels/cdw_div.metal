@@ -12,11 +12,16 @@
 // words there) and the low words are 0; a quotient that overflows has zero low words.
 //
 // Inputs:  x_hi, x_lo, y_hi, y_lo float32 interleaved (re, im) words, n points each
-//          (the grid).
-// Outputs: z_hi, z_lo float32 interleaved words of q; special bool (n,).
+//          (the grid); at int32: at[0], at[1] the offsets in floats of x's and y's
+//          low words in x_lo, y_lo (0, or the second half of packed words passed as
+//          both x_hi and x_lo: one buffer), at[2] that of q's low words in z (2 n).
+// Outputs: z float32: q's interleaved high words, then its low words (packed);
+//          special bool (n,).
 uint i = thread_position_in_grid.x;
-cdw x = cdw_load(x_hi, x_lo, i);
-cdw y = cdw_load(y_hi, y_lo, i);
+cdw x = cdw_load(x_hi, x_lo + at[0], i);
+cdw y = cdw_load(y_hi, y_lo + at[1], i);
+device float* z_hi = z;
+device float* z_lo = z + at[2];
 bool finite = metal::isfinite(x.re.hi) && metal::isfinite(x.im.hi) && metal::isfinite(y.re.hi)
               && metal::isfinite(y.im.hi);
 // y = 0: both parts +-0, by the bits (a subnormal is not 0, as on a CPU)

@@ -79,20 +79,24 @@ CDW_OPS = Kernel(
 :data:`CDW_OP`). Inputs and outputs: float32, shape ``(n,)`` (real hi, real lo,
 imaginary hi, imaginary lo)."""
 
+_DIV_IN = ("x_hi", "x_lo", "y_hi", "y_lo")
 CDW_DIV = Kernel(
     name="cdw_div",
     body="cdw_div.metal",
     headers=("dw_ops.h",),
-    inputs=("x_hi", "x_lo", "y_hi", "y_lo"),
-    outputs=("z_hi", "z_lo", "special"),
-    input_dtypes={k: _F32 for k in ("x_hi", "x_lo", "y_hi", "y_lo")},
+    inputs=_DIV_IN + ("at",),
+    outputs=("z", "special"),
+    input_dtypes={**{k: _F32 for k in _DIV_IN}, "at": (mx.int32,)},
     extended=True,
-    variants={"z_hi": _F32, "z_lo": _F32, "special": (mx.bool_,)},
+    variants={"z": _F32, "special": (mx.bool_,)},
     # the wrapper pads every input to 8 elements at least
-    input_forms=dict.fromkeys(("x_hi", "x_lo", "y_hi", "y_lo"), ("device",)),
+    input_forms=dict.fromkeys(_DIV_IN + ("at",), ("device",)),
 )
 """Complex double-word division, scaled so that no intermediate overflows or
 underflows (``metal/kernels/cdw_div.metal``). Inputs: float32 interleaved (re, im)
-words of x and y, n points each; outputs ``z_hi``, ``z_lo`` float32 interleaved words
-of x / y, ``special`` bool (n,): where float32's rule for special operands applies
-(the quotient's high word is then the caller's). Grid: one thread per point."""
+words of x and y, n points each (a low word's words at an offset ``at[0]`` / ``at[1]``
+of its buffer: packed words are one buffer passed twice), ``at`` int32 (8,) with
+``at[2] = 2 n``; outputs ``z`` float32 (4 n,), the interleaved words of x / y (the
+high words, then the low words: packed), ``special`` bool (n,): where float32's
+rule for special operands applies (the quotient's high word is then the caller's).
+Grid: one thread per point."""

@@ -5,6 +5,7 @@ underflows (:func:`arith_kernels`)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import mlx.core as mx
@@ -31,14 +32,26 @@ _RESHAPE, _VIEW, _INDEX = mx.array.reshape, mx.array.view, mx.array.__getitem__
 _WHERE, _DIVIDE = mx.where, mx.divide
 
 
-def _complex_words(x: DoubleWord, shape: tuple) -> list[mx.array]:
-    """The float32 (re, im) words of complex ``x`` broadcast to ``shape``, flat and
-    padded (:func:`_flat8`): where x has the shape and its words are a kernel's
-    (:func:`.fusion.words_of`), those floats as they are."""
+def _complex_words(x: DoubleWord, shape: tuple) -> tuple[mx.array, mx.array, int]:
+    """``(hi, lo, at)``: buffers of the float32 (re, im) words of complex ``x``
+    broadcast to ``shape``, flat and padded (:func:`_flat8`), the low words at the
+    offset ``at`` (floats) of ``lo``. Where x has the shape and its words are a
+    kernel's (:func:`.fusion.words_of`), those floats as they are: their packed
+    array where it is known (one buffer, passed as both, ``at`` its half)."""
     words = fusion.words_of(x) if tuple(x.shape) == shape and math.prod(shape) >= 8 else None
     if words is not None:
-        return [_RESHAPE(w, -1) for w in words]
-    return [_VIEW(_flat8(a, shape), mx.float32) for a in (x.hi, x.lo)]
+        z = fusion.packed(*words)
+        if z is not None:
+            return z, z, z.size // 2
+        return _RESHAPE(words[0], -1), _RESHAPE(words[1], -1), 0
+    return (*(_VIEW(_flat8(a, shape), mx.float32) for a in (x.hi, x.lo)), 0)
+
+
+@functools.lru_cache(maxsize=256)
+def _offsets(x_at: int, y_at: int, z_at: int) -> mx.array:
+    """The ``at`` input of :data:`.dw_kernels.CDW_DIV` (int32, 8 values: a device
+    buffer), made once per offsets (data: no graph node)."""
+    return mx.array(np.array([x_at, y_at, z_at, 0, 0, 0, 0, 0], np.int32))
 
 
 def _launch(kernel, op: str, words: list[mx.array], n_out: int, backend: str, stream):
@@ -91,16 +104,18 @@ def _complex_div(x: DoubleWord, y: DoubleWord, backend: str, stream) -> DoubleWo
     if size == 0:
         z = mx.zeros(shape, mx.complex64)
         return DoubleWord(z, z)
-    words = [w for v in (as_complex(x), y) for w in _complex_words(v, shape)]
+    xh, xl, x_at = _complex_words(as_complex(x), shape)
+    yh, yl, y_at = _complex_words(y, shape)
     n = max(size, 8)
-    # the words are float32, flat, 8 elements at least (_complex_words): the
-    # declaration holds by construction, so the launch skips the per-call checks
-    zh, zl, special = CDW_DIV.unchecked(inputs=words, template=None, grid=(size, 1, 1),
-                                        threadgroup=(min(size, 256), 1, 1),
-                                        output_shapes=[(2 * n,), (2 * n,), (n,)],
-                                        output_dtypes=[mx.float32, mx.float32, mx.bool_],
-                                        backend=backends.of(backend), stream=stream)
-    zh, zl = (_RESHAPE(_VIEW(_INDEX(a, slice(2 * size)), mx.complex64), shape)
-              for a in (zh, zl))
+    # the words are float32, 8 elements at least (_complex_words): the declaration
+    # holds by construction, so the launch skips the per-call checks
+    z, special = CDW_DIV.unchecked(inputs=[xh, xl, yh, yl, _offsets(x_at, y_at, 2 * n)],
+                                   template=None, grid=(size, 1, 1),
+                                   threadgroup=(min(size, 256), 1, 1),
+                                   output_shapes=[(4 * n,), (n,)],
+                                   output_dtypes=[mx.float32, mx.bool_],
+                                   backend=backends.of(backend), stream=stream)
+    zh, zl = (_RESHAPE(_VIEW(a if n == size else _INDEX(a, slice(2 * size)), mx.complex64),
+                       shape) for a in fusion.unpacked(z, (2 * n,)))
     return DoubleWord(_WHERE(_RESHAPE(_INDEX(special, slice(size)), shape),
                              _DIVIDE(x.hi, y.hi), zh), zl)

@@ -212,10 +212,10 @@ def _to_rows(a, axis: int, n: int):
 def _rows_pair(hi, lo, axis: int, n: int):
     """:func:`_to_rows` of both words: where they are the halves of a kernel's packed
     words (:func:`~mlx_precise.doubleword.fusion.packed`) whose first axis stays
-    first and whose rows need no fitting, one move and reshape of the packed array
+    first, one move, fit (zeros: both words' own) and reshape of the packed array
     (MLX's copy, where the strides require one, for both words at once), its halves
     recorded as packed: the first kernel reads it as one input."""
-    z = None if lo is None or axis == 0 or hi.shape[axis] != n else fusion.packed(hi, lo)
+    z = None if lo is None or axis == 0 else fusion.packed(hi, lo)
     if z is None:
         return _to_rows(hi, axis, n), _to_rows(lo, axis, n)
     rows = _to_rows(z, axis, n)  # (2 rows, n): the high words' rows, then the low words'
@@ -321,6 +321,12 @@ def _finish(y_hi, y_lo, lead: tuple, ax: int, round_output: bool):
     :func:`_rows_of_words`)."""
     if round_output:
         return _from_rows(y_hi, lead, ax)
+    if y_hi.dtype != mx.complex64:  # real rows: their packed words moved when read
+        out, lo = _from_rows(y_hi, lead, ax), _from_rows(y_lo, lead, ax)
+        if lead and ax != 0 and fusion.has_packed(y_hi, y_lo):
+            fusion.note_moved(out, lo, y_hi, y_lo,
+                              lambda z: _from_rows(z, (2 * lead[0],) + lead[1:], ax))
+        return DoubleWord.of_words(out, lo)
     words = _viewed(y_hi), _viewed(y_lo)
     known = words[0] is not None and words[1] is not None
     z = fusion.packed(*words) if known and lead and ax != 0 else None

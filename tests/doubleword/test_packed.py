@@ -361,3 +361,42 @@ def test_moved_words_on_the_metal_path():
         y = (q @ mx.swapaxes(k, -1, -2)) @ v
         by = graph_counts(y)["by_primitive"]
     assert by.get("Split") == 1 and by.get("Slice") == 1 and by["Depends"] == 4, by
+
+
+@pytest.mark.parametrize("n", [5, 64])
+@pytest.mark.parametrize("special", [None, np.inf, np.nan, 0.0, 2.0**127])
+def test_complex_division_reads_packed(monkeypatch, n, special):
+    """x / y of two complex programs' words (cdw_div reads each as one buffer, its
+    low words half a buffer further, and writes one packed output), padded (n = 5)
+    or not, with an Inf, NaN or zero divisor part (float32's rule there) or a huge
+    one (2^127: scaled, no overflow): the bits of the two-array reads; the value
+    numpy's complex128 quotient of the exact operands to 2^-44 where finite."""
+    rng = np.random.default_rng(25)
+    a = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(np.complex64)
+    b = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(np.complex64)
+    if special is not None:
+        b[2] = special
+    A, B = mx.array(a), mx.array(b)
+
+    def fn(x, y):
+        return ((x * 1.5 + 0.25) / (y * 0.75 - 1j)) * 2.0
+
+    out, reads = _both(fn, monkeypatch, A, B)
+    assert reads >= (1 if n >= 8 else 0)
+    _same_bits(out)
+    a64, b64 = a.astype(np.complex128), b.astype(np.complex128)
+    with np.errstate(all="ignore"):
+        ref = ((a64 * 1.5 + 0.25) / (b64 * 0.75 - 1j)) * 2.0
+    got = out[0][1]
+    rule = special is not None and special != 2.0**127  # float32's rule applies there
+    fine = np.isfinite(ref)
+    fine[2] = not rule
+    # (a quotient by 2^127 lands among float32's subnormals, which Apple GPUs and the
+    # emulator flush to zero: absolute 2^-125 there, both parts)
+    assert np.all(np.abs(got[fine] - ref[fine]) <= 2.0**-44 * np.abs(ref[fine]) + 2.0**-125)
+    if rule:  # float32's quotient of the high words there
+        with np.errstate(all="ignore"):
+            plain = np.array(fn(A, B))
+        for part in (np.real, np.imag):
+            g, p = part(np.array(got[2], np.complex64)), part(plain[2])
+            assert (np.isnan(g) and np.isnan(p)) or g == p, (g, p)
