@@ -11,7 +11,10 @@ kernels read.
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
+import numpy as np
 
 from ..core.kernels import (Codes, Kernel, generated_block, per_element_of_first_input,
                             same_shape)
@@ -100,3 +103,11 @@ of its buffer: packed words are one buffer passed twice), ``at`` int32 (8,) with
 high words, then the low words: packed), ``special`` bool (n,): where float32's
 rule for special operands applies (the quotient's high word is then the caller's).
 Grid: one thread per point."""
+
+
+@functools.lru_cache(maxsize=256)
+def offsets(*values: int) -> mx.array:
+    """An ``at`` input of :data:`CDW_DIV` and ``dw_math`` (int32, 8 values: a device
+    buffer): the offsets of low words in their buffers and the output's, made once
+    per values (data: no graph node)."""
+    return mx.array(np.array(values + (0,) * (8 - len(values)), np.int32))

@@ -49,10 +49,10 @@ import mlx.core as mx
 import numpy as np
 
 from . import engine64, fusion
+from .dw_kernels import offsets
 from .types import DoubleWord
 from ..core import backends, jit
-from ..core.kernels import (Codes, Kernel, generated_block, per_element_of_first_input,
-                            same_shape)
+from ..core.kernels import Codes, Kernel, generated_block
 
 F32, C64, F64 = mx.float32, mx.complex64, mx.float64
 
@@ -83,19 +83,21 @@ DW_MATH = Kernel(
     name="dw_math",
     body="dw_math.metal",
     headers=("dw_math.h",),
-    inputs=_IN,
+    inputs=_IN + ("at",),
     outputs=("z",),
     template=("FN",),
     codes={"FN": FN},
-    input_dtypes={k: (F32,) for k in _IN},
-    input_shapes=same_shape(ndim=1),
-    grid=per_element_of_first_input,
+    input_dtypes={**{k: (F32,) for k in _IN}, "at": (mx.int32,)},
+    input_forms={"at": ("device",)},  # (dw_kernels.offsets: 8 values)
     extended=True,
     variants={"z": (F32,)},
 )
 """Elementwise double-word function ``FN`` (a name or code of :data:`FN`). Inputs
-``ah, al, bh, bl``: float32, shape ``(n,)``: the first operand ``a = (ah, al)`` and
-the second ``b = (bh, bl)`` (``y`` of power / arctan2; unary functions ignore it).
+``ah, al, bh, bl``: float32, n words each, read flat: the first operand ``a = (ah,
+al)`` and the second ``b = (bh, bl)`` (``y`` of power / arctan2; unary functions
+ignore it), their low words at the offsets ``at[0]``, ``at[1]`` of al, bl (packed
+words: one buffer passed as both); ``at``: int32 (8,), ``at[2] = n``
+(:func:`~mlx_precise.doubleword.dw_kernels.offsets`).
 Output ``z`` (shape ``(2 n,)``): the result's high words, then its low words
 (packed words). Complex exp (``cexp``) reads the interleaved (re, im) words of
 n / 2 points from ``ah, al`` and writes the result's likewise (a grid of n / 2
@@ -328,22 +330,30 @@ def _cexp(x: DoubleWord, backend: str, stream) -> DoubleWord:
         z = mx.zeros(shape, mx.complex64)
         return DoubleWord(z, z)
     words = fusion.words_of(x)  # the floats a kernel wrote, read as they are
-    flat = ([_RESHAPE(w, -1) for w in words] if words is not None
-            else [_VIEW(_RESHAPE(w, -1), F32) for w in (x.hi, x.lo)])
-    zh, zl = _dw_math("cexp", flat, size, backend, stream)
+    z = None if words is None else fusion.packed(*words)
+    if z is not None:  # one buffer, the low words half of it further
+        zh, zl = _dw_math("cexp", [z, z], size, backend, stream, lo_at=z.size // 2)
+    else:
+        flat = ([_RESHAPE(w, -1) for w in words] if words is not None
+                else [_VIEW(_RESHAPE(w, -1), F32) for w in (x.hi, x.lo)])
+        zh, zl = _dw_math("cexp", flat, size, backend, stream)
     hi, lo = (_RESHAPE(_VIEW(w, C64), shape) for w in (zh, zl))
     fusion.note_parts(hi, lo, (zh, zl))  # a program reads the words as written
     return DoubleWord(hi, lo)
 
 
-def _dw_math(fn: str, flat: list, threads: int, backend: str, stream):
+def _dw_math(fn: str, flat: list, threads: int, backend: str, stream, lo_at: int = 0):
     """The flat result words (zh, zl) of one ``dw_math`` launch with ``threads``
-    threads over the flat float32 inputs ``flat`` (a's words, or a's and b's): the
-    halves of its packed output (recorded as such)."""
-    if len(flat) == 2:
+    threads over the float32 inputs ``flat`` (a's words, or a's and b's, read flat;
+    ``lo_at``: a's low words at that offset of their buffer, which is then the
+    packed words, a's high words too): the halves of its packed output (recorded
+    as such)."""
+    unary = len(flat) == 2
+    if unary:
         flat = flat + flat  # the kernel ignores b: no second buffer needed
-    n = flat[0].size
-    (z,) = DW_MATH(inputs=flat, template={"FN": FN[fn]}, grid=(threads, 1, 1),
+    n = flat[0].size - lo_at
+    at = offsets(lo_at, lo_at if unary else 0, n)
+    (z,) = DW_MATH(inputs=flat + [at], template={"FN": FN[fn]}, grid=(threads, 1, 1),
                    threadgroup=(min(threads, 256), 1, 1), output_shapes=[(2 * n,)],
                    output_dtypes=[F32], backend=backend, stream=stream)
     return fusion.unpacked(z, (n,))

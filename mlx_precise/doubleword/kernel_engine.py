@@ -5,7 +5,6 @@ underflows (:func:`arith_kernels`)."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import mlx.core as mx
@@ -13,7 +12,7 @@ import numpy as np
 
 from ..core import backends
 from . import fusion
-from .dw_kernels import CDW_DIV, CDW_OPS, DW_OPS
+from .dw_kernels import CDW_DIV, CDW_OPS, DW_OPS, offsets
 from .types import DoubleWord, as_complex, combine, real_imag
 
 
@@ -45,13 +44,6 @@ def _complex_words(x: DoubleWord, shape: tuple) -> tuple[mx.array, mx.array, int
             return z, z, z.size // 2
         return _RESHAPE(words[0], -1), _RESHAPE(words[1], -1), 0
     return (*(_VIEW(_flat8(a, shape), mx.float32) for a in (x.hi, x.lo)), 0)
-
-
-@functools.lru_cache(maxsize=256)
-def _offsets(x_at: int, y_at: int, z_at: int) -> mx.array:
-    """The ``at`` input of :data:`.dw_kernels.CDW_DIV` (int32, 8 values: a device
-    buffer), made once per offsets (data: no graph node)."""
-    return mx.array(np.array([x_at, y_at, z_at, 0, 0, 0, 0, 0], np.int32))
 
 
 def _launch(kernel, op: str, words: list[mx.array], n_out: int, backend: str, stream):
@@ -109,7 +101,7 @@ def _complex_div(x: DoubleWord, y: DoubleWord, backend: str, stream) -> DoubleWo
     n = max(size, 8)
     # the words are float32, 8 elements at least (_complex_words): the declaration
     # holds by construction, so the launch skips the per-call checks
-    z, special = CDW_DIV.unchecked(inputs=[xh, xl, yh, yl, _offsets(x_at, y_at, 2 * n)],
+    z, special = CDW_DIV.unchecked(inputs=[xh, xl, yh, yl, offsets(x_at, y_at, 2 * n)],
                                    template=None, grid=(size, 1, 1),
                                    threadgroup=(min(size, 256), 1, 1),
                                    output_shapes=[(4 * n,), (n,)],

@@ -14,7 +14,7 @@ import pytest
 from mlx_precise.core.kernels import METAL_DIR
 from mlx_precise.doubleword import dw_kernels, fusion
 from mlx_precise.doubleword import functions as dwmath
-from mlx_precise.doubleword.dw_kernels import CDW_OP, CDW_OPS, DW_OP, DW_OPS
+from mlx_precise.doubleword.dw_kernels import CDW_OP, CDW_OPS, DW_OP, DW_OPS, offsets
 from mlx_precise.esc import engine as esc_engine
 from mlx_precise.fixedpoint import qformat
 from mlx_precise.int8 import engine as int8_engine
@@ -202,7 +202,8 @@ def test_each_function_code_computes_its_function(fn):
     two = fn == "cexp"  # complex words: X + iY interleaved
     a = np.stack([X, Y], axis=-1).reshape(-1) if two else X
     (z,) = dwmath.DW_MATH(
-        inputs=[_f32(a), _f32(np.zeros_like(a)), _f32(a if two else Y), _f32(0 * a)],
+        inputs=[_f32(a), _f32(np.zeros_like(a)), _f32(a if two else Y), _f32(0 * a),
+                offsets(0, 0, a.size)],
         template={"FN": fn}, output_shapes=[(2 * a.size,)], output_dtypes=[mx.float32],
         grid=(X.size, 1, 1), threadgroup=(X.size, 1, 1), backend="emulate")
     words = np.array(z, np.float64).reshape(2, -1)  # packed: the high words, the low
