@@ -107,7 +107,10 @@ def _complex_div(x: DoubleWord, y: DoubleWord, backend: str, stream) -> DoubleWo
                                    output_shapes=[(4 * n,), (n,)],
                                    output_dtypes=[mx.float32, mx.bool_],
                                    backend=backends.of(backend), stream=stream)
-    zh, zl = (_RESHAPE(_VIEW(a if n == size else _INDEX(a, slice(2 * size)), mx.complex64),
-                       shape) for a in fusion.unpacked(z, (2 * n,)))
-    return DoubleWord(_WHERE(_RESHAPE(_INDEX(special, slice(size)), shape),
-                             _DIVIDE(x.hi, y.hi), zh), zl)
+    zh, zl = (a if n == size else _INDEX(a, slice(2 * size)) for a in fusion.unpacked(z, (2 * n,)))
+    hi = _WHERE(_RESHAPE(_INDEX(special, slice(size)), shape), _DIVIDE(x.hi, y.hi),
+                _RESHAPE(_VIEW(zh, mx.complex64), shape))
+    lo = _RESHAPE(_VIEW(zl, mx.complex64), shape)
+    if shape:  # a kernel reads the low words as written (the high: a view of the select)
+        fusion.note_parts(hi, lo, (_VIEW(hi, mx.float32), zl))
+    return DoubleWord(hi, lo)

@@ -366,7 +366,10 @@ def _rows_of_words(x, ax: int, n: int, rows: int) -> tuple | None:
 def _rows_of_pairs(w: mx.array, shape: tuple, perm: list, n: int, rows: int) -> mx.array:
     """float32 (rows, 2n) rows of complex words of ``shape`` held as float32 (re, im)
     pairs ``w`` (any shape of that size): one transpose by ``perm`` of them as
-    (..., m, 2), m fitted to n, and a reshape (:func:`_rows_of_words`)."""
+    (..., m, 2), m fitted to n, and a reshape (:func:`_rows_of_words`); where
+    neither is needed, the reshape alone."""
+    if shape[-1] == n and perm == sorted(perm):
+        return w.reshape(rows, 2 * n)
     a = w.reshape(tuple(shape) + (2,))
     if perm != sorted(perm):
         a = a.transpose(perm)

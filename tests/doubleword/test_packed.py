@@ -367,7 +367,8 @@ def test_moved_words_on_the_metal_path():
 @pytest.mark.parametrize("special", [None, np.inf, np.nan, 0.0, 2.0**127])
 def test_complex_division_reads_packed(monkeypatch, n, special):
     """x / y of two complex programs' words (cdw_div reads each as one buffer, its
-    low words half a buffer further, and writes one packed output), padded (n = 5)
+    low words half a buffer further, and writes one packed output, whose low words
+    the next program reads as written), padded (n = 5)
     or not, with an Inf, NaN or zero divisor part (float32's rule there) or a huge
     one (2^127: scaled, no overflow): the bits of the two-array reads; the value
     numpy's complex128 quotient of the exact operands to 2^-44 where finite."""
@@ -384,6 +385,12 @@ def test_complex_division_reads_packed(monkeypatch, n, special):
     out, reads = _both(fn, monkeypatch, A, B)
     assert reads >= (1 if n >= 8 else 0)
     _same_bits(out)
+    # the quotient's low words read as cdw_div wrote them: the bits of its complex view
+    monkeypatch.setattr(fusion, "packed", _PACKED)
+    monkeypatch.setattr(fusion, "note_parts", lambda *a, **k: None)
+    with mp.use_backend("emulate"), mp.extended_precision(strict=True):
+        y = fn(A, B)
+        _same_bits([out[0], (_bits(y), _value(y))])
     a64, b64 = a.astype(np.complex128), b.astype(np.complex128)
     with np.errstate(all="ignore"):
         ref = ((a64 * 1.5 + 0.25) / (b64 * 0.75 - 1j)) * 2.0
