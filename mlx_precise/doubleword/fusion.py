@@ -656,6 +656,10 @@ def part(w: DoubleWord, k: int) -> DoubleWord | None:
     entry = _entry(w) if w.is_complex and w._lo is not None else None
     if entry is None or entry[4] is None:
         return None
+    z = packed(*entry[4]) if entry[5] is None and w.ndim else None
+    if z is not None and tuple(z.shape) == packed_shape(tuple(w.shape[:-1]) + (2 * w.shape[-1],)):
+        # the pairs along the last axis as written: the part is every other float
+        return DoubleWord(*unpacked(_INDEX(z, (..., slice(k, None, 2))), tuple(w.shape)))
     p, index = _part_words(w, False), (..., k)
     if type(p) is _PackedLeaf:
         return DoubleWord(*unpacked(_INDEX(p.expr.leaves[0], index), tuple(w.shape)))
