@@ -35,7 +35,7 @@ def _swaps_last_two(ndim: int, perm) -> bool:
     return ndim >= 2 and [int(p) % ndim for p in perm] == [*range(ndim - 2), ndim - 1, ndim - 2]
 
 
-def _SAME(z):
+def _same(z):
     return z
 
 
@@ -62,7 +62,7 @@ def noting_transposes(rule, permutation):
             out = original(x, *args, **kw)
         key, alias, lo = id(out), _COPY(x), low_word(x)
         if lo is not None and fusion.has_packed(x, lo):  # x's packed words: the alias's
-            fusion.note_moved(alias, lo, x, lo, _SAME)
+            fusion.note_moved(alias, lo, x, lo, _same)
         _transposes[key] = (weakref.ref(out, lambda _: _transposes.pop(key, None)),
                             ctx.report, (alias, lo))
         return out

@@ -354,7 +354,8 @@ RULES = {
     "concatenate": _words(listed=True), "stack": _words(listed=True),
     "broadcast_arrays": _each, "meshgrid": _each, "depends": _depends,
     "slice_update": _update(0, 1), "put_along_axis": _update(0, 2),
-    "array.__getitem__": _packing(_words(), _indexed, _plain_index), "array.__setitem__": _setitem, "array.__iter__": _iter,
+    "array.__getitem__": _packing(_words(), _indexed, _plain_index),
+    "array.__setitem__": _setitem, "array.__iter__": _iter,
 }
 """Op name -> rule (``fft.`` / ``array.`` prefixes: ``mx.fft`` functions and
 ``mx.array``-only methods)."""
