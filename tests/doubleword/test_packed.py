@@ -407,3 +407,40 @@ def test_complex_division_reads_packed(monkeypatch, n, special):
         for part in (np.real, np.imag):
             g, p = part(np.array(got[2], np.complex64)), part(plain[2])
             assert (np.isnan(g) and np.isnan(p)) or g == p, (g, p)
+
+
+def test_moved_words_after_in_place_updates(monkeypatch):
+    """A moved array updated in place, and the source of another updated after the
+    move: the next kernel reads the updated words (the packed record of a moved
+    array holds only with the very low words it was made with, and is made from its
+    source's packed words only while those hold), with the bits of the two-array
+    reads and numpy's float64 value."""
+
+    def fn(x, w):
+        y = x * 1.5                      # packed
+        v = y.reshape(6, 40)             # recorded as a reshape of y's packed words
+        v[0] = 5.0                       # v updated in place: its record no longer holds
+        u = y[:, 1:3]                    # recorded from y's packed words
+        y += 0.25                        # y updated after the move: u is the old value
+        return v * 2.0 + 1.0, u * 3.0, y / 3
+
+    def ref(x):
+        y = x * 1.5
+        v = y.reshape(6, 40).copy()
+        v[0] = 5.0
+        u = y[:, 1:3]
+        return [v * 2.0 + 1.0, u * 3.0, (y + 0.25) / 3]
+
+    x = _f32(26, (4, 6, 10))
+    outs = []
+    for packed_on in (True, False):
+        monkeypatch.setattr(fusion, "packed", _PACKED if packed_on else lambda h, l: None)
+        with mp.use_backend("emulate"), mp.extended_precision(strict=True) as rep:
+            ys = fn(x, None)
+            outs.append([(_bits(y), _value(y)) for y in ys])
+        assert not rep.float32
+    for (b1, v1), (b2, _) in zip(*outs):
+        for a, b in zip(b1, b2):
+            np.testing.assert_array_equal(a, b)
+    for (_, got), want in zip(outs[0], ref(np.array(x).astype(np.float64))):
+        assert np.max(np.abs(got - want)) <= 1e-12 * np.max(np.abs(want))
