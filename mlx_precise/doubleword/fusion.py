@@ -666,6 +666,14 @@ def part(w: DoubleWord, k: int) -> DoubleWord | None:
     return DoubleWord(_INDEX(p.hi, index), _INDEX(p.lo, index))
 
 
+def packed_words(w: DoubleWord) -> mx.array | None:
+    """The packed array of the floats a kernel wrote for the complex words of ``w``
+    (:func:`words_of` and :func:`packed`: the (re, im) pairs in w's row-major order,
+    the high words' then the low words'), or None."""
+    words = words_of(w)
+    return None if words is None else packed(*words)
+
+
 def rows_of(w: DoubleWord) -> tuple | None:
     """``(words hi, words lo, shape, axes)``: the float32 words a kernel wrote that
     the complex words of ``w`` view, holding the complex array of ``shape`` whose
@@ -1413,8 +1421,7 @@ def _conj_parts(y: DoubleWord, shape: tuple) -> mx.array | None:
     z = packed(y.hi, y._lo)
     if z is not None:
         return _parts(_CONJUGATE(z))
-    words = words_of(y)
-    z = None if words is None else packed(*words)
+    z = packed_words(y)
     if z is None:
         return None
     return _VIEW(_CONJUGATE(_VIEW(_RESHAPE(z, packed_shape(shape)), _C64)), F32)

@@ -411,11 +411,7 @@ def _kernel(a: DoubleWord, b: DoubleWord, d: DoubleWord | None, sa: tuple, sb: t
     za, zb = (None, None) if d is not None else (_packed(a), _packed(b))
     key = (sa, sb, sd, batch, out, transposed, a.is_complex, b.is_complex, cx,
            _lows(a, za), _lows(b, zb), None if d is None else _stores_lo(d))
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS[key] = _gemm_plan(*key)
-        if len(_PLANS) > _PLAN_CACHE:
-            _PLANS.pop(next(iter(_PLANS)), None)
+    plan = _planned(key, _gemm_plan, key)
     if plan is None:  # an empty result
         z = mx.zeros(out, C64 if cx else F32)
         return DoubleWord(z, mx.zeros_like(z))
@@ -459,11 +455,7 @@ def strided_matmul(a: DoubleWord, b: DoubleWord, *, batch: tuple, m: tuple, n: t
     za, zb = _packed(a), _packed(b)
     key = ("strided", batch, m, n, k, shape, a.is_complex, b.is_complex, _lows(a, za),
            _lows(b, zb))
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS[key] = _strided_plan(*key[1:])
-        if len(_PLANS) > _PLAN_CACHE:
-            _PLANS.pop(next(iter(_PLANS)), None)
+    plan = _planned(key, _strided_plan, key[1:])
     if plan is None:  # an empty result
         z = mx.zeros(shape, C64 if cx else F32)
         return DoubleWord(z, mx.zeros_like(z))
@@ -495,10 +487,7 @@ def _packed(x: DoubleWord) -> mx.array | None:
     None."""
     if x._lo is None:
         return None
-    if not x.is_complex:
-        return fusion.packed(x.hi, x._lo)
-    words = fusion.words_of(x)
-    return None if words is None else fusion.packed(*words)
+    return fusion.packed_words(x) if x.is_complex else fusion.packed(x.hi, x._lo)
 
 
 def _lows(x: DoubleWord, z: mx.array | None):
@@ -508,8 +497,18 @@ def _lows(x: DoubleWord, z: mx.array | None):
     return z.size // 2 if z is not None else _stores_lo(x)
 
 
-_PLANS: dict = {}  # _kernel's / window_matmul's key -> its plan (the oldest entry first out)
+_PLANS: dict = {}  # the launchers' keys -> their plans (the oldest entry first out)
 _PLAN_CACHE = 1024
+
+
+def _planned(key: tuple, build, args: tuple):
+    """The plan of ``key`` (:data:`_PLANS`), made by ``build(*args)`` on a miss."""
+    plan = _PLANS.get(key, _PLANS)
+    if plan is _PLANS:
+        plan = _PLANS[key] = build(*args)
+        if len(_PLANS) > _PLAN_CACHE:
+            _PLANS.pop(next(iter(_PLANS)), None)
+    return plan
 
 
 def _stores_lo(x: DoubleWord) -> bool:
@@ -639,11 +638,7 @@ def window_matmul(signal: DoubleWord, b: DoubleWord, *, taps: int, channels: int
     key = (taps, channels, rows, cols, tuple(window), tuple(a_strides), tuple(b_strides),
            tuple(c_strides), tuple(tuple(x.items()) for x in dims), tuple(shape),
            None if crop is None else tuple(crop), _lows(signal, za), _lows(b, zb))
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS[key] = _window_plan(*key)
-        if len(_PLANS) > _PLAN_CACHE:
-            _PLANS.pop(next(iter(_PLANS)), None)
+    plan = _planned(key, _window_plan, key)
     return DoubleWord(*_run(plan, signal, b, None, backends.resolve(backend), stream, za, zb))
 
 
