@@ -33,6 +33,9 @@
 //   DWF_OP_ABS    r[dst] = |r[x]| (exact: the sign of a normalised value is its
 //                 high word's)
 //   DWF_OP_MAX, DWF_OP_MIN  r[dst] = max / min(r[x], r[y]) (dwf_extremum: exact)
+//   DWF_OP_PART   r[dst] = r[x] where the array's last index is 0, else r[y]: over
+//                 the parts axis (re, im) of complex words, the real part's value x
+//                 and the imaginary part's y (a complex constant, i y = (-y_im, y_re))
 // Each operation is the one the single-operation kernels (dw_ops.metal,
 // dw_math.metal) run, so a fused chain gives the bits of the unfused one.
 #pragma once
@@ -50,7 +53,8 @@ constant constexpr int DWF_OP_FN = 7;
 constant constexpr int DWF_OP_ABS = 8;
 constant constexpr int DWF_OP_MAX = 9;
 constant constexpr int DWF_OP_MIN = 10;
-constant constexpr int DWF_OP_COUNT = 11;
+constant constexpr int DWF_OP_PART = 11;
+constant constexpr int DWF_OP_COUNT = 12;
 constant constexpr int DWF_SLOTS = 12;
 constant constexpr int DWF_REGISTERS = 8;
 constant constexpr int DWF_MAX_NDIM = 8;
@@ -184,6 +188,8 @@ METAL_FUNC dw dwf_eval(thread const dwf_slots& s, thread const int* idx,
       z = dw_make(metal::abs(r[x].hi), r[x].hi < 0.0f ? -r[x].lo : r[x].lo);
     } else if (op == DWF_OP_MAX || op == DWF_OP_MIN) {
       z = dwf_extremum(r[x], r[y], op == DWF_OP_MAX);
+    } else if (op == DWF_OP_PART) {
+      z = idx[prog[DWF_PROG_NDIM] - 1] == 0 ? r[x] : r[y];
     } else if (MATH && op == DWF_OP_FN) {
       z = dwf_math<MATH>::apply(ins[4], r[x], r[y]);
     } else {

@@ -57,7 +57,7 @@ from .types import DoubleWord
 F32, _C64 = mx.float32, mx.complex64
 
 OP = Codes("DWF_OP", ("load", "const", "neg", "add", "sub", "mul", "div", "fn", "abs", "max",
-                      "min"))
+                      "min", "part"))
 """Operation codes of a ``dw_fused`` program (``metal/include/dw_fused.h``)."""
 
 LIMITS = Constants("DWF", {"slots": 12, "registers": 8, "max_ndim": 8,
@@ -173,7 +173,8 @@ def _program_kernel_for(kind: str, leaves: int, math_: bool) -> Kernel:
     return PROGRAM_KERNELS[(kind, slots, math_)]
 
 
-_LOAD, _CONST, _NEG, _SUB, _FN = OP["load"], OP["const"], OP["neg"], OP["sub"], OP["fn"]
+_LOAD, _CONST, _NEG, _SUB, _FN, _PART = (OP["load"], OP["const"], OP["neg"], OP["sub"],
+                                         OP["fn"], OP["part"])
 _BINARY = {name: OP[name] for name in ("add", "sub", "mul", "div")}
 # Operations exact on the words (|x|, max, min), which MLX differentiates through the
 # flow's word ops; a chain replayed for MLX's autodiff never holds them (apply).
@@ -296,7 +297,7 @@ _ASTYPE = mx.array.astype  # MLX's own (to the same dtype: an alias, no graph no
 # the flow's stand-ins): the engine calls them on words, where a stand-in would only
 # check that no block report is open and call these (the same nodes, host time).
 _RESHAPE, _VIEW, _INDEX = mx.array.reshape, mx.array.view, mx.array.__getitem__
-_TRANSPOSE, _CONJUGATE, _PAD = mx.array.transpose, mx.conj, mx.pad
+_TRANSPOSE, _PAD = mx.array.transpose, mx.pad
 _BROADCAST_TO = mx.broadcast_to
 
 
@@ -712,7 +713,7 @@ def _entry(w: DoubleWord) -> tuple | None:
 def expression(w: DoubleWord) -> Expr | None:
     """The expression of ``w``: the one recorded with its words, else ``w`` as a leaf
     (float32 words only; None for complex words)."""
-    if type(w) is _Deferred or type(w) is _PackedLeaf:
+    if type(w) in _EXPR_WORDS:
         return w.expr
     hi = w.hi
     if hi.dtype != F32:
@@ -1274,9 +1275,6 @@ class _PackedLeaf(_ExprWords):
         return planes(self.expr.leaves[0], self.expr.shape)
 
 
-_NOT_WORDS = (Expr, _Deferred, _PackedLeaf)  # apply's operands that are not launched words
-
-
 # ---- complex words: their parts as a trailing axis ------------------------------------
 # The complex operations that act on the real and the imaginary part alike (x + y,
 # x - y, -x, and a product or quotient by a real factor) run as real programs over
@@ -1331,6 +1329,8 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
                       _PAD(_INDEX(a, _AXIS), [(0, 0)] * a.ndim + [(0, 1)]) for a in (hi, lo))
         return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
     entry = _entry(w)
+    if entry is not None and entry[2] is not None and _held(entry[2]):
+        return _ConstParts(entry[2], lambda: entry[4])  # (note_complex_constant)
     if entry is not None and entry[4] is not None and entry[5] is not None:
         # a kernel's words in another layout (a transform's rows): one transpose of
         # them as (..., 2) parts (where the complex view needed a move and a copy)
@@ -1359,29 +1359,76 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
     return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
 
 
-def _constant_parts(w: DoubleWord) -> DoubleWord | None:
+def _constant_parts(w: DoubleWord) -> "_ConstParts | None":
     """The parts (c, +0) of a real constant ``w`` (:func:`note_constant`: 0-d words
-    c = hi + lo) as data, float32 (2,) words made once per constant (no graph
-    node, where the pad of its words makes two per word); None for other ``w``."""
+    c = hi + lo) held by the program (:func:`lanes`: no array is read, where the
+    pad of its words makes two graph nodes per word); None for other ``w``."""
     e = expression(w)
     if e is None or e.leaves or len(e.code) != 1 or e.code[0][0] != _CONST:
         return None
     key = e.code[0][1:3]
-    parts = _CONSTANT_PARTS.get(key)
-    if parts is None:
-        hi, lo = np.array(key, np.int32).view(np.float32)
-        parts = tuple(mx.array(np.array([v, 0.0], np.float32)) for v in (hi, lo))
-        _cache(_CONSTANT_PARTS, key, parts)
-    return DoubleWord.of_words(*parts)
+
+    def data():  # the parts as float32 (2,) words, made once per constant
+        parts = _CONSTANT_PARTS.get(key)
+        if parts is None:
+            hi, lo = np.array(key, np.int32).view(np.float32)
+            parts = tuple(mx.array(np.array([v, 0.0], np.float32)) for v in (hi, lo))
+            _cache(_CONSTANT_PARTS, key, parts)
+        return parts
+
+    return _ConstParts(lanes(e, Expr.constant(0.0, 0.0)), data)
 
 
 _CONSTANT_PARTS: dict = {}  # the int32 bits of a constant's words -> its parts' words
 
 
-def _conj(w: DoubleWord) -> DoubleWord:
-    """conj(w) (exact: the imaginary words change sign)."""
-    hi = _CONJUGATE(w.hi)
-    return DoubleWord.exact(hi) if w._lo is None else DoubleWord(hi, _CONJUGATE(w._lo))
+def lanes(re: Expr, im: Expr) -> Expr:
+    """The expression over the parts axis (the last) whose real part is ``re`` and
+    imaginary part ``im`` (expressions broadcast over it; two constants: a complex
+    constant held by the program): one exact select (:data:`OP` part)."""
+    e = _compose(_PART, 0, [re, im])
+    return Expr(e.leaves, e.prog, _broadcast((e.shape, (2,))))
+
+
+def note_complex_constant(hi: mx.array, lo: mx.array, parts: tuple, re: tuple,
+                          im: tuple) -> None:
+    """Record that the 0-d complex64 words ``hi``, ``lo`` are the constant whose real
+    and imaginary parts have the words ``re``, ``im`` (host floats), its parts the
+    float32 (2,) words ``parts`` (:func:`note_parts`): a program holds the constant
+    (:func:`lanes`) instead of reading its parts."""
+    if not _traced.get():
+        _remember(hi, lo, lanes(Expr.constant(*re), Expr.constant(*im)), tuple(parts))
+
+
+def _held(e: Expr) -> bool:
+    """``e`` is :func:`lanes` of two constants."""
+    code = e.code
+    o, x, y, _ = code[e.prog.root]
+    return o == _PART and code[x][0] == _CONST and code[y][0] == _CONST
+
+
+class _ConstParts(_ExprWords):
+    """The parts (2,) of a constant, held by the program (``expr``: :func:`lanes` of
+    two constants); the float32 words ``data()`` made only where something reads
+    them."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, expr: Expr, data):
+        self.expr, self._data, self._words, self.wide = expr, data, None, None
+
+    def _make(self) -> tuple:
+        return self._data()
+
+    def halves(self) -> tuple[Expr, Expr]:
+        """The real and the imaginary part, as constants."""
+        code = self.expr.code
+        _, x, y, _ = code[self.expr.prog.root]
+        return tuple(Expr((), _intern((code[k],), 0, False), ()) for k in (x, y))
+
+
+_EXPR_WORDS = (_Deferred, _PackedLeaf, _ConstParts)  # words known by their expression
+_NOT_WORDS = (Expr, *_EXPR_WORDS)  # apply's operands that are not launched words
 
 
 def _cut(w: DoubleWord, index) -> Expr:
@@ -1395,6 +1442,8 @@ def _halves(w: DoubleWord) -> tuple[Expr, Expr]:
     as leaves: a slice each (two nodes of one output cost MLX's replay of a
     compiled graph less than one split of two outputs); of packed words
     (:class:`_PackedLeaf`), a slice of their packed array each, read packed."""
+    if type(w) is _ConstParts:
+        return w.halves()
     lo = w._lo
     z = (w.expr.leaves[0] if type(w) is _PackedLeaf
          else None if lo is None else packed(w.hi, lo))
@@ -1411,36 +1460,42 @@ _PARTS = ((..., slice(0, 1)), (..., slice(1, 2)))  # the real and the imaginary 
 _SWAP = (..., slice(None, None, -1))
 
 
-def _conj_parts(y: DoubleWord, shape: tuple) -> mx.array | None:
-    """The parts (..., 2) of conj(y) for both words at once, packed (:func:`packed_shape`
-    of ``shape``, y's parts shape): one conjugate of y's packed complex words (a
-    transform's), or of the packed floats a kernel wrote (:func:`note_parts`) seen
-    as complex (..., 1); None where neither is known."""
-    if y._lo is None:
-        return None
-    z = packed(y.hi, y._lo)
-    if z is not None:
-        return _parts(_CONJUGATE(z))
-    z = packed_words(y)
-    if z is None:
-        return None
-    return _VIEW(_CONJUGATE(_VIEW(_RESHAPE(z, packed_shape(shape)), _C64)), F32)
+def _swapped(y: DoubleWord, vp: DoubleWord) -> Expr:
+    """The parts (..., 2) of complex ``y`` reversed, (y_im, y_re), as a leaf: a view
+    of y's packed words (a transform's complex words, or the floats a kernel wrote:
+    :func:`note_parts`) where they are known, else of its parts' words ``vp``
+    (:func:`_part_words`)."""
+    z = None
+    if y._lo is not None:
+        z = packed(y.hi, y._lo)
+        if z is not None:
+            z = _parts(z)
+        else:
+            z = packed_words(y)
+            if z is not None:
+                z = _RESHAPE(z, packed_shape(tuple(vp.shape)))
+    if z is None and type(vp) is _PackedLeaf:
+        z = vp.expr.leaves[0]
+    if z is not None:  # (packed parts hold 8 floats or more: the parts axis is not the first)
+        return Expr.packed_leaf(_INDEX(z, _SWAP), tuple(vp.shape))
+    return _cut(vp, _SWAP)
 
 
 def _complex_product(x: DoubleWord, y: DoubleWord) -> Expr | None:
     """The expression of the complex product x y as cdw_mul computes it, over the
-    parts axis: part p is ``dw_mul(x_re, y_p) + dw_mul(x_im, c_p)`` with c =
-    (-y_im, y_re), the parts of conj(y) reversed (a view): ``x_re y_re - x_im y_im``
-    (dw_sub of the two products; dw_mul(a, -b) is -dw_mul(a, b) exactly, RN being
-    symmetric) and ``x_re y_im + x_im y_re`` (dw_add). None where the shapes do not
-    broadcast."""
+    parts axis: part p is ``dw_mul(x_re, y_p) + dw_mul(x_im, c_p)`` with c = i y =
+    (-y_im, y_re), y's parts reversed (a view) and the real part negated (exact, the
+    words of conj(y) reversed): ``x_re y_re - x_im y_im`` (dw_sub of the two
+    products; dw_mul(a, -b) is -dw_mul(a, b) exactly, RN being symmetric) and
+    ``x_re y_im + x_im y_re`` (dw_add). None where the shapes do not broadcast."""
     xp, vp = _part_words(x, False), _part_words(y, False)
     x_re, x_im = _halves(xp)
-    zc = _conj_parts(y, vp.shape)
-    if zc is not None:  # conj of both words at once (their packed array)
-        c = Expr.packed_leaf(_INDEX(zc, _SWAP), vp.shape)
+    if type(vp) is _ConstParts:
+        y_re, y_im = vp.halves()
+        c = lanes(_compose(_NEG, 0, [y_im]), y_re)
     else:
-        c = _cut(_part_words(_conj(y), False), _SWAP)
+        r = _swapped(y, vp)
+        c = lanes(_compose(_NEG, 0, [r]), r)
     terms = [_compose(OP["mul"], 0, [x_re, expression(vp)]),
              _compose(OP["mul"], 0, [x_im, c])]
     return None if None in terms else _compose(OP["add"], 0, terms)
@@ -1611,6 +1666,7 @@ def _single_fn(name: str, code: int, arity: int, backend, stream):
 
 
 _FN_NAMES: dict[int, str] = {}  # DWM_FN code -> MLX's function (apply records them)
+_REAL_LANE = mx.array([True, False])  # the real part's lane of the parts axis
 _OP_NAMES = {code: name for name, code in _BINARY.items()}
 
 
@@ -1631,6 +1687,10 @@ def _replay(key: tuple, backend, stream):
                 v = DoubleWord(mx.array(hi), mx.array(lo))
             elif o == _NEG:
                 v = -vals[x]
+            elif o == _PART:  # (an exact select over the parts axis, the last)
+                a, b = vals[x], vals[y]
+                v = DoubleWord(*(mx.where(_REAL_LANE, p, q) for p, q in ((a.hi, b.hi),
+                                                                         (a.lo, b.lo))))
             elif o == _FN:
                 args = [vals[x]] + ([vals[y]] if y >= 0 else [])
                 v = DoubleWord(*_single_fn(_FN_NAMES[f], f, len(args), backend, stream)(

@@ -99,18 +99,26 @@ def _complex_div(x: DoubleWord, y: DoubleWord, backend: str, stream) -> DoubleWo
     xh, xl, x_at = _complex_words(as_complex(x), shape)
     yh, yl, y_at = _complex_words(y, shape)
     n = max(size, 8)
+    # the outputs declared in the quotient's shape (the interleaved words of each
+    # row along its last axis, packed), so no reshape views them; a short one in 8
+    floats = shape[:-1] + (2 * shape[-1],) if n == size else (2 * n,)
     # the words are float32, 8 elements at least (_complex_words): the declaration
     # holds by construction, so the launch skips the per-call checks
     z, special = CDW_DIV.unchecked(inputs=[xh, xl, yh, yl, offsets(x_at, y_at, 2 * n)],
                                    template=None, grid=(size, 1, 1),
                                    threadgroup=(min(size, 256), 1, 1),
-                                   output_shapes=[(4 * n,), (n,)],
+                                   output_shapes=[fusion.packed_shape(floats),
+                                                  shape if n == size else (n,)],
                                    output_dtypes=[mx.float32, mx.bool_],
                                    backend=backends.of(backend), stream=stream)
-    zh, zl = (a if n == size else _INDEX(a, slice(2 * size)) for a in fusion.unpacked(z, (2 * n,)))
-    hi = _WHERE(_RESHAPE(_INDEX(special, slice(size)), shape), _DIVIDE(x.hi, y.hi),
-                _RESHAPE(_VIEW(zh, mx.complex64), shape))
-    lo = _RESHAPE(_VIEW(zl, mx.complex64), shape)
+    zh, zl = fusion.unpacked(z, floats)
+    if n == size:
+        quotient, lo = _VIEW(zh, mx.complex64), _VIEW(zl, mx.complex64)
+    else:
+        zh, zl = (_INDEX(a, slice(2 * size)) for a in (zh, zl))
+        quotient, lo = (_RESHAPE(_VIEW(a, mx.complex64), shape) for a in (zh, zl))
+        special = _RESHAPE(_INDEX(special, slice(size)), shape)
+    hi = _WHERE(special, _DIVIDE(x.hi, y.hi), quotient)
     if shape:  # a kernel reads the low words as written (the high: a view of the select)
         fusion.note_parts(hi, lo, (_VIEW(hi, mx.float32), zl))
     return DoubleWord(hi, lo)

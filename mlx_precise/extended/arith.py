@@ -57,11 +57,13 @@ def constant(v) -> DoubleWord:
     word, as float32 arithmetic would (``wide``, the float64 value for cpu steps,
     is then that Inf too)."""
     if isinstance(v, (complex, np.complexfloating)):
-        hi, lo, re, im, parts = _complex_arrays(*scalar_key(v.real), *scalar_key(v.imag))
+        keys = (*scalar_key(v.real), *scalar_key(v.imag))
+        hi, lo, re, im, parts = _complex_arrays(*keys)
         out = DoubleWord.from_wide(hi, (re, im))
         out._lo = lo  # the parts' low words (none from the float64 value)
-        if backends.backend().has_kernels:  # the words' parts as data, for fused programs
-            fusion.note_parts(out.hi, out._lo, parts)
+        if backends.backend().has_kernels:  # fused programs hold it
+            fusion.note_complex_constant(out.hi, out._lo, parts, _split_scalar(*keys[:2])[:2],
+                                         _split_scalar(*keys[2:])[:2])
         return out
     hi, lo, value = _split_scalar(*scalar_key(v))
     words = _real_arrays(*scalar_key(v))

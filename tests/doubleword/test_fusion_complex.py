@@ -200,14 +200,12 @@ def _with_constants(c):
 
 
 def test_constants_enter_complex_programs_as_data():
-    """Python constants in a complex chain (a real one added, complex ones) enter
-    the program as their parts' words made once as data: on metal (lazy stand-in)
-    the chain is one launch whose graph has no Pad, ExpandDims, View or Reshape
-    for them (c's own parts: a Reshape and a View; the result: two Views; each
-    constant word: a Broadcast of its (2,) parts, as every leaf of fewer than 8
-    elements); on
-    emulate the bits are those of the unfused chain (the single-operation kernels),
-    whose values agree with mpmath."""
+    """Python constants in a complex chain (a real one added, complex ones) are held
+    by the program (each part a constant, selected by the parts axis: no array):
+    on metal (lazy stand-in) the chain is one launch whose graph has no Pad,
+    ExpandDims, Broadcast, View or Reshape for them (c's own parts: a Reshape and a
+    View; the result: two Views); on emulate the bits are those of the unfused
+    chain (the single-operation kernels), whose values agree with mpmath."""
     rng = np.random.default_rng(21)
     c = _dw(rng, (4, 8), True, special=False).hi
     mx.eval(c)
@@ -217,7 +215,7 @@ def test_constants_enter_complex_programs_as_data():
         g = graph_counts(y, low_word(y))
     assert g["launches"] == 1, g
     prims = g["by_primitive"]
-    assert not {"Pad", "ExpandDims"} & set(prims), prims
+    assert not {"Pad", "ExpandDims", "Broadcast"} & set(prims), prims
     assert prims.get("View") == 3 and prims.get("Reshape") == 1, prims
     out = []
     for fused in (True, False):
@@ -236,3 +234,83 @@ def test_constants_enter_complex_programs_as_data():
         got = complex(np.array(y).ravel()[k]), complex(np.array(low_word(y)).ravel()[k])
         err = abs(mpmath.mpc(got[0]) + mpmath.mpc(got[1]) - z)
         assert err <= 64 * U * U * abs(z) + 1e-300
+
+
+def _products(c, d, r):
+    """Complex products in a block: two programs' words (read packed), a program's
+    words by a complex constant and by i, a real array by a complex constant, and a
+    constant's product with a program."""
+    p = (c * 1.5 + 0.5) * (d * 0.5 - 1j)
+    return p * (0.75 - 2j) + (r * 2.0) * (1j - 0.5) + (1 + 1j) * (c * 0.25) * 1j
+
+
+@pytest.mark.parametrize("special", [False, True])
+def test_complex_products_in_a_block_have_the_kernels_bits(special):
+    """Complex products inside a block (each program forms i y from y's parts
+    reversed and the real one negated, constants held by the program): on emulate
+    the bits of the unfused chain (the cdw_ops kernels), Inf, NaN, signed zeros,
+    overflowing and tiny parts included, and mpmath's value to the chain's bound
+    where finite; on the metal path no Conjugate, Broadcast or Pad node."""
+    rng = np.random.default_rng(31)
+    c, d = (_dw(rng, (8, 16), True, special).hi for _ in range(2))
+    r = _dw(rng, (16,), False, special).hi
+    mx.eval(c, d, r)
+    out = []
+    for fused in (True, False):
+        with mp.use_backend("emulate"), mp.extended_precision(strict=True) as rep:
+            if fused:
+                y = _products(c, d, r)
+            else:
+                with fusion._unfused():
+                    y = _products(c, d, r)
+            mx.eval(y, low_word(y))
+            out.append([_bits(a) for a in (y, low_word(y))])
+        assert not rep.float32, rep
+    for a, b in zip(*out):
+        assert np.array_equal(a, b)
+    if not special:
+        cs, ds, rs = (np.array(v).ravel() for v in (c, mx.broadcast_to(d, c.shape),
+                                                     mx.broadcast_to(r, c.shape)))
+        for k in range(0, cs.size, 7):
+            C, D, R = mpmath.mpc(complex(cs[k])), mpmath.mpc(complex(ds[k])), mpmath.mpf(
+                float(rs[k]))
+            z = ((C * 1.5 + 0.5) * (D * 0.5 - 1j) * mpmath.mpc(0.75, -2)
+                 + R * 2 * mpmath.mpc(-0.5, 1) + mpmath.mpc(1, 1) * C * 0.25 * 1j)
+            got = mpmath.mpc(complex(np.array(y).ravel()[k])) + mpmath.mpc(
+                complex(np.array(low_word(y)).ravel()[k]))
+            scale = abs(C) * abs(D) * 4 + abs(R) * 3 + abs(C)
+            assert abs(got - z) <= 64 * U * U * scale
+    with lazy_metal_executor():
+        with mp.use_backend("metal"), mp.extended_precision():
+            y = _products(c, d, r)
+        g = graph_counts(y, low_word(y))
+    assert not {"Conjugate", "Broadcast", "Pad"} & set(g["by_primitive"]), g
+
+
+def test_the_parts_select_replayed_for_autodiff_has_the_kernels_bits():
+    """The parts select (i y of y's reversed parts, times a complex constant's parts)
+    as MLX's autodiff replays a program (single-operation kernels and an exact
+    select over the parts axis): the bits of the dw_fused launch of the same
+    program, whose values are numpy's products of the words' sums."""
+    rng = np.random.default_rng(41)
+    y = _dw(rng, (8, 4), True)
+    parts = [mx.view(mx.expand_dims(a, -1), mx.float32) for a in (y.hi, y.lo)]
+    r = fusion.Expr.leaf(*(a[..., ::-1] for a in parts))
+    c = fusion.lanes(fusion._compose(fusion.OP["neg"], 0, [r]), r)
+    k = fusion.lanes(fusion.Expr.constant(0.75, 0.0), fusion.Expr.constant(-2.0, 0.0))
+    e = fusion._compose(fusion.OP["mul"], 0, [c, k])
+    assert e.shape == (8, 4, 2)
+    with mp.use_backend("emulate"):
+        launched = fusion._run(e.prog, e.leaves, e.shape, "emulate", None)
+        replayed = fusion._replay(e.key, "emulate", None)(*e.leaves)
+    for a, b in zip(launched, replayed):
+        assert a.shape == b.shape
+        assert np.array_equal(_bits(a), _bits(b))
+    # part by part: (-y_im * 0.75, y_re * -2), exact products of the words' sums
+    v = np.array(y.hi).astype(np.complex128) + np.array(y.lo)
+    with np.errstate(all="ignore"):
+        want = np.stack([-v.imag * 0.75, v.real * -2.0], axis=-1)
+        got = np.array(launched[0]).astype(np.float64) + np.array(launched[1])
+    fine = (np.abs(want) > 2.0**-100) & (np.abs(want) < 2.0**127)  # (no flush, no overflow)
+    assert fine.sum() > 40
+    assert np.all(np.abs(got[fine] - want[fine]) <= 4 * U * U * np.abs(want[fine]))  # dw_mul
