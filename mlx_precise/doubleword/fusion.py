@@ -1462,20 +1462,15 @@ _SWAP = (..., slice(None, None, -1))
 
 def _swapped(y: DoubleWord, vp: DoubleWord) -> Expr:
     """The parts (..., 2) of complex ``y`` reversed, (y_im, y_re), as a leaf: a view
-    of y's packed words (a transform's complex words, or the floats a kernel wrote:
-    :func:`note_parts`) where they are known, else of its parts' words ``vp``
-    (:func:`_part_words`)."""
-    z = None
-    if y._lo is not None:
-        z = packed(y.hi, y._lo)
-        if z is not None:
-            z = _parts(z)
-        else:
-            z = packed_words(y)
-            if z is not None:
-                z = _RESHAPE(z, packed_shape(tuple(vp.shape)))
-    if z is None and type(vp) is _PackedLeaf:
+    of the packed array its parts' words ``vp`` (:func:`_part_words`) read, else of
+    the packed floats a kernel wrote for y (:func:`packed_words`) where they are
+    known, else of each word of ``vp``."""
+    if type(vp) is _PackedLeaf:
         z = vp.expr.leaves[0]
+    else:
+        z = None if y._lo is None else packed_words(y)
+        if z is not None:
+            z = _RESHAPE(z, packed_shape(tuple(vp.shape)))
     if z is not None:  # (packed parts hold 8 floats or more: the parts axis is not the first)
         return Expr.packed_leaf(_INDEX(z, _SWAP), tuple(vp.shape))
     return _cut(vp, _SWAP)

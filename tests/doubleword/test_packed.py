@@ -245,7 +245,8 @@ def test_two_dimensional_transforms_read_packed(monkeypatch, axes):
     assert np.max(np.abs(out[0][1] - ref)) <= 1e-12 * np.max(np.abs(ref))
 
 
-@pytest.mark.parametrize("form", ["real factor", "real plus complex", "complex product"])
+@pytest.mark.parametrize("form", ["real factor", "real plus complex", "complex product",
+                                  "inner-axis product"])
 def test_parts_programs_read_packed_views(monkeypatch, form):
     """A parts program (complex words as (..., 2) float32 parts) reads views of
     packed words in place, the low words a plane of rows further along the views'
@@ -260,7 +261,12 @@ def test_parts_programs_read_packed_views(monkeypatch, form):
     y = _f32(18, (4, 17))
     fns = {"real factor": lambda a, b, r: mx.fft.rfft(a) * (r * 1.5),
            "real plus complex": lambda a, b, r: (r * 1.5) + b * 2.0,
-           "complex product": lambda a, b, r: mx.fft.rfft(a * 1.5) * mx.fft.rfft(a * 0.5)}
+           "complex product": lambda a, b, r: mx.fft.rfft(a * 1.5) * mx.fft.rfft(a * 0.5),
+           # transforms along an inner axis: each read through a transpose of its packed
+           # words, the multiplier's parts reversed (a view of that transpose)
+           "inner-axis product": lambda a, b, r: (
+               mx.fft.fft((a * 1.5).reshape(4, 4, 8), axis=1)
+               * mx.fft.fft((a * 0.5).reshape(4, 4, 8), axis=1))}
     out, reads = _both(fns[form], monkeypatch, x, c, y)
     assert reads >= 1
     _same_bits(out)
@@ -268,7 +274,9 @@ def test_parts_programs_read_packed_views(monkeypatch, form):
                                         else np.float64) for v in (x, c, y))
     refs = {"real factor": np.fft.rfft(x64) * (y64 * 1.5),
             "real plus complex": y64 * 1.5 + c64 * 2.0,
-            "complex product": np.fft.rfft(x64 * 1.5) * np.fft.rfft(x64 * 0.5)}
+            "complex product": np.fft.rfft(x64 * 1.5) * np.fft.rfft(x64 * 0.5),
+            "inner-axis product": (np.fft.fft((x64 * 1.5).reshape(4, 4, 8), axis=1)
+                                   * np.fft.fft((x64 * 0.5).reshape(4, 4, 8), axis=1))}
     ref = refs[form]
     assert np.max(np.abs(out[0][1] - ref)) <= 1e-12 * np.max(np.abs(ref))
 
