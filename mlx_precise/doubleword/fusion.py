@@ -266,6 +266,9 @@ class Expr:
             z = packed(hi, lo)
             if z is not None:
                 return cls.packed_leaf(z, tuple(hi.shape))
+            z = _copied(hi, lo)
+            if z is not None:  # (a single value: element 0 of each word's 8 copies)
+                return cls((z,), _COPIES_LOAD, tuple(hi.shape))
         if lo is None:
             return cls((_ASTYPE(hi, F32),), _EXACT_LOAD, tuple(hi.shape))
         return cls((_ASTYPE(hi, F32), _ASTYPE(lo, F32)), _DW_LOAD, tuple(hi.shape))
@@ -314,6 +317,8 @@ _EXACT, _PACKED = LIMITS.exact, LIMITS.packed
 _DW_LOAD = _intern(((_LOAD, 0, 1, 0),), 0, False)
 _EXACT_LOAD = _intern(((_LOAD, 0, _EXACT, 0),), 0, False)
 _PACKED_LOAD = _intern(((_LOAD, 0, _PACKED, 0),), 0, False)
+_COPIES = 1  # a load's fn: the slot holds the 8 copies of a single value's words
+_COPIES_LOAD = _intern(((_LOAD, 0, _PACKED, _COPIES),), 0, False)
 
 
 def _broadcast(shapes) -> tuple | None:
@@ -516,6 +521,7 @@ def _block_scope(on: bool, strict: bool):
         restore(_scope, token)
         _forget(_table, scope, scope)
         _forget(_packed, scope.packed, scope)
+        _forget(_copies, scope.packed, scope)
 
 
 register_block_hook(_block_scope)  # before the flow's hook, whose report the block yields
@@ -593,6 +599,33 @@ def note_moved(hi: mx.array, lo: mx.array, x_hi: mx.array, x_lo: mx.array | None
     (:func:`has_packed`): so are these, that op of x's packed array, made only when
     a kernel reads it (no graph node otherwise)."""
     note_packed(hi, lo, _Moved((x_hi, x_lo), move))
+
+
+# A single value's words (one element: a 0-d result, a sum of everything) are written
+# 8 times each (every input a device buffer: see _run), z of 16 elements: the high
+# word's copies, then the low word's. id(hi) -> (weak reference to hi, lo, z, scope),
+# as _packed (and forgotten with it), read by a program as element 0 of z (its
+# low word 8 elements further): no slice, reshape or broadcast of the words.
+_copies: dict[int, tuple] = {}
+
+
+def note_copies(hi: mx.array, lo: mx.array, z: mx.array) -> None:
+    """Record that the single-value words ``hi``, ``lo`` are element 0 and element 8
+    of ``z`` (16 float32: each word's 8 copies), for a program to read as one slot.
+    Inside a block, outside MLX's autodiff."""
+    scope = _scope.get()
+    if scope is None or not scope.open or _traced.get():
+        return
+    _record(_copies, scope.packed, hi, lo, z, scope)
+
+
+def _copied(hi: mx.array, lo: mx.array) -> mx.array | None:
+    """The copies ``z`` of the words ``hi``, ``lo`` (:func:`note_copies`), or None."""
+    entry = _copies.get(id(hi))
+    if (entry is None or entry[0]() is not hi or entry[1] is not lo
+            or entry[3] is not _scope.get() or not entry[3].open or _traced.get()):
+        return None
+    return entry[2]
 
 
 def has_packed(hi: mx.array, lo: mx.array | None) -> bool:
@@ -844,16 +877,20 @@ def _slot_arrays(leaves, small: tuple, shape: tuple, slots: int) -> list:
     """The ``slots`` slot arrays of a launch over an array of ``shape`` (8 elements
     at least): the leaves as they are (any view: the kernel reads their strides and
     broadcasts them by their masks), but those ``small`` (fewer than 8 elements:
-    :func:`_slot_plan`) broadcast views of ``shape``, so that every input is a
+    :func:`_slot_plan`) broadcast views of the shape it gives (a single value's: 8
+    elements, read at element 0; the others': ``shape``), so that every input is a
     device buffer (one signature); the unused slots repeat the first; a lone
     constant-only program reads a zero (:data:`_ZERO_LEAVES`)."""
     if small is not None:
-        arrays = [_BROADCAST_TO(a, shape) if tiny else a for a, tiny in zip(leaves, small)]
+        arrays = [a if to is None else _BROADCAST_TO(a, to) for a, to in zip(leaves, small)]
     else:
         arrays = list(leaves)
     if len(arrays) < slots:
         arrays += [arrays[0]] * (slots - len(arrays))
     return arrays
+
+
+_EIGHT = (8,)  # a single value's slot: 8 copies of it (the same view for every launch)
 
 
 def _slots(prog: Program, shapes: tuple, shape: tuple) -> tuple[tuple, tuple, tuple]:
@@ -864,29 +901,38 @@ def _slots(prog: Program, shapes: tuple, shape: tuple) -> tuple[tuple, tuple, tu
     first axis, its plane that half (the low words are as many rows further: the
     kernel steps by the slot's stride along it, so views of any strides are read
     in place); others hold their own shape, plane 0."""
-    packed_slots = {x for o, x, y, _ in prog.code if o == _LOAD and y == _PACKED}
+    packed_slots = {x: f for o, x, y, f in prog.code if o == _LOAD and y == _PACKED}
     if not packed_slots:
         return (*_slot_plan(shapes, shape), (0,) * len(shapes))
-    words = tuple((s[0] // 2,) + tuple(s[1:]) if k in packed_slots else s
-                  for k, s in enumerate(shapes))
-    return (*_slot_plan(words, shape),
-            tuple(w[0] if k in packed_slots else 0 for k, w in enumerate(words)))
+    words = tuple(s if k not in packed_slots else () if packed_slots[k] == _COPIES
+                  else (s[0] // 2,) + tuple(s[1:]) for k, s in enumerate(shapes))
+    copies = tuple(k for k, f in packed_slots.items() if f == _COPIES)
+    return (*_slot_plan(words, shape, copies),
+            tuple(0 if k not in packed_slots else 8 if packed_slots[k] == _COPIES else w[0]
+                  for k, w in enumerate(words)))
 
 
-def _slot_plan(shapes: tuple, shape: tuple) -> tuple[tuple, tuple]:
-    """For leaves holding words of ``shapes`` read over ``shape``: which have fewer
-    than 8 elements (None: none), and each slot's ``(ndim, mask)``. Cached."""
-    plan = _SLOT_PLANS.get((shapes, shape))
+def _slot_plan(shapes: tuple, shape: tuple, copies: tuple = ()) -> tuple[tuple, tuple]:
+    """For leaves holding words of ``shapes`` read over ``shape``: the shape each
+    leaf of fewer than 8 elements is broadcast to (None: none; a single value: 8
+    copies, :data:`_EIGHT` and its own axes; the others: ``shape``), but the slots
+    ``copies`` (a single value's 8 copies, 16 elements as written), and each slot's
+    ``(ndim, mask)`` (a single value's: no axis, element 0). Cached."""
+    plan = _SLOT_PLANS.get((shapes, shape, copies))
     if plan is None:
-        small = tuple(math.prod(s) < 8 for s in shapes)
+        small = tuple(None if k in copies or math.prod(s) >= 8 else
+                      _EIGHT + s if math.prod(s) == 1 else shape for k, s in enumerate(shapes))
         specs = []
-        for s_, tiny in zip(shapes, small):
-            s_ = shape if tiny else s_
+        for k, (s_, to) in enumerate(zip(shapes, small)):
+            if k in copies or math.prod(s_) == 1 and to is not None:
+                specs.append((0, 0))
+                continue
+            s_ = shape if to is not None else s_
             lead = len(shape) - len(s_)
             mask = sum(1 << d for d, n in enumerate(s_) if n == 1 and shape[lead + d] != 1)
             specs.append((len(s_), mask))
-        plan = (small if any(small) else None, tuple(specs))
-        _cache(_SLOT_PLANS, (shapes, shape), plan)
+        plan = (small if any(t is not None for t in small) else None, tuple(specs))
+        _cache(_SLOT_PLANS, (shapes, shape, copies), plan)
     return plan
 
 
@@ -923,9 +969,19 @@ def _run(prog: Program, leaves, shape: tuple, backend, stream,
     else:
         (z,) = fn(inputs=arrays, stream=stream, **launch)
     if oshape is None:  # the 8 copies of a short result: the first of each word's
-        return (_RESHAPE(_INDEX(z, slice(0, 1)), shape),
-                _RESHAPE(_INDEX(z, slice(8, 9)), shape))
+        return _short(z, shape, 1)
     return unpacked(z, oshape)
+
+
+def _short(z: mx.array, shape: tuple, m: int) -> tuple[mx.array, mx.array]:
+    """The words of ``shape`` of a short result written 8 times (``z``: the high
+    words' 8 copies, ``m`` rows each along its first axis, then the low words'): the
+    first copy of each, a single value recorded as read from ``z``
+    (:func:`note_copies`)."""
+    hi, lo = (_RESHAPE(_INDEX(z, slice(k, k + m)), shape) for k in (0, 8 * m))
+    if m == 1 and math.prod(shape) == 1:
+        note_copies(hi, lo, z)
+    return hi, lo
 
 
 _LAUNCHES: dict = {}
@@ -994,7 +1050,7 @@ def reduce(op: str, x: DoubleWord, axes: tuple, keepdims: bool, backend,
     (z,) = kernel.unchecked(inputs=arrays, backend=backends.of(backend), stream=stream,
                             **launch)
     if m is not None:  # the 8 copies of a short result (planes of 8 m rows)
-        zh, zl = (_RESHAPE(_INDEX(z, slice(k, k + m)), out_shape) for k in (0, 8 * m))
+        zh, zl = _short(z, out_shape, m)
     else:
         zh, zl = unpacked(z, out_shape)
     return DoubleWord.of_words(zh, zl)
@@ -1024,7 +1080,10 @@ def _reduce_plan(prog: Program, shapes: tuple, shape: tuple, axes: tuple, keepdi
     # rows: the kept axes, then the reduced ones (row r, element j: flat r n + j)
     order = keep + list(axes)
     extents, perm, ashape = tuple(shape[d] for d in order), tuple(order), shape
-    copies = 1 if m * n >= 8 else 8  # 8 elements at least: every input a device buffer
+    # 8 copies where the leaves hold fewer than 8 elements (every input a device
+    # buffer), and of a single row's sum: a program reads its words at element 0
+    # (note_copies), where one copy would be sliced, reshaped and broadcast
+    copies = 1 if m * n >= 8 and m > 1 else 8
     if copies > 1:
         extents, perm, ashape = (8,) + extents, (0,) + tuple(d + 1 for d in order), (8,) + shape
     small, specs, planes_ = _slots(prog, shapes, ashape)

@@ -452,3 +452,67 @@ def test_moved_words_after_in_place_updates(monkeypatch):
             np.testing.assert_array_equal(a, b)
     for (_, got), want in zip(outs[0], ref(np.array(x).astype(np.float64))):
         assert np.max(np.abs(got - want)) <= 1e-12 * np.max(np.abs(want))
+
+
+def _single(a):
+    """x / sum(x) (the sum of everything: one row, written 8 times) and x * s with s
+    a 0-d program's result (8 copies as well), then + 0-d float32 array (a leaf of
+    one value: 8 copies of a broadcast view)."""
+    s = mx.sum(a * 1.5)
+    t = (s * 0.25 + 1.0) / 3.0
+    return (a / s) * t + mx.array(0.375)
+
+
+def test_single_values_read_from_their_copies(monkeypatch):
+    """A single value a kernel writes 8 times (a sum of everything, a 0-d program's
+    result) is read by the next program at element 0 of those copies, its low word 8
+    elements further, and a 0-d float32 array through one 8-element broadcast view:
+    on emulate the bits of the words read as arrays (sliced, reshaped and broadcast
+    to the launch), and numpy longdouble's value to 2^-44; on the metal path (lazy
+    stand-in) no Slice, Reshape or Broadcast node between the launches."""
+    x = _f32(31, (16, 12)) + 3.0
+    reads, out = [], []
+    found = fusion._copied
+    for copies in (True, False):
+        monkeypatch.setattr(fusion, "_copied", (lambda h, l: reads.append(found(h, l))
+                                                or reads[-1]) if copies else
+                            lambda h, l: None)
+        if not copies:  # single values broadcast to the launch's shape, as other small leaves
+            monkeypatch.setattr(fusion, "_EIGHT", (16, 12))
+            monkeypatch.setattr(fusion, "_SLOT_PLANS", {})
+            monkeypatch.setattr(fusion, "_LAUNCHES", {})
+            monkeypatch.setattr(fusion, "_REDUCTIONS", {})
+        with mp.use_backend("emulate"), mp.extended_precision(strict=True) as rep:
+            y = _single(x)
+            out.append((_bits(y), _value(y)))
+        assert not rep.float32, rep
+    assert sum(z is not None for z in reads) >= 2
+    _same_bits(out)
+    x64 = np.array(x).astype(np.longdouble)
+    s = (x64 * 1.5).sum()
+    ref = (x64 / s) * ((s * 0.25 + 1) / 3) + 0.375
+    assert np.all(np.abs(out[0][1] - ref) <= 2.0**-44 * np.abs(ref))
+    monkeypatch.undo()
+    with lazy_metal_executor(), mp.use_backend("metal"), mp.extended_precision():
+        y = _single(x)
+        by = graph_counts(y)["by_primitive"]
+    # two launches (the sum; one program reading x, the sum's copies and the array);
+    # the array's view of 8 elements and the result's high word (a slice of its packed
+    # words) are the only other nodes
+    assert by == {"Depends": 2, "Broadcast": 1, "Slice": 1}, by
+
+
+def test_short_results_are_not_single_values():
+    """A short result of several values (4 elements, written 8 times as well), read
+    as a leaf where a chain is cut (an update repeated as an optimizer's, its chain
+    outgrowing a program), is read as its words, each element its own: numpy
+    longdouble's values to 2^-44 (a short result taken for a single value read
+    element 0 for all four)."""
+    x, b = _f32(32, (16, 4)) + 3.0, _f32(33, (4,))
+    x64, b64 = (np.array(a).astype(np.longdouble) for a in (x, b))
+    with mp.use_backend("emulate"), mp.extended_precision(strict=True):
+        for _ in range(12):
+            b = b * 0.75 + mx.sum(x, axis=0) / 3.0 - b / 7.0
+            b64 = b64 * 0.75 + x64.sum(axis=0) / 3 - b64 / 7
+        got = _value(b)
+    assert np.all(np.abs(got - b64) <= 2.0**-42 * np.abs(b64))
