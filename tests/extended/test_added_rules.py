@@ -162,6 +162,21 @@ def test_logcumsumexp(backend, kw):
     assert np.max(np.abs(g64 - gref.reshape(X.shape)) / np.abs(gref).max()) <= 2 ** -44
 
 
+def test_logcumsumexp_gradient_of_a_row_starting_at_infinity(backend):
+    """A row whose first element is +Inf: every prefix is +Inf, and the gradient of
+    their sum is the limit of the finite case, 1 per prefix at the Inf (n in all)
+    and 0 elsewhere: the scan's derivative is logaddexp's (MLX's convention at
+    (Inf, x): (1, 0)), where MLX's own logcumsumexp VJP gives NaN."""
+    x = mx.array([np.inf, 1.0, 2.0, -1.0], dtype=mx.float32)
+    with mp.extended_precision(strict=True):
+        y = mx.logcumsumexp(x)
+        g = mx.grad(lambda v: mx.logcumsumexp(v).sum())(x)
+        got, grad = np.array(y), np.array(g)
+    assert np.all(got == np.inf)
+    np.testing.assert_array_equal(grad, np.array([4.0, 0.0, 0.0, 0.0], np.float32))
+    assert np.isnan(np.array(mx.grad(lambda v: mx.logcumsumexp(v).sum())(x))[0])  # MLX's
+
+
 def _fraction(v) -> Fraction:
     """An mpmath number as the exact rational it is."""
     sign, man, exp, _ = v._mpf_
