@@ -74,11 +74,15 @@ def _foreign(args) -> bool:
 
 
 def _on_host(e: ValueError, name: str):
-    """Re-raise ``e``, raised by a rule or a fast path: MLX's "[eval] ... during
-    function transformations" from one that computes on the host (cpu, emulate)
-    under mx.compile / mx.vmap / an export as the named error."""
+    """For ``e``, raised by a rule or a fast path: MLX's "[eval] ... during function
+    transformations" from one that computes on the host (cpu, emulate) under
+    mx.compile / mx.vmap / an export raised as the named error; any other returns
+    and the caller re-raises ``e`` (a bare ``raise``: raised here, ``e`` would hold
+    this frame's reference to itself, a cycle that keeps the traceback's frames, and
+    the MLX functions their locals hold, until the garbage collector runs, and the
+    next block scans the heap for the references that went away)."""
     if "function transformations" not in str(e):
-        raise e
+        return
     raise TransformUnsupportedError(
         f"{name} inside extended_precision() was traced by mx.compile, mx.vmap or an "
         f"export on backend {backends.backend()!r}, which computes on the host and cannot "
@@ -165,6 +169,7 @@ def _wrapper(entry):
                     out = fast(*args)
                 except ValueError as e:  # (a fused launch on emulate, traced)
                     _on_host(e, name)
+                    raise
                 if out is not None:
                     report.extended[name] += 1
                     if recording:
@@ -201,6 +206,7 @@ def _run(entry, report, args, kwargs):
                 kwargs["stream"] = stream
         except ValueError as e:
             _on_host(e, name)
+            raise
         if out is not NotImplemented:
             report.extended[name] += 1
             if entry.kind != "in-place":

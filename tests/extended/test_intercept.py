@@ -227,6 +227,35 @@ def test_bad_fft_arguments_raise_mlx_errors_inside():
             assert (inside.type, str(inside.value)) == (outside.type, str(outside.value))
 
 
+def test_a_rule_error_leaves_no_reference_cycle(backend):
+    """An op whose rule raises (a matmul of mismatched shapes) raises MLX's error,
+    and once it is caught and dropped nothing of it is left: no reference cycle
+    holds the traceback's frames (the dispatcher re-raised the error from a frame
+    that kept it as a local), so no MLX function the frames held is kept until the
+    garbage collector runs (the next block would scan the heap for the reference
+    that went away)."""
+    import gc
+
+    x = mx.ones((3, 4))
+    matmul = mx.matmul  # MLX's own (no block is open)
+
+    def fail():
+        with extended_precision():
+            with pytest.raises(ValueError, match="matmul"):
+                mx.matmul(x * 1.5, x * 2.0)
+
+    fail()  # (the first call builds the rule's caches)
+    gc.collect()
+    gc.disable()
+    try:
+        before = sys.getrefcount(matmul)
+        fail()
+        after = sys.getrefcount(matmul)
+    finally:
+        gc.enable()
+    assert after == before
+
+
 def test_install_once_and_environment_opt_out():
     before = mx.fft.fft, mx.conv1d, mx.compile, mx.array.__setitem__
     intercept.install()
