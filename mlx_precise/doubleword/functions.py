@@ -329,11 +329,11 @@ def _cexp(x: DoubleWord, backend: str, stream) -> DoubleWord:
     if size == 0:
         z = mx.zeros(shape, mx.complex64)
         return DoubleWord(z, z)
-    z = fusion.packed_words(x)  # the floats a kernel wrote, read as they are
+    words = fusion.words_of(x)  # the floats a kernel wrote, read as they are
+    z = None if words is None else fusion.packed(*words)
     if z is not None:  # one buffer, the low words half of it further
         zh, zl = _dw_math("cexp", [z, z], size, backend, stream, lo_at=z.size // 2)
     else:
-        words = fusion.words_of(x)
         flat = ([_RESHAPE(w, -1) for w in words] if words is not None
                 else [_VIEW(_RESHAPE(w, -1), F32) for w in (x.hi, x.lo)])
         zh, zl = _dw_math("cexp", flat, size, backend, stream)

@@ -923,8 +923,8 @@ def _slot_plan(shapes: tuple, shape: tuple, copies: tuple = ()) -> tuple[tuple, 
         small = tuple(None if k in copies or math.prod(s) >= 8 else
                       _EIGHT + s if math.prod(s) == 1 else shape for k, s in enumerate(shapes))
         specs = []
-        for k, (s_, to) in enumerate(zip(shapes, small)):
-            if k in copies or math.prod(s_) == 1 and to is not None:
+        for s_, to in zip(shapes, small):
+            if math.prod(s_) == 1:  # a single value (copies or a view): element 0
                 specs.append((0, 0))
                 continue
             s_ = shape if to is not None else s_
@@ -1388,7 +1388,7 @@ def _part_words(w: DoubleWord, factor: bool) -> DoubleWord:
                       _PAD(_INDEX(a, _AXIS), [(0, 0)] * a.ndim + [(0, 1)]) for a in (hi, lo))
         return DoubleWord.exact(hi_p) if lo_p is None else DoubleWord(hi_p, lo_p)
     entry = _entry(w)
-    if entry is not None and entry[2] is not None and _held(entry[2]):
+    if entry is not None and entry[2] is not None and _held(entry[2]) is not None:
         return _ConstParts(entry[2], lambda: entry[4])  # (note_complex_constant)
     if entry is not None and entry[4] is not None and entry[5] is not None:
         # a kernel's words in another layout (a transform's rows): one transpose of
@@ -1459,11 +1459,14 @@ def note_complex_constant(hi: mx.array, lo: mx.array, parts: tuple, re: tuple,
         _remember(hi, lo, lanes(Expr.constant(*re), Expr.constant(*im)), tuple(parts))
 
 
-def _held(e: Expr) -> bool:
-    """``e`` is :func:`lanes` of two constants."""
+def _held(e: Expr) -> tuple[Expr, Expr] | None:
+    """The real and the imaginary part, as constants, where ``e`` is :func:`lanes`
+    of two constants; else None."""
     code = e.code
     o, x, y, _ = code[e.prog.root]
-    return o == _PART and code[x][0] == _CONST and code[y][0] == _CONST
+    if o != _PART or code[x][0] != _CONST or code[y][0] != _CONST:
+        return None
+    return tuple(Expr((), _intern((code[k],), 0, False), ()) for k in (x, y))
 
 
 class _ConstParts(_ExprWords):
@@ -1481,9 +1484,7 @@ class _ConstParts(_ExprWords):
 
     def halves(self) -> tuple[Expr, Expr]:
         """The real and the imaginary part, as constants."""
-        code = self.expr.code
-        _, x, y, _ = code[self.expr.prog.root]
-        return tuple(Expr((), _intern((code[k],), 0, False), ()) for k in (x, y))
+        return _held(self.expr)
 
 
 _EXPR_WORDS = (_Deferred, _PackedLeaf, _ConstParts)  # words known by their expression

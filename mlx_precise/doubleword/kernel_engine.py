@@ -39,7 +39,7 @@ def _complex_words(x: DoubleWord, shape: tuple) -> tuple[mx.array, mx.array, int
     array where it is known (one buffer, passed as both, ``at`` its half)."""
     words = fusion.words_of(x) if tuple(x.shape) == shape and math.prod(shape) >= 8 else None
     if words is not None:
-        z = fusion.packed_words(x)
+        z = fusion.packed(*words)
         if z is not None:
             return z, z, z.size // 2
         return _RESHAPE(words[0], -1), _RESHAPE(words[1], -1), 0
