@@ -22,7 +22,7 @@ import tempfile
 import mlx.core as mx
 import numpy as np
 
-__all__ = ["Launch", "graph_counts", "lazy_metal_executor"]
+__all__ = ["Launch", "graph_counts", "graph_text", "lazy_metal_executor"]
 
 _ARRAY = mx.array  # the class (inside a block the name is a stand-in: a slower isinstance)
 # MLX's own, captured at import: a kernel launch on a Mac does not pass through the
@@ -149,6 +149,19 @@ _NODE_RE = re.compile(r'^\{ (\d+) \[label ="([^"]+)"', re.M)
 _OUTPUT_RE = re.compile(r'^\d+ -> "', re.M)  # a primitive's edge to one of its outputs
 
 
+def graph_text(*outputs) -> str:
+    """MLX's export of the lazy graph that computes ``outputs`` (``mx.export_to_dot``:
+    DOT text, a node per primitive and per array)."""
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        mx.export_to_dot(path, *outputs)
+        with open(path) as f:
+            return f.read()
+    finally:
+        os.remove(path)
+
+
 def graph_counts(*outputs) -> dict:
     """The primitives of the lazy graph that computes ``outputs`` (unevaluated
     arrays), from MLX's own graph export (``mx.export_to_dot``): ``{"launches"``
@@ -157,14 +170,7 @@ def graph_counts(*outputs) -> dict:
     ``"extra_outputs"`` (the outputs of primitives beyond their first: MLX's
     compiled replay pays for each), ``"by_primitive"`` (name -> count)}. Evaluated arrays are leaves (their
     primitives are gone), so count before ``mx.eval``."""
-    fd, path = tempfile.mkstemp(suffix=".dot")
-    os.close(fd)
-    try:
-        mx.export_to_dot(path, *outputs)
-        with open(path) as f:
-            text = f.read()
-    finally:
-        os.remove(path)
+    text = graph_text(*outputs)
     names = collections.Counter(_primitive(label) for _, label in _NODE_RE.findall(text))
     launches = names.get("Depends", 0)
     views = sum(n for k, n in names.items() if k in VIEWS)

@@ -527,6 +527,40 @@ def _block_scope(on: bool, strict: bool):
 register_block_hook(_block_scope)  # before the flow's hook, whose report the block yields
 
 
+def private_scope():
+    """A scope of its own for the code inside (as a block's: what it records is
+    dropped at the end, its :func:`block_memo` is its own): for a trace of a rule
+    (``extended.recipes``), whose arrays must not reach the block's tables."""
+    return _block_scope(True, False)
+
+
+def state_of(hi: mx.array, lo: mx.array | None) -> tuple | None:
+    """What the open block recorded of the real words ``hi``, ``lo`` that a program
+    or a kernel reads: ``(expression or None, packed words or None, copies or
+    None)`` (the packed words made now where they are made when read:
+    :func:`note_moved`); None for what :func:`note_state` cannot record again
+    (complex words' parts)."""
+    entry = _table.get(id(hi))
+    e = None
+    if entry is not None and entry[0]() is hi and entry[1] is lo and entry[3] is _open_scope():
+        if entry[4] is not None or entry[5] is not None:
+            return None
+        e = entry[2]
+    return e, packed(hi, lo), None if lo is None else _copied(hi, lo)
+
+
+def note_state(hi: mx.array, lo: mx.array | None, e: Expr | None, z: mx.array | None,
+               copies: mx.array | None) -> None:
+    """Record :func:`state_of`'s ``e``, ``z``, ``copies`` (their arrays replaced: a
+    trace's inputs) as the state of ``hi``, ``lo`` in the open block."""
+    if e is not None:
+        _remember(hi, lo, e)
+    if z is not None:
+        note_packed(hi, lo, z)
+    if copies is not None:
+        note_copies(hi, lo, copies)
+
+
 # ---- packed words ------------------------------------------------------------------
 # A kernel writes its result's words as one array z, the high words then the low
 # words along the first axis (:func:`packed_shape`): one output, one graph node with

@@ -40,7 +40,7 @@ from ..core.plain import plain
 from ..doubleword.types import DoubleWord
 from ..doubleword.engine64 import to64
 from ..doubleword import fusion
-from . import autodiff, carry, dispatch, registry
+from . import autodiff, carry, dispatch, recipes, registry
 
 ENV_VAR = "MLX_PRECISE_INTERCEPT"
 
@@ -156,7 +156,8 @@ class _CarriedWords:
         given = _word_leaves(self.inputs)
         for a, v in zip([a for a, c in zip(given, carried_in) if c], values):
             _attach(a, v, wide)
-        out = self.fun(*args, **kwargs)
+        with recipes.tracing():
+            out = self.fun(*args, **kwargs)
         leaves = _word_leaves(out) + _word_leaves(self.outputs)
         self.plain = not any(carry.has_words(a) for a in leaves)
         # the form of what the block made (not of state it handed back unchanged)

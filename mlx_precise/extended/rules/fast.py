@@ -14,6 +14,7 @@ from ...doubleword import engine64, functions, fusion
 from ...doubleword.types import map_words
 from ...linalg import gemm
 from .. import arith, carry
+from ..recipes import replayed
 from .base import (ARRAY, REAL, decomposed, float64_form, is_word_array, kernel_form, result,
                    unbroadcast, words)
 from .constructors import grid
@@ -83,11 +84,29 @@ def _rope(a, dims, *, traditional, base, scale, offset, freqs=None, **kw):
     return y if dims == a.shape[-1] else mx.concatenate([y, a[..., dims:]], axis=-1)
 
 
-def _angles(a, dims, base, scale, offset, freqs, b, s) -> tuple:
+def _positions(T: int, scale, offset, b, s) -> mx.array:
+    """:func:`_rope`'s positions ``(arange(T) + offset) scale`` for an offset given
+    as a number, by its steps, launched once per block (llama's q and k read them:
+    an operand of each call's replay, ``extended.recipes``)."""
+    memo = fusion.block_memo()
+    key = ("rope positions", T, *(arith.scalar_key(v) for v in (scale, offset)))
+    p = None if memo is None else memo.get(key)
+    if p is None:
+        with fusion.deferred():
+            w = arith.scalar_binary("add", arith.exact(mx.arange(T, dtype=mx.float32)),
+                                    offset, b, s)
+            p = result(arith.scalar_binary("mul", w, scale, b, s))
+        if memo is not None:
+            memo[key] = p
+    return p
+
+
+def _angles(a, dims, base, scale, offset, freqs, b, s, positions=None) -> tuple:
     """The cos and sin words of :func:`_rope`'s angles for ``a``'s positions, by its
-    steps (inside :func:`_rope_words`' ``fusion.deferred()``); for an offset given
-    as a number and no ``freqs``, computed once per block (they depend on the
-    options and the sequence length alone: llama's q and k share them)."""
+    steps (inside :func:`_rope_words`' ``fusion.deferred()``; ``positions``: those of
+    :func:`_positions`); for an offset given as a number and no ``freqs``, computed
+    once per block (they depend on the options and the sequence length alone:
+    llama's q and k share them)."""
     T, half = a.shape[-2], dims // 2
     memo = key = None
     if freqs is None and not isinstance(offset, mx.array):
@@ -100,14 +119,16 @@ def _angles(a, dims, base, scale, offset, freqs, b, s) -> tuple:
         inv = words(grid(np.exp(-np.arange(half) * (math.log(base) / half)), None))
     else:
         inv = fusion.apply("div", [fusion.constant(1.0, 0.0), words(freqs)], b, s)
-    positions = arith.exact(mx.arange(T, dtype=mx.float32))
-    if isinstance(offset, mx.array):
+    if positions is not None:
+        positions = words(positions)
+    elif isinstance(offset, mx.array):
         if offset.size > 1:  # one offset per batch element (see _rope)
             offset = offset.reshape(-1, *([1] * (a.ndim - 2)))
-        positions = arith.binary("add", positions, words(offset), b, s)
+        positions = arith.binary("add", arith.exact(mx.arange(T, dtype=mx.float32)),
+                                 words(offset), b, s)
+        positions = arith.scalar_binary("mul", positions, scale, b, s)
     else:
-        positions = arith.scalar_binary("add", positions, offset, b, s)
-    positions = arith.scalar_binary("mul", positions, scale, b, s)
+        positions = words(_positions(T, scale, offset, b, s))
     theta = arith.binary("mul", map_words(lambda t: mx.expand_dims(t, -1), positions), inv, b, s)
     angles = functions.unary("cos", theta, b, s), functions.unary("sin", theta, b, s)
     if memo is not None:
@@ -115,7 +136,8 @@ def _angles(a, dims, base, scale, offset, freqs, b, s) -> tuple:
     return angles
 
 
-def _rope_words(ctx, a, dims, *, traditional, base, scale, offset, freqs=None):
+def _rope_words(ctx, a, dims, *, traditional, base, scale, offset, freqs=None,
+                positions=None):
     """:func:`_rope` on a kernel backend: its steps called on the words (each the
     rule its op runs, on the same operands: the same fused programs, so the same
     bits), the fused ones launched only where read (the positions, the two
@@ -127,7 +149,7 @@ def _rope_words(ctx, a, dims, *, traditional, base, scale, offset, freqs=None):
     half = dims // 2
     A = words(a)
     with fusion.deferred():
-        c, sn = _angles(a, dims, base, scale, offset, freqs, b, s)
+        c, sn = _angles(a, dims, base, scale, offset, freqs, b, s, positions)
         if traditional:
             x1, x2 = (map_words(lambda t: t[..., k:dims:2], A) for k in (0, 1))
         else:
@@ -145,6 +167,9 @@ def _rope_words(ctx, a, dims, *, traditional, base, scale, offset, freqs=None):
         return result(y)
 
 
+_replayed_rope = replayed(_rope_words)
+
+
 def _rope_rule(ctx, original, a, dims, **kw):
     offset, freqs = kw.get("offset", 0), kw.get("freqs")
     if not is_word_array(a) or a.dtype != mx.float32:
@@ -158,7 +183,12 @@ def _rope_rule(ctx, original, a, dims, **kw):
     if isinstance(offset, mx.array) and offset.size == 1:
         kw["offset"] = offset.reshape(())
     if kernel_form(ctx):
-        out = _rope_words(ctx, a, dims, **kw)
+        if not isinstance(kw.get("offset", 0), mx.array) and type(kw.get("scale")) in (
+                int, float) and type(kw.get("offset", 0)) in (int, float):
+            # (the block's positions: an operand of the replay, made once)
+            kw["positions"] = _positions(a.shape[-2], kw["scale"], kw.get("offset", 0),
+                                         ctx.backend, ctx.stream)
+        out = _replayed_rope(ctx, a, dims, **kw)
         if out is not NotImplemented:
             return out
     with carry.reporting(ctx.report):
@@ -210,6 +240,9 @@ def _sdpa_words(ctx, q, k, v, *, scale, mask=None, sinks=None, **kw):
     return _MATMUL_RULE(ctx, mx.matmul, p, v)
 
 
+_replayed_sdpa = replayed(_sdpa_words)
+
+
 def _sdpa_rule(ctx, original, q, k, v, **kw):
     mask = kw.get("mask")
     sinks = kw.get("sinks")
@@ -221,7 +254,9 @@ def _sdpa_rule(ctx, original, q, k, v, **kw):
     if not all(is_word_array(t) and t.dtype == mx.float32 for t in (q, k, v)):
         return NotImplemented
     if kernel_form(ctx):
-        out = _sdpa_words(ctx, q, k, v, **kw)
+        if isinstance(mask, str):  # (the block's one mask per shape: an operand)
+            kw["mask"] = _causal(q.shape[-2], k.shape[-2])
+        out = _replayed_sdpa(ctx, q, k, v, **kw)
         if out is not NotImplemented:
             return out
     with carry.reporting(ctx.report):
@@ -333,8 +368,8 @@ def _gated_delta(q, k, v, gamma, beta, initial_state=None, mask=None):
     return [mx.stack(ys, axis=1), state]
 
 
-RULES = {"fast.layer_norm": float64_form(_layer_norm64, _layer_norm, _layer_norm_words),
-         "fast.rms_norm": float64_form(_rms_norm64, _rms_norm, _rms_norm_words),
+RULES = {"fast.layer_norm": float64_form(_layer_norm64, _layer_norm, replayed(_layer_norm_words)),
+         "fast.rms_norm": float64_form(_rms_norm64, _rms_norm, replayed(_rms_norm_words)),
          "fast.scaled_dot_product_attention": _sdpa_rule, "fast.rope": _rope_rule,
          "fast.cross_entropy": decomposed(_cross_entropy),
          "fast.gated_delta_update": decomposed(_gated_delta)}

@@ -12,7 +12,7 @@ import mlx.core as mx
 
 from ...core import backends
 from ...linalg import gemm
-from .. import arith, autodiff, carry
+from .. import arith, autodiff, carry, recipes
 from ..carry import low_word
 from ...doubleword import DoubleWord, fusion
 from ...doubleword.types import map_words
@@ -68,6 +68,10 @@ def noting_transposes(rule, permutation):
         return out
 
     return noted
+
+
+# (a trace of a composite rule does not carry these: an operand with one runs the rule)
+recipes.stateful.append(lambda x: id(x) in _transposes)
 
 
 def forget(x) -> None:

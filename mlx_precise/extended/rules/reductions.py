@@ -12,6 +12,7 @@ import numpy as np
 from ...doubleword import engine64, functions, fusion
 from ...doubleword.types import DoubleWord
 from .. import arith, carry
+from ..recipes import replayed
 from . import float64
 from ..carry import attach, has_words, low_word
 from .base import (REAL, axes_of, decomposed, elementary, float64_form, is_word_array,
@@ -377,8 +378,8 @@ RULES = {
     "argmax": _arg_extreme(True), "argmin": _arg_extreme(False),
     "cumsum": _scan("add"), "cumprod": _scan("mul"), "var": of_integers(decomposed(_var)),
     "std": of_integers(decomposed(_std)),
-    "softmax": float64_form(_softmax64, _softmax, _softmax_words),
-    "logsumexp": of_integers(float64_form(_logsumexp64, _logsumexp, _logsumexp_words)),
+    "softmax": float64_form(_softmax64, _softmax, replayed(_softmax_words)),
+    "logsumexp": of_integers(float64_form(_logsumexp64, _logsumexp, replayed(_logsumexp_words))),
     "argsort": _ordering(False, False), "sort": _ordering(True, False),
     "argpartition": _ordering(False, True), "partition": _ordering(True, True),
     "topk": _topk, "median": decomposed(_median), "logcumsumexp": of_integers(decomposed(_logcumsumexp)),

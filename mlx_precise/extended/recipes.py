@@ -1,0 +1,263 @@
+"""A composite rule's graph replayed by ``mx.compile`` on the metal backend.
+
+The kernel form of ``layer_norm``, ``rms_norm``, ``softmax``, ``logsumexp``,
+``scaled_dot_product_attention`` and ``rope`` runs a dozen Python steps per call
+(programs composed, launches planned, words recorded) to build a graph of a few
+launches and views: 60-200 us of host time against 1-10 us for MLX's own op. That
+graph depends only on the call's structure: the shapes and dtypes of its arrays,
+its other arguments, and what the block recorded of each operand's words (its low
+word, the expression that made it, its packed words: :func:`fusion.state_of
+<mlx_precise.doubleword.fusion.state_of>`). So from the second call of a structure
+on, the form runs as a function traced once by MLX's compiler (``mx.compile``, as
+JAX's ``jit`` caches a trace per abstract signature): the call replays the traced
+graph on the new arrays, the same launches of the same programs on the same
+operands, so the same bits, without the form's Python. The trace runs in a scope of
+its own (nothing it records reaches the block), with each operand's recorded state
+noted again on its traced stand-in; the result's low word and packed words are
+outputs of the replay, recorded in the block as the form records them.
+
+Only on the metal backend (emulate's and cpu's kernels run on the host and cannot
+be traced), outside gradient recording and MLX's autodiff (the forms' own
+condition), with no ``stream`` argument; a structure whose arguments cannot be
+keyed (a complex operand, an array whose transpose the GEMM rule noted, a value
+other than a number, string, None or a tuple of them, a -0.0 argument), or whose
+trace fails or declines, runs the form each call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import math
+
+import mlx.core as mx
+
+from ..core import jit
+from ..core.plain import plain
+from ..doubleword import fusion
+from . import carry
+from .constructor import ARRAY
+
+ENABLED = True
+"""False: the forms run at every call (for comparisons)."""
+
+REPLAY_AT = 2
+"""Sightings of a structure at which it is traced (a trace costs about two calls of
+the form; a structure seen once, in a script or a test, is never traced)."""
+
+_SEEN_MAX, _RECIPES_MAX = 1024, 256
+_seen: dict = {}  # structure -> sightings (forgotten all at once past _SEEN_MAX)
+_recipes: dict = {}  # structure -> _Recipe, or None (runs the form); the oldest dropped
+
+stateful: list = []
+"""Predicates ``x -> bool``: True where a rule reads something recorded about the
+array ``x`` that a trace does not carry (``rules.linear``'s noted transposes)."""
+
+_F32, _C64 = mx.float32, mx.complex64
+_STATIC = (int, bool, str, type(None))
+_TRANSFORMED_CALL = type(plain.compile(lambda x: x)).__call__  # MLX's (see dispatch)
+_calling: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_recipe", default=None)
+
+
+class _Unkeyed(Exception):
+    """An argument the structure cannot hold."""
+
+
+class _Declined(Exception):
+    """The form declined, or returned other than one real array, in its trace."""
+
+
+class _Slot:
+    """An array argument's place among the replay's inputs (in an argument template)."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int):
+        self.i = i
+
+
+def _structure(args: tuple, kw: dict):
+    """``(key, arrays, template, words)``: the call's structure (hashable), the
+    distinct arrays it reads in order of first use (operands, their low words, the
+    leaves of their expressions, their packed words and copies), ``(args, kw)``
+    with each array a :class:`_Slot`, and per real operand ``(hi, lo, expression,
+    its leaves, packed, copies)`` as places (None where absent). Raises
+    :class:`_Unkeyed`."""
+    index: dict = {}
+    arrays: list = []
+    key: list = []
+    words: list = []
+    add = key.append
+
+    def slot(a) -> int | None:
+        if a is None:
+            add(None)
+            return None
+        i = index.get(id(a))
+        if i is None:
+            i = index[id(a)] = len(arrays)
+            arrays.append(a)
+            add(a.shape)  # (a tuple: told from an index)
+            add(a.dtype)
+        else:
+            add(i)
+        return i
+
+    def write(v):
+        if isinstance(v, ARRAY):
+            if v.dtype == _C64 or any(p(v) for p in stateful):
+                raise _Unkeyed
+            if v.dtype != _F32:
+                return _Slot(slot(v))
+            lo = carry.low_word(v)
+            state = fusion.state_of(v, lo)
+            if state is None:
+                raise _Unkeyed
+            e, z, copies = state
+            i, ilo = slot(v), slot(lo)
+            leaves = None
+            if e is not None:
+                add(e.prog)  # (interned: one object per program)
+                add(e.shape)
+                add(len(e.leaves))
+                leaves = tuple(slot(leaf) for leaf in e.leaves)
+            else:
+                add(None)
+            words.append((i, ilo, e, leaves, slot(z), slot(copies)))
+            return _Slot(i)
+        t = type(v)
+        add(t)
+        if t in _STATIC:
+            add(v)
+            return v
+        if t is float:
+            if v == 0 and math.copysign(1.0, v) < 0:
+                raise _Unkeyed  # (-0.0 == 0.0: one key for two values)
+            add(repr(v))
+            return v
+        if t is tuple or t is list:
+            add(len(v))
+            return t(write(x) for x in v)
+        raise _Unkeyed
+
+    template = (tuple(write(a) for a in args),
+                {k: (add(k), write(v))[1] for k, v in kw.items()})
+    return tuple(key), arrays, template, words
+
+
+def _filled(v, values):
+    if type(v) is _Slot:
+        return values[v.i]
+    if type(v) is tuple or type(v) is list:
+        return type(v)(_filled(x, values) for x in v)
+    return v
+
+
+class _Recipe:
+    """One structure's form, compiled: called with the structure's arrays, returns
+    the form's result with its low word and packed words recorded."""
+
+    __slots__ = ("form", "template", "words", "compiled", "kinds")
+
+    def __init__(self, form, template, words):
+        self.form, self.template, self.words = form, template, words
+        self.compiled = plain.compile(self._trace)
+        self.kinds = None  # (has a low word, has packed words), set by the trace
+
+    def _trace(self, *values):
+        ctx = _calling.get()
+        with fusion.private_scope():
+            for i, ilo, e, leaves, iz, ic in self.words:
+                hi, lo = values[i], None if ilo is None else values[ilo]
+                carry.attach(hi, lo)
+                if e is not None:
+                    e = fusion.Expr(tuple(values[k] for k in leaves), e.prog, e.shape)
+                fusion.note_state(hi, lo, e, None if iz is None else values[iz],
+                                  None if ic is None else values[ic])
+            args, kw = self.template
+            out = self.form(ctx, *_filled(args, values),
+                            **{k: _filled(v, values) for k, v in kw.items()})
+            if not isinstance(out, ARRAY) or out.dtype != _F32:
+                raise _Declined
+            lo = carry.low_word(out)
+            z = None if lo is None else fusion.packed(out, lo)
+        self.kinds = (lo is not None, z is not None)
+        return [a for a in (out, lo, z) if a is not None]
+
+    def __call__(self, ctx, arrays: list):
+        token = _calling.set(ctx)
+        try:
+            outs = _TRANSFORMED_CALL(self.compiled, *arrays)
+        finally:
+            _calling.reset(token)
+        has_lo, has_z = self.kinds
+        out = outs[0]
+        if has_lo:
+            carry.attach(out, outs[1])
+            if has_z:
+                fusion.note_packed(out, outs[1], outs[2])
+        return out
+
+
+@contextlib.contextmanager
+def tracing():
+    """Marks code that MLX traces (a compiled function's Python): its forms run as
+    they are, traced with it (a replay inside a trace would only nest a second
+    trace in the first)."""
+    token = _calling.set(True)
+    try:
+        yield
+    finally:
+        _calling.reset(token)
+
+
+def _folder_ok() -> bool:
+    """MLX compiles the glue of a trace for the default device: on the CPU (the
+    lazy Metal stand-in of the tests) into libraries it loads from a folder that
+    must be private (:func:`~mlx_precise.core.jit.folder_is_private`)."""
+    return mx.default_device() != mx.cpu or jit.folder_is_private()
+
+
+def replayed(form):
+    """``form(ctx, *args, **kw)``, a rule's kernel form (an array, or
+    NotImplemented), run on the metal backend as a replay of its trace for the
+    call's structure once that structure has been seen :data:`REPLAY_AT` times
+    (see the module's docstring); elsewhere, and for what cannot be keyed or
+    traced, ``form`` itself."""
+
+    @functools.wraps(form)
+    def run(ctx, *args, **kw):
+        if not (ENABLED and ctx.backend.gpu) or ctx.stream is not None or (
+                _calling.get() is not None):
+            return form(ctx, *args, **kw)  # (inside a trace: traced with it)
+        try:
+            key, arrays, template, words = _structure(args, kw)
+        except _Unkeyed:
+            return form(ctx, *args, **kw)
+        key = (form, *key)
+        recipe = _recipes.get(key, False)
+        if recipe is False:
+            seen = _seen.get(key, 0) + 1
+            if seen < REPLAY_AT or not _folder_ok():
+                if len(_seen) >= _SEEN_MAX:
+                    _seen.clear()
+                _seen[key] = seen
+                return form(ctx, *args, **kw)
+            _seen.pop(key, None)
+            recipe = _Recipe(form, template, words)
+            try:
+                out = recipe(ctx, arrays)
+            except (_Declined, ValueError, TypeError, RuntimeError, IndexError):
+                recipe, out = None, None  # (the form itself decides, or raises)
+            _recipes[key] = recipe
+            if len(_recipes) > _RECIPES_MAX:
+                _recipes.pop(next(iter(_recipes)), None)
+            if out is not None:
+                return out
+        if recipe is None:
+            return form(ctx, *args, **kw)
+        return recipe(ctx, arrays)
+
+    run.form = form
+    return run

@@ -1,0 +1,241 @@
+"""A composite rule's graph replayed by mx.compile on the metal path
+(mlx_precise.extended.recipes), checked on the lazy Metal stand-in (no Apple GPU
+here: the graphs are compared, not values):
+
+- the structure's key is complete: calls whose keys are equal build the same graph
+  when the form runs (the same primitives, wired the same way, the same launches
+  with the same templates and programs), over operands in every state the block
+  records (exact, a fused result, a GEMM's packed output, moved packed words, a
+  single value, broadcast leaves, one array passed twice);
+- a replay builds the graph the form builds (MLX's compile fuses the form's
+  elementwise glue into its own kernels: those are compared by the other nodes);
+- what cannot be keyed runs the form; emulate and cpu never replay.
+"""
+
+from __future__ import annotations
+
+import re
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlx_precise as mp
+from mlx_precise.doubleword import fusion
+from mlx_precise.extended import carry, recipes
+from mlx_precise.testing import graph_counts, graph_text, lazy_metal_executor
+
+
+def _rand(shape, seed):
+    return mx.array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
+def _operands(seed):
+    """Arrays made outside the block (exact float32 values)."""
+    return {"A": _rand((2, 8, 32), seed), "B": _rand((2, 8, 32), seed + 100),
+            "C": _rand((16, 32), seed + 200), "W": _rand((32, 32), seed + 300),
+            "w": _rand((32,), seed + 400), "b": _rand((32,), seed + 500),
+            "Q": _rand((1, 4, 8, 16), seed + 600), "K": _rand((1, 2, 8, 16), seed + 700),
+            "V": _rand((1, 2, 8, 16), seed + 800), "M": _rand((8, 8), seed + 900)}
+
+
+# Operands of one shape, (2, 8, 32), in the states a block records.
+STATES = {
+    "exact": lambda r: r["A"],
+    "sum": lambda r: r["A"] + r["B"],
+    "scaled": lambda r: r["A"] * 2.5,
+    "function": lambda r: mx.exp(r["A"]),
+    "broadcast sum": lambda r: r["A"] + r["w"],
+    "gemm": lambda r: r["A"] @ r["W"],
+    "moved gemm": lambda r: (r["C"] @ r["W"]).reshape(2, 8, 32),
+    "swapped gemm": lambda r: (r["A"].swapaxes(0, 1) @ r["W"]).swapaxes(0, 1),
+    "sum of a sum": lambda r: (r["A"] + r["B"]) * r["B"],
+}
+
+# Ops on an operand x of STATES (and r's arrays), keyword arguments included.
+OPS = {
+    "layer_norm": lambda x, r: mx.fast.layer_norm(x, r["w"], r["b"], 1e-5),
+    "layer_norm without affine": lambda x, r: mx.fast.layer_norm(x, None, None, 1e-6),
+    "layer_norm of x by x": lambda x, r: mx.fast.layer_norm(x, x[0, 0], None, 1e-5),
+    "rms_norm": lambda x, r: mx.fast.rms_norm(x, r["w"], 1e-5),
+    "softmax": lambda x, r: mx.softmax(x, axis=-1),
+    "softmax of two axes": lambda x, r: mx.softmax(x, axis=(1, 2)),
+    "logsumexp": lambda x, r: mx.logsumexp(x, axis=-1),
+    "logsumexp kept": lambda x, r: mx.logsumexp(x, axis=1, keepdims=True),
+    "rope": lambda x, r: mx.fast.rope(x, 32, traditional=False, base=10000.0, scale=1.0,
+                                      offset=3),
+    "rope traditional, part": lambda x, r: mx.fast.rope(x, 16, traditional=True, base=500.0,
+                                                        scale=0.5, offset=0),
+    "rope, array offset": lambda x, r: mx.fast.rope(x, 32, traditional=False, base=10000.0,
+                                                    scale=1.0, offset=mx.array(2)),
+    "attention": lambda x, r: mx.fast.scaled_dot_product_attention(
+        x[None], x[None], x[None], scale=0.125),
+    "attention, causal": lambda x, r: mx.fast.scaled_dot_product_attention(
+        x[None], r["B"][None], x[None], scale=0.125, mask="causal"),
+    "attention, grouped heads, masks": lambda x, r: mx.fast.scaled_dot_product_attention(
+        r["Q"] * 1.5, r["K"] + x[0, :, :16], r["V"], scale=0.25, mask=r["M"] > 0),
+    "attention, additive mask": lambda x, r: mx.fast.scaled_dot_product_attention(
+        r["Q"], r["K"], r["V"] * x[0, :, :16], scale=0.25, mask=r["M"]),
+}
+
+# Ops whose form has no elementwise glue: a replay's graph is the form's, node for node.
+NO_GLUE = ("layer_norm", "layer_norm without affine", "layer_norm of x by x", "rms_norm",
+           "rope", "rope traditional, part")
+
+
+def _canonical(*outs) -> str:
+    """MLX's graph of ``outs`` as DOT text with node names replaced by their order of
+    first appearance: two graphs built alike give the same text."""
+    names: dict = {}
+    return re.sub(r'\b\d{6,}\b|"[A-Z]+"',
+                  lambda m: names.setdefault(m.group(0), f"n{len(names)}"), graph_text(*outs))
+
+
+def _launches(record) -> list:
+    """What each launch ran: kernel, template, output shapes, input shapes and dtypes,
+    and its int32 inputs' values (programs, layouts, parameters)."""
+    return [(k.name, sorted(k.template.items()), [tuple(s) for s in k.output_shapes],
+             [(tuple(a.shape), a.dtype) for a in k.inputs],
+             [np.array(a).tolist() for a in k.inputs if a.dtype == mx.int32])
+            for k in record if k.name != "eft_selftest"]
+
+
+def _run(op, state, seed, record=None):
+    """One block on the lazy metal path: the op on an operand in ``state``; the
+    canonical graph of the result and its low word, and whether its packed words
+    are recorded."""
+    r = _operands(seed)
+    with lazy_metal_executor(record):
+        with mp.use_backend("metal"), mp.extended_precision():
+            x = STATES[state](r)
+            lo = carry.low_word(x)
+            e, z, _ = fusion.state_of(x, lo)
+            # (the operand's own graph evaluated: what the op adds is compared)
+            mx.eval([a for a in (x, lo, z, *(e.leaves if e else ())) if a is not None])
+            if record is not None:
+                del record[:]  # (the op's launches only)
+            y = OPS[op](x, r)
+            lo = carry.low_word(y)
+            packed = lo is not None and fusion.packed(y, lo) is not None
+            return _canonical(y, *([] if lo is None else [lo])), packed, graph_counts(
+                y, *([] if lo is None else [lo]))
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """The forms run at every call (nothing is traced) and the key of each call is
+    kept: ``spy`` lists them."""
+    keys: list = []
+    structure = recipes._structure
+
+    def kept(args, kw):
+        found = structure(args, kw)
+        keys.append(found[0])
+        return found
+
+    monkeypatch.setattr(recipes, "_structure", kept)
+    monkeypatch.setattr(recipes, "REPLAY_AT", 10**9)
+    return keys
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_equal_keys_build_equal_graphs(op, spy):
+    """Over every operand state and two sets of values, the calls whose keys are
+    equal built the same graph and the same launches (a key that missed a state
+    would replay one state's graph on another's operands)."""
+    seen: dict = {}
+    for state in STATES:
+        for seed in (0, 1):
+            record: list = []
+            spy.clear()
+            graph = _run(op, state, seed, record)[:2]
+            assert len(spy) == 1, "the op's form was not reached through its recipe"
+            found = (graph, _launches(record))
+            seen.setdefault(spy[0], []).append((state, found))
+    for key, runs in seen.items():
+        first = runs[0][1]
+        for state, found in runs[1:]:
+            assert found == first, (op, runs[0][0], state)
+    assert len(seen) >= 2  # (at least exact and carried operands told apart)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_replay_builds_the_forms_graph(op, monkeypatch):
+    """The third call of a structure replays its trace: the same graph as the form
+    builds (node for node where the form has no elementwise glue; elsewhere the same
+    launches and other nodes, MLX's compile having fused the glue), the result's
+    low word and packed words recorded as the form records them."""
+    monkeypatch.setattr(recipes, "ENABLED", False)
+    direct = _run(op, "sum", 0)
+    monkeypatch.setattr(recipes, "ENABLED", True)
+    before = len(recipes._recipes)
+    runs = [_run(op, "sum", seed) for seed in (1, 2, 3)]
+    assert len(recipes._recipes) == before + 1
+    assert list(recipes._recipes.values())[-1] is not None
+    graph, packed, counts = runs[-1]
+    assert packed == direct[1]
+    assert counts["launches"] == direct[2]["launches"]
+    if op in NO_GLUE:
+        assert graph == direct[0]
+    else:
+        def kept(c):
+            return {k: n for k, n in c["by_primitive"].items()
+                    if k in ("Depends", "Slice", "Max", "Concatenate", "Reshape",
+                             "Transpose", "ExpandDims")}
+        assert kept(counts) == kept(direct[2])
+        assert counts["glue"] < direct[2]["glue"]
+
+
+def _count_recipes(fn, backend="metal", calls=3):
+    before = len(recipes._recipes)
+    r = _operands(0)
+    with lazy_metal_executor():
+        for _ in range(calls):
+            with mp.use_backend(backend), mp.extended_precision():
+                fn(r)
+    return len(recipes._recipes) - before
+
+
+def test_what_cannot_be_keyed_runs_the_form():
+    """An operand whose transpose the GEMM rule noted, a -0.0 argument: no trace."""
+    assert _count_recipes(lambda r: mx.fast.layer_norm((r["C"] @ r["W"]).T, None, None,
+                                                       1e-5)) == 0
+    assert _count_recipes(lambda r: mx.fast.rms_norm(r["A"] + r["B"], r["w"], -0.0)) == 0
+    assert _count_recipes(lambda r: mx.fast.rms_norm(r["A"] + r["B"], r["w"], 0.0)) == 1
+
+
+def test_a_structure_seen_once_is_not_traced():
+    assert _count_recipes(lambda r: mx.fast.rms_norm(r["A"] * r["B"], r["w"], 1e-4),
+                          calls=1) == 0
+
+
+@pytest.mark.parametrize("backend", ["emulate", "cpu"])
+def test_host_backends_never_replay(backend):
+    """emulate's and cpu's kernels run on the host: their rules run at every call."""
+    r = _operands(0)
+    before = len(recipes._recipes)
+    for _ in range(3):
+        with mp.use_backend(backend), mp.extended_precision():
+            mx.eval(mx.fast.layer_norm(r["A"] + r["B"], r["w"], r["b"], 1e-5))
+    assert len(recipes._recipes) == before
+
+
+def test_a_compiled_block_traces_the_form(monkeypatch):
+    """Inside a function mx.compile traces, the forms run as they are (traced with
+    it): the compiled graph is the same as with replays off."""
+    r = _operands(0)
+
+    def forward(x):
+        with mp.use_backend("metal"), mp.extended_precision():
+            return mx.fast.rms_norm(mx.softmax(x * 2.0, axis=-1), r["w"], 1e-5)
+
+    counts = {}
+    for on in (False, True):
+        monkeypatch.setattr(recipes, "ENABLED", on)
+        with lazy_metal_executor():
+            for _ in range(3):
+                forward(r["A"])  # (replays made where on)
+            fn = mx.compile(forward)
+            mx.eval(fn(r["A"]))
+            counts[on] = _canonical(fn(r["A"]))
+    assert counts[True] == counts[False]
