@@ -50,9 +50,12 @@ _SEEN_MAX, _RECIPES_MAX = 1024, 256
 _seen: dict = {}  # structure -> sightings (forgotten all at once past _SEEN_MAX)
 _recipes: dict = {}  # structure -> _Recipe, or None (runs the form); the oldest dropped
 
-stateful: list = []
-"""Predicates ``x -> bool``: True where a rule reads something recorded about the
-array ``x`` that a trace does not carry (``rules.linear``'s noted transposes)."""
+views: list = []
+"""What a rule records of an array beside its words, as ``(read, note)`` pairs:
+``read(x, report)``, the words ``(hi, lo)`` of which ``x`` is a recorded view in the
+block of ``report``, or None; ``note(x, words, report)`` records that again on a
+trace's stand-ins (``rules.linear``'s noted transposes, which its GEMM reads with
+swapped strides)."""
 
 _F32, _C64 = mx.float32, mx.complex64
 _STATIC = (int, bool, str, type(None))
@@ -77,54 +80,77 @@ class _Slot:
         self.i = i
 
 
-def _structure(args: tuple, kw: dict):
-    """``(key, arrays, template, words)``: the call's structure (hashable), the
-    distinct arrays it reads in order of first use (operands, their low words, the
-    leaves of their expressions, their packed words and copies), ``(args, kw)``
-    with each array a :class:`_Slot`, and per real operand ``(hi, lo, expression,
-    its leaves, packed, copies)`` as places (None where absent). Raises
-    :class:`_Unkeyed`."""
+def _structure(args: tuple, kw: dict, report):
+    """``(key, arrays, template, words, seen_as)``: the call's structure (hashable),
+    the distinct arrays it reads in order of first use (operands, their low words,
+    the leaves of their expressions, their packed words and copies, the words they
+    are views of), ``(args, kw)`` with each array a :class:`_Slot`, per real words
+    ``(hi, lo, expression, its leaves, packed, copies)`` as places (None where
+    absent), and per recorded view ``(its reader's index in views, the array, the
+    words' hi and lo)`` as places. Raises :class:`_Unkeyed`."""
     index: dict = {}
     arrays: list = []
     key: list = []
     words: list = []
+    seen_as: list = []
     add = key.append
 
-    def slot(a) -> int | None:
-        if a is None:
-            add(None)
-            return None
+    def slot(a) -> int:
+        # a float32 array (words, leaves, packed words): its index when seen
+        # before, else its shape (a tuple: told from an index)
         i = index.get(id(a))
         if i is None:
             i = index[id(a)] = len(arrays)
             arrays.append(a)
-            add(a.shape)  # (a tuple: told from an index)
-            add(a.dtype)
+            add(a.shape)
         else:
             add(i)
         return i
 
+    def real(hi, lo) -> tuple:
+        state = fusion.state_of(hi, lo)
+        if state is None:
+            raise _Unkeyed
+        e, z, copies = state
+        i = slot(hi)
+        ilo = iz = ic = leaves = None
+        if lo is not None:  # (of hi's shape)
+            ilo = index.get(id(lo))
+            if ilo is None:
+                ilo = index[id(lo)] = len(arrays)
+                arrays.append(lo)
+            add(-1 - ilo)
+        else:
+            add(None)
+        if e is not None:
+            add(e.prog)  # (interned: one object per program)
+            add(e.shape)
+            add(len(e.leaves))
+            leaves = tuple([slot(leaf) for leaf in e.leaves])
+        else:
+            add(None)
+        iz = None if z is None else slot(z)
+        add(iz is None)
+        ic = None if copies is None else slot(copies)
+        add(ic is None)
+        words.append((i, ilo, e, leaves, iz, ic))
+        return i, ilo
+
     def write(v):
         if isinstance(v, ARRAY):
-            if v.dtype == _C64 or any(p(v) for p in stateful):
+            dtype = v.dtype
+            if dtype == _F32:
+                i = real(v, carry.low_word(v))[0]
+                for k, (read, _) in enumerate(views):
+                    src = read(v, report)
+                    add(src is None)
+                    if src is not None:
+                        seen_as.append((k, i, *real(*src)))
+                return _Slot(i)
+            if dtype == _C64:
                 raise _Unkeyed
-            if v.dtype != _F32:
-                return _Slot(slot(v))
-            lo = carry.low_word(v)
-            state = fusion.state_of(v, lo)
-            if state is None:
-                raise _Unkeyed
-            e, z, copies = state
-            i, ilo = slot(v), slot(lo)
-            leaves = None
-            if e is not None:
-                add(e.prog)  # (interned: one object per program)
-                add(e.shape)
-                add(len(e.leaves))
-                leaves = tuple(slot(leaf) for leaf in e.leaves)
-            else:
-                add(None)
-            words.append((i, ilo, e, leaves, slot(z), slot(copies)))
+            i = slot(v)
+            add(dtype)
             return _Slot(i)
         t = type(v)
         add(t)
@@ -141,9 +167,9 @@ def _structure(args: tuple, kw: dict):
             return t(write(x) for x in v)
         raise _Unkeyed
 
-    template = (tuple(write(a) for a in args),
+    template = (tuple([write(a) for a in args]),
                 {k: (add(k), write(v))[1] for k, v in kw.items()})
-    return tuple(key), arrays, template, words
+    return tuple(key), arrays, template, words, seen_as
 
 
 def _filled(v, values):
@@ -158,10 +184,10 @@ class _Recipe:
     """One structure's form, compiled: called with the structure's arrays, returns
     the form's result with its low word and packed words recorded."""
 
-    __slots__ = ("form", "template", "words", "compiled", "kinds")
+    __slots__ = ("form", "template", "words", "seen_as", "compiled", "kinds")
 
-    def __init__(self, form, template, words):
-        self.form, self.template, self.words = form, template, words
+    def __init__(self, form, template, words, seen_as):
+        self.form, self.template, self.words, self.seen_as = form, template, words, seen_as
         self.compiled = plain.compile(self._trace)
         self.kinds = None  # (has a low word, has packed words), set by the trace
 
@@ -175,15 +201,26 @@ class _Recipe:
                     e = fusion.Expr(tuple(values[k] for k in leaves), e.prog, e.shape)
                 fusion.note_state(hi, lo, e, None if iz is None else values[iz],
                                   None if ic is None else values[ic])
+            for k, i, ihi, ilo in self.seen_as:
+                views[k][1](values[i], (values[ihi], None if ilo is None else values[ilo]),
+                            ctx.report)
             args, kw = self.template
             out = self.form(ctx, *_filled(args, values),
                             **{k: _filled(v, values) for k, v in kw.items()})
             if not isinstance(out, ARRAY) or out.dtype != _F32:
                 raise _Declined
             lo = carry.low_word(out)
-            z = None if lo is None else fusion.packed(out, lo)
-        self.kinds = (lo is not None, z is not None)
-        return [a for a in (out, lo, z) if a is not None]
+            state = fusion.state_of(out, lo)
+            if state is None:
+                raise _Declined
+            e, z, copies = state
+        # what the result carries, as outputs: its low word, packed words, copies
+        # and its expression's leaves (a later op composes the expression, as it
+        # composes the form's)
+        self.kinds = (lo is not None, z is not None, copies is not None,
+                      None if e is None else (e.prog, e.shape, len(e.leaves)))
+        return [a for a in (out, lo, z, copies) if a is not None] + list(
+            () if e is None else e.leaves)
 
     def __call__(self, ctx, arrays: list):
         token = _calling.set(ctx)
@@ -191,12 +228,17 @@ class _Recipe:
             outs = _TRANSFORMED_CALL(self.compiled, *arrays)
         finally:
             _calling.reset(token)
-        has_lo, has_z = self.kinds
-        out = outs[0]
-        if has_lo:
-            carry.attach(out, outs[1])
-            if has_z:
-                fusion.note_packed(out, outs[1], outs[2])
+        has_lo, has_z, has_copies, e = self.kinds
+        out, lo = outs[0], outs[1] if has_lo else None
+        k = 1 + has_lo
+        z = outs[k] if has_z else None
+        k += has_z
+        copies = outs[k] if has_copies else None
+        k += has_copies
+        if e is not None:
+            e = fusion.Expr(tuple(outs[k:]), e[0], e[1])
+        carry.attach(out, lo)
+        fusion.note_state(out, lo, e, z, copies)
         return out
 
 
@@ -232,7 +274,7 @@ def replayed(form):
                 _calling.get() is not None):
             return form(ctx, *args, **kw)  # (inside a trace: traced with it)
         try:
-            key, arrays, template, words = _structure(args, kw)
+            key, arrays, template, words, seen_as = _structure(args, kw, ctx.report)
         except _Unkeyed:
             return form(ctx, *args, **kw)
         key = (form, *key)
@@ -245,7 +287,7 @@ def replayed(form):
                 _seen[key] = seen
                 return form(ctx, *args, **kw)
             _seen.pop(key, None)
-            recipe = _Recipe(form, template, words)
+            recipe = _Recipe(form, template, words, seen_as)
             try:
                 out = recipe(ctx, arrays)
             except (_Declined, ValueError, TypeError, RuntimeError, IndexError):

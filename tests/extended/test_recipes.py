@@ -50,6 +50,8 @@ STATES = {
     "moved gemm": lambda r: (r["C"] @ r["W"]).reshape(2, 8, 32),
     "swapped gemm": lambda r: (r["A"].swapaxes(0, 1) @ r["W"]).swapaxes(0, 1),
     "sum of a sum": lambda r: (r["A"] + r["B"]) * r["B"],
+    "transposed sum": lambda r: (r["A"].swapaxes(1, 2) + 1.0).swapaxes(1, 2),
+    "transposed gemm": lambda r: (r["A"] @ r["W"]).swapaxes(1, 2).reshape(2, 32, 8).swapaxes(1, 2),
 }
 
 # Ops on an operand x of STATES (and r's arrays), keyword arguments included.
@@ -58,6 +60,10 @@ OPS = {
     "layer_norm without affine": lambda x, r: mx.fast.layer_norm(x, None, None, 1e-6),
     "layer_norm of x by x": lambda x, r: mx.fast.layer_norm(x, x[0, 0], None, 1e-5),
     "rms_norm": lambda x, r: mx.fast.rms_norm(x, r["w"], 1e-5),
+    "matmul": lambda x, r: x @ r["W"],
+    "matmul by a transpose": lambda x, r: x @ r["W"].T,
+    "matmul of a transpose": lambda x, r: x.swapaxes(1, 2) @ x,
+    "addmm": lambda x, r: mx.addmm(r["b"], x, r["W"].T),
     "softmax": lambda x, r: mx.softmax(x, axis=-1),
     "softmax of two axes": lambda x, r: mx.softmax(x, axis=(1, 2)),
     "logsumexp": lambda x, r: mx.logsumexp(x, axis=-1),
@@ -80,6 +86,7 @@ OPS = {
 
 # Ops whose form has no elementwise glue: a replay's graph is the form's, node for node.
 NO_GLUE = ("layer_norm", "layer_norm without affine", "layer_norm of x by x", "rms_norm",
+           "matmul", "matmul by a transpose", "matmul of a transpose", "addmm",
            "rope", "rope traditional, part")
 
 
@@ -100,7 +107,7 @@ def _launches(record) -> list:
             for k in record if k.name != "eft_selftest"]
 
 
-def _run(op, state, seed, record=None):
+def _run(op, state, seed, record=None, keys=None):
     """One block on the lazy metal path: the op on an operand in ``state``; the
     canonical graph of the result and its low word, and whether its packed words
     are recorded."""
@@ -112,8 +119,9 @@ def _run(op, state, seed, record=None):
             e, z, _ = fusion.state_of(x, lo)
             # (the operand's own graph evaluated: what the op adds is compared)
             mx.eval([a for a in (x, lo, z, *(e.leaves if e else ())) if a is not None])
-            if record is not None:
-                del record[:]  # (the op's launches only)
+            for kept in (record, keys):  # (the op's launches and keys only)
+                if kept is not None:
+                    del kept[:]
             y = OPS[op](x, r)
             lo = carry.low_word(y)
             packed = lo is not None and fusion.packed(y, lo) is not None
@@ -128,8 +136,8 @@ def spy(monkeypatch):
     keys: list = []
     structure = recipes._structure
 
-    def kept(args, kw):
-        found = structure(args, kw)
+    def kept(args, kw, report):
+        found = structure(args, kw, report)
         keys.append(found[0])
         return found
 
@@ -147,9 +155,8 @@ def test_equal_keys_build_equal_graphs(op, spy):
     for state in STATES:
         for seed in (0, 1):
             record: list = []
-            spy.clear()
-            graph = _run(op, state, seed, record)[:2]
-            assert len(spy) == 1, "the op's form was not reached through its recipe"
+            graph = _run(op, state, seed, record, spy)[:2]
+            assert spy, "the op's form was not reached through its recipe"  # (its own first)
             found = (graph, _launches(record))
             seen.setdefault(spy[0], []).append((state, found))
     for key, runs in seen.items():
@@ -197,9 +204,9 @@ def _count_recipes(fn, backend="metal", calls=3):
 
 
 def test_what_cannot_be_keyed_runs_the_form():
-    """An operand whose transpose the GEMM rule noted, a -0.0 argument: no trace."""
-    assert _count_recipes(lambda r: mx.fast.layer_norm((r["C"] @ r["W"]).T, None, None,
-                                                       1e-5)) == 0
+    """A complex operand, a -0.0 argument: no trace."""
+    z = mx.array(np.arange(64).reshape(8, 8) * (1 + 0.5j), mx.complex64)
+    assert _count_recipes(lambda r: (z * (1 + 1e-9j)) @ z) == 0
     assert _count_recipes(lambda r: mx.fast.rms_norm(r["A"] + r["B"], r["w"], -0.0)) == 0
     assert _count_recipes(lambda r: mx.fast.rms_norm(r["A"] + r["B"], r["w"], 0.0)) == 1
 

@@ -60,18 +60,28 @@ def noting_transposes(rule, permutation):
             return out
         if out is NotImplemented:  # exact operand: MLX's op, noted
             out = original(x, *args, **kw)
-        key, alias, lo = id(out), _COPY(x), low_word(x)
+        alias, lo = _COPY(x), low_word(x)
         if lo is not None and fusion.has_packed(x, lo):  # x's packed words: the alias's
             fusion.note_moved(alias, lo, x, lo, _same)
-        _transposes[key] = (weakref.ref(out, lambda _: _transposes.pop(key, None)),
-                            ctx.report, (alias, lo))
+        _note(out, (alias, lo), ctx.report)
         return out
 
     return noted
 
 
-# (a trace of a composite rule does not carry these: an operand with one runs the rule)
-recipes.stateful.append(lambda x: id(x) in _transposes)
+def _note(out, words: tuple, report) -> None:
+    """Record ``out`` as the transpose of the last two axes of ``words`` (the
+    words' alias and low word) in the block of ``report``."""
+    key = id(out)
+    _transposes[key] = (weakref.ref(out, lambda _: _transposes.pop(key, None)), report, words)
+
+
+def _source(x, report) -> tuple | None:
+    words, noted = _untransposed(x, report)
+    return words if noted else None
+
+
+recipes.views.append((_source, _note))  # (what a replay's trace records again)
 
 
 def forget(x) -> None:
@@ -103,18 +113,28 @@ def _matmul():
         if ctx.backend.float64_engine or a.ndim < 2 or b.ndim < 2:
             return words_op(lambda A, B: gemm.matmul(A, B, backend=ctx.backend), original,
                             [a, b], ctx.backend)
-        (sa, ta), (sb, tb) = _untransposed(a, ctx.report), _untransposed(b, ctx.report)
-        if not (ta or tb):
-            return words_op(lambda A, B: gemm.matmul(A, B, backend=ctx.backend), original,
-                            [a, b], ctx.backend)
-        # The kernel reads the sources' words; the gradient stays MLX's matmul VJP
-        # of the operands as given (through their transposes).
-        sources = [(v, low_word(v)) if v is x else v for v, x in ((sa, a), (sb, b))]
-        return words_op(lambda A, B: gemm.transposed_matmul(
-            *(DoubleWord.exact(v) if lo is None else DoubleWord(v, lo) for v, lo in sources),
-            (ta, tb), backend=ctx.backend), original, [a, b], ctx.backend)
+        return (_replayed_gemm if kernel_form(ctx) else _gemm_words)(ctx, a, b)
 
     return rule
+
+
+def _gemm_words(ctx, a, b):
+    """``a @ b`` of operands of two axes or more on a kernel backend: the GEMM,
+    reading an operand that transposes the last two axes of an array
+    (:func:`noting_transposes`) from that array with swapped strides."""
+    (sa, ta), (sb, tb) = _untransposed(a, ctx.report), _untransposed(b, ctx.report)
+    if not (ta or tb):
+        return words_op(lambda A, B: gemm.matmul(A, B, backend=ctx.backend), _MATMUL,
+                        [a, b], ctx.backend)
+    # The kernel reads the sources' words; the gradient stays MLX's matmul VJP
+    # of the operands as given (through their transposes).
+    sources = [(v, low_word(v)) if v is x else v for v, x in ((sa, a), (sb, b))]
+    return words_op(lambda A, B: gemm.transposed_matmul(
+        *(DoubleWord.exact(v) if lo is None else DoubleWord(v, lo) for v, lo in sources),
+        (ta, tb), backend=ctx.backend), _MATMUL, [a, b], ctx.backend)
+
+
+_replayed_gemm = recipes.replayed(_gemm_words)
 
 
 _MATMUL = mx.matmul  # (MLX's, captured at import: inside a block mx.matmul is a stand-in)
@@ -148,13 +168,21 @@ def _addmm_rule():
     launches and bits as the decomposition, without the flow's work per step)."""
     slow, product = decomposed(_addmm), _matmul()
 
+    def steps(ctx, c, a, b):
+        ab = product(ctx, _MATMUL, a, b)
+        if ab is NotImplemented:
+            return ab
+        z = fused("add", (ab, c), ctx.backend)
+        return z if z is not None else result(
+            arith.binary("add", words(ab), words(c), ctx.backend, ctx.stream))
+
+    replayed = recipes.replayed(steps)
+
     def rule(ctx, original, c, a, b, alpha=1.0, beta=1.0, **kw):
         if alpha == 1 and beta == 1 and not kw and is_word_array(c) and kernel_form(ctx):
-            ab = product(ctx, _MATMUL, a, b)
+            ab = replayed(ctx, c, a, b)
             if ab is not NotImplemented:
-                z = fused("add", (ab, c), ctx.backend)
-                return z if z is not None else result(
-                    arith.binary("add", words(ab), words(c), ctx.backend, ctx.stream))
+                return ab
         return slow(ctx, original, c, a, b, alpha, beta, **kw)
 
     return rule
