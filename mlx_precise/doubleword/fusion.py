@@ -534,27 +534,27 @@ def private_scope():
     return _block_scope(True, False)
 
 
-def state_of(hi: mx.array, lo: mx.array | None) -> tuple | None:
-    """What the open block recorded of the real words ``hi``, ``lo`` that a program
-    or a kernel reads: ``(expression or None, packed words or None, copies or
-    None)`` (the packed words made now where they are made when read:
-    :func:`note_moved`); None for what :func:`note_state` cannot record again
-    (complex words' parts)."""
+def state_of(hi: mx.array, lo: mx.array | None) -> tuple:
+    """What the open block recorded of the words ``hi``, ``lo`` that a program or a
+    kernel reads: ``(expression, packed words, copies, parts, layout)``, each None
+    where absent (the packed words made now where they are made when read:
+    :func:`note_moved`; parts and layout: :func:`note_parts`)."""
     entry = _table.get(id(hi))
-    e = None
+    e = parts = layout = None
     if entry is not None and entry[0]() is hi and entry[1] is lo and entry[3] is _open_scope():
-        if entry[4] is not None or entry[5] is not None:
-            return None
-        e = entry[2]
-    return e, packed(hi, lo), None if lo is None else _copied(hi, lo)
+        e, parts, layout = entry[2], entry[4], entry[5]
+    return (e, packed(hi, lo), None if lo is None else _copied(hi, lo),
+            parts, layout)
 
 
 def note_state(hi: mx.array, lo: mx.array | None, e: Expr | None, z: mx.array | None,
-               copies: mx.array | None) -> None:
-    """Record :func:`state_of`'s ``e``, ``z``, ``copies`` (their arrays replaced: a
-    trace's inputs) as the state of ``hi``, ``lo`` in the open block."""
-    if e is not None:
-        _remember(hi, lo, e)
+               copies: mx.array | None, parts: tuple | None = None,
+               layout: tuple | None = None) -> None:
+    """Record :func:`state_of`'s ``e``, ``z``, ``copies``, ``parts``, ``layout``
+    (their arrays replaced: a trace's inputs or outputs) as the state of ``hi``,
+    ``lo`` in the open block."""
+    if e is not None or parts is not None:
+        _remember(hi, lo, e, parts, layout)
     if z is not None:
         note_packed(hi, lo, z)
     if copies is not None:

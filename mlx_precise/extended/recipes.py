@@ -80,77 +80,78 @@ class _Slot:
         self.i = i
 
 
+class _Places:
+    """Distinct arrays numbered in order of first use (``index``: id -> place)."""
+
+    __slots__ = ("arrays", "index")
+
+    def __init__(self):
+        self.arrays, self.index = [], {}
+
+    def __call__(self, a) -> int | None:
+        if a is None:
+            return None
+        i = self.index.get(id(a))
+        if i is None:
+            i = self.index[id(a)] = len(self.arrays)
+            self.arrays.append(a)
+        return i
+
+
+def _described(hi, lo, place) -> tuple:
+    """What the open block recorded of the words ``hi``, ``lo`` (:func:`fusion.state_of
+    <mlx_precise.doubleword.fusion.state_of>`) with each array as its place
+    (``place``, a :class:`_Places`): ``(hi, lo, (program, shape, leaves) or None,
+    packed, copies, the described float words of complex words or None, their
+    layout)``, hashable."""
+    e, z, copies, parts, layout = fusion.state_of(hi, lo)
+    return (place(hi), place(lo),
+            None if e is None else (e.prog, e.shape, tuple([place(a) for a in e.leaves])),
+            place(z), place(copies), None if parts is None else _described(*parts, place),
+            layout)
+
+
+def _noted(desc: tuple, values) -> tuple:
+    """Record the state :func:`_described` describes on ``values`` (the arrays by
+    place) in the open block; returns the words ``(hi, lo)``."""
+    i, ilo, e, iz, ic, parts, layout = desc
+    hi, lo = values[i], None if ilo is None else values[ilo]
+    if e is not None:
+        e = fusion.Expr(tuple([values[k] for k in e[2]]), e[0], e[1])
+    fusion.note_state(hi, lo, e, None if iz is None else values[iz],
+                      None if ic is None else values[ic],
+                      None if parts is None else _noted(parts, values), layout)
+    return hi, lo
+
+
 def _structure(args: tuple, kw: dict, report):
-    """``(key, arrays, template, words, seen_as)``: the call's structure (hashable),
-    the distinct arrays it reads in order of first use (operands, their low words,
-    the leaves of their expressions, their packed words and copies, the words they
-    are views of), ``(args, kw)`` with each array a :class:`_Slot`, per real words
-    ``(hi, lo, expression, its leaves, packed, copies)`` as places (None where
-    absent), and per recorded view ``(its reader's index in views, the array, the
-    words' hi and lo)`` as places. Raises :class:`_Unkeyed`."""
-    index: dict = {}
-    arrays: list = []
+    """``(key, arrays, template, operands, seen_as)``: the call's structure
+    (hashable), the distinct arrays it reads in order of first use (operands, their
+    low words, what the block recorded of them: :func:`_described`; the words they
+    are views of), ``(args, kw)`` with each array a :class:`_Slot`, per word operand
+    its description, and per recorded view ``(its reader's index in views, the
+    array's place, the viewed words' description)``. Raises :class:`_Unkeyed`."""
+    place = _Places()
     key: list = []
-    words: list = []
+    operands: list = []
     seen_as: list = []
     add = key.append
 
-    def slot(a) -> int:
-        # a float32 array (words, leaves, packed words): its index when seen
-        # before, else its shape (a tuple: told from an index)
-        i = index.get(id(a))
-        if i is None:
-            i = index[id(a)] = len(arrays)
-            arrays.append(a)
-            add(a.shape)
-        else:
-            add(i)
-        return i
-
-    def real(hi, lo) -> tuple:
-        state = fusion.state_of(hi, lo)
-        if state is None:
-            raise _Unkeyed
-        e, z, copies = state
-        i = slot(hi)
-        ilo = iz = ic = leaves = None
-        if lo is not None:  # (of hi's shape)
-            ilo = index.get(id(lo))
-            if ilo is None:
-                ilo = index[id(lo)] = len(arrays)
-                arrays.append(lo)
-            add(-1 - ilo)
-        else:
-            add(None)
-        if e is not None:
-            add(e.prog)  # (interned: one object per program)
-            add(e.shape)
-            add(len(e.leaves))
-            leaves = tuple([slot(leaf) for leaf in e.leaves])
-        else:
-            add(None)
-        iz = None if z is None else slot(z)
-        add(iz is None)
-        ic = None if copies is None else slot(copies)
-        add(ic is None)
-        words.append((i, ilo, e, leaves, iz, ic))
-        return i, ilo
-
     def write(v):
         if isinstance(v, ARRAY):
+            i = place(v)
+            add(i)
             dtype = v.dtype
-            if dtype == _F32:
-                i = real(v, carry.low_word(v))[0]
+            if dtype == _F32 or dtype == _C64:
+                desc = _described(v, carry.low_word(v), place)
+                add(desc)
+                operands.append(desc)
                 for k, (read, _) in enumerate(views):
                     src = read(v, report)
-                    add(src is None)
+                    add(None if src is None else k)
                     if src is not None:
-                        seen_as.append((k, i, *real(*src)))
-                return _Slot(i)
-            if dtype == _C64:
-                raise _Unkeyed
-            i = slot(v)
-            add(dtype)
+                        seen_as.append((k, i, _described(*src, place)))
+                        add(seen_as[-1][2])
             return _Slot(i)
         t = type(v)
         add(t)
@@ -164,12 +165,14 @@ def _structure(args: tuple, kw: dict, report):
             return v
         if t is tuple or t is list:
             add(len(v))
-            return t(write(x) for x in v)
+            return t([write(x) for x in v])
         raise _Unkeyed
 
     template = (tuple([write(a) for a in args]),
                 {k: (add(k), write(v))[1] for k, v in kw.items()})
-    return tuple(key), arrays, template, words, seen_as
+    arrays = place.arrays
+    add(tuple([(a.shape, a.dtype) for a in arrays]))
+    return tuple(key), arrays, template, operands, seen_as
 
 
 def _filled(v, values):
@@ -182,45 +185,34 @@ def _filled(v, values):
 
 class _Recipe:
     """One structure's form, compiled: called with the structure's arrays, returns
-    the form's result with its low word and packed words recorded."""
+    the form's result carrying what the form's result carries."""
 
-    __slots__ = ("form", "template", "words", "seen_as", "compiled", "kinds")
+    __slots__ = ("form", "template", "operands", "seen_as", "compiled", "result")
 
-    def __init__(self, form, template, words, seen_as):
-        self.form, self.template, self.words, self.seen_as = form, template, words, seen_as
+    def __init__(self, form, template, operands, seen_as):
+        self.form, self.template = form, template
+        self.operands, self.seen_as = operands, seen_as
         self.compiled = plain.compile(self._trace)
-        self.kinds = None  # (has a low word, has packed words), set by the trace
+        self.result = None  # the result's description by place among the outputs
 
     def _trace(self, *values):
         ctx = _calling.get()
         with fusion.private_scope():
-            for i, ilo, e, leaves, iz, ic in self.words:
-                hi, lo = values[i], None if ilo is None else values[ilo]
-                carry.attach(hi, lo)
-                if e is not None:
-                    e = fusion.Expr(tuple(values[k] for k in leaves), e.prog, e.shape)
-                fusion.note_state(hi, lo, e, None if iz is None else values[iz],
-                                  None if ic is None else values[ic])
-            for k, i, ihi, ilo in self.seen_as:
-                views[k][1](values[i], (values[ihi], None if ilo is None else values[ilo]),
-                            ctx.report)
+            for desc in self.operands:
+                carry.attach(*_noted(desc, values))
+            for k, i, desc in self.seen_as:
+                views[k][1](values[i], _noted(desc, values), ctx.report)
             args, kw = self.template
             out = self.form(ctx, *_filled(args, values),
                             **{k: _filled(v, values) for k, v in kw.items()})
-            if not isinstance(out, ARRAY) or out.dtype != _F32:
+            if not isinstance(out, ARRAY) or out.dtype not in (_F32, _C64):
                 raise _Declined
-            lo = carry.low_word(out)
-            state = fusion.state_of(out, lo)
-            if state is None:
-                raise _Declined
-            e, z, copies = state
-        # what the result carries, as outputs: its low word, packed words, copies
-        # and its expression's leaves (a later op composes the expression, as it
-        # composes the form's)
-        self.kinds = (lo is not None, z is not None, copies is not None,
-                      None if e is None else (e.prog, e.shape, len(e.leaves)))
-        return [a for a in (out, lo, z, copies) if a is not None] + list(
-            () if e is None else e.leaves)
+            # the result and what it carries, as outputs: its low word, and what the
+            # form recorded of its words (a later op composes its expression, reads
+            # its packed words, as after the form)
+            place = _Places()
+            self.result = _described(out, carry.low_word(out), place)
+        return place.arrays
 
     def __call__(self, ctx, arrays: list):
         token = _calling.set(ctx)
@@ -228,18 +220,8 @@ class _Recipe:
             outs = _TRANSFORMED_CALL(self.compiled, *arrays)
         finally:
             _calling.reset(token)
-        has_lo, has_z, has_copies, e = self.kinds
-        out, lo = outs[0], outs[1] if has_lo else None
-        k = 1 + has_lo
-        z = outs[k] if has_z else None
-        k += has_z
-        copies = outs[k] if has_copies else None
-        k += has_copies
-        if e is not None:
-            e = fusion.Expr(tuple(outs[k:]), e[0], e[1])
-        carry.attach(out, lo)
-        fusion.note_state(out, lo, e, z, copies)
-        return out
+        out, lo = _noted(self.result, outs)
+        return carry.attach(out, lo)
 
 
 @contextlib.contextmanager
@@ -274,7 +256,7 @@ def replayed(form):
                 _calling.get() is not None):
             return form(ctx, *args, **kw)  # (inside a trace: traced with it)
         try:
-            key, arrays, template, words, seen_as = _structure(args, kw, ctx.report)
+            key, arrays, template, operands, seen_as = _structure(args, kw, ctx.report)
         except _Unkeyed:
             return form(ctx, *args, **kw)
         key = (form, *key)
@@ -287,7 +269,7 @@ def replayed(form):
                 _seen[key] = seen
                 return form(ctx, *args, **kw)
             _seen.pop(key, None)
-            recipe = _Recipe(form, template, words, seen_as)
+            recipe = _Recipe(form, template, operands, seen_as)
             try:
                 out = recipe(ctx, arrays)
             except (_Declined, ValueError, TypeError, RuntimeError, IndexError):

@@ -64,6 +64,7 @@ OPS = {
     "matmul by a transpose": lambda x, r: x @ r["W"].T,
     "matmul of a transpose": lambda x, r: x.swapaxes(1, 2) @ x,
     "addmm": lambda x, r: mx.addmm(r["b"], x, r["W"].T),
+    "complex matmul": lambda x, r: (x + 1j * r["B"]) @ (r["W"] * (0.5 - 1j)),
     "softmax": lambda x, r: mx.softmax(x, axis=-1),
     "softmax of two axes": lambda x, r: mx.softmax(x, axis=(1, 2)),
     "logsumexp": lambda x, r: mx.logsumexp(x, axis=-1),
@@ -84,7 +85,8 @@ OPS = {
         r["Q"], r["K"], r["V"] * x[0, :, :16], scale=0.25, mask=r["M"]),
 }
 
-# Ops whose form has no elementwise glue: a replay's graph is the form's, node for node.
+# Ops whose form has no elementwise glue: a replay's graph is the form's, node for node
+# (elsewhere a replay may also hold two arrays of a constant where the form held one).
 NO_GLUE = ("layer_norm", "layer_norm without affine", "layer_norm of x by x", "rms_norm",
            "matmul", "matmul by a transpose", "matmul of a transpose", "addmm",
            "rope", "rope traditional, part")
@@ -116,7 +118,7 @@ def _run(op, state, seed, record=None, keys=None):
         with mp.use_backend("metal"), mp.extended_precision():
             x = STATES[state](r)
             lo = carry.low_word(x)
-            e, z, _ = fusion.state_of(x, lo)
+            e, z = fusion.state_of(x, lo)[:2]
             # (the operand's own graph evaluated: what the op adds is compared)
             mx.eval([a for a in (x, lo, z, *(e.leaves if e else ())) if a is not None])
             for kept in (record, keys):  # (the op's launches and keys only)
@@ -190,7 +192,7 @@ def test_replay_builds_the_forms_graph(op, monkeypatch):
                     if k in ("Depends", "Slice", "Max", "Concatenate", "Reshape",
                              "Transpose", "ExpandDims")}
         assert kept(counts) == kept(direct[2])
-        assert counts["glue"] < direct[2]["glue"]
+        assert counts["glue"] <= direct[2]["glue"]
 
 
 def _count_recipes(fn, backend="metal", calls=3):
@@ -204,9 +206,7 @@ def _count_recipes(fn, backend="metal", calls=3):
 
 
 def test_what_cannot_be_keyed_runs_the_form():
-    """A complex operand, a -0.0 argument: no trace."""
-    z = mx.array(np.arange(64).reshape(8, 8) * (1 + 0.5j), mx.complex64)
-    assert _count_recipes(lambda r: (z * (1 + 1e-9j)) @ z) == 0
+    """A -0.0 argument (equal to 0.0, but another value): no trace."""
     assert _count_recipes(lambda r: mx.fast.rms_norm(r["A"] + r["B"], r["w"], -0.0)) == 0
     assert _count_recipes(lambda r: mx.fast.rms_norm(r["A"] + r["B"], r["w"], 0.0)) == 1
 

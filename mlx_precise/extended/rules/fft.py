@@ -11,8 +11,9 @@ import numpy as np
 
 from ...core.plain import FFT_NAMES, plain
 from .. import carry, spectral
+from ..recipes import replayed
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
-from .base import decomposed
+from .base import decomposed, kernel_form
 
 
 def _signature(name: str) -> inspect.Signature:
@@ -115,6 +116,14 @@ _TAKEN = (mx.float32, mx.complex64, mx.float64)  # and the integer dtypes
 _PLANNED = (mx.float32, mx.complex64)
 
 
+def _planned(ctx, a, kind: str, s: tuple, axes: tuple, norm: str) -> mx.array:
+    """The transform ``kind`` of ``a`` by a plan its rule made for the call's form."""
+    return spectral.transform(kind, _operand(a, kind), s, axes, norm, ctx.backend, ctx.stream)
+
+
+_replayed_plan = replayed(_planned)
+
+
 def _transform(name: str):
     bind = _binder(name)
     kind = name[:-1] if name[-1] in "2n" else name  # fft2, fftn -> fft
@@ -133,9 +142,9 @@ def _transform(name: str):
             key = (a.shape, a.dtype, form)
             plan = planned.get(key)
             if plan is not None:
-                # (the dispatcher runs a rule with the flow off: the engine's ops are MLX's)
-                return spectral.transform(kind, _operand(a, kind), *plan, ctx.backend,
-                                          ctx.stream)
+                # (the dispatcher runs a rule with the flow off: the engine's ops are
+                # MLX's; on metal a repeated structure replays: extended.recipes)
+                return (_replayed_plan if kernel_form(ctx) else _planned)(ctx, a, kind, *plan)
         ref = original(*args, **kwargs)  # lazy: MLX checks the arguments, gives the shape
         b = bind(args, kwargs)
         a = b["a"]
