@@ -1,5 +1,7 @@
 """The self-test's checks of the block's own kernels: the double-word row sums of
-scatter-adds and gradients (``dw_rows_add``), on a kernel backend."""
+scatter-adds and gradients (``dw_rows_add``), on a kernel backend; on the metal
+backend, the replays of composite rules (:mod:`.recipes`) against the rules run
+op by op, bit for bit."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import numpy as np
 from ..core import backends
 from ..core.selftest import Check, register
 from ..doubleword.checks import U
+from . import recipes
 from .carry import attach, low_word, suspended
+from ..core.context import extended_precision
 from .rules.shape import rows_add
 
 
@@ -42,8 +46,49 @@ def check_rows_add(backend, n: int = 600, rows: int = 40, m: int = 3) -> Check:
                  f"max err {float(worst / U**2):.3g} u^2 of the magnitudes (need <= 4)")
 
 
+def _composites(r):
+    """The composite rules that replay, on carried operands made from ``r``."""
+    x = r["x"] * 1.5 + r["y"]
+    q = mx.fast.rope(x[None], 16, traditional=False, base=10000.0, scale=1.0, offset=2)
+    return [mx.fast.layer_norm(x, r["w"], r["w"], 1e-5), mx.fast.rms_norm(x, r["w"], 1e-5),
+            mx.softmax(x, axis=-1), mx.logsumexp(x, axis=-1), q,
+            mx.fast.scaled_dot_product_attention(q, x[None], x[None], scale=0.25,
+                                                 mask="causal"),
+            mx.addmm(r["w"], x, r["m"].T), x @ r["m"], mx.fft.irfft(mx.fft.rfft(x), n=32)]
+
+
+def check_replays(backend, calls: int = 3) -> Check:
+    """Each composite rule's result and low word, replayed (the third call of its
+    structure), against the rule run at every call: the same bits (the same
+    programs on the same operands: :mod:`.recipes`)."""
+    rng = np.random.default_rng(5)
+    r = {k: mx.array(rng.standard_normal(shape).astype(np.float32))
+         for k, shape in (("x", (4, 8, 32)), ("y", (4, 8, 32)), ("w", (32,)), ("m", (32, 32)))}
+
+    def words(on: bool) -> list:
+        saved, recipes.ENABLED = recipes.ENABLED, on
+        try:
+            for _ in range(calls):
+                with backends.use_backend(backends.of(backend).name), extended_precision():
+                    outs = _composites(r)
+                    got = [(np.array(y), np.array(low_word(y))) for y in outs]
+            return got
+        finally:
+            recipes.ENABLED = saved
+
+    direct, replayed = words(False), words(True)
+    same = sum(all(np.array_equal(a.view(np.uint32) if a.dtype == np.float32 else a,
+                                  b.view(np.uint32) if b.dtype == np.float32 else b)
+                   for a, b in zip(d, p)) for d, p in zip(direct, replayed))
+    return Check(f"replayed composite rules [{len(direct)} ops]", same == len(direct),
+                 f"{same} of {len(direct)} bit-identical to the rules run op by op")
+
+
 def selftest_checks(backend, done=()) -> list[Check]:
-    return [check_rows_add(backend)] if backends.of(backend).has_kernels else []
+    if not backends.of(backend).has_kernels:
+        return []
+    return [check_rows_add(backend)] + ([check_replays(backend)] if backends.of(
+        backend).gpu else [])
 
 
 register(80, selftest_checks)

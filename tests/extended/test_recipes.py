@@ -246,3 +246,15 @@ def test_a_compiled_block_traces_the_form(monkeypatch):
             mx.eval(fn(r["A"]))
             counts[on] = _canonical(fn(r["A"]))
     assert counts[True] == counts[False]
+
+
+def test_the_selftest_check_runs_its_path(lazy_metal):
+    """``python -m mlx_precise selftest --backend metal`` compares each replayed
+    composite rule with the rule run op by op, bit for bit (on a Mac; here the
+    stand-in's values are zeros, so this runs the check's path only)."""
+    from mlx_precise.extended import checks
+
+    before = len(recipes._recipes)
+    check = checks.check_replays("metal")
+    assert check.passed and "9 of 9" in check.figure
+    assert len(recipes._recipes) > before
