@@ -80,35 +80,33 @@ class _Slot:
         self.i = i
 
 
-class _Places:
-    """Distinct arrays numbered in order of first use (``index``: id -> place)."""
+def _places() -> tuple:
+    """``(place, arrays)``: ``place(a)`` numbers distinct arrays in order of first
+    use (listed in ``arrays``)."""
+    index: dict = {}
+    arrays: list = []
 
-    __slots__ = ("arrays", "index")
-
-    def __init__(self):
-        self.arrays, self.index = [], {}
-
-    def __call__(self, a) -> int | None:
-        if a is None:
-            return None
-        i = self.index.get(id(a))
+    def place(a) -> int:
+        i = index.get(id(a))
         if i is None:
-            i = self.index[id(a)] = len(self.arrays)
-            self.arrays.append(a)
+            i = index[id(a)] = len(arrays)
+            arrays.append(a)
         return i
+
+    return place, arrays
 
 
 def _described(hi, lo, place) -> tuple:
     """What the open block recorded of the words ``hi``, ``lo`` (:func:`fusion.state_of
     <mlx_precise.doubleword.fusion.state_of>`) with each array as its place
-    (``place``, a :class:`_Places`): ``(hi, lo, (program, shape, leaves) or None,
+    (``place``: :func:`_places`): ``(hi, lo, (program, shape, leaves) or None,
     packed, copies, the described float words of complex words or None, their
     layout)``, hashable."""
     e, z, copies, parts, layout = fusion.state_of(hi, lo)
-    return (place(hi), place(lo),
+    return (place(hi), None if lo is None else place(lo),
             None if e is None else (e.prog, e.shape, tuple([place(a) for a in e.leaves])),
-            place(z), place(copies), None if parts is None else _described(*parts, place),
-            layout)
+            None if z is None else place(z), None if copies is None else place(copies),
+            None if parts is None else _described(*parts, place), layout)
 
 
 def _noted(desc: tuple, values) -> tuple:
@@ -131,7 +129,7 @@ def _structure(args: tuple, kw: dict, report):
     are views of), ``(args, kw)`` with each array a :class:`_Slot`, per word operand
     its description, and per recorded view ``(its reader's index in views, the
     array's place, the viewed words' description)``. Raises :class:`_Unkeyed`."""
-    place = _Places()
+    place, arrays = _places()
     key: list = []
     operands: list = []
     seen_as: list = []
@@ -142,6 +140,7 @@ def _structure(args: tuple, kw: dict, report):
             i = place(v)
             add(i)
             dtype = v.dtype
+            add(dtype)
             if dtype == _F32 or dtype == _C64:
                 desc = _described(v, carry.low_word(v), place)
                 add(desc)
@@ -158,8 +157,8 @@ def _structure(args: tuple, kw: dict, report):
         if t in _STATIC:
             add(v)
             return v
-        if t is float:
-            if v == 0 and math.copysign(1.0, v) < 0:
+        if t is float or t is complex:
+            if any(p == 0 and math.copysign(1.0, p) < 0 for p in (v.real, v.imag)):
                 raise _Unkeyed  # (-0.0 == 0.0: one key for two values)
             add(repr(v))
             return v
@@ -170,8 +169,9 @@ def _structure(args: tuple, kw: dict, report):
 
     template = (tuple([write(a) for a in args]),
                 {k: (add(k), write(v))[1] for k, v in kw.items()})
-    arrays = place.arrays
-    add(tuple([(a.shape, a.dtype) for a in arrays]))
+    # (their shapes; the dtypes of the operands are written above, the arrays of
+    # their states are float32 words, or the operand's dtype: its low word)
+    add(tuple([a.shape for a in arrays]))
     return tuple(key), arrays, template, operands, seen_as
 
 
@@ -210,9 +210,9 @@ class _Recipe:
             # the result and what it carries, as outputs: its low word, and what the
             # form recorded of its words (a later op composes its expression, reads
             # its packed words, as after the form)
-            place = _Places()
+            place, outs = _places()
             self.result = _described(out, carry.low_word(out), place)
-        return place.arrays
+        return outs
 
     def __call__(self, ctx, arrays: list):
         token = _calling.set(ctx)

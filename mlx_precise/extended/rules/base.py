@@ -27,7 +27,7 @@ from ...doubleword import engine64, functions, fusion
 from ...doubleword.fusion import differentiating
 from ...doubleword.types import DoubleWord, is_word_array
 from ...doubleword.engine64 import to64
-from .. import arith, autodiff, carry
+from .. import arith, autodiff, carry, recipes
 # (as64, low_word, wide_value: imported by the rule families from here)
 from ..carry import (as64, attach, attach_words, has_words, low_word,  # noqa: F401
                      wide_value, words_of)
@@ -228,6 +228,19 @@ def fused(op: str, args: tuple, backend, fn: tuple | None = None) -> mx.array | 
     if fn is not None or op not in ("add", "sub", "mul", "div") or op == "div" and (
             type(args[1]) is complex or isinstance(args[1], ARRAY) and args[1].dtype == _C64):
         return None  # (a complex quotient: the rule's cdw_div)
+    if autodiff.recording():
+        z = _complex_words(Operands(backend, None), op, *args)
+    else:  # (a program over the parts: dozens of Python steps, replayed on metal)
+        z = _replayed_complex(Operands(backend, None), op, *args)
+    return None if z is NotImplemented else z
+
+
+def _complex_words(ctx, op: str, *args) -> mx.array:
+    """:func:`fused`'s complex ``op`` of ``args`` (float32 / complex64 arrays,
+    Python numbers; two), its result or NotImplemented."""
+    operands = [(v, low_word(v)) if isinstance(v, ARRAY) else v for v in args]
+    if len(args) == 2 and args[1] is args[0]:
+        operands[1] = operands[0]
     seen = {}
     for k, w in enumerate(operands):
         if type(w) is tuple:  # (the same pair twice: one DoubleWord, as x * x above)
@@ -236,8 +249,11 @@ def fused(op: str, args: tuple, backend, fn: tuple | None = None) -> mx.array | 
             operands[k] = seen[id(w)]
         else:  # (args and operands align: one operand per argument)
             operands[k] = arith.constant(args[k])
-    z = fusion.apply(op, operands, backend)
-    return None if z is None else attach(z.hi, z._lo)
+    z = fusion.apply(op, operands, ctx.backend)
+    return NotImplemented if z is None else attach(z.hi, z._lo)
+
+
+_replayed_complex = recipes.replayed(_complex_words)
 
 
 def result64(re: mx.array) -> mx.array:
