@@ -19,9 +19,9 @@ outputs of the replay, recorded in the block as the form records them.
 Only on the metal backend (emulate's and cpu's kernels run on the host and cannot
 be traced), outside gradient recording and MLX's autodiff (the forms' own
 condition), with no ``stream`` argument; a structure whose arguments cannot be
-keyed (a complex operand, an array whose transpose the GEMM rule noted, a value
-other than a number, string, None or a tuple of them, a -0.0 argument), or whose
-trace fails or declines, runs the form each call.
+keyed (a value other than an array, a number, a string, None, a tuple of them or
+an object marked :func:`static`; a -0.0 argument), or whose trace fails or
+declines, runs the form each call.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from ..core.plain import plain
 from ..doubleword import fusion
 from . import carry
 from .constructor import ARRAY
+from .standins import Kept
 
 ENABLED = True
 """False: the forms run at every call (for comparisons)."""
@@ -49,6 +50,19 @@ the form; a structure seen once, in a script or a test, is never traced)."""
 _SEEN_MAX, _RECIPES_MAX = 1024, 256
 _seen: dict = {}  # structure -> sightings (forgotten all at once past _SEEN_MAX)
 _recipes: dict = {}  # structure -> _Recipe, or None (runs the form); the oldest dropped
+
+# id -> (an object keyed by its identity,): kept, so its id is not reused; in a Kept,
+# which a block's heap scan skips (MLX's functions are among them: a structure or a
+# template holds their ids, never them)
+_statics: dict = {}
+
+
+def static(obj):
+    """Mark ``obj`` (a function that lives as long as the process: MLX's, a rule's
+    plan) as an argument a structure holds by its identity. Returns ``obj``."""
+    _statics[id(obj)] = Kept((obj,))
+    return obj
+
 
 views: list = []
 """What a rule records of an array beside its words, as ``(read, note)`` pairs:
@@ -165,6 +179,10 @@ def _structure(args: tuple, kw: dict, report):
         if t is tuple or t is list:
             add(len(v))
             return t([write(x) for x in v])
+        held = _statics.get(id(v))
+        if held is not None and held[0] is v:
+            add(id(v))
+            return _Held(id(v))
         raise _Unkeyed
 
     template = (tuple([write(a) for a in args]),
@@ -175,9 +193,17 @@ def _structure(args: tuple, kw: dict, report):
     return tuple(key), arrays, template, operands, seen_as
 
 
+class _Held(_Slot):
+    """A :func:`static` argument's id (in an argument template)."""
+
+    __slots__ = ()
+
+
 def _filled(v, values):
     if type(v) is _Slot:
         return values[v.i]
+    if type(v) is _Held:
+        return _statics[v.i][0]
     if type(v) is tuple or type(v) is list:
         return type(v)(_filled(x, values) for x in v)
     return v

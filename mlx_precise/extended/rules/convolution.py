@@ -66,7 +66,8 @@ from ...doubleword.engine64 import from64, to64
 from ...linalg import gemm
 from .. import autodiff, carry, spectral
 from ..engine import words_op
-from .base import beside_float32
+from ..recipes import replayed, static
+from .base import beside_float32, kernel_form
 
 F32 = mx.float32
 
@@ -379,14 +380,28 @@ def _window_transposed_plan(x_shape, w_shape, stride: int, padding: int, dilatio
     return run
 
 
-def _direct(ctx, original, x, w, args, kw, run):
+def _direct(ctx, original, x, w, args, kw, run, plan):
     """``run(X, W, backend)`` (a 1-D convolution in one GEMM launch) as the rule's
     result on the kernel backends, outside a gradient's recording (whose tape takes
-    the composition's ops); None elsewhere. Its VJP is MLX's convolution's."""
+    the composition's ops; on metal a repeated structure replays:
+    :mod:`..recipes`); None elsewhere. Its VJP is MLX's convolution's."""
     if run is None or not ctx.backend.has_kernels or autodiff.recording():
         return None
+    out = (_replayed_direct if kernel_form(ctx) else _direct_words)(
+        ctx, original, plan, x, w, *args, **kw)
+    return None if out is NotImplemented else out
+
+
+def _direct_words(ctx, original, plan, x, w, *args, **kw):
+    """:func:`_direct`'s launch: ``plan``'s one-GEMM form of the convolution."""
+    run = plan(x, w, *args, **kw)[2]
+    if run is None:
+        return NotImplemented
     return words_op(lambda X, W: run(X, W, ctx.backend),
                     lambda a, b: original(a, b, *args, **kw), [x, w], ctx.backend)
+
+
+_replayed_direct = replayed(_direct_words)
 
 
 # ---- the rules -----------------------------------------------------------------------
@@ -398,6 +413,8 @@ def _rule(nd: int, plan, skip=None):
     same sums in one GEMM launch on the kernel backends, :func:`_direct`, or None)
     or None to decline. ``skip(x, w, *args)``: calls left to another rule, declined before
     anything runs."""
+
+    static(plan)  # (made once per rule: a replay's structure holds it)
 
     def rule(ctx, original, x=None, w=None, *args, **kw):
         if not _operands_ok(x, w, nd):
@@ -411,7 +428,7 @@ def _rule(nd: int, plan, skip=None):
         compute, shape, run = planned
         if tuple(shape) != tuple(ref.shape):  # not MLX's convolution: let MLX answer
             return NotImplemented
-        direct = _direct(ctx, original, x, w, args, kw, run)
+        direct = _direct(ctx, original, x, w, args, kw, run, plan)
         if direct is not None:
             return direct
         with carry.reporting(ctx.report):
@@ -508,9 +525,19 @@ def _conv1d(ctx, original, input, weight, stride=1, padding=0, dilation=1, group
         return words_op(
             lambda X, W: from64(spectral.depthwise64(to64(X)[0], to64(W)[0], *geometry)),
             lambda x, w: plain(x, w, *geometry, groups), [input, weight], ctx.backend)
+    return (_replayed_depthwise if kernel_form(ctx) else _depthwise_words)(
+        ctx, plain, input, weight, geometry, groups)
+
+
+def _depthwise_words(ctx, plain, x, w, geometry: tuple, groups):
+    """The depthwise convolution of :func:`_conv1d` on a kernel backend (on metal a
+    repeated structure replays: :mod:`..recipes`)."""
     return spectral.conv(
         lambda x, w: spectral.depthwise(x, w, *geometry, ctx.backend, None),
-        lambda x, w: plain(x, w, *geometry, groups), input, weight, ctx.backend, None)
+        lambda x, w: plain(x, w, *geometry, groups), x, w, ctx.backend, None)
+
+
+_replayed_depthwise = replayed(_depthwise_words)
 
 
 def _promoting(rule):
@@ -528,6 +555,10 @@ def _promoting(rule):
 
     return wrapped
 
+
+for _name in ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+              "conv_transpose3d", "conv_general"):
+    static(getattr(mx, _name))  # (MLX's, passed to the rules as ``original``)
 
 RULES = {name: _promoting(rule) for name, rule in {
     "conv1d": _conv1d,
