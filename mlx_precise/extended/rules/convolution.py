@@ -380,28 +380,16 @@ def _window_transposed_plan(x_shape, w_shape, stride: int, padding: int, dilatio
     return run
 
 
-def _direct(ctx, original, x, w, args, kw, run, plan):
+def _direct(ctx, original, x, w, args, kw, run):
     """``run(X, W, backend)`` (a 1-D convolution in one GEMM launch) as the rule's
     result on the kernel backends, outside a gradient's recording (whose tape takes
-    the composition's ops; on metal a repeated structure replays:
-    :mod:`..recipes`); None elsewhere. Its VJP is MLX's convolution's."""
+    the composition's ops); None elsewhere. Its VJP is MLX's convolution's. (Not
+    replayed, :mod:`..recipes`: its Python is short, and keying its eight
+    arguments costs what it saves.)"""
     if run is None or not ctx.backend.has_kernels or autodiff.recording():
         return None
-    out = (_replayed_direct if kernel_form(ctx) else _direct_words)(
-        ctx, original, plan, x, w, *args, **kw)
-    return None if out is NotImplemented else out
-
-
-def _direct_words(ctx, original, plan, x, w, *args, **kw):
-    """:func:`_direct`'s launch: ``plan``'s one-GEMM form of the convolution."""
-    run = plan(x, w, *args, **kw)[2]
-    if run is None:
-        return NotImplemented
     return words_op(lambda X, W: run(X, W, ctx.backend),
                     lambda a, b: original(a, b, *args, **kw), [x, w], ctx.backend)
-
-
-_replayed_direct = replayed(_direct_words)
 
 
 # ---- the rules -----------------------------------------------------------------------
@@ -413,8 +401,6 @@ def _rule(nd: int, plan, skip=None):
     same sums in one GEMM launch on the kernel backends, :func:`_direct`, or None)
     or None to decline. ``skip(x, w, *args)``: calls left to another rule, declined before
     anything runs."""
-
-    static(plan)  # (made once per rule: a replay's structure holds it)
 
     def rule(ctx, original, x=None, w=None, *args, **kw):
         if not _operands_ok(x, w, nd):
@@ -428,7 +414,7 @@ def _rule(nd: int, plan, skip=None):
         compute, shape, run = planned
         if tuple(shape) != tuple(ref.shape):  # not MLX's convolution: let MLX answer
             return NotImplemented
-        direct = _direct(ctx, original, x, w, args, kw, run, plan)
+        direct = _direct(ctx, original, x, w, args, kw, run)
         if direct is not None:
             return direct
         with carry.reporting(ctx.report):
@@ -556,9 +542,7 @@ def _promoting(rule):
     return wrapped
 
 
-for _name in ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-              "conv_transpose3d", "conv_general"):
-    static(getattr(mx, _name))  # (MLX's, passed to the rules as ``original``)
+static(mx.conv1d)  # (MLX's, passed to _conv1d as ``original``: a replay's structure holds it)
 
 RULES = {name: _promoting(rule) for name, rule in {
     "conv1d": _conv1d,
