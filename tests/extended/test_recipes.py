@@ -69,6 +69,8 @@ OPS = {
     "depthwise conv1d": lambda x, r: mx.conv1d(x, r["D"], padding=2, groups=32),
     "depthwise conv1d, dilated": lambda x, r: mx.conv1d(x * x, r["D"], padding=4,
                                                         dilation=2, groups=32),
+    "complex quotient": lambda x, r: (x + 1j * r["B"]) / (r["A"] - 2j * x),
+    "complex exp": lambda x, r: mx.exp(x * 0.125 + 1j * r["B"]),
     "complex product": lambda x, r: (x + 1j * r["B"]) * (r["A"] - 0.5j),
     "complex square": lambda x, r: (x * (1 + 2j)) * (x * (1 + 2j)) + (3 - 1j),
     "transform product": lambda x, r: mx.fft.irfft(mx.fft.rfft(x) * mx.fft.rfft(r["B"]), n=32),

@@ -11,11 +11,12 @@ import numpy as np
 from ...core import backends
 from ...doubleword import engine64, fusion
 from ...doubleword.types import DoubleWord, real_imag
-from .. import arith, autodiff, carry
+from .. import arith, autodiff, carry, recipes
 from ..carry import attach, attach_words, has_words, low_word, wide_value
 from .base import (_ASTYPE, as64, carries, conj, decomposed, one_op, floating_result, fused,
-                   has_float64, integer_quotient, is_integer_array, is_word_array, movement,
-                   of_integers, promoted, result, result64, small64, unbroadcast, words)
+                   has_float64, integer_quotient, is_integer_array, is_word_array, kernel_form,
+                   movement, of_integers, promoted, result, result64, small64, unbroadcast,
+                   words)
 from .float64 import on_cpu
 from .linear import noting_transposes
 from .shape import _setitem
@@ -66,12 +67,23 @@ def _arith(op: str):
             return original(as64(x), as64(y), *rest, **kw)
         if rest or not (floating_result(x, y) or op == "div" and integer_quotient(x, y)):
             return NotImplemented
-        a, b = words(x), words(y)
-        if a is None or b is None:
-            return NotImplemented
-        return result(arith.binary(op, a, b, ctx.backend, ctx.stream))
+        if kernel_form(ctx) and any(isinstance(v, ARRAY) and v.dtype == mx.complex64 or
+                                    type(v) is complex for v in (x, y)):
+            return _replayed_binary(ctx, op, x, y)  # (complex: replayed on metal)
+        return _binary_words(ctx, op, x, y)
 
     return rule
+
+
+def _binary_words(ctx, op: str, x, y) -> mx.array:
+    """``x op y`` of the words (:func:`..arith.binary`), or NotImplemented."""
+    a, b = words(x), words(y)
+    if a is None or b is None:
+        return NotImplemented
+    return result(arith.binary(op, a, b, ctx.backend, ctx.stream))
+
+
+_replayed_binary = recipes.replayed(_binary_words)
 
 
 def _exact1(fn):

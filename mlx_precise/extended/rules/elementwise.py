@@ -14,9 +14,10 @@ from ...doubleword import engine64, functions
 from ...doubleword.fusion import differentiating
 from .. import arith, autodiff, carry
 from ..engine import words_op
+from ..recipes import replayed, static
 from .base import (REAL, conj, decomposed, one_op, elementary, floating_result, fused, has_float64,
-                   is_word_array, of_integers, operand_array, promoted, result, result64,
-                   small64, unbroadcast, words)
+                   is_word_array, kernel_form, of_integers, operand_array, promoted, result,
+                   result64, small64, unbroadcast, words)
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 
@@ -35,11 +36,22 @@ def function(fn: str):
                 z = _cexp_by_pieces(x)
                 if z is not None:
                     return z
-        # the emulator evaluates; on cpu, erf is scipy's (host)
-        return words_op(lambda X: functions.unary(fn, X, ctx.backend), original, [x],
-                        ctx.backend, opaque=True)
+            elif kernel_form(ctx):  # (dozens of Python steps: replayed on metal)
+                return _replayed_function(ctx, original, fn, x)
+        return _function_words(ctx, original, fn, x)
 
     return rule
+
+
+def _function_words(ctx, original, fn: str, x: mx.array) -> mx.array:
+    """``fn(x)`` by its double-word kernel (the emulator evaluates; on cpu, erf is
+    scipy's: host); its gradient MLX's derivative of ``original``."""
+    return words_op(lambda X: functions.unary(fn, X, ctx.backend), original, [x],
+                    ctx.backend, opaque=True)
+
+
+_replayed_function = replayed(_function_words)
+static(mx.exp)  # (MLX's, the complex function's ``original``: a replay holds its id)
 
 
 CEXP_PIECE = 2 * engine64.PIECE

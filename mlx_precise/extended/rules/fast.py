@@ -15,8 +15,8 @@ from ...doubleword.types import map_words
 from ...linalg import gemm
 from .. import arith, carry
 from ..recipes import replayed
-from .base import (ARRAY, REAL, decomposed, float64_form, is_word_array, kernel_form, result,
-                   unbroadcast, words)
+from .base import (ARRAY, REAL, Operands, decomposed, float64_form, is_word_array,
+                   kernel_form, result, unbroadcast, words)
 from .constructors import grid
 from .linear import RULES as _LINEAR
 from .reductions import _softmax_words
@@ -65,7 +65,7 @@ def _rope(a, dims, *, traditional, base, scale, offset, freqs=None, **kw):
         inv = grid(np.exp(-np.arange(half) * (math.log(base) / half)), None)
     else:
         inv = 1.0 / freqs
-    if isinstance(offset, mx.array) and offset.size > 1:
+    if isinstance(offset, ARRAY) and offset.size > 1:
         # one offset per batch element: positions (B, 1, ..., 1, T), angles
         # broadcast over the axes between the batch and the sequence
         offset = offset.reshape(-1, *([1] * (a.ndim - 2)))
@@ -92,13 +92,22 @@ def _positions(T: int, scale, offset, b, s) -> mx.array:
     key = ("rope positions", T, *(arith.scalar_key(v) for v in (scale, offset)))
     p = None if memo is None else memo.get(key)
     if p is None:
-        with fusion.deferred():
-            w = arith.scalar_binary("add", arith.exact(mx.arange(T, dtype=mx.float32)),
-                                    offset, b, s)
-            p = result(arith.scalar_binary("mul", w, scale, b, s))
+        p = _replayed_positions(Operands(b, s), T, scale, offset)
         if memo is not None:
             memo[key] = p
     return p
+
+
+def _positions_words(ctx, T: int, scale, offset) -> mx.array:
+    """:func:`_positions`' steps (on metal a repeated call replays: no operand)."""
+    b, s = ctx.backend, ctx.stream
+    with fusion.deferred():
+        w = arith.scalar_binary("add", arith.exact(mx.arange(T, dtype=mx.float32)),
+                                offset, b, s)
+        return result(arith.scalar_binary("mul", w, scale, b, s))
+
+
+_replayed_positions = replayed(_positions_words)
 
 
 def _angles(a, dims, base, scale, offset, freqs, b, s, positions=None) -> tuple:
@@ -109,7 +118,7 @@ def _angles(a, dims, base, scale, offset, freqs, b, s, positions=None) -> tuple:
     llama's q and k share them)."""
     T, half = a.shape[-2], dims // 2
     memo = key = None
-    if freqs is None and not isinstance(offset, mx.array):
+    if freqs is None and not isinstance(offset, ARRAY):
         memo = fusion.block_memo()
         key = ("rope", T, half, *(arith.scalar_key(v) for v in (base, scale, offset)), b, s)
         angles = None if memo is None else memo.get(key)
@@ -121,7 +130,7 @@ def _angles(a, dims, base, scale, offset, freqs, b, s, positions=None) -> tuple:
         inv = fusion.apply("div", [fusion.constant(1.0, 0.0), words(freqs)], b, s)
     if positions is not None:
         positions = words(positions)
-    elif isinstance(offset, mx.array):
+    elif isinstance(offset, ARRAY):
         if offset.size > 1:  # one offset per batch element (see _rope)
             offset = offset.reshape(-1, *([1] * (a.ndim - 2)))
         positions = arith.binary("add", arith.exact(mx.arange(T, dtype=mx.float32)),
@@ -142,7 +151,7 @@ def _rope_words(ctx, a, dims, *, traditional, base, scale, offset, freqs=None,
     rule its op runs, on the same operands: the same fused programs, so the same
     bits), the fused ones launched only where read (the positions, the two
     rotated halves: a movement reads them)."""
-    if not (type(offset) in (int, float) or isinstance(offset, mx.array)) or (
+    if not (type(offset) in (int, float) or isinstance(offset, ARRAY)) or (
             type(scale) not in (int, float)):
         return NotImplemented
     b, s = ctx.backend, ctx.stream
@@ -175,15 +184,15 @@ def _rope_rule(ctx, original, a, dims, **kw):
     if not is_word_array(a) or a.dtype != mx.float32:
         return NotImplemented
     if dims % 2 or dims > a.shape[-1] or a.ndim < 2 or (
-            isinstance(offset, mx.array) and offset.size not in (1, a.shape[0])) or (
-            isinstance(offset, mx.array) and offset.size > 1 and a.ndim < 3):
+            isinstance(offset, ARRAY) and offset.size not in (1, a.shape[0])) or (
+            isinstance(offset, ARRAY) and offset.size > 1 and a.ndim < 3):
         return NotImplemented  # MLX's own errors
     if freqs is not None and not (is_word_array(freqs) and freqs.shape == (dims // 2,)):
         return NotImplemented
-    if isinstance(offset, mx.array) and offset.size == 1:
+    if isinstance(offset, ARRAY) and offset.size == 1:
         kw["offset"] = offset.reshape(())
     if kernel_form(ctx):
-        if not isinstance(kw.get("offset", 0), mx.array) and type(kw.get("scale")) in (
+        if not isinstance(kw.get("offset", 0), ARRAY) and type(kw.get("scale")) in (
                 int, float) and type(kw.get("offset", 0)) in (int, float):
             # (the block's positions: an operand of the replay, made once)
             kw["positions"] = _positions(a.shape[-2], kw["scale"], kw.get("offset", 0),
@@ -214,7 +223,7 @@ def _sdpa_words(ctx, q, k, v, *, scale, mask=None, sinks=None, **kw):
     ``q @ swapaxes(k)``), the softmax's kernel form, the product by v its rule."""
     heads, kv_heads = q.shape[-3], k.shape[-3]
     if type(scale) not in (int, float) or heads % kv_heads or 0 in (q.size, k.size, v.size) or (
-            isinstance(mask, mx.array) and mask.dtype not in (mx.bool_, mx.float32)):
+            isinstance(mask, ARRAY) and mask.dtype not in (mx.bool_, mx.float32)):
         return NotImplemented
     b, st = ctx.backend, ctx.stream
     K, V = words(k), words(v)
@@ -246,9 +255,9 @@ _replayed_sdpa = replayed(_sdpa_words)
 def _sdpa_rule(ctx, original, q, k, v, **kw):
     mask = kw.get("mask")
     sinks = kw.get("sinks")
-    if not (mask is None or isinstance(mask, mx.array) or (
+    if not (mask is None or isinstance(mask, ARRAY) or (
             isinstance(mask, str) and mask == "causal")) or not (sinks is None or (
-            isinstance(sinks, mx.array) and sinks.dtype == mx.float32 and
+            isinstance(sinks, ARRAY) and sinks.dtype == mx.float32 and
             sinks.shape == (q.shape[-3],))):
         return NotImplemented
     if not all(is_word_array(t) and t.dtype == mx.float32 for t in (q, k, v)):
