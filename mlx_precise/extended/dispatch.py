@@ -148,6 +148,8 @@ def _wrapper(entry):
     name, original, kind, fast = entry.op, entry.original, entry.kind, entry.fast
     if kind == "value-free":
         return original
+    if type(fast) is rules.base.OfOriginal:
+        fast = fast.make(original)
     mutates = kind == "in-place" or name == "__setitem__"
 
     def call(*args, **kwargs):

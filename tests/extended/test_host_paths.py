@@ -298,6 +298,50 @@ def test_getitem_fast_path(backend_name):
     assert report.plain["__getitem__"] == 1 and h.dtype == mx.float16
 
 
+MOVES = {  # name -> (the fast path's call, the rule's: a keyword argument)
+    "reshape": (lambda x: x.reshape(3, 2, 11), lambda x, s: x.reshape(3, 2, 11, stream=s)),
+    "mx.reshape": (lambda x: mx.reshape(x, (66,)), lambda x, s: mx.reshape(x, (66,), stream=s)),
+    "expand_dims": (lambda x: mx.expand_dims(x, 1),
+                    lambda x, s: mx.expand_dims(x, 1, stream=s)),
+    "squeeze": (lambda x: x[None].squeeze(0), lambda x, s: x[None].squeeze(0, stream=s)),
+    "flatten": (lambda x: x.flatten(), lambda x, s: x.flatten(stream=s)),
+    "transpose": (lambda x: x.reshape(3, 2, 11).transpose(0, 2, 1)[:, 1],
+                  lambda x, s: x.reshape(3, 2, 11).transpose(0, 2, 1, stream=s)[:, 1]),
+    "swapaxes": (lambda x: mx.swapaxes(x[None], 0, 1),
+                 lambda x, s: mx.swapaxes(x[None], 0, 1, stream=s)),
+    "split": (lambda x: mx.split(x, 2, 0)[1], lambda x, s: mx.split(x, 2, 0, stream=s)[1]),
+    "split along 1": (lambda x: mx.split(x, [4, 7], 1)[2],
+                      lambda x, s: mx.split(x, [4, 7], 1, stream=s)[2]),
+}  # (x[index] takes no keyword: test_getitem_fast_path checks its values)
+
+
+@pytest.mark.parametrize("name", MOVES)
+def test_movement_fast_path_bits(name):
+    """A movement op of a carried value by its fast path and by its rule: the same
+    words on emulate, and on metal (the lazy stand-in) the same graph for the op
+    and for a program that reads its result (the moved packed words it records),
+    the special values included."""
+    from mlx_precise.testing import graph_counts, lazy_metal_executor
+
+    fast, general = MOVES[name]
+    x = _data((6, 11), 30)
+    s = mx.default_stream(mx.default_device())
+    with mp.use_backend("emulate"), mp.extended_precision() as report:
+        c = x * 1.3 + 0.25
+        a, b = fast(c), general(c, s)
+        pair = (a * 3.0, b * 3.0)
+        mx.eval(a, b, pair)
+    _same(a, b)
+    _same(*pair)
+    assert not report.float32
+    with lazy_metal_executor():
+        with mp.use_backend("metal"), mp.extended_precision():
+            c = x * 1.3 + 0.25
+            got = [graph_counts(f(c) * 3.0)["by_primitive"] for f in (fast, lambda c: general(
+                c, s))]
+    assert got[0] == got[1]
+
+
 def _same_as_decomposition(op, run, decomposition, inputs):
     """``run(*args)`` (the op through the flow) and ``decomposition(*args)`` (its
     decomposition, op by op through the flow) give the same words for each tuple

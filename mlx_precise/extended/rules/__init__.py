@@ -45,6 +45,7 @@ VJPS = {name: vjp for family in _FAMILIES for name, vjp in getattr(family, "VJPS
 FAST = {name: fast for family in _FAMILIES for name, fast in getattr(family, "FAST", {}).items()}
 """Op name -> a fast path ``fast(*args) -> mx.array | None`` the dispatcher tries
 before the rule when a call has no keyword arguments and no gradient records it
-(None: the rule runs); the same result as the rule."""
+(None: the rule runs); the same result as the rule. An :class:`~.base.OfOriginal`
+makes one per callable of the op."""
 
 __all__ = ["TABLE", "VJPS", "FAST", "Operands", "inplace", "inplace_fast", "is_word_array"]

@@ -37,6 +37,17 @@ from ..constructor import ARRAY  # the class (mx.array is a stand-in inside bloc
 SCALARS = (numbers.Number, np.number)
 
 
+class OfOriginal:
+    """A fast path made for each callable of an op (:data:`.FAST`): ``make(original)``
+    returns ``fast(*args)``, which calls that callable (a function and a method of
+    one op take their arguments differently)."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make):
+        self.make = make
+
+
 class Operands:
     """What a rule needs to know about its call: the backend, the stream and the
     block's report (decompositions run their sub-ops with the flow on)."""

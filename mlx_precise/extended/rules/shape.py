@@ -15,9 +15,9 @@ from ...core import backends
 from ...core.kernels import Kernel
 from .. import arith, autodiff, carry
 from ..carry import attach, attach_words, has_words, low_word, words_of
-from .base import (beside_float32, carries, float64_cotangent, is_word_array, moved,
-                   movement, unbroadcast, words)
-from .linear import noting_transposes
+from .base import (OfOriginal, beside_float32, carries, float64_cotangent, is_word_array,
+                   moved, movement, unbroadcast, words)
+from .linear import _swaps_last_two, noting_transposes
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 
@@ -333,16 +333,69 @@ def _packing(rule, mover, order=None):
 _GETITEM = ARRAY.__getitem__  # MLX's own (captured at import: inside a block a stand-in)
 
 
-def _fast_getitem(x, index):
-    """``x[index]`` of a float32 / complex64 array that carries no low word: MLX's
+def _fast_move(mover, order=None):
+    """The fast path of a movement op on the kernel backends (:class:`.base.OfOriginal`):
+    of a float32 array that carries a low word, what the rule (:func:`_packing` of
+    :func:`_words`) computes, the op on each word and the result's packed words
+    recorded as ``mover`` moves the operand's, without the rule's checks; None
+    (the rule decides) for other operands, and for a transpose of the last two axes
+    (``order``: the op's axis order), which the GEMM's rule notes."""
+
+    def make(original):
+        def fast(x, *args):
+            if type(x) is not ARRAY or x.dtype != _FLOAT32 or not backends.backend().has_kernels:
+                return None
+            lo = low_word(x)
+            if lo is None:
+                return None
+            if order is not None:
+                try:
+                    if _swaps_last_two(x.ndim, order(x, *args)):
+                        return None
+                except (TypeError, ValueError):
+                    return None
+            out = original(x, *args)
+            if out is x:  # (MLX returns a new array; else the rule's snapshot)
+                return None
+            out_lo = original(lo, *args)
+            outs, los = (out, out_lo) if type(out) is list else ((out,), (out_lo,))
+            for o, o_lo in zip(outs, los):
+                attach(o, o_lo)
+            if fusion.has_packed(x, lo):
+                try:
+                    moves = mover(x, outs, *args)
+                except (TypeError, ValueError, IndexError):
+                    moves = None
+                for o, o_lo, move in zip(outs, los, moves or ()):
+                    fusion.note_moved(o, o_lo, x, lo, move)
+            return out
+
+        return fast
+
+    return OfOriginal(make)
+
+
+_FLOAT32 = mx.float32
+
+
+def _fast_index(original):
+    """``x[index]``: of a float32 / complex64 array that carries no low word MLX's
     op, the exact answer (what the rule leaves to MLX), without the flow's checks
-    (a framing loop slices its input hundreds of times); None: the rule decides."""
-    if is_word_array(x) and not has_words(x):
-        return _GETITEM(x, index)
-    return None
+    (a framing loop slices its input hundreds of times); of a float32 array that
+    carries one, :func:`_fast_move`'s; None: the rule decides."""
+    moved_ = _fast_move(_indexed).make(original)
+
+    def fast(x, index):
+        if is_word_array(x) and not has_words(x):
+            return _GETITEM(x, index)
+        return moved_(x, index)
+
+    return fast
 
 
-FAST = {"array.__getitem__": _fast_getitem}
+FAST = {"array.__getitem__": OfOriginal(_fast_index), "split": _fast_move(_split),
+        **{name: _fast_move(_reshaped) for name in _ORDER_KEEPING},
+        **{name: _fast_move(_transposed(perm), perm) for name, perm in _TRANSPOSES.items()}}
 """Op name -> its fast path (the dispatcher tries it before the rule)."""
 
 RULES = {
