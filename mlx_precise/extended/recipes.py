@@ -19,9 +19,9 @@ outputs of the replay, recorded in the block as the form records them.
 Only on the metal backend (emulate's and cpu's kernels run on the host and cannot
 be traced), outside gradient recording and MLX's autodiff (the forms' own
 condition), with no ``stream`` argument; a structure whose arguments cannot be
-keyed (a value other than an array, a number, a string, None, a tuple of them or
-an object marked :func:`static`; a -0.0 argument), or whose trace fails or
-declines, runs the form each call.
+keyed (a value other than an array, a number, a string, None, ``...``, a slice or
+tuple of them or an object marked :func:`static`; a -0.0 argument), or whose trace
+fails or declines, runs the form each call.
 """
 
 from __future__ import annotations
@@ -57,6 +57,12 @@ _recipes: dict = {}  # structure -> _Recipe, or None (runs the form); the oldest
 _statics: dict = {}
 
 
+def held(obj) -> bool:
+    """Whether ``obj`` is marked :func:`static`."""
+    kept = _statics.get(id(obj))
+    return kept is not None and kept[0] is obj
+
+
 def static(obj):
     """Mark ``obj`` (a function that lives as long as the process: MLX's, a rule's
     plan) as an argument a structure holds by its identity. Returns ``obj``."""
@@ -72,7 +78,7 @@ trace's stand-ins (``rules.linear``'s noted transposes, which its GEMM reads wit
 swapped strides)."""
 
 _F32, _C64 = mx.float32, mx.complex64
-_STATIC = (int, bool, str, type(None))
+_STATIC = (int, bool, str, type(None), type(Ellipsis))
 _TRANSFORMED_CALL = type(plain.compile(lambda x: x)).__call__  # MLX's (see dispatch)
 _calling: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_recipe", default=None)
 
@@ -179,8 +185,9 @@ def _structure(args: tuple, kw: dict, report):
         if t is tuple or t is list:
             add(len(v))
             return t([write(x) for x in v])
-        held = _statics.get(id(v))
-        if held is not None and held[0] is v:
+        if t is slice:
+            return slice(write(v.start), write(v.stop), write(v.step))
+        if held(v):
             add(id(v))
             return _Held(id(v))
         raise _Unkeyed

@@ -473,6 +473,25 @@ def test_var_and_grids(backend):
     assert rep.extended["var"] == 2 and rep.extended["linspace"] == 1
 
 
+def test_grids_made_once_are_handed_out_as_new_arrays():
+    """A grid's words are made once per grid and handed out as new arrays over them:
+    updating one in place (inside a block and outside) leaves the next call's."""
+    want = np.linspace(-1, 1, 7)
+    with mp.extended_precision():
+        a = mx.linspace(-1, 1, 7)
+        a[0] = 5.0
+        a += 1.0
+    b = mx.linspace(-1, 1, 7)  # (outside: MLX's)
+    b[1] = 7.0
+    with mp.extended_precision():
+        c = mx.linspace(-1, 1, 7)
+        d = mx.linspace(-1, 1, 7)
+    assert c is not d and float(np.array(a)[0]) == 6.0
+    for g in (c, d):
+        total = np.array(g).astype(np.float64) + np.array(low_word(g)).astype(np.float64)
+        assert np.max(np.abs(total - want)) <= 2.0**-47
+
+
 @pytest.mark.parametrize("backend", ["cpu", "emulate"])
 def test_second_order_gradients(backend):
     """A gradient inside a gradient: the inner backward pass is recorded on the

@@ -69,6 +69,11 @@ OPS = {
     "depthwise conv1d": lambda x, r: mx.conv1d(x, r["D"], padding=2, groups=32),
     "depthwise conv1d, dilated": lambda x, r: mx.conv1d(x * x, r["D"], padding=4,
                                                         dilation=2, groups=32),
+    "complex slice": lambda x, r: (x + 1j * r["B"])[:, 2:6, ::2] * 2.0,
+    "complex reshape, transpose": lambda x, r: (x * (1 - 1j)).reshape(2, 16, 16).transpose(
+        0, 2, 1),
+    "einsum": lambda x, r: mx.einsum("bij,jk->bik", x, r["W"]),
+    "complex einsum": lambda x, r: mx.einsum("bij,kj->bki", x + 1j * r["B"], r["W"] * (1 - 1j)),
     "complex quotient": lambda x, r: (x + 1j * r["B"]) / (r["A"] - 2j * x),
     "complex exp": lambda x, r: mx.exp(x * 0.125 + 1j * r["B"]),
     "complex product": lambda x, r: (x + 1j * r["B"]) * (r["A"] - 0.5j),

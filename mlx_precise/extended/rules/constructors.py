@@ -51,8 +51,19 @@ def _grid_words(kind: str, *key) -> tuple[np.ndarray, np.ndarray]:
 def _cached_grid(dtype, kind: str, *args):
     if dtype is not None and dtype != mx.float32:
         return NotImplemented
-    key = [float(v).hex() if isinstance(v, float) else v for v in args]
-    return attach(*(mx.array(w) for w in _grid_words(kind, *key)))
+    key = tuple([float(v).hex() if isinstance(v, float) else v for v in args])
+    return attach(*(_ALIAS(w, mx.float32) for w in _grid_arrays(kind, *key)))
+
+
+_ALIAS = mx.array.astype  # MLX's own: to the same dtype a new array of the same data
+
+
+@functools.lru_cache(maxsize=256)
+def _grid_arrays(kind: str, *key) -> tuple[mx.array, mx.array]:
+    """:func:`_grid_words` as MLX arrays, made once: each call hands out aliases (a
+    new array object over the same data, which an in-place update of it replaces,
+    never writes)."""
+    return tuple(mx.array(w) for w in _grid_words(kind, *key))
 
 
 def _linspace(ctx, original, start, stop, num=50, endpoint=True, dtype=mx.float32, **kw):

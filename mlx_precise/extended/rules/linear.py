@@ -334,10 +334,20 @@ def _einsum_rule(ctx, original, spec, *operands, **kw):
         return NotImplemented
     if len(operands) != 2 or kw or _einsum_plan(spec, tuple(o.ndim for o in operands)) is None:
         return NotImplemented
+    if kernel_form(ctx) and recipes.held(original):  # (replayed on metal)
+        return _replayed_einsum(ctx, original, spec, *operands)
     if ctx.backend.has_kernels and not autodiff.recording():
         return _einsum_words(spec, *operands, original, ctx.backend)
     with carry.reporting(ctx.report):  # a recorded gradient: each step of the flow
         return _einsum(spec, *operands)
+
+
+def _einsum_form(ctx, original, spec, a, b):
+    return _einsum_words(spec, a, b, original, ctx.backend)
+
+
+_replayed_einsum = recipes.replayed(_einsum_form)
+recipes.static(mx.einsum)  # (MLX's, the rule's ``original``: a replay holds its id)
 
 
 def _gather_mm(a, b, lhs_indices=None, rhs_indices=None, *, sorted_indices=False):

@@ -13,10 +13,10 @@ from ...doubleword.types import DoubleWord
 from ...doubleword.engine64 import to64
 from ...core import backends
 from ...core.kernels import Kernel
-from .. import arith, autodiff, carry
+from .. import arith, autodiff, carry, recipes
 from ..carry import attach, attach_words, has_words, low_word, words_of
 from .base import (OfOriginal, beside_float32, carries, float64_cotangent, is_word_array,
-                   moved, movement, unbroadcast, words)
+                   kernel_form, moved, movement, unbroadcast, words)
 from .linear import _swaps_last_two, noting_transposes
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
@@ -304,6 +304,16 @@ def _packing(rule, mover, order=None):
     (:func:`~mlx_precise.doubleword.fusion.note_parts`)."""
 
     def noted(ctx, original, x, *args, **kw):
+        if (not kw and type(x) is ARRAY and x.dtype == _COMPLEX64 and has_words(x)
+                and kernel_form(ctx) and recipes.held(original)):
+            # (complex words: their parts recorded, dozens of Python steps; replayed
+            # on metal)
+            out = _replayed_move(ctx, body, original, x, *args)
+            if out is not NotImplemented:
+                return out
+        return body(ctx, original, x, *args, **kw)
+
+    def body(ctx, original, x, *args, **kw):
         out = rule(ctx, original, x, *args, **kw)
         if out is NotImplemented or type(x) is not ARRAY or not ctx.backend.has_kernels:
             return out
@@ -327,7 +337,17 @@ def _packing(rule, mover, order=None):
                 fusion.note_moved(o, o_lo, x, lo, move)
         return out
 
+    recipes.static(body)  # (made once per op: a replay's structure holds its id)
     return noted
+
+
+def _moved_words(ctx, body, original, x, *args):
+    """``body(ctx, original, x, *args)``: :func:`_packing`'s rule (replayed on metal)."""
+    return body(ctx, original, x, *args)
+
+
+_replayed_move = recipes.replayed(_moved_words)
+_COMPLEX64 = mx.complex64
 
 
 _GETITEM = ARRAY.__getitem__  # MLX's own (captured at import: inside a block a stand-in)
@@ -412,6 +432,11 @@ RULES = {
 }
 """Op name -> rule (``fft.`` / ``array.`` prefixes: ``mx.fft`` functions and
 ``mx.array``-only methods)."""
+
+for _name in (*_ORDER_KEEPING, *_TRANSPOSES, "split", "pad", "__getitem__"):
+    for _owner in (mx, ARRAY):  # (MLX's callables of the ops _packing records: the
+        if hasattr(_owner, _name):  # ``original`` of their replays, held by id)
+            recipes.static(getattr(_owner, _name))
 
 
 # ---- derivatives ---------------------------------------------------------------------
