@@ -1,27 +1,33 @@
-"""A composite rule's graph replayed by ``mx.compile`` on the metal backend.
+"""A rule's graph replayed by ``mx.compile`` on the metal backend.
 
-The kernel form of ``layer_norm``, ``rms_norm``, ``softmax``, ``logsumexp``,
-``scaled_dot_product_attention`` and ``rope`` runs a dozen Python steps per call
-(programs composed, launches planned, words recorded) to build a graph of a few
-launches and views: 60-200 us of host time against 1-10 us for MLX's own op. That
-graph depends only on the call's structure: the shapes and dtypes of its arrays,
-its other arguments, and what the block recorded of each operand's words (its low
-word, the expression that made it, its packed words: :func:`fusion.state_of
-<mlx_precise.doubleword.fusion.state_of>`). So from the second call of a structure
-on, the form runs as a function traced once by MLX's compiler (``mx.compile``, as
-JAX's ``jit`` caches a trace per abstract signature): the call replays the traced
-graph on the new arrays, the same launches of the same programs on the same
-operands, so the same bits, without the form's Python. The trace runs in a scope of
-its own (nothing it records reaches the block), with each operand's recorded state
-noted again on its traced stand-in; the result's low word and packed words are
-outputs of the replay, recorded in the block as the form records them.
+The kernel forms of the composite rules (``layer_norm``, ``rms_norm``, ``softmax``,
+``logsumexp``, ``scaled_dot_product_attention``, ``rope``), the GEMM and ``addmm``,
+``einsum``, the FFTs, the depthwise convolution and complex words' arithmetic,
+``exp`` and movements run dozens of Python steps per call (programs composed,
+launches planned, words recorded) to build a graph of a few launches and views:
+30-200 us of host time against 1-10 us for MLX's own op. That graph depends only
+on the call's structure: the shapes and dtypes of its arrays, its other arguments,
+and what the block recorded of each operand's words (its low word, the expression
+that made it, its packed words, a single value's copies, complex words' parts,
+the array a transpose views: :func:`fusion.state_of
+<mlx_precise.doubleword.fusion.state_of>`, :data:`views`). So from the second call
+of a structure on, the form runs as a function traced once by MLX's compiler
+(``mx.compile``, as JAX's ``jit`` caches a trace per abstract signature): the call
+replays the traced graph on the new arrays, the same launches of the same programs
+on the same operands, so the same bits, without the form's Python. The trace runs
+in a scope of its own (nothing it records reaches the block), with each operand's
+recorded state noted again on its traced stand-in; what the result carries (its
+low word, expression, packed words, ...) is an output of the replay, recorded in
+the block as the form records it, so the next op composes the result as it would
+the form's.
 
 Only on the metal backend (emulate's and cpu's kernels run on the host and cannot
-be traced), outside gradient recording and MLX's autodiff (the forms' own
-condition), with no ``stream`` argument; a structure whose arguments cannot be
-keyed (a value other than an array, a number, a string, None, ``...``, a slice or
-tuple of them or an object marked :func:`static`; a -0.0 argument), or whose trace
-fails or declines, runs the form each call.
+be traced), outside gradient recording and MLX's autodiff (the callers' condition,
+``rules.base.kernel_form``), with no ``stream`` argument, and not inside a function
+MLX traces (:func:`tracing`); a structure whose arguments cannot be keyed (a value
+other than an array, a number, a string, None, ``...``, a slice or tuple of them or
+an object marked :func:`static`; a -0.0 argument), or whose trace fails or
+declines, runs the form at each call.
 """
 
 from __future__ import annotations
@@ -271,8 +277,10 @@ def tracing():
 
 def _folder_ok() -> bool:
     """MLX compiles the glue of a trace for the default device: on the CPU (the
-    lazy Metal stand-in of the tests) into libraries it loads from a folder that
-    must be private (:func:`~mlx_precise.core.jit.folder_is_private`)."""
+    lazy Metal stand-in of the tests) into libraries it loads, when a replay is
+    evaluated, from a folder that must be private
+    (:func:`~mlx_precise.core.jit.folder_is_private`, checked at each call as the
+    package's other compiled loops are)."""
     return mx.default_device() != mx.cpu or jit.folder_is_private()
 
 
@@ -286,7 +294,7 @@ def replayed(form):
     @functools.wraps(form)
     def run(ctx, *args, **kw):
         if not (ENABLED and ctx.backend.gpu) or ctx.stream is not None or (
-                _calling.get() is not None):
+                _calling.get() is not None) or not _folder_ok():
             return form(ctx, *args, **kw)  # (inside a trace: traced with it)
         try:
             key, arrays, template, operands, seen_as = _structure(args, kw, ctx.report)
@@ -296,7 +304,7 @@ def replayed(form):
         recipe = _recipes.get(key, False)
         if recipe is False:
             seen = _seen.get(key, 0) + 1
-            if seen < REPLAY_AT or not _folder_ok():
+            if seen < REPLAY_AT:
                 if len(_seen) >= _SEEN_MAX:
                     _seen.clear()
                 _seen[key] = seen

@@ -273,3 +273,14 @@ def test_the_selftest_check_runs_its_path(lazy_metal):
     check = checks.check_replays("metal")
     assert check.passed and "9 of 9" in check.figure
     assert len(recipes._recipes) > before
+
+
+def test_an_unsafe_kernel_folder_runs_the_forms(monkeypatch):
+    """On the CPU (the lazy stand-in) MLX's compiled glue is loaded from its kernel
+    folder: where that is not private, nothing is traced or replayed."""
+    from mlx_precise.core import jit
+
+    monkeypatch.setattr(jit, "folder_is_private", lambda: False)
+    assert _count_recipes(lambda r: mx.fast.rms_norm(r["A"] - r["B"], r["w"], 2e-4)) == 0
+    monkeypatch.undo()
+    assert _count_recipes(lambda r: mx.fast.rms_norm(r["A"] - r["B"], r["w"], 2e-4)) == 1
