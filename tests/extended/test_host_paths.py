@@ -584,3 +584,32 @@ def test_short_paths_under_strict(kernels):
     for op in ("fast.layer_norm", "fast.rope", "fast.scaled_dot_product_attention", "addmm",
                "softmax", "einsum", "fft.rfft", "__mul__", "__truediv__", "exp"):
         assert report.extended[op] >= 1, op
+
+
+RECORDED = {
+    "layer_norm": lambda x, w: mx.fast.layer_norm(x, w, w * 0.5, 1e-5),
+    "rms_norm": lambda x, w: mx.fast.rms_norm(x, w, 1e-5),
+    "softmax": lambda x, w: mx.softmax(x * w, axis=-1),
+    "logsumexp": lambda x, w: mx.logsumexp(x, axis=-1),
+    "rope": lambda x, w: mx.fast.rope(x[None], 8, traditional=False, base=10000.0, scale=1.0,
+                                      offset=1),
+    "attention": lambda x, w: mx.fast.scaled_dot_product_attention(
+        x[None, None], x[None, None], x[None, None] * w, scale=0.5, mask="causal"),
+}
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_recorded_composites_keep_their_values(kernels, name):
+    """While a gradient records, a composite op is one op of the tape and its value
+    is its kernel form's: the bits it has unrecorded, special values included, and
+    a gradient of the op's VJP rule."""
+    op = RECORDED[name]
+    x, w = _data((6, 8), 40), mx.array(rng_f32((8,), 41))
+    with mp.extended_precision() as report:
+        plain = op(x * 1.25, w)
+        value, grad = mx.value_and_grad(lambda a: op(a * 1.25, w).sum())(x)
+        traced = []
+        mx.grad(lambda a: (traced.append(op(a * 1.25, w)), traced[-1].sum())[1])(x)
+        mx.eval(plain, value, grad, traced)
+    _same(traced[0], plain)
+    assert grad.shape == x.shape and not report.float32

@@ -399,9 +399,11 @@ def float64_form(fast, decomposition, kernels=None):
         elif autodiff.recording() and not any(isinstance(v, ARRAY) for v in kw.values()):
             # recorded as one op on the kernel backends too (its VJP rule, in ops of
             # the flow): the decomposition's tape differed from it at special values
-            # (logsumexp of a row holding +Inf: 0 beside the NaN)
+            # (logsumexp of a row holding +Inf: 0 beside the NaN); its value by the
+            # kernel form (the decomposition's bits, without its ops' dispatch)
             with autodiff.unrecorded():
-                return slow(ctx, original, *args, **kw)
+                out = NotImplemented if kernels is None else kernels(ctx, *args, **kw)
+                return slow(ctx, original, *args, **kw) if out is NotImplemented else out
         return slow(ctx, original, *args, **kw)
 
     return rule
