@@ -284,3 +284,27 @@ def test_an_unsafe_kernel_folder_runs_the_forms(monkeypatch):
     assert _count_recipes(lambda r: mx.fast.rms_norm(r["A"] - r["B"], r["w"], 2e-4)) == 0
     monkeypatch.undo()
     assert _count_recipes(lambda r: mx.fast.rms_norm(r["A"] - r["B"], r["w"], 2e-4)) == 1
+
+
+def test_replays_are_bounded(monkeypatch):
+    """Past _RECIPES_MAX structures the oldest replay is dropped (and traced again
+    when its structure comes back): the table stays bounded, the graphs the same."""
+    monkeypatch.setattr(recipes, "_RECIPES_MAX", 2)
+    recipes._recipes.clear()
+    eps = (1e-5, 2e-5, 3e-5, 4e-5)
+    graphs = {}
+    for _ in range(2):
+        for e in eps:
+            graphs.setdefault(e, set()).add(_run_rms(e))
+            assert len(recipes._recipes) <= 3
+    assert all(len(g) == 1 for g in graphs.values())
+
+
+def _run_rms(eps):
+    r = _operands(0)
+    with lazy_metal_executor():
+        for _ in range(3):
+            with mp.use_backend("metal"), mp.extended_precision():
+                y = mx.fast.rms_norm(r["A"] + r["B"], r["w"], eps)
+                out = _canonical(y, carry.low_word(y))
+    return out
