@@ -435,6 +435,7 @@ def metal_step(optimizer_name: str = "adam", rounds: int = 7, calls: int = 20,
     Times: medians over ``rounds`` interleaved rounds (``calls`` calls for the
     compiled steps)."""
     import mlx_precise as mp
+    from mlx_precise.extended import autodiff, recipes
     from mlx_precise.testing import graph_counts, lazy_metal_executor
 
     _, p0 = initial_model(seed)
@@ -460,7 +461,15 @@ def metal_step(optimizer_name: str = "adam", rounds: int = 7, calls: int = 20,
     record: list = []
     with lazy_metal_executor(record):
         plain = graph_counts(*_leaves(build("plain")))
-        outs = build("metal")
+        # (counted with replays off: a replayed rule or pass builds the same launches,
+        # tests/extended/test_recipes.py and test_flow_pass_replay.py, but without the
+        # Python that records each one here)
+        saved = recipes.ENABLED, autodiff.COMPILED_PASS
+        recipes.ENABLED = autodiff.COMPILED_PASS = False
+        try:
+            outs = build("metal")
+        finally:
+            recipes.ENABLED, autodiff.COMPILED_PASS = saved
         ext = graph_counts(*_leaves(outs))
         mx.eval(outs)
         ran = [k for k in record if k.ran() and k.name != "eft_selftest"]

@@ -34,10 +34,12 @@ import mlx.core as mx
 
 from ..core import backends, jit
 from ..doubleword.engine64 import from64
-from . import carry
+from ..core.plain import plain
+from ..doubleword import fusion
+from . import carry, recipes
 from .carry import as64
 from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
-from .report import dropped
+from .report import Report, dropped
 
 # False: the backward pass runs with the flow on on every backend (tests compare
 # the two passes on cpu; :func:`backward`).
@@ -360,8 +362,13 @@ def backward(tape: Tape, seeds: list, report, wanted: list | None = None) -> dic
     whose structure was seen ``COMPILE_AT`` times replays as one compiled MLX
     function (:func:`_replayed`: a training loop's step)."""
     wide = _float64_pass(tape)
-    if wide and wanted is not None and COMPILED_PASS and _tracing.get() is None:
-        cot = _replayed(tape, seeds, wanted)
+    if wanted is not None and COMPILED_PASS and _tracing.get() is None:
+        if wide:
+            cot = _replayed(tape, seeds, wanted)
+        elif not _tapes.get() and recipes.gpu_replays(backends.backend()):
+            cot = _replayed_flow(tape, seeds, wanted, report)
+        else:
+            cot = None
         if cot is not None:
             return cot
     cot: dict = {}
@@ -584,6 +591,109 @@ def _replayed(tape: Tape, seeds: list, wanted: list) -> dict | None:
                 raise
             _passes[key] = None
             return None
+
+
+# ---- the flow's pass replayed (metal) ----------------------------------------------------
+# On the metal backend the pass runs the VJP rules with the flow on, in double-word:
+# the same tape at every step of a training loop builds the same graph of launches.
+# It is traced once per structure by mx.compile (as the float64 pass above and as a
+# rule's graph, extended.recipes): the key adds what the block recorded of each
+# array's words (recipes.described); the trace notes that on its inputs in a scope
+# of its own and runs the rules on them, with a report of its own (a trace whose
+# rules drop a value to float32, or run MLX's op on an operand they do not extend,
+# is not kept: the pass runs op by op and reports it); the cotangents and what they
+# carry are the replay's outputs, and each replay adds the trace's counts of
+# extended ops to the block's report. Not inside an enclosing gradient (its tape
+# records the pass's ops).
+
+
+class _FlowValues(_Float64Values):
+    """The arrays of a flow pass being traced: each one's input of the compiled
+    function (any other array would be a constant of the trace); the entries'
+    report the trace's own (a rule that takes a gradient of its own reports there)."""
+
+    def __init__(self, seen: dict, report):
+        self.seen, self.report = seen, report
+
+    def array(self, v: mx.array):
+        hit = self.seen.get(id(v))
+        if hit is None or hit[0] is not v:
+            raise _Untraceable("an array outside the tape")
+        return hit[1]
+
+    def entry(self, e: Entry) -> Entry:
+        outs = None if e.outs is None else [self(o) for o in e.outs]
+        return Entry(e.name, e.vjp, e.original, self(e.args),
+                     self(e.kwargs) if e.kwargs else e.kwargs, self(e.out), outs, self.report)
+
+
+class _FlowPass:
+    """One structure's flow pass, compiled (see above)."""
+
+    def __init__(self):
+        self.compiled = plain.compile(self._trace)
+        self.results = self.counts = None  # set by the trace
+
+    def _trace(self, *values):
+        tape, seeds, wanted, arrays, state, report = _tracing.get()
+        own = Report(False)
+        with fusion.private_scope():
+            recipes.note_described(state, values, own)
+            value = _FlowValues({id(a): (a, v) for a, v in zip(arrays, values)}, own)
+            cot: dict = {}
+            with carry.reporting(own):
+                _reverse(tape, seeds, cot, value, False, strict=True)
+            if own.float32 or own.plain:
+                raise _Untraceable("a value left double-word")
+            self.results, outs = recipes.results([cot.get(id(a)) for a in wanted])
+        self.counts = own.extended
+        return outs
+
+    def __call__(self, tape, seeds, wanted, arrays, state, report) -> dict:
+        token = _tracing.set((tape, seeds, wanted, arrays, state, report))
+        try:
+            with carry.suspended():
+                outs = _transformed_call(self.compiled, *arrays)
+        finally:
+            _tracing.reset(token)
+        report.extended.update(self.counts)
+        got = recipes.noted_results(self.results, outs)
+        return {id(a): g for a, g in zip(wanted, got) if g is not None}
+
+
+_transformed_call = type(plain.compile(lambda x: x)).__call__  # MLX's (see dispatch)
+
+
+def _replayed_flow(tape: Tape, seeds: list, wanted: list, report) -> dict | None:
+    """The cotangents of ``wanted`` by the compiled flow pass of ``tape``'s
+    structure, or None (the pass runs op by op: seen fewer than
+    :data:`~.recipes.REPLAY_AT` times, untraceable)."""
+    try:
+        key, arrays = _structure(tape, seeds, wanted)
+        state_key, inputs, state = recipes.described(arrays, report)
+        key = ("flow", key, state_key)
+        hit = _passes.get(key, 0)
+    except (_Untraceable, recipes.Unkeyed, TypeError):
+        return None
+    if hit == 0:
+        seen = _seen[key] = _seen.get(key, 0) + 1
+        if seen < recipes.REPLAY_AT:
+            if len(_seen) > _SEEN_MAX:
+                _seen.clear()
+            return None
+        _seen.pop(key, None)
+        if len(_passes) >= _PASSES_MAX:
+            _passes.pop(next(iter(_passes), None), None)
+        hit = _passes[key] = _FlowPass()
+    elif hit is None:
+        return None
+    try:
+        return hit(tape, seeds, wanted, inputs, state, report)
+    except Exception:  # noqa: BLE001  (traced once: the pass runs op by op)
+        if hit.results is not None:
+            raise
+        _passes[key] = None
+        return None
 
 
 def narrowed(g, like: mx.array, hi: mx.array | None = None):

@@ -13,7 +13,7 @@ import numpy as np
 from ..core import backends
 from ..core.selftest import Check, register
 from ..doubleword.checks import U
-from . import recipes
+from . import autodiff, recipes
 from .carry import attach, low_word, suspended
 from ..core.context import extended_precision
 from .rules.shape import rows_add
@@ -54,19 +54,23 @@ def _composites(r):
             mx.softmax(x, axis=-1), mx.logsumexp(x, axis=-1), q,
             mx.fast.scaled_dot_product_attention(q, x[None], x[None], scale=0.25,
                                                  mask="causal"),
-            mx.addmm(r["w"], x, r["m"].T), x @ r["m"], mx.fft.irfft(mx.fft.rfft(x), n=32)]
+            mx.addmm(r["w"], x, r["m"].T), x @ r["m"], mx.fft.irfft(mx.fft.rfft(x), n=32),
+            mx.grad(lambda a: mx.softmax(mx.fast.layer_norm(a @ r["m"], r["w"], None, 1e-5),
+                                         axis=-1).sum())(x)]
 
 
-def check_replays(backend, calls: int = 3) -> Check:
-    """Each composite rule's result and low word, replayed (the third call of its
-    structure), against the rule run at every call: the same bits (the same
-    programs on the same operands: :mod:`.recipes`)."""
+def check_replays(backend, calls: int = 4) -> Check:
+    """Each composite rule's result and low word, replayed (the fourth call of its
+    structure), and a gradient by the replayed backward pass, against the rules
+    and the pass run op by op: the same bits (the same programs on the same
+    operands: :mod:`.recipes`, :mod:`.autodiff`)."""
     rng = np.random.default_rng(5)
     r = {k: mx.array(rng.standard_normal(shape).astype(np.float32))
          for k, shape in (("x", (4, 8, 32)), ("y", (4, 8, 32)), ("w", (32,)), ("m", (32, 32)))}
 
     def words(on: bool) -> list:
-        saved, recipes.ENABLED = recipes.ENABLED, on
+        saved = recipes.ENABLED, autodiff.COMPILED_PASS
+        recipes.ENABLED = autodiff.COMPILED_PASS = on
         try:
             for _ in range(calls):
                 with backends.use_backend(backends.of(backend).name), extended_precision():
@@ -74,13 +78,13 @@ def check_replays(backend, calls: int = 3) -> Check:
                     got = [(np.array(y), np.array(low_word(y))) for y in outs]
             return got
         finally:
-            recipes.ENABLED = saved
+            recipes.ENABLED, autodiff.COMPILED_PASS = saved
 
     direct, replayed = words(False), words(True)
     same = sum(all(np.array_equal(a.view(np.uint32) if a.dtype == np.float32 else a,
                                   b.view(np.uint32) if b.dtype == np.float32 else b)
                    for a, b in zip(d, p)) for d, p in zip(direct, replayed))
-    return Check(f"replayed composite rules [{len(direct)} ops]", same == len(direct),
+    return Check(f"replayed rules and pass [{len(direct)} ops]", same == len(direct),
                  f"{same} of {len(direct)} bit-identical to the rules run op by op")
 
 

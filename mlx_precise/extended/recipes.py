@@ -263,6 +263,75 @@ class _Recipe:
         return carry.attach(out, lo)
 
 
+Unkeyed = _Unkeyed  # (for the pass of ``extended.autodiff``)
+
+
+def described(arrays: list, report) -> tuple:
+    """For a trace over ``arrays`` (its inputs, in order): ``(key, inputs, state)``:
+    what the block recorded of each float32 / complex64 array's words and of the
+    words it is a recorded view of (:func:`_described`, :data:`views`: hashable,
+    the arrays of the states numbered after ``arrays``), all the trace's inputs,
+    and the state for :func:`note_described`."""
+    place, inputs = _places()
+    for a in arrays:
+        place(a)
+    key: list = []
+    descs: list = []
+    seen_as: list = []
+    for i, a in enumerate(arrays):
+        if a.dtype != _F32 and a.dtype != _C64:
+            key.append(None)
+            continue
+        desc = _described(a, carry.low_word(a), place)
+        key.append(desc)
+        descs.append(desc)
+        for k, (read, _) in enumerate(views):
+            src = read(a, report)
+            key.append(None if src is None else k)
+            if src is not None:
+                seen_as.append((k, i, _described(*src, place)))
+                key.append(seen_as[-1][2])
+    key.append(tuple([a.shape for a in inputs[len(arrays):]]))
+    return tuple(key), inputs, (descs, seen_as)
+
+
+def note_described(state: tuple, values, report) -> None:
+    """Inside a trace (and a private scope): record :func:`described`'s ``state``
+    on ``values``, the trace's inputs (``report``: the block's, for the views)."""
+    descs, seen_as = state
+    for desc in descs:
+        carry.attach(*_noted(desc, values))
+    for k, i, desc in seen_as:
+        views[k][1](values[i], _noted(desc, values), report)
+
+
+def results(arrays: list) -> tuple:
+    """``(descriptions, outputs)``: what each of ``arrays`` (a trace's results, or
+    None) carries, as the outputs of the trace and their description."""
+    place, outs = _places()
+    return [None if a is None else _described(a, carry.low_word(a), place)
+            for a in arrays], outs
+
+
+def noted_results(descs: list, outs: list) -> list:
+    """The arrays :func:`results` describes, from a replay's outputs, carrying what
+    they carried in the trace (recorded in the open block)."""
+    out = []
+    for desc in descs:
+        if desc is None:
+            out.append(None)
+            continue
+        hi, lo = _noted(desc, outs)
+        out.append(carry.attach(hi, lo))
+    return out
+
+
+def gpu_replays(backend) -> bool:
+    """Whether replays run here: on a GPU backend, replays on, the kernel folder
+    private (:func:`_folder_ok`)."""
+    return ENABLED and backend.gpu and _folder_ok()
+
+
 @contextlib.contextmanager
 def tracing():
     """Marks code that MLX traces (a compiled function's Python): its forms run as

@@ -271,7 +271,7 @@ def test_the_selftest_check_runs_its_path(lazy_metal):
 
     before = len(recipes._recipes)
     check = checks.check_replays("metal")
-    assert check.passed and "9 of 9" in check.figure
+    assert check.passed and "10 of 10" in check.figure
     assert len(recipes._recipes) > before
 
 
