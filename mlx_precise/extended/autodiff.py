@@ -360,7 +360,9 @@ def backward(tape: Tape, seeds: list, report, wanted: list | None = None) -> dic
     pass is itself recorded by an enclosing gradient. :func:`narrowed` turns a
     float64 cotangent into the array the user gets. The float64 pass of a tape
     whose structure was seen ``COMPILE_AT`` times replays as one compiled MLX
-    function (:func:`_replayed`: a training loop's step)."""
+    function (:func:`_replayed`: a training loop's step); on metal the flow's pass
+    of a structure seen :data:`~.recipes.REPLAY_AT` times does
+    (:func:`_replayed_flow`)."""
     wide = _float64_pass(tape)
     if wanted is not None and COMPILED_PASS and _tracing.get() is None:
         if wide:
