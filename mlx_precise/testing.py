@@ -151,7 +151,11 @@ _OUTPUT_RE = re.compile(r'^\d+ -> "', re.M)  # a primitive's edge to one of its 
 
 def graph_text(*outputs) -> str:
     """MLX's export of the lazy graph that computes ``outputs`` (``mx.export_to_dot``:
-    DOT text, a node per primitive and per array)."""
+    DOT text, a node per primitive and per array); ``outputs``: one ``mx.array`` or
+    more (else ``TypeError``)."""
+    if not outputs or not all(isinstance(o, _ARRAY) for o in outputs):
+        raise TypeError("graph_text / graph_counts take one mx.array or more, got "
+                        f"{[type(o).__name__ for o in outputs]}")
     fd, path = tempfile.mkstemp(suffix=".dot")
     os.close(fd)
     try:

@@ -144,3 +144,14 @@ def test_gemm_instruction_count(a_shape, b_shape):
     batch = math.prod(c.shape[:-2])
     want = batch * M * N * (21 * K + 10)
     assert bench_models.fp_instructions(k.name, k.template, k.inputs, k.output_shapes) == want
+
+
+@pytest.mark.parametrize("bad", [(), ([1, 2],), (mx.ones(3), 2.0)])
+def test_graph_helpers_refuse_what_is_not_an_array(bad):
+    """graph_text / graph_counts of nothing, a list or a number: a clear TypeError
+    (an empty graph would count as zero launches)."""
+    from mlx_precise.testing import graph_text
+
+    for helper in (graph_text, graph_counts):
+        with pytest.raises(TypeError, match="one mx.array or more"):
+            helper(*bad)

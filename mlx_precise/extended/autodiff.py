@@ -655,15 +655,13 @@ class _FlowPass:
         token = _tracing.set((tape, seeds, wanted, arrays, state, report))
         try:
             with carry.suspended():
-                outs = _transformed_call(self.compiled, *arrays)
+                outs = recipes.COMPILED_CALL(self.compiled, *arrays)
         finally:
             _tracing.reset(token)
         report.extended.update(self.counts)
         got = recipes.noted_results(self.results, outs)
         return {id(a): g for a, g in zip(wanted, got) if g is not None}
 
-
-_transformed_call = type(plain.compile(lambda x: x)).__call__  # MLX's (see dispatch)
 
 
 def _replayed_flow(tape: Tape, seeds: list, wanted: list, report) -> dict | None:

@@ -85,7 +85,9 @@ swapped strides)."""
 
 _F32, _C64 = mx.float32, mx.complex64
 _STATIC = (int, bool, str, type(None), type(Ellipsis))
-_TRANSFORMED_CALL = type(plain.compile(lambda x: x)).__call__  # MLX's (see dispatch)
+COMPILED_CALL = type(plain.compile(lambda x: x)).__call__
+"""MLX's call of a compiled function (captured at import: while a block is open the
+flow stands in for it, :mod:`.dispatch`)."""
 _calling: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_recipe", default=None)
 
 
@@ -148,6 +150,26 @@ def _noted(desc: tuple, values) -> tuple:
     return hi, lo
 
 
+def _operand(a, i: int, place, report, add, descs: list, seen_as: list) -> None:
+    """For the array ``a`` at place ``i``: where it holds words (float32 /
+    complex64), its description (:func:`_described`) and those of the words it is a
+    recorded view of (:data:`views`), written to the key (``add``) and listed in
+    ``descs`` and ``seen_as`` (``(its reader's index in views, i, description)``);
+    else None written."""
+    if a.dtype != _F32 and a.dtype != _C64:
+        add(None)
+        return
+    desc = _described(a, carry.low_word(a), place)
+    add(desc)
+    descs.append(desc)
+    for k, (read, _) in enumerate(views):
+        src = read(a, report)
+        add(None if src is None else k)
+        if src is not None:
+            seen_as.append((k, i, _described(*src, place)))
+            add(seen_as[-1][2])
+
+
 def _structure(args: tuple, kw: dict, report):
     """``(key, arrays, template, operands, seen_as)``: the call's structure
     (hashable), the distinct arrays it reads in order of first use (operands, their
@@ -165,18 +187,8 @@ def _structure(args: tuple, kw: dict, report):
         if isinstance(v, ARRAY):
             i = place(v)
             add(i)
-            dtype = v.dtype
-            add(dtype)
-            if dtype == _F32 or dtype == _C64:
-                desc = _described(v, carry.low_word(v), place)
-                add(desc)
-                operands.append(desc)
-                for k, (read, _) in enumerate(views):
-                    src = read(v, report)
-                    add(None if src is None else k)
-                    if src is not None:
-                        seen_as.append((k, i, _described(*src, place)))
-                        add(seen_as[-1][2])
+            add(v.dtype)
+            _operand(v, i, place, report, add, operands, seen_as)
             return _Slot(i)
         t = type(v)
         add(t)
@@ -233,14 +245,12 @@ class _Recipe:
         self.operands, self.seen_as = operands, seen_as
         self.compiled = plain.compile(self._trace)
         self.result = None  # the result's description by place among the outputs
+        # (:func:`results`)
 
     def _trace(self, *values):
         ctx = _calling.get()
         with fusion.private_scope():
-            for desc in self.operands:
-                carry.attach(*_noted(desc, values))
-            for k, i, desc in self.seen_as:
-                views[k][1](values[i], _noted(desc, values), ctx.report)
+            note_described((self.operands, self.seen_as), values, ctx.report)
             args, kw = self.template
             out = self.form(ctx, *_filled(args, values),
                             **{k: _filled(v, values) for k, v in kw.items()})
@@ -249,18 +259,16 @@ class _Recipe:
             # the result and what it carries, as outputs: its low word, and what the
             # form recorded of its words (a later op composes its expression, reads
             # its packed words, as after the form)
-            place, outs = _places()
-            self.result = _described(out, carry.low_word(out), place)
+            self.result, outs = results([out])
         return outs
 
     def __call__(self, ctx, arrays: list):
         token = _calling.set(ctx)
         try:
-            outs = _TRANSFORMED_CALL(self.compiled, *arrays)
+            outs = COMPILED_CALL(self.compiled, *arrays)
         finally:
             _calling.reset(token)
-        out, lo = _noted(self.result, outs)
-        return carry.attach(out, lo)
+        return noted_results(self.result, outs)[0]
 
 
 Unkeyed = _Unkeyed  # (for the pass of ``extended.autodiff``)
@@ -279,18 +287,7 @@ def described(arrays: list, report) -> tuple:
     descs: list = []
     seen_as: list = []
     for i, a in enumerate(arrays):
-        if a.dtype != _F32 and a.dtype != _C64:
-            key.append(None)
-            continue
-        desc = _described(a, carry.low_word(a), place)
-        key.append(desc)
-        descs.append(desc)
-        for k, (read, _) in enumerate(views):
-            src = read(a, report)
-            key.append(None if src is None else k)
-            if src is not None:
-                seen_as.append((k, i, _described(*src, place)))
-                key.append(seen_as[-1][2])
+        _operand(a, i, place, report, key.append, descs, seen_as)
     key.append(tuple([a.shape for a in inputs[len(arrays):]]))
     return tuple(key), inputs, (descs, seen_as)
 

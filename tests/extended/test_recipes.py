@@ -124,12 +124,12 @@ def _launches(record) -> list:
 
 
 def _run(op, state, seed, record=None, keys=None):
-    """One block on the lazy metal path: the op on an operand in ``state``; the
-    canonical graph of the result and its low word, and whether its packed words
-    are recorded."""
+    """One strict block on the lazy metal path (nothing may leave double-word): the
+    op on an operand in ``state``; the canonical graph of the result and its low
+    word, and whether its packed words are recorded."""
     r = _operands(seed)
     with lazy_metal_executor(record):
-        with mp.use_backend("metal"), mp.extended_precision():
+        with mp.use_backend("metal"), mp.extended_precision(strict=True) as report:
             x = STATES[state](r)
             lo = carry.low_word(x)
             e, z = fusion.state_of(x, lo)[:2]
@@ -141,6 +141,7 @@ def _run(op, state, seed, record=None, keys=None):
             y = OPS[op](x, r)
             lo = carry.low_word(y)
             packed = lo is not None and fusion.packed(y, lo) is not None
+            assert report.extended and not report.float32, report
             return _canonical(y, *([] if lo is None else [lo])), packed, graph_counts(
                 y, *([] if lo is None else [lo]))
 

@@ -192,11 +192,10 @@ def _rope_rule(ctx, original, a, dims, **kw):
     if isinstance(offset, ARRAY) and offset.size == 1:
         kw["offset"] = offset.reshape(())
     if kernel_form(ctx):
-        if not isinstance(kw.get("offset", 0), ARRAY) and type(kw.get("scale")) in (
-                int, float) and type(kw.get("offset", 0)) in (int, float):
+        if type(offset) in (int, float) and type(kw.get("scale")) in (int, float):
             # (the block's positions: an operand of the replay, made once)
-            kw["positions"] = _positions(a.shape[-2], kw["scale"], kw.get("offset", 0),
-                                         ctx.backend, ctx.stream)
+            kw["positions"] = _positions(a.shape[-2], kw["scale"], offset, ctx.backend,
+                                         ctx.stream)
         out = _replayed_rope(ctx, a, dims, **kw)
         if out is not NotImplemented:
             return out

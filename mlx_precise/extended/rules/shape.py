@@ -324,21 +324,28 @@ def _packing(rule, mover, order=None):
             floats = fusion.words_of(DoubleWord(x, lo))
             if floats is not None and type(out) is ARRAY:
                 fusion.note_parts(out, low_word(out), floats)
-        if not fusion.has_packed(x, lo):
-            return out
-        outs = out if isinstance(out, (list, tuple)) else (out,)
-        try:
-            moves = mover(x, outs, *args, **kw)
-        except (TypeError, ValueError, IndexError):  # arguments MLX refuses
-            moves = None
-        for o, move in zip(outs, moves or ()):
-            o_lo = low_word(o) if type(o) is ARRAY else None
-            if o_lo is not None:
-                fusion.note_moved(o, o_lo, x, lo, move)
+        _note_moves(mover, x, lo, out if isinstance(out, (list, tuple)) else (out,), args, kw)
         return out
 
     recipes.static(body)  # (made once per op: a replay's structure holds its id)
     return noted
+
+
+def _note_moves(mover, x, lo, outs, args, kw) -> None:
+    """Record each of ``outs`` (the results of a movement op of the words ``x``,
+    ``lo``) as that move of x's packed words where x's are packed
+    (:func:`~mlx_precise.doubleword.fusion.note_moved`; ``mover(x, outs, *args,
+    **kw)`` the moves, None where the op moves their first axis)."""
+    if not fusion.has_packed(x, lo):
+        return
+    try:
+        moves = mover(x, outs, *args, **kw)
+    except (TypeError, ValueError, IndexError):  # arguments MLX refuses
+        return
+    for o, move in zip(outs, moves or ()):
+        o_lo = low_word(o) if type(o) is ARRAY else None
+        if o_lo is not None:
+            fusion.note_moved(o, o_lo, x, lo, move)
 
 
 def _moved_words(ctx, body, original, x, *args):
@@ -381,13 +388,7 @@ def _fast_move(mover, order=None):
             outs, los = (out, out_lo) if type(out) is list else ((out,), (out_lo,))
             for o, o_lo in zip(outs, los):
                 attach(o, o_lo)
-            if fusion.has_packed(x, lo):
-                try:
-                    moves = mover(x, outs, *args)
-                except (TypeError, ValueError, IndexError):
-                    moves = None
-                for o, o_lo, move in zip(outs, los, moves or ()):
-                    fusion.note_moved(o, o_lo, x, lo, move)
+            _note_moves(mover, x, lo, outs, args, {})
             return out
 
         return fast
