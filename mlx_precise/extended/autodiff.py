@@ -468,16 +468,38 @@ def _structure(tape: Tape, seeds: list, wanted: list):
     tuple: each value written as a self-delimiting run of items) and the distinct
     arrays it reads, in order of first use; raises :class:`_Untraceable` for an
     argument it cannot key."""
-    index: dict = {}
-    arrays: list = []
-    tracked = tape.tracked
-    key = [str(backends.backend()), len(seeds)]
-    add = key.append
+    w = _Writing(tape.tracked)
+    w.add(str(backends.backend()))
+    w.add(len(seeds))
+    for a, g in seeds:
+        w.write((a, g))
+    for e in tape.entries:
+        w.add(e.name)
+        w.add(e.vjp)
+        w.write((e.args, e.kwargs, e.out))
+    w.write(wanted)
+    return tuple(w.key), w.arrays
 
-    def write(values):
+
+class _Writing:
+    """A pass's structure being written (:func:`_structure`). (A class, not a
+    recursive closure: that is a reference cycle, which would hold the tape's
+    arrays until the garbage collector ran.)"""
+
+    __slots__ = ("index", "arrays", "key", "add", "tracked")
+
+    def __init__(self, tracked: dict):
+        self.index: dict = {}
+        self.arrays: list = []
+        self.key: list = []
+        self.add = self.key.append
+        self.tracked = tracked
+
+    def write(self, values) -> None:
         # each value: an array as its index among ``arrays`` when seen before, else
         # its shape (a tuple), dtype and whether it is differentiated; any other
         # value as its type, then its contents (one call per container, not per item)
+        add, index, arrays = self.add, self.index, self.arrays
         for v in values:
             if isinstance(v, ARRAY):
                 i = index.get(id(v))
@@ -486,7 +508,7 @@ def _structure(tape: Tape, seeds: list, wanted: list):
                     arrays.append(v)
                     add(v.shape)
                     add(v.dtype)
-                    add(tracked.get(id(v)) is v)
+                    add(self.tracked.get(id(v)) is v)
                 else:
                     add(i)
                 continue
@@ -494,12 +516,12 @@ def _structure(tape: Tape, seeds: list, wanted: list):
             add(t)
             if t is tuple or t is list:
                 add(len(v))
-                write(v)
+                self.write(v)
             elif t is dict:
                 add(len(v))
                 for k, x in v.items():
                     add(k)
-                    write((x,))
+                    self.write((x,))
             elif t in _KEYED:
                 add(v)
             elif t is float or t is complex:
@@ -509,18 +531,9 @@ def _structure(tape: Tape, seeds: list, wanted: list):
                     raise _Untraceable("-0.0")
                 add(repr(v))
             elif t is slice:
-                write((v.start, v.stop, v.step))
+                self.write((v.start, v.stop, v.step))
             else:
                 raise _Untraceable(t.__name__)
-
-    for a, g in seeds:
-        write((a, g))
-    for e in tape.entries:
-        add(e.name)
-        add(e.vjp)
-        write((e.args, e.kwargs, e.out))
-    write(wanted)
-    return tuple(key), arrays
 
 
 class _Pass:

@@ -108,87 +108,74 @@ class _Slot:
         self.i = i
 
 
-def _places() -> tuple:
-    """``(place, arrays)``: ``place(a)`` numbers distinct arrays in order of first
-    use (listed in ``arrays``)."""
-    index: dict = {}
-    arrays: list = []
+class _Keying:
+    """One call's structure being written: its key (a list, :meth:`add`), the
+    distinct arrays it reads numbered in order of first use (:meth:`place`), the
+    word operands' descriptions and the recorded views'. (A class, not closures:
+    a recursive closure is a reference cycle, which would hold the call's arrays,
+    the nodes of the block's graph, until the garbage collector ran.)"""
 
-    def place(a) -> int:
-        i = index.get(id(a))
-        if i is None:
-            i = index[id(a)] = len(arrays)
-            arrays.append(a)
+    __slots__ = ("index", "arrays", "key", "add", "operands", "seen_as", "report")
+
+    def __init__(self, report=None):
+        self.index: dict = {}
+        self.arrays: list = []
+        self.key: list = []
+        self.add = self.key.append
+        self.operands: list = []
+        self.seen_as: list = []
+        self.report = report
+
+    def place(self, a) -> int:
+        i = self.index.setdefault(id(a), len(self.arrays))
+        if i == len(self.arrays):
+            self.arrays.append(a)
         return i
 
-    return place, arrays
+    def described(self, hi, lo) -> tuple:
+        """What the open block recorded of the words ``hi``, ``lo``
+        (:func:`fusion.state_of <mlx_precise.doubleword.fusion.state_of>`) with each
+        array as its place: ``(hi, lo, (program, shape, leaves) or None, packed,
+        copies, the described float words of complex words or None, their
+        layout)``, hashable."""
+        e, z, copies, parts, layout = fusion.state_of(hi, lo)
+        place = self.place
+        return (place(hi), None if lo is None else place(lo),
+                None if e is None else (e.prog, e.shape, tuple([place(a) for a in e.leaves])),
+                None if z is None else place(z), None if copies is None else place(copies),
+                None if parts is None else self.described(*parts), layout)
 
+    def operand(self, a, i: int) -> None:
+        """For the array ``a`` at place ``i``: where it holds words (float32 /
+        complex64), its description (:meth:`described`) and those of the words it
+        is a recorded view of (:data:`views`), written to the key and listed in
+        ``operands`` and ``seen_as`` (``(its reader's index in views, i,
+        description)``); else None written."""
+        add = self.add
+        if a.dtype != _F32 and a.dtype != _C64:
+            add(None)
+            return
+        desc = self.described(a, carry.low_word(a))
+        add(desc)
+        self.operands.append(desc)
+        for k, (read, _) in enumerate(views):
+            src = read(a, self.report)
+            if src is None:
+                add(None)
+                continue
+            add(k)
+            self.seen_as.append((k, i, self.described(*src)))
+            add(self.seen_as[-1][2])
 
-def _described(hi, lo, place) -> tuple:
-    """What the open block recorded of the words ``hi``, ``lo`` (:func:`fusion.state_of
-    <mlx_precise.doubleword.fusion.state_of>`) with each array as its place
-    (``place``: :func:`_places`): ``(hi, lo, (program, shape, leaves) or None,
-    packed, copies, the described float words of complex words or None, their
-    layout)``, hashable."""
-    e, z, copies, parts, layout = fusion.state_of(hi, lo)
-    return (place(hi), None if lo is None else place(lo),
-            None if e is None else (e.prog, e.shape, tuple([place(a) for a in e.leaves])),
-            None if z is None else place(z), None if copies is None else place(copies),
-            None if parts is None else _described(*parts, place), layout)
-
-
-def _noted(desc: tuple, values) -> tuple:
-    """Record the state :func:`_described` describes on ``values`` (the arrays by
-    place) in the open block; returns the words ``(hi, lo)``."""
-    i, ilo, e, iz, ic, parts, layout = desc
-    hi, lo = values[i], None if ilo is None else values[ilo]
-    if e is not None:
-        e = fusion.Expr(tuple([values[k] for k in e[2]]), e[0], e[1])
-    fusion.note_state(hi, lo, e, None if iz is None else values[iz],
-                      None if ic is None else values[ic],
-                      None if parts is None else _noted(parts, values), layout)
-    return hi, lo
-
-
-def _operand(a, i: int, place, report, add, descs: list, seen_as: list) -> None:
-    """For the array ``a`` at place ``i``: where it holds words (float32 /
-    complex64), its description (:func:`_described`) and those of the words it is a
-    recorded view of (:data:`views`), written to the key (``add``) and listed in
-    ``descs`` and ``seen_as`` (``(its reader's index in views, i, description)``);
-    else None written."""
-    if a.dtype != _F32 and a.dtype != _C64:
-        add(None)
-        return
-    desc = _described(a, carry.low_word(a), place)
-    add(desc)
-    descs.append(desc)
-    for k, (read, _) in enumerate(views):
-        src = read(a, report)
-        add(None if src is None else k)
-        if src is not None:
-            seen_as.append((k, i, _described(*src, place)))
-            add(seen_as[-1][2])
-
-
-def _structure(args: tuple, kw: dict, report):
-    """``(key, arrays, template, operands, seen_as)``: the call's structure
-    (hashable), the distinct arrays it reads in order of first use (operands, their
-    low words, what the block recorded of them: :func:`_described`; the words they
-    are views of), ``(args, kw)`` with each array a :class:`_Slot`, per word operand
-    its description, and per recorded view ``(its reader's index in views, the
-    array's place, the viewed words' description)``. Raises :class:`_Unkeyed`."""
-    place, arrays = _places()
-    key: list = []
-    operands: list = []
-    seen_as: list = []
-    add = key.append
-
-    def write(v):
+    def write(self, v):
+        """Write the argument ``v`` to the key; returns it as the template holds it
+        (an array as its :class:`_Slot`). Raises :class:`_Unkeyed`."""
+        add = self.add
         if isinstance(v, ARRAY):
-            i = place(v)
+            i = self.place(v)
             add(i)
             add(v.dtype)
-            _operand(v, i, place, report, add, operands, seen_as)
+            self.operand(v, i)
             return _Slot(i)
         t = type(v)
         add(t)
@@ -202,20 +189,44 @@ def _structure(args: tuple, kw: dict, report):
             return v
         if t is tuple or t is list:
             add(len(v))
-            return t([write(x) for x in v])
+            return t([self.write(x) for x in v])
         if t is slice:
-            return slice(write(v.start), write(v.stop), write(v.step))
+            return slice(self.write(v.start), self.write(v.stop), self.write(v.step))
         if held(v):
             add(id(v))
             return _Held(id(v))
         raise _Unkeyed
 
+
+def _noted(desc: tuple, values) -> tuple:
+    """Record the state :meth:`_Keying.described` describes on ``values`` (the
+    arrays by place) in the open block; returns the words ``(hi, lo)``."""
+    i, ilo, e, iz, ic, parts, layout = desc
+    hi, lo = values[i], None if ilo is None else values[ilo]
+    if e is not None:
+        e = fusion.Expr(tuple([values[k] for k in e[2]]), e[0], e[1])
+    fusion.note_state(hi, lo, e, None if iz is None else values[iz],
+                      None if ic is None else values[ic],
+                      None if parts is None else _noted(parts, values), layout)
+    return hi, lo
+
+
+def _structure(args: tuple, kw: dict, report):
+    """``(key, arrays, template, operands, seen_as)``: the call's structure
+    (hashable), the distinct arrays it reads in order of first use (operands, their
+    low words, what the block recorded of them: :meth:`_Keying.described`; the
+    words they are views of), ``(args, kw)`` with each array a :class:`_Slot`, per
+    word operand its description, and per recorded view ``(its reader's index in
+    views, the array's place, the viewed words' description)``. Raises
+    :class:`_Unkeyed`."""
+    k = _Keying(report)
+    write, add = k.write, k.add
     template = (tuple([write(a) for a in args]),
-                {k: (add(k), write(v))[1] for k, v in kw.items()})
+                {name: (add(name), write(v))[1] for name, v in kw.items()})
     # (their shapes; the dtypes of the operands are written above, the arrays of
     # their states are float32 words, or the operand's dtype: its low word)
-    add(tuple([a.shape for a in arrays]))
-    return tuple(key), arrays, template, operands, seen_as
+    add(tuple([a.shape for a in k.arrays]))
+    return tuple(k.key), k.arrays, template, k.operands, k.seen_as
 
 
 class _Held(_Slot):
@@ -277,19 +288,16 @@ Unkeyed = _Unkeyed  # (for the pass of ``extended.autodiff``)
 def described(arrays: list, report) -> tuple:
     """For a trace over ``arrays`` (its inputs, in order): ``(key, inputs, state)``:
     what the block recorded of each float32 / complex64 array's words and of the
-    words it is a recorded view of (:func:`_described`, :data:`views`: hashable,
-    the arrays of the states numbered after ``arrays``), all the trace's inputs,
-    and the state for :func:`note_described`."""
-    place, inputs = _places()
+    words it is a recorded view of (:meth:`_Keying.described`, :data:`views`:
+    hashable, the arrays of the states numbered after ``arrays``), all the trace's
+    inputs, and the state for :func:`note_described`."""
+    k = _Keying(report)
     for a in arrays:
-        place(a)
-    key: list = []
-    descs: list = []
-    seen_as: list = []
+        k.place(a)
     for i, a in enumerate(arrays):
-        _operand(a, i, place, report, key.append, descs, seen_as)
-    key.append(tuple([a.shape for a in inputs[len(arrays):]]))
-    return tuple(key), inputs, (descs, seen_as)
+        k.operand(a, i)
+    k.add(tuple([a.shape for a in k.arrays[len(arrays):]]))
+    return tuple(k.key), k.arrays, (k.operands, k.seen_as)
 
 
 def note_described(state: tuple, values, report) -> None:
@@ -305,9 +313,9 @@ def note_described(state: tuple, values, report) -> None:
 def results(arrays: list) -> tuple:
     """``(descriptions, outputs)``: what each of ``arrays`` (a trace's results, or
     None) carries, as the outputs of the trace and their description."""
-    place, outs = _places()
-    return [None if a is None else _described(a, carry.low_word(a), place)
-            for a in arrays], outs
+    k = _Keying()
+    return [None if a is None else k.described(a, carry.low_word(a))
+            for a in arrays], k.arrays
 
 
 def noted_results(descs: list, outs: list) -> list:
