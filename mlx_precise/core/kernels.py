@@ -79,28 +79,30 @@ def resolve_headers(names: Sequence[str], markers: bool = False) -> str:
     With ``markers``, ``#line`` directives keep each line attributed to its file
     (``metal/include/<name>``), for diagnostics of the strict check."""
     seen: set[str] = set()
+    return "".join(_expand(n, seen, markers) for n in names)
 
-    def expand(name: str) -> str:
-        if name in seen:
-            return ""
-        seen.add(name)
-        path = METAL_DIR / "include" / name
-        if not path.is_file():
-            raise FileNotFoundError(f"Metal header {name!r} not found in {path.parent}")
-        text = _PRAGMA_ONCE_RE.sub("", _read(path))
-        if not markers:
-            return _INCLUDE_RE.sub(lambda m: expand(m.group(1)), text)
-        label = f"metal/include/{name}"
-        out = [f'#line 1 "{label}"\n']
-        for no, line in enumerate(text.splitlines(keepends=True), 1):
-            m = _INCLUDE_RE.match(line)
-            if m:
-                out.append(expand(m.group(1)) + f'\n#line {no + 1} "{label}"\n')
-            else:
-                out.append(line)
-        return "".join(out)
 
-    return "".join(expand(n) for n in names)
+def _expand(name: str, seen: set, markers: bool) -> str:
+    """One header of :func:`resolve_headers`, those it includes inlined (a module
+    function: a recursive closure would be a reference cycle)."""
+    if name in seen:
+        return ""
+    seen.add(name)
+    path = METAL_DIR / "include" / name
+    if not path.is_file():
+        raise FileNotFoundError(f"Metal header {name!r} not found in {path.parent}")
+    text = _PRAGMA_ONCE_RE.sub("", _read(path))
+    if not markers:
+        return _INCLUDE_RE.sub(lambda m: _expand(m.group(1), seen, markers), text)
+    label = f"metal/include/{name}"
+    out = [f'#line 1 "{label}"\n']
+    for no, line in enumerate(text.splitlines(keepends=True), 1):
+        m = _INCLUDE_RE.match(line)
+        if m:
+            out.append(_expand(m.group(1), seen, markers) + f'\n#line {no + 1} "{label}"\n')
+        else:
+            out.append(line)
+    return "".join(out)
 
 
 def elementwise_grid(n: int, threads: int = 256):

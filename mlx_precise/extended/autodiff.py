@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
-import math
 
 import mlx.core as mx
 
@@ -527,7 +526,7 @@ class _Writing:
             elif t is float or t is complex:
                 # (MLX's compiled CPU kernels write a scalar constant -0.0 as 0: a
                 # pass with one would replay with +0.0)
-                if any(p == 0 and math.copysign(1.0, p) < 0 for p in (v.real, v.imag)):
+                if recipes.negative_zero(v):
                     raise _Untraceable("-0.0")
                 add(repr(v))
             elif t is slice:

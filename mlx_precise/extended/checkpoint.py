@@ -16,6 +16,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .carry import attach, low_word
+from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 LOW = "@lo"
 
@@ -36,7 +37,7 @@ def save_extended(file, tree) -> None:
     flat = dict(tree_flatten(tree))
     out = {}
     for key, a in flat.items():
-        if not isinstance(a, mx.array):
+        if not isinstance(a, ARRAY):
             raise ValueError(f"save_extended: {key!r} is {type(a).__name__}, not an mx.array")
         if key.endswith(LOW):
             raise ValueError(f"save_extended: the key {key!r} ends in {LOW!r}, which names "

@@ -41,6 +41,7 @@ from ..doubleword.types import DoubleWord
 from ..doubleword.engine64 import to64
 from ..doubleword import fusion
 from . import autodiff, carry, dispatch, recipes, registry
+from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 ENV_VAR = "MLX_PRECISE_INTERCEPT"
 
@@ -110,7 +111,7 @@ def _compile_dispatcher():
 
 def _word_leaves(tree) -> list:
     """The float32 / complex64 arrays of a tree (dicts, lists, tuples), in order."""
-    if isinstance(tree, mx.array):
+    if isinstance(tree, ARRAY):
         return [tree] if tree.dtype in (mx.float32, mx.complex64) else []
     if isinstance(tree, dict):
         return [a for v in tree.values() for a in _word_leaves(v)]

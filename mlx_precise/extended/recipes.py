@@ -140,8 +140,10 @@ class _Keying:
         layout)``, hashable."""
         e, z, copies, parts, layout = fusion.state_of(hi, lo)
         place = self.place
+        if lo is None and e is None and z is None and parts is None:
+            return (place(hi), None, None, None, None, None, layout)  # (a plain array)
         return (place(hi), None if lo is None else place(lo),
-                None if e is None else (e.prog, e.shape, tuple([place(a) for a in e.leaves])),
+                None if e is None else (e.prog, e.shape, tuple(map(place, e.leaves))),
                 None if z is None else place(z), None if copies is None else place(copies),
                 None if parts is None else self.described(*parts), layout)
 
@@ -158,14 +160,16 @@ class _Keying:
         desc = self.described(a, carry.low_word(a))
         add(desc)
         self.operands.append(desc)
-        for k, (read, _) in enumerate(views):
+        k = 0
+        for read, _ in views:
             src = read(a, self.report)
             if src is None:
                 add(None)
-                continue
-            add(k)
-            self.seen_as.append((k, i, self.described(*src)))
-            add(self.seen_as[-1][2])
+            else:
+                add(k)
+                self.seen_as.append((k, i, self.described(*src)))
+                add(self.seen_as[-1][2])
+            k += 1
 
     def write(self, v):
         """Write the argument ``v`` to the key; returns it as the template holds it
@@ -183,7 +187,7 @@ class _Keying:
             add(v)
             return v
         if t is float or t is complex:
-            if any(p == 0 and math.copysign(1.0, p) < 0 for p in (v.real, v.imag)):
+            if negative_zero(v):
                 raise _Unkeyed  # (-0.0 == 0.0: one key for two values)
             add(repr(v))
             return v
@@ -196,6 +200,13 @@ class _Keying:
             add(id(v))
             return _Held(id(v))
         raise _Unkeyed
+
+
+def negative_zero(v) -> bool:
+    """Whether the float or complex ``v`` has a part -0.0 (which equals 0.0)."""
+    if type(v) is float:
+        return v == 0 and math.copysign(1.0, v) < 0
+    return negative_zero(v.real) or negative_zero(v.imag)
 
 
 def _noted(desc: tuple, values) -> tuple:

@@ -23,6 +23,7 @@ from .carry import attach_words, has_words, suspended
 from .report import dropped
 from .rules import shape
 from .rules.base import as64, carries, is_word_array, operand_array, unbroadcast
+from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 OPS = ("add", "subtract", "multiply", "divide", "maximum", "minimum")
 
@@ -68,14 +69,14 @@ class _Indexed:
             with suspended():
                 return plain()  # no float32 rounding to lose
         if x.dtype == mx.float32 and (isinstance(value, complex) or (
-                isinstance(value, mx.array) and value.dtype == mx.complex64)):
+                isinstance(value, ARRAY) and value.dtype == mx.complex64)):
             # (MLX updates a float32 x by the update cast to float32: its real part)
             with carry.reporting(self._report):
                 value = value.real if isinstance(value, complex) else mx.real(value)
         complex_ = x.dtype == mx.complex64
         if backends.backend().float64_engine and not complex_:
             with suspended(), mx.stream(mx.cpu):
-                v = as64(value) if isinstance(value, mx.array) else float(value)
+                v = as64(value) if isinstance(value, ARRAY) else float(value)
                 wide = getattr(self._getter(as64(x))[self._index], op)(v)
                 z = from64(wide)
             self._report.extended[name] += 1
@@ -112,7 +113,7 @@ def _vjp(op: str, index):
     def vjp(e, g):
         v = e.args[1]
         gv = None
-        if isinstance(v, mx.array) and mx.issubdtype(v.dtype, mx.inexact):
+        if isinstance(v, ARRAY) and mx.issubdtype(v.dtype, mx.inexact):
             taken = g[index]
             gv = unbroadcast(taken if op == "add" else -taken, v)
         return (g, gv)
@@ -136,7 +137,7 @@ def _rows(index, shape_: tuple):
         lead += 1
     arrays = parts[lead:]
     if not arrays or len(parts) > len(shape_) or not all(
-            isinstance(p, mx.array) and mx.issubdtype(p.dtype, mx.integer) for p in arrays):
+            isinstance(p, ARRAY) and mx.issubdtype(p.dtype, mx.integer) for p in arrays):
         return None
     with suspended():
         arrays = mx.broadcast_arrays(*arrays) if len(arrays) > 1 else arrays

@@ -24,6 +24,7 @@ from . import arith
 from .carry import attach, low_word
 from .engine import words_op
 from ..core.backends import Backend
+from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 
 def _cast(x: DoubleWord, kind: str) -> DoubleWord:
@@ -56,7 +57,7 @@ def transform(kind: str, a: mx.array, s, axes, norm: str, backend: Backend,
 def is_depthwise(x, w, groups) -> bool:
     """MLX's ``conv1d`` arguments of a depthwise convolution of float32 values
     (x (N, L, C), w (m C, K, 1), groups = C): the double-word kernel's case."""
-    return (isinstance(x, mx.array) and isinstance(w, mx.array)
+    return (isinstance(x, ARRAY) and isinstance(w, ARRAY)
             and x.dtype == mx.float32 and w.dtype == mx.float32
             and x.ndim == 3 and w.ndim == 3 and groups == x.shape[2]
             and w.shape[2] == 1 and w.shape[0] % groups == 0)

@@ -446,7 +446,7 @@ def elementary(fn: str, x: mx.array) -> mx.array:
 def conj(v):
     """The complex conjugate of an array or scalar (real ones unchanged): a VJP of
     a holomorphic op is ``g conj(f')`` (MLX's convention for complex values)."""
-    if isinstance(v, mx.array):
+    if isinstance(v, ARRAY):
         return mx.conj(v) if v.dtype == mx.complex64 else v
     return v.conjugate() if isinstance(v, complex) else v
 

@@ -13,6 +13,7 @@ import numpy as np
 from .. import carry
 from ..carry import attach, has_words
 from .base import is_word_array, moved, words
+from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 
 def grid(values: np.ndarray, dtype) -> mx.array | object:
@@ -118,7 +119,7 @@ def _array(ctx, original, val, dtype=None, **kw):
 
 def _array_vjp(e, g):
     val = e.args[0]
-    return (g,) if isinstance(val, mx.array) and e.out.dtype == val.dtype else NotImplemented
+    return (g,) if isinstance(val, ARRAY) and e.out.dtype == val.dtype else NotImplemented
 
 
 def _full(ctx, original, shape, vals, dtype=None, **kw):

@@ -68,6 +68,7 @@ from .. import autodiff, carry, spectral
 from ..engine import words_op
 from ..recipes import replayed, static
 from .base import beside_float32, kernel_form
+from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 F32 = mx.float32
 
@@ -84,7 +85,7 @@ def _tuple(v, nd: int, what: str) -> tuple[int, ...]:
 
 def _operands_ok(x, w, nd: int) -> bool:
     """float32 input (N, *spatial, Cin) and weight (Cout, *kernel, Cg) arrays."""
-    return (isinstance(x, mx.array) and isinstance(w, mx.array) and x.dtype == F32
+    return (isinstance(x, ARRAY) and isinstance(w, ARRAY) and x.dtype == F32
             and w.dtype == F32 and x.ndim == nd + 2 and w.ndim == nd + 2)
 
 
@@ -461,7 +462,7 @@ def _general_rule(ctx, original, x=None, w=None, stride=1, padding=0, kernel_dil
     """``mx.conv_general``: input dilation by zero insertion (exact, the cost of
     the dilated input), asymmetric padding, ``flip`` (true convolution) by reversing
     the kernel's spatial axes, then :func:`correlate`."""
-    if not (isinstance(x, mx.array) and x.ndim >= 3):
+    if not (isinstance(x, ARRAY) and x.ndim >= 3):
         return NotImplemented
     nd = x.ndim - 2
     if not _operands_ok(x, w, nd):
@@ -534,7 +535,7 @@ def _promoting(rule):
     inputs)."""
 
     def wrapped(ctx, original, x=None, w=None, *args, **kw):
-        if isinstance(x, mx.array) and isinstance(w, mx.array) and x.dtype != w.dtype:
+        if isinstance(x, ARRAY) and isinstance(w, ARRAY) and x.dtype != w.dtype:
             original(x, w, *args, **kw)  # (lazy: its errors only)
             x, w = beside_float32(x, w)
         return rule(ctx, original, x, w, *args, **kw)

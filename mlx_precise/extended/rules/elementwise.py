@@ -127,7 +127,7 @@ def _power(ctx, original, x, y, **kw):
     Python float to an integer array's power too: Adam's ``0.999 ** t``)."""
     if not floating_result(x, y) or has_float64((x, y)):
         return NotImplemented
-    if any(isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (x, y)):
+    if any(isinstance(v, ARRAY) and v.dtype == mx.complex64 for v in (x, y)):
         return NotImplemented
     if words(x) is None or words(y) is None:
         return NotImplemented
@@ -166,7 +166,7 @@ def _arctan2(ctx, original, a, b, **kw):
     if not (is_word_array(a) or is_word_array(b)):
         return NotImplemented
     if words(a) is None or words(b) is None or has_float64((a, b)) or any(
-            isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (a, b)):
+            isinstance(v, ARRAY) and v.dtype == mx.complex64 for v in (a, b)):
         return NotImplemented
     return words_op(lambda X, Y: functions.binary("arctan2", X, Y, ctx.backend), original,
                     [operand_array(promoted(a)), operand_array(promoted(b))], ctx.backend)
@@ -342,7 +342,7 @@ def _function_vjp(fn: str, d):
 
     def vjp(e, g):
         x = e.args[0]
-        if not isinstance(x, mx.array) or (
+        if not isinstance(x, ARRAY) or (
                 x.dtype not in REAL and not (fn == "exp" and x.dtype == mx.complex64)):
             return NotImplemented
         return (d(g, x, e.out),)
@@ -352,12 +352,12 @@ def _function_vjp(fn: str, d):
 
 def _power_vjp(e, g):
     x, y = e.args[:2]
-    if any(isinstance(v, mx.array) and v.dtype == mx.complex64 for v in (x, y)):
+    if any(isinstance(v, ARRAY) and v.dtype == mx.complex64 for v in (x, y)):
         return NotImplemented
     gx = gy = None
-    if isinstance(x, mx.array) and mx.issubdtype(x.dtype, mx.inexact):
+    if isinstance(x, ARRAY) and mx.issubdtype(x.dtype, mx.inexact):
         gx = unbroadcast(g * y * (x ** (y - 1)), x)
-    if isinstance(y, mx.array) and mx.issubdtype(y.dtype, mx.inexact):
+    if isinstance(y, ARRAY) and mx.issubdtype(y.dtype, mx.inexact):
         # x^y log x, and 0 where x^y is 0 (MLX's: 0^y, and a negative base whose
         # power underflowed, where log x is -Inf or NaN)
         gy = unbroadcast(mx.where(e.out == 0, 0.0, g * e.out * mx.log(x)), y)
@@ -374,7 +374,7 @@ def _logaddexp_vjp(e, g):
     """``d/da = sigmoid(a - b)``, ``d/db = sigmoid(b - a)`` (MLX's form)."""
     a, b = e.args[:2]
     d = a - b
-    s = elementary("sigmoid", d if isinstance(d, mx.array) else mx.array(d))
+    s = elementary("sigmoid", d if isinstance(d, ARRAY) else mx.array(d))
     return (unbroadcast(g * s, a), unbroadcast(g * (1.0 - s), b))
 
 

@@ -193,7 +193,7 @@ def _stft(x, n_fft=2048, hop_length=None, win_length=None, window=None, center=T
     at both ends (reflected, repeated or zeros: moved values, exact), the frames
     gathered, times the window (centred and zero-padded to ``n_fft``), the FFT of
     each frame; (..., n_freq, n_frames)."""
-    if not isinstance(x, mx.array) or x.ndim < 1 or pad_mode not in (
+    if not isinstance(x, ARRAY) or x.ndim < 1 or pad_mode not in (
             "reflect", "constant", "edge") or n_fft < 1:
         return NotImplemented  # MLX's own errors
     hop, window = _frame_geometry(n_fft, hop_length, win_length, window)
@@ -237,7 +237,7 @@ def _istft(stft_matrix, n_fft=None, hop_length=None, win_length=None, window=Non
     samples (zero-padded past the end)."""
     S = stft_matrix
     onesided = True if onesided is None else onesided
-    if not isinstance(S, mx.array) or S.ndim < 2 or not onesided:
+    if not isinstance(S, ARRAY) or S.ndim < 2 or not onesided:
         return NotImplemented  # two-sided (complex) inverses: MLX's
     n_freq, frames = S.shape[-2], S.shape[-1]
     n_fft = 2 * (n_freq - 1) if n_fft is None else n_fft
@@ -309,7 +309,7 @@ def _transform_vjp(name: str):
     def vjp(e, g):
         b = bind(e.args, e.kwargs)
         a = b["a"]
-        if not isinstance(a, mx.array) or a.dtype not in (mx.float32, mx.complex64):
+        if not isinstance(a, ARRAY) or a.dtype not in (mx.float32, mx.complex64):
             return NotImplemented
         s, axes = _sizes(name, kind, _operand(a, kind), b)
         dual = _DUAL[b.get("norm", "backward")]

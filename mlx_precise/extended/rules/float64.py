@@ -15,6 +15,7 @@ from ...doubleword.engine64 import from64
 from .. import autodiff, carry
 from ..carry import attach_words
 from .base import as64, is_word_array
+from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 _NAMES = ("cholesky", "cholesky_inv", "det", "eigh", "eigvalsh", "inv", "lu", "lu_factor",
           "pinv", "qr", "slogdet", "solve", "solve_triangular", "svd", "tri_inv")
@@ -24,7 +25,7 @@ def _wide(value):
     """A float64 result as words (other dtypes, such as pivots, unchanged)."""
     if isinstance(value, (list, tuple)):
         return type(value)(_wide(v) for v in value)
-    if isinstance(value, mx.array) and value.dtype == mx.float64:
+    if isinstance(value, ARRAY) and value.dtype == mx.float64:
         z = from64(value)
         return attach_words(z.hi, z)
     return value
@@ -51,7 +52,7 @@ def on_cpu(original, args, kw):
     """``original`` on the CPU stream in MLX float64 on the operands' exact values,
     float64 results in two words; NotImplemented without a float32 operand, or with
     operands of other dtypes."""
-    arrays = [a for a in (*args, *kw.values()) if isinstance(a, mx.array)]
+    arrays = [a for a in (*args, *kw.values()) if isinstance(a, ARRAY)]
     if not any(a.dtype == mx.float32 for a in arrays) or any(
             a.dtype not in (mx.float32, mx.float64) for a in arrays):
         return NotImplemented
@@ -214,11 +215,11 @@ def _searchsorted(ctx, original, a, v, side="left", **kw):
     out = in_float64(ctx, original, a, v, side, **kw)
     if out is not NotImplemented or not (is_word_array(a) or is_word_array(v)):
         return out
-    if not isinstance(a, mx.array) or a.ndim != 1 or side not in ("left", "right") or (
+    if not isinstance(a, ARRAY) or a.ndim != 1 or side not in ("left", "right") or (
             a.dtype == mx.complex64 or a.size * max(getattr(v, "size", 1), 1) > _COUNT_LIMIT):
         return NotImplemented
     with carry.reporting(ctx.report):
-        vv = mx.expand_dims(v, -1) if isinstance(v, mx.array) else v
+        vv = mx.expand_dims(v, -1) if isinstance(v, ARRAY) else v
         below = (a < vv) if side == "left" else (a <= vv)
         return mx.sum(below, axis=-1).astype(mx.uint32)
 

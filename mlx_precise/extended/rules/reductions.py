@@ -17,6 +17,7 @@ from . import float64
 from ..carry import attach, has_words, low_word
 from .base import (REAL, axes_of, decomposed, elementary, float64_form, is_word_array,
                    of_integers, result, words)
+from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 
 def _arg_extreme(larger: bool):
@@ -170,14 +171,14 @@ def _logsumexp(x, axis=None, keepdims=False, **kw):
 
 
 def _softmax64(x, axis=None, precise=False, **kw):
-    axes = axes_of(x.ndim, axis) if isinstance(x, mx.array) else None
+    axes = axes_of(x.ndim, axis) if isinstance(x, ARRAY) else None
     if not axes or x.dtype != mx.float32 or x.size == 0:
         return NotImplemented
     return result(engine64.softmax64(words(x), axes))
 
 
 def _logsumexp64(x, axis=None, keepdims=False, **kw):
-    axes = axes_of(x.ndim, axis) if isinstance(x, mx.array) else None
+    axes = axes_of(x.ndim, axis) if isinstance(x, ARRAY) else None
     if not axes or x.dtype != mx.float32 or x.size == 0:
         return NotImplemented
     return result(engine64.logsumexp64(words(x), axes, keepdims))
@@ -189,7 +190,7 @@ def _exponentials(ctx, x, axis, infinite: bool):
     the reduced axes)`` with ``shift`` the rule of ``mx.where(shift_kept(m,
     infinite), m, 0.0)`` on the stopped maximum ``m``; None where they decline (the
     decomposition decides)."""
-    axes = axes_of(x.ndim, axis) if isinstance(x, mx.array) else None
+    axes = axes_of(x.ndim, axis) if isinstance(x, ARRAY) else None
     if not axes or x.dtype != mx.float32 or x.size == 0:
         return None
     b, s = ctx.backend, ctx.stream

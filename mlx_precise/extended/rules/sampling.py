@@ -167,7 +167,7 @@ def _multivariate_normal(mean, cov, shape=(), dtype=mx.float32, key=None):
     in float64 (LAPACK, on the CPU stream on every backend), z and the product in
     double-word."""
     if dtype != mx.float32 or not (
-            isinstance(mean, mx.array) and isinstance(cov, mx.array)):
+            isinstance(mean, ARRAY) and isinstance(cov, ARRAY)):
         return NotImplemented
     if mean.ndim < 1 or cov.ndim < 2 or cov.shape[-1] != cov.shape[-2] or (
             mean.shape[-1] != cov.shape[-1]):
@@ -185,7 +185,7 @@ def _multivariate_normal(mean, cov, shape=(), dtype=mx.float32, key=None):
 
 def _permutation(x, axis=0, key=None):
     """MLX's permutation of the indices, then ``take`` (each element moved whole)."""
-    if not isinstance(x, mx.array):
+    if not isinstance(x, ARRAY):
         return NotImplemented
     return mx.take(x, _draw(mx.random.permutation, x.shape[axis], key=key), axis=axis)
 

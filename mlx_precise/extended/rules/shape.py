@@ -96,7 +96,7 @@ def _pad_pairs(pad_width, ndim: int) -> list:
 def _pad(ctx, original, a, pad_width, mode="constant", constant_values=0, **kw):
     if is_word_array(a) and mode != "constant" and has_words(a) and not kw:
         return _pad_copies(ctx, original, a, pad_width, mode)
-    if not is_word_array(a) or mode != "constant" or isinstance(constant_values, mx.array):
+    if not is_word_array(a) or mode != "constant" or isinstance(constant_values, ARRAY):
         return NotImplemented
     w, v = words(a), constant_values
     # complex words: the value's words as a complex constant (v + 0i: made once)
@@ -147,7 +147,7 @@ def _depends(ctx, original, inputs, dependencies, **kw):
     """``mx.depends``: MLX's outputs (the inputs' values, ordered after the
     dependencies), each with the words of its input."""
     items = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-    if not any(isinstance(a, mx.array) and has_words(a) for a in items):
+    if not any(isinstance(a, ARRAY) and has_words(a) for a in items):
         return NotImplemented
     out = original(inputs, dependencies, **kw)
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
@@ -563,7 +563,7 @@ def _setitem_vjp(e, g):
     x, index, value = e.args[:3]
     gx = g * 1.0
     gx[index] = 0.0
-    return (gx, None, unbroadcast(g[index], value) if isinstance(value, mx.array) else None)
+    return (gx, None, unbroadcast(g[index], value) if isinstance(value, ARRAY) else None)
 
 
 def _injective(shape, strides) -> bool:
