@@ -486,6 +486,27 @@ def _note(scope: _Scope, hi: mx.array, lo: mx.array | None, e: Expr | None,
     _record(_table, scope, hi, lo, e, scope, parts, layout)
 
 
+def _note_launched(scope: _Scope, hi: mx.array, lo: mx.array, e: Expr,
+                   z: mx.array | None) -> None:
+    """:func:`_note` of a launch's result and, where ``z`` is not None,
+    :func:`note_packed` (outside MLX's autodiff), at once: one weak reference to
+    ``hi`` whose callback drops both entries."""
+    key = id(hi)
+    packs = z is not None and hi.ndim != 0 and hi.size >= 8
+
+    def drop(_ref, key=key):
+        _table.pop(key, None)
+        if packs:
+            _packed.pop(key, None)
+
+    ref = weakref.ref(hi, drop)
+    _table[key] = (ref, lo, e, scope, None, None)
+    scope.append(key)
+    if packs:
+        _packed[key] = (ref, lo, z, scope)
+        scope.packed.append(key)
+
+
 def _record(table: dict, keys: list, hi: mx.array, *entry) -> None:
     """``table[id(hi)] = (weak reference to hi, *entry)`` (``entry[2]``: the block's
     scope), dropped when hi is freed, its key in ``keys`` (a list of that scope's)
@@ -986,6 +1007,17 @@ def _run(prog: Program, leaves, shape: tuple, backend, stream,
     the words are then returned with the last two axes as one, (..., 2 n), the
     float32 view of complex64 (..., n) words (no reshape to see them so), where
     the launch writes ``shape`` itself (8 elements at least)."""
+    hi, lo, z = _launched(prog, leaves, shape, backend, stream, parts)
+    if z is not None:
+        note_packed(hi, lo, z)
+    return hi, lo
+
+
+def _launched(prog: Program, leaves, shape: tuple, backend, stream,
+              parts: bool = False) -> tuple:
+    """:func:`_run`'s words ``(hi, lo, z)``, z the packed words they are the planes
+    of (None: a short result's copies, recorded by :func:`_short`, or no launch),
+    not yet recorded as such."""
     leaves = leaves or _ZERO_LEAVES
     shapes = tuple([a.shape for a in leaves])
     plan = _LAUNCHES.get((prog, shapes, shape, parts))
@@ -993,7 +1025,7 @@ def _run(prog: Program, leaves, shape: tuple, backend, stream,
         plan = _launch_plan(prog, shapes, shape, parts)
         _cache(_LAUNCHES, (prog, shapes, shape, parts), plan)
     if plan is _EMPTY:
-        return mx.zeros(shape, F32), mx.zeros(shape, F32)
+        return mx.zeros(shape, F32), mx.zeros(shape, F32), None
     small, kshape, kernel, prog_array, launch, slots, oshape = plan
     arrays = _slot_arrays(leaves, small, kshape, slots)
     arrays.append(prog_array)
@@ -1003,8 +1035,8 @@ def _run(prog: Program, leaves, shape: tuple, backend, stream,
     else:
         (z,) = fn(inputs=arrays, stream=stream, **launch)
     if oshape is None:  # the 8 copies of a short result: the first of each word's
-        return _short(z, shape, 1)
-    return unpacked(z, oshape)
+        return (*_short(z, shape, 1), None)
+    return (*planes(z, oshape), z)
 
 
 def _short(z: mx.array, shape: tuple, m: int) -> tuple[mx.array, mx.array]:
@@ -1286,9 +1318,9 @@ def apply_pairs(op: str, operands: list, backend, fn: tuple[str, int] | None = N
         return None
     if fn is not None:
         _FN_NAMES[fn[1]] = fn[0]  # for the replay (MLX's VJP of the function)
-    hi, lo = _run(e.prog, e.leaves, e.shape, backend, None)
+    hi, lo, z = _launched(e.prog, e.leaves, e.shape, backend, None)
     if scope is not None:  # (outside blocks: no entry, see _remember)
-        _note(scope, hi, lo, e)
+        _note_launched(scope, hi, lo, e, z)
     return hi, lo
 
 
