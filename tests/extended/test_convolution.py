@@ -17,6 +17,7 @@ import pytest
 
 import mlx_precise as mp
 from flow_helpers import f64, rng_f32, share
+from mlx_precise.core import backends
 from mlx_precise.extended import low_word, rules
 from mlx_precise.extended.rules import convolution
 
@@ -264,7 +265,7 @@ def test_declines_and_errors():
     """Depthwise conv1d is left to the table's dedicated rule; other dtypes and
     MLX's own output-length convention (transpose padding > d (K - 1)) to MLX; an
     invalid call gets MLX's error."""
-    ctx = rules.Operands("cpu", None, None)
+    ctx = rules.Operands(backends.of("cpu"), None, None)
     x, w = mx.array(rng_f32((1, 10, 4), 17)), mx.array(rng_f32((4, 3, 1), 18))
     assert convolution._CONV1D(ctx, mx.conv1d, x, w, 1, 0, 1, 4) is NotImplemented
     w16 = mx.array(rng_f32((4, 3, 4), 19)).astype(mx.float16)

@@ -37,7 +37,8 @@ def _operands(seed):
             "w": _rand((32,), seed + 400), "b": _rand((32,), seed + 500),
             "Q": _rand((1, 4, 8, 16), seed + 600), "K": _rand((1, 2, 8, 16), seed + 700),
             "V": _rand((1, 2, 8, 16), seed + 800), "M": _rand((8, 8), seed + 900),
-            "D": _rand((32, 5, 1), seed + 1200)}
+            "D": _rand((32, 5, 1), seed + 1200), "E": _rand((16, 3, 32), seed + 1300),
+            "G": _rand((16, 3, 8), seed + 1400), "T": _rand((8, 4, 32), seed + 1500)}
 
 
 # Operands of one shape, (2, 8, 32), in the states a block records.
@@ -66,6 +67,10 @@ OPS = {
     "matmul of a transpose": lambda x, r: x.swapaxes(1, 2) @ x,
     "addmm": lambda x, r: mx.addmm(r["b"], x, r["W"].T),
     "complex matmul": lambda x, r: (x + 1j * r["B"]) @ (r["W"] * (0.5 - 1j)),
+    "conv1d": lambda x, r: mx.conv1d(x, r["E"], padding=1),
+    "conv1d, strided, dilated, grouped": lambda x, r: mx.conv1d(
+        x * x, r["G"], stride=2, padding=3, dilation=3, groups=4),
+    "conv_transpose1d": lambda x, r: mx.conv_transpose1d(x, r["T"], stride=2, padding=1),
     "depthwise conv1d": lambda x, r: mx.conv1d(x, r["D"], padding=2, groups=32),
     "depthwise conv1d, dilated": lambda x, r: mx.conv1d(x * x, r["D"], padding=4,
                                                         dilation=2, groups=32),

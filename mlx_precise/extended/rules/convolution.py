@@ -384,13 +384,35 @@ def _window_transposed_plan(x_shape, w_shape, stride: int, padding: int, dilatio
 def _direct(ctx, original, x, w, args, kw, run):
     """``run(X, W, backend)`` (a 1-D convolution in one GEMM launch) as the rule's
     result on the kernel backends, outside a gradient's recording (whose tape takes
-    the composition's ops); None elsewhere. Its VJP is MLX's convolution's. (Not
-    replayed, :mod:`..recipes`: its Python is short, and keying its eight
-    arguments costs what it saves.)"""
+    the composition's ops); None elsewhere. Its VJP is MLX's convolution's."""
     if run is None or not ctx.backend.has_kernels or autodiff.recording():
         return None
     return words_op(lambda X, W: run(X, W, ctx.backend),
                     lambda a, b: original(a, b, *args, **kw), [x, w], ctx.backend)
+
+
+def _planned(plan, original, x, w, args, kw):
+    """``plan``'s ``(compute, shape, run)`` for the call, or None where it declines
+    or its shape is not MLX's (MLX's own call, lazy, checks the arguments)."""
+    ref = original(x, w, *args, **kw)
+    planned = plan(x, w, *args, **kw)
+    if planned is None or tuple(planned[1]) != tuple(ref.shape):
+        return None
+    return planned
+
+
+def _one_gemm(plan):
+    """The kernel form of a 1-D convolution in one GEMM launch (:func:`_direct`),
+    NotImplemented where the call has none; on metal a repeated structure replays
+    (:mod:`..recipes`: the planning, MLX's argument check and the GEMM's launch
+    set-up are then not run again)."""
+
+    def form(ctx, original, x, w, *args):
+        planned = _planned(plan, original, x, w, args, {})
+        out = None if planned is None else _direct(ctx, original, x, w, args, {}, planned[2])
+        return NotImplemented if out is None else out
+
+    return replayed(form)
 
 
 # ---- the rules -----------------------------------------------------------------------
@@ -402,19 +424,21 @@ def _rule(nd: int, plan, skip=None):
     same sums in one GEMM launch on the kernel backends, :func:`_direct`, or None)
     or None to decline. ``skip(x, w, *args)``: calls left to another rule, declined before
     anything runs."""
+    one_gemm = _one_gemm(plan) if nd == 1 else None
 
     def rule(ctx, original, x=None, w=None, *args, **kw):
         if not _operands_ok(x, w, nd):
             return NotImplemented
         if skip is not None and skip(x, w, *args, **kw):
             return NotImplemented
-        ref = original(x, w, *args, **kw)  # lazy: MLX checks the arguments, gives the shape
-        planned = plan(x, w, *args, **kw)
+        if one_gemm is not None and not kw and kernel_form(ctx):
+            out = one_gemm(ctx, original, x, w, *args)
+            if out is not NotImplemented:
+                return out
+        planned = _planned(plan, original, x, w, args, kw)
         if planned is None:
             return NotImplemented
-        compute, shape, run = planned
-        if tuple(shape) != tuple(ref.shape):  # not MLX's convolution: let MLX answer
-            return NotImplemented
+        compute, _, run = planned
         direct = _direct(ctx, original, x, w, args, kw, run)
         if direct is not None:
             return direct
@@ -543,7 +567,8 @@ def _promoting(rule):
     return wrapped
 
 
-static(mx.conv1d)  # (MLX's, passed to _conv1d as ``original``: a replay's structure holds it)
+for _name in ("conv1d", "conv_transpose1d"):  # (MLX's, passed to the rules as
+    static(getattr(mx, _name))  # ``original``: a replay's structure holds it)
 
 RULES = {name: _promoting(rule) for name, rule in {
     "conv1d": _conv1d,
