@@ -486,8 +486,9 @@ def _note(scope: _Scope, hi: mx.array, lo: mx.array | None, e: Expr | None,
     _record(_table, scope, hi, lo, e, scope, parts, layout)
 
 
-def _note_launched(scope: _Scope, hi: mx.array, lo: mx.array, e: Expr,
-                   z: mx.array | None) -> None:
+def _note_launched(scope: _Scope, hi: mx.array, lo: mx.array | None, e: Expr | None,
+                   z: mx.array | None, parts: tuple | None = None,
+                   layout: tuple | None = None) -> None:
     """:func:`_note` of a launch's result and, where ``z`` is not None,
     :func:`note_packed` (outside MLX's autodiff), at once: one weak reference to
     ``hi`` whose callback drops both entries."""
@@ -500,7 +501,7 @@ def _note_launched(scope: _Scope, hi: mx.array, lo: mx.array, e: Expr,
             _packed.pop(key, None)
 
     ref = weakref.ref(hi, drop)
-    _table[key] = (ref, lo, e, scope, None, None)
+    _table[key] = (ref, lo, e, scope, parts, layout)
     scope.append(key)
     if packs:
         _packed[key] = (ref, lo, z, scope)
@@ -575,8 +576,10 @@ def note_state(hi: mx.array, lo: mx.array | None, e: Expr | None, z: mx.array | 
     (their arrays replaced: a trace's inputs or outputs) as the state of ``hi``,
     ``lo`` in the open block."""
     if e is not None or parts is not None:
-        _remember(hi, lo, e, parts, layout)
-    if z is not None:
+        scope = _open_scope()
+        if scope is not None:  # (both recorded at once; packed words not while traced)
+            _note_launched(scope, hi, lo, e, None if _traced.get() else z, parts, layout)
+    elif z is not None:
         note_packed(hi, lo, z)
     if copies is not None:
         note_copies(hi, lo, copies)
