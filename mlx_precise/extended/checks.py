@@ -1,7 +1,7 @@
 """The self-test's checks of the block's own kernels: the double-word row sums of
 scatter-adds and gradients (``dw_rows_add``), on a kernel backend; on the metal
-backend, the replays of composite rules (:mod:`.recipes`) against the rules run
-op by op, bit for bit."""
+backend, the replays of composite rules (:mod:`.recipes`) and of optimizer updates
+(:mod:`.updates`) against the rules and updates run op by op, bit for bit."""
 
 from __future__ import annotations
 
@@ -88,11 +88,52 @@ def check_replays(backend, calls: int = 4) -> Check:
                  f"{same} of {len(direct)} bit-identical to the rules run op by op")
 
 
+def check_update_replays(backend, steps: int = 4) -> Check:
+    """A small model trained ``steps`` steps by Adam (a scheduled learning rate)
+    and by SGD with momentum, each step in a block: its parameters and the
+    optimizer's state, words and low words, with the updates replayed
+    (:mod:`.updates`, from the third step) against the updates run op by op: the
+    same bits."""
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    from mlx.utils import tree_flatten
+
+    rng = np.random.default_rng(6)
+    x = mx.array(rng.standard_normal((16, 8)).astype(np.float32))
+    y = mx.array(rng.standard_normal((16, 2)).astype(np.float32))
+
+    def train(make, on: bool) -> list:
+        saved = recipes.ENABLED
+        recipes.ENABLED = on
+        try:
+            mx.random.seed(6)
+            model, opt = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 2)), make()
+            vg = nn.value_and_grad(model, lambda m: nn.losses.mse_loss(m(x), y))
+            for _ in range(steps):
+                with backends.use_backend(backends.of(backend).name), extended_precision():
+                    _, grads = vg(model)
+                    opt.update(model, grads)
+                    arrays = [a for _, a in tree_flatten((model.parameters(), opt.state))]
+                    got = [np.array(w) for a in arrays
+                           for w in (a, low_word(a)) if w is not None]
+            return got
+        finally:
+            recipes.ENABLED = saved
+
+    makers = (lambda: optim.Adam(optim.cosine_decay(1e-2, 50)),
+              lambda: optim.SGD(1e-2, momentum=0.9))
+    pairs = [(d, p) for make in makers for d, p in zip(train(make, False), train(make, True))]
+    same = sum(d.shape == p.shape and d.dtype == p.dtype and d.tobytes() == p.tobytes()
+               for d, p in pairs)
+    return Check(f"replayed optimizer updates [{len(pairs)} arrays]", same == len(pairs),
+                 f"{same} of {len(pairs)} bit-identical to the updates run op by op")
+
+
 def selftest_checks(backend, done=()) -> list[Check]:
     if not backends.of(backend).has_kernels:
         return []
-    return [check_rows_add(backend)] + ([check_replays(backend)] if backends.of(
-        backend).gpu else [])
+    return [check_rows_add(backend)] + ([check_replays(backend), check_update_replays(
+        backend)] if backends.of(backend).gpu else [])
 
 
 register(80, selftest_checks)

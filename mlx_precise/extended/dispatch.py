@@ -28,6 +28,7 @@ result: rounded once.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import gc
 import inspect
@@ -156,6 +157,9 @@ def _wrapper(entry):
         report = _report.get()
         if report is None or not report.open:
             return original(*args, **kwargs)
+        watch = _watch.get()
+        if watch is not None:  # (a trace of Python code: see Watch)
+            return watch.run(call, args, kwargs, mutates)
         if mutates and args:  # a transpose noted for the GEMM no longer holds
             rules.linear.forget(args[0])
         token = _report.set(None)  # the rule and MLX's op below see plain MLX
@@ -190,6 +194,65 @@ def _wrapper(entry):
             _report.reset(token)
 
     return functools.update_wrapper(call, original) if callable(original) else call
+
+
+_watch: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_watch", default=None)
+
+
+class Watch:
+    """Watches the ops of Python code that MLX traces for a replay
+    (:mod:`.updates`): a replay would hold an array the code read from outside its
+    inputs as the value it had at the trace, and would not repeat an in-place
+    update of an input. Set as :data:`_watch` around the traced call; each op the
+    dispatcher runs (outside rules) is checked: its array operands must be inputs
+    or results of the traced ops, and an in-place op must update one of the
+    latter. ``foreign`` turns True where one is not."""
+
+    __slots__ = ("known", "inputs", "foreign")
+
+    def __init__(self, inputs):
+        self.inputs = {id(a) for a in inputs}
+        self.known = {id(a): a for a in inputs}
+        self.foreign = False
+
+    def run(self, call, args, kwargs, mutates: bool):
+        known = self.known
+        for a in _arrays(args, kwargs):
+            if known.get(id(a)) is not a:
+                self.foreign = True
+        if mutates and args and id(args[0]) in self.inputs:
+            self.foreign = True
+        token = _watch.set(None)
+        try:
+            out = call(*args, **kwargs)
+        finally:
+            _watch.reset(token)
+        for a in _arrays((out,), {}):
+            known[id(a)] = a
+        return out
+
+    @contextlib.contextmanager
+    def watching(self):
+        """The ops inside are watched."""
+        token = _watch.set(self)
+        try:
+            yield self
+        finally:
+            _watch.reset(token)
+
+
+def _arrays(args, kwargs):
+    """The arrays among ``args`` and ``kwargs``' values, in lists, tuples and dicts
+    too."""
+    stack = [*args, *kwargs.values()]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, constructor.ARRAY):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
 
 
 def _run(entry, report, args, kwargs):
@@ -589,7 +652,25 @@ def _plan(previous: "standins.Plan | None") -> standins.Plan:
             by_owner.setdefault(e.owner, {})[e.attr] = (e.original, replacement)
     by_owner[_TRANSFORMED] = {"__call__": (_transformed_call, _call_transformed)}
     by_owner[_CUSTOM] = {"__call__": (_custom_call, _call_custom)}
-    return standins.Plan(by_owner, previous, calls=(_TRANSFORMED, _CUSTOM))
+    classes = _class_standins()
+    by_owner.update(classes)
+    plan = standins.Plan(by_owner, previous, calls=(_TRANSFORMED, _CUSTOM, *classes))
+    plan.classes_standing = tuple(classes)
+    return plan
+
+
+class_standins: list = []
+"""Functions that return ``{a Python class of MLX's: {name: (original, stand-in)}}``
+for a block to install (:mod:`.updates`: the optimizers' ``apply_gradients`` once
+``mlx.optimizers`` is imported); the plan is rebuilt when the classes they return
+change."""
+
+
+def _class_standins() -> dict:
+    found: dict = {}
+    for provide in class_standins:
+        found.update(provide())
+    return found
 
 
 
@@ -600,7 +681,8 @@ def _install() -> bool:
     # The plan is rebuilt when an owner no longer holds the original it was built
     # for (someone else replaced an MLX function since).
     plan = standins.plans[0] if standins.plans else None
-    if plan is None or not plan.current():
+    if plan is None or not plan.current() or (
+            class_standins and tuple(_class_standins()) != plan.classes_standing):
         plan = _plan(plan)
         standins.plans.insert(0, plan)
         holders.watch["due"] = True

@@ -40,7 +40,7 @@ from ..core.plain import plain
 from ..doubleword.types import DoubleWord
 from ..doubleword.engine64 import to64
 from ..doubleword import fusion
-from . import autodiff, carry, dispatch, recipes, registry
+from . import autodiff, carry, dispatch, recipes, registry, updates  # noqa: F401 (its stand-in)
 from .constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 ENV_VAR = "MLX_PRECISE_INTERCEPT"

@@ -53,9 +53,6 @@ REPLAY_AT = 2
 """Sightings of a structure at which it is traced (a trace costs about two calls of
 the form; a structure seen once, in a script or a test, is never traced)."""
 
-_SEEN_MAX, _RECIPES_MAX = 1024, 256
-_seen: dict = {}  # structure -> sightings (forgotten all at once past _SEEN_MAX)
-_recipes: dict = {}  # structure -> _Recipe, or None (runs the form); the oldest dropped
 
 # id -> (an object keyed by its identity,): kept, so its id is not reused; in a Kept,
 # which a block's heap scan skips (MLX's functions are among them: a structure or a
@@ -293,7 +290,59 @@ class _Recipe:
         return noted_results(self.result, outs)[0]
 
 
-Unkeyed = _Unkeyed  # (for the pass of ``extended.autodiff``)
+Unkeyed = _Unkeyed  # (for the passes of ``extended.autodiff`` and ``.updates``)
+Declined = _Declined
+
+
+def plain_key(values: list) -> tuple:
+    """The key of ``values`` that hold no array (numbers, strings, None, slices,
+    tuples and lists of them, :func:`static` objects); raises :class:`Unkeyed`
+    for anything else."""
+    k = _Keying()
+    for v in values:
+        k.write(v)
+    if k.arrays:
+        raise _Unkeyed
+    return tuple(k.key)
+
+
+def in_trace() -> bool:
+    """Whether MLX is tracing the calling code (:func:`tracing`, a replay's trace)."""
+    return _calling.get() is not None
+
+
+class Sightings:
+    """The structures seen and what was made for each (a replay, or None: runs as
+    it is), both bounded: sightings forgotten all at once past ``seen_max``, the
+    oldest made entry dropped past ``made_max``."""
+
+    def __init__(self, seen_max: int, made_max: int):
+        self.seen, self.made = {}, {}
+        self.seen_max, self.made_max = seen_max, made_max
+
+    def get(self, key):
+        """What was made for ``key``; False: nothing yet."""
+        return self.made.get(key, False)
+
+    def sighted(self, key) -> bool:
+        """Count a sighting of ``key``: True at the :data:`REPLAY_AT`-th (then its
+        count is forgotten and something is to be :meth:`put`)."""
+        seen = self.seen.get(key, 0) + 1
+        if seen < REPLAY_AT:
+            if len(self.seen) >= self.seen_max:
+                self.seen.clear()
+            self.seen[key] = seen
+            return False
+        self.seen.pop(key, None)  # (pop: another thread may forget it first)
+        return True
+
+    def put(self, key, made) -> None:
+        self.made[key] = made
+        if len(self.made) > self.made_max:
+            self.made.pop(next(iter(self.made)), None)
+
+
+_recipes = Sightings(seen_max=1024, made_max=256)  # structure -> _Recipe, or None (the form)
 
 
 def described(arrays: list, report) -> tuple:
@@ -386,23 +435,16 @@ def replayed(form):
         except _Unkeyed:
             return form(ctx, *args, **kw)
         key = (form, *key)
-        recipe = _recipes.get(key, False)
+        recipe = _recipes.get(key)
         if recipe is False:
-            seen = _seen.get(key, 0) + 1
-            if seen < REPLAY_AT:
-                if len(_seen) >= _SEEN_MAX:
-                    _seen.clear()
-                _seen[key] = seen
+            if not _recipes.sighted(key):
                 return form(ctx, *args, **kw)
-            _seen.pop(key, None)
             recipe = _Recipe(form, template, operands, seen_as)
             try:
                 out = recipe(ctx, arrays)
             except (_Declined, ValueError, TypeError, RuntimeError, IndexError):
                 recipe, out = None, None  # (the form itself decides, or raises)
-            _recipes[key] = recipe
-            if len(_recipes) > _RECIPES_MAX:
-                _recipes.pop(next(iter(_recipes)), None)
+            _recipes.put(key, recipe)
             if out is not None:
                 return out
         if recipe is None:

@@ -198,9 +198,9 @@ def test_replay_builds_the_forms_graph(op, monkeypatch):
     monkeypatch.setattr(recipes, "ENABLED", False)
     direct = _run(op, "sum", 0)
     monkeypatch.setattr(recipes, "ENABLED", True)
-    before = len(recipes._recipes)
+    before = len(recipes._recipes.made)
     runs = [_run(op, "sum", seed) for seed in (1, 2, 3)]
-    made = list(recipes._recipes.values())[before:]
+    made = list(recipes._recipes.made.values())[before:]
     assert made and all(m is not None for m in made)
     graph, packed, counts = runs[-1]
     assert packed == direct[1]
@@ -217,13 +217,13 @@ def test_replay_builds_the_forms_graph(op, monkeypatch):
 
 
 def _count_recipes(fn, backend="metal", calls=3):
-    before = len(recipes._recipes)
+    before = len(recipes._recipes.made)
     r = _operands(0)
     with lazy_metal_executor():
         for _ in range(calls):
             with mp.use_backend(backend), mp.extended_precision():
                 fn(r)
-    return len(recipes._recipes) - before
+    return len(recipes._recipes.made) - before
 
 
 def test_what_cannot_be_keyed_runs_the_form():
@@ -241,11 +241,11 @@ def test_a_structure_seen_once_is_not_traced():
 def test_host_backends_never_replay(backend):
     """emulate's and cpu's kernels run on the host: their rules run at every call."""
     r = _operands(0)
-    before = len(recipes._recipes)
+    before = len(recipes._recipes.made)
     for _ in range(3):
         with mp.use_backend(backend), mp.extended_precision():
             mx.eval(mx.fast.layer_norm(r["A"] + r["B"], r["w"], r["b"], 1e-5))
-    assert len(recipes._recipes) == before
+    assert len(recipes._recipes.made) == before
 
 
 def test_a_compiled_block_traces_the_form(monkeypatch):
@@ -275,10 +275,10 @@ def test_the_selftest_check_runs_its_path(lazy_metal):
     stand-in's values are zeros, so this runs the check's path only)."""
     from mlx_precise.extended import checks
 
-    before = len(recipes._recipes)
+    before = len(recipes._recipes.made)
     check = checks.check_replays("metal")
     assert check.passed and "10 of 10" in check.figure
-    assert len(recipes._recipes) > before
+    assert len(recipes._recipes.made) > before
 
 
 def test_an_unsafe_kernel_folder_runs_the_forms(monkeypatch):
@@ -293,16 +293,16 @@ def test_an_unsafe_kernel_folder_runs_the_forms(monkeypatch):
 
 
 def test_replays_are_bounded(monkeypatch):
-    """Past _RECIPES_MAX structures the oldest replay is dropped (and traced again
-    when its structure comes back): the table stays bounded, the graphs the same."""
-    monkeypatch.setattr(recipes, "_RECIPES_MAX", 2)
-    recipes._recipes.clear()
+    """Past the table's bound the oldest replay is dropped (and traced again when
+    its structure comes back): the table stays bounded, the graphs the same."""
+    monkeypatch.setattr(recipes._recipes, "made_max", 2)
+    monkeypatch.setattr(recipes._recipes, "made", {})
     eps = (1e-5, 2e-5, 3e-5, 4e-5)
     graphs = {}
     for _ in range(2):
         for e in eps:
             graphs.setdefault(e, set()).add(_run_rms(e))
-            assert len(recipes._recipes) <= 3
+            assert len(recipes._recipes.made) <= 3
     assert all(len(g) == 1 for g in graphs.values())
 
 
