@@ -7,8 +7,9 @@ Python and a launch built on the host. What one call builds depends only on its
 structure, as a rule's graph does (:mod:`.recipes`): the optimizer's class and
 ``apply_single``, its hyperparameters, the names of the parameter's state entries
 and of the optimizer's own state arrays (the step, the learning rate, scheduled
-values), and the shape, dtype and recorded words (:func:`recipes.described
-<mlx_precise.extended.recipes.described>`) of each of those arrays. So on the
+values; its other state entries and attributes by value), and the shape, dtype and
+recorded words (:func:`recipes.described <mlx_precise.extended.recipes.described>`)
+of each of those arrays. So on the
 metal backend, while a block is open, ``apply_gradients`` calls a stand-in for
 ``apply_single`` that, from the :data:`~.recipes.REPLAY_AT`-th call of a structure
 on, replays a function ``mx.compile`` traced once: the same launches of the same
@@ -22,9 +23,10 @@ replaced by theirs while it runs (and restored), its ops watched
 op by op (reported at every call), where the code reads an array from anywhere
 but its inputs (a replay would hold its value at the trace), updates an input in
 place, changes an attribute of the optimizer or the names of its state, makes a
-value leave double-word, or returns anything but arrays. An optimizer attribute
-that is not a number, string, None or a tuple / list of them (other than its
-state and schedules), a state entry that is not an array, and a call inside a
+value leave double-word, or returns anything but arrays. An ``apply_single``
+defined outside MLX's optimizers (:data:`REPLAYED`), an optimizer attribute that is
+not a number, string, None or a tuple / list of them (other than its state and
+schedules), a parameter's state entry that is not an array, and a call inside a
 gradient's recording, MLX's autodiff or a function MLX traces run op by op too.
 """
 
@@ -46,6 +48,12 @@ from .report import Report
 # passed in), the flag and schedules apply_gradients reads before the updates, and
 # the stand-in itself
 _NOT_KEYED = ("_state", "_initialized", "_schedulers", "apply_single")
+
+REPLAYED = ("mlx.optimizers",)
+"""The modules whose ``apply_single`` replays (``str.startswith``): MLX's own
+optimizers, which compute from their arguments, attributes and state alone. An
+update defined elsewhere runs op by op: Python state it read other than those (a
+global, a closure's variable) would be held by a replay at its traced value."""
 
 _made = recipes.Sightings(seen_max=1024, made_max=256)  # structure -> _Update or None
 _tracing: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_update", default=None)
@@ -148,23 +156,29 @@ class _Single:
 def _structure(opt, single, gradient, parameter, state, report):
     """``(key, inputs, context)`` of one update (see the module's docstring), or
     None where it runs op by op."""
-    if type(state) is not dict or not all(isinstance(v, ARRAY) for v in state.values()):
+    function = getattr(single, "__func__", single)
+    if not getattr(function, "__module__", "").startswith(REPLAYED) or (
+            type(state) is not dict or not all(isinstance(v, ARRAY) for v in state.values())):
         return None
     top = opt.state
     top_names = tuple(n for n, v in top.items() if isinstance(v, ARRAY))
+    # (other entries of the optimizer's state than arrays and the parameters' state
+    # trees: keyed by value, as the attributes)
+    top_other = sorted(n for n, v in top.items() if not isinstance(v, (ARRAY, dict, list, tuple)))
     arrays = [gradient, parameter, *state.values(), *(top[n] for n in top_names)]
     if not all(isinstance(a, ARRAY) for a in arrays[:2]) or (
             len({id(a) for a in arrays}) != len(arrays)):
         return None
     attributes = sorted(n for n in vars(opt) if n not in _NOT_KEYED)
     try:
-        hyper = recipes.plain_key([getattr(opt, n) for n in attributes])
+        hyper = recipes.plain_key([*(getattr(opt, n) for n in attributes),
+                                   *(top[n] for n in top_other)])
         key, inputs, described = recipes.described(arrays, report)
     except recipes.Unkeyed:
         return None
     names = tuple(state)
-    return (("update", type(opt), getattr(single, "__func__", single), names, top_names,
-             tuple(attributes), hyper, key),
+    return (("update", type(opt), function, names, top_names, tuple(attributes),
+             tuple(top_other), hyper, key),
             inputs, (opt, single, names, top_names, described, report))
 
 

@@ -162,6 +162,8 @@ def test_updates_that_cannot_replay_run_op_by_op(make, monkeypatch):
     an attribute changes at every call, its structure is new at every call): they
     run op by op, with the launches and reports of the steps with replays off."""
     _Reads.outside = mx.array(0.5)
+    # (these updates are this module's: replayed, as MLX's would be, for the check)
+    monkeypatch.setattr(updates, "REPLAYED", (*updates.REPLAYED, __name__))
     before = dict(updates._made.made)
     words, reports = _train(make, 4, True, monkeypatch)
     made = [v for k, v in updates._made.made.items() if k not in before]
@@ -220,3 +222,14 @@ def test_the_selftest_check_runs_its_path():
     assert check.passed and "45 of 45 bit-identical" in check.figure, check.figure
     assert any(isinstance(u, updates._Update)
                for u in list(updates._made.made.values())[before:])
+
+
+def test_updates_defined_elsewhere_run_op_by_op(monkeypatch):
+    """An apply_single that is not MLX's (it might read Python state a replay would
+    hold at its traced value) is never traced."""
+    _Reads.outside = mx.array(0.5)
+    monkeypatch.setattr(updates, "_made", recipes.Sightings(seen_max=8, made_max=8))
+    _train(lambda: _Reads(1e-2), 4, True, monkeypatch)
+    assert updates._made.made == {} and updates._made.seen == {}
+    _train(lambda: optim.SGD(1e-2, momentum=0.9), 4, True, monkeypatch)
+    assert updates._made.made  # (MLX's own: replayed)
