@@ -15,7 +15,8 @@ metal backend, while a block is open, ``apply_gradients`` calls a stand-in for
 on, replays a function ``mx.compile`` traced once: the same launches of the same
 programs on the new arrays, without the ops' Python. The new parameter is
 returned and the state's entries set, carrying what the traced ops' results
-carried; the block's report counts the traced ops at each replay.
+carried; the block's report counts the traced ops at each replay (those on operands the
+flow does not extend, such as an integer step, as plain ops).
 
 The trace runs ``apply_single`` on the trace's inputs, the optimizer's state arrays
 replaced by theirs while it runs (and restored), its ops watched
@@ -96,10 +97,10 @@ class _Update:
                     vars(opt).clear()
                     vars(opt).update(held)
             outs = [new, *entries.values()]
-            if (watch.foreign or own.float32 or own.plain or changed
+            if (watch.foreign or own.float32 or changed
                     or not all(isinstance(a, ARRAY) for a in outs)):
                 raise recipes.Declined
-            self.counts, self.names = own.extended, tuple(entries)
+            self.counts, self.names = (own.extended, own.plain), tuple(entries)
             self.result, outs = recipes.results(outs)
         return outs
 
@@ -109,7 +110,8 @@ class _Update:
             outs = recipes.COMPILED_CALL(self.compiled, *inputs)
         finally:
             _tracing.reset(token)
-        report.extended.update(self.counts)
+        report.extended.update(self.counts[0])
+        report.plain.update(self.counts[1])  # (ops on integers: MLX's, as they are)
         new, *entries = recipes.noted_results(self.result, outs)
         for n in [n for n in state if n not in self.names]:
             del state[n]
