@@ -561,12 +561,14 @@ def state_of(hi: mx.array, lo: mx.array | None) -> tuple:
     kernel reads: ``(expression, packed words, copies, parts, layout)``, each None
     where absent (the packed words made now where they are made when read:
     :func:`note_moved`; parts and layout: :func:`note_parts`)."""
-    entry = _table.get(id(hi))
+    key = id(hi)  # (a call's key reads every operand's: the lookups inlined)
+    entry = _table.get(key)
     e = parts = layout = None
-    if entry is not None and entry[0]() is hi and entry[1] is lo and entry[3] is _open_scope():
+    if entry is not None and entry[0]() is hi and entry[1] is lo and entry[3].open and (
+            entry[3] is _scope.get()):
         e, parts, layout = entry[2], entry[4], entry[5]
-    return (e, packed(hi, lo), None if lo is None else _copied(hi, lo),
-            parts, layout)
+    return (e, packed(hi, lo) if key in _packed else None,
+            _copied(hi, lo) if lo is not None and key in _copies else None, parts, layout)
 
 
 def note_state(hi: mx.array, lo: mx.array | None, e: Expr | None, z: mx.array | None,

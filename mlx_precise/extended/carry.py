@@ -95,9 +95,10 @@ def low_word(x) -> mx.array | None:
     """The low word carried by ``x`` (an ``mx.array`` produced by a double-word op
     inside ``extended_precision()``), or None when ``x`` carries none (its value
     is exactly ``x``)."""
-    cell = _cell(x)
-    if cell is None:
+    entry = _table.get(id(x))  # (_cell inlined: read for every operand of an op)
+    if entry is None or entry[0]() is not x:
         return None
+    cell = entry[1]
     if cell[0] is None:
         cell[0] = low_from_wide(cell[1])
     return cell[0]

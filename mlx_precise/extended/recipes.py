@@ -151,7 +151,8 @@ class _Keying:
         ``operands`` and ``seen_as`` (``(its reader's index in views, i,
         description)``); else None written."""
         add = self.add
-        if a.dtype != _F32 and a.dtype != _C64:
+        dtype = a.dtype
+        if dtype != _F32 and dtype != _C64:
             add(None)
             return
         desc = self.described(a, carry.low_word(a))

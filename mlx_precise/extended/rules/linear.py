@@ -77,8 +77,11 @@ def _note(out, words: tuple, report) -> None:
 
 
 def _source(x, report) -> tuple | None:
-    words, noted = _untransposed(x, report)
-    return words if noted else None
+    """The words ``x`` is a noted transpose of (:func:`_untransposed`), or None."""
+    entry = _transposes.get(id(x))
+    if entry is None or entry[0]() is not x or entry[1] is not report:
+        return None
+    return entry[2]
 
 
 recipes.views.append((_source, _note))  # (what a replay's trace records again)
