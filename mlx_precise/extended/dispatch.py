@@ -151,6 +151,7 @@ def _wrapper(entry):
         return original
     if type(fast) is rules.base.OfOriginal:
         fast = fast.make(original)
+    with_report = getattr(fast, "with_report", False)  # (called with the report first)
     mutates = kind == "in-place" or name == "__setitem__"
 
     def call(*args, **kwargs):
@@ -172,7 +173,7 @@ def _wrapper(entry):
             if fast is not None and not kwargs and (not recording or (
                     entry.vjp is not None and not mutates)):
                 try:
-                    out = fast(*args)
+                    out = fast(report, *args) if with_report else fast(*args)
                 except ValueError as e:  # (a fused launch on emulate, traced)
                     _on_host(e, name)
                     raise

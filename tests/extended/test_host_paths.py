@@ -309,6 +309,11 @@ MOVES = {  # name -> (the fast path's call, the rule's: a keyword argument)
                   lambda x, s: x.reshape(3, 2, 11).transpose(0, 2, 1, stream=s)[:, 1]),
     "swapaxes": (lambda x: mx.swapaxes(x[None], 0, 1),
                  lambda x, s: mx.swapaxes(x[None], 0, 1, stream=s)),
+    "swapaxes of the last two, into a GEMM": (
+        lambda x: x @ mx.swapaxes(x, 0, 1), lambda x, s: x @ mx.swapaxes(x, 0, 1, stream=s)),
+    "transpose of the last two, into a GEMM": (
+        lambda x: x.T.reshape(1, 11, 6).transpose(0, 2, 1)[0] @ x.T,
+        lambda x, s: x.T.reshape(1, 11, 6).transpose(0, 2, 1, stream=s)[0] @ x.T),
     "split": (lambda x: mx.split(x, 2, 0)[1], lambda x, s: mx.split(x, 2, 0, stream=s)[1]),
     "split along 1": (lambda x: mx.split(x, [4, 7], 1)[2],
                       lambda x, s: mx.split(x, [4, 7], 1, stream=s)[2]),
@@ -340,6 +345,29 @@ def test_movement_fast_path_bits(name):
             got = [graph_counts(f(c) * 3.0)["by_primitive"] for f in (fast, lambda c: general(
                 c, s))]
     assert got[0] == got[1]
+
+
+def test_exact_transpose_fast_path_is_noted():
+    """The transpose of the last two axes of an exact array (a weight) by the fast
+    path and by the rule: the GEMM that reads it builds the same graph on metal
+    (the lazy stand-in: it reads the weight with swapped strides) and the same
+    words on emulate."""
+    from mlx_precise.testing import graph_counts, lazy_metal_executor
+
+    x, w = _data((6, 11), 31), _data((5, 11), 32)
+    s = mx.default_stream(mx.default_device())
+    calls = (lambda c: c @ mx.swapaxes(w, 0, 1), lambda c: c @ mx.swapaxes(w, 0, 1, stream=s))
+    with mp.use_backend("emulate"), mp.extended_precision() as report:
+        c = x * 1.3 + 0.25
+        a, b = (f(c) for f in calls)
+        mx.eval(a, b)
+    _same(a, b)
+    assert report.extended["swapaxes"] == 2 and not report.float32
+    with lazy_metal_executor():
+        with mp.use_backend("metal"), mp.extended_precision():
+            c = x * 1.3 + 0.25
+            got = [graph_counts(f(c))["by_primitive"] for f in calls]
+    assert got[0] == got[1] and "Transpose" not in got[0], got
 
 
 def _same_as_decomposition(op, run, decomposition, inputs):

@@ -60,13 +60,20 @@ def noting_transposes(rule, permutation):
             return out
         if out is NotImplemented:  # exact operand: MLX's op, noted
             out = original(x, *args, **kw)
-        alias, lo = _COPY(x), low_word(x)
-        if lo is not None and fusion.has_packed(x, lo):  # x's packed words: the alias's
-            fusion.note_moved(alias, lo, x, lo, _same)
-        _note(out, (alias, lo), ctx.report)
+        note_transpose(out, x, low_word(x), ctx.report)
         return out
 
     return noted
+
+
+def note_transpose(out, x, lo, report) -> None:
+    """Record ``out`` as the transpose of the last two axes of ``x`` (its low word
+    ``lo`` or None) in the block of ``report``: an alias of x (a later in-place
+    update of x does not change it), with x's packed words where it has them."""
+    alias = _COPY(x)
+    if lo is not None and fusion.has_packed(x, lo):  # x's packed words: the alias's
+        fusion.note_moved(alias, lo, x, lo, _same)
+    _note(out, (alias, lo), report)
 
 
 def _note(out, words: tuple, report) -> None:

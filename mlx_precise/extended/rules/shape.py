@@ -17,7 +17,7 @@ from .. import arith, autodiff, carry, recipes
 from ..carry import attach, attach_words, has_words, low_word, words_of
 from .base import (OfOriginal, beside_float32, carries, float64_cotangent, is_word_array,
                    kernel_form, moved, movement, unbroadcast, words)
-from .linear import _swaps_last_two, noting_transposes
+from .linear import _swaps_last_two, note_transpose, noting_transposes
 from ..constructor import ARRAY  # the class (mx.array is a stand-in inside blocks)
 
 
@@ -365,8 +365,10 @@ def _fast_move(mover, order=None):
     of a float32 array that carries a low word, what the rule (:func:`_packing` of
     :func:`_words`) computes, the op on each word and the result's packed words
     recorded as ``mover`` moves the operand's, without the rule's checks; None
-    (the rule decides) for other operands, and for a transpose of the last two axes
-    (``order``: the op's axis order), which the GEMM's rule notes."""
+    (the rule decides) for other operands. A transpose (``order``: the op's axis
+    order; the dispatcher passes the block's report first, ``fast.with_report``)
+    of the last two axes of a float32 array, exact or carrying a low word, is also
+    noted for the GEMM (:func:`.linear.note_transpose`), as its rule notes it."""
 
     def make(original):
         def fast(x, *args):
@@ -375,12 +377,9 @@ def _fast_move(mover, order=None):
             lo = low_word(x)
             if lo is None:
                 return None
-            if order is not None:
-                try:
-                    if _swaps_last_two(x.ndim, order(x, *args)):
-                        return None
-                except (TypeError, ValueError):
-                    return None
+            return moved(x, lo, args)
+
+        def moved(x, lo, args):
             out = original(x, *args)
             if out is x:  # (MLX returns a new array; else the rule's snapshot)
                 return None
@@ -391,7 +390,27 @@ def _fast_move(mover, order=None):
             _note_moves(mover, x, lo, outs, args, {})
             return out
 
-        return fast
+        def transposed(report, x, *args):
+            if type(x) is not ARRAY or x.dtype != _FLOAT32 or x.ndim < 2 or (
+                    not backends.backend().has_kernels):
+                return None
+            try:
+                swaps = _swaps_last_two(x.ndim, order(x, *args))
+            except (TypeError, ValueError):  # arguments MLX refuses: the rule's error
+                return None
+            lo = low_word(x)
+            if not swaps:
+                return None if lo is None else moved(x, lo, args)
+            out = original(x, *args) if lo is None else moved(x, lo, args)
+            if out is None or out is x:
+                return None
+            note_transpose(out, x, lo, report)
+            return out
+
+        if order is None:
+            return fast
+        transposed.with_report = True
+        return transposed
 
     return OfOriginal(make)
 
