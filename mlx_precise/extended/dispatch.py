@@ -668,10 +668,17 @@ change."""
 
 
 def _class_standins() -> dict:
-    found: dict = {}
-    for provide in class_standins:
-        found.update(provide())
-    return found
+    """What :data:`class_standins` provide (asked again when a module was imported)."""
+    modules = len(sys.modules)
+    if _provided[0] != modules:
+        found: dict = {}
+        for provide in class_standins:
+            found.update(provide())
+        _provided[:] = [modules, found]
+    return _provided[1]
+
+
+_provided: list = [-1, {}]  # (len(sys.modules) when last asked, what was provided)
 
 
 
