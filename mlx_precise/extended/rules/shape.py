@@ -391,8 +391,7 @@ def _fast_move(mover, order=None):
             return out
 
         def transposed(report, x, *args):
-            if type(x) is not ARRAY or x.dtype != _FLOAT32 or x.ndim < 2 or (
-                    not backends.backend().has_kernels):
+            if type(x) is not ARRAY or x.dtype != _FLOAT32 or not backends.backend().has_kernels:
                 return None
             try:
                 swaps = _swaps_last_two(x.ndim, order(x, *args))
