@@ -147,8 +147,14 @@ def positional(original, args: tuple, kwargs: dict):
 def _wrapper(entry):
     """The stand-in for one MLX callable (:class:`~.registry.Entry`)."""
     name, original, kind, fast = entry.op, entry.original, entry.kind, entry.fast
-    if kind == "value-free":
-        return original
+    if kind == "value-free":  # (MLX's op, but watched in a trace of Python code: Watch)
+        def free(*args, **kwargs):
+            watch = _watch.get()
+            if watch is None:
+                return original(*args, **kwargs)
+            return watch.run(original, args, kwargs, False)
+
+        return functools.update_wrapper(free, original)
     if type(fast) is rules.base.OfOriginal:
         fast = fast.make(original)
     with_report = getattr(fast, "with_report", False)  # (called with the report first)

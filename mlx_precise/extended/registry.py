@@ -13,7 +13,8 @@ The flow (:mod:`.dispatch`) stands in for each callable of ``mx``, ``mx.fast``,
 * **value-free**: the result is decided exactly by the high word (``isnan``,
   ``sign``, ``zeros_like``, ``any``: ``hi = RN(hi + lo)`` has the value's sign,
   zero-ness and finiteness), or the op refuses floating operands (the bitwise ops):
-  MLX runs it, nothing is reported;
+  MLX runs it, nothing is reported (its stand-in only lets a replay's trace watch
+  it: :class:`.dispatch.Watch`);
 * **without a rule**, with the reason: MLX runs it in float32, and a call that
   consumes a carried value is reported (``strict=True`` raises);
 * the class ``mx.array``: ``mx.array(x)`` copies a carried value with its words
