@@ -30,15 +30,20 @@ flow: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_flow", defaul
 
 
 @contextlib.contextmanager
+def setting(var: contextvars.ContextVar, value):
+    """``var`` set to ``value`` inside, reset after (the package's mode switches)."""
+    token = var.set(value)
+    try:
+        yield value
+    finally:
+        var.reset(token)
+
+
 def flow_suspended():
     """Run package internals with the flow off: MLX's ops unchanged, nothing
     reported (lower layers, such as the lazy low words of the cpu backend, use it
     to build their arrays with plain MLX inside a block)."""
-    token = flow.set(None)
-    try:
-        yield
-    finally:
-        flow.reset(token)
+    return setting(flow, None)
 
 
 # Set by the double-word flow (mlx_precise.extended): a public op of the package

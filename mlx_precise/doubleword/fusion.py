@@ -48,7 +48,7 @@ import numpy as np
 
 from ..core import backends
 from ..core.autodiff import guarded as _guarded, as_tuple
-from ..core.context import flow_suspended, register_block_hook, restore
+from ..core.context import flow_suspended, register_block_hook, restore, setting
 from ..core.kernels import (Codes, Constants, Kernel, elementwise_grid, generated_block,
                             per_element_of_first_input)
 from ..core.plain import plain as _mlx
@@ -1204,15 +1204,10 @@ _fusing: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_fusi
                                                                default=True)
 
 
-@contextlib.contextmanager
 def _unfused():
     """The engines run their single-operation kernels inside (tests compare the
     bits of fused and unfused chains)."""
-    token = _fusing.set(False)
-    try:
-        yield
-    finally:
-        _fusing.reset(token)
+    return setting(_fusing, False)
 
 
 # True while MLX's own autodiff may differentiate the graph being built (a function
@@ -1224,16 +1219,11 @@ _traced: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_mlx_
                                                                default=False)
 
 
-@contextlib.contextmanager
 def mlx_gradients():
     """Kernel results made inside are differentiable by MLX's autodiff: custom
     functions of their leaves (fused results: with the unfused chain's VJP,
     :func:`_replay`; other kernels: with their op's float32 VJP, :func:`words_op`)."""
-    token = _traced.set(True)
-    try:
-        yield
-    finally:
-        _traced.reset(token)
+    return setting(_traced, True)
 
 
 def differentiating() -> bool:
@@ -1340,16 +1330,11 @@ _deferring: contextvars.ContextVar[bool] = contextvars.ContextVar("mlx_precise_d
                                                                   default=False)
 
 
-@contextlib.contextmanager
 def deferred():
     """Fused results made inside are :class:`_Deferred` (launched when read),
     outside MLX's autodiff. For a rule's own chain of engine steps: nothing inside
     may keep a result past the block but by its words."""
-    token = _deferring.set(True)
-    try:
-        yield
-    finally:
-        _deferring.reset(token)
+    return setting(_deferring, True)
 
 
 class _ExprWords(DoubleWord):

@@ -31,7 +31,7 @@ import copy
 
 import mlx.core as mx
 
-from ..core import backends, jit
+from ..core import backends, context, jit
 from ..doubleword.engine64 import from64
 from ..core.plain import plain
 from ..doubleword import fusion
@@ -78,14 +78,9 @@ def recording() -> bool:
     return bool(_tapes.get())
 
 
-@contextlib.contextmanager
 def unrecorded():
     """Run code whose ops no tape records (the caller records it as one op)."""
-    token = _tapes.set(())
-    try:
-        yield
-    finally:
-        _tapes.reset(token)
+    return context.setting(_tapes, ())
 
 
 def mark() -> int:
@@ -447,9 +442,8 @@ def _reverse(tape: Tape, seeds: list, cot: dict, value, wide: bool, strict: bool
 
 COMPILED_PASS = True
 COMPILE_AT = jit.COMPILE_AT
-_SEEN_MAX, _PASSES_MAX = 256, 64
-_seen: dict = {}  # structure -> sightings (forgotten all at once past _SEEN_MAX)
-_passes: dict = {}  # structure -> _Pass, or None (cannot be traced); the oldest dropped
+# structure -> _Pass / _FlowPass, or None (cannot be traced); bounded
+_passes = recipes.Sightings(seen_max=256, made_max=64)
 # (the pass a compiled call is for, read by its trace; a float64 pass inside it runs
 # op by op, traced with it)
 _tracing: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_tracing", default=None)
@@ -582,19 +576,14 @@ def _replayed(tape: Tape, seeds: list, wanted: list) -> dict | None:
     untraceable)."""
     try:
         key, arrays = _structure(tape, seeds, wanted)
-        hit = _passes.get(key, 0)
+        hit = _passes.get(key)
     except (_Untraceable, TypeError):  # (TypeError: an unhashable VJP rule or value)
         return None
-    if hit == 0:
-        seen = _seen[key] = _seen.get(key, 0) + 1
-        if seen < COMPILE_AT:
-            if len(_seen) > _SEEN_MAX:
-                _seen.clear()
+    if hit is False:
+        if not _passes.sighted(key, COMPILE_AT):
             return None
-        _seen.pop(key, None)  # (pop: another thread may forget it first)
-        if len(_passes) >= _PASSES_MAX:
-            _passes.pop(next(iter(_passes), None), None)
-        hit = _passes[key] = _Pass()
+        hit = _Pass()
+        _passes.put(key, hit)
     elif hit is None:
         return None
     with carry.suspended(), mx.stream(mx.cpu):
@@ -603,7 +592,7 @@ def _replayed(tape: Tape, seeds: list, wanted: list) -> dict | None:
         except Exception:  # noqa: BLE001  (traced once: the pass runs op by op)
             if hit.outputs is not None:
                 raise
-            _passes[key] = None
+            _passes.put(key, None)
             return None
 
 
@@ -684,19 +673,14 @@ def _replayed_flow(tape: Tape, seeds: list, wanted: list, report) -> dict | None
         key, arrays = _structure(tape, seeds, wanted)
         state_key, inputs, state = recipes.described(arrays, report)
         key = ("flow", key, state_key)
-        hit = _passes.get(key, 0)
+        hit = _passes.get(key)
     except (_Untraceable, recipes.Unkeyed, TypeError):
         return None
-    if hit == 0:
-        seen = _seen[key] = _seen.get(key, 0) + 1
-        if seen < recipes.REPLAY_AT:
-            if len(_seen) > _SEEN_MAX:
-                _seen.clear()
+    if hit is False:
+        if not _passes.sighted(key):
             return None
-        _seen.pop(key, None)
-        if len(_passes) >= _PASSES_MAX:
-            _passes.pop(next(iter(_passes), None), None)
-        hit = _passes[key] = _FlowPass()
+        hit = _FlowPass()
+        _passes.put(key, hit)
     elif hit is None:
         return None
     try:
@@ -704,7 +688,7 @@ def _replayed_flow(tape: Tape, seeds: list, wanted: list, report) -> dict | None
     except Exception:  # noqa: BLE001  (traced once: the pass runs op by op)
         if hit.results is not None:
             raise
-        _passes[key] = None
+        _passes.put(key, None)
         return None
 
 

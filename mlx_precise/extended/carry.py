@@ -11,7 +11,6 @@ may attach and read concurrently.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import weakref
 
@@ -29,14 +28,9 @@ report: contextvars.ContextVar = context.flow
 suspended = context.flow_suspended  # run package internals with the flow off
 
 
-@contextlib.contextmanager
 def reporting(block_report):
     """Run code with the flow on for ``block_report`` (a rule's decomposition)."""
-    token = report.set(block_report)
-    try:
-        yield
-    finally:
-        report.reset(token)
+    return context.setting(report, block_report)
 
 
 # id(hi) -> (weak reference to hi, [lo or None, wide or None]): on cpu the low word

@@ -224,7 +224,7 @@ class Watch:
 
     def run(self, call, args, kwargs, mutates: bool):
         known = self.known
-        for a in _arrays(args, kwargs):
+        for a in _arrays((args, kwargs)):
             if known.get(id(a)) is not a:
                 self.foreign = True
         if mutates and args and id(args[0]) in self.inputs:
@@ -234,32 +234,18 @@ class Watch:
             out = call(*args, **kwargs)
         finally:
             _watch.reset(token)
-        for a in _arrays((out,), {}):
+        for a in _arrays(out):
             known[id(a)] = a
         return out
 
-    @contextlib.contextmanager
     def watching(self):
         """The ops inside are watched."""
-        token = _watch.set(self)
-        try:
-            yield self
-        finally:
-            _watch.reset(token)
+        return context.setting(_watch, self)
 
 
-def _arrays(args, kwargs):
-    """The arrays among ``args`` and ``kwargs``' values, in lists, tuples and dicts
-    too."""
-    stack = [*args, *kwargs.values()]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, constructor.ARRAY):
-            yield v
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
-        elif isinstance(v, dict):
-            stack.extend(v.values())
+def _arrays(tree) -> list:
+    """The arrays among the leaves of ``tree`` (lists, tuples and dicts)."""
+    return [v for v in vmap.leaves(tree) if isinstance(v, constructor.ARRAY)]
 
 
 def _run(entry, report, args, kwargs):

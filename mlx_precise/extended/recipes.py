@@ -32,14 +32,13 @@ declines, runs the form at each call.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import math
 
 import mlx.core as mx
 
-from ..core import jit
+from ..core import context, jit
 from ..core.plain import plain
 from ..doubleword import fusion
 from . import carry
@@ -325,11 +324,12 @@ class Sightings:
         """What was made for ``key``; False: nothing yet."""
         return self.made.get(key, False)
 
-    def sighted(self, key) -> bool:
-        """Count a sighting of ``key``: True at the :data:`REPLAY_AT`-th (then its
-        count is forgotten and something is to be :meth:`put`)."""
+    def sighted(self, key, at: int | None = None) -> bool:
+        """Count a sighting of ``key``: True at the ``at``-th (default
+        :data:`REPLAY_AT`; then its count is forgotten and something is to be
+        :meth:`put`)."""
         seen = self.seen.get(key, 0) + 1
-        if seen < REPLAY_AT:
+        if seen < (REPLAY_AT if at is None else at):
             if len(self.seen) >= self.seen_max:
                 self.seen.clear()
             self.seen[key] = seen
@@ -398,16 +398,11 @@ def gpu_replays(backend) -> bool:
     return ENABLED and backend.gpu and _folder_ok()
 
 
-@contextlib.contextmanager
 def tracing():
     """Marks code that MLX traces (a compiled function's Python): its forms run as
     they are, traced with it (a replay inside a trace would only nest a second
     trace in the first)."""
-    token = _calling.set(True)
-    try:
-        yield
-    finally:
-        _calling.reset(token)
+    return context.setting(_calling, True)
 
 
 def _folder_ok() -> bool:

@@ -15,7 +15,7 @@ from mlx.utils import tree_flatten
 
 import bench_training as bt
 import mlx_precise as mp
-from mlx_precise.extended import PrecisionDropError, autodiff
+from mlx_precise.extended import PrecisionDropError, autodiff, recipes
 from flow_helpers import rng_f32
 
 
@@ -28,8 +28,7 @@ def carried(a) -> np.ndarray:
 def traces(monkeypatch):
     """The number of times a float64 pass was traced for compiling, and a clean
     memory of structures (a structure another test compiled is not reused)."""
-    monkeypatch.setattr(autodiff, "_passes", {})
-    monkeypatch.setattr(autodiff, "_seen", {})
+    monkeypatch.setattr(autodiff, "_passes", recipes.Sightings(seen_max=256, made_max=64))
     count = [0]
     trace = autodiff._Pass._trace
 
@@ -142,13 +141,13 @@ def test_training_steps_replay_bit_for_bit(name, traces, monkeypatch):
 
 
 def test_compiled_passes_are_bounded(traces, monkeypatch):
-    """Past _PASSES_MAX structures the oldest compiled pass is dropped; each
-    gradient is still d/dx sum(x^2) = 2x (exact)."""
+    """Past the table's bound the oldest compiled pass is dropped; each gradient
+    is still d/dx sum(x^2) = 2x (exact)."""
     monkeypatch.setattr(autodiff, "COMPILE_AT", 1)
-    monkeypatch.setattr(autodiff, "_PASSES_MAX", 2)
+    monkeypatch.setattr(autodiff._passes, "made_max", 2)
     for n in range(1, 6):
         x = rng_f32(n, n)
         with mp.use_backend("cpu"), mp.extended_precision():
             g = carried(mx.grad(lambda t: (t * t).sum())(mx.array(x)))
         np.testing.assert_array_equal(g, 2 * x.astype(np.float64))
-    assert len(autodiff._passes) == 2 and traces[0] == 5
+    assert len(autodiff._passes.made) == 2 and traces[0] == 5
