@@ -357,14 +357,14 @@ def test_exact_transpose_fast_path_is_noted():
     x, w = _data((6, 11), 31), _data((5, 11), 32)
     s = mx.default_stream(mx.default_device())
     calls = (lambda c: c @ mx.swapaxes(w, 0, 1), lambda c: c @ mx.swapaxes(w, 0, 1, stream=s))
-    with mp.use_backend("emulate"), mp.extended_precision() as report:
+    with mp.use_backend("emulate"), mp.extended_precision(strict=True) as report:
         c = x * 1.3 + 0.25
         a, b = (f(c) for f in calls)
         mx.eval(a, b)
     _same(a, b)
     assert report.extended["swapaxes"] == 2 and not report.float32
     with lazy_metal_executor():
-        with mp.use_backend("metal"), mp.extended_precision():
+        with mp.use_backend("metal"), mp.extended_precision(strict=True):
             c = x * 1.3 + 0.25
             got = [graph_counts(f(c))["by_primitive"] for f in calls]
     assert got[0] == got[1] and "Transpose" not in got[0], got
