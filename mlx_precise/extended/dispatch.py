@@ -45,7 +45,8 @@ from ..core.autodiff import TransformUnsupportedError
 from ..doubleword import aware as _aware
 from ..doubleword.fusion import differentiating
 from ..doubleword.types import DoubleWord
-from . import autodiff, carry, constructor, holders, registry, rules, scatter, standins, vmap
+from . import (autodiff, blocks, carry, constructor, holders, registry, rules, scatter,
+               standins, vmap)
 from .report import Report, dropped
 
 
@@ -148,22 +149,42 @@ def _wrapper(entry):
     """The stand-in for one MLX callable (:class:`~.registry.Entry`)."""
     name, original, kind, fast = entry.op, entry.original, entry.kind, entry.fast
     if kind == "value-free":  # (MLX's op, but watched in a trace of Python code: Watch)
+        def plain_op(report, args, kwargs):
+            return original(*args, **kwargs)
+
+        replayable = not name.startswith(_STATEFUL)
+
         def free(*args, **kwargs):
             watch = _watch.get()
-            if watch is None:
-                return original(*args, **kwargs)
-            return watch.run(original, args, kwargs, False)
+            if watch is not None:
+                return watch.run(original, args, kwargs, False)
+            report = _report.get()
+            if report is not None and report.tape is not None:
+                if not replayable:
+                    blocks.stop(report)
+                else:
+                    return report.tape(free, plain_op, report, args, kwargs)
+            return original(*args, **kwargs)
 
         return functools.update_wrapper(free, original)
     if type(fast) is rules.base.OfOriginal:
         fast = fast.make(original)
     with_report = getattr(fast, "with_report", False)  # (called with the report first)
     mutates = kind == "in-place" or name == "__setitem__"
+    replayable = not (mutates or kind == "at" or name.startswith(_STATEFUL))
 
     def call(*args, **kwargs):
         report = _report.get()
         if report is None or not report.open:
             return original(*args, **kwargs)
+        tape = report.tape
+        if tape is not None:
+            if replayable:
+                return tape(call, run, report, args, kwargs)
+            blocks.stop(report)
+        return run(report, args, kwargs)
+
+    def run(report, args, kwargs):
         watch = _watch.get()
         if watch is not None:  # (a trace of Python code: see Watch)
             return watch.run(call, args, kwargs, mutates)
@@ -204,6 +225,8 @@ def _wrapper(entry):
 
 
 _watch: contextvars.ContextVar = contextvars.ContextVar("mlx_precise_watch", default=None)
+_STATEFUL = ("random.", "distributed.")  # ops that read or change state beside their
+# arguments (the generator's key, other processes): never replayed (.blocks)
 
 
 class Watch:
@@ -326,6 +349,7 @@ def made_callable(op: str, made, label: str):
         report = _report.get()
         if report is None:
             return kept[0](*a, **k)
+        blocks.stop(report)
         if _carries(a, k):
             dropped(report, label, why)
         out = kept[0](*a, **k)
@@ -405,6 +429,7 @@ def _call_transformed(self, *args, **kwargs):
     if found is not None and found[1] is None:
         return found[0](*args, **kwargs)
     if found is not None and not kwargs and report.open:
+        blocks.stop(report)
         report.extended["vmap"] += 1
         return vmap.mapped(found[0], *found[1], args)
     return _opaque_call("a transformed function (a gradient made before mlx_precise was "
@@ -432,6 +457,7 @@ def _call_custom(self, *args, **kwargs):
             or not all(_array_or_arrays(a) for a in args)):
         return _opaque_call("mx.custom_function", _custom_call, self, report, args, kwargs)
     fun, vjp = parts
+    blocks.stop(report)
     report.extended["mx.custom_function"] += 1
     if vjp is None or not _recording():
         return _fresh(fun(*args), args)
@@ -531,6 +557,7 @@ def _opaque_call(name, call, self, report, args, kwargs):
     reported when it reads a carried value, and recorded for a gradient being
     taken (MLX's VJP of it). The ops inside still run through the flow (under
     mx.vmap on a host backend they raise TransformUnsupportedError)."""
+    blocks.stop(report)
     if _carries(args, kwargs):
         dropped(report, name, "MLX runs it on new arrays, without their low words")
     with autodiff.unrecorded():
@@ -557,6 +584,7 @@ def _public_call(op, body, args, kwargs):
     report = _report.get()
     if not report.open:  # (a generator's block, ended elsewhere)
         return body(*args, **kwargs)
+    blocks.stop(report)
     twin = _aware.twin_of(op)
     if twin is not None:
         flow, signature, reads_words = twin[1:]
@@ -738,6 +766,9 @@ class _FlowBlock:
 
     def __enter__(self):
         global _open
+        outer = _report.get()
+        if outer is not None:  # (its record stops: later ops read this block's results)
+            blocks.stop(outer)
         if self.on:
             outside = differentiating()
             if outside and self.strict:
@@ -765,6 +796,8 @@ class _FlowBlock:
             self.report = Report(self.strict)
             if outside:
                 dropped(self.report, _MLX_GRADIENT, _MLX_GRADIENT_WHY)
+            else:
+                blocks.opened(self.report)
         self.token = _report.set(self.report)  # None: the flow is off inside
         return self.report
 
@@ -772,6 +805,7 @@ class _FlowBlock:
         if self.report is None:
             context.restore(_report, self.token)
             return False
+        blocks.closed(self.report)
         self.report.open = False
         try:
             context.restore(_report, self.token)

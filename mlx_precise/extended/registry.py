@@ -67,6 +67,9 @@ VALUE_FREE = frozenset({
     "count_nonzero", "logical_and", "logical_or", "logical_not", "logical_xor",
     # read only the shape and dtype
     "zeros_like", "ones_like", "empty_like",
+    # constructors from shapes and scalars (float32 scalars are exact there)
+    "zeros", "ones", "eye", "identity", "tri", "empty", "bartlett", "blackman",
+    "hamming", "hanning",
     # refuse floating operands (MLX raises): no carried value reaches them
     "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_invert", "left_shift",
     "right_shift", "bitwise_left_shift", "bitwise_right_shift",
@@ -112,9 +115,6 @@ NOT_OPS = frozenset({
     "isdtype", "can_cast", "result_type", "broadcast_shapes", "finfo", "iinfo",
     "from_dlpack", "einsum_path", "distributed.init", "distributed.is_available",
     "distributed.recv",  # an array from another process (its float32 value)
-    # constructors from shapes and scalars (float32 scalars are exact there)
-    "zeros", "ones", "eye", "identity", "tri", "empty", "bartlett", "blackman",
-    "hamming", "hanning",
     # exits: a value leaves here as the float32 rounding of its double-word value
     "save", "savez", "savez_compressed", "save_gguf", "save_safetensors", "view",
     "quantize",  # into a low-precision format (codes of 2-8 bits)

@@ -41,7 +41,7 @@ from ..core import backends
 from ..core.plain import plain
 from ..doubleword import fusion
 from ..doubleword.fusion import differentiating
-from . import autodiff, carry, dispatch, recipes
+from . import autodiff, blocks, carry, dispatch, recipes
 from .constructor import ARRAY
 from .report import Report
 
@@ -196,6 +196,7 @@ def _standin(original):
                 or not recipes.gpu_replays(backends.backend()) or recipes.in_trace()
                 or autodiff.recording() or differentiating()):
             return original(self, gradients, parameters)
+        blocks.stop(report)  # (its results are made outside the block's record)
         held["apply_single"] = _Single(self, self.apply_single, report)
         try:
             return original(self, gradients, parameters)
