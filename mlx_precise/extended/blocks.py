@@ -72,6 +72,10 @@ MAX_OPS = 4096
 """A block records at most this many ops (a loop inside one block: the rest runs as
 usual)."""
 
+TRACES = 16
+"""Records kept per place in the code (a function that opens a block around any
+model it is given holds one per model)."""
+
 MISSES = 4
 """A place in the code whose replays ended early this many times is no longer
 recorded."""
@@ -179,7 +183,7 @@ class _Learning:
         p = self.count
         self.count += 1
         self.places[id(a)] = p
-        self.outside.append((p, a, (a.dtype, a.shape, lo is not None)))
+        self.outside.append((p, a, (a.dtype, a.shape)))
         if first:
             self.first.add(p)
         return p
@@ -216,118 +220,177 @@ class _Learning:
 
 
 class _Trace:
-    """A block's record, to follow: the compiled function of its ops (traced at
-    the first call), what each op is checked against and returns."""
+    """A block's record, to follow in segments: each a compiled function of a run
+    of its ops (traced at its first call), called at the segment's first op on the
+    arrays it reads from before it. A segment starts at the first op and at each op
+    that first reads an array made anew at each call (:attr:`per_call`: the
+    arrays the first op reads, an array the last block read that is gone, or one
+    that differed where it was first read)."""
 
-    __slots__ = ("records", "inputs", "first", "n_in", "results", "compiled", "outs",
-                 "standin0")
+    __slots__ = ("records", "outside", "per_call", "first_use", "bounds", "segments",
+                 "standin0", "count")
 
     def __init__(self, learned: _Learning):
-        # replay's arrays: the outside arrays, their low words, then the outputs (the
-        # results' high words, then the low words the trace finds)
-        order = {}
-        inputs = []  # (weak reference or None: bound by the first op, guard)
-        for p, a, guard in learned.outside:
-            order[p] = len(inputs)
-            inputs.append((None if p in learned.first else weakref.ref(a), guard))
-        n_lo = sum(1 for _, g in inputs if g[2])
-        self.n_in = len(inputs) + n_lo
-        results = [p for p in range(learned.count) if p not in order]
-        for j, p in enumerate(results):
-            order[p] = self.n_in + j
-        self.inputs, self.first = inputs, len(learned.first)
-        self.results = len(results)
-        last = {}  # index -> the last record that reads it
-        records = []
-        for k, (standin, t_args, t_kw, t_out) in enumerate(learned.records):
-            t_args, t_kw, t_out = (_indexed(t_args, order, last, k),
-                                   {n: _indexed(v, order, last, k) for n, v in t_kw.items()},
-                                   _output_indices(t_out, order))
-            records.append([standin, t_args, t_kw, t_out, None, None, None])
-        for i, k in last.items():
-            if i >= self.n_in:  # (outputs: released after their last reader)
-                records[k][5] = (records[k][5] or ()) + (i,)
-        self.records = records
+        # per record: [stand-in, args and kwargs templates (arrays as places), results'
+        # places, places released after it (read last there), counts (set by a trace),
+        # its arguments' checks (_checks)]
+        records = [[standin, t_args, t_kw, t_out, (), None, _checks(t_args, t_kw)]
+                   for standin, t_args, t_kw, t_out in learned.records]
+        first_use, last = {}, {}
+        for k, record in enumerate(records):
+            for p in _read((record[1], record[2])):
+                first_use.setdefault(p, k)
+                last[p] = k
+        for k, record in enumerate(records):  # (a result no op reads: released at once)
+            record[4] = tuple(p for p in _results_of(record[3]) if p not in last)
+        for p, k in last.items():
+            records[k][4] += (p,)
+        self.records, self.count = records, learned.count
+        self.outside = {p: (weakref.ref(a), guard) for p, a, guard in learned.outside}
+        self.per_call = set(learned.first)
+        self.first_use = first_use
+        self.bounds = [0]
+        self.segments: dict = {}
         self.standin0 = records[0][0]
-        self.compiled = None  # traced at the first call
-        self.outs = None  # per output high word: the index of its low word, or None
+
+    def known(self, args, kwargs) -> int:
+        """How many of the arrays the first op reads (``args``, ``kwargs``) are
+        those the last block's first op read."""
+        table = [None] * self.count
+        t_args, t_kw = self.records[0][1], self.records[0][2]
+        if kwargs.keys() != t_kw.keys() or not _bound(t_args, args, table) or not all(
+                _bound(t, kwargs[n], table) for n, t in t_kw.items()):
+            return 0
+        return sum(1 for p in self.per_call if p in self.outside
+                   and self.first_use.get(p) == 0 and self.outside[p][0]() is table[p])
+
+    def end(self, k: int) -> int:
+        """Where the segment starting at ``k`` ends."""
+        for b in self.bounds:
+            if b > k:
+                return b
+        return len(self.records)
+
+    def split(self, k: int) -> None:
+        """A segment starts at ``k`` from now on."""
+        if k not in self.bounds:
+            self.bounds = sorted(self.bounds + [k])
+            for a in [a for a in self.segments if a < k < self.segments[a].end]:
+                del self.segments[a]
+
+    def segment(self, k: int) -> _Segment:
+        seg = self.segments.get(k)
+        if seg is None:
+            seg = self.segments[k] = _Segment(self, k, self.end(k))
+        return seg
+
+
+def _read(t, out=None) -> list:
+    """The places a template reads, in order (repeats kept)."""
+    out = [] if out is None else out
+    if type(t) is _Slot:
+        out.append(t.i)
+    elif type(t) is tuple or type(t) is list:
+        for x in t:
+            _read(x, out)
+    elif type(t) is dict:
+        for x in t.values():
+            _read(x, out)
+    return out
+
+
+def _results_of(t_out) -> tuple:
+    return (t_out,) if type(t_out) is int else tuple(t_out)
+
+
+class _Segment:
+    """The ops ``records[start:end]`` of a trace as one compiled function of the
+    arrays they read from before ``start`` (and those low words), returning their
+    results' words."""
+
+    __slots__ = ("trace", "start", "end", "inputs", "has_lo", "produced", "compiled",
+                 "lo_at")
+
+    def __init__(self, trace: _Trace, start: int, end: int):
+        self.trace, self.start, self.end = trace, start, end
+        produced, inputs = [], []
+        made, seen = set(), set()
+        for record in trace.records[start:end]:
+            for p in _read((record[1], record[2])):
+                if p not in made and p not in seen:
+                    seen.add(p)
+                    inputs.append(p)
+            for p in _results_of(record[3]):
+                made.add(p)
+                produced.append(p)
+        self.inputs, self.produced = inputs, produced
+        self.has_lo = None  # per input: whether it carried a low word at the trace
+        self.compiled = None
+        self.lo_at = None  # per produced place: the index of its low word among the outputs
 
     def _trace(self, *values):
-        """The compiled function: the recorded ops on ``values`` (the outside arrays,
-        then their low words); returns their results' words."""
-        inputs, n_out = self.inputs, len(self.inputs)
-        table = list(values) + [None] * self.results
-        k = n_out
+        n = len(self.inputs)
+        table = dict(zip(self.inputs, values))
+        k = n
         with fusion.private_scope(), recipes.tracing():
-            for i, (_, guard) in enumerate(inputs):
-                if guard[2]:
-                    carry.attach(table[i], table[k])
+            for p, lo in zip(self.inputs, self.has_lo):
+                if lo:
+                    carry.attach(table[p], values[k])
                     k += 1
-            for record in self.records:
+            for record in self.trace.records[self.start:self.end]:
                 standin, t_args, t_kw, t_out = record[:4]
                 own = Report(False)
                 with carry.reporting(own):
                     out = standin(*_filled(t_args, table),
-                                  **{n: _filled(v, table) for n, v in t_kw.items()})
+                                  **{name: _filled(v, table) for name, v in t_kw.items()})
                 if own.float32:
                     raise recipes.Declined
                 _place(t_out, out, table)
-                record[4] = tuple(own.extended.items()), tuple(own.plain.items())
-            his = table[self.n_in:]
+                record[5] = tuple(own.extended.items()), tuple(own.plain.items())
+            his = [table[p] for p in self.produced]
             los = [carry.low_word(h) for h in his]
-        base = self.n_in + len(his)
-        self.outs, k = [], 0
+        lo_at, j = [], len(his)
         for lo in los:
-            self.outs.append(None if lo is None else base + k)
-            k += lo is not None
+            lo_at.append(None if lo is None else j)
+            j += lo is not None
+        self.lo_at = lo_at
         return his + [lo for lo in los if lo is not None]
 
-    def start(self, args, kwargs):
-        """The replay's arrays when the first op's ``args``, ``kwargs`` are the
-        record's; None where they are not, False where an outside array is gone or
-        changed."""
-        table = [None] * self.n_in
-        t_args, t_kw = self.records[0][1], self.records[0][2]
-        if kwargs.keys() != t_kw.keys() or not _bound(t_args, args, table) or not all(
-                _bound(t, kwargs[n], table) for n, t in t_kw.items()):
-            return None
-        inputs, n = self.inputs, len(self.inputs)
-        seen = set()
-        los = []
-        for i in range(n):
-            ref, guard = inputs[i]
-            a = table[i] if ref is None else ref()
+    def call(self, table: list, los: dict) -> bool:
+        """Call the segment on the arrays ``table`` holds at its inputs (traced at
+        the first call); its results' high words into ``table``, low words into
+        ``los``. False where an input differs from the trace's (its dtype, shape,
+        low word), or the trace declines."""
+        arrays, lows, has_lo, seen = [], [], [], set()
+        outside = self.trace.outside
+        for p in self.inputs:
+            a = table[p]
             if a is None or id(a) in seen:
                 return False
             seen.add(id(a))
             lo = carry.low_word(a)
-            if a.dtype != guard[0] or a.shape != guard[1] or (lo is not None) != guard[2]:
+            o = outside.get(p)
+            if o is not None and (a.dtype != o[1][0] or a.shape != o[1][1]):
                 return False
-            table[i] = a
+            arrays.append(a)
+            has_lo.append(lo is not None)
             if lo is not None:
-                los.append(lo)
-        table[n:] = los
-        return table
-
-
-def _indexed(t, order: dict, last: dict | None, k: int):
-    """A template with its places as the replay's indices (noting the last record
-    reading each)."""
-    if type(t) is _Slot:
-        i = order[t.i]
-        if last is not None:
-            last[i] = k
-        return _Slot(i)
-    if type(t) is tuple or type(t) is list:
-        return type(t)(_indexed(x, order, last, k) for x in t)
-    return t
-
-
-def _output_indices(t_out, order: dict):
-    """A record's results (a place, or a tuple / list of places) as indices."""
-    if type(t_out) is int:
-        return order[t_out]
-    return type(t_out)(order[p] for p in t_out)
+                lows.append(lo)
+        if self.compiled is None:
+            self.has_lo = tuple(has_lo)
+            self.compiled = plain.compile(self._trace)
+        elif tuple(has_lo) != self.has_lo:
+            return False
+        try:
+            outs = recipes.COMPILED_CALL(self.compiled, *arrays, *lows)
+        except (recipes.Declined, ValueError, TypeError, RuntimeError, IndexError):
+            self.compiled = None
+            return False
+        for p, hi, j in zip(self.produced, outs, self.lo_at):
+            table[p] = hi
+            if j is not None:
+                los[p] = outs[j]
+        return True
 
 
 def _filled(t, table):
@@ -339,7 +402,7 @@ def _filled(t, table):
 
 
 def _place(t_out, out, table) -> None:
-    """Put the trace's results ``out`` at the record's result indices."""
+    """Put the trace's results ``out`` at the record's result places."""
     if type(t_out) is int:
         if not isinstance(out, ARRAY):
             raise recipes.Declined
@@ -352,8 +415,8 @@ def _place(t_out, out, table) -> None:
 
 
 def _bound(t, v, table) -> bool:
-    """The first op's argument ``v`` matches the template ``t``; its arrays are
-    bound to their indices in ``table``."""
+    """The argument ``v`` matches the template ``t``, its arrays bound to their
+    places in ``table`` where that holds None."""
     if type(t) is _Slot:
         if not isinstance(v, ARRAY):
             return False
@@ -387,6 +450,49 @@ def _same(t, v) -> bool:
     return v == t
 
 
+def _checks(t_args: tuple, t_kw: dict) -> tuple:
+    """A record's arguments as checks for :func:`_checked`: ``(number of
+    arguments, per argument (position, 0 and its place | 1 and its value | 2 and a
+    float | 3 and a nested template))``, or ``(None, the templates)`` with keyword
+    arguments."""
+    if t_kw:
+        return None, (t_args, t_kw)
+    checks = []
+    for i, t in enumerate(t_args):
+        tt = type(t)
+        if tt is _Slot:
+            checks.append((i, 0, t.i))
+        elif tt in _VALUES:
+            checks.append((i, 1, t))
+        elif tt is float:
+            checks.append((i, 2, t))
+        else:
+            checks.append((i, 3, t))
+    return len(t_args), tuple(checks)
+
+
+def _checked(checks: tuple, args: tuple, kwargs: dict, table: list) -> bool:
+    """A followed op's arguments are the record's (:func:`_checks`)."""
+    n, items = checks
+    if n is None:
+        t_args, t_kw = items
+        return kwargs.keys() == t_kw.keys() and _matches(t_args, args, table) and all(
+            _matches(t, kwargs[name], table) for name, t in t_kw.items())
+    if kwargs or len(args) != n:
+        return False
+    for i, kind, t in items:
+        v = args[i]
+        if kind == 0:
+            if table[t] is not v:
+                return False
+        elif kind == 1:
+            if type(v) is not type(t) or v != t:
+                return False
+        elif not _same(t, v) if kind == 2 else not _matches(t, v, table):
+            return False
+    return True
+
+
 def _matches(t, v, table) -> bool:
     """An argument ``v`` of a followed op matches the template ``t``."""
     if type(t) is _Slot:
@@ -400,10 +506,13 @@ def _matches(t, v, table) -> bool:
 class _Following:
     """One block following a :class:`_Trace` (:meth:`__call__` stands for each op)."""
 
-    __slots__ = ("trace", "table", "k", "site")
+    __slots__ = ("trace", "table", "los", "k", "end", "site")
 
-    def __init__(self, trace: _Trace, table: list, site):
-        self.trace, self.table, self.k, self.site = trace, table, 0, site
+    def __init__(self, trace: _Trace, site):
+        self.trace, self.site = trace, site
+        self.table = [None] * trace.count  # by place: the arrays of this block
+        self.los: dict = {}  # place -> low word, until its result is returned
+        self.k = self.end = 0
 
     def __call__(self, standin, run, report, args, kwargs):
         records = self.trace.records
@@ -415,21 +524,81 @@ class _Following:
             return run(report, args, kwargs)
         record = records[k]
         table = self.table
-        if record[0] is not standin or not _matches(record[1], args, table) or (
-                kwargs.keys() != record[2].keys()) or not all(
-                _matches(t, kwargs[n], table) for n, t in record[2].items()):
-            return self._missed(report, run, args, kwargs)
+        if k == self.end:
+            if record[0] is not standin or not self.begin(k, args, kwargs):
+                return self._missed(report, run, args, kwargs)
+        elif record[0] is not standin or not _checked(record[6], args, kwargs, table):
+            if record[0] is not standin or not self._anew(k, args, kwargs):
+                return self._missed(report, run, args, kwargs)
         self.k = k + 1
-        out = _served(record[3], table, self.trace.outs, self.trace.n_in)
-        extended, plain_ = record[4]
+        out = self._served(record[3])
+        extended, plain_ = record[5]
         for name, n in extended:
             report.extended[name] += n
         for name, n in plain_:
             report.plain[name] += n
-        if record[5] is not None:
-            for i in record[5]:
-                table[i] = None
+        for p in record[4]:
+            table[p] = None
         return out
+
+    def begin(self, k: int, args, kwargs) -> bool:
+        """Start the segment at op ``k`` (its arguments ``args``, ``kwargs``): bind
+        the arrays first read there, fetch those the last block read later in it
+        (a segment ends before one that is gone), call it."""
+        trace, table = self.trace, self.table
+        first_use, outside = trace.first_use, trace.outside
+        while True:
+            seg = trace.segment(k)
+            gone = None
+            for p in seg.inputs:
+                if table[p] is not None or p not in outside:
+                    continue
+                if first_use[p] == k:  # (bound below, from the op's arguments)
+                    continue
+                a = None if p in trace.per_call else outside[p][0]()
+                if a is None:
+                    gone = p
+                    break
+                table[p] = a
+            if gone is None:
+                break
+            trace.per_call.add(gone)
+            trace.split(first_use[gone])
+        record = trace.records[k]
+        if kwargs.keys() != record[2].keys() or not _bound(record[1], args, table) or not all(
+                _bound(t, kwargs[n], table) for n, t in record[2].items()):
+            return False
+        for p in seg.inputs:  # (what differed from the last block's: made anew)
+            if first_use.get(p) == k and p in outside and outside[p][0]() is not table[p]:
+                trace.per_call.add(p)
+        if not seg.call(table, self.los):
+            return False
+        self.end = seg.end
+        return True
+
+    def _anew(self, k: int, args, kwargs) -> bool:
+        """Op ``k`` differs from the record only in arrays from outside first read
+        there (made anew at each call): a segment starts there from now on."""
+        trace, table = self.trace, self.table
+        fresh = [p for p in set(_read((trace.records[k][1], trace.records[k][2])))
+                 if p in trace.outside and trace.first_use[p] == k]
+        if not fresh:
+            return False
+        for p in fresh:
+            trace.per_call.add(p)
+            table[p] = None
+        trace.split(k)
+        return self.begin(k, args, kwargs)
+
+    def _served(self, t_out):
+        """The followed op's results (their low words attached)."""
+        if type(t_out) is int:
+            hi = self.table[t_out]
+            lo = self.los.pop(t_out, None)
+            if lo is not None:
+                carry.attach(hi, lo)
+            return hi
+        return type(t_out)(self._served(p) for p in t_out)
 
     def _missed(self, report, run, args, kwargs):
         report.tape = None
@@ -443,18 +612,6 @@ def _drop(trace: _Trace, site: _Site) -> None:
     stats["missed"] += 1
     if trace in site.traces:
         site.traces.remove(trace)
-
-
-def _served(t_out, table, outs, n_in):
-    """The followed op's results (their low words attached)."""
-    if type(t_out) is int:
-        hi = table[t_out]
-        j = outs[t_out - n_in]
-        if j is not None:
-            carry.attach(hi, table[j])
-            table[j] = None
-        return hi
-    return type(t_out)(_served(i, table, outs, n_in) for i in t_out)
 
 
 def _stop(report, run, args, kwargs):
@@ -499,17 +656,17 @@ class _Starting:
         if _recording():
             report.tape = None
             return run(report, args, kwargs)
-        for trace in list(site.traces):
-            if trace.standin0 is not standin:
-                continue
-            table = trace.start(args, kwargs)
-            if table is None:
-                continue
-            if table is False:  # (an array it read is gone: made anew at each call)
-                _drop(trace, site)
-                continue
-            follow = _follow(trace, table, site)
-            if follow is not None:
+        traces = site.traces
+        # (the records whose first op is this one, those that read the same arrays
+        # there first: the same model's, where one place opens blocks for several)
+        found = [(-trace.known(args, kwargs), i, trace) for i, trace in enumerate(traces)
+                 if trace.standin0 is standin]
+        for _, _, trace in sorted(found, key=lambda f: f[:2]):
+            follow = _Following(trace, site)
+            if follow.begin(0, args, kwargs):
+                if traces[0] is not trace:  # (the most recent first)
+                    traces.remove(trace)
+                    traces.insert(0, trace)
                 report.tape = follow
                 return follow(standin, run, report, args, kwargs)
         if site.misses >= MISSES:
@@ -517,20 +674,6 @@ class _Starting:
             return run(report, args, kwargs)
         learning = report.tape = _Learning(site)
         return learning(standin, run, report, args, kwargs)
-
-
-def _follow(trace: _Trace, table: list, site) -> _Following | None:
-    """Call the trace's compiled function (traced now at its first call) on the
-    arrays ``table``; None where the trace declines."""
-    if trace.compiled is None:
-        trace.compiled = plain.compile(trace._trace)
-    try:
-        outs = recipes.COMPILED_CALL(trace.compiled, *table)
-    except (recipes.Declined, ValueError, TypeError, RuntimeError, IndexError):
-        _drop(trace, site)
-        return None
-    table.extend(outs)
-    return _Following(trace, table, site)
 
 
 def stop(report) -> None:
@@ -558,4 +701,4 @@ def closed(report) -> None:
         stats["learned"] += 1
         traces = learned.site.traces
         traces.insert(0, trace)
-        del traces[4:]
+        del traces[TRACES:]
