@@ -681,17 +681,14 @@ def stop(report) -> None:
     tape = report.tape
     if isinstance(tape, _Learning):
         report.learned = tape
+    elif isinstance(tape, _Following) and tape.k == len(tape.trace.records):
+        stats["followed"] += 1
     report.tape = None
 
 
 def closed(report) -> None:
     """The block of ``report`` ended: what it learned is kept for its place."""
-    tape = report.tape
-    if isinstance(tape, _Learning):
-        report.learned = tape
-    elif isinstance(tape, _Following) and tape.k == len(tape.trace.records):
-        stats["followed"] += 1
-    report.tape = None
+    stop(report)
     learned = report.learned
     if learned is None:
         return
