@@ -140,11 +140,14 @@ class _Learning:
             t_kw = {k: self._template(v, first) for k, v in kwargs.items()}
         except _Unrecordable:
             return _stop(report, run, args, kwargs)
+        report.tape = None  # (a rule's decomposition runs its ops through the flow)
         try:
             out = run(report, args, kwargs)
         except BaseException:
+            report.tape = self
             stop(report)
             raise
+        report.tape = self
         try:
             t_out = self._results(out)
         except _Unrecordable:
