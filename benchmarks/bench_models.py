@@ -262,7 +262,10 @@ def metal_graph(name: str, size: str = "small", rounds: int = 15, calls: int = 3
       counts once: MLX fuses ``nn.gelu`` & co.); ``dispatch_ratio``:
       ``(launches + glue) / plain_ops``;
     * ``build``, ``plain_build``: seconds of host work to build one forward pass's
-      graph without ``mx.compile`` (the flow's rules run on every call);
+      graph without ``mx.compile`` (a block at the same place as the last ones:
+      it follows their record, :mod:`mlx_precise.extended.blocks`); ``op_by_op``:
+      the same with block replays off (each op's rule runs, as in a block's first
+      calls);
     * ``compiled``, ``plain_compiled``: seconds of host work per call of the
       ``mx.compile``d forward (the block inside it: later calls replay the traced
       graph, running no Python and no rules), its graph built, not evaluated.
@@ -287,8 +290,9 @@ def metal_graph(name: str, size: str = "small", rounds: int = 15, calls: int = 3
         compiled = {"plain": mx.compile(lambda x: model(x)), "extended": mx.compile(forward)}
         mx.eval(compiled["plain"](x), compiled["extended"](x))  # traced once
         replayed = {k: _nodes(graph_counts(fn(x))) for k, fn in compiled.items()}
-        built = {"plain": model, "extended": forward}
-        times = {k: [] for k in ("plain", "extended", "plain_compiled", "compiled")}
+        built = {"plain": model, "extended": forward, "op_by_op": _op_by_op(forward)}
+        times = {k: [] for k in ("plain", "extended", "op_by_op", "plain_compiled",
+                                 "compiled")}
         for _ in range(rounds):
             for k, fn in built.items():
                 t = time.process_time()
@@ -305,9 +309,24 @@ def metal_graph(name: str, size: str = "small", rounds: int = 15, calls: int = 3
     return {"launches": ext["launches"], "glue": ext["glue"], "plain_ops": plain["glue"],
             "dispatch_ratio": (ext["launches"] + ext["glue"]) / plain["glue"],
             "build": med["extended"], "plain_build": med["plain"],
+            "op_by_op": med["op_by_op"],
             "compiled": med["compiled"], "plain_compiled": med["plain_compiled"],
             "nodes": replayed["extended"], "plain_nodes": replayed["plain"],
             "by_primitive": ext["by_primitive"]}
+
+
+def _op_by_op(forward):
+    """``forward`` with block replays off (:mod:`mlx_precise.extended.blocks`)."""
+    from mlx_precise.extended import blocks
+
+    def run(x):
+        saved, blocks.ENABLED = blocks.ENABLED, False
+        try:
+            return forward(x)
+        finally:
+            blocks.ENABLED = saved
+
+    return run
 
 
 def _nodes(counts: dict) -> int:
@@ -342,14 +361,16 @@ def print_metal_table(names, size: str) -> None:
           "times on this machine, no Apple GPU)\n")
     print("| model | launches | glue | plain ops | dispatches / plain (<= 2) "
           "| compiled graph nodes: extended / plain "
-          "| build: extended / plain (<= 10) | compiled call: extended / plain (<= 3) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| build: extended / plain (<= 10) | build op by op / plain "
+          "| compiled call: extended / plain (<= 3) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in names:
         g = metal_graph(name, size)
         print(f"| {name} | {g['launches']} | {g['glue']} | {g['plain_ops']} "
               f"| {g['dispatch_ratio']:.2f} | {g['nodes']} / {g['plain_nodes']} "
               f"| {1e3 * g['build']:.2f} / {1e3 * g['plain_build']:.3f} ms = "
               f"{g['build'] / g['plain_build']:.1f}x "
+              f"| {1e3 * g['op_by_op']:.2f} ms = {g['op_by_op'] / g['plain_build']:.1f}x "
               f"| {1e3 * g['compiled']:.3f} / {1e3 * g['plain_compiled']:.3f} ms = "
               f"{g['compiled'] / g['plain_compiled']:.1f}x |")
     costs = replay_costs()

@@ -1,7 +1,8 @@
 """The self-test's checks of the block's own kernels: the double-word row sums of
 scatter-adds and gradients (``dw_rows_add``), on a kernel backend; on the metal
-backend, the replays of composite rules (:mod:`.recipes`) and of optimizer updates
-(:mod:`.updates`) against the rules and updates run op by op, bit for bit."""
+backend, the replays of composite rules (:mod:`.recipes`), of optimizer updates
+(:mod:`.updates`) and of blocks (:mod:`.blocks`) against the rules, updates and
+blocks run op by op, bit for bit."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 from ..core import backends
 from ..core.selftest import Check, register
 from ..doubleword.checks import U
-from . import autodiff, recipes
+from . import autodiff, blocks, recipes
 from .carry import attach, low_word, suspended
 from ..core.context import extended_precision
 from .rules.shape import rows_add
@@ -69,8 +70,9 @@ def check_replays(backend, calls: int = 4) -> Check:
          for k, shape in (("x", (4, 8, 32)), ("y", (4, 8, 32)), ("w", (32,)), ("m", (32, 32)))}
 
     def words(on: bool) -> list:
-        saved = recipes.ENABLED, autodiff.COMPILED_PASS
+        saved = recipes.ENABLED, autodiff.COMPILED_PASS, blocks.ENABLED
         recipes.ENABLED = autodiff.COMPILED_PASS = on
+        blocks.ENABLED = False  # (the rules' replays, not the block's)
         try:
             for _ in range(calls):
                 with backends.use_backend(backends.of(backend).name), extended_precision():
@@ -78,7 +80,7 @@ def check_replays(backend, calls: int = 4) -> Check:
                     got = [(np.array(y), np.array(low_word(y))) for y in outs]
             return got
         finally:
-            recipes.ENABLED, autodiff.COMPILED_PASS = saved
+            recipes.ENABLED, autodiff.COMPILED_PASS, blocks.ENABLED = saved
 
     direct, replayed = words(False), words(True)
     same = sum(all(np.array_equal(a.view(np.uint32) if a.dtype == np.float32 else a,
@@ -103,8 +105,8 @@ def check_update_replays(backend, steps: int = 4) -> Check:
     y = mx.array(rng.standard_normal((16, 2)).astype(np.float32))
 
     def train(make, on: bool) -> list:
-        saved = recipes.ENABLED
-        recipes.ENABLED = on
+        saved = recipes.ENABLED, blocks.ENABLED
+        recipes.ENABLED, blocks.ENABLED = on, False
         try:
             mx.random.seed(6)
             model, opt = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 2)), make()
@@ -118,7 +120,7 @@ def check_update_replays(backend, steps: int = 4) -> Check:
                            for w in (a, low_word(a)) if w is not None]
             return got
         finally:
-            recipes.ENABLED = saved
+            recipes.ENABLED, blocks.ENABLED = saved
 
     makers = (lambda: optim.Adam(optim.cosine_decay(1e-2, 50)),
               lambda: optim.SGD(1e-2, momentum=0.9))
@@ -129,11 +131,52 @@ def check_update_replays(backend, steps: int = 4) -> Check:
                  f"{same} of {len(pairs)} bit-identical to the updates run op by op")
 
 
+def check_block_replays(backend, calls: int = 5) -> Check:
+    """A small model's forward pass (linear layers, GELU, layer norm, softmax
+    attention, an FFT) in a block at one place, ``calls`` times on new inputs: the
+    results' words with the blocks replayed (:mod:`.blocks`: followed from the third
+    call) against the blocks run op by op (the rules' own replays off too): the
+    same bits."""
+    import mlx.nn as nn
+
+    rng = np.random.default_rng(8)
+    inputs = [mx.array(rng.standard_normal((2, 8, 16)).astype(np.float32))
+              for _ in range(calls)]
+    mx.random.seed(8)
+    lin, norm, out = nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 16)
+
+    def forward(x):
+        h = norm(nn.gelu(lin(x)))
+        a = mx.softmax(h @ h.swapaxes(-1, -2) * 0.125, axis=-1) @ h
+        return out(a) + mx.fft.irfft(mx.fft.rfft(x), n=16) * 0.5
+
+    def run(on: bool) -> list:
+        saved = recipes.ENABLED, blocks.ENABLED
+        recipes.ENABLED = blocks.ENABLED = on
+        got = []
+        try:
+            for x in inputs:
+                with backends.use_backend(backends.of(backend).name), extended_precision():
+                    y = forward(x)
+                got.append(np.array(y).tobytes() + np.array(low_word(y)).tobytes())
+        finally:
+            recipes.ENABLED, blocks.ENABLED = saved
+        return got
+
+    before = blocks.stats["followed"]
+    direct, replayed = run(False), run(True)
+    followed = blocks.stats["followed"] - before
+    same = sum(d == p for d, p in zip(direct, replayed))
+    return Check(f"replayed blocks [{calls} forward passes, {followed} followed]",
+                 same == calls and followed >= calls - 2,
+                 f"{same} of {calls} bit-identical to the blocks run op by op")
+
+
 def selftest_checks(backend, done=()) -> list[Check]:
     if not backends.of(backend).has_kernels:
         return []
     return [check_rows_add(backend)] + ([check_replays(backend), check_update_replays(
-        backend)] if backends.of(backend).gpu else [])
+        backend), check_block_replays(backend)] if backends.of(backend).gpu else [])
 
 
 register(80, selftest_checks)

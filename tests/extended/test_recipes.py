@@ -14,7 +14,6 @@ here: the graphs are compared, not values):
 
 from __future__ import annotations
 
-import contextlib
 import re
 
 import mlx.core as mx
@@ -25,6 +24,13 @@ import mlx_precise as mp
 from mlx_precise.doubleword import fusion
 from mlx_precise.extended import blocks, carry, recipes
 from mlx_precise.testing import graph_counts, graph_text, lazy_metal_executor
+
+
+@pytest.fixture(autouse=True)
+def _no_block_replays(monkeypatch):
+    """The rules' replays on their own: a block followed as a whole
+    (mlx_precise.extended.blocks) runs no rule."""
+    monkeypatch.setattr(blocks, "ENABLED", False)
 
 
 def _rand(shape, seed):
@@ -220,21 +226,11 @@ def test_replay_builds_the_forms_graph(op, monkeypatch):
 def _count_recipes(fn, backend="metal", calls=3):
     before = len(recipes._recipes.made)
     r = _operands(0)
-    with lazy_metal_executor(), _no_block_replays():
+    with lazy_metal_executor():
         for _ in range(calls):
             with mp.use_backend(backend), mp.extended_precision():
                 fn(r)
     return len(recipes._recipes.made) - before
-
-
-@contextlib.contextmanager
-def _no_block_replays():
-    """The rules' replays on their own (a followed block runs no rule: .blocks)."""
-    blocks.ENABLED = False
-    try:
-        yield
-    finally:
-        blocks.ENABLED = True
 
 
 def test_what_cannot_be_keyed_runs_the_form():
