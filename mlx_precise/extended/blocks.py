@@ -140,14 +140,14 @@ class _Learning:
             t_kw = {k: self._template(v, first) for k, v in kwargs.items()}
         except _Unrecordable:
             return _stop(report, run, args, kwargs)
-        report.tape = None  # (a rule's decomposition runs its ops through the flow)
+        report._tape = None  # (a rule's decomposition runs its ops through the flow)
         try:
             out = run(report, args, kwargs)
         except BaseException:
-            report.tape = self
+            report._tape = self
             stop(report)
             raise
-        report.tape = self
+        report._tape = self
         try:
             t_out = self._results(out)
         except _Unrecordable:
@@ -521,7 +521,7 @@ class _Following:
         records = self.trace.records
         k = self.k
         if k >= len(records) or _recording():  # (the record ran out: the rest as usual)
-            report.tape = None
+            report._tape = None
             if k >= len(records):
                 stats["followed"] += 1
             return run(report, args, kwargs)
@@ -604,7 +604,7 @@ class _Following:
         return type(t_out)(self._served(p) for p in t_out)
 
     def _missed(self, report, run, args, kwargs):
-        report.tape = None
+        report._tape = None
         _drop(self.trace, self.site)
         return run(report, args, kwargs)
 
@@ -640,9 +640,9 @@ def opened(report) -> None:
         site = _sites[key] = _Site()
     site.seen += 1
     if site.traces:
-        report.tape = _Starting(site)
+        report._tape = _Starting(site)
     elif site.seen > 1 and site.misses < MISSES:
-        report.tape = _Learning(site)
+        report._tape = _Learning(site)
 
 
 class _Starting:
@@ -657,7 +657,7 @@ class _Starting:
     def __call__(self, standin, run, report, args, kwargs):
         site = self.site
         if _recording():
-            report.tape = None
+            report._tape = None
             return run(report, args, kwargs)
         traces = site.traces
         # (the records whose first op is this one, those that read the same arrays
@@ -670,32 +670,32 @@ class _Starting:
                 if traces[0] is not trace:  # (the most recent first)
                     traces.remove(trace)
                     traces.insert(0, trace)
-                report.tape = follow
+                report._tape = follow
                 return follow(standin, run, report, args, kwargs)
         if site.misses >= MISSES:
-            report.tape = None
+            report._tape = None
             return run(report, args, kwargs)
-        learning = report.tape = _Learning(site)
+        learning = report._tape = _Learning(site)
         return learning(standin, run, report, args, kwargs)
 
 
 def stop(report) -> None:
     """No more ops of ``report``'s block are recorded or followed."""
-    tape = report.tape
+    tape = report._tape
     if isinstance(tape, _Learning):
-        report.learned = tape
+        report._learned = tape
     elif isinstance(tape, _Following) and tape.k == len(tape.trace.records):
         stats["followed"] += 1
-    report.tape = None
+    report._tape = None
 
 
 def closed(report) -> None:
     """The block of ``report`` ended: what it learned is kept for its place."""
     stop(report)
-    learned = report.learned
+    learned = report._learned
     if learned is None:
         return
-    report.learned = None
+    report._learned = None
     trace = learned.trace()
     if trace is not None:
         stats["learned"] += 1

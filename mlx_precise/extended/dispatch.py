@@ -159,11 +159,11 @@ def _wrapper(entry):
             if watch is not None:
                 return watch.run(original, args, kwargs, False)
             report = _report.get()
-            if report is not None and report.tape is not None:
+            if report is not None and report._tape is not None:
                 if not replayable:
                     blocks.stop(report)
                 else:
-                    return report.tape(free, plain_op, report, args, kwargs)
+                    return report._tape(free, plain_op, report, args, kwargs)
             return original(*args, **kwargs)
 
         return functools.update_wrapper(free, original)
@@ -177,7 +177,7 @@ def _wrapper(entry):
         report = _report.get()
         if report is None or not report.open:
             return original(*args, **kwargs)
-        tape = report.tape
+        tape = report._tape
         if tape is not None:
             if replayable:
                 return tape(call, run, report, args, kwargs)

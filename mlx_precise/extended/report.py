@@ -34,8 +34,8 @@ class Report:
         self.plain: collections.Counter = _counter(collections.Counter)
         self.strict = strict
         self.open = True  # False once its block ended (see core.context._Block)
-        self.tape = None  # what stands for each op while the block replays (.blocks)
-        self.learned = None  # what the block recorded (.blocks)
+        self._tape = None  # what stands for each op while the block replays (.blocks)
+        self._learned = None  # what the block recorded (.blocks)
 
     def __repr__(self) -> str:
         def fmt(c):
