@@ -86,6 +86,7 @@ stats: collections.Counter = collections.Counter()
 declined)."""
 
 _VALUES = (int, bool, str, type(None), type(Ellipsis), mx.Dtype)
+_SETITEM = ARRAY.__setitem__  # (MLX's, captured before any block: a stand-in inside them)
 
 
 class _Unrecordable(Exception):
@@ -120,18 +121,19 @@ _SITES_MAX = 256
 class _Learning:
     """One block's ops being recorded (:meth:`__call__` stands for each op)."""
 
-    __slots__ = ("site", "places", "outside", "first", "records", "refs", "count")
+    __slots__ = ("site", "places", "outside", "outer", "first", "records", "refs", "count")
 
     def __init__(self, site):
         self.site = site
         self.places: dict = {}  # id -> place (results: removed when they are freed)
         self.outside: list = []  # (place, array, its guard): read from outside the block
+        self.outer: set = set()  # their places
         self.first: set = set()  # the places the first op read
         self.records: list = []  # (stand-in, args template, kwargs template, results)
         self.refs: list = []  # weak references to the results (their callbacks)
         self.count = 0  # places made
 
-    def __call__(self, standin, run, report, args, kwargs):
+    def __call__(self, standin, run, report, args, kwargs, in_place: bool = False):
         if _recording():
             return _stop(report, run, args, kwargs)
         first = not self.records
@@ -149,14 +151,28 @@ class _Learning:
             raise
         report._tape = self
         try:
+            if in_place:  # (the array now stands for the op's result: a new place)
+                if out is not args[0]:
+                    raise _Unrecordable
+                del self.places[id(out)]
             t_out = self._results(out)
         except _Unrecordable:
             stop(report)
             return out
-        self.records.append((standin, t_args, t_kw, t_out))
+        self.records.append((standin, t_args, t_kw, t_out, in_place))
         if len(self.records) >= MAX_OPS:
             stop(report)
         return out
+
+    def in_place(self, standin, run, report, args, kwargs):
+        """``x op= y`` (MLX's in-place operators): recorded where ``x`` is a result
+        of the block's ops (the update is then one of them, its result a new place
+        of that array); an array from outside the block stops the record."""
+        x = args[0] if args else None
+        p = self.places.get(id(x)) if isinstance(x, ARRAY) else None
+        if p is None or p in self.outer:
+            return _stop(report, run, args, kwargs)
+        return self(standin, run, report, args, kwargs, True)
 
     def _template(self, v, first: bool):
         if isinstance(v, ARRAY):
@@ -186,6 +202,7 @@ class _Learning:
         p = self.count
         self.count += 1
         self.places[id(a)] = p
+        self.outer.add(p)
         self.outside.append((p, a, (a.dtype, a.shape)))
         if first:
             self.first.add(p)
@@ -230,15 +247,15 @@ class _Trace:
     arrays the first op reads, an array the last block read that is gone, or one
     that differed where it was first read)."""
 
-    __slots__ = ("records", "outside", "per_call", "first_use", "bounds", "segments",
-                 "standin0", "count")
+    __slots__ = ("records", "outside", "per_call", "first_use", "last", "bounds",
+                 "segments", "standin0", "count")
 
     def __init__(self, learned: _Learning):
         # per record: [stand-in, args and kwargs templates (arrays as places), results'
         # places, places released after it (read last there), counts (set by a trace),
-        # its arguments' checks (_checks)]
-        records = [[standin, t_args, t_kw, t_out, (), None, _checks(t_args, t_kw)]
-                   for standin, t_args, t_kw, t_out in learned.records]
+        # its arguments' checks (_checks), whether it updates its first argument]
+        records = [[standin, t_args, t_kw, t_out, (), None, _checks(t_args, t_kw), in_place]
+                   for standin, t_args, t_kw, t_out, in_place in learned.records]
         first_use, last = {}, {}
         for k, record in enumerate(records):
             for p in _read((record[1], record[2])):
@@ -248,7 +265,7 @@ class _Trace:
             record[4] = tuple(p for p in _results_of(record[3]) if p not in last)
         for p, k in last.items():
             records[k][4] += (p,)
-        self.records, self.count = records, learned.count
+        self.records, self.count, self.last = records, learned.count, last
         self.outside = {p: (weakref.ref(a), guard) for p, a, guard in learned.outside}
         self.per_call = set(learned.first)
         self.first_use = first_use
@@ -307,12 +324,15 @@ def _results_of(t_out) -> tuple:
 
 
 class _Segment:
-    """The ops ``records[start:end]`` of a trace as one compiled function of the
-    arrays they read from before ``start`` (and those low words), returning their
-    results' words."""
+    """The ops ``records[start:end]`` of a trace as a compiled function of the
+    arrays they read from before ``start`` and what the block recorded of their
+    words (an outside array's low word; an earlier segment's result's low word,
+    expression, packed words, ...: one trace per such description), returning
+    their results' words and, for the results later segments read, what the
+    segment recorded of them (so a chain continues across segments as op by op:
+    :func:`recipes.results <mlx_precise.extended.recipes.results>`)."""
 
-    __slots__ = ("trace", "start", "end", "inputs", "has_lo", "produced", "compiled",
-                 "lo_at")
+    __slots__ = ("trace", "start", "end", "inputs", "produced", "cross", "traced")
 
     def __init__(self, trace: _Trace, start: int, end: int):
         self.trace, self.start, self.end = trace, start, end
@@ -327,20 +347,75 @@ class _Segment:
                 made.add(p)
                 produced.append(p)
         self.inputs, self.produced = inputs, produced
-        self.has_lo = None  # per input: whether it carried a low word at the trace
-        self.compiled = None
-        self.lo_at = None  # per produced place: the index of its low word among the outputs
+        self.cross = [p for p in produced if trace.last.get(p, -1) >= end]
+        self.traced: dict = {}  # the inputs' descriptions -> _Traced
+
+    def call(self, table: list, los: dict, carried: dict) -> bool:
+        """Call the segment on the arrays ``table`` holds at its inputs (traced at
+        the first call with their descriptions), ``carried``: what earlier
+        segments' results carry; its results' high words into ``table``, low words
+        into ``los``, and what the results later segments read carry into
+        ``carried``. False where an outside input's dtype or shape differs from the
+        record's, or the trace declines."""
+        values, index, descs = [], {}, []
+        outside = self.trace.outside
+        for p in self.inputs:
+            a = table[p]
+            if a is None:
+                return False
+            o = outside.get(p)
+            state = None if o is not None else carried.get(p)
+            if state is not None:  # (an earlier segment's result)
+                descs.append(_localized(state[0], state[1], values, index))
+                continue
+            if id(a) in index or o is not None and (a.dtype != o[1][0] or a.shape != o[1][1]):
+                return False
+            index[id(a)] = len(values)
+            values.append(a)
+            lo = carry.low_word(a)
+            if lo is not None:
+                index[id(lo)] = len(values)
+                values.append(lo)
+            descs.append((index[id(a)], None if lo is None else len(values) - 1, None, None,
+                          None, None, None))
+        descs = tuple(descs)
+        traced = self.traced.get(descs)
+        if traced is None:
+            if len(self.traced) >= 4:
+                self.traced.clear()
+            traced = self.traced[descs] = _Traced(self, descs)
+        try:
+            outs = recipes.COMPILED_CALL(traced.compiled, *values)
+        except (recipes.Declined, ValueError, TypeError, RuntimeError, IndexError):
+            del self.traced[descs]
+            return False
+        for p, hi, j in zip(self.produced, outs, traced.lo_at):
+            table[p] = hi
+            if j is not None:
+                los[p] = outs[j]
+        if self.cross:
+            state = outs[traced.state_at:]
+            for p, desc in zip(self.cross, traced.cross_descs):
+                carried[p] = (desc, state)
+        return True
+
+
+class _Traced:
+    """A segment compiled for one description of its inputs."""
+
+    __slots__ = ("segment", "signature", "compiled", "lo_at", "state_at", "cross_descs")
+
+    def __init__(self, segment: _Segment, signature: tuple):
+        self.segment, self.signature = segment, signature
+        self.compiled = plain.compile(self._trace)
+        self.lo_at = self.state_at = self.cross_descs = None  # (set by the trace)
 
     def _trace(self, *values):
-        n = len(self.inputs)
-        table = dict(zip(self.inputs, values))
-        k = n
+        seg = self.segment
         with fusion.private_scope(), recipes.tracing():
-            for p, lo in zip(self.inputs, self.has_lo):
-                if lo:
-                    carry.attach(table[p], values[k])
-                    k += 1
-            for record in self.trace.records[self.start:self.end]:
+            recipes.note_described((self.signature, ()), values, None)
+            table = {p: values[d[0]] for p, d in zip(seg.inputs, self.signature)}
+            for record in seg.trace.records[seg.start:seg.end]:
                 standin, t_args, t_kw, t_out = record[:4]
                 own = Report(False)
                 with carry.reporting(own):
@@ -350,50 +425,36 @@ class _Segment:
                     raise recipes.Declined
                 _place(t_out, out, table)
                 record[5] = tuple(own.extended.items()), tuple(own.plain.items())
-            his = [table[p] for p in self.produced]
+            his = [table[p] for p in seg.produced]
             los = [carry.low_word(h) for h in his]
+            self.cross_descs, state = recipes.results([table[p] for p in seg.cross])
         lo_at, j = [], len(his)
         for lo in los:
             lo_at.append(None if lo is None else j)
             j += lo is not None
-        self.lo_at = lo_at
-        return his + [lo for lo in los if lo is not None]
+        self.lo_at, self.state_at = lo_at, j
+        return his + [lo for lo in los if lo is not None] + state
 
-    def call(self, table: list, los: dict) -> bool:
-        """Call the segment on the arrays ``table`` holds at its inputs (traced at
-        the first call); its results' high words into ``table``, low words into
-        ``los``. False where an input differs from the trace's (its dtype, shape,
-        low word), or the trace declines."""
-        arrays, lows, has_lo, seen = [], [], [], set()
-        outside = self.trace.outside
-        for p in self.inputs:
-            a = table[p]
-            if a is None or id(a) in seen:
-                return False
-            seen.add(id(a))
-            lo = carry.low_word(a)
-            o = outside.get(p)
-            if o is not None and (a.dtype != o[1][0] or a.shape != o[1][1]):
-                return False
-            arrays.append(a)
-            has_lo.append(lo is not None)
-            if lo is not None:
-                lows.append(lo)
-        if self.compiled is None:
-            self.has_lo = tuple(has_lo)
-            self.compiled = plain.compile(self._trace)
-        elif tuple(has_lo) != self.has_lo:
-            return False
-        try:
-            outs = recipes.COMPILED_CALL(self.compiled, *arrays, *lows)
-        except (recipes.Declined, ValueError, TypeError, RuntimeError, IndexError):
-            self.compiled = None
-            return False
-        for p, hi, j in zip(self.produced, outs, self.lo_at):
-            table[p] = hi
-            if j is not None:
-                los[p] = outs[j]
-        return True
+
+def _localized(desc: tuple, arrays: list, values: list, index: dict) -> tuple:
+    """A description of :func:`recipes.results
+    <mlx_precise.extended.recipes.results>` (indices into ``arrays``) with its
+    arrays appended to ``values`` (once each: ``index``, id -> index) and the
+    indices into ``values``."""
+    def at(i):
+        if i is None:
+            return None
+        a = arrays[i]
+        j = index.get(id(a))
+        if j is None:
+            j = index[id(a)] = len(values)
+            values.append(a)
+        return j
+
+    i, ilo, e, iz, ic, parts, layout = desc
+    return (at(i), at(ilo), None if e is None else (e[0], e[1], tuple(map(at, e[2]))),
+            at(iz), at(ic), None if parts is None else _localized(parts, arrays, values, index),
+            layout)
 
 
 def _filled(t, table):
@@ -509,15 +570,20 @@ def _matches(t, v, table) -> bool:
 class _Following:
     """One block following a :class:`_Trace` (:meth:`__call__` stands for each op)."""
 
-    __slots__ = ("trace", "table", "los", "k", "end", "site")
+    __slots__ = ("trace", "table", "los", "carried", "k", "end", "site")
 
     def __init__(self, trace: _Trace, site):
         self.trace, self.site = trace, site
         self.table = [None] * trace.count  # by place: the arrays of this block
         self.los: dict = {}  # place -> low word, until its result is returned
+        self.carried: dict = {}  # place -> what a result a later segment reads carries
         self.k = self.end = 0
 
-    def __call__(self, standin, run, report, args, kwargs):
+    def in_place(self, standin, run, report, args, kwargs):
+        """``x op= y``: the record's update of ``x``, its result written into ``x``."""
+        return self(standin, run, report, args, kwargs, True)
+
+    def __call__(self, standin, run, report, args, kwargs, in_place: bool = False):
         records = self.trace.records
         k = self.k
         if k >= len(records) or _recording():  # (the record ran out: the rest as usual)
@@ -527,6 +593,8 @@ class _Following:
             return run(report, args, kwargs)
         record = records[k]
         table = self.table
+        if record[7] is not in_place:
+            return self._missed(report, run, args, kwargs)
         if k == self.end:
             if record[0] is not standin or not self.begin(k, args, kwargs):
                 return self._missed(report, run, args, kwargs)
@@ -535,6 +603,11 @@ class _Following:
                 return self._missed(report, run, args, kwargs)
         self.k = k + 1
         out = self._served(record[3])
+        if in_place:  # (MLX's in-place update: the array takes the result's value)
+            x = args[0]
+            _SETITEM(x, Ellipsis, out)
+            carry.copy(out, x)
+            table[record[3]] = out = x
         extended, plain_ = record[5]
         for name, n in extended:
             report.extended[name] += n
@@ -542,6 +615,9 @@ class _Following:
             report.plain[name] += n
         for p in record[4]:
             table[p] = None
+        if self.carried:
+            for p in record[4]:
+                self.carried.pop(p, None)
         return out
 
     def begin(self, k: int, args, kwargs) -> bool:
@@ -574,7 +650,7 @@ class _Following:
         for p in seg.inputs:  # (what differed from the last block's: made anew)
             if first_use.get(p) == k and p in outside and outside[p][0]() is not table[p]:
                 trace.per_call.add(p)
-        if not seg.call(table, self.los):
+        if not seg.call(table, self.los, self.carried):
             return False
         self.end = seg.end
         return True
@@ -653,6 +729,9 @@ class _Starting:
 
     def __init__(self, site):
         self.site = site
+
+    def in_place(self, standin, run, report, args, kwargs):
+        return _stop(report, run, args, kwargs)  # (of an array from outside the block)
 
     def __call__(self, standin, run, report, args, kwargs):
         site = self.site

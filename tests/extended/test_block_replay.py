@@ -289,6 +289,53 @@ def test_in_place_updates_and_exits_stop_the_record():
     assert [_counts(r) for r in reports] == [_counts(r) for r in want]
 
 
+def test_in_place_operators_on_the_blocks_results_are_followed():
+    """``x *= c`` / ``x += y`` of a result of the block's ops is one of the record's
+    ops (MLX writes the result into ``x``): followed, the array holds the replay's
+    result and its low word, and what reads it after reads that; of an array from
+    outside the block, it stops the record."""
+    net, x = _net(), _lazy((4, 8))
+    probes = [_lazy((4, 4), i) for i in range(5)]
+
+    def fn(i):
+        y = net(x)
+        y *= 0.5
+        y += mx.exp(y) + probes[i]
+        return y
+
+    results, reports, stats = _blocks(fn, 5, args=lambda i: (i,))
+    _, want, _ = _blocks(fn, 5, replays=False, args=lambda i: (i,))
+    assert stats["followed"] == 3 and stats["missed"] == 0
+    assert [_counts(r) for r in reports] == [_counts(r) for r in want]
+    assert all(carry.low_word(y) is not None for y in results)
+    assert not _evaluated(probes[4])
+    mx.eval(results[4])  # (the array updated in place holds the update's result)
+    assert _evaluated(probes[4]) and not _evaluated(probes[3])
+
+    w = _lazy((4, 4), 3)
+    mx.eval(w)
+
+    def outside():
+        y = net(x)
+        w2 = w * 1  # (a result: recorded)
+        w2 += y
+        return w2
+
+    _, _, stats = _blocks(outside, 5)
+    assert stats["followed"] == 3
+
+    def outside_in_place(v):
+        y = net(x)
+        v += y  # (an array from outside the block: the record stops here)
+        return v * 2.0
+
+    fresh = lambda i: (mx.array(np.ones((4, 4), np.float32)),)  # noqa: E731
+    _, reports, stats = _blocks(outside_in_place, 5, args=fresh)
+    _, want, _ = _blocks(outside_in_place, 5, replays=False, args=fresh)
+    assert stats["followed"] == 3
+    assert [_counts(r) for r in reports] == [_counts(r) for r in want]
+
+
 def test_a_nested_block_stops_the_outer_record():
     net, x = _net(), _lazy((4, 8))
 
