@@ -415,6 +415,8 @@ def _transformed_function(transformed):
     refs = gc.get_referents(transformed)
     if len(refs) != 4 or not callable(refs[3]):
         return None
+    if refs[1] is None and refs[2] is None:
+        return refs[3], None  # (compiled without state: mlx.nn's activations)
     leaves = vmap.leaves([refs[1], refs[2]])
     if any(type(x) is int for x in leaves) and all(x is None or type(x) is int
                                                    for x in leaves):
