@@ -87,6 +87,7 @@ declined)."""
 
 _VALUES = (int, bool, str, type(None), type(Ellipsis), mx.Dtype)
 _SETITEM = ARRAY.__setitem__  # (MLX's, captured before any block: a stand-in inside them)
+_RETURNS, _ASSIGNS = 1, 2  # in-place records: x op= y (returns x), x[i] = y (returns None)
 
 
 class _Unrecordable(Exception):
@@ -133,7 +134,7 @@ class _Learning:
         self.refs: list = []  # weak references to the results (their callbacks)
         self.count = 0  # places made
 
-    def __call__(self, standin, run, report, args, kwargs, in_place: bool = False):
+    def __call__(self, standin, run, report, args, kwargs, in_place: int = 0):
         if _recording():
             return _stop(report, run, args, kwargs)
         first = not self.records
@@ -152,10 +153,13 @@ class _Learning:
         report._tape = self
         try:
             if in_place:  # (the array now stands for the op's result: a new place)
-                if out is not args[0]:
+                if out is not (args[0] if in_place == _RETURNS else None):
                     raise _Unrecordable
+                out = args[0]
                 del self.places[id(out)]
             t_out = self._results(out)
+            if in_place == _ASSIGNS:
+                out = None
         except _Unrecordable:
             stop(report)
             return out
@@ -164,15 +168,16 @@ class _Learning:
             stop(report)
         return out
 
-    def in_place(self, standin, run, report, args, kwargs):
-        """``x op= y`` (MLX's in-place operators): recorded where ``x`` is a result
-        of the block's ops (the update is then one of them, its result a new place
-        of that array); an array from outside the block stops the record."""
+    def in_place(self, standin, run, report, args, kwargs, returns: bool):
+        """``x op= y`` (MLX's in-place operators, which return ``x``: ``returns``)
+        and ``x[i] = y``: recorded where ``x`` is a result of the block's ops (the
+        update is then one of them, its result a new place of that array); an
+        array from outside the block stops the record."""
         x = args[0] if args else None
         p = self.places.get(id(x)) if isinstance(x, ARRAY) else None
         if p is None or p in self.outer:
             return _stop(report, run, args, kwargs)
-        return self(standin, run, report, args, kwargs, True)
+        return self(standin, run, report, args, kwargs, _RETURNS if returns else _ASSIGNS)
 
     def _template(self, v, first: bool):
         if isinstance(v, ARRAY):
@@ -418,9 +423,11 @@ class _Traced:
             for record in seg.trace.records[seg.start:seg.end]:
                 standin, t_args, t_kw, t_out = record[:4]
                 own = Report(False)
+                args = _filled(t_args, table)
                 with carry.reporting(own):
-                    out = standin(*_filled(t_args, table),
-                                  **{name: _filled(v, table) for name, v in t_kw.items()})
+                    out = standin(*args, **{name: _filled(v, table) for name, v in t_kw.items()})
+                if record[7]:  # (an in-place update: its result is the updated array)
+                    out = args[0]
                 if own.float32:
                     raise recipes.Declined
                 _place(t_out, out, table)
@@ -579,11 +586,12 @@ class _Following:
         self.carried: dict = {}  # place -> what a result a later segment reads carries
         self.k = self.end = 0
 
-    def in_place(self, standin, run, report, args, kwargs):
-        """``x op= y``: the record's update of ``x``, its result written into ``x``."""
-        return self(standin, run, report, args, kwargs, True)
+    def in_place(self, standin, run, report, args, kwargs, returns: bool):
+        """``x op= y``, ``x[i] = y``: the record's update of ``x``, its result
+        written into ``x``."""
+        return self(standin, run, report, args, kwargs, _RETURNS if returns else _ASSIGNS)
 
-    def __call__(self, standin, run, report, args, kwargs, in_place: bool = False):
+    def __call__(self, standin, run, report, args, kwargs, in_place: int = 0):
         records = self.trace.records
         k = self.k
         if k >= len(records) or _recording():  # (the record ran out: the rest as usual)
@@ -593,7 +601,7 @@ class _Following:
             return run(report, args, kwargs)
         record = records[k]
         table = self.table
-        if record[7] is not in_place:
+        if record[7] != in_place:
             return self._missed(report, run, args, kwargs)
         if k == self.end:
             if record[0] is not standin or not self.begin(k, args, kwargs):
@@ -608,6 +616,8 @@ class _Following:
             _SETITEM(x, Ellipsis, out)
             carry.copy(out, x)
             table[record[3]] = out = x
+            if in_place == _ASSIGNS:
+                out = None
         extended, plain_ = record[5]
         for name, n in extended:
             report.extended[name] += n
@@ -730,7 +740,7 @@ class _Starting:
     def __init__(self, site):
         self.site = site
 
-    def in_place(self, standin, run, report, args, kwargs):
+    def in_place(self, standin, run, report, args, kwargs, returns: bool):
         return _stop(report, run, args, kwargs)  # (of an array from outside the block)
 
     def __call__(self, standin, run, report, args, kwargs):

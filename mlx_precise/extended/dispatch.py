@@ -181,8 +181,8 @@ def _wrapper(entry):
         if tape is not None:
             if replayable:
                 return tape(call, run, report, args, kwargs)
-            if kind == "in-place":  # (x op= y of a result of the block's ops)
-                return tape.in_place(call, run, report, args, kwargs)
+            if mutates:  # (x op= y, x[i] = y of a result of the block's ops)
+                return tape.in_place(call, run, report, args, kwargs, kind == "in-place")
             blocks.stop(report)
         return run(report, args, kwargs)
 
