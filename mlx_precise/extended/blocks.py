@@ -48,6 +48,7 @@ replayed. The replay's outputs are held only until their last use in the record.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import sys
 import weakref
@@ -117,6 +118,9 @@ class _Site:
 
 _sites: dict = {}
 _SITES_MAX = 256
+# the frame of a function decorated with extended_precision() (contextlib's wrapper,
+# shared by all of them: the place is the decorated function)
+_DECORATED = contextlib.ContextDecorator()(lambda: None).__code__
 
 
 class _Learning:
@@ -717,8 +721,9 @@ def opened(report) -> None:
     if not recipes.gpu_replays(backend) or recipes.in_trace() or _recording():
         return
     frame = sys._getframe(3)  # (the with statement: -> _Block.__enter__ -> the flow's hook)
-    device = mx.default_device()
-    key = (frame.f_code, frame.f_lasti, backend, device.type)
+    code = frame.f_code
+    where = (code, frame.f_lasti) if code is not _DECORATED else (frame.f_locals.get("func"),)
+    key = (*where, backend, mx.default_device().type)
     site = _sites.get(key)
     if site is None:
         if len(_sites) >= _SITES_MAX:

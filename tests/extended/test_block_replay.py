@@ -420,3 +420,25 @@ def test_the_selftest_check_runs_its_path():
         check = checks.check_block_replays("metal")
     assert check.passed and "5 of 5 bit-identical" in check.figure, check.figure
     assert "3 followed" in check.name
+
+
+def test_decorated_functions_are_places_of_their_own():
+    """A function decorated with extended_precision() is the block's place (not
+    contextlib's wrapper, which every decorated function shares)."""
+    net, x = _net(), _lazy((4, 8))
+    before = dict(blocks.stats)
+
+    @mp.extended_precision()
+    def f():
+        return net(x)
+
+    @mp.extended_precision()
+    def g():
+        return net(x) * 2.0
+
+    with lazy_metal_executor(), mp.use_backend("metal"):
+        for _ in range(4):
+            f()
+            g()
+    assert blocks.stats["followed"] - before.get("followed", 0) == 4
+    assert len(blocks._sites) == 2
