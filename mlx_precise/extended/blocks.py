@@ -108,12 +108,13 @@ class _Slot:
 class _Site:
     """What one place in the code learned: records by first op (a few), misses."""
 
-    __slots__ = ("traces", "misses", "seen")
+    __slots__ = ("traces", "misses", "seen", "backend")
 
-    def __init__(self):
+    def __init__(self, backend):
         self.traces: list = []
         self.misses = 0
         self.seen = 0
+        self.backend = backend  # (an op on another backend: the rest as usual)
 
 
 _sites: dict = {}
@@ -139,7 +140,7 @@ class _Learning:
         self.count = 0  # places made
 
     def __call__(self, standin, run, report, args, kwargs, in_place: int = 0):
-        if _recording():
+        if _recording() or backends.backend() is not self.site.backend:
             return _stop(report, run, args, kwargs)
         first = not self.records
         try:
@@ -598,7 +599,8 @@ class _Following:
     def __call__(self, standin, run, report, args, kwargs, in_place: int = 0):
         records = self.trace.records
         k = self.k
-        if k >= len(records) or _recording():  # (the record ran out: the rest as usual)
+        if k >= len(records) or _recording() or backends.backend() is not self.site.backend:
+            # (the record ran out, a gradient records, another backend: the rest as usual)
             report._tape = None
             if k >= len(records):
                 stats["followed"] += 1
@@ -728,7 +730,7 @@ def opened(report) -> None:
     if site is None:
         if len(_sites) >= _SITES_MAX:
             _sites.pop(next(iter(_sites)))
-        site = _sites[key] = _Site()
+        site = _sites[key] = _Site(backend)
     site.seen += 1
     if site.traces:
         report._tape = _Starting(site)

@@ -442,3 +442,24 @@ def test_decorated_functions_are_places_of_their_own():
             g()
     assert blocks.stats["followed"] - before.get("followed", 0) == 4
     assert len(blocks._sites) == 2
+
+
+def test_ops_on_another_backend_inside_the_block_run_there():
+    """A backend chosen inside the block (``use_backend``) for some ops: those ops
+    and the rest run as usual on it (neither recorded nor served)."""
+    net, x = _net(), _lazy((4, 8))
+
+    def fn():
+        y = net(x)
+        with mp.use_backend("cpu"):
+            z = mx.exp(y) * 2.0
+        return z
+
+    results, reports, stats = _blocks(fn, 5)
+    expected, want, _ = _blocks(fn, 5, replays=False)
+    assert stats["followed"] == 3
+    assert [_counts(r) for r in reports] == [_counts(r) for r in want]
+    got, ref = graph_counts(results[-1]), graph_counts(expected[-1])
+    assert got["launches"] == ref["launches"]  # (the cpu ops: MLX's float64 ops, no kernel)
+    # (cpu's exp: float64 MLX ops, its exponent bits shifted into place)
+    assert got["by_primitive"].get("LeftShift") == ref["by_primitive"].get("LeftShift") == 2
