@@ -717,10 +717,9 @@ def _stop(report, run, args, kwargs):
 def opened(report) -> None:
     """A block opened (its ``report``): on the metal backend, with replays on, it
     learns or follows what the last block at the same place ran."""
-    if not ENABLED:
-        return
     backend = backends.backend()
-    if not recipes.gpu_replays(backend) or recipes.in_trace() or _recording():
+    if not (ENABLED and backend.gpu) or not recipes.gpu_replays(backend) or (
+            recipes.in_trace() or _recording()):
         return
     frame = sys._getframe(3)  # (the with statement: -> _Block.__enter__ -> the flow's hook)
     code = frame.f_code
@@ -787,6 +786,8 @@ def stop(report) -> None:
 
 def closed(report) -> None:
     """The block of ``report`` ended: what it learned is kept for its place."""
+    if report._tape is None and report._learned is None:
+        return
     stop(report)
     learned = report._learned
     if learned is None:
