@@ -305,8 +305,9 @@ class _Trace:
         """A segment starts at ``k`` from now on."""
         if k not in self.bounds:
             self.bounds = sorted(self.bounds + [k])
-            for a in [a for a in self.segments if a < k < self.segments[a].end]:
-                del self.segments[a]
+            for a, seg in list(self.segments.items()):
+                if a < k < seg.end:
+                    self.segments.pop(a, None)
 
     def segment(self, k: int) -> _Segment:
         seg = self.segments.get(k)
@@ -705,8 +706,10 @@ def _drop(trace: _Trace, site: _Site) -> None:
     """Forget ``trace`` (it declined, or a block did not follow it): a miss."""
     site.misses += 1
     stats["missed"] += 1
-    if trace in site.traces:
+    try:
         site.traces.remove(trace)
+    except ValueError:  # (gone already: another thread's block dropped it)
+        pass
 
 
 def _stop(report, run, args, kwargs):
@@ -762,9 +765,12 @@ class _Starting:
         for _, _, trace in sorted(found, key=lambda f: f[:2]):
             follow = _Following(trace, site)
             if follow.begin(0, args, kwargs):
-                if traces[0] is not trace:  # (the most recent first)
-                    traces.remove(trace)
-                    traces.insert(0, trace)
+                if traces and traces[0] is not trace:  # (the most recent first)
+                    try:
+                        traces.remove(trace)
+                        traces.insert(0, trace)
+                    except ValueError:  # (another thread's block dropped it)
+                        pass
                 report._tape = follow
                 return follow(standin, run, report, args, kwargs)
         if site.misses >= MISSES:

@@ -463,3 +463,36 @@ def test_ops_on_another_backend_inside_the_block_run_there():
     assert got["launches"] == ref["launches"]  # (the cpu ops: MLX's float64 ops, no kernel)
     # (cpu's exp: float64 MLX ops, its exponent bits shifted into place)
     assert got["by_primitive"].get("LeftShift") == ref["by_primitive"].get("LeftShift") == 2
+
+
+def test_threads_follow_one_place_together():
+    """Blocks at one place in several threads at once (each thread's block its own
+    record or replay): every call's report is the op by op one, nothing raises."""
+    import threading
+
+    net = _net()
+    inputs = [_lazy((4, 8), i) for i in range(4)]
+    for x in inputs:
+        mx.eval(x)
+    _, want, _ = _blocks(net, 1, replays=False, args=(inputs[0],))
+    reports, errors = [], []
+
+    def work(x):
+        try:
+            for _ in range(6):
+                with mp.use_backend("metal"), mp.extended_precision() as report:
+                    net(x)
+                reports.append(_counts(report))
+        except BaseException as e:  # (reported below)
+            errors.append(e)
+
+    before = blocks.stats["followed"]
+    with lazy_metal_executor():
+        threads = [threading.Thread(target=work, args=(x,)) for x in inputs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert len(reports) == 24 and all(r == _counts(want[0]) for r in reports)
+    assert blocks.stats["followed"] - before >= 12
