@@ -144,8 +144,8 @@ class _Learning:
             return _stop(report, run, args, kwargs)
         first = not self.records
         try:
-            t_args = self._template(args, first)
-            t_kw = {k: self._template(v, first) for k, v in kwargs.items()}
+            t_args = self._template(args, first, report)
+            t_kw = {k: self._template(v, first, report) for k, v in kwargs.items()}
         except _Unrecordable:
             return _stop(report, run, args, kwargs)
         report._tape = None  # (a rule's decomposition runs its ops through the flow)
@@ -184,15 +184,15 @@ class _Learning:
             return _stop(report, run, args, kwargs)
         return self(standin, run, report, args, kwargs, _RETURNS if returns else _ASSIGNS)
 
-    def _template(self, v, first: bool):
+    def _template(self, v, first: bool, report):
         if isinstance(v, ARRAY):
             p = self.places.get(id(v))
             if p is None:
-                p = self._outside(v, first)
+                p = self._outside(v, first, report)
             return _Slot(p)
         t = type(v)
         if t is tuple or t is list:
-            return t([self._template(x, first) for x in v])
+            return t([self._template(x, first, report) for x in v])
         if t in _VALUES or t is float or t is complex:
             return v
         if t is slice and all(type(x) in _VALUES for x in (v.start, v.stop, v.step)):
@@ -201,13 +201,13 @@ class _Learning:
             return v
         raise _Unrecordable
 
-    def _outside(self, a, first: bool) -> int:
+    def _outside(self, a, first: bool, report) -> int:
         """The place of ``a``, read from outside the block (its words must be its
         own: nothing else recorded of them in this block)."""
         lo = carry.low_word(a)
         if a.dtype in (mx.float32, mx.complex64):
             if any(s is not None for s in fusion.state_of(a, lo)[:4]) or any(
-                    read(a, None) is not None for read, _ in recipes.views):
+                    read(a, report) is not None for read, _ in recipes.views):
                 raise _Unrecordable
         p = self.count
         self.count += 1
@@ -423,12 +423,13 @@ class _Traced:
 
     def _trace(self, *values):
         seg = self.segment
+        own = Report(False)  # (one for the segment, as a block's: what its ops note)
         with fusion.private_scope(), recipes.tracing():
-            recipes.note_described((self.signature, ()), values, None)
+            recipes.note_described((self.signature, ()), values, own)
             table = {p: values[d[0]] for p, d in zip(seg.inputs, self.signature)}
             for record in seg.trace.records[seg.start:seg.end]:
                 standin, t_args, t_kw, t_out = record[:4]
-                own = Report(False)
+                extended, plain_ = dict(own.extended), dict(own.plain)
                 args = _filled(t_args, table)
                 with carry.reporting(own):
                     out = standin(*args, **{name: _filled(v, table) for name, v in t_kw.items()})
@@ -437,7 +438,7 @@ class _Traced:
                 if own.float32:
                     raise recipes.Declined
                 _place(t_out, out, table)
-                record[5] = tuple(own.extended.items()), tuple(own.plain.items())
+                record[5] = _added(own.extended, extended), _added(own.plain, plain_)
             his = [table[p] for p in seg.produced]
             los = [carry.low_word(h) for h in his]
             self.cross_descs, state = recipes.results([table[p] for p in seg.cross])
@@ -447,6 +448,11 @@ class _Traced:
             j += lo is not None
         self.lo_at, self.state_at = lo_at, j
         return his + [lo for lo in los if lo is not None] + state
+
+
+def _added(counts, before: dict) -> tuple:
+    """What a report's ``counts`` gained since ``before``, as ``(name, n)`` pairs."""
+    return tuple((k, n - before.get(k, 0)) for k, n in counts.items() if n != before.get(k, 0))
 
 
 def _localized(desc: tuple, arrays: list, values: list, index: dict) -> tuple:
