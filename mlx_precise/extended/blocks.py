@@ -5,37 +5,41 @@ Python (operands read, programs composed, launches built: 10-30 us an op) dwarfs
 MLX's own op (about 1 us). The rule replays (:mod:`.recipes`) trace one op's
 graph; a model's forward is the same sequence of ops at every call, on the same
 parameters. So a block opened again at the same place in the code (the ``with``
-statement or the decorated function: its code and offset) replays what the last
+statement's code and offset, or the decorated function) replays what the last
 one ran:
 
-* **Learning.** A block records its ops: each op's stand-in, its arguments with
-  every array as a place (the arrays it read first from outside the block, and
-  the results of the ops before it) and other values as they are, and its
-  results' places. The arrays from outside are held by weak reference, with their
-  dtype, shape and whether they carry a low word. Recording stops (what was
-  recorded so far stays) at an op that cannot be replayed: an in-place update, a
-  random or distributed op (they read or change state besides their arguments),
-  an argument other than arrays, numbers, strings, None, ``...``, dtypes, slices
-  and tuples / lists of them, a result that is not an array or a tuple / list of
-  new arrays, a gradient being recorded, a nested block, a transformed or custom
-  function, a public op of the package, an optimizer's update.
-* **Tracing.** At the next block at that place whose first op reads what the
-  recorded first op read (its arrays' dtypes, shapes and low words; its other
-  arguments), the recorded ops are run through their stand-ins inside one
-  ``mx.compile`` trace (with the rules' own replays off: one trace), on the
-  arrays the first op reads and the other outside arrays the last block read: its
-  results are the high and low words of every op's result.
-* **Following.** That compiled function is called at the first op, and each op of
-  the block is checked against the record before its result is returned: the same
-  stand-in, the same other arguments (floats with their sign and NaN), and as its
-  arrays the very objects the record names (the outside arrays, held by weak
-  reference, or results returned before), each outside array with the dtype,
-  shape and low word it had at the trace. The result is the compiled function's
-  output for that op, its low word attached, and the report counts what the op
-  counted in the trace. The first op that differs ends the replay: it and every
-  op after it run their rules as usual (on the replay's results, which carry their
-  words), and the record is dropped (relearned at the next block). A block ending
-  early, or going on past the record, runs the rest as usual too.
+* **Learning** (the second block at a place). A block records its ops: each op's
+  stand-in, its arguments with every array as a place (the arrays it read first
+  from outside the block, and the results of the ops before it) and other values
+  as they are, and its results' places. The arrays from outside are held until
+  the block ends, then by weak reference, with their dtype and shape. ``x op= y``
+  and ``x[i] = y`` of a result are ops of the record (the array's new value a new
+  place). A rule's decomposition runs its ops with the record set aside.
+  Recording stops (what was recorded so far stays) at an op that cannot be
+  replayed: an in-place update of an array from outside the block, a random or
+  distributed op (they read or change state besides their arguments), an exit
+  (``item()``), an argument other than arrays, numbers, strings, None, ``...``,
+  dtypes, slices and tuples / lists of them, a result that is not an array or a
+  tuple / list of new arrays, a gradient being recorded, another backend, a
+  nested block, a transformed or custom function, a public op of the package, an
+  optimizer's update.
+* **Segments.** The record runs as compiled functions (``mx.compile``, the rules'
+  own replays off inside: one trace) of runs of its ops, *segments*, each called at
+  its first op on the arrays it reads from before it (and what the block recorded
+  of their words: one trace per description). A segment starts at the first op
+  and at each op that first reads an array made anew at each call: the first op's
+  arrays, an array the last block read that is gone, one that differed where it
+  was first read. A segment's results that later segments read are its outputs
+  with what they carry (expression, packed words: a fused chain continues).
+* **Following** (from the third block). Each op of the block is checked against
+  the record before its result is returned: the same stand-in, the same other
+  arguments (floats with their sign and NaN), and as its arrays the very objects
+  the record names (outside arrays, or results returned before). The result is
+  the segment's output for that op, its low word attached, and the report counts
+  what the op counted in the trace. The first op that differs ends the replay: it
+  and every op after it run their rules as usual (on the replay's results, which
+  carry their words), and the record is dropped (relearned at the next block). A
+  block ending early, or going on past the record, runs the rest as usual too.
 
 A result returned by the replay is computed from the same arrays by the same ops'
 rules as the op would compute it: the same launches of the same programs, so the
@@ -43,6 +47,8 @@ same bits (as for :mod:`.recipes`, whose condition this shares: the metal backen
 replays on, the kernel folder private, not inside a function MLX traces). A trace
 with an op that made a value leave double-word (a ``float32`` event) is not
 replayed. The replay's outputs are held only until their last use in the record.
+A place whose records were dropped :data:`MISSES` times learns again only every
+:data:`RETRY` blocks.
 """
 
 from __future__ import annotations
@@ -78,8 +84,10 @@ TRACES = 16
 model it is given holds one per model)."""
 
 MISSES = 4
-"""A place in the code whose replays ended early this many times is no longer
-recorded."""
+"""A place in the code whose records were dropped this many times (an op that
+differed, a trace that declined) learns again only every :data:`RETRY` blocks."""
+
+RETRY = 64
 
 stats: collections.Counter = collections.Counter()
 """Blocks that ``"learned"`` a record, ``"followed"`` one to its end, ``"missed"``
@@ -742,7 +750,7 @@ def opened(report) -> None:
     site.seen += 1
     if site.traces:
         report._tape = _Starting(site)
-    elif site.seen > 1 and site.misses < MISSES:
+    elif site.seen > 1 and (site.misses < MISSES or site.seen % RETRY == 0):
         report._tape = _Learning(site)
 
 
@@ -779,7 +787,7 @@ class _Starting:
                         pass
                 report._tape = follow
                 return follow(standin, run, report, args, kwargs)
-        if site.misses >= MISSES:
+        if site.misses >= MISSES and site.seen % RETRY:
             report._tape = None
             return run(report, args, kwargs)
         learning = report._tape = _Learning(site)

@@ -496,3 +496,17 @@ def test_threads_follow_one_place_together():
     assert not errors, errors
     assert len(reports) == 24 and all(r == _counts(want[0]) for r in reports)
     assert blocks.stats["followed"] - before >= 12
+
+
+def test_a_place_that_keeps_missing_learns_again_only_now_and_then():
+    """A block whose ops differ at every call (a number changes): after
+    blocks.MISSES dropped records its place learns only every blocks.RETRY blocks
+    (the per-op path, without the recording's cost, in between)."""
+    net, x = _net(), _lazy((4, 8))
+    calls = blocks.RETRY + 6
+    _, reports, stats = _blocks(lambda i: net(x, float(i)), calls, args=lambda i: (i,))
+    _, want, _ = _blocks(lambda i: net(x, float(i)), calls, replays=False,
+                         args=lambda i: (i,))
+    assert stats == {"learned": blocks.MISSES + 1, "followed": 0,
+                     "missed": blocks.MISSES + 1}
+    assert [_counts(r) for r in reports] == [_counts(r) for r in want]
