@@ -553,8 +553,8 @@ def _checks(t_args: tuple, t_kw: dict) -> tuple:
         tt = type(t)
         if tt is _Slot:
             checks.append((i, 0, t.i))
-        elif tt in _VALUES:
-            checks.append((i, 1, t))
+        elif tt in _VALUES or tt is float and t == t and t != 0:
+            checks.append((i, 1, t))  # (a float other than 0 and NaN: equal is the same)
         elif tt is float:
             checks.append((i, 2, t))
         else:
@@ -597,10 +597,12 @@ def _matches(t, v, table) -> bool:
 class _Following:
     """One block following a :class:`_Trace` (:meth:`__call__` stands for each op)."""
 
-    __slots__ = ("trace", "table", "los", "carried", "k", "end", "site")
+    __slots__ = ("trace", "records", "table", "los", "carried", "k", "end", "site",
+                 "backend")
 
     def __init__(self, trace: _Trace, site):
-        self.trace, self.site = trace, site
+        self.trace, self.site, self.backend = trace, site, site.backend
+        self.records = trace.records
         self.table = [None] * trace.count  # by place: the arrays of this block
         self.los: dict = {}  # place -> low word, until its result is returned
         self.carried: dict = {}  # place -> what a result a later segment reads carries
@@ -612,9 +614,8 @@ class _Following:
         return self(standin, run, report, args, kwargs, _RETURNS if returns else _ASSIGNS)
 
     def __call__(self, standin, run, report, args, kwargs, in_place: int = 0):
-        records = self.trace.records
-        k = self.k
-        if k >= len(records) or _recording() or backends.backend() is not self.site.backend:
+        records, k = self.records, self.k
+        if k >= len(records) or _recording() or backends.backend() is not self.backend:
             # (the record ran out, a gradient records, another backend: the rest as usual)
             report._tape = None
             if k >= len(records):
@@ -622,16 +623,22 @@ class _Following:
             return run(report, args, kwargs)
         record = records[k]
         table = self.table
-        if record[7] != in_place:
+        if record[0] is not standin or record[7] != in_place:
             return self._missed(report, run, args, kwargs)
         if k == self.end:
-            if record[0] is not standin or not self.begin(k, args, kwargs):
+            if not self.begin(k, args, kwargs):
                 return self._missed(report, run, args, kwargs)
-        elif record[0] is not standin or not _checked(record[6], args, kwargs, table):
-            if record[0] is not standin or not self._anew(k, args, kwargs):
-                return self._missed(report, run, args, kwargs)
+        elif not _checked(record[6], args, kwargs, table) and not self._anew(k, args, kwargs):
+            return self._missed(report, run, args, kwargs)
         self.k = k + 1
-        out = self._served(record[3])
+        t_out = record[3]
+        if type(t_out) is int:  # (_served inlined: one result, the frequent case)
+            out = table[t_out]
+            lo = self.los.pop(t_out, None)
+            if lo is not None:
+                carry.attach(out, lo)
+        else:
+            out = self._served(t_out)
         if in_place:  # (MLX's in-place update: the array takes the result's value)
             x = args[0]
             _SETITEM(x, Ellipsis, out)
