@@ -11,8 +11,8 @@ one ran:
 * **Learning** (the second block at a place). A block records its ops: each op's
   stand-in, its arguments with every array as a place (the arrays it read first
   from outside the block, and the results of the ops before it) and other values
-  as they are, and its results' places. The arrays from outside are held until
-  the block ends, then by weak reference, with their dtype and shape. ``x op= y``
+  as they are, and its results' places. The arrays from outside are held by weak
+  reference, with their dtype and shape (nothing is kept alive). ``x op= y``
   and ``x[i] = y`` of a result are ops of the record (the array's new value a new
   place). A rule's decomposition runs its ops with the record set aside.
   Recording stops (what was recorded so far stays) at an op that cannot be
@@ -140,7 +140,7 @@ class _Learning:
     def __init__(self, site):
         self.site = site
         self.places: dict = {}  # id -> place (results: removed when they are freed)
-        self.outside: list = []  # (place, array, its guard): read from outside the block
+        self.outside: list = []  # (place, weak reference, guard): read from outside the block
         self.outer: set = set()  # their places
         self.first: set = set()  # the places the first op read
         self.records: list = []  # (stand-in, args template, kwargs template, results)
@@ -217,11 +217,9 @@ class _Learning:
             if any(s is not None for s in fusion.state_of(a, lo)[:4]) or any(
                     read(a, report) is not None for read, _ in recipes.views):
                 raise _Unrecordable
-        p = self.count
-        self.count += 1
-        self.places[id(a)] = p
+        p = self._placed(a)
         self.outer.add(p)
-        self.outside.append((p, a, (a.dtype, a.shape)))
+        self.outside.append((p, self.refs[-1], (a.dtype, a.shape)))
         if first:
             self.first.add(p)
         return p
@@ -235,9 +233,14 @@ class _Learning:
         raise _Unrecordable
 
     def _result(self, a) -> int:
-        key = id(a)
-        if key in self.places:
+        if id(a) in self.places:
             raise _Unrecordable  # (an operand or an earlier result returned again)
+        return self._placed(a)
+
+    def _placed(self, a) -> int:
+        """A new place for ``a``, held by weak reference (its id forgotten when it
+        is freed: a later array may get that id)."""
+        key = id(a)
         p = self.count
         self.count += 1
         places = self.places
@@ -284,7 +287,8 @@ class _Trace:
         for p, k in last.items():
             records[k][4] += (p,)
         self.records, self.count, self.last = records, learned.count, last
-        self.outside = {p: (weakref.ref(a), guard) for p, a, guard in learned.outside}
+        # (new references: the record's carry callbacks for the learning block's ids)
+        self.outside = {p: (_referred(ref()), guard) for p, ref, guard in learned.outside}
         self.per_call = set(learned.first)
         self.first_use = first_use
         self.bounds = [0]
@@ -322,6 +326,15 @@ class _Trace:
         if seg is None:
             seg = self.segments[k] = _Segment(self, k, self.end(k))
         return seg
+
+
+def _referred(a):
+    """A weak reference to ``a``, or a callable returning None where ``a`` is gone."""
+    return _gone if a is None else weakref.ref(a)
+
+
+def _gone():
+    return None
 
 
 def _read(t, out=None) -> list:

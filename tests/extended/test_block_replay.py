@@ -510,3 +510,23 @@ def test_a_place_that_keeps_missing_learns_again_only_now_and_then():
     assert stats == {"learned": blocks.MISSES + 1, "followed": 0,
                      "missed": blocks.MISSES + 1}
     assert [_counts(r) for r in reports] == [_counts(r) for r in want]
+
+
+def test_a_recording_block_holds_no_input_it_read():
+    """A block that records (here its inputs made and dropped in a loop inside it)
+    keeps none of the arrays it read alive."""
+    net = _net()
+    refs = []
+
+    def fn():
+        for i in range(4):
+            x = _lazy((4, 8), i)
+            refs.append(weakref.ref(x))
+            net(x)
+            del x
+        gc.collect()
+        return [r() is None for r in refs[-4:]]
+
+    results, _, stats = _blocks(fn, 2)
+    assert stats["learned"] == 1
+    assert all(results[1])  # (the second block: recording)
