@@ -109,15 +109,29 @@ def _compile_dispatcher():
     return compile
 
 
-def _word_leaves(tree) -> list:
-    """The float32 / complex64 arrays of a tree (dicts, lists, tuples), in order."""
+def _word_leaves(tree, out: list | None = None) -> list:
+    """The float32 / complex64 arrays of a tree (dicts, lists, tuples), in order
+    (appended to ``out``: one list for the whole walk, read at every call of a
+    compiled training step)."""
+    out = [] if out is None else out
     if isinstance(tree, ARRAY):
-        return [tree] if tree.dtype in (mx.float32, mx.complex64) else []
+        if tree.dtype == _F32 or tree.dtype == _C64:
+            out.append(tree)
+        return out
     if isinstance(tree, dict):
-        return [a for v in tree.values() for a in _word_leaves(v)]
-    if isinstance(tree, (list, tuple)):
-        return [a for v in tree for a in _word_leaves(v)]
-    return []
+        tree = tree.values()
+    elif not isinstance(tree, (list, tuple)):
+        return out
+    for v in tree:  # (an array leaf read here, without a call)
+        if type(v) is ARRAY:
+            if v.dtype == _F32 or v.dtype == _C64:
+                out.append(v)
+        else:
+            _word_leaves(v, out)
+    return out
+
+
+_F32, _C64 = mx.float32, mx.complex64
 
 
 class _CarriedWords:
@@ -159,7 +173,7 @@ class _CarriedWords:
             _attach(a, v, wide)
         with recipes.tracing():
             out = self.fun(*args, **kwargs)
-        leaves = _word_leaves(out) + _word_leaves(self.outputs)
+        leaves = _word_leaves(self.outputs, _word_leaves(out))
         self.plain = not any(carry.has_words(a) for a in leaves)
         # the form of what the block made (not of state it handed back unchanged)
         given = {id(a) for a in given}
@@ -179,12 +193,17 @@ class _CarriedWords:
         leaves = _word_leaves(self.inputs)
         # which inputs carry a value, and in which form: constants of the trace (a
         # change retraces; the form only where a value enters)
-        carried_in = tuple(carry.has_words(a) for a in leaves)
-        values = [_carried(a, wide) for a, c in zip(leaves, carried_in) if c]
+        if wide:
+            carried_in = tuple(carry.has_words(a) for a in leaves)
+            values = [_carried(a, wide) for a, c in zip(leaves, carried_in) if c]
+        else:  # (the low words, read once)
+            values = [carry.low_word(a) for a in leaves]
+            carried_in = tuple(lo is not None for lo in values)
+            values = [lo for lo in values if lo is not None]
         out, carried = self.graph(wide if values else None, carried_in, values, *args,
                                   **kwargs)
         if not self.plain:
-            for a, v in zip(_word_leaves(out) + _word_leaves(self.outputs), carried):
+            for a, v in zip(_word_leaves(self.outputs, _word_leaves(out)), carried):
                 _attach(a, v, isinstance(v, list))
         return out
 
@@ -192,12 +211,13 @@ class _CarriedWords:
 def _carried(a: mx.array, wide: bool):
     """The value ``a`` carries: its float64 value (``wide``: a list, the real and
     imaginary parts of a complex64 array) or its low word (zeros when exact)."""
+    if not wide:
+        lo = carry.low_word(a)
+        return mx.zeros_like(a) if lo is None else lo
     w = carry.words_of(a)
-    if wide:
-        with mx.stream(mx.cpu):
-            re, im = to64(DoubleWord.exact(a) if w is None else w)
-        return [re] if im is None else [re, im]
-    return mx.zeros_like(a) if w is None else w.lo
+    with mx.stream(mx.cpu):
+        re, im = to64(DoubleWord.exact(a) if w is None else w)
+    return [re] if im is None else [re, im]
 
 
 def _attach(a: mx.array, v, wide: bool) -> None:
