@@ -13,8 +13,16 @@ import pytest
 from mlx.utils import tree_flatten
 
 import mlx_precise as mp
-from mlx_precise.extended import autodiff, carry
+from mlx_precise.extended import autodiff, carry, recipes
 from mlx_precise.testing import graph_counts, graph_text, lazy_metal_executor
+
+
+@pytest.fixture(autouse=True)
+def _fresh_table(monkeypatch):
+    """A table of backward-pass replays of its own for each test (the process's is
+    bounded: full after other tests, it would show no new replay)."""
+    made = autodiff._passes
+    monkeypatch.setattr(autodiff, "_passes", recipes.Sightings(made.seen_max, made.made_max))
 
 
 def _canonical(*outs) -> str:

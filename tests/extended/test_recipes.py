@@ -29,8 +29,11 @@ from mlx_precise.testing import graph_counts, graph_text, lazy_metal_executor
 @pytest.fixture(autouse=True)
 def _no_block_replays(monkeypatch):
     """The rules' replays on their own: a block followed as a whole
-    (mlx_precise.extended.blocks) runs no rule."""
+    (mlx_precise.extended.blocks) runs no rule; a table of replays of its own for
+    each test (the process's is bounded: full after other tests, it would count no
+    new replay)."""
     monkeypatch.setattr(blocks, "ENABLED", False)
+    monkeypatch.setattr(recipes, "_recipes", recipes.Sightings(seen_max=1024, made_max=256))
 
 
 def _rand(shape, seed):
@@ -293,9 +296,9 @@ def test_an_unsafe_kernel_folder_runs_the_forms(monkeypatch):
     folder: where that is not private, nothing is traced or replayed."""
     from mlx_precise.core import jit
 
-    monkeypatch.setattr(jit, "folder_is_private", lambda: False)
-    assert _count_recipes(lambda r: mx.fast.rms_norm(r["A"] - r["B"], r["w"], 2e-4)) == 0
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(jit, "folder_is_private", lambda: False)
+        assert _count_recipes(lambda r: mx.fast.rms_norm(r["A"] - r["B"], r["w"], 2e-4)) == 0
     assert _count_recipes(lambda r: mx.fast.rms_norm(r["A"] - r["B"], r["w"], 2e-4)) == 1
 
 

@@ -18,6 +18,14 @@ from mlx_precise.extended import carry, recipes, updates
 from mlx_precise.testing import graph_counts, graph_text, lazy_metal_executor
 
 
+@pytest.fixture(autouse=True)
+def _fresh_table(monkeypatch):
+    """A table of update replays of its own for each test (the process's is
+    bounded: full after other tests, it would show no new replay)."""
+    made = updates._made
+    monkeypatch.setattr(updates, "_made", recipes.Sightings(made.seen_max, made.made_max))
+
+
 class MLP(nn.Module):
     def __init__(self):
         super().__init__()
