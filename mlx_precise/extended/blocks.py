@@ -20,9 +20,10 @@ one ran:
   distributed op (they read or change state besides their arguments), an exit
   (``item()``), an argument other than arrays, numbers, strings, None, ``...``,
   dtypes, slices and tuples / lists of them, a result that is not an array or a
-  tuple / list of new arrays, a gradient being recorded, another backend, a
-  nested block, a transformed or custom function, a public op of the package, an
-  optimizer's update.
+  tuple / list of new arrays, an op that makes a value leave double-word (a
+  ``float32`` event), a gradient being recorded, another backend, a nested block,
+  a transformed or custom function, a public op of the package, an optimizer's
+  update.
 * **Segments.** The record runs as compiled functions (``mx.compile``, the rules'
   own replays off inside: one trace) of runs of its ops, *segments*, each called at
   its first op on the arrays it reads from before it (and what the block recorded
@@ -157,6 +158,7 @@ class _Learning:
         except _Unrecordable:
             return _stop(report, run, args, kwargs)
         report._tape = None  # (a rule's decomposition runs its ops through the flow)
+        dropped = sum(report.float32.values())
         try:
             out = run(report, args, kwargs)
         except BaseException:
@@ -164,6 +166,9 @@ class _Learning:
             stop(report)
             raise
         report._tape = self
+        if sum(report.float32.values()) != dropped:  # (a value left double-word: a
+            stop(report)  # trace with it would not be kept; the record ends before it)
+            return out
         try:
             if in_place:  # (the array now stands for the op's result: a new place)
                 if out is not (args[0] if in_place == _RETURNS else None):
@@ -269,7 +274,7 @@ class _Trace:
     that differed where it was first read)."""
 
     __slots__ = ("records", "outside", "per_call", "first_use", "last", "bounds",
-                 "segments", "standin0", "count")
+                 "segments", "standin0", "count", "declined")
 
     def __init__(self, learned: _Learning):
         # per record: [stand-in, args and kwargs templates (arrays as places), results'
@@ -294,6 +299,7 @@ class _Trace:
         self.bounds = [0]
         self.segments: dict = {}
         self.standin0 = records[0][0]
+        self.declined = False  # (a segment's trace failed: the record is dropped)
 
     def known(self, args, kwargs) -> int:
         """How many of the arrays the first op reads (``args``, ``kwargs``) are
@@ -419,7 +425,8 @@ class _Segment:
         try:
             outs = recipes.COMPILED_CALL(traced.compiled, *values)
         except (recipes.Declined, ValueError, TypeError, RuntimeError, IndexError):
-            del self.traced[descs]
+            self.traced.pop(descs, None)
+            self.trace.declined = True  # (dropped by the block that tried it)
             return False
         for p, hi, j in zip(self.produced, outs, traced.lo_at):
             table[p] = hi
@@ -798,7 +805,11 @@ class _Starting:
                  if trace.standin0 is standin]
         for _, _, trace in sorted(found, key=lambda f: f[:2]):
             follow = _Following(trace, site)
-            if follow.begin(0, args, kwargs):
+            began = follow.begin(0, args, kwargs)
+            if trace.declined:
+                _drop(trace, site)
+                continue
+            if began:
                 if traces and traces[0] is not trace:  # (the most recent first)
                     try:
                         traces.remove(trace)

@@ -530,3 +530,36 @@ def test_a_recording_block_holds_no_input_it_read():
     results, _, stats = _blocks(fn, 2)
     assert stats["learned"] == 1
     assert all(results[1])  # (the second block: recording)
+
+
+def test_a_value_leaving_double_word_ends_the_record_before_it():
+    """An op that consumes a carried value in float32 (reported: ``to_fp8`` has no
+    double-word rule) ends the record before it: the ops before it follow at every
+    call, it and the rest run as usual and are reported as op by op."""
+    net, x = _net(), _lazy((4, 8))
+
+    def consuming():
+        y = net(x)
+        return mx.to_fp8(y), y * 2.0
+
+    _, reports, stats = _blocks(consuming, 5)
+    _, want, _ = _blocks(consuming, 5, replays=False)
+    assert [_counts(r) for r in reports] == [_counts(r) for r in want]
+    assert want[-1].float32 == {"to_fp8": 1}
+    assert stats == {"learned": 1, "followed": 3, "missed": 0}
+
+
+def test_a_trace_that_fails_is_dropped_as_a_miss(monkeypatch):
+    """A segment whose trace fails (here MLX's compiled call raises) is a miss: the
+    record is dropped, the block runs op by op, and the place backs off after
+    blocks.MISSES of them (no trace tried again at every block)."""
+    net, x = _net(), _lazy((4, 8))
+
+    def failing(*a, **k):
+        raise ValueError("no trace here")
+
+    monkeypatch.setattr(recipes, "COMPILED_CALL", failing)
+    _, reports, stats = _blocks(net, 12, args=(x,))
+    _, want, _ = _blocks(net, 12, replays=False, args=(x,))
+    assert [_counts(r) for r in reports] == [_counts(r) for r in want]
+    assert stats == {"learned": blocks.MISSES, "followed": 0, "missed": blocks.MISSES}
