@@ -550,15 +550,15 @@ def test_a_value_leaving_double_word_ends_the_record_before_it():
 
 
 def test_a_trace_that_fails_is_dropped_as_a_miss(monkeypatch):
-    """A segment whose trace fails (here MLX's compiled call raises) is a miss: the
-    record is dropped, the block runs op by op, and the place backs off after
-    blocks.MISSES of them (no trace tried again at every block)."""
+    """A segment whose trace fails (here it raises) is a miss: the record is
+    dropped, the block runs op by op, and the place backs off after blocks.MISSES
+    of them (no trace tried again at every block)."""
     net, x = _net(), _lazy((4, 8))
 
-    def failing(*a, **k):
+    def failing(self, *values):
         raise ValueError("no trace here")
 
-    monkeypatch.setattr(recipes, "COMPILED_CALL", failing)
+    monkeypatch.setattr(blocks._Traced, "_trace", failing)
     _, reports, stats = _blocks(net, 12, args=(x,))
     _, want, _ = _blocks(net, 12, replays=False, args=(x,))
     assert [_counts(r) for r in reports] == [_counts(r) for r in want]
