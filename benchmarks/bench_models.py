@@ -317,14 +317,12 @@ def metal_graph(name: str, size: str = "small", rounds: int = 15, calls: int = 3
 
 def _op_by_op(forward):
     """``forward`` with block replays off (:mod:`mlx_precise.extended.blocks`)."""
+    from mlx_precise.core.context import switched
     from mlx_precise.extended import blocks
 
     def run(x):
-        saved, blocks.ENABLED = blocks.ENABLED, False
-        try:
+        with switched((blocks, "ENABLED", False)):
             return forward(x)
-        finally:
-            blocks.ENABLED = saved
 
     return run
 

@@ -435,6 +435,7 @@ def metal_step(optimizer_name: str = "adam", rounds: int = 7, calls: int = 20,
     Times: medians over ``rounds`` interleaved rounds (three builds each, ``calls``
     calls for the compiled steps)."""
     import mlx_precise as mp
+    from mlx_precise.core.context import switched
     from mlx_precise.extended import autodiff, recipes
     from mlx_precise.testing import graph_counts, lazy_metal_executor
 
@@ -464,12 +465,8 @@ def metal_step(optimizer_name: str = "adam", rounds: int = 7, calls: int = 20,
         # (counted with replays off: a replayed rule or pass builds the same launches,
         # tests/extended/test_recipes.py and test_flow_pass_replay.py, but without the
         # Python that records each one here)
-        saved = recipes.ENABLED, autodiff.COMPILED_PASS
-        recipes.ENABLED = autodiff.COMPILED_PASS = False
-        try:
+        with switched((recipes, "ENABLED", False), (autodiff, "COMPILED_PASS", False)):
             outs = build("metal")
-        finally:
-            recipes.ENABLED, autodiff.COMPILED_PASS = saved
         ext = graph_counts(*_leaves(outs))
         mx.eval(outs)
         ran = [k for k in record if k.ran() and k.name != "eft_selftest"]

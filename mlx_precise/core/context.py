@@ -39,6 +39,20 @@ def setting(var: contextvars.ContextVar, value):
         var.reset(token)
 
 
+@contextlib.contextmanager
+def switched(*flags):
+    """Module-level switches, ``(module, name, value)`` each, set inside and
+    restored after (the replays' ``ENABLED`` flags, for comparisons)."""
+    saved = [(module, name, getattr(module, name)) for module, name, _ in flags]
+    for module, name, value in flags:
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
 def flow_suspended():
     """Run package internals with the flow off: MLX's ops unchanged, nothing
     reported (lower layers, such as the lazy low words of the cpu backend, use it

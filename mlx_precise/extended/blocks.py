@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import math
 import sys
 import weakref
 
@@ -68,6 +67,7 @@ from ..doubleword import fusion
 from . import carry, recipes
 from .autodiff import recording as _recording
 from .constructor import ARRAY
+from .recipes import Slot, filled, negative_zero  # (an array's place in a record's arguments)
 from .report import Report
 
 ENABLED = True
@@ -102,16 +102,6 @@ _RETURNS, _ASSIGNS = 1, 2  # in-place records: x op= y (returns x), x[i] = y (re
 
 class _Unrecordable(Exception):
     """An argument or result a record cannot hold."""
-
-
-class _Slot:
-    """An array's place in a record's arguments (a place: learning; an index of the
-    replay's arrays: following)."""
-
-    __slots__ = ("i",)
-
-    def __init__(self, i: int):
-        self.i = i
 
 
 class _Site:
@@ -202,7 +192,7 @@ class _Learning:
             p = self.places.get(id(v))
             if p is None:
                 p = self._outside(v, first, report)
-            return _Slot(p)
+            return Slot(p)
         t = type(v)
         if t is tuple or t is list:
             return t([self._template(x, first, report) for x in v])
@@ -305,9 +295,7 @@ class _Trace:
         """How many of the arrays the first op reads (``args``, ``kwargs``) are
         those the last block's first op read."""
         table = [None] * self.count
-        t_args, t_kw = self.records[0][1], self.records[0][2]
-        if kwargs.keys() != t_kw.keys() or not _bound(t_args, args, table) or not all(
-                _bound(t, kwargs[n], table) for n, t in t_kw.items()):
+        if not _fits(_bound, *self.records[0][1:3], args, kwargs, table):
             return 0
         return sum(1 for p in self.per_call if p in self.outside
                    and self.first_use.get(p) == 0 and self.outside[p][0]() is table[p])
@@ -346,7 +334,7 @@ def _gone():
 def _read(t, out=None) -> list:
     """The places a template reads, in order (repeats kept)."""
     out = [] if out is None else out
-    if type(t) is _Slot:
+    if type(t) is Slot:
         out.append(t.i)
     elif type(t) is tuple or type(t) is list:
         for x in t:
@@ -458,9 +446,9 @@ class _Traced:
             for record in seg.trace.records[seg.start:seg.end]:
                 standin, t_args, t_kw, t_out = record[:4]
                 extended, plain_ = dict(own.extended), dict(own.plain)
-                args = _filled(t_args, table)
+                args = filled(t_args, table)
                 with carry.reporting(own):
-                    out = standin(*args, **{name: _filled(v, table) for name, v in t_kw.items()})
+                    out = standin(*args, **{name: filled(v, table) for name, v in t_kw.items()})
                 if record[7]:  # (an in-place update: its result is the updated array)
                     out = args[0]
                 if own.float32:
@@ -504,14 +492,6 @@ def _localized(desc: tuple, arrays: list, values: list, index: dict) -> tuple:
             layout)
 
 
-def _filled(t, table):
-    if type(t) is _Slot:
-        return table[t.i]
-    if type(t) is tuple or type(t) is list:
-        return type(t)(_filled(x, table) for x in t)
-    return t
-
-
 def _place(t_out, out, table) -> None:
     """Put the trace's results ``out`` at the record's result places."""
     if type(t_out) is int:
@@ -528,7 +508,7 @@ def _place(t_out, out, table) -> None:
 def _bound(t, v, table) -> bool:
     """The argument ``v`` matches the template ``t``, its arrays bound to their
     places in ``table`` where that holds None."""
-    if type(t) is _Slot:
+    if type(t) is Slot:
         if not isinstance(v, ARRAY):
             return False
         held = table[t.i]
@@ -550,8 +530,7 @@ def _same(t, v) -> bool:
     if tt in _VALUES:
         return v == t
     if tt is float:
-        return v == t and math.copysign(1.0, v) == math.copysign(1.0, t) or (
-            v != v and t != t)
+        return v == t and negative_zero(v) == negative_zero(t) or (v != v and t != t)
     if tt is complex:
         return _same(t.real, v.real) and _same(t.imag, v.imag)
     if tt is slice:
@@ -571,7 +550,7 @@ def _checks(t_args: tuple, t_kw: dict) -> tuple:
     checks = []
     for i, t in enumerate(t_args):
         tt = type(t)
-        if tt is _Slot:
+        if tt is Slot:
             checks.append((i, 0, t.i))
         elif tt in _VALUES or tt is float and t == t and t != 0:
             checks.append((i, 1, t))  # (a float other than 0 and NaN: equal is the same)
@@ -582,13 +561,18 @@ def _checks(t_args: tuple, t_kw: dict) -> tuple:
     return len(t_args), tuple(checks)
 
 
+def _fits(fit, t_args, t_kw: dict, args, kwargs: dict, table) -> bool:
+    """A call's ``args``, ``kwargs`` fit a record's templates by ``fit``
+    (:func:`_bound`: binding the arrays first read there; :func:`_matches`)."""
+    return kwargs.keys() == t_kw.keys() and fit(t_args, args, table) and all(
+        fit(t, kwargs[name], table) for name, t in t_kw.items())
+
+
 def _checked(checks: tuple, args: tuple, kwargs: dict, table: list) -> bool:
     """A followed op's arguments are the record's (:func:`_checks`)."""
     n, items = checks
     if n is None:
-        t_args, t_kw = items
-        return kwargs.keys() == t_kw.keys() and _matches(t_args, args, table) and all(
-            _matches(t, kwargs[name], table) for name, t in t_kw.items())
+        return _fits(_matches, *items, args, kwargs, table)
     if kwargs or len(args) != n:
         return False
     for i, kind, t in items:
@@ -606,7 +590,7 @@ def _checked(checks: tuple, args: tuple, kwargs: dict, table: list) -> bool:
 
 def _matches(t, v, table) -> bool:
     """An argument ``v`` of a followed op matches the template ``t``."""
-    if type(t) is _Slot:
+    if type(t) is Slot:
         return table[t.i] is v
     if type(t) is tuple or type(t) is list:
         return type(v) is type(t) and len(v) == len(t) and all(
@@ -637,10 +621,7 @@ class _Following:
         records, k = self.records, self.k
         if k >= len(records) or _recording() or backends.backend() is not self.backend:
             # (the record ran out, a gradient records, another backend: the rest as usual)
-            report._tape = None
-            if k >= len(records):
-                stats["followed"] += 1
-            return run(report, args, kwargs)
+            return _stop(report, run, args, kwargs)
         record = records[k]
         table = self.table
         if record[0] is not standin or record[7] != in_place:
@@ -702,8 +683,7 @@ class _Following:
             trace.per_call.add(gone)
             trace.split(first_use[gone])
         record = trace.records[k]
-        if kwargs.keys() != record[2].keys() or not _bound(record[1], args, table) or not all(
-                _bound(t, kwargs[n], table) for n, t in record[2].items()):
+        if not _fits(_bound, record[1], record[2], args, kwargs, table):
             return False
         for p in seg.inputs:  # (what differed from the last block's: made anew)
             if first_use.get(p) == k and p in outside and outside[p][0]() is not table[p]:

@@ -16,7 +16,7 @@ from ..core.selftest import Check, register
 from ..doubleword.checks import U
 from . import autodiff, blocks, recipes
 from .carry import attach, low_word, suspended
-from ..core.context import extended_precision
+from ..core.context import extended_precision, switched
 from .rules.shape import rows_add
 
 
@@ -70,17 +70,14 @@ def check_replays(backend, calls: int = 4) -> Check:
          for k, shape in (("x", (4, 8, 32)), ("y", (4, 8, 32)), ("w", (32,)), ("m", (32, 32)))}
 
     def words(on: bool) -> list:
-        saved = recipes.ENABLED, autodiff.COMPILED_PASS, blocks.ENABLED
-        recipes.ENABLED = autodiff.COMPILED_PASS = on
-        blocks.ENABLED = False  # (the rules' replays, not the block's)
-        try:
+        # (the rules' replays, not the block's)
+        with switched((recipes, "ENABLED", on), (autodiff, "COMPILED_PASS", on),
+                      (blocks, "ENABLED", False)):
             for _ in range(calls):
                 with backends.use_backend(backends.of(backend).name), extended_precision():
                     outs = _composites(r)
                     got = [(np.array(y), np.array(low_word(y))) for y in outs]
-            return got
-        finally:
-            recipes.ENABLED, autodiff.COMPILED_PASS, blocks.ENABLED = saved
+        return got
 
     direct, replayed = words(False), words(True)
     same = sum(all(np.array_equal(a.view(np.uint32) if a.dtype == np.float32 else a,
@@ -105,9 +102,7 @@ def check_update_replays(backend, steps: int = 4) -> Check:
     y = mx.array(rng.standard_normal((16, 2)).astype(np.float32))
 
     def train(make, on: bool) -> list:
-        saved = recipes.ENABLED, blocks.ENABLED
-        recipes.ENABLED, blocks.ENABLED = on, False
-        try:
+        with switched((recipes, "ENABLED", on), (blocks, "ENABLED", False)):
             mx.random.seed(6)
             model, opt = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 2)), make()
             vg = nn.value_and_grad(model, lambda m: nn.losses.mse_loss(m(x), y))
@@ -118,9 +113,7 @@ def check_update_replays(backend, steps: int = 4) -> Check:
                     arrays = [a for _, a in tree_flatten((model.parameters(), opt.state))]
                     got = [np.array(w) for a in arrays
                            for w in (a, low_word(a)) if w is not None]
-            return got
-        finally:
-            recipes.ENABLED, blocks.ENABLED = saved
+        return got
 
     makers = (lambda: optim.Adam(optim.cosine_decay(1e-2, 50)),
               lambda: optim.SGD(1e-2, momentum=0.9))
@@ -151,16 +144,12 @@ def check_block_replays(backend, calls: int = 5) -> Check:
         return out(a) + mx.fft.irfft(mx.fft.rfft(x), n=16) * 0.5
 
     def run(on: bool) -> list:
-        saved = recipes.ENABLED, blocks.ENABLED
-        recipes.ENABLED = blocks.ENABLED = on
         got = []
-        try:
+        with switched((recipes, "ENABLED", on), (blocks, "ENABLED", on)):
             for x in inputs:
                 with backends.use_backend(backends.of(backend).name), extended_precision():
                     y = forward(x)
                 got.append(np.array(y).tobytes() + np.array(low_word(y)).tobytes())
-        finally:
-            recipes.ENABLED, blocks.ENABLED = saved
         return got
 
     before = blocks.stats["followed"]

@@ -292,6 +292,7 @@ class _Recipe:
 
 Unkeyed = _Unkeyed  # (for the passes of ``extended.autodiff`` and ``.updates``)
 Declined = _Declined
+Slot, filled = _Slot, _filled  # (a template's array places, filled: ``.blocks``' records)
 
 
 def plain_key(values: list) -> tuple:

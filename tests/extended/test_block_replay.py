@@ -22,6 +22,7 @@ import pytest
 from mlx.utils import tree_flatten, tree_map
 
 import mlx_precise as mp
+from mlx_precise.core.context import switched
 from mlx_precise.extended import blocks, carry, recipes
 from mlx_precise.testing import graph_counts, lazy_metal_executor
 
@@ -34,27 +35,23 @@ def _fresh_sites():
 
 
 def _blocks(fn, calls: int, replays: bool = True, backend: str = "metal", args=(),
-            launches: list | None = None, rule_replays: bool = True):
+            launches: list | None = None, rule_replays: bool = True, strict: bool = False):
     """``fn(*args(i))`` in a block at one place in the code, ``calls`` times: the
     results, the reports and the changes of the replays' stats. ``launches``: a
     list that gets the launches of each block (a list per block)."""
     before = dict(blocks.stats)
-    old = blocks.ENABLED, recipes.ENABLED
-    blocks.ENABLED, recipes.ENABLED = replays, rule_replays
     results, reports = [], []
-    try:
+    with switched((blocks, "ENABLED", replays), (recipes, "ENABLED", rule_replays)):
         for i in range(calls):
             record = []
             with (lazy_metal_executor(record) if backend == "metal"
                   else contextlib.nullcontext()):
                 a = args(i) if callable(args) else args
-                with mp.use_backend(backend), mp.extended_precision() as report:
+                with mp.use_backend(backend), mp.extended_precision(strict=strict) as report:
                     results.append(fn(*a))
             reports.append(report)
             if launches is not None:
                 launches.append(record)
-    finally:
-        blocks.ENABLED, recipes.ENABLED = old
     stats = {k: blocks.stats[k] - before.get(k, 0) for k in ("learned", "followed", "missed")}
     return results, reports, stats
 
@@ -103,10 +100,9 @@ def test_models_follow_with_the_launches_and_reports_of_their_ops(name):
     with lazy_metal_executor():
         graphs = []
         for on in (True, False):
-            blocks.ENABLED = on
-            with mp.use_backend("metal"), mp.extended_precision():
+            with switched((blocks, "ENABLED", on)), mp.use_backend("metal"), (
+                    mp.extended_precision()):
                 graphs.append(graph_counts(model(x)))
-        blocks.ENABLED = True
     assert graphs[0]["launches"] == graphs[1]["launches"]
     assert graphs[0]["glue"] <= graphs[1]["glue"]
 
@@ -563,3 +559,27 @@ def test_a_trace_that_fails_is_dropped_as_a_miss(monkeypatch):
     _, want, _ = _blocks(net, 12, replays=False, args=(x,))
     assert [_counts(r) for r in reports] == [_counts(r) for r in want]
     assert stats == {"learned": blocks.MISSES, "followed": 0, "missed": blocks.MISSES}
+
+
+def test_strict_blocks_follow_and_still_raise_where_a_value_leaves():
+    """In strict blocks a followed record raises nothing it would not raise op by
+    op, and a value leaving double-word after the record still raises at every
+    call."""
+    net, x = _net(), _lazy((4, 8))
+    _, reports, stats = _blocks(net, 5, args=(x,), strict=True)
+    assert stats["followed"] == 3
+    assert all(r.float32 == {} and r.extended for r in reports)
+
+    calls = []
+
+    def leaving():
+        y = net(x)
+        calls.append(1)
+        return mx.to_fp8(y)
+
+    blocks._sites.clear()
+    before = blocks.stats["followed"]
+    for _ in range(5):
+        with pytest.raises(mp.extended.PrecisionDropError, match="to_fp8"):
+            _blocks(leaving, 1, strict=True)
+    assert len(calls) == 5 and blocks.stats["followed"] - before == 3
